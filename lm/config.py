@@ -49,6 +49,7 @@ class ModelConfig:
     dropout: float = 0.0
     attn_dropout: float = 0.0
     tie_embeddings: bool = True
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(dim) (Vaswani et al. 2017)
     embed_norm: bool = False  # norm after the embeddings (BERT)
     final_norm: bool = True  # norm after the last block (pre-norm stacks need it)
     n_segments: int = 0  # segment (token type) embeddings, BERT uses 2
@@ -75,6 +76,26 @@ class ModelConfig:
     @property
     def decoder_layers(self) -> int:
         return self.n_decoder_layers or self.n_layers
+
+
+def conf_dir():
+    """The Hydra config directory (top-level conf/ of the repository)."""
+    from pathlib import Path
+
+    return Path(__file__).resolve().parents[1] / "conf"
+
+
+def compose_model(preset: str = "tiny", overrides: Optional[list] = None):
+    """The model node of a preset plus overrides, composed by Hydra as `lm-train model=<preset>` would.
+
+    Overrides use the user grammar relative to the model: ["ffn=swiglu", "dim=128"].
+    """
+    from hydra import compose, initialize_config_dir
+
+    model_overrides = [f"model/{o}" if "=" in o and "/" not in o.split("=")[0] and o.split("=")[0] in ("norm", "ffn", "pos")
+                       else f"model.{o}" for o in (overrides or [])]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose(config_name=None, overrides=[f"+model={preset}", *model_overrides]).model
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:

@@ -1,0 +1,124 @@
+"""Multi-head attention on scaled_dot_product_attention: MHA, GQA and MQA by `n_kv_heads`.
+
+Self-attention projects q, k, v with one fused matmul; cross-attention projects q from the
+decoder and k, v from the encoder memory. Both share `attend` and the output projection.
+Masks are additive float tensors broadcastable to (B, H, Tq, Tk), built once per stack call by
+`build_mask`; when nothing but causality must be masked, the mask is None and SDPA's
+`is_causal` fast path (flash / memory-efficient kernels) is used.
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LayerCache:
+    """Keys and values seen so far by one block: self-attention grows, cross-attention is fixed."""
+
+    k: Optional[torch.Tensor] = None  # (B, KVH, T_past, Dh)
+    v: Optional[torch.Tensor] = None
+    memory_kv: Optional[tuple] = None  # cross-attention (k, v) of the encoder memory
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
+def build_mask(
+    causal: bool,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    key_padding: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+) -> Optional[torch.Tensor]:
+    """Additive mask (B or 1, H or 1, Tq, Tk), or None when `is_causal` alone is exact.
+
+    key_padding: (B, Tk) with 1 for real tokens and 0 for padding. bias: (1, H, Tq, Tk) from the
+    position scheme. Masked entries get the dtype's most negative finite value rather than -inf,
+    so a query row with no visible key (a left pad) gives a uniform, not NaN, softmax.
+    """
+    offset_free = q_pos.shape[0] == k_pos.shape[0]
+    if key_padding is None and bias is None and (offset_free or not causal):
+        return None
+    visible = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)[None, None]
+    if causal:
+        visible = visible & (k_pos[None, :] <= q_pos[:, None])[None, None]
+    if key_padding is not None:
+        visible = visible & key_padding.bool()[:, None, None, :]
+    base = bias.float() if bias is not None else torch.zeros((), device=q_pos.device)
+    return base.masked_fill(~visible, torch.finfo(torch.float32).min)
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool,
+                 dropout: float, scale: Optional[float], qk_norm: Optional[Callable[[int], nn.Module]]):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.scale, self.dropout = scale, dropout
+        self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
+        self.out.is_residual_proj = True  # scaled at init (GPT-2)
+        # QK-norm (Dehghani et al. 2023) bounds the attention logits; identity when off.
+        self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, T, n*Dh) -> (B, n, T, Dh)
+
+    def attend(self, q, k, v, mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+        if mask is not None:
+            mask = mask.to(q.dtype)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
+            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        )  # (B, H, Tq, Dh)
+        B, _, T, _ = y.shape
+        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class SelfAttention(_Attention):
+    def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm):
+        super().__init__(dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm)
+        self.qkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+
+    def forward(self, x, causal: bool, mask, pos, cache: Optional[LayerCache] = None):
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = self.q_norm(self._heads(q, self.n_heads))  # (B, H, T, Dh)
+        k = self.k_norm(self._heads(k, self.n_kv_heads))  # (B, KVH, T, Dh)
+        v = self._heads(v, self.n_kv_heads)
+        q, k = pos(q, k)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        # With a cache and one new query, every cached key is in the past: no causal mask needed.
+        return self.attend(q, k, v, mask, is_causal=causal and q.shape[2] == k.shape[2])
+
+
+class CrossAttention(_Attention):
+    def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm):
+        super().__init__(dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm)
+        self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.kv = nn.Linear(dim, 2 * n_kv_heads * head_dim, bias=bias)
+
+    def _memory_kv(self, memory: torch.Tensor) -> tuple:
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return self.k_norm(self._heads(k, self.n_kv_heads)), self._heads(v, self.n_kv_heads)
+
+    def forward(self, x, memory, memory_mask, cache: Optional[LayerCache] = None):
+        q = self.q_norm(self._heads(self.q(x), self.n_heads))
+        if cache is None:
+            k, v = self._memory_kv(memory)
+        else:  # the encoder memory does not change while decoding: project it once
+            cache.memory_kv = cache.memory_kv or self._memory_kv(memory)
+            k, v = cache.memory_kv
+        return self.attend(q, k, v, memory_mask, is_causal=False)

@@ -1,0 +1,47 @@
+"""The one Transformer block shared by every stack (encoder, decoder, encoder-decoder).
+
+A Block knows from build time whether it has cross-attention; it is told per call whether
+attention is causal. Pre- or post-norm is the residual function it was built with, not a flag
+checked in forward.
+"""
+
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from lm.model.attention import CrossAttention, LayerCache, SelfAttention
+
+
+def pre_norm(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module) -> torch.Tensor:
+    """x + drop(f(norm(x))): GPT-2, Llama, T5 (Xiong et al. 2020: stable without warmup tricks)."""
+    return x + drop(f(norm(x)))
+
+
+def post_norm(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module) -> torch.Tensor:
+    """norm(x + drop(f(x))): the original Transformer and BERT."""
+    return norm(x + drop(f(x)))
+
+
+RESIDUALS = {"pre": pre_norm, "post": post_norm}
+
+
+class Block(nn.Module):
+    def __init__(self, self_attn: SelfAttention, ffn: nn.Module, norm: Callable[[], nn.Module],
+                 norm_position: str, dropout: float, cross_attn: Optional[CrossAttention] = None):
+        super().__init__()
+        self.residual = RESIDUALS[norm_position]
+        self.self_attn, self.norm_self = self_attn, norm()
+        self.cross_attn = cross_attn
+        self.norm_cross = norm() if cross_attn is not None else None
+        self.ffn, self.norm_ffn = ffn, norm()
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, causal: bool, mask: Optional[torch.Tensor], pos: Callable,
+                memory: Optional[torch.Tensor] = None, memory_mask: Optional[torch.Tensor] = None,
+                cache: Optional[LayerCache] = None) -> torch.Tensor:
+        """x: (B, T, D). pos rotates q/k (identity unless RoPE). memory: encoder output (B, S, D)."""
+        x = self.residual(x, self.norm_self, lambda h: self.self_attn(h, causal, mask, pos, cache), self.drop)
+        if self.cross_attn is not None:
+            x = self.residual(x, self.norm_cross, lambda h: self.cross_attn(h, memory, memory_mask, cache), self.drop)
+        return self.residual(x, self.norm_ffn, self.ffn, self.drop)

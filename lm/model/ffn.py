@@ -1,0 +1,68 @@
+"""Position-wise feed-forward networks: the `model/ffn` config group.
+
+Every option is built as `ffn(dim, bias, dropout)`. Hidden sizes default to parameter-matched
+values (Shazeer 2020): a plain MLP has 2 matrices of dim x 4*dim; a GLU has 3 matrices, so its
+hidden size is 2/3 of that, 8/3*dim, for the same parameter count.
+"""
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "silu": F.silu,
+}
+
+
+def _activation(name: str):
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; allowed: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def hidden_size(dim: int, hidden_mult: float, multiple_of: int, hidden_dim: Optional[int]) -> int:
+    """An explicit hidden_dim wins; else round hidden_mult*dim up to a multiple (Llama uses 256)."""
+    if hidden_dim:
+        return hidden_dim
+    return multiple_of * math.ceil(hidden_mult * dim / multiple_of)
+
+
+class MLP(nn.Module):
+    """x -> act(x W_up) W_down, the Transformer FFN of Vaswani et al. 2017."""
+
+    def __init__(self, dim: int, activation: str = "gelu", hidden_mult: float = 4.0, multiple_of: int = 1,
+                 hidden_dim: Optional[int] = None, bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        hidden = hidden_size(dim, hidden_mult, multiple_of, hidden_dim)
+        self.act = _activation(activation)
+        self.up = nn.Linear(dim, hidden, bias=bias)
+        self.down = nn.Linear(hidden, dim, bias=bias)
+        self.down.is_residual_proj = True  # scaled at init (GPT-2)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.dropout(self.act(self.up(x))))
+
+
+class GLU(nn.Module):
+    """x -> (act(x W_gate) * x W_up) W_down: SwiGLU / GeGLU / ReGLU (Shazeer 2020)."""
+
+    def __init__(self, dim: int, activation: str = "silu", hidden_mult: float = 8 / 3, multiple_of: int = 1,
+                 hidden_dim: Optional[int] = None, bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        hidden = hidden_size(dim, hidden_mult, multiple_of, hidden_dim)
+        self.act = _activation(activation)
+        self.gate = nn.Linear(dim, hidden, bias=bias)
+        self.up = nn.Linear(dim, hidden, bias=bias)
+        self.down = nn.Linear(hidden, dim, bias=bias)
+        self.down.is_residual_proj = True
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.dropout(self.act(self.gate(x)) * self.up(x)))

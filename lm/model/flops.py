@@ -1,0 +1,43 @@
+"""Parameter counts and training FLOPs per token, computed from the config alone.
+
+The model is built on the meta device (no memory, no init), so the count can never drift from
+the code. FLOPs follow the PaLM appendix (Chowdhery et al. 2022): 6 FLOPs per matmul parameter
+per token (2 forward, 4 backward), plus attention's 12 * L * H * Dh * T for the score and value
+products. Matmul parameters exclude embedding lookups (a gather, not a matmul) but include the
+output projection, tied or not, since it is a matmul either way.
+"""
+
+import torch
+from torch import nn
+
+from lm.config import ModelConfig
+
+
+def _meta_model(cfg: ModelConfig) -> nn.Module:
+    from lm.model import build_model
+
+    with torch.device("meta"):
+        return build_model(cfg)
+
+
+def num_params(cfg: ModelConfig, exclude_embeddings: bool = False) -> int:
+    """Unique parameters (a tied output matrix counts once)."""
+    model = _meta_model(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    return n - cfg.vocab_size * cfg.dim if exclude_embeddings else n
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Weights used in a matmul per token: every nn.Linear weight, counting a tied head again."""
+    model = _meta_model(cfg)
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+
+
+def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    layers = cfg.n_layers + (cfg.decoder_layers * 2 if cfg.arch == "encoder_decoder" else 0)  # self + cross
+    return 12 * layers * cfg.n_heads * cfg.d_head * seq_len
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs (forward + backward) per token at context length seq_len."""
+    return 6 * matmul_params(cfg) + attention_flops_per_token(cfg, seq_len)

@@ -1,0 +1,53 @@
+"""Autoregressive generation with a KV cache: greedy, temperature, top-k, top-p, stop token.
+
+Works for any model with `new_cache()` and `next_logits(tokens, cache, state)`: DecoderLM
+continues the prompt; EncoderDecoderLM encodes the prompt once and decodes from its start token.
+Prompts in one batch must have the same length (no padding), so positions line up.
+"""
+
+from typing import Optional
+
+import torch
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
+                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """(B, V) logits -> (B, 1) token ids. temperature 0 means greedy."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits.float() / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        # Nucleus sampling (Holtzman et al. 2020): keep the smallest set whose mass reaches top_p.
+        sorted_logits, order = logits.sort(-1, descending=True)
+        mass_before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
+
+
+@torch.no_grad()
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
+             top_k: Optional[int] = None, top_p: Optional[float] = None, stop_token: Optional[int] = None,
+             attention_mask: Optional[torch.Tensor] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Returns the generated tokens (B, <= max_new_tokens); rows that hit stop_token are padded with it."""
+    model.eval()
+    cache = model.new_cache()
+    if model.cfg.arch == "encoder_decoder":
+        state = (model.encode(input_ids, attention_mask), attention_mask)
+        tokens = torch.full_like(input_ids[:, :1], model.cfg.decoder_start_token_id)
+    else:
+        state, tokens = None, input_ids
+    out, done = [], torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        nxt = sample_next(model.next_logits(tokens, cache, state), temperature, top_k, top_p, generator)
+        if stop_token is not None:
+            nxt = nxt.masked_fill(done[:, None], stop_token)
+            done |= nxt[:, 0] == stop_token
+        out.append(nxt)
+        tokens = nxt
+        if stop_token is not None and bool(done.all()):
+            break
+    return torch.cat(out, dim=1)

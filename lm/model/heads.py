@@ -1,0 +1,96 @@
+"""Embeddings in and heads out: token (+segment) embeddings, the LM/MLM output head, pooling."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+import math
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lm.config import ModelConfig
+from lm.model.ffn import ACTIVATIONS
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class LMOutput:
+    loss: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None
+
+
+class Embedding(nn.Module):
+    """Token embeddings, plus segment (token type) embeddings when n_segments > 0 (BERT)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.seg = nn.Embedding(cfg.n_segments, cfg.dim) if cfg.n_segments else None
+        self.scale = math.sqrt(cfg.dim) if cfg.scale_embeddings else 1.0
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.tok(input_ids) * self.scale  # (B, T, D)
+        if self.seg is not None:
+            x = x + self.seg(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
+        return x
+
+
+class LMHead(nn.Module):
+    """Hidden states -> vocabulary logits, optionally tied to the token embedding (Press & Wolf 2017).
+
+    `transform` is BERT's dense + activation + norm before the output layer; identity elsewhere.
+    """
+
+    def __init__(self, cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module):
+        super().__init__()
+        self.transform = transform
+        self.proj = nn.Linear(cfg.dim, cfg.vocab_size, bias=bias)
+        if tied is not None:
+            self.proj.weight = tied.weight
+        self.logit_scale = cfg.logit_scale
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.transform(h) * self.logit_scale)
+
+    def output(self, h: torch.Tensor, labels: Optional[torch.Tensor]) -> LMOutput:
+        logits = self(h)  # (B, T, V)
+        if labels is None:
+            return LMOutput(logits=logits)
+        # fp32 loss: log-softmax over a large vocabulary loses precision in half precision.
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+        return LMOutput(loss=loss, logits=logits)
+
+
+def mlm_transform(cfg: ModelConfig, norm: nn.Module) -> nn.Module:
+    """BERT's prediction-head transform: dense, GELU, norm."""
+    act = ACTIVATIONS["gelu"]
+    return nn.Sequential(nn.Linear(cfg.dim, cfg.dim), _Lambda(act), norm)
+
+
+class _Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def pool(h: torch.Tensor, padding: Optional[torch.Tensor], how: str) -> torch.Tensor:
+    """(B, T, D) -> (B, D). first: the [CLS] position; mean: over real tokens; last: last real token.
+
+    Decoders pool the last real token because only it has seen the whole (causal) input.
+    Assumes right padding.
+    """
+    if how == "first":
+        return h[:, 0]
+    if padding is None:
+        padding = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
+    if how == "mean":
+        w = padding.to(h.dtype)[..., None]
+        return (h * w).sum(1) / w.sum(1).clamp(min=1)
+    if how == "last":
+        last = padding.long().sum(1).clamp(min=1) - 1  # (B,)
+        return h[torch.arange(h.shape[0], device=h.device), last]
+    raise ValueError(f"unknown pooling {how!r}; allowed: first, mean, last")

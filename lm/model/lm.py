@@ -1,0 +1,151 @@
+"""The three model families as thin wrappers around Stack, and a sequence classifier for all three.
+
+| model            | stacks | causal              | cross-attention | head                |
+| DecoderLM        | 1      | yes                 | no              | LM head (tied or not) |
+| EncoderLM        | 1      | no                  | no              | MLM head            |
+| EncoderDecoderLM | 2      | encoder no, dec yes | decoder yes     | LM head on decoder  |
+
+Batch conventions (see objectives.py): decoder labels are already aligned with input_ids (the
+loader shifts them); encoder labels are -100 except at masked positions; encoder-decoder labels
+align with decoder_input_ids (built by shifting labels right when not given, as in T5).
+"""
+
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lm.config import ModelConfig
+from lm.model.attention import LayerCache
+from lm.model.heads import IGNORE_INDEX, Embedding, LMHead, LMOutput, mlm_transform, pool
+from lm.model.stack import Components, Stack
+
+
+class _LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embedding(cfg)
+
+    def _head(self, c: Components, bias: bool, transform: nn.Module) -> LMHead:
+        return LMHead(self.cfg, self.embed.tok if self.cfg.tie_embeddings else None, bias, transform)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.tok.weight.numel() if exclude_embeddings else n
+
+
+class DecoderLM(_LanguageModel):
+    """GPT / Llama: one causal stack and an LM head."""
+
+    def __init__(self, cfg: ModelConfig, c: Components):
+        super().__init__(cfg)
+        self.decoder = Stack(cfg, c, cfg.n_layers, causal=True)
+        self.head = self._head(c, bias=False, transform=nn.Identity())
+
+    def features(self, input_ids, attention_mask=None, token_type_ids=None, cache=None) -> torch.Tensor:
+        return self.decoder(self.embed(input_ids, token_type_ids), attention_mask, cache=cache)  # (B, T, D)
+
+    def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
+        return self.head.output(self.features(input_ids, attention_mask, token_type_ids), labels)
+
+    def new_cache(self) -> List[LayerCache]:
+        return self.decoder.new_cache()
+
+    def next_logits(self, tokens: torch.Tensor, cache: List[LayerCache], state=None) -> torch.Tensor:
+        """Logits for the position after `tokens`, appending their keys/values to `cache`."""
+        return self.head(self.features(tokens, cache=cache)[:, -1])
+
+
+class EncoderLM(_LanguageModel):
+    """BERT: one bidirectional stack and a masked-LM head."""
+
+    def __init__(self, cfg: ModelConfig, c: Components):
+        super().__init__(cfg)
+        self.encoder = Stack(cfg, c, cfg.n_layers, causal=False)
+        transform = mlm_transform(cfg, c.norm(cfg.dim, eps=cfg.norm_eps)) if cfg.mlm_transform else nn.Identity()
+        self.head = self._head(c, bias=True, transform=transform)
+
+    def features(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.encoder(self.embed(input_ids, token_type_ids), attention_mask)
+
+    def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
+        return self.head.output(self.features(input_ids, attention_mask, token_type_ids), labels)
+
+
+def shift_right(ids: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:
+    """Decoder inputs from targets: prepend the start token, drop the last (T5 / BART teacher forcing)."""
+    shifted = torch.cat([torch.full_like(ids[:, :1], start_id), ids[:, :-1]], dim=1)
+    return shifted.masked_fill(shifted == IGNORE_INDEX, pad_id)
+
+
+class EncoderDecoderLM(_LanguageModel):
+    """T5 / the original Transformer: bidirectional encoder, causal decoder with cross-attention."""
+
+    def __init__(self, cfg: ModelConfig, c: Components):
+        super().__init__(cfg)
+        self.encoder = Stack(cfg, c, cfg.n_layers, causal=False)
+        self.decoder = Stack(cfg, c, cfg.decoder_layers, causal=True, cross=True)
+        self.head = self._head(c, bias=False, transform=nn.Identity())
+
+    def encode(self, input_ids, attention_mask=None) -> torch.Tensor:
+        return self.encoder(self.embed(input_ids), attention_mask)  # (B, S, D)
+
+    def decode(self, decoder_input_ids, memory, memory_padding=None, decoder_padding=None, cache=None) -> torch.Tensor:
+        return self.decoder(self.embed(decoder_input_ids), decoder_padding, memory, memory_padding, cache)
+
+    def forward(self, input_ids, attention_mask=None, decoder_input_ids=None, labels=None,
+                decoder_attention_mask=None) -> LMOutput:
+        if decoder_input_ids is None:
+            if labels is None:
+                raise ValueError("EncoderDecoderLM needs decoder_input_ids or labels")
+            decoder_input_ids = shift_right(labels, self.cfg.decoder_start_token_id, self.cfg.pad_token_id)
+        memory = self.encode(input_ids, attention_mask)
+        h = self.decode(decoder_input_ids, memory, attention_mask, decoder_attention_mask)
+        return self.head.output(h, labels)
+
+    def features(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        """For classification (as BART): the decoder reads the input shifted right, attending to its encoding."""
+        memory = self.encode(input_ids, attention_mask)
+        decoder_input_ids = shift_right(input_ids, self.cfg.decoder_start_token_id, self.cfg.pad_token_id)
+        return self.decode(decoder_input_ids, memory, attention_mask, attention_mask)
+
+    def new_cache(self) -> List[LayerCache]:
+        return self.decoder.new_cache()
+
+    def next_logits(self, tokens, cache, state) -> torch.Tensor:
+        memory, memory_padding = state
+        return self.head(self.decode(tokens, memory, memory_padding, cache=cache)[:, -1])
+
+
+class SequenceClassifier(nn.Module):
+    """A backbone of any family + pooled linear head; n_labels == 1 is regression (STS-B).
+
+    Pooling: encoders use the first ([CLS]) position through a dense+tanh pooler as BERT does;
+    decoders and encoder-decoders use the last real token, the only one that has seen everything.
+    The backbone's LM head is dropped: it is unused here, and unused parameters break DDP.
+    """
+
+    def __init__(self, backbone: _LanguageModel, n_labels: int, pooling: Optional[str] = None, dropout: float = 0.1):
+        super().__init__()
+        self.backbone = backbone
+        backbone.head = None
+        self.cfg = backbone.cfg
+        self.n_labels = n_labels
+        self.pooling = pooling or ("first" if backbone.cfg.arch == "encoder" else "last")
+        dim = backbone.cfg.dim
+        self.pooler = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if self.pooling == "first" else nn.Identity()
+        self.drop = nn.Dropout(dropout)
+        self.classifier = nn.Linear(dim, n_labels)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> LMOutput:
+        h = self.backbone.features(input_ids, attention_mask, token_type_ids)  # (B, T, D)
+        logits = self.classifier(self.drop(self.pooler(pool(h, attention_mask, self.pooling))))  # (B, n_labels)
+        if labels is None:
+            return LMOutput(logits=logits)
+        if self.n_labels == 1:
+            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+        else:
+            loss = F.cross_entropy(logits.float(), labels.long())
+        return LMOutput(loss=loss, logits=logits)

@@ -1,0 +1,166 @@
+"""Position schemes: the `model/pos` config group.
+
+A scheme is a component with three hooks, so neither the block nor attention branches on its
+type (DESIGN.md): `embed` adds to the token embeddings (learned, sinusoidal), `rotary` returns a
+function that rotates q and k (RoPE), `score_bias` returns an additive attention bias (ALiBi, T5).
+Every scheme is built as `pos(dim, n_heads, head_dim, max_seq_len, causal)`; the option file
+holds only its own hyperparameters. Positions are absolute indices (T,), so a KV cache simply
+continues them.
+"""
+
+import math
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+Rotate = Callable[[torch.Tensor, torch.Tensor], tuple]
+
+
+def _no_rotation(q: torch.Tensor, k: torch.Tensor) -> tuple:
+    return q, k
+
+
+class PositionScheme(nn.Module):
+    """Base: no position information at all (the `none` option, e.g. NoPE ablations)."""
+
+    def __init__(self, dim: int, n_heads: int, head_dim: int, max_seq_len: int, causal: bool):
+        super().__init__()
+        self.max_seq_len = max_seq_len
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def rotary(self, positions: torch.Tensor) -> Rotate:
+        return _no_rotation
+
+    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+        return None
+
+
+class NoPosition(PositionScheme):
+    pass
+
+
+class _Table(PositionScheme):
+    """Shared bounds check for schemes with a finite position table."""
+
+    def _check(self, positions: torch.Tensor) -> None:
+        if positions.numel() and int(positions[-1]) >= self.max_seq_len:
+            raise ValueError(
+                f"position {int(positions[-1])} is past the position table of {self.max_seq_len}; "
+                f"raise model.max_seq_len or shorten the sequence"
+            )
+
+
+class Learned(_Table):
+    """Learned absolute position embeddings (GPT-2, BERT)."""
+
+    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal):
+        super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
+        self.table = nn.Embedding(max_seq_len, dim)
+
+    def embed(self, x, positions):
+        self._check(positions)
+        return x + self.table(positions)
+
+
+class Sinusoidal(_Table):
+    """Fixed sinusoids of geometric wavelengths (Vaswani et al. 2017, section 3.5)."""
+
+    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal, base: float = 10000.0):
+        super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
+        pos = torch.arange(max_seq_len, dtype=torch.float32)[:, None]
+        inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(base) / dim))
+        table = torch.zeros(max_seq_len, dim)
+        table[:, 0::2] = torch.sin(pos * inv_freq)
+        table[:, 1::2] = torch.cos(pos * inv_freq[: dim // 2])
+        self.register_buffer("table", table, persistent=False)
+
+    def embed(self, x, positions):
+        self._check(positions)
+        return x + self.table[positions].to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RoPE(PositionScheme):
+    """Rotary embeddings (Su et al. 2021), half-split layout as in Hugging Face Llama/GPT-NeoX."""
+
+    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal, theta: float = 10000.0):
+        super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotary(self, positions):
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, Dh/2)
+        angles = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
+        cos, sin = angles.cos(), angles.sin()
+
+        def rotate(q, k):  # q (B, H, T, Dh), k (B, KVH, T, Dh)
+            c, s = cos.to(q.dtype), sin.to(q.dtype)
+            return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+
+        return rotate
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Head slopes 2^(-8i/n) (Press et al. 2022); for non-powers of two, interleave as the paper does."""
+
+    def power_of_2(n):
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        return torch.tensor(power_of_2(n_heads))
+    closest = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_2(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(power_of_2(closest) + extra)
+
+
+class ALiBi(PositionScheme):
+    """Attention with linear biases: score -= slope_h * |i - j| (Press et al. 2022)."""
+
+    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal):
+        super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
+        self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
+
+    def score_bias(self, q_pos, k_pos):
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Tq, Tk)
+        return -(self.slopes[:, None, None] * distance)[None]  # (1, H, Tq, Tk)
+
+
+def t5_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """T5's log-bucketed relative positions (Raffel et al. 2020): exact buckets near, log-spaced far."""
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (relative > 0).long() * num_buckets
+        relative = relative.abs()
+    else:
+        relative = -torch.clamp(relative, max=0)
+    max_exact = num_buckets // 2
+    is_small = relative < max_exact
+    far = max_exact + (
+        torch.log(relative.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).long()
+    far = torch.clamp(far, max=num_buckets - 1)
+    return buckets + torch.where(is_small, relative, far)
+
+
+class T5Bias(PositionScheme):
+    """T5 relative position bias: a learned scalar per head and distance bucket, shared by all layers."""
+
+    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
+        self.bidirectional = not causal
+        self.num_buckets, self.max_distance = num_buckets, max_distance
+        self.table = nn.Embedding(num_buckets, n_heads)
+
+    def score_bias(self, q_pos, k_pos):
+        relative = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk): memory minus query position
+        buckets = t5_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.table(buckets).permute(2, 0, 1)[None]  # (Tq, Tk, H) -> (1, H, Tq, Tk)

@@ -1,0 +1,73 @@
+"""Stack: N Blocks + final norm. It owns causal vs bidirectional attention and builds masks once."""
+
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from lm.config import ModelConfig
+from lm.model.attention import CrossAttention, LayerCache, SelfAttention, build_mask
+from lm.model.block import Block
+
+
+@dataclass
+class Components:
+    """Factories for the block's slots, from the config groups model/norm, model/ffn, model/pos."""
+
+    norm: Callable[..., nn.Module]  # norm(dim, eps=...)
+    ffn: Callable[..., nn.Module]  # ffn(dim, bias=..., dropout=...)
+    pos: Callable[..., nn.Module]  # pos(dim, n_heads, head_dim, max_seq_len, causal)
+
+
+def _attention(cls, cfg: ModelConfig, c: Components):
+    qk_norm = (lambda d: c.norm(d, eps=cfg.norm_eps)) if cfg.qk_norm else None
+    return cls(cfg.dim, cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.bias, cfg.attn_dropout, cfg.attn_scale, qk_norm)
+
+
+def make_block(cfg: ModelConfig, c: Components, cross: bool) -> Block:
+    return Block(
+        self_attn=_attention(SelfAttention, cfg, c),
+        ffn=c.ffn(cfg.dim, bias=cfg.bias, dropout=cfg.dropout),
+        norm=lambda: c.norm(cfg.dim, eps=cfg.norm_eps),
+        norm_position=cfg.norm_position,
+        dropout=cfg.dropout,
+        cross_attn=_attention(CrossAttention, cfg, c) if cross else None,
+    )
+
+
+class Stack(nn.Module):
+    def __init__(self, cfg: ModelConfig, c: Components, n_layers: int, causal: bool, cross: bool = False):
+        super().__init__()
+        self.causal = causal
+        self.checkpointing = cfg.activation_checkpointing
+        self.pos = c.pos(dim=cfg.dim, n_heads=cfg.n_heads, head_dim=cfg.d_head, max_seq_len=cfg.max_seq_len, causal=causal)
+        self.embed_norm = c.norm(cfg.dim, eps=cfg.norm_eps) if cfg.embed_norm else nn.Identity()
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(make_block(cfg, c, cross) for _ in range(n_layers))
+        self.final_norm = c.norm(cfg.dim, eps=cfg.norm_eps) if cfg.final_norm else nn.Identity()
+
+    def new_cache(self) -> List[LayerCache]:
+        return [LayerCache() for _ in self.blocks]
+
+    def forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None, memory: Optional[torch.Tensor] = None,
+                memory_padding: Optional[torch.Tensor] = None, cache: Optional[List[LayerCache]] = None) -> torch.Tensor:
+        """x: token embeddings (B, T, D); padding: (B, T_past + T) 1 for tokens, 0 for pads."""
+        past = cache[0].length if cache else 0
+        q_pos = torch.arange(past, past + x.shape[1], device=x.device)
+        k_pos = torch.arange(past + x.shape[1], device=x.device)
+        mask = build_mask(self.causal, q_pos, k_pos, padding, self.pos.score_bias(q_pos, k_pos))
+        memory_mask = None
+        if memory is not None and memory_padding is not None:
+            m_pos = torch.arange(memory.shape[1], device=x.device)
+            memory_mask = build_mask(False, q_pos, m_pos, memory_padding)
+        rotate = self.pos.rotary(q_pos)
+        x = self.drop(self.embed_norm(self.pos.embed(x, q_pos)))
+        for i, block in enumerate(self.blocks):
+            layer_cache = cache[i] if cache else None
+            if self.checkpointing and self.training:
+                x = checkpoint(block, x, self.causal, mask, rotate, memory, memory_mask, layer_cache, use_reentrant=False)
+            else:
+                x = block(x, self.causal, mask, rotate, memory, memory_mask, layer_cache)
+        return self.final_norm(x)

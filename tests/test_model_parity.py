@@ -1,0 +1,85 @@
+"""Our logits against Hugging Face implementations (code no one here wrote), via lm.model.convert."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from lm.model import build_model  # noqa: E402
+from lm.model.convert import from_hf, to_hf  # noqa: E402
+
+V = 101
+
+
+def _hf_models():
+    T = transformers
+    return {
+        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                       bos_token_id=0, eos_token_id=0)),
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(
+            vocab_size=V, hidden_size=32, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)),
+        "bert": lambda: T.BertForMaskedLM(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=4, intermediate_size=64,
+                                                       max_position_embeddings=64)),
+        "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                                              num_heads=4, decoder_start_token_id=0)),
+        "t5_gated_untied": lambda: T.T5ForConditionalGeneration(T.T5Config(
+            vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
+            feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)),
+    }
+
+
+def _inputs(name):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(1, V, (2, 12), generator=g)
+    mask = torch.ones_like(x)
+    mask[1, 9:] = 0  # right padding in the second row
+    kw = {"input_ids": x, "attention_mask": mask}
+    if name.startswith("t5"):
+        kw["decoder_input_ids"] = torch.randint(1, V, (2, 7), generator=g)
+    return kw
+
+
+def _logits(model, kw):
+    with torch.no_grad():
+        return model.eval()(**kw).logits
+
+
+def _real_positions(name, kw, logits):
+    # Padded query positions are undefined (each implementation fills them differently).
+    return logits if name.startswith("t5") else logits[kw["attention_mask"].bool()]
+
+
+@pytest.mark.parametrize("name", list(_hf_models()))
+def test_logits_match_hugging_face(name):
+    torch.manual_seed(0)
+    hf = _hf_models()[name]()
+    ours, cfg = from_hf(hf)
+    kw = _inputs(name)
+    theirs, mine = _logits(hf, kw), _logits(ours, kw)
+    assert theirs.shape == mine.shape
+    diff = (_real_positions(name, kw, theirs) - _real_positions(name, kw, mine)).abs().max().item()
+    assert diff < 1e-4, f"{name}: max |logit difference| {diff}"
+    # The comparison is not vacuous: a model of the same config with other weights disagrees.
+    other = _logits(build_model(cfg), kw)
+    assert (_real_positions(name, kw, theirs) - _real_positions(name, kw, other)).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("name", list(_hf_models()))
+def test_export_round_trip(name):
+    torch.manual_seed(0)
+    hf = _hf_models()[name]()
+    ours, _ = from_hf(hf)
+    kw = _inputs(name)
+    exported = to_hf(ours)
+    assert type(exported) is type(hf)
+    diff = (_logits(hf, kw) - _logits(exported, kw)).abs().max().item()
+    assert diff < 1e-5
+
+
+def test_export_refuses_unmatched_layout():
+    from lm.config import ModelConfig, component
+
+    cfg = ModelConfig(pos=component("lm.model.position.ALiBi"))
+    with pytest.raises(ValueError, match="no Hugging Face family matches"):
+        to_hf(build_model(cfg))
