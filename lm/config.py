@@ -94,8 +94,25 @@ def compose_model(preset: str = "tiny", overrides: Optional[list] = None):
 
     model_overrides = [f"model/{o}" if "=" in o and "/" not in o.split("=")[0] and o.split("=")[0] in ("norm", "ffn", "pos")
                        else f"model.{o}" for o in (overrides or [])]
+    register_configs()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         return compose(config_name=None, overrides=[f"+model={preset}", *model_overrides]).model
+
+
+@dataclass
+class ModelSchema(ModelConfig):
+    """The Hydra schema of model presets: component slots start empty and are filled by groups."""
+
+    norm: Any = None
+    ffn: Any = None
+    pos: Any = None
+
+
+def register_configs() -> None:
+    """Put the schemas in Hydra's ConfigStore (presets list `schema` first in their defaults)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="model", name="schema", node=ModelSchema)
 
 
 def _choice(name: str, value: Any, allowed: tuple) -> None:
