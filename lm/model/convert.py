@@ -46,7 +46,8 @@ def _gpt2_to_hf_config(cfg: ModelConfig):
     act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[cfg.ffn["activation"]]
     return GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.dim, n_layer=cfg.n_layers, n_head=cfg.n_heads,
                       n_positions=cfg.max_seq_len, layer_norm_epsilon=cfg.norm_eps, activation_function=act,
-                      n_inner=_hidden(cfg), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                      n_inner=_hidden(cfg), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                      bos_token_id=None, eos_token_id=None)  # set from the tokenizer by lm-export
 
 
 def _gpt2_rules(cfg: ModelConfig) -> List[Rule]:

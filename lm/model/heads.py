@@ -10,6 +10,7 @@ from torch import nn
 
 from lm.config import ModelConfig
 from lm.model.ffn import ACTIVATIONS
+from lm.model.loss import chunked_cross_entropy
 
 IGNORE_INDEX = -100
 
@@ -49,11 +50,16 @@ class LMHead(nn.Module):
         if tied is not None:
             self.proj.weight = tied.weight
         self.logit_scale = cfg.logit_scale
+        self.chunk_size = cfg.loss_chunk_size
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.proj(self.transform(h) * self.logit_scale)
 
     def output(self, h: torch.Tensor, labels: Optional[torch.Tensor]) -> LMOutput:
+        if labels is not None and self.chunk_size:
+            # The loss without the logits (lm/model/loss.py): far less memory traffic at large vocabularies.
+            h = self.transform(h) * self.logit_scale
+            return LMOutput(loss=chunked_cross_entropy(h, self.proj.weight, self.proj.bias, labels, self.chunk_size))
         logits = self(h)  # (B, T, V)
         if labels is None:
             return LMOutput(logits=logits)

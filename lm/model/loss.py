@@ -1,0 +1,61 @@
+"""Chunked output projection + cross-entropy that never materialises the (N, V) logits.
+
+At GPT-2's vocabulary the logits of a batch (B*T x 50304 fp32) are larger than all activations
+of a small model, and writing, soft-maxing and re-reading them costs more than the matmul. This
+computes the loss and its gradients chunk by chunk in the forward pass (the approach of
+Liger-Kernel's fused linear cross-entropy and of Wijmans et al. 2024, "Cut your losses"):
+per chunk, logits -> softmax - onehot -> grad_h = g W and grad_W += g^T h, then drops the chunk.
+Backward only scales the stored gradients.
+"""
+
+from typing import Optional
+
+import torch
+
+IGNORE_INDEX = -100
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, chunk_size: int):
+        """h: (N, D), weight: (V, D), bias: (V,) or None, labels: (N,) -> mean loss over valid labels."""
+        n_valid = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        need_grad = any(ctx.needs_input_grad[:3])
+        grad_h = torch.zeros_like(h) if need_grad else None
+        grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
+        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device) if need_grad and bias is not None else None
+        total = torch.zeros((), dtype=torch.float32, device=h.device)
+        for start in range(0, h.shape[0], chunk_size):
+            hc, lc = h[start:start + chunk_size], labels[start:start + chunk_size]
+            logits = hc @ weight.t()
+            if bias is not None:
+                logits = logits + bias
+            logits = logits.float()  # (n, V)
+            valid = lc != IGNORE_INDEX
+            target = lc.clamp(min=0)
+            lse = torch.logsumexp(logits, dim=-1)
+            total += ((lse - logits.gather(1, target[:, None])[:, 0]) * valid).sum()
+            if need_grad:
+                g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+                g[torch.arange(g.shape[0], device=g.device), target] -= 1.0
+                g.mul_((valid.float() / n_valid)[:, None])  # d(mean loss)/d(logits)
+                grad_h[start:start + chunk_size] = (g.to(h.dtype) @ weight)
+                grad_w.addmm_(g.t(), hc.float())
+                if grad_b is not None:
+                    grad_b += g.sum(0)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
+        return total / n_valid
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        w_dtype, b_dtype = ctx.dtypes
+        gb = (grad_b * grad_out).to(b_dtype) if grad_b is not None else None
+        return grad_h * grad_out.to(grad_h.dtype), (grad_w * grad_out).to(w_dtype), gb, None, None
+
+
+def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], labels: torch.Tensor,
+                          chunk_size: int) -> torch.Tensor:
+    """Mean cross-entropy of softmax(h W^T + b) against labels; h (..., D), labels (...)."""
+    return _ChunkedLinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, bias, labels.reshape(-1), chunk_size)
