@@ -33,12 +33,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             logits = logits.float()  # (n, V)
             valid = lc != IGNORE_INDEX
             target = lc.clamp(min=0)
-            lse = torch.logsumexp(logits, dim=-1)
-            total += ((lse - logits.gather(1, target[:, None])[:, 0]) * valid).sum()
+            rows = torch.arange(logits.shape[0], device=logits.device)
+            target_logit = logits[rows, target]
+            # One exp pass serves both the loss (log-sum-exp) and the gradient (softmax).
+            peak = logits.amax(dim=-1, keepdim=True)
+            e = logits.sub_(peak).exp_()  # in place: the chunk's logits are not needed again
+            sum_e = e.sum(-1)
+            total += ((peak[:, 0] + sum_e.log() - target_logit) * valid).sum()
             if need_grad:
-                g = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
-                g[torch.arange(g.shape[0], device=g.device), target] -= 1.0
-                g.mul_((valid.float() / n_valid)[:, None])  # d(mean loss)/d(logits)
+                row_scale = valid.float() / n_valid  # d(mean loss)/d(row loss)
+                g = e.mul_((row_scale / sum_e)[:, None])  # softmax, scaled
+                g[rows, target] -= row_scale  # minus the one-hot target
                 grad_h[start:start + chunk_size] = (g.to(h.dtype) @ weight)
                 grad_w.addmm_(g.t(), hc.float())
                 if grad_b is not None:
