@@ -153,3 +153,240 @@ def validate_model(cfg: ModelConfig) -> None:
                 f"model.{slot} has no _target_; pick an option with model/{slot}=<option> "
                 f"(see conf/model/{slot}/)"
             )
+
+
+# -- data (lm/data; owned by the data pipeline) -------------------------------------------------
+
+DATA_FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
+DOC_SPLITS = ("file", "line", "blank_line", "regex")
+DATA_SPLITS = ("document", "contiguous")
+
+
+@dataclass
+class DataConfig:
+    """One prepared dataset: where its text comes from, how it is tokenized, where it is written.
+
+    `lm-train data=<name>` selects conf/data/<name>.yaml; `lm.data.prepare.ensure_prepared(cfg)`
+    builds `dir` on first use. Fields left None take the registry corpus' own choice (tiny
+    Shakespeare is one document split 90/10 by characters, TinyStories splits on its separator).
+    """
+
+    name: str = "custom"
+    dir: str = "${oc.env:LM_CACHE,'~/.cache/lm'}/data/${.name}"  # the prepared directory (meta.json marks it done)
+    source: Any = None  # registry corpus, file, directory, glob or hf:<dataset>[:<config>]; or a list of these
+    val_source: Any = None  # optional sources that form the val split (then `split` applies to none of them)
+    mirror: Optional[str] = None  # local copy of registry files; None = $LM_DATA_MIRROR
+    format: str = "auto"  # auto (by extension) | text | jsonl | parquet | hf
+    text_field: str = "text"  # the field (JSONL) or column (Parquet, hf) that holds the text
+    hf_split: str = "train"
+    hf_streaming: bool = True
+    doc_split: Optional[str] = None  # file | line | blank_line | regex; None = corpus default or line
+    doc_separator: Optional[str] = None  # the regex when doc_split=regex
+    tokenizer: str = "bpe"  # bpe | unigram | char | path to an existing tokenizer.json
+    vocab_size: int = 8192  # bpe/unigram; char uses the corpus' own symbols
+    n_sentinels: int = 100  # <extra_id_i> tokens for span corruption
+    tokenizer_train_chars: int = 200_000_000  # train the tokenizer on at most this much text of the train split
+    split: Optional[str] = None  # document (hash of each document) | contiguous (last val_fraction of the text)
+    val_fraction: float = 0.01
+    split_seed: int = 0
+    append_eos: bool = True  # EOS after every document
+    workers: int = 0  # tokenizer processes; 0 = one per CPU core
+    shard_tokens: int = 100_000_000
+    task_bytes: int = 1 << 20  # text per worker task
+    encoding_errors: str = "strict"  # strict | replace (bad UTF-8 bytes -> U+FFFD, counted)
+    bad_records: str = "error"  # error | skip (JSONL/Parquet records without text, counted in meta.json)
+    # packed loader (lm.data.packed)
+    doc_boundaries: bool = False  # also yield doc_ids (B, T) for document-masked attention
+    mlm_probability: float = 0.15  # BERT (Devlin et al. 2019)
+    noise_density: float = 0.15  # T5 span corruption (Raffel et al. 2020)
+    mean_span_length: float = 3.0
+
+
+def validate_data(cfg: "DataConfig") -> None:
+    """Fail before reading any data when the data config cannot work; the message names the field."""
+    import re
+
+    def choice(name, allowed):
+        value = getattr(cfg, name)
+        if value is not None and value not in allowed:
+            raise ConfigError(f"data.{name}={value!r} is not one of {list(allowed)}; set data.{name}=<one of those>")
+
+    choice("format", DATA_FORMATS)
+    choice("doc_split", DOC_SPLITS)
+    choice("split", DATA_SPLITS)
+    choice("encoding_errors", ("strict", "replace"))
+    choice("bad_records", ("error", "skip"))
+    if not 0.0 <= cfg.val_fraction < 1.0:
+        raise ConfigError(f"data.val_fraction={cfg.val_fraction} must be in [0, 1)")
+    if cfg.doc_split == "regex":
+        if not cfg.doc_separator:
+            raise ConfigError("data.doc_split=regex needs data.doc_separator=<regex>")
+        try:
+            pattern = re.compile(cfg.doc_separator)
+        except re.error as e:
+            raise ConfigError(f"data.doc_separator={cfg.doc_separator!r} is not a regex: {e}") from None
+        if pattern.groups or pattern.fullmatch(""):
+            raise ConfigError(f"data.doc_separator={cfg.doc_separator!r} must not match the empty string or use "
+                              f"capturing groups; write (?:...) for a group")
+    for name in ("vocab_size", "shard_tokens", "task_bytes", "tokenizer_train_chars"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
+            raise ConfigError(f"data.{name}={getattr(cfg, name)!r} must be a positive integer")
+    if cfg.workers < 0 or cfg.n_sentinels < 0:
+        raise ConfigError("data.workers and data.n_sentinels must be >= 0")
+    if not 0.0 < cfg.mlm_probability < 1.0 or not 0.0 < cfg.noise_density < 1.0 or cfg.mean_span_length < 1.0:
+        raise ConfigError("data.mlm_probability and data.noise_density must be in (0, 1), "
+                          "data.mean_span_length >= 1")
+
+
+# -- training (lm/train.py, loop.py, engine.py, optim.py, checkpoint.py, tracking.py; owned by the engine) --
+
+from typing import List  # noqa: E402 (this section's own import)
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+ON_NONFINITE = ("stop", "skip")
+SCHEDULES = ("cosine", "linear", "constant", "wsd")
+WANDB_MODES = ("online", "offline", "disabled")
+
+
+@dataclass
+class TrainConfig:
+    """The training run's single source of truth for batch size, accumulation, clipping and precision.
+
+    Engines (DeepSpeed's JSON included, see conf/engine/) interpolate these; nothing repeats them.
+    """
+
+    micro_batch_size: int = 8  # sequences per rank per forward/backward
+    grad_accum: int = 1  # micro-steps per optimizer step (derived when global_batch_size is set)
+    global_batch_size: Optional[int] = None  # sequences per optimizer step = micro_batch_size * grad_accum * world
+    seq_len: int = 128
+    max_steps: int = 100
+    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (fp16 uses dynamic loss scaling)
+    compile: bool = False  # torch.compile the model
+    device: str = "auto"  # auto (cuda when available) | cpu | cuda
+    log_interval: int = 10  # steps between metrics.jsonl lines
+    eval_interval: int = 100  # steps between validation passes; 0 = only at the end
+    eval_batches: int = 20  # micro-batches per validation pass (per rank)
+    ckpt_interval: int = 100  # steps between checkpoints; 0 = only at the end
+    keep_last: int = 3  # checkpoints kept (older ones are deleted once a newer one is complete)
+    on_nonfinite: str = "stop"  # stop | skip: what a NaN/inf loss does
+    max_nonfinite: int = 10  # consecutive skipped steps before `skip` stops anyway
+    peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; None = look the GPU up
+    world_size: Optional[int] = None  # expected number of processes (asserted); None = what the launcher says
+    progress: bool = True  # tqdm bar on rank 0 (only on a terminal)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (Loshchilov & Hutter 2019); no weight decay on norms, biases and embeddings."""
+
+    lr: float = 6e-4  # peak learning rate; the schedule multiplies it
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    fused: Optional[bool] = None  # None = torch's default for the device
+
+
+@dataclass
+class SchedConfig:
+    """Learning-rate multiplier as a pure function of the step (lm.optim.lr_multiplier)."""
+
+    kind: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
+    warmup_steps: int = 100  # linear warmup from 0
+    min_lr_ratio: float = 0.1  # floor of the decay, as a fraction of optim.lr
+    decay_fraction: float = 0.2  # wsd: last fraction of the steps that decays (Hägele et al. 2024)
+
+
+@dataclass
+class LoggerConfig:
+    """Dashboards; metrics.jsonl in the run directory is always written and is the source of truth."""
+
+    wandb: bool = False
+    tensorboard: bool = False
+    project: str = "lm"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    job_type: str = "pretrain"
+    tags: List[str] = field(default_factory=list)
+    name: Optional[str] = None  # None = the run directory's name
+    mode: Optional[str] = None  # online | offline | disabled; None = online if an API key is configured, else offline
+
+
+@dataclass
+class RunSchema:
+    """The top of `conf/train.yaml`: unknown keys anywhere below fail at composition."""
+
+    model: Any = None
+    data: Any = None
+    engine: Any = None  # an option of conf/engine/ (_target_ = an lm.engine class)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    run_dir: str = "runs/${lm.stamp:}"  # one per run, decided by rank 0; the same run_dir resumes
+    seed: int = 1337
+    resume: bool = True  # continue from <run_dir>/checkpoints/latest when it exists
+
+
+def register_train_configs() -> None:
+    """Schemas and resolvers of the training app (conf/train.yaml lists `run_schema` first)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    register_configs()
+    ConfigStore.instance().store(name="run_schema", node=RunSchema)
+    if not OmegaConf.has_resolver("lm.stamp"):
+        OmegaConf.register_new_resolver("lm.stamp", run_stamp)
+        OmegaConf.register_new_resolver("lm.eq", lambda a, b: str(a) == str(b))
+
+
+def run_stamp() -> str:
+    """A timestamp that every rank agrees on: rank 0's, passed through LM_RUN_STAMP (lm.train sets it)."""
+    import os
+    import time
+
+    return os.environ.setdefault("LM_RUN_STAMP", time.strftime("%Y-%m-%d_%H-%M-%S"))
+
+
+def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> None:
+    """Fail before anything is built; every message names the field and the fix."""
+    def bad(field_name, why):
+        raise ConfigError(f"train.{field_name}={getattr(cfg, field_name)!r} {why}")
+
+    for name in ("micro_batch_size", "grad_accum", "seq_len", "max_steps", "log_interval", "eval_batches", "keep_last"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
+            bad(name, "must be a positive integer")
+    if cfg.precision not in PRECISIONS:
+        bad("precision", f"is not one of {list(PRECISIONS)}")
+    if cfg.on_nonfinite not in ON_NONFINITE:
+        bad("on_nonfinite", f"is not one of {list(ON_NONFINITE)}")
+    if cfg.grad_clip < 0:
+        bad("grad_clip", "must be >= 0 (0 disables clipping)")
+    if cfg.device not in ("auto", "cpu", "cuda"):
+        bad("device", "is not one of ['auto', 'cpu', 'cuda']")
+    if sched.kind not in SCHEDULES:
+        raise ConfigError(f"sched.kind={sched.kind!r} is not one of {list(SCHEDULES)}; pick sched=<one of those>")
+    if sched.warmup_steps < 0 or not 0.0 <= sched.min_lr_ratio <= 1.0 or not 0.0 < sched.decay_fraction <= 1.0:
+        raise ConfigError("sched.warmup_steps must be >= 0, sched.min_lr_ratio in [0, 1], sched.decay_fraction in (0, 1]")
+    if optim.lr <= 0 or len(optim.betas) != 2 or optim.weight_decay < 0:
+        raise ConfigError(f"optim: lr={optim.lr} must be > 0, betas={list(optim.betas)} two numbers, "
+                          f"weight_decay={optim.weight_decay} >= 0")
+
+
+def resolve_batch(cfg: TrainConfig, world_size: int) -> int:
+    """grad_accum from global_batch_size when that is set; the message says which sizes divide."""
+    if cfg.global_batch_size is None:
+        return cfg.grad_accum
+    per_step = cfg.micro_batch_size * world_size
+    if cfg.global_batch_size % per_step:
+        ok = [per_step * k for k in range(1, 5)]
+        raise ConfigError(
+            f"train.global_batch_size={cfg.global_batch_size} is not divisible by train.micro_batch_size "
+            f"({cfg.micro_batch_size}) x world size ({world_size}) = {per_step}; use a multiple such as {ok}, "
+            f"or change train.micro_batch_size")
+    grad_accum = cfg.global_batch_size // per_step
+    if cfg.grad_accum not in (1, grad_accum):
+        raise ConfigError(
+            f"train.grad_accum={cfg.grad_accum} contradicts train.global_batch_size={cfg.global_batch_size} "
+            f"(which gives {grad_accum} at world size {world_size}); set only one of them")
+    return grad_accum

@@ -1,0 +1,226 @@
+"""Packed loader: memory-mapped token shards -> fixed-length batches, seeded, rank-sharded, resumable.
+
+    loader = PackedLoader("data/shakespeare", "train", seq_len=256, micro_batch_size=8, objective="clm",
+                          rank=rank, world_size=world, seed=0)
+    for step, batch in zip(range(max_steps), loader): ...    # train: infinite, reshuffled every epoch
+    state = loader.state_dict(); ...; loader.load_state_dict(state)      # continue at the next sample
+    for batch in PackedLoader(..., "val", ...): ...          # val: finite, in order, the same every time
+
+The split's shards form one token stream. Sample i is the window stream[i*stride : i*stride + window]
+(stride = window - overlap): windows cross document boundaries (documents are separated by EOS)
+and are never padded. The train order is a seeded pseudo-random permutation of the samples per
+epoch, evaluated pointwise (a Feistel network with cycle walking, Black & Rogaway 2002), so
+it costs no memory however many samples there are.
+
+Sample positions are global: micro-step k of a data-parallel group of W ranks covers positions
+[k*W*B, (k+1)*W*B), rank r taking [k*W*B + r*B, k*W*B + (r+1)*B). The state is the number of
+samples the group has consumed, so a run resumed with another micro-batch size or world size
+continues at exactly the next sample; masking noise is keyed by position, so it matches too.
+
+Batches are dicts of torch LongTensors in the model contract: clm -> input_ids, labels (shifted;
+with doc_boundaries also doc_ids for document-masked attention); mlm -> input_ids, labels (-100
+where not predicted); span -> input_ids, decoder_input_ids, labels.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+
+from lm.config import ConfigError
+from lm.data.collate import CausalLM, Collator, MaskedLM, SpanCorruption
+from lm.data.prepare import data_config, open_prepared
+from lm.data.sources import DataError
+
+OBJECTIVES = ("clm", "mlm", "span")
+OBJECTIVE_OF_ARCH = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
+
+
+class TokenStream:
+    """The shards of one split as one virtual array; a shard is mapped on first use, read when sliced."""
+
+    def __init__(self, root: Path, meta: dict, split: str):
+        if split not in meta["splits"]:
+            raise DataError(f"{root}: no {split!r} split (has {sorted(meta['splits'])})")
+        self.root, self.dtype = root, np.dtype(meta["dtype"])
+        self.files = [s["file"] for s in meta["splits"][split]["shards"]]
+        self.starts = np.cumsum([0] + [s["tokens"] for s in meta["splits"][split]["shards"]])  # (n_shards + 1,)
+        self.n = int(self.starts[-1])
+        self._maps: Dict[int, np.memmap] = {}
+
+    def shard(self, i: int) -> np.memmap:
+        if i not in self._maps:
+            self._maps[i] = np.memmap(self.root / self.files[i], dtype=self.dtype, mode="r")
+        return self._maps[i]
+
+    def read(self, start: int, out: np.ndarray) -> None:
+        """Copy stream[start : start + len(out)] into out (crossing shard boundaries if needed)."""
+        pos, filled = start, 0
+        while filled < out.size:
+            i = int(np.searchsorted(self.starts, pos, side="right")) - 1
+            lo = pos - int(self.starts[i])
+            take = min(out.size - filled, int(self.starts[i + 1]) - pos)
+            out[filled: filled + take] = self.shard(i)[lo: lo + take]
+            pos, filled = pos + take, filled + take
+
+    def locate(self, pos: int) -> str:
+        i = int(np.searchsorted(self.starts, pos, side="right")) - 1
+        return f"{self.root / self.files[i]} at token {pos - int(self.starts[i])}"
+
+
+# -- a seeded permutation evaluated pointwise ---------------------------------------------------
+
+_M = (1 << 64) - 1
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a fast, well-mixing function of 64-bit integers (wraps mod 2**64)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def permute(i: np.ndarray, n: int, key: List[int]) -> np.ndarray:
+    """perm(i) for a pseudo-random permutation of range(n) chosen by `key`, without an O(n) table."""
+    half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    rounds = np.random.SeedSequence(key).generate_state(4, np.uint64)
+
+    def feistel(x):  # a bijection of [0, 4**half), which holds range(n)
+        left, right = x >> np.uint64(half), x & mask
+        for k in rounds:
+            left, right = right, left ^ (_mix(right ^ k) & mask)
+        return (left << np.uint64(half)) | right
+
+    out = feistel(np.asarray(i, dtype=np.uint64))
+    while (outside := out >= np.uint64(n)).any():  # cycle walking: re-apply until back inside range(n)
+        out[outside] = feistel(out[outside])
+    return out.astype(np.int64)
+
+
+# -- the loader ---------------------------------------------------------------------------------
+
+
+def make_collator(objective: str, seq_len: int, meta: dict, seed: int, stream: int, doc_boundaries: bool = False,
+                  mlm_probability: float = 0.15, noise_density: float = 0.15, mean_span_length: float = 3.0,
+                  decoder_start_id: Optional[int] = None) -> Collator:
+    sp, vocab = meta["tokenizer"]["specials"], meta["tokenizer"]["vocab_size"]
+    if objective == "clm":
+        return CausalLM(seq_len, sp["eos"], doc_boundaries, seed, stream)
+    if objective == "mlm":
+        specials = [v for k, v in sp.items() if k != "sentinels"] + sp["sentinels"]
+        return MaskedLM(seq_len, sp["mask"], specials, vocab, mlm_probability, seed, stream)
+    if objective == "span":
+        start = sp["pad"] if decoder_start_id is None else decoder_start_id
+        return SpanCorruption(seq_len, sp["sentinels"], sp["eos"], start, noise_density, mean_span_length, seed, stream)
+    raise ConfigError(f"objective={objective!r} is not one of {list(OBJECTIVES)}")
+
+
+class PackedLoader:
+    """Fixed-length batches over a prepared directory; see the module docstring."""
+
+    def __init__(self, data_dir, split: str, seq_len: int, micro_batch_size: int, objective: str = "clm",
+                 rank: int = 0, world_size: int = 1, seed: int = 0, doc_boundaries: bool = False,
+                 mlm_probability: float = 0.15, noise_density: float = 0.15, mean_span_length: float = 3.0,
+                 vocab_size: Optional[int] = None, decoder_start_id: Optional[int] = None, verify: bool = False):
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"rank={rank} must be in [0, world_size={world_size})")
+        if seq_len < 1 or micro_batch_size < 1:
+            raise ConfigError(f"seq_len={seq_len} and micro_batch_size={micro_batch_size} must be >= 1")
+        self.root = Path(data_dir).expanduser()
+        self.meta = open_prepared(self.root, checksums=verify)
+        self.vocab_size = self.meta["tokenizer"]["vocab_size"]
+        self.tokenizer_sha256 = self.meta["tokenizer"]["sha256"]
+        if vocab_size is not None and vocab_size < self.vocab_size:
+            raise ConfigError(f"model.vocab_size={vocab_size} is smaller than the tokenizer of {self.root} "
+                              f"({self.vocab_size} tokens); set model.vocab_size={self.vocab_size} or more")
+        self.split, self.seq_len, self.micro_batch_size = split, seq_len, micro_batch_size
+        self.objective, self.rank, self.world_size, self.seed = objective, rank, world_size, seed
+        self.training = split == "train"
+        self.stream = TokenStream(self.root, self.meta, split)
+        self.collate = make_collator(objective, seq_len, self.meta, seed, 0 if self.training else 1, doc_boundaries,
+                                     mlm_probability, noise_density, mean_span_length, decoder_start_id)
+        self.window, self.stride = self.collate.window, self.collate.window - self.collate.overlap
+        self.n_samples = max(0, (self.stream.n - self.collate.overlap) // self.stride)
+        if self.n_samples < (1 if self.training else world_size):
+            raise DataError(f"{self.root}: the {split!r} split has {self.stream.n} tokens, too few for "
+                            f"{1 if self.training else world_size} window(s) of {self.window} tokens; use a "
+                            f"shorter seq_len, or prepare more data for it (val_fraction)")
+        self.consumed = 0  # samples consumed by the whole data-parallel group (train)
+
+    @classmethod
+    def from_config(cls, data_cfg, split: str, seq_len: int, micro_batch_size: int, objective: str, **kw):
+        """A loader for a DataConfig (its dir must be prepared: see lm.data.prepare.ensure_prepared)."""
+        cfg = data_config(data_cfg)
+        return cls(cfg.dir, split, seq_len, micro_batch_size, objective, doc_boundaries=cfg.doc_boundaries,
+                   mlm_probability=cfg.mlm_probability, noise_density=cfg.noise_density,
+                   mean_span_length=cfg.mean_span_length, **kw)
+
+    # -- iteration ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict]:
+        return self._train() if self.training else self._eval()
+
+    def __len__(self) -> int:
+        if self.training:
+            raise TypeError("the train loader is infinite; use loader.n_samples for the samples per epoch")
+        return math.ceil(self._eval_per_rank / self.micro_batch_size)
+
+    def _train(self) -> Iterator[dict]:
+        B = self.micro_batch_size
+        while True:
+            positions = self.consumed + self.rank * B + np.arange(B)  # (B,)
+            self.consumed += B * self.world_size  # before yielding: state_dict() then points past this batch
+            yield self._batch(self.sample_ids(positions), positions)
+
+    @property
+    def _eval_per_rank(self) -> int:
+        return self.n_samples // self.world_size  # equal on every rank, so collective eval never waits
+
+    def _eval(self) -> Iterator[dict]:
+        lo, n = self.rank * self._eval_per_rank, self._eval_per_rank
+        for s in range(0, n, self.micro_batch_size):
+            ids = lo + np.arange(s, min(s + self.micro_batch_size, n))
+            yield self._batch(ids, ids)
+
+    def sample_ids(self, positions: np.ndarray) -> np.ndarray:
+        """Train positions -> sample indices: a fresh permutation of the samples every epoch."""
+        epoch, j = np.divmod(positions, self.n_samples)
+        out = np.empty_like(positions)
+        for e in np.unique(epoch):
+            sel = epoch == e
+            out[sel] = permute(j[sel], self.n_samples, [self.seed, int(e)])
+        return out
+
+    def _batch(self, sample_ids: np.ndarray, keys: np.ndarray) -> dict:
+        import torch
+
+        windows = np.empty((len(sample_ids), self.window), dtype=np.int64)  # (B, L)
+        for row, i in zip(windows, sample_ids):
+            self.stream.read(int(i) * self.stride, row)
+        if windows.max() >= self.vocab_size:
+            b, t = np.unravel_index(int(windows.argmax()), windows.shape)
+            where = self.stream.locate(int(sample_ids[b]) * self.stride + int(t))
+            raise DataError(f"{where}: token id {windows[b, t]} >= vocabulary size {self.vocab_size}: the shard is "
+                            f"corrupt or from another tokenizer; run lm-prepare --verify {self.root}, then "
+                            f"lm-prepare --force")
+        return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.collate(windows, keys).items()}
+
+    # -- resume -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"samples_consumed": int(self.consumed), "seed": self.seed, "split": self.split,
+                "n_samples": self.n_samples, "window": self.window, "objective": self.objective,
+                "tokenizer_sha256": self.tokenizer_sha256}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after `samples_consumed` samples; refuses a state from another data order."""
+        for key in ("seed", "split", "n_samples", "window", "objective", "tokenizer_sha256"):
+            if key in state and state[key] != getattr(self, key):
+                raise ConfigError(f"loader state has {key}={state[key]!r} but this loader has {getattr(self, key)!r}: "
+                                  f"the resumed run would not see the same data order; resume with the same data, "
+                                  f"seq_len, objective and seed")
+        self.consumed = int(state["samples_consumed"])

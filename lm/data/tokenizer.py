@@ -1,0 +1,235 @@
+"""Tokenizers (byte-level BPE, unigram, character level), each saved as one tokenizer.json.
+
+All three are built with the Hugging Face `tokenizers` library, so loading, encoding and saving
+is the same code whatever the kind. Special tokens are defined ONCE here, with ids first so they
+stay the same across vocabulary sizes and kinds:
+
+    pad=0 bos=1 eos=2 mask=3 sep=4 cls=5 unk=6, then <extra_id_0>..<extra_id_{N-1}>
+    (the span-corruption sentinels of T5, Raffel et al. 2020), then the learned vocabulary.
+
+unk is reserved in every kind (byte-level BPE never emits it) so that sentinel ids do not depend
+on the kind. A foreign tokenizer.json (GPT-2's, say) is adopted: its own special tokens are found
+by their usual spellings and the missing ones are appended after its vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Iterator, List, Optional, Sequence, Union
+
+from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as HFTokenizer
+
+SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "mask": "<mask>", "sep": "<sep>", "cls": "<cls>",
+                  "unk": "<unk>"}
+# Other spellings of the same roles, so that a foreign tokenizer.json keeps its own ids for them.
+ALIASES = {"pad": ("[PAD]", "<|padding|>"), "bos": ("<s>", "[BOS]", "<|startoftext|>"),
+           "eos": ("</s>", "<|endoftext|>", "[EOS]"), "mask": ("[MASK]",), "sep": ("[SEP]",), "cls": ("[CLS]",),
+           "unk": ("[UNK]",)}
+KINDS = ("bpe", "unigram", "char")
+SENTINEL = re.compile(r"<extra_id_(\d+)>")
+FILE_NAME = "tokenizer.json"
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be trained or loaded; the message names the file or setting and the fix."""
+
+
+def sentinel(i: int) -> str:
+    return f"<extra_id_{i}>"
+
+
+def special_tokens(n_sentinels: int) -> List[str]:
+    """The special tokens in id order: the roles, then the sentinels."""
+    return [*SPECIAL_TOKENS.values(), *(sentinel(i) for i in range(n_sentinels))]
+
+
+class Tokenizer:
+    """A `tokenizers.Tokenizer` plus the special-token ids this project relies on.
+
+    Text passed to encode() is always plain text: a corpus that spells "<eos>" gets the
+    characters, not the end-of-document id (`encode_special_tokens`), so only the pipeline
+    inserts special ids.
+    """
+
+    def __init__(self, tok: HFTokenizer, source: str = "<memory>"):
+        tok.encode_special_tokens = True
+        self._tok = tok
+        self.source = source
+        missing = [r for r in SPECIAL_TOKENS if self._find(r) is None]
+        if missing:
+            tok.add_special_tokens([SPECIAL_TOKENS[r] for r in missing])
+        self._ids = {role: self._find(role) for role in SPECIAL_TOKENS}
+        vocab = tok.get_vocab(with_added_tokens=True)
+        found = sorted((int(m.group(1)), i) for t, i in vocab.items() if (m := SENTINEL.fullmatch(t)))
+        self.sentinel_ids = [i for _, i in found]
+
+    def _find(self, role: str) -> Optional[int]:
+        for name in (SPECIAL_TOKENS[role], *ALIASES[role]):
+            i = self._tok.token_to_id(name)
+            if i is not None:
+                return i
+        return None
+
+    # -- loading and saving ------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path_or_dir: Union[str, os.PathLike]) -> "Tokenizer":
+        """Load tokenizer.json (or <dir>/tokenizer.json)."""
+        path = Path(path_or_dir).expanduser()
+        if path.is_dir():
+            path = path / FILE_NAME
+        if not path.is_file():
+            raise TokenizerError(f"{path}: no tokenizer file there; run lm-prepare to train one, or pass the path "
+                                 f"of an existing tokenizer.json")
+        try:
+            tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # the Rust side raises plain Exception
+            raise TokenizerError(f"{path}: not a valid tokenizer.json ({e}); re-run lm-prepare --force to rebuild "
+                                 f"it") from None
+        return cls(tok, source=str(path))
+
+    def save(self, path: Union[str, os.PathLike]) -> Path:
+        """Write tokenizer.json atomically (a reader never sees half a file)."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / FILE_NAME
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        self._tok.save(str(tmp))
+        os.replace(tmp, path)
+        return path
+
+    def to_str(self) -> str:
+        return self._tok.to_str()
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the serialised tokenizer; meta.json records it to catch tokenizer/shard mismatches."""
+        return hashlib.sha256(self.to_str().encode()).hexdigest()
+
+    # -- ids ---------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def kind(self) -> str:
+        model = type(self._tok.model).__name__
+        return {"BPE": "bpe", "Unigram": "unigram", "WordLevel": "char"}.get(model, model.lower())
+
+    pad_id = property(lambda self: self._ids["pad"])
+    bos_id = property(lambda self: self._ids["bos"])
+    eos_id = property(lambda self: self._ids["eos"])
+    mask_id = property(lambda self: self._ids["mask"])
+    sep_id = property(lambda self: self._ids["sep"])
+    cls_id = property(lambda self: self._ids["cls"])
+    unk_id = property(lambda self: self._ids["unk"])
+
+    @property
+    def special_ids(self) -> List[int]:
+        return sorted({*self._ids.values(), *self.sentinel_ids})
+
+    @property
+    def specials(self) -> dict:
+        """Role -> id, plus the sentinel ids; written to meta.json."""
+        return {**self._ids, "sentinels": self.sentinel_ids}
+
+    # -- encoding ----------------------------------------------------------------------------
+
+    def encode(self, text: str) -> List[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+        # encode_batch_fast skips the character offsets that the pipeline never reads.
+        return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> Optional[int]:
+        return self._tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> Optional[str]:
+        return self._tok.id_to_token(i)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind}, vocab_size={self.vocab_size}, source={self.source})"
+
+
+# -- training -----------------------------------------------------------------------------------
+
+
+def train(kind: str, texts: Iterable[str], vocab_size: int = 8192, n_sentinels: int = 100,
+          progress: bool = False) -> Tokenizer:
+    """Train a tokenizer of `kind` on an iterator of documents (streamed, never held at once)."""
+    specials = special_tokens(n_sentinels)
+    if kind == "char":
+        return _char(texts, specials)
+    if kind == "bpe":
+        return _bpe(texts, vocab_size, specials, progress)
+    if kind == "unigram":
+        return _unigram(texts, vocab_size, specials, progress)
+    raise TokenizerError(f"tokenizer={kind!r} is not one of {list(KINDS)} or a path to a tokenizer.json")
+
+
+def _bpe(texts: Iterable[str], vocab_size: int, specials: List[str], progress: bool) -> Tokenizer:
+    """Byte-level BPE as in GPT-2 (Radford et al. 2019): every byte is a symbol, so nothing is unknown."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    if vocab_size < len(alphabet) + len(specials) + 1:
+        raise TokenizerError(f"vocab_size={vocab_size} is too small for byte-level BPE: it needs the "
+                             f"{len(alphabet)} byte symbols + {len(specials)} special tokens + merges; "
+                             f"set vocab_size >= {len(alphabet) + len(specials) + 256}")
+    tok = HFTokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet,
+                                  show_progress=progress)
+    tok.train_from_iterator(texts, trainer)
+    return Tokenizer(tok)
+
+
+def _unigram(texts: Iterable[str], vocab_size: int, specials: List[str], progress: bool) -> Tokenizer:
+    """Unigram LM tokenizer (Kudo 2018) with SentencePiece's metaspace pre-tokenization."""
+    tok = HFTokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token=SPECIAL_TOKENS["unk"],
+                                      show_progress=progress)
+    tok.train_from_iterator(texts, trainer)
+    return Tokenizer(tok)
+
+
+def char_symbols(texts: Iterable[str]) -> List[str]:
+    """The distinct characters of a corpus, sorted (nanoGPT's `sorted(set(text))`)."""
+    symbols: set = set()
+    for text in texts:
+        symbols.update(text)
+    return sorted(symbols)
+
+
+def _char(texts: Iterable[str], specials: List[str]) -> Tokenizer:
+    """One token per character; the vocabulary is the corpus' own symbols after the specials."""
+    symbols = [s for s in char_symbols(texts) if s not in specials]
+    if not symbols:
+        raise TokenizerError("the corpus has no characters to build a character-level vocabulary from")
+    vocab = {t: i for i, t in enumerate([*specials, *symbols])}
+    tok = HFTokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS["unk"]))
+    # [\s\S] matches every code point, newlines included (Oniguruma has no DOTALL flag syntax).
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(specials)
+    return Tokenizer(tok)
+
+
+def iter_limited(texts: Iterable[str], max_chars: int) -> Iterator[str]:
+    """The documents of `texts` until about `max_chars` characters (a sample to train on)."""
+    seen = 0
+    for text in texts:
+        if seen >= max_chars:
+            return
+        seen += len(text)
+        yield text
