@@ -1,0 +1,26 @@
+"""Shared pytest fixtures."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# The real corpora (tiny Shakespeare, WikiText-2 valid/test, a TinyStories slice, GLUE) live next to the
+# repository, never inside it; lm.data reads registry corpora from this mirror before downloading.
+DATA_MIRROR = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _lm_data_mirror():
+    """Point LM_DATA_MIRROR at ../shared/data unless the caller set it."""
+    old = os.environ.get("LM_DATA_MIRROR")
+    os.environ.setdefault("LM_DATA_MIRROR", str(DATA_MIRROR))
+    yield
+    if old is None:
+        os.environ.pop("LM_DATA_MIRROR", None)
+
+
+@pytest.fixture
+def data_mirror() -> Path:
+    """The local data mirror directory (LM_DATA_MIRROR)."""
+    return Path(os.environ.get("LM_DATA_MIRROR", DATA_MIRROR))
