@@ -1,0 +1,99 @@
+"""Examples -> token ids for a classifier, and padded batches.
+
+Layout by family (`arch`, as in ModelConfig.arch); a single-sentence task drops b and its separator:
+
+    encoder (BERT):              [CLS] a [SEP] b [SEP]    token_type 0 on [CLS] a [SEP], 1 on b [SEP]
+    decoder (GPT):               [BOS] a [SEP] b [EOS]    token_type 0 on [BOS] a [SEP], 1 on b [EOS]
+    encoder_decoder (T5, BART):  same as decoder
+
+Encoders pool the first position ([CLS]); decoders and encoder-decoders pool the last real token
+(lm.model.SequenceClassifier), so [EOS] closes the input: it is the one position that has
+attended to all of a and b, and it is the same token in every example.
+
+Truncation is longest-first (BERT's run_classifier, Devlin et al. 2019): while a and b together
+exceed max_len minus the special tokens, drop the last token of the longer one (of b on a tie).
+token_type_ids are always returned; a model without segment embeddings ignores them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from lm.config import ARCHS
+
+Features = Dict[str, list]
+
+
+def truncate_longest_first(a: Sequence[int], b: Sequence[int], budget: int) -> Tuple[list, list]:
+    la, lb = len(a), len(b)
+    while la + lb > budget:
+        if la > lb:
+            la -= 1
+        else:
+            lb -= 1
+    return list(a[:la]), list(b[:lb])
+
+
+def encode_pair(tokenizer, text_a: str, text_b: Optional[str], max_len: int, arch: str) -> Features:
+    """input_ids, attention_mask and token_type_ids (lists) of one example, at most max_len long."""
+    a = tokenizer.encode(text_a)
+    b = tokenizer.encode(text_b) if text_b is not None else None
+    return build_inputs(tokenizer, a, b, max_len, arch)
+
+
+def build_inputs(tokenizer, a: Sequence[int], b: Optional[Sequence[int]], max_len: int, arch: str) -> Features:
+    """The special-token layout of the module docstring around already tokenized a (and b)."""
+    if arch not in ARCHS:
+        raise ValueError(f"arch={arch!r} is not one of {list(ARCHS)}")
+    n_special = 2 if b is None else 3
+    if max_len < n_special + 1:
+        raise ValueError(f"max_len={max_len} leaves no room for text after {n_special} special tokens; "
+                         f"use max_len >= {n_special + 1}")
+    a, b = truncate_longest_first(a, b or [], max_len - n_special)
+    if arch == "encoder":
+        first, mid, last = tokenizer.cls_id, tokenizer.sep_id, tokenizer.sep_id
+    else:
+        first, mid, last = tokenizer.bos_id, tokenizer.sep_id, tokenizer.eos_id
+    if n_special == 2:
+        ids, types = [first, *a, last], [0] * (len(a) + 2)
+    else:
+        ids = [first, *a, mid, *b, last]
+        types = [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    return {"input_ids": ids, "attention_mask": [1] * len(ids), "token_type_ids": types}
+
+
+def encode_examples(tokenizer, examples, max_len: int, arch: str) -> List[Features]:
+    """encode_pair over readers.Example rows (batched through tokenizer.encode_batch when it has one),
+    with "labels" when the example has a label."""
+    encode_batch = getattr(tokenizer, "encode_batch", None) or (lambda texts: [tokenizer.encode(t) for t in texts])
+    a_ids = encode_batch([e.text_a for e in examples])
+    pairs = [i for i, e in enumerate(examples) if e.text_b is not None]
+    b_ids = dict(zip(pairs, encode_batch([examples[i].text_b for i in pairs])))
+    out = []
+    for i, e in enumerate(examples):
+        f = build_inputs(tokenizer, a_ids[i], b_ids.get(i), max_len, arch)
+        if e.label is not None:
+            f["labels"] = e.label
+        out.append(f)
+    return out
+
+
+def collate(features: Sequence[Features], pad_id: int) -> Dict[str, "torch.Tensor"]:
+    """Right-pad a list of encoded examples into (B, T) long tensors; attention_mask and token_type_ids
+    are 0 on pads. "labels" (B,) is long for class ids and float for STS-B scores."""
+    import torch
+
+    if not features:
+        raise ValueError("collate got an empty batch")
+    T = max(len(f["input_ids"]) for f in features)
+    batch = {}
+    for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
+        batch[key] = torch.tensor([f[key] + [fill] * (T - len(f[key])) for f in features], dtype=torch.long)  # (B, T)
+    labelled = ["labels" in f for f in features]
+    if any(labelled):
+        if not all(labelled):
+            raise ValueError("collate: some examples have labels and some do not; batch test and dev data apart")
+        labels = [f["labels"] for f in features]
+        regression = any(isinstance(y, float) for y in labels)
+        batch["labels"] = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)  # (B,)
+    return batch

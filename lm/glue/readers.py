@@ -1,0 +1,166 @@
+"""Read GLUE splits from the official TSV layout, or from the Hugging Face copy when none is local.
+
+Layout (what download_glue_data.py writes): `<root>/<Task.dir>/<split file>`, e.g.
+`glue_data/MNLI/dev_matched.tsv`, `glue_data/diagnostic/diagnostic.tsv`. Files are read with
+`csv` (tab, QUOTE_NONE: GLUE text holds unbalanced quotes, so quoting would merge lines) as
+UTF-8 with an optional BOM (MRPC's headers start with one). CoLA's train/dev files have no
+header; every other file names its columns in the first line, and columns are found by name,
+so MNLI's dev files (16 columns) and train file (12) need no special case.
+
+The root defaults to $LM_DATA_MIRROR/glue_data, else ./glue_data (download_glue_data.py's default).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import List, NamedTuple, Optional, Union
+
+from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, Task, get_eval, get_task
+
+
+class Example(NamedTuple):
+    """One row. `label` is the class id (index into Task.labels), a float for STS-B, None on test."""
+
+    index: int  # the file's id column (what submissions are keyed by), else the 0-based row number
+    text_a: str
+    text_b: Optional[str]
+    label: Optional[Union[int, float]]
+
+
+class GlueDataError(ValueError):
+    """A GLUE file is malformed; the message names the file, the line and the fix."""
+
+
+class GlueDataMissing(GlueDataError, FileNotFoundError):
+    """A GLUE file is not where it was looked for; the message names the path and how to get it."""
+
+
+def data_root(root: Optional[Union[str, os.PathLike]] = None) -> Path:
+    if root is not None:
+        return Path(root).expanduser()
+    mirror = os.environ.get("LM_DATA_MIRROR")
+    return Path(mirror).expanduser() / "glue_data" if mirror else Path("glue_data")
+
+
+def split_path(task: str, split: str, root=None) -> Path:
+    t = get_task(task)
+    if split not in t.files:
+        raise KeyError(f"GLUE {t.dir} has no split {split!r}; its splits are {list(t.files)}")
+    return data_root(root) / t.dir / t.files[split]
+
+
+def load_split(task: str, split: str, root=None, hf: bool = True) -> List[Example]:
+    """All examples of one split. The local TSV wins; `hf` allows the Hugging Face copy when it is absent."""
+    t = get_task(task)
+    path = split_path(t.name, split, root)
+    if path.is_file():
+        return read_tsv(path, t, split)
+    where = f"GLUE {t.dir} {split} split not found: looked for {path}"
+    if not hf:
+        raise GlueDataMissing(f"{where}; {DOWNLOAD_HINT}")
+    return load_hf(t, split, where)
+
+
+def load_eval(name: str, kind: str, root=None, hf: bool = True) -> List[Example]:
+    """The dev or test split of one leaderboard column: load_eval("mnli_mm", "dev") is MNLI's dev_mismatched."""
+    e = get_eval(name)
+    if kind not in ("dev", "test"):
+        raise ValueError(f"kind={kind!r} must be 'dev' or 'test'")
+    split = e.dev if kind == "dev" else e.test
+    if split is None:
+        raise GlueDataMissing(f"GLUE {e.submission} has no public labelled split; only its test split can be "
+                              f"predicted (and scored by the leaderboard)")
+    return load_split(e.task, split, root, hf)
+
+
+# -- TSV -------------------------------------------------------------------------------------------
+
+def read_tsv(path: Union[str, os.PathLike], task: Union[str, Task], split: str) -> List[Example]:
+    t = get_task(task) if isinstance(task, str) else task
+    labelled = not split.startswith("test")
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = list(t.headerless) if (t.headerless and labelled) else next(rows, None)
+        if header is None:
+            raise GlueDataError(f"{path}: the file is empty; expected a header line, then one example per line")
+        col = _columns(path, t, header, labelled)
+        out = []
+        for row in rows:
+            if len(row) != len(header):
+                raise GlueDataError(
+                    f"{path}:{rows.line_num}: expected {len(header)} tab-separated columns "
+                    f"({', '.join(header)}), found {len(row)}; a stray tab or newline inside the text splits it"
+                    + ("; QQP's original release has such rows: use QQP-clean.zip" if t.name == "qqp" else ""))
+            out.append(_example(path, rows.line_num, t, row, col, len(out)))
+    return out
+
+
+def _columns(path, t: Task, header: List[str], labelled: bool) -> dict:
+    """Column positions by name; a missing one is reported with the header that was found."""
+    wanted = {"text_a": t.text_a, "text_b": t.text_b, "label": t.label if labelled else None, "index": t.index}
+    col = {}
+    for role, name in wanted.items():
+        if name is None:
+            continue
+        if name in header:
+            col[role] = header.index(name)
+        elif role != "index":
+            raise GlueDataError(f"{path}:1: no column {name!r} in the header {header}; is this the {t.dir} file "
+                                f"of the official GLUE layout?")
+    return col
+
+
+def _example(path, line: int, t: Task, row: List[str], col: dict, row_number: int) -> Example:
+    index = row_number
+    if "index" in col:
+        try:
+            index = int(row[col["index"]])
+        except ValueError:
+            raise GlueDataError(f"{path}:{line}: id column {t.index!r} holds {row[col['index']]!r}, "
+                                f"not an integer") from None
+    text_b = row[col["text_b"]] if "text_b" in col else None
+    label = parse_label(t, row[col["label"]], f"{path}:{line}") if "label" in col else None
+    return Example(index, row[col["text_a"]], text_b, label)
+
+
+def parse_label(t: Task, value: str, where: str) -> Union[int, float]:
+    if t.is_regression:
+        try:
+            score = float(value)
+        except ValueError:
+            score = math.nan
+        if not 0.0 <= score <= 5.0:  # also rejects nan
+            raise GlueDataError(f"{where}: {t.dir} score {value!r} is not a number in [0, 5]")
+        return score
+    if value not in t.labels:
+        raise GlueDataError(f"{where}: {t.dir} label {value!r} is not one of {list(t.labels)}")
+    return t.labels.index(value)
+
+
+# -- Hugging Face ------------------------------------------------------------------------------------
+
+def load_hf(t: Task, split: str, where: str) -> List[Example]:
+    """The split from the Hugging Face hub (or its local cache); used only when no local file exists."""
+    try:
+        import datasets
+    except ImportError:
+        raise GlueDataMissing(f"{where}; {DOWNLOAD_HINT} (the `datasets` package is not installed)") from None
+    hf_split = split.replace("dev", "validation")
+    try:
+        rows = datasets.load_dataset(HF_DATASET, t.name, split=hf_split)
+    except Exception as e:  # offline, hub down, cache miss: all end the same way for the user
+        raise GlueDataMissing(f"{where}, and the Hugging Face copy {HF_DATASET}/{t.name}:{hf_split} failed "
+                              f"({type(e).__name__}: {e}); {DOWNLOAD_HINT}") from e
+    a, b = t.hf_text
+    out = []
+    for n, r in enumerate(rows):
+        label = None if split.startswith("test") else r["label"]
+        if label is not None and not t.is_regression and not 0 <= label < t.n_labels:
+            raise GlueDataError(f"{HF_DATASET}/{t.name}:{hf_split} row {n}: label {label} is not a class id "
+                                f"in [0, {t.n_labels})")
+        out.append(Example(int(r.get("idx", n)), r[a], r[b] if b else None,
+                           float(label) if (label is not None and t.is_regression) else label))
+    return out
