@@ -390,3 +390,71 @@ def resolve_batch(cfg: TrainConfig, world_size: int) -> int:
             f"train.grad_accum={cfg.grad_accum} contradicts train.global_batch_size={cfg.global_batch_size} "
             f"(which gives {grad_accum} at world size {world_size}); set only one of them")
     return grad_accum
+
+
+# -- GLUE finetuning tasks (lm/glue, conf/task/glue; owned by the GLUE task code) --------------------
+
+@dataclass
+class GlueTaskConfig:
+    """One GLUE task's finetuning hyperparameters: `lm-finetune task=glue/<name>` (conf/task/glue/).
+
+    name=all runs the presets listed in `tasks`, each with its own hyperparameters
+    (lm.glue.presets.expand). Metrics are in points (x100); `main_metric` picks the number model
+    selection maximises: "score" (the task's leaderboard score), a metric of the task (e.g. "f1"),
+    or "<column>/<metric>" (e.g. "mnli_m/acc").
+    """
+
+    name: str = "sst2"  # a task of lm.glue.tasks.GLUE_TASKS, or "all"
+    tasks: List[str] = field(default_factory=list)  # name=all only: the tasks to run, in order
+    n_labels: int = 2  # head width: classes, or 1 for regression (STS-B)
+    main_metric: str = "score"
+    epochs: float = 3.0
+    lr: float = 1e-4  # peak learning rate (AdamW, linear warmup then linear decay)
+    batch_size: int = 32  # examples per optimizer step
+    max_len: int = 128  # tokens per example after truncation, special tokens included
+    warmup_ratio: float = 0.1  # fraction of the steps spent warming up (Devlin et al. 2019)
+    weight_decay: float = 0.01
+    dropout: float = 0.1  # before the classification layer
+    seeds: List[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
+    max_train_examples: Optional[int] = None  # first N training examples only (smoke runs on CPU)
+    data_root: Optional[str] = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
+
+
+def validate_glue_task(cfg: "GlueTaskConfig") -> None:
+    """Fail before any data is read; the message names the field and the allowed values."""
+    from lm.glue.metrics import metric_keys
+    from lm.glue.tasks import GLUE_TASKS, TASKS
+
+    if cfg.name == "all":
+        bad = [t for t in cfg.tasks if t not in GLUE_TASKS]
+        if not cfg.tasks or bad:
+            raise ConfigError(f"task.tasks={list(cfg.tasks)} must list GLUE tasks from {list(GLUE_TASKS)} "
+                              f"when task.name=all" + (f"; unknown: {bad}" if bad else ""))
+        return
+    if cfg.name not in GLUE_TASKS:
+        raise ConfigError(f"task.name={cfg.name!r} is not one of {[*GLUE_TASKS, 'all']}; pick task=glue/<name>")
+    want = TASKS[cfg.name].n_labels
+    if cfg.n_labels != want:
+        raise ConfigError(f"task.n_labels={cfg.n_labels} but {cfg.name} has {want} "
+                          f"({'regression' if want == 1 else 'classes'}); set task.n_labels={want}")
+    if cfg.main_metric not in metric_keys(cfg.name):
+        raise ConfigError(f"task.main_metric={cfg.main_metric!r} is not one of {metric_keys(cfg.name)}")
+    for name in ("batch_size", "max_len"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
+            raise ConfigError(f"task.{name}={getattr(cfg, name)!r} must be a positive integer")
+    if cfg.max_len < 4:
+        raise ConfigError(f"task.max_len={cfg.max_len} leaves no room for text after 3 special tokens; use >= 4")
+    if cfg.epochs <= 0 or cfg.lr <= 0 or not 0.0 <= cfg.warmup_ratio < 1.0 or cfg.weight_decay < 0:
+        raise ConfigError(f"task: epochs={cfg.epochs} and lr={cfg.lr} must be > 0, warmup_ratio="
+                          f"{cfg.warmup_ratio} in [0, 1), weight_decay={cfg.weight_decay} >= 0")
+    if not cfg.seeds:
+        raise ConfigError("task.seeds is empty; give at least one seed, e.g. task.seeds=[0]")
+    if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
+        raise ConfigError(f"task.max_train_examples={cfg.max_train_examples} must be >= 1 or null")
+
+
+def register_glue_configs() -> None:
+    """The GLUE task schema, as `glue_schema` in group `task` (conf/task/glue/*.yaml list it first)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(group="task", name="glue_schema", node=GlueTaskConfig)
