@@ -1,0 +1,79 @@
+"""`lm-report <sweep or run dirs>`: a comparison report for a sweep, or a run card for one run."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from lm.report.runs import ReportError, load_runs
+from lm.report.variants import check_comparable, group_variants
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="lm-report",
+        description="Compare runs of a sweep (table as Markdown + CSV, plots, one HTML page), "
+                    "or write a run card when given a single run.")
+    p.add_argument("paths", nargs="+", help="sweep directories (searched recursively for runs) or run directories")
+    p.add_argument("-o", "--out", type=Path, help="output directory (default: <path>/report for one path, else ./report)")
+    p.add_argument("--title", default=None, help="report title")
+    p.add_argument("--notes", type=Path, help="a Markdown file whose text is added to the report (conclusions)")
+    p.add_argument("--baseline", help="the variant to compare against: a substring of its label (default: the first)")
+    p.add_argument("--force", action="store_true", help="tabulate runs even if their data or budget differ")
+    p.add_argument("--card", action="store_true", help="write a run card per run instead of a comparison")
+    return p.parse_args(argv)
+
+
+def pick_baseline(variants: list, wanted) -> int:
+    if wanted is None:
+        return 0
+    matches = [i for i, v in enumerate(variants) if wanted in v.label]
+    if len(matches) != 1:
+        labels = ", ".join(repr(v.label) for v in variants)
+        raise ReportError(f"--baseline {wanted!r} matches {len(matches)} variants; pick a substring of exactly one of: {labels}")
+    return matches[0]
+
+
+def run(args: argparse.Namespace, command: str) -> Path:
+    from lm.report.card import write_run_card
+    from lm.report.sweep import write_sweep_report
+
+    runs = load_runs(args.paths)
+    out = args.out or (Path(args.paths[0]) / "report" if len(args.paths) == 1 else Path("report"))
+    if args.card or len(runs) == 1:
+        if len(runs) == 1:
+            return write_run_card(runs[0], out, command)
+        for r in runs:
+            last = write_run_card(r, out / r.name, command)
+        return last
+    forced = False
+    if args.force:
+        try:
+            check_comparable(runs)
+        except ReportError:
+            forced = True
+    else:
+        check_comparable(runs)
+    variants = group_variants(runs)
+    notes = args.notes.read_text() if args.notes else ""
+    title = args.title or f"Ablation report: {', '.join(map(str, args.paths))}"
+    return write_sweep_report(variants, runs, out, title, command, notes, pick_baseline(variants, args.baseline), forced)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    try:
+        page = run(args, "lm-report " + " ".join(map(shlex.quote, argv)))
+    except ReportError as e:
+        print(f"lm-report: error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {page.parent}/ ({page.name})")
+    md = page.with_suffix(".md")
+    if md.is_file() and md.name == "report.md":
+        text = md.read_text()
+        start = text.find("## Results")
+        print(text[start:text.find("\n## ", start + 1)].strip())
+    return 0

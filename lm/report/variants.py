@@ -1,0 +1,132 @@
+"""Group runs into variants (cells of a sweep minus the seed) and refuse unfair comparisons.
+
+A variant is named by the Hydra overrides that differ between runs, seeds excluded
+(`model/ffn=swiglu model/norm=rmsnorm`). Runs without .hydra/overrides.yaml are named by the
+config values that differ instead, with component nodes (model.ffn, ...) shown by the option
+file they match (`model/ffn=swiglu`).
+
+Comparisons are only fair at equal data and budget: every run of one table must agree on the
+data config and the training budget (steps, batch, sequence length). Seeds may differ.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from lm.report.runs import ReportError, Run
+
+# Keys that never define a variant: seeds (they are what we average over), where outputs go,
+# and how the run is tracked.
+IGNORED = re.compile(r"(^|[./])seed$|(^|\.)(run|out|output|save|checkpoint)_dir$|^(hydra|logger|wandb|tensorboard)([./]|$)")
+# Keys that define the data and the training budget: they must agree within one table.
+SETUP = re.compile(r"^data\.|^train\.(max_steps|max_tokens|seq_len|[a-z_]*batch[a-z_]*|[a-z_]*accum[a-z_]*)$")
+# Data keys that change how fast the data is prepared, not what it is.
+NOT_SETUP = re.compile(r"^data\.(workers|mirror|task_bytes|shard_tokens|hf_streaming)$")
+COMPONENT_SLOTS = ("norm", "ffn", "pos")
+
+
+@dataclass
+class Variant:
+    label: str
+    runs: list = field(default_factory=list)
+
+    @property
+    def ok_runs(self) -> list:
+        return [r for r in self.runs if r.ok]
+
+    @property
+    def failed_runs(self) -> list:
+        return [r for r in self.runs if not r.ok]
+
+
+def flatten(node: Any, prefix: str = "") -> dict:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out.update(flatten(v, f"{prefix}{k}."))
+        return out or ({prefix[:-1]: {}} if prefix else {})
+    return {prefix[:-1]: node}
+
+
+def _override_key(o: str) -> str:
+    return o.lstrip("+~").split("=", 1)[0]
+
+
+def _varying_overrides(runs: list) -> list:
+    """Per run, its overrides minus ignored keys and minus those every run shares."""
+    kept = [[o.lstrip("+") for o in r.overrides if not IGNORED.search(_override_key(o))] for r in runs]
+    common = set.intersection(*map(set, kept)) if kept else set()
+    return [[o for o in ks if o not in common] for ks in kept]
+
+
+def _option_name(slot: str, node: Any) -> Optional[str]:
+    """The conf/model/<slot>/ option file whose content equals this component node."""
+    from lm.config import conf_dir
+    from lm.report.runs import load_yaml
+
+    for f in sorted((conf_dir() / "model" / slot).glob("*.yaml")):
+        if load_yaml(f) == node:
+            return f.stem
+    return None
+
+
+def _config_labels(runs: list) -> list:
+    flats = [flatten(r.config) for r in runs]
+    keys = sorted({k for f in flats for k in f if not IGNORED.search(k)})
+    varying = [k for k in keys if len({repr(f.get(k)) for f in flats}) > 1]
+    labels = []
+    for run, flat in zip(runs, flats):
+        parts, done = [], set()
+        for k in varying:
+            slot = next((s for s in COMPONENT_SLOTS if k.startswith(f"model.{s}.")), None)
+            if slot and slot not in done:
+                done.add(slot)
+                name = _option_name(slot, run.get(f"model.{slot}"))
+                if name:
+                    parts.append(f"model/{slot}={name}")
+                    continue
+            if slot and slot in done and any(p.startswith(f"model/{slot}=") for p in parts):
+                continue
+            parts.append(f"{k}={flat.get(k)}")
+        labels.append(" ".join(parts))
+    return labels
+
+
+def group_variants(runs: list) -> list:
+    """Variants in order of first appearance (Hydra's job order)."""
+    if runs and all(r.overrides is not None for r in runs):
+        labels = [" ".join(o) for o in _varying_overrides(runs)]
+    else:
+        labels = _config_labels(runs)
+    variants: dict = {}
+    for run, label in zip(runs, labels):
+        variants.setdefault(label or "baseline", Variant(label or "baseline")).runs.append(run)
+    return list(variants.values())
+
+
+def setup_of(run: Run) -> dict:
+    return {k: v for k, v in flatten(run.config).items()
+            if SETUP.search(k) and not IGNORED.search(k) and not NOT_SETUP.search(k)}
+
+
+def check_comparable(runs: list) -> None:
+    """Raise when runs differ in data or budget (lm-report --force skips this check)."""
+    setups = [setup_of(r) for r in runs if r.config]
+    keys = sorted({k for s in setups for k in s})
+    differing = {k: sorted({repr(s.get(k)) for s in setups}) for k in keys if len({repr(s.get(k)) for s in setups}) > 1}
+    if not differing:
+        return
+    lines = []
+    for k, vals in differing.items():
+        examples = []
+        for v in vals:
+            run = next(r for r in runs if r.config and repr(setup_of(r).get(k)) == v)
+            examples.append(f"{v} ({run.path})")
+        lines.append(f"  {k}: " + " vs ".join(examples))
+    raise ReportError(
+        "these runs differ in data or training budget, so their losses are not comparable:\n"
+        + "\n".join(lines)
+        + "\nreport them separately, or pass --force to put them in one table anyway"
+    )

@@ -1,0 +1,127 @@
+"""lm-report's reading side: failed and partial runs, corrupt files, unfair comparisons, run cards."""
+
+import csv
+import json
+
+import pytest
+import yaml
+
+from lm.config import compose_model
+from lm.model import model_config
+from lm.model.flops import flops_per_token, num_params
+from lm.report.cli import main
+from lm.report.runs import ReportError, find_run_dirs, load_run, load_runs
+from lm.report.variants import check_comparable, group_variants
+from tests.fixtures.runs.synthetic import loss_at, make_run
+
+
+def test_finished_run_is_ok(tmp_path):
+    run = load_run(make_run(tmp_path / "r", max_steps=100))
+    assert run.ok and run.reason == "" and run.last_step == 100 and len(run.train) == 10
+
+
+def test_unfinished_run_is_failed_with_the_error_text(tmp_path):
+    d = make_run(tmp_path / "r", max_steps=200, stop_at=70)
+    assert load_run(d).reason == "stopped at step 70 of 200"
+    (d / "error.txt").write_text("Traceback (most recent call last):\n  File \"loop.py\"\nValueError: batch too big\n")
+    run = load_run(d)
+    assert run.status == "failed" and run.reason == "ValueError: batch too big"
+
+
+def test_hydra_job_that_crashed_before_logging(tmp_path):
+    """A multirun job dir with only .hydra/ and the job's log: failed, reason from the log."""
+    d = tmp_path / "3"
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 10}}))
+    (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model/ffn=bogus", "seed=0"]))
+    (d / "train.log").write_text("[2026-01-01][lm][INFO] - start\n[2026-01-01][lm][ERROR] - ConfigError: model.ffn has no _target_\n")
+    run = load_run(d)
+    assert run.status == "failed"
+    assert run.reason == "no metrics written: [2026-01-01][lm][ERROR] - ConfigError: model.ffn has no _target_"
+
+
+def test_diverged_run_is_failed(tmp_path):
+    d = make_run(tmp_path / "r", max_steps=30)
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 40, "loss": NaN}\n')
+    assert load_run(d).reason == "loss became nan at step 40"
+
+
+def test_torn_last_line_is_dropped_but_a_corrupt_middle_line_fails(tmp_path):
+    d = make_run(tmp_path / "r", max_steps=30)
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 40, "lo')
+    run = load_run(d)
+    assert run.ok and run.last_step == 30
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    (d / "metrics.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    run = load_run(d)
+    assert run.status == "failed" and f"{d / 'metrics.jsonl'}:2: not valid JSON" in run.reason
+
+
+def test_sweep_with_failed_cells_still_reports(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path / f"{seed}", ffn="gelu", seed=seed)
+        make_run(tmp_path / f"{seed + 2}", ffn="swiglu", seed=seed, stop_at=50)
+    (tmp_path / "2" / "error.txt").write_text("RuntimeError: out of memory\n")
+    assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    swiglu = next(l for l in md.splitlines() if l.startswith("| `model/ffn=swiglu"))
+    assert swiglu.split("|")[2].strip() == "0/2"
+    assert "FAILED: RuntimeError: out of memory" in swiglu
+    assert f"- `{tmp_path / '3'}`: stopped at step 50 of 200" in md
+    per_run = {r["run"]: r for r in csv.DictReader(open(tmp_path / "out" / "runs.csv"))}
+    assert per_run[str(tmp_path / "2")]["status"] == "failed"
+    assert float(per_run[str(tmp_path / "0")]["final_loss"]) == pytest.approx(loss_at(200, 0.0))
+
+
+def test_different_budget_or_data_is_refused_unless_forced(tmp_path):
+    make_run(tmp_path / "a", ffn="gelu", max_steps=200)
+    make_run(tmp_path / "b", ffn="swiglu", max_steps=100)
+    with pytest.raises(ReportError, match=r"(?s)train\.max_steps: 100 .*b\) vs 200 .*a\).*--force"):
+        check_comparable(load_runs([tmp_path]))
+    assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out" / "report.html").exists()
+    assert main([str(tmp_path), "-o", str(tmp_path / "out"), "--force"]) == 0
+    assert "**forced**" in (tmp_path / "out" / "report.md").read_text()
+    make_run(tmp_path / "c", ffn="gelu", max_steps=200, data="tinystories")
+    with pytest.raises(ReportError, match=r"data\.name: 'shakespeare_char'.* vs 'tinystories'"):
+        check_comparable(load_runs([tmp_path / "a", tmp_path / "c"]))
+
+
+def test_labels_from_config_when_no_overrides(tmp_path):
+    for i, (ffn, norm) in enumerate([("gelu", "layernorm"), ("swiglu", "rmsnorm"), ("swiglu", "rmsnorm")]):
+        make_run(tmp_path / str(i), ffn=ffn, norm=norm, seed=i, overrides=False)
+    labels = [v.label for v in group_variants(load_runs([tmp_path]))]
+    assert labels == ["model/ffn=gelu model/norm=layernorm", "model/ffn=swiglu model/norm=rmsnorm"]
+
+
+def test_discovery_skips_checkpoints_and_sorts_jobs_numerically(tmp_path):
+    for i in (0, 2, 10):
+        make_run(tmp_path / "sweep" / str(i), seed=i)
+    (tmp_path / "sweep" / "10" / "checkpoints" / "step_100").mkdir(parents=True)
+    (tmp_path / "sweep" / "10" / "checkpoints" / "step_100" / "config.yaml").write_text("a: 1\n")
+    assert [p.name for p in find_run_dirs([tmp_path])] == ["0", "2", "10"]
+    with pytest.raises(ReportError, match="no such file"):
+        find_run_dirs([tmp_path / "nope"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ReportError, match="no run directories under"):
+        find_run_dirs([tmp_path / "empty"])
+
+
+def test_single_run_gets_a_run_card(tmp_path, capsys):
+    d = make_run(tmp_path / "r", ffn="swiglu", norm="rmsnorm", max_steps=100, val_every=50, tokens_per_s=2048.0)
+    (d / "results.json").write_text(json.dumps({"tasks": {"sst2": {"accuracy": 0.81}}, "glue_score": 77.5}))
+    assert main([str(d)]) == 0
+    md = (d / "report" / "card.md").read_text()
+    cfg = model_config(compose_model("tiny", ["ffn=swiglu", "norm=rmsnorm"]))
+    rows = dict(l.strip("|").split("|")[:2] for l in md.splitlines() if l.startswith("| ") and l.count("|") == 3)
+    rows = {k.strip(): v.strip() for k, v in rows.items()}
+    assert rows["parameters"] == f"{num_params(cfg) / 1e3:.2f}k"
+    assert rows["FLOPs per token (train)"] == f"{flops_per_token(cfg, 64) / 1e3:.2f}k"
+    assert rows["tokens/s (median)"] == "2.05k" and rows["steps/s (median)"] == "4"  # 2048 / 512 tokens per step
+    assert rows["MFU (median)"] == "0.01" and rows["peak memory (GiB)"] == "0.5"
+    assert rows["final val_loss"] == f"{loss_at(100, 0) + 0.1:.4g}" and rows["GLUE score"] == "77.5"
+    assert "ffn:" in md and '"glue_score": 77.5' in md
+    html = (d / "report" / "card.html").read_text()
+    assert html.count("data:image/png;base64,") == 1

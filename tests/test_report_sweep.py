@@ -1,0 +1,109 @@
+"""lm-report on a synthetic ffn x norm sweep: the table's numbers, the seed-noise rule, the files."""
+
+import csv
+import math
+
+import pytest
+from scipy import stats as sps
+
+from lm.report.cli import main
+from lm.report.runs import load_runs
+from lm.report.table import build_rows
+from lm.report.variants import group_variants
+from tests.fixtures.runs.synthetic import loss_at, make_run
+
+SEED_OFFSETS = (-0.01, 0.0, 0.01)  # the same per seed in every variant: sample std 0.01
+EFFECT = {("gelu", "layernorm"): 0.0, ("gelu", "rmsnorm"): 0.005, ("swiglu", "layernorm"): -0.1,
+          ("swiglu", "rmsnorm"): -0.1}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    job = 0
+    for (ffn, norm), effect in EFFECT.items():
+        for seed, noise in enumerate(SEED_OFFSETS):
+            make_run(root / str(job), ffn=ffn, norm=norm, seed=seed, offset=effect + noise,
+                     tokens_per_s=1000.0 + 100 * seed)
+            job += 1
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(sweep):
+    assert main([str(sweep)]) == 0
+    return sweep / "report"
+
+
+def test_variants_are_the_overrides_minus_the_seed(sweep):
+    variants = group_variants(load_runs([sweep]))
+    assert [v.label for v in variants] == [f"model/ffn={f} model/norm={n}" for f, n in EFFECT]
+    assert [len(v.runs) for v in variants] == [3, 3, 3, 3]
+
+
+def test_table_numbers_match_the_curves(sweep):
+    rows = build_rows(group_variants(load_runs([sweep])))
+    for row, ((ffn, norm), effect) in zip(rows, EFFECT.items()):
+        final, early = row["final_loss"], row["early_loss"]
+        # train loss averaged over the last 5% of 200 steps = only step 200 (logged every 10)
+        assert final.mean == pytest.approx(loss_at(200, effect), abs=1e-9)
+        assert final.std == pytest.approx(0.01, rel=1e-6)
+        assert early.mean == pytest.approx(loss_at(20, effect), abs=1e-9)  # 1/8 of 200 steps -> step 20
+        assert row["tokens_per_s"].mean == pytest.approx(1100.0)  # median per run, then mean over seeds
+        assert row["steps_per_s"].mean == pytest.approx(1100.0 / 512)
+    assert rows[1]["params"] < rows[0]["params"]  # RMSNorm has no bias
+    assert abs(rows[2]["params"] / rows[0]["params"] - 1) < 0.01  # SwiGLU at 8/3 width: matched
+
+
+def test_seed_noise_rule_is_welch(sweep):
+    rows = build_rows(group_variants(load_runs([sweep])))
+    # gelu+rmsnorm is 0.005 (half a seed-std) worse: Welch t = 0.005 / sqrt(2 * 0.01**2 / 3), df = 4
+    t = 0.005 / math.sqrt(2 * 0.01**2 / 3)
+    assert rows[1]["final_loss_p"] == pytest.approx(2 * sps.t.sf(t, 4), rel=1e-6)
+    assert rows[1]["final_loss_p"] > 0.5
+    assert rows[2]["final_loss_delta"] == pytest.approx(-0.1, abs=1e-9)
+    assert rows[2]["final_loss_p"] == pytest.approx(2 * sps.t.sf(0.1 / math.sqrt(2 * 0.01**2 / 3), 4), rel=1e-6)
+    assert rows[2]["final_loss_p"] < 1e-3
+
+
+def test_markdown_and_csv(report):
+    md = (report / "report.md").read_text()
+    lines = {l.split("|")[1].strip(): l for l in md.splitlines() if l.startswith("| `")}
+    assert "+0.005 (p=0.57)" in lines["`model/ffn=gelu model/norm=rmsnorm`"]
+    assert "-0.100 * (p=" in lines["`model/ffn=swiglu model/norm=layernorm`"]
+    assert "(baseline)" in lines["`model/ffn=gelu model/norm=layernorm`"]
+    assert "Welch" in md and "seeds: 0, 1, 2" in md
+    rows = list(csv.DictReader(open(report / "report.csv")))
+    assert [r["variant"] for r in rows][2] == "model/ffn=swiglu model/norm=layernorm"
+    assert float(rows[2]["final_loss_mean"]) == pytest.approx(loss_at(200, -0.1))
+    assert float(rows[2]["final_loss_std"]) == pytest.approx(0.01)
+    per_run = list(csv.DictReader(open(report / "runs.csv")))
+    assert len(per_run) == 12 and {r["status"] for r in per_run} == {"ok"}
+    assert sorted(r["seed"] for r in per_run[:3]) == ["0", "1", "2"]
+
+
+def test_html_is_self_contained(report):
+    html = (report / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') == 2
+    assert 'src="loss_curves.png"' not in html and "<table>" in html
+    for png in ("loss_curves.png", "final_loss.png"):
+        assert (report / png).read_bytes()[:4] == b"\x89PNG"
+        assert (report / png).stat().st_size < 200_000
+
+
+def test_baseline_choice(sweep, tmp_path):
+    assert main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu model/norm=layernorm"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "report.csv")))
+    assert float(rows[0]["final_loss_delta"]) == pytest.approx(0.1)
+    assert main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu"]) == 2  # ambiguous
+
+
+def test_parameter_mismatch_is_flagged(tmp_path):
+    for seed in (0, 1):
+        make_run(tmp_path / f"a{seed}", ffn="gelu", seed=seed)
+        make_run(tmp_path / f"b{seed}", ffn="swiglu", seed=seed, model_extra=("ffn.hidden_mult=4",))
+    assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 0
+    md = (tmp_path / "out" / "report.md").read_text()
+    flagged = [l for l in md.splitlines() if "⚠" in l and l.startswith("| `")]
+    # a third matrix at 4x width: +2 * 64 * 256 weights (2 layers) on ~133k, about +25%
+    assert len(flagged) == 1 and "swiglu" in flagged[0] and "(+25.0% ⚠)" in flagged[0]
