@@ -2,7 +2,8 @@
 
 Input: {column: {seed: metrics}} with metrics as compute_metrics returns them (points, x100).
 The median column is the per-metric median over seeds (the mean of the middle two for an even
-count), the usual way to report small-data GLUE tasks (RoBERTa, ELECTRA). The GLUE row's median is
+count), the usual way to report small-data GLUE tasks (RoBERTa, ELECTRA); its "score" is the mean
+of those medians. The GLUE row's median is
 the GLUE score of the per-column medians. When a task is missing (QQP and MNLI, say, on a laptop)
 the GLUE score is the mean over the tasks present and is labelled partial in both files.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from statistics import median
+from statistics import fmean, median
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from lm.glue.files import atomic_write_text
@@ -25,6 +26,14 @@ def _seed_order(seeds) -> list:
     return sorted(seeds, key=lambda s: (0, int(s)) if str(s).lstrip("-").isdigit() else (1, str(s)))
 
 
+def _median(col: str, runs: Mapping[str, Metrics]) -> Metrics:
+    """Per-metric medians; "score" is the mean of those (not the median of per-seed scores), so the
+    table's median row and the GLUE score computed from it agree."""
+    keys = EVALS[col].metrics
+    out = {k: median(r[k] for r in runs.values()) for k in keys}
+    return {**out, "score": fmean(out[k] for k in keys)}
+
+
 def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> Dict[str, Any]:
     """The content of results.json."""
     cols = {get_eval(c).name: {str(s): dict(m) for s, m in runs.items()} for c, runs in dev.items()}
@@ -32,8 +41,7 @@ def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> Dict[str, Any]:
     for c, runs in cols.items():
         if not runs:
             raise ValueError(f"results for {c!r} hold no seeds")
-    medians = {c: {k: median(r[k] for r in runs.values()) for k in next(iter(runs.values()))}
-               for c, runs in cols.items()}
+    medians = {c: _median(c, runs) for c, runs in cols.items()}
     seeds = _seed_order({s for runs in cols.values() for s in runs})
     per_seed = {}
     for s in seeds:
