@@ -20,7 +20,7 @@ def _lm_data_mirror():
         os.environ.pop("LM_DATA_MIRROR", None)
 
 
-@pytest.fixture
-def data_mirror() -> Path:
+@pytest.fixture(scope="session")
+def data_mirror(_lm_data_mirror) -> Path:
     """The local data mirror directory (LM_DATA_MIRROR)."""
     return Path(os.environ.get("LM_DATA_MIRROR", DATA_MIRROR))

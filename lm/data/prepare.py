@@ -73,10 +73,10 @@ log = logging.getLogger("lm.data")
 
 
 def say(msg: str) -> None:
-    if log.hasHandlers():
-        log.warning(msg)
-    else:
-        print(f"lm-prepare: {msg}", file=sys.stderr, flush=True)
+    """Tell the user what happens (resume, restart, skip...) on stderr. The logger gets it at debug
+    level only: under lm-train, Hydra's console handler would otherwise print every line twice."""
+    print(f"lm-prepare: {msg}", file=sys.stderr, flush=True)
+    log.debug(msg)
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -254,6 +254,10 @@ class ShardWriter:
         self.f.flush()
         return {"shards": self.shards, "current": self.tokens}
 
+    def release(self) -> None:
+        """Close the open shard's file handle, finished or not (the progress record says what is valid)."""
+        self.f.close()
+
     def close(self) -> dict:
         if self.tokens:
             self._finish_shard()
@@ -416,11 +420,14 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
     total = sum(os.path.getsize(f.path) for f in files if f.format != "hf") or None
     init = (str(partial / TOKENIZER), opts, cfg.append_eos)
     with tqdm(total=total, initial=skipped_bytes, unit="B", unit_scale=True, desc="tokenize", disable=not show,
-              file=sys.stderr) as bar:
+              file=sys.stderr) as bar, contextlib.ExitStack() as files_open:
+        for w in writers.values():
+            files_open.callback(w.release)
         for result in tokenize_tasks(tasks, _workers(cfg), init):
             for split, tokens in result.tokens.items():
                 if split not in writers:
                     writers[split] = ShardWriter(partial, split, dtype, cfg.shard_tokens)
+                    files_open.callback(writers[split].release)
                 writers[split].write(tokens)
             stats.add(result)
             done += 1
@@ -443,14 +450,17 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
 
 
 def _check_splits(cfg: DataConfig, splits: dict, planner: Planner) -> None:
-    empty = f" (empty files skipped: {planner.empty_files})" if planner.empty_files else ""
-    if not splits.get("train", {}).get("tokens"):
-        raise DataError(f"no training text found in the sources {[s['path'] for s in planner.sources]}{empty}; "
-                        f"check the paths, the format and text_field")
-    if cfg.val_fraction > 0 and not splits.get("val", {}).get("tokens"):
-        raise DataError(f"the val split is empty: {splits['train']['documents']} documents all went to train "
-                        f"(split={cfg.split}, val_fraction={cfg.val_fraction}). With few, large documents use "
-                        f"split=contiguous (--split contiguous), or raise val_fraction, or give val_source")
+    if not any(s["tokens"] for s in splits.values()):
+        empty = f" (empty files skipped: {planner.empty_files})" if planner.empty_files else ""
+        raise DataError(f"no text found in the sources {[s['path'] for s in planner.sources]}{empty}; check the "
+                        f"paths, the format and text_field")
+    needed = ["train"] + (["val"] if cfg.val_fraction > 0 else [])
+    for split in needed:
+        if not splits.get(split, {}).get("tokens"):
+            docs = {s: v["documents"] for s, v in splits.items()}
+            raise DataError(f"the {split} split is empty: documents per split {docs} (split={cfg.split}, "
+                            f"val_fraction={cfg.val_fraction}). With few, large documents use split=contiguous "
+                            f"(--split contiguous); else change val_fraction or split_seed, or give val_source")
 
 
 def _summary(meta: dict) -> None:

@@ -59,6 +59,7 @@ class Tokenizer:
         tok.encode_special_tokens = True
         self._tok = tok
         self.source = source
+        self._file_sha256: Optional[str] = None
         missing = [r for r in SPECIAL_TOKENS if self._find(r) is None]
         if missing:
             tok.add_special_tokens([SPECIAL_TOKENS[r] for r in missing])
@@ -90,7 +91,9 @@ class Tokenizer:
         except Exception as e:  # the Rust side raises plain Exception
             raise TokenizerError(f"{path}: not a valid tokenizer.json ({e}); re-run lm-prepare --force to rebuild "
                                  f"it") from None
-        return cls(tok, source=str(path))
+        out = cls(tok, source=str(path))
+        out._file_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
+        return out
 
     def save(self, path: Union[str, os.PathLike]) -> Path:
         """Write tokenizer.json atomically (a reader never sees half a file)."""
@@ -99,6 +102,7 @@ class Tokenizer:
             path = path / FILE_NAME
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
         self._tok.save(str(tmp))
+        self._file_sha256 = hashlib.sha256(tmp.read_bytes()).hexdigest()
         os.replace(tmp, path)
         return path
 
@@ -107,8 +111,10 @@ class Tokenizer:
 
     @property
     def sha256(self) -> str:
-        """Hash of the serialised tokenizer; meta.json records it to catch tokenizer/shard mismatches."""
-        return hashlib.sha256(self.to_str().encode()).hexdigest()
+        """Hash of tokenizer.json as written (or read); meta.json records it to catch tokenizer/shard
+        mismatches. The file's bytes, not to_str(): a unigram model's scores do not re-serialise
+        identically after a load."""
+        return self._file_sha256 or hashlib.sha256(self.to_str().encode()).hexdigest()
 
     # -- ids ---------------------------------------------------------------------------------
 
@@ -182,7 +188,7 @@ def _bpe(texts: Iterable[str], vocab_size: int, specials: List[str], progress: b
     if vocab_size < len(alphabet) + len(specials) + 1:
         raise TokenizerError(f"vocab_size={vocab_size} is too small for byte-level BPE: it needs the "
                              f"{len(alphabet)} byte symbols + {len(specials)} special tokens + merges; "
-                             f"set vocab_size >= {len(alphabet) + len(specials) + 256}")
+                             f"set vocab_size > {len(alphabet) + len(specials)} (thousands are usual)")
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

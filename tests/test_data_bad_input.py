@@ -1,0 +1,173 @@
+"""Bad input gets a clear error naming the file (and line) and the fix, or a documented, counted skip."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from lm.config import ConfigError
+from lm.data.packed import PackedLoader
+from lm.data.prepare import data_config, open_prepared, prepare
+from lm.data.sources import DataError
+
+GOOD = [f"Document number {i} tells of a fox, a stone and a river." for i in range(60)]
+
+
+def run(tmp_path, name="out", **cfg):
+    cfg = {"tokenizer": "char", "n_sentinels": 2, "val_fraction": 0.2, "workers": 1, "doc_split": "line", **cfg}
+    return prepare(cfg, tmp_path / name, progress=False)
+
+
+@pytest.fixture
+def good(tmp_path):
+    path = tmp_path / "good.txt"
+    path.write_text("\n".join(GOOD) + "\n")
+    return path
+
+
+def test_empty_file_is_skipped_and_counted(tmp_path, good, capsys):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    out = run(tmp_path, source=[str(good), str(tmp_path / "empty.txt")])
+    assert open_prepared(out)["skipped"]["empty_files"] == [str(tmp_path / "empty.txt")]
+    assert "skipped 1 empty files" in capsys.readouterr().err
+
+
+def test_only_empty_files_is_an_error(tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(DataError, match=r"no text found in the sources .*empty.txt.*empty files skipped"):
+        run(tmp_path, source=str(tmp_path / "empty.txt"), tokenizer="bpe", vocab_size=300)
+    assert not (tmp_path / "out").exists()
+
+
+def test_non_utf8_names_file_line_and_fix(tmp_path, good):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(("\n".join(GOOD[:7]) + "\nCaf\xe9 au lait\n" + "\n".join(GOOD[7:]) + "\n").encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin1.txt:8: invalid UTF-8 at byte \d+ .*iconv.*--encoding-errors replace"):
+        run(tmp_path, source=str(bad))
+    out = run(tmp_path, source=str(bad), encoding_errors="replace")
+    assert open_prepared(out)["skipped"]["invalid_utf8_sequences"] == 1
+
+
+def test_non_utf8_in_a_later_task_reports_the_right_line(tmp_path):
+    bad = tmp_path / "big.txt"
+    bad.write_bytes(("\n".join(GOOD * 20) + "\n").encode() + b"bad \xff byte\n")
+    with pytest.raises(DataError, match=f"big.txt:{len(GOOD) * 20 + 1}: invalid UTF-8"):
+        run(tmp_path, source=str(bad), task_bytes=1000)
+
+
+def test_jsonl_bad_records_error_with_line_or_counted_skip(tmp_path):
+    lines = [json.dumps({"text": t}) for t in GOOD]
+    lines[3] = json.dumps({"body": "no text field"})
+    lines[9] = "{not json"
+    lines[20] = json.dumps({"text": None})
+    path = tmp_path / "docs.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"docs.jsonl:4: no string field 'text' \(has: \['body'\]\).*--text-field.*"
+                                         r"--bad-records skip"):
+        run(tmp_path, source=str(path))
+    out = run(tmp_path, source=str(path), bad_records="skip")
+    meta = open_prepared(out)
+    assert meta["skipped"]["bad_records"] == 3
+    assert [e.split(": ")[0].rsplit(":", 1)[1] for e in meta["skipped"]["bad_record_examples"]] == ["4", "10", "21"]
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == len(GOOD) - 3
+
+
+def test_parquet_without_the_column_names_the_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"content": GOOD}), tmp_path / "a.parquet")
+    with pytest.raises(DataError, match=r"a.parquet: no column 'text' \(columns: \['content'\]\); set text_field"):
+        run(tmp_path, source=str(tmp_path / "a.parquet"))
+
+
+def test_missing_paths_and_bad_settings(tmp_path):
+    with pytest.raises(DataError, match=r"nope.txt: no such file or directory.*tiny_shakespeare"):
+        run(tmp_path, source=str(tmp_path / "nope.txt"))
+    with pytest.raises(DataError, match="no file matches this glob"):
+        run(tmp_path, source=str(tmp_path / "*.jsonl"))
+    with pytest.raises(ConfigError, match=r"data.split='random' is not one of"):
+        data_config({"split": "random"})
+    with pytest.raises(ConfigError, match="capturing groups"):
+        data_config({"doc_split": "regex", "doc_separator": "(a|b)"})
+    with pytest.raises(ConfigError, match="Allowed fields"):
+        data_config({"vocab": 3})
+
+
+def test_single_document_split_by_document_explains_contiguous(tmp_path, good):
+    with pytest.raises(DataError, match=r"the (train|val) split is empty: .*split=contiguous"):
+        run(tmp_path, source=str(good), doc_split="file")
+
+
+def test_out_dir_that_is_not_ours_is_never_overwritten(tmp_path, good):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(DataError, match="not a finished lm-prepare directory.*refusing"):
+        run(tmp_path, source=str(good))
+    assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
+
+
+def test_registry_download_offline_says_where_to_put_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path / "empty_mirror"))
+    monkeypatch.setenv("LM_CACHE", str(tmp_path / "cache"))
+    import lm.data.sources as sources
+
+    def offline(url, timeout=None):
+        raise sources.urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(sources.urllib.request, "urlopen", offline)
+    with pytest.raises(DataError, match=r"could not download https://wikitext.smerity.com/wikitext-2-raw-v1.zip .*"
+                                        r"offline.*empty_mirror/text/wikitext-2-raw/wiki.train.raw"):
+        run(tmp_path, source="wikitext2")
+    assert not list((tmp_path / "cache").rglob("*.part*"))  # no half download left behind
+
+
+def test_hf_source_without_datasets_or_network_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path / "empty_mirror"))
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match=r"hf:Skylion007/openwebtext: (reading a Hugging Face dataset needs the "
+                                        r"`datasets` package|could not load split)"):
+        run(tmp_path, source="openwebtext", tokenizer="bpe", vocab_size=500)
+
+
+@pytest.fixture
+def prepared(tmp_path, good):
+    return run(tmp_path, source=str(good))
+
+
+def test_truncated_shard_names_the_file(prepared):
+    shard = prepared / "train_00000.bin"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-10])
+    with pytest.raises(DataError, match=r"train_00000.bin: \d+ bytes, expected \d+ .*truncated.*--force"):
+        PackedLoader(prepared, "train", 16, 2)
+
+
+def test_corrupt_shard_is_caught_by_verify_and_by_the_loader(prepared):
+    shard = prepared / "train_00000.bin"
+    tokens = np.fromfile(shard, dtype=np.uint16)
+    tokens[5] = 60000  # not a token of this vocabulary
+    tokens.tofile(shard)
+    with pytest.raises(DataError, match="train_00000.bin: sha256 differs.*corrupt"):
+        open_prepared(prepared, checksums=True)
+    loader = PackedLoader(prepared, "val", 16, 64)
+    loader.stream = PackedLoader(prepared, "train", 16, 64).stream  # read the damaged split in order
+    with pytest.raises(DataError, match=r"train_00000.bin at token 5: token id 60000 >= vocabulary size"):
+        next(iter(loader))
+
+
+def test_tokenizer_shard_mismatch(tmp_path, prepared, good):
+    other = run(tmp_path, "other", source=str(good), tokenizer="bpe", vocab_size=300)
+    os.replace(other / "tokenizer.json", prepared / "tokenizer.json")
+    with pytest.raises(DataError, match="tokenizer.json does not match the tokenizer the shards were made with"):
+        PackedLoader(prepared, "train", 16, 2)
+
+
+def test_unfinished_directory_and_model_vocab_mismatch(tmp_path, prepared):
+    with pytest.raises(DataError, match="no readable meta.json"):
+        PackedLoader(tmp_path / "nothing", "train", 16, 2)
+    with pytest.raises(ConfigError, match=r"model.vocab_size=10 is smaller than the tokenizer"):
+        PackedLoader(prepared, "train", 16, 2, vocab_size=10)
+    with pytest.raises(DataError, match="too few for 1 window"):
+        PackedLoader(prepared, "train", 100000, 2)

@@ -1,0 +1,216 @@
+"""lm-prepare: nanoGPT's Shakespeare split, formats, determinism across workers, resume, atomic output."""
+
+import gzip
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+import lm.data.prepare as prep
+from lm.data.prepare import ensure_prepared, load_preset, main, open_prepared, prepare
+from lm.data.sources import DataError
+from lm.data.tokenizer import Tokenizer
+
+STORIES = [f"Story {i}: " + " ".join(["Once upon a time a little fox found a shiny stone."] * (1 + i % 4))
+           for i in range(200)]
+
+
+def tokens(out, split):
+    meta = json.loads((out / "meta.json").read_text())
+    return np.concatenate([np.fromfile(out / s["file"], dtype=meta["dtype"]) for s in meta["splits"][split]["shards"]])
+
+
+def run(tmp_path, name="out", **cfg):
+    cfg = {"tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 4, "val_fraction": 0.2, "workers": 1,
+           "task_bytes": 2048, **cfg}
+    return prepare(cfg, tmp_path / name, progress=False)
+
+
+@pytest.fixture
+def stories(tmp_path):
+    path = tmp_path / "stories.txt"
+    path.write_text("\n".join(STORIES) + "\n")
+    return path
+
+
+def test_shakespeare_char_preset_reproduces_nanogpt_split(tmp_path, monkeypatch, data_mirror):
+    monkeypatch.setenv("LM_CACHE", str(tmp_path))
+    out = ensure_prepared(load_preset("shakespeare_char"))
+    assert out == tmp_path / "data" / "shakespeare_char"
+    text = (data_mirror / "text/tinyshakespeare/input.txt").read_text()
+    stoi = {c: 7 + 16 + i for i, c in enumerate(sorted(set(text)))}  # specials and sentinels come first
+    n = len(text)
+    train = np.array([stoi[c] for c in text[: int(n * 0.9)]])  # nanoGPT's data/shakespeare_char/prepare.py
+    val = np.array([stoi[c] for c in text[int(n * 0.9):]])
+    assert np.array_equal(tokens(out, "train"), train) and np.array_equal(tokens(out, "val"), val)
+    meta = open_prepared(out, checksums=True)
+    assert meta["tokenizer"]["vocab_size"] == 88 and meta["dtype"] == "uint16"
+    src = meta["sources"][0]
+    assert src["bytes"] == 1115394
+    assert src["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+    assert ensure_prepared(load_preset("shakespeare_char")) == out  # second call: nothing to do
+
+
+def test_documents_end_with_eos_and_split_by_document(tmp_path, stories):
+    out = run(tmp_path, source=str(stories), doc_split="line")
+    tok = Tokenizer.load(out)
+    meta = open_prepared(out)
+    train, val = tokens(out, "train"), tokens(out, "val")
+    docs = meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"]
+    assert docs == 200 and (train == tok.eos_id).sum() + (val == tok.eos_id).sum() == 200
+    assert 20 <= meta["splits"]["val"]["documents"] <= 60  # ~20% by a hash of each document
+    decoded = [tok.decode(d.tolist()) for d in np.split(train, np.flatnonzero(train == tok.eos_id) + 1)[:-1]]
+    assert all(d.endswith("<eos>") for d in decoded)
+    assert {d[: -len("<eos>")] for d in decoded} <= set(STORIES)
+    assert meta["sources"][0]["sha256"] == hashlib.sha256(stories.read_bytes()).hexdigest()
+    assert sum(meta["splits"][s]["tokens"] for s in meta["splits"]) == train.size + val.size
+
+
+def test_output_does_not_depend_on_worker_count(tmp_path, stories):
+    one = run(tmp_path, "one", source=str(stories), doc_split="line", workers=1)
+    two = run(tmp_path, "two", source=str(stories), doc_split="line", workers=2)
+    for split in ("train", "val"):
+        assert np.array_equal(tokens(one, split), tokens(two, split))
+    assert (one / "tokenizer.json").read_bytes() == (two / "tokenizer.json").read_bytes()
+
+
+def test_shards_roll_at_shard_tokens(tmp_path, stories):
+    out = run(tmp_path, source=str(stories), doc_split="line", shard_tokens=500)
+    meta = open_prepared(out, checksums=True)
+    shards = meta["splits"]["train"]["shards"]
+    assert len(shards) > 3 and all(s["tokens"] == 500 for s in shards[:-1]) and 0 < shards[-1]["tokens"] <= 500
+    whole = run(tmp_path, "whole", source=str(stories), doc_split="line")
+    assert np.array_equal(tokens(out, "train"), tokens(whole, "train"))
+
+
+def test_jsonl_gz_zst_and_parquet_give_the_same_tokens(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    lines = "".join(json.dumps({"id": i, "body": s}) + "\n" for i, s in enumerate(STORIES)).encode()
+    (tmp_path / "a.jsonl").write_bytes(lines)
+    (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines))
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
+    pq.write_table(pa.table({"body": STORIES}), tmp_path / "a.parquet", row_group_size=64)
+    outs = [run(tmp_path, f"o{i}", source=str(tmp_path / name), text_field="body")
+            for i, name in enumerate(["a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.parquet"])]
+    for out in outs[1:]:
+        assert np.array_equal(tokens(out, "train"), tokens(outs[0], "train"))
+        assert np.array_equal(tokens(out, "val"), tokens(outs[0], "val"))
+    assert open_prepared(outs[0])["splits"]["train"]["documents"] + open_prepared(outs[0])["splits"]["val"][
+        "documents"] == 200
+
+
+def test_directory_glob_and_val_source(tmp_path, stories):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for i in range(3):
+        (d / f"part{i}.txt").write_text("\n".join(STORIES[i::3]))
+    (d / ".hidden.txt").write_text("never read")
+    out = run(tmp_path, source=str(d), doc_split="line", val_source=str(stories), val_fraction=0.0)
+    meta = open_prepared(out)
+    assert [s["path"] for s in meta["sources"]] == [str(d / f"part{i}.txt") for i in range(3)] + [str(stories)]
+    assert meta["splits"]["train"]["documents"] == 200 and meta["splits"]["val"]["documents"] == 200
+    globbed = run(tmp_path, "g", source=str(d / "part*.txt"), doc_split="line", val_fraction=0.0)
+    assert np.array_equal(tokens(globbed, "train"), tokens(out, "train"))
+
+
+def test_interrupted_run_resumes_to_identical_output(tmp_path, stories, monkeypatch, capsys):
+    full = run(tmp_path, "full", source=str(stories), doc_split="line", shard_tokens=700)
+    calls = {"n": 0}
+    real = prep._write_json
+
+    def crash_after_five_tasks(path, obj):
+        real(path, obj)
+        if path.name == "progress.json" and obj["tasks_done"] == 5:
+            # also leave tokens written after the last progress record, as a kill would
+            for p in path.parent.glob("*.tmp"):
+                with p.open("ab") as f:
+                    f.write(b"\x07\x00" * 13)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep, "_write_json", crash_after_five_tasks)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, "cut", source=str(stories), doc_split="line", shard_tokens=700)
+    assert not (tmp_path / "cut").exists() and (tmp_path / ".cut.partial" / "progress.json").exists()
+    monkeypatch.setattr(prep, "_write_json", real)
+    with pytest.raises(DataError, match="no readable meta.json.*resume"):
+        open_prepared(tmp_path / "cut")
+    capsys.readouterr()
+    out = run(tmp_path, "cut", source=str(stories), doc_split="line", shard_tokens=700)
+    assert "resuming the interrupted run" in capsys.readouterr().err
+    for split in ("train", "val"):
+        assert np.array_equal(tokens(out, split), tokens(full, split))
+    assert open_prepared(out, checksums=True)["splits"] == open_prepared(full)["splits"]
+    assert not (tmp_path / ".cut.partial").exists()
+
+
+def test_changed_settings_restart_and_say_so(tmp_path, stories, monkeypatch, capsys):
+    def crash(path, obj):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep, "_write_json", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, source=str(stories), doc_split="line")
+    monkeypatch.undo()
+    capsys.readouterr()
+    run(tmp_path, source=str(stories), doc_split="line", vocab_size=300)
+    assert "restarting: discarding the interrupted run" in capsys.readouterr().err
+
+
+def test_finished_output_is_kept_unless_forced_and_survives_a_failed_rebuild(tmp_path, stories, monkeypatch, capsys):
+    out = run(tmp_path, source=str(stories), doc_split="line")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    run(tmp_path, source=str(stories), doc_split="line")
+    assert "already prepared" in capsys.readouterr().err
+    with pytest.raises(DataError, match=r"other settings \(differs in: \['vocab_size'\]\).*--force"):
+        run(tmp_path, source=str(stories), doc_split="line", vocab_size=300)
+
+    def crash(path, obj):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(prep, "_write_json", crash)
+    with pytest.raises(RuntimeError):
+        prepare({"source": str(stories), "doc_split": "line", "vocab_size": 300, "n_sentinels": 4, "workers": 1},
+                out, force=True, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the failed rebuild touched nothing
+    monkeypatch.undo()
+    prepare({"source": str(stories), "doc_split": "line", "vocab_size": 300, "n_sentinels": 4, "val_fraction": 0.2,
+             "workers": 1}, out, force=True, progress=False)
+    assert open_prepared(out)["config"]["vocab_size"] == 300
+
+
+def test_cli_help_list_and_run(tmp_path, stories, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    help_text = capsys.readouterr().out
+    for word in ("--tokenizer", "--vocab-size", "--workers", "--split", "--force", "--verify", "tiny_shakespeare"):
+        assert word in help_text
+    main(["--list"])
+    assert "fineweb_edu_sample" in capsys.readouterr().out
+    main([str(stories), "--out", str(tmp_path / "cli"), "--doc-split", "line", "--vocab-size", "300", "--n-sentinels", "4",
+          "--val-fraction", "0.2", "--workers", "1", "--no-progress", "--no-append-eos"])
+    meta = open_prepared(tmp_path / "cli")
+    assert meta["config"]["append_eos"] is False and meta["tokenizer"]["vocab_size"] == 300
+    main(["--verify", str(tmp_path / "cli")])
+    assert "OK" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="error: .*nope.txt: no such file"):
+        main([str(tmp_path / "nope.txt"), "--out", str(tmp_path / "x")])
+
+
+def test_every_data_preset_composes_with_hydra():
+    from hydra import compose, initialize_config_dir
+
+    from lm.config import conf_dir
+    from lm.data.prepare import data_config
+    from lm.data.sources import CORPORA
+
+    names = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
+    assert {"shakespeare_char", "tinystories_bpe", "wikitext2_bpe"} <= set(names)
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        for name in names:
+            cfg = data_config(compose(config_name=None, overrides=[f"+data={name}"]).data)
+            assert cfg.name == name and cfg.dir.endswith(f"/data/{name}") and cfg.source in CORPORA

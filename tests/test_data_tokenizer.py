@@ -1,0 +1,87 @@
+"""Tokenizers: fixed special ids, save/load, char-level vocabulary of a real corpus, foreign files."""
+
+import json
+
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers import models, pre_tokenizers
+
+from lm.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError, char_symbols, train
+
+TEXT = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",
+        "Sphinx of black quartz, judge my vow.", "How vexingly quick daft zebras jump."] * 50
+
+
+@pytest.mark.parametrize("kind,vocab", [("bpe", 400), ("unigram", 150), ("char", 0)])
+def test_special_ids_are_fixed_and_first(kind, vocab):
+    tok = train(kind, TEXT, vocab_size=vocab, n_sentinels=5)
+    assert [tok.pad_id, tok.bos_id, tok.eos_id, tok.mask_id, tok.sep_id, tok.cls_id, tok.unk_id] == list(range(7))
+    assert tok.sentinel_ids == [7, 8, 9, 10, 11]
+    assert [tok.id_to_token(i) for i in range(7)] == list(SPECIAL_TOKENS.values())
+    assert tok.id_to_token(11) == "<extra_id_4>"
+    if kind == "bpe":
+        assert 256 + 12 < tok.vocab_size <= 400  # bytes + specials + merges (this tiny text runs out of pairs)
+
+
+@pytest.mark.parametrize("kind,vocab", [("bpe", 400), ("unigram", 150), ("char", 0)])
+def test_save_load_roundtrip(tmp_path, kind, vocab):
+    tok = train(kind, TEXT, vocab_size=vocab, n_sentinels=3)
+    tok.save(tmp_path)
+    back = Tokenizer.load(tmp_path)
+    assert back.sha256 == tok.sha256 and back.vocab_size == tok.vocab_size and back.kind == kind
+    text = "Sphinx of black quartz, judge my vow."
+    assert back.encode(text) == tok.encode(text)
+    assert back.decode(back.encode(text)).strip() == text
+    assert back.encode_batch([text, "How"]) == [tok.encode(text), tok.encode("How")]
+
+
+def test_special_strings_in_text_are_plain_text():
+    tok = train("bpe", TEXT, vocab_size=400, n_sentinels=2)
+    ids = tok.encode("a <eos> b <extra_id_0>")
+    assert tok.eos_id not in ids and tok.sentinel_ids[0] not in ids
+    assert tok.decode(ids) == "a <eos> b <extra_id_0>"
+
+
+def test_char_vocab_of_tiny_shakespeare_is_its_65_symbols(data_mirror):
+    text = (data_mirror / "text/tinyshakespeare/input.txt").read_text()
+    symbols = char_symbols([text])
+    assert len(symbols) == 65  # nanoGPT's shakespeare_char vocabulary
+    tok = train("char", [text], n_sentinels=16)
+    assert tok.vocab_size == 7 + 16 + 65
+    ids = tok.encode(text[:1000])
+    assert len(ids) == 1000 and tok.decode(ids) == text[:1000]
+    assert ids == [7 + 16 + symbols.index(c) for c in text[:1000]]  # sorted symbols after the specials
+
+
+def test_char_unknown_symbol_maps_to_unk():
+    tok = train("char", ["abc"], n_sentinels=0)
+    assert tok.encode("abz") == [tok.encode("a")[0], tok.encode("b")[0], tok.unk_id]
+
+
+def test_bpe_vocab_too_small_is_a_clear_error():
+    with pytest.raises(TokenizerError, match="vocab_size=100 is too small"):
+        train("bpe", TEXT, vocab_size=100, n_sentinels=100)
+
+
+def test_unknown_kind_and_missing_file(tmp_path):
+    with pytest.raises(TokenizerError, match="not one of"):
+        train("wordpiece", TEXT)
+    with pytest.raises(TokenizerError, match="no tokenizer file"):
+        Tokenizer.load(tmp_path / "nope.json")
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="not a valid tokenizer.json"):
+        Tokenizer.load(tmp_path)
+
+
+def test_foreign_tokenizer_keeps_its_ids_and_gets_missing_specials(tmp_path):
+    vocab = {"<|endoftext|>": 0, "a": 1, "b": 2, "[UNK]": 3}
+    hf = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    hf.add_special_tokens(["<|endoftext|>"])
+    hf.save(str(tmp_path / "gpt.json"))
+    tok = Tokenizer.load(tmp_path / "gpt.json")
+    assert tok.eos_id == 0 and tok.unk_id == 3  # found by their usual spellings
+    assert {tok.pad_id, tok.bos_id, tok.mask_id, tok.sep_id, tok.cls_id} == {4, 5, 6, 7, 8}  # appended
+    assert tok.sentinel_ids == [] and tok.vocab_size == 9
+    saved = json.loads(tok.save(tmp_path / "adopted.json").read_text())
+    assert {t["content"] for t in saved["added_tokens"]} >= {"<pad>", "<mask>", "<|endoftext|>"}
