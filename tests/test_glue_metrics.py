@@ -74,6 +74,8 @@ def test_bad_predictions_are_rejected():
         compute_metrics("mnli_m", [0, 3], [0, 1])
     with pytest.raises(ValueError, match="class ids"):
         compute_metrics("rte", [0.2, 0.9], [0, 1])
+    with pytest.raises(ValueError, match=r"STS-B predictions must be scores"):
+        compute_metrics("stsb", [[0.2, 0.9], [1.0, 2.0]], [0.5, 1.0])
 
 
 def _leaderboard(cola, sst2, mrpc, stsb, qqp, mnli_m, mnli_mm, qnli, rte, wnli):

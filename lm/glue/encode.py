@@ -17,7 +17,10 @@ token_type_ids are always returned; a model without segment embeddings ignores t
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from lm.config import ARCHS
 
@@ -85,10 +88,13 @@ def collate(features: Sequence[Features], pad_id: int) -> Dict[str, "torch.Tenso
 
     if not features:
         raise ValueError("collate got an empty batch")
-    T = max(len(f["input_ids"]) for f in features)
+    lengths = np.array([len(f["input_ids"]) for f in features])
+    real = np.arange(lengths.max())[None, :] < lengths[:, None]  # (B, T): row-major order = concatenation order
     batch = {}
     for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
-        batch[key] = torch.tensor([f[key] + [fill] * (T - len(f[key])) for f in features], dtype=torch.long)  # (B, T)
+        x = np.full(real.shape, fill, dtype=np.int64)  # (B, T)
+        x[real] = np.fromiter(chain.from_iterable(f[key] for f in features), dtype=np.int64, count=lengths.sum())
+        batch[key] = torch.from_numpy(x)
     labelled = ["labels" in f for f in features]
     if any(labelled):
         if not all(labelled):

@@ -37,7 +37,11 @@ def as_predictions(name: str, preds) -> np.ndarray:
     task = get_task(get_eval(name).task)
     p = np.asarray(preds.detach().cpu() if hasattr(preds, "detach") else preds)
     if task.is_regression:
-        return np.clip(p.reshape(len(p), -1)[:, 0].astype(np.float64), 0.0, 5.0) if p.size else p.astype(float)
+        if p.ndim == 2 and p.shape[1] == 1:
+            p = p[:, 0]
+        if p.ndim != 1:
+            raise ValueError(f"{name}: STS-B predictions must be scores (N,) or (N, 1); got shape {p.shape}")
+        return np.clip(p.astype(np.float64), 0.0, 5.0)
     if p.ndim == 2:
         p = p.argmax(-1)
     if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):

@@ -66,7 +66,8 @@ def loss_curves(variants: list, path: Path) -> None:
         ax.set_title(title + ": mean over seeds, band = min–max")
         ax.grid(alpha=0.3)
         _zoom_tail(ax)
-    axes[0][-1].legend(fontsize=7, loc="upper right")
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(fontsize=7, loc="upper right")
     _save(fig, path)
 
 
