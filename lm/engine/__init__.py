@@ -1,0 +1,24 @@
+"""Engines: the only code that knows about DDP, FSDP2 or DeepSpeed (imported lazily).
+
+conf/engine/<name>.yaml picks the class (`_target_`); lm.train instantiates it with the run's
+TrainConfig and process-group info, then `engine.wrap(model, make_optimizer)`. See base.py for the
+interface the loop uses.
+"""
+
+from lm.engine.base import Engine, SingleEngine
+from lm.engine.dist import Dist, EngineError
+
+__all__ = ["Engine", "SingleEngine", "DDPEngine", "FSDP2Engine", "DeepSpeedEngine", "Dist", "EngineError"]
+
+
+def __getattr__(name):
+    # torch.distributed's wrappers and deepspeed load only when an engine that needs them is picked.
+    if name in ("DDPEngine", "FSDP2Engine"):
+        from lm.engine import torch_engines
+
+        return getattr(torch_engines, name)
+    if name == "DeepSpeedEngine":
+        from lm.engine.ds import DeepSpeedEngine
+
+        return DeepSpeedEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

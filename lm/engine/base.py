@@ -1,0 +1,163 @@
+"""The engine interface the loop is written against, and the single-process engine.
+
+    engine.wrap(model, make_optimizer)       # shard/wrap first, then build the optimizer on what is left
+    with engine.micro_step(last=i == n - 1): # autocast; no gradient sync until the last micro-batch
+        engine.backward(share)                # share = this micro-batch's part of the global loss sum
+    grad_norm = engine.step()                 # unscale, clip, optimizer step, zero grads
+    engine.save(dir) / engine.load(dir)       # model + optimizer, sharded as the engine shards them
+
+`backward` takes a term of the *global* sum (the loop weights each micro-batch by its share of the
+step's label tokens over all ranks), so engines that average gradients over ranks undo that here.
+"""
+
+import contextlib
+import math
+from typing import Callable, Dict, Optional
+
+import torch
+from torch import nn
+
+from lm.config import TrainConfig
+from lm.engine.dist import Dist, EngineError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class Engine:
+    """Single process (also the base: precision, clipping, plain torch.save checkpoints)."""
+
+    format = "torch"  # checkpoint layout, read by lm-export
+    needs_process_group = False
+
+    def __init__(self, train: TrainConfig, dist: Dist):
+        self.train = train
+        self.dist = dist
+        self.device = dist.device
+        self.dtype = DTYPES[train.precision]
+        self.model: Optional[nn.Module] = None  # what the loop calls (maybe wrapped or compiled)
+        self.module: Optional[nn.Module] = None  # the bare model (state dicts, export)
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.scaler = None
+        self.check_launch()
+
+    # -- identity
+    @property
+    def rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.dist.is_main
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    def check_launch(self) -> None:
+        if self.world_size != 1:
+            raise EngineError(f"engine=single cannot use {self.world_size} processes (each would train alone); "
+                              f"pick engine=ddp, zero1, zero2, zero3 or fsdp2")
+
+    # -- setup
+    def wrap(self, model: nn.Module, make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> "Engine":
+        self.module = model.to(self.device)
+        self.model = self._wrap(self.module)
+        self.optimizer = make_optimizer(self.module)
+        if self.train.precision == "fp16":
+            # Dynamic loss scaling (Micikevicius et al. 2018): fp16 gradients underflow without it.
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        if self.train.compile:
+            self.model = torch.compile(self.model)
+        return self
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        return module
+
+    # -- one optimizer step
+    def micro_step(self, last: bool):
+        """Context for one micro-batch's forward and backward."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.autocast())
+        if not last:
+            stack.enter_context(self._no_sync())
+        return stack
+
+    def autocast(self):
+        """Mixed-precision context for a forward pass (training or validation)."""
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.dtype)
+
+    def _no_sync(self):
+        return contextlib.nullcontext()
+
+    def _grad_average_factor(self) -> float:
+        """Gradients get divided by this many ranks by the wrapper's reduction."""
+        return 1.0
+
+    def backward(self, share: torch.Tensor) -> None:
+        loss = share * self._grad_average_factor()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self) -> float:
+        """Clip, update, zero the gradients; returns the global gradient norm before clipping."""
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        norm = self._clip(self.train.grad_clip or math.inf)
+        if not math.isfinite(norm) and not self.scaler:  # NaN/inf gradients must not reach the weights
+            self.optimizer.zero_grad(set_to_none=True)
+            return norm
+        if self.scaler:
+            self.scaler.step(self.optimizer)  # skipped by the scaler when the gradients overflowed
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def _clip(self, max_norm: float) -> float:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def skip_step(self) -> None:
+        """Drop this step's gradients without touching weights or optimizer state."""
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # -- checkpoints
+    def save(self, path) -> None:
+        """Model + optimizer (+ loss scaler) under directory `path`, which every rank can see."""
+        if self.is_main:
+            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+            if self.scaler:
+                state["scaler"] = self.scaler.state_dict()
+            torch.save(state, f"{path}/model_optim.pt")
+
+    def load(self, path) -> None:
+        state = torch.load(f"{path}/model_optim.pt", map_location=self.device, weights_only=True)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def describe(self) -> Dict:
+        """What lm-export needs to read the checkpoint back."""
+        return {"engine": self.name, "format": self.format, "world_size": self.world_size}
+
+    # -- introspection (tests, benchmarks)
+    def local_numel(self) -> int:
+        """Parameter elements stored on this rank."""
+        return sum(p.numel() for p in self.module.parameters())
+
+    def close(self) -> None:
+        pass
+
+
+SingleEngine = Engine

@@ -1,0 +1,127 @@
+"""Process-group setup, launcher detection and the world-size guard.
+
+Every launcher (torchrun, `accelerate launch --multi_gpu`, the `deepspeed` launcher) exports RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; we read those, never a launcher's API, and
+then assert that the process group really has that many ranks (PLATFORM.md: accelerate can
+silently run one unsynchronised process per rank, or one process instead of N).
+"""
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+class EngineError(RuntimeError):
+    """The engine cannot run as configured or launched; the message says why and what to do."""
+
+
+@dataclass
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_world_size() -> int:
+    """How many processes the launcher started, by its environment (1 without a launcher)."""
+    if "WORLD_SIZE" in os.environ:
+        return int(os.environ["WORLD_SIZE"])
+    asked = _accelerate_simple_launcher_processes()
+    if asked > 1:
+        raise EngineError(
+            f"`accelerate launch --num_processes {asked}` without --multi_gpu started ONE process here "
+            f"(accelerate's simple launcher on CPU). Launch with `accelerate launch --multi_gpu "
+            f"--num_processes {asked} ...` (it runs torchrun; lm uses gloo on CPU) or `torchrun --nproc_per_node {asked}`")
+    return 1
+
+
+def _accelerate_simple_launcher_processes() -> int:
+    """--num_processes of a parent `accelerate launch` that exported no WORLD_SIZE (Linux only)."""
+    try:
+        argv = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return 0
+    if not any(a.endswith("accelerate") for a in argv[:2]) or "launch" not in argv:
+        return 0
+    for i, a in enumerate(argv):
+        if a.replace("-", "_") == "__num_processes" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+        if a.replace("-", "_").startswith("__num_processes="):
+            return int(a.split("=", 1)[1])
+    return 0
+
+
+def pick_device(preference: str = "auto") -> torch.device:
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if preference == "cuda" and not torch.cuda.is_available():
+        raise EngineError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
+    if preference in ("auto", "cuda") and torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init(device: torch.device, need_group: bool = False, expected: Optional[int] = None) -> Dist:
+    """Join the launcher's process group (or make a 1-rank one when the engine needs a group).
+
+    `expected` (train.world_size) is what the user meant to launch; a mismatch is an error.
+    """
+    world = launched_world_size()
+    if expected is not None and expected != world:
+        raise EngineError(f"train.world_size={expected} but the launcher started {world} process(es); "
+                          f"launch {expected} (torchrun --nproc_per_node {expected}) or drop train.world_size")
+    if not dist.is_initialized() and (world > 1 or need_group):
+        backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+        if world > 1:
+            dist.init_process_group(backend)
+        else:  # one rank needs no rendezvous: an in-memory store, no port
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    actual = dist.get_world_size() if dist.is_initialized() else 1
+    if actual != world:
+        raise EngineError(f"the process group has {actual} rank(s) but the launcher started {world}; "
+                          f"refusing to train unsynchronised (check MASTER_ADDR/MASTER_PORT and the launcher)")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    return Dist(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", 0)), device=device)
+
+
+def barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when `flag` is true on some rank (used to fail together, not hang)."""
+    t = torch.tensor([1.0 if flag else 0.0])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast_object(obj):
+    """rank 0's `obj` on every rank."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def shutdown() -> None:
+    """Destroy the process group: without it rank 0 may abort at exit (PLATFORM.md)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

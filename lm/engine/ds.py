@@ -1,0 +1,125 @@
+"""DeepSpeed ZeRO stages 0-3 (Rajbhandari et al. 2020), optionally with CPU offload.
+
+The DeepSpeed JSON comes from conf/engine/deepspeed.yaml, interpolated from train.*; here we only
+check that nobody overrode a copied value. The optimizer is lm's torch AdamW (a client optimizer
+compiles nothing); gradient accumulation boundaries are set by the loop's micro_step().
+"""
+
+import contextlib
+import logging
+import math
+import os
+
+import torch
+from torch import nn
+
+from lm.engine.base import Engine
+from lm.engine.dist import EngineError
+
+TAG = "deepspeed"  # sub-directory of a checkpoint that holds DeepSpeed's files
+
+
+def _prepare_deepspeed(shm_comm: bool) -> None:
+    """Keep first use cheap: no shared-memory comm op compile (~50 s) unless asked, quiet logs."""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.expanduser("~/.cache/lm/torch_extensions"))
+    import importlib
+
+    from deepspeed.utils import logger
+
+    # import_module, not `import deepspeed.comm.torch as m`: deepspeed.comm's attribute `torch` is torch itself.
+    ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
+
+    if not shm_comm:
+        ds_torch_comm.build_shm_op = lambda: None
+    logger.setLevel(logging.WARNING)
+
+
+class DeepSpeedEngine(Engine):
+    format = "deepspeed"
+    needs_process_group = True
+
+    def __init__(self, train, dist, config: dict, shm_comm: bool = False, cpu_adam: bool = False):
+        super().__init__(train, dist)
+        self.config = dict(config)
+        self.shm_comm = shm_comm
+        self.cpu_adam = cpu_adam
+        self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))
+        self._check_single_source()
+
+    def check_launch(self) -> None:
+        pass
+
+    def _check_single_source(self) -> None:
+        copies = {"train_micro_batch_size_per_gpu": self.train.micro_batch_size,
+                  "gradient_accumulation_steps": self.train.grad_accum,
+                  "gradient_clipping": self.train.grad_clip}
+        for key, value in copies.items():
+            if key in self.config and self.config[key] != value:
+                raise EngineError(f"engine.config.{key}={self.config[key]} disagrees with the train.* value "
+                                  f"{value}; set the train.* field instead (DeepSpeed's copy is interpolated from it)")
+        if self.config.get("optimizer") or self.config.get("scheduler"):
+            raise EngineError("engine.config has an optimizer/scheduler section; lm builds AdamW (optim=...) "
+                              "and sets the learning rate each step (sched=...): remove the section")
+        if self.train.micro_batch_size * self.train.grad_accum * self.world_size != self._batch():
+            raise EngineError(f"engine.config.train_batch_size={self.config.get('train_batch_size')} is not "
+                              f"micro_batch_size x grad_accum x world = {self._batch()}")
+
+    def _batch(self) -> int:
+        return self.config.get("train_batch_size",
+                               self.train.micro_batch_size * self.train.grad_accum * self.world_size)
+
+    def wrap(self, model: nn.Module, make_optimizer) -> "DeepSpeedEngine":
+        _prepare_deepspeed(self.shm_comm)
+        import deepspeed
+
+        optimizer = make_optimizer(model)
+        if self.cpu_adam:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            group = optimizer.defaults
+            optimizer = DeepSpeedCPUAdam(optimizer.param_groups, lr=group["lr"], betas=group["betas"],
+                                         eps=group["eps"], adamw_mode=True)
+        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
+                                                                dist_init_required=False)
+        self.module = self.model.module
+        if self.train.compile:
+            self.model.compile()
+        return self
+
+    def autocast(self):
+        return contextlib.nullcontext()  # DeepSpeed keeps bf16/fp16 weights itself (config bf16/fp16)
+
+    def micro_step(self, last: bool):
+        # DeepSpeed reduces (and for ZeRO-2/3 partitions) gradients only at the boundary.
+        self.model.set_gradient_accumulation_boundary(last)
+        return contextlib.nullcontext()
+
+    def backward(self, share: torch.Tensor) -> None:
+        # DeepSpeed averages over ranks; we already weighted the micro-batches ourselves.
+        self.model.backward(share * self.world_size, scale_wrt_gas=False)
+
+    def step(self) -> float:
+        self.model.step()
+        norm = self.model.get_global_grad_norm()
+        return float(norm) if norm is not None else math.nan
+
+    def skip_step(self) -> None:
+        raise EngineError("train.on_nonfinite=skip is not supported with DeepSpeed engines (their gradient "
+                          "partitions cannot be dropped from outside); use train.on_nonfinite=stop")
+
+    def save(self, path) -> None:
+        self.model.save_checkpoint(str(path), tag=TAG, save_latest=False)
+
+    def load(self, path) -> None:
+        load_path, _ = self.model.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
+                                                  load_lr_scheduler_states=False, load_module_strict=True)
+        if load_path is None:
+            raise EngineError(f"DeepSpeed found no checkpoint under {path}/{TAG}")
+
+    def describe(self):
+        return {**super().describe(), "zero_stage": self.stage}
+
+    def local_numel(self) -> int:
+        if self.stage == 3:
+            return sum(p.ds_tensor.numel() for p in self.module.parameters())
+        return super().local_numel()

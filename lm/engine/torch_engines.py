@@ -1,0 +1,112 @@
+"""PyTorch-native data parallelism: DDP (replicated) and FSDP2 (`fully_shard`, sharded per Block)."""
+
+import contextlib
+
+import torch
+from torch import nn
+
+from lm.engine.base import Engine
+
+
+class DDPEngine(Engine):
+    """DistributedDataParallel: gradients all-reduced (averaged) in buckets during backward."""
+
+    needs_process_group = True
+
+    def __init__(self, train, dist, bucket_cap_mb: int = 25, find_unused_parameters: bool = False):
+        super().__init__(train, dist)
+        self.bucket_cap_mb = bucket_cap_mb
+        self.find_unused_parameters = find_unused_parameters
+
+    def check_launch(self) -> None:
+        pass  # any world size; one rank is plain training with a no-op all-reduce
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(module, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb,
+                                           find_unused_parameters=self.find_unused_parameters)
+        return self.ddp
+
+    def _no_sync(self):
+        return self.ddp.no_sync()
+
+    def _grad_average_factor(self) -> float:
+        return float(self.world_size)
+
+
+class FSDP2Engine(Engine):
+    """FSDP2 (Zhao et al. 2023; torch `fully_shard`): each Block is one all-gather/reduce-scatter unit.
+
+    Mixed precision is FSDP's own policy (compute in bf16/fp16, reduce gradients in fp32), not autocast.
+    Checkpoints go through torch.distributed.checkpoint: one shard file per rank.
+    """
+
+    format = "dcp"
+    needs_process_group = True
+
+    def __init__(self, train, dist, reshard_after_forward: bool = True):
+        super().__init__(train, dist)
+        self.reshard_after_forward = reshard_after_forward
+        if train.precision == "fp16":
+            from lm.engine.dist import EngineError
+
+            raise EngineError("engine=fsdp2 with train.precision=fp16 is not supported (no sharded loss scaler "
+                              "here); use train.precision=bf16, or engine=zero3 for fp16")
+
+    def check_launch(self) -> None:
+        pass
+
+    def _wrap(self, module: nn.Module) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from lm.model import Block
+
+        mesh = init_device_mesh(self.device.type, (self.world_size,))
+        mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32)
+        for block in [m for m in module.modules() if isinstance(m, Block)]:
+            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
+        fully_shard(module, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=mp)
+        return module
+
+    def autocast(self):
+        return contextlib.nullcontext()  # the MixedPrecisionPolicy casts parameters instead
+
+    def micro_step(self, last: bool):
+        @contextlib.contextmanager
+        def sync_only_on_last():
+            self.module.set_requires_gradient_sync(last)
+            try:
+                yield
+            finally:
+                self.module.set_requires_gradient_sync(True)
+        return sync_only_on_last()
+
+    def _grad_average_factor(self) -> float:
+        return float(self.world_size)
+
+    def _clip(self, max_norm: float) -> float:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    def save(self, path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{path}/dcp")
+
+    def load(self, path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=f"{path}/dcp")
+        set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    def local_numel(self) -> int:
+        return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.module.parameters())

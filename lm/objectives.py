@@ -1,0 +1,47 @@
+"""Which pretraining objective each model family uses, and how a batch counts toward the loss.
+
+| arch            | objective | batch (built by lm.data.packed)                                        |
+| decoder         | clm       | input_ids, labels shifted by one (Radford et al. 2018)                  |
+| encoder         | mlm       | 15% of tokens masked 80/10/10, labels -100 elsewhere (Devlin et al. 2019) |
+| encoder_decoder | span      | sentinel-replaced spans in, the spans out (Raffel et al. 2020)           |
+
+The model returns the mean cross-entropy over a micro-batch's label tokens. Averaging those means
+over micro-batches and ranks would weight a token by how crowded its micro-batch was, so the loop
+weights each micro-batch by its share of the step's label tokens instead (`weights`): the step's
+loss and gradient are then exactly the token mean over the global batch, whatever the split.
+"""
+
+from typing import Dict, List
+
+import torch
+
+from lm.model.heads import IGNORE_INDEX
+
+OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
+
+
+def objective_for(arch: str) -> str:
+    return OBJECTIVES[arch]
+
+
+def label_tokens(batch: Dict[str, torch.Tensor]) -> int:
+    """Tokens that carry a target in this micro-batch."""
+    return int((batch["labels"] != IGNORE_INDEX).sum())
+
+
+def input_tokens(batch: Dict[str, torch.Tensor]) -> int:
+    """Tokens the model reads (encoder and decoder inputs): what throughput counts."""
+    n = batch["input_ids"].numel()
+    return n + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
+
+
+def weights(local_counts: List[int], global_count: int) -> List[float]:
+    """Each micro-batch's share of the global token mean (sums to this rank's share of 1)."""
+    if global_count == 0:
+        raise ValueError("no label tokens in this step's global batch (all labels are -100)")
+    return [n / global_count for n in local_counts]
+
+
+def loss(model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy over the micro-batch's label tokens."""
+    return model(**batch).loss

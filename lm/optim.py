@@ -1,0 +1,67 @@
+"""Parameter groups, AdamW, and learning-rate schedules as pure functions of the step.
+
+Weight decay applies to matrices of Linear layers only: norms, biases and embeddings are left
+undecayed (as in GPT-3, Brown et al. 2020, and nanoGPT): decaying a gain or a bias towards zero
+has no regularising meaning, and embeddings are lookups whose rows see few updates.
+"""
+
+import math
+from typing import Dict, List
+
+import torch
+from torch import nn
+
+from lm.config import OptimConfig, SchedConfig
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
+    """Two AdamW groups: decayed Linear weights, and everything else (tied weights counted once)."""
+    decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    no_decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():  # .parameters() yields a tied tensor once
+        if not p.requires_grad:
+            continue
+        # A Linear weight tied to an embedding (the LM head) is an embedding: no decay.
+        (decay if id(p) in decay_ids and id(p) not in no_decay_ids else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def adamw(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """torch AdamW on the model's (possibly sharded) parameters; lr is set every step by the loop."""
+    kwargs = {"fused": cfg.fused} if cfg.fused is not None else {}
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
+                             eps=cfg.eps, **kwargs)
+
+
+def lr_multiplier(step: int, sched: SchedConfig, total_steps: int) -> float:
+    """Multiplier of the peak learning rate at `step` (0-based optimizer step).
+
+    Warmup is linear from 1/(warmup+1) so the first step already moves; the decay reaches
+    min_lr_ratio at step total_steps - 1.
+    """
+    if step < sched.warmup_steps:
+        return (step + 1) / (sched.warmup_steps + 1)
+    floor = sched.min_lr_ratio
+    if sched.kind == "constant":
+        return 1.0
+    if sched.kind == "wsd":
+        decay_start = max(sched.warmup_steps, total_steps - math.ceil(sched.decay_fraction * total_steps))
+        if step < decay_start:
+            return 1.0
+        return 1.0 - (1.0 - floor) * _progress(step, decay_start, total_steps)
+    progress = _progress(step, sched.warmup_steps, total_steps)
+    if sched.kind == "linear":
+        return 1.0 - (1.0 - floor) * progress
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+
+def _progress(step: int, start: int, total_steps: int) -> float:
+    """Fraction of the decay phase done, 0 at `start`, 1 at the last step."""
+    span = max(1, total_steps - 1 - start)
+    return min(1.0, max(0.0, (step - start) / span))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr

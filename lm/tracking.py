@@ -1,0 +1,157 @@
+"""Metrics sinks (JSONL always; wandb and TensorBoard when configured), throughput, MFU and memory.
+
+Only rank 0 makes a Tracker that writes; other ranks get one whose methods do nothing. The JSONL
+file is the source of truth for lm-report: one object per logged step ({"step", "tokens", "loss",
+"lr", "grad_norm", "tokens_per_s", "steps_per_s", "mfu", "memory"}), validation passes as
+{"step", "tokens", "val_loss", "val_ppl"}.
+"""
+
+import json
+import logging
+import math
+import netrc
+import os
+import resource
+from pathlib import Path
+from typing import Dict, Optional
+from urllib.parse import urlparse
+
+import torch
+
+from lm.config import LoggerConfig
+
+log = logging.getLogger("lm")
+
+# Dense bf16 peak FLOP/s per device, from the vendors' data sheets (no sparsity).
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12, "L4": 121e12,
+              "V100": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
+
+
+def device_peak_flops(device: torch.device, configured: Optional[float]) -> Optional[float]:
+    """Configured peak, else the GPU's from the table (H100 PCIe is lower than SXM: set it), else None."""
+    if configured:
+        return float(configured)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if "H100" in name and "PCIe" in name:
+        return 756e12
+    return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak: Optional[float], world_size: int) -> Optional[float]:
+    """Model FLOPs utilisation (Chowdhery et al. 2022): achieved model FLOP/s over the devices' peak."""
+    if not peak:
+        return None
+    return flops_per_token * tokens_per_s / (peak * world_size)
+
+
+def memory_gib(device: torch.device) -> float:
+    """Peak memory of this process: CUDA max allocated on GPU, peak resident set size on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+
+
+def wandb_key_configured() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc().authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode(cfg: LoggerConfig) -> str:
+    """online only when asked or when a key is configured; never a prompt or a hang without network."""
+    if cfg.mode:
+        return cfg.mode
+    return "online" if wandb_key_configured() else "offline"
+
+
+class Tracker:
+    """Rank 0's metrics sinks. `resume_step` drops JSONL lines a killed run wrote after its checkpoint."""
+
+    def __init__(self, run_dir: Path, cfg: LoggerConfig, config: Dict, resume_step: int = 0):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "metrics.jsonl"
+        _truncate_after(self.path, resume_step)
+        self.file = open(self.path, "a")
+        self.wandb = self._start_wandb(cfg, config) if cfg.wandb else None
+        self.tb = self._start_tensorboard() if cfg.tensorboard else None
+
+    def log(self, record: Dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()  # a killed run keeps everything up to its last step
+        numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
+        if self.wandb:
+            self.wandb.log(numbers, step=record["step"])
+        if self.tb:
+            for k, v in numbers.items():
+                self.tb.add_scalar(k, v, record["step"])
+
+    def close(self) -> None:
+        self.file.close()
+        if self.wandb:
+            self.wandb.finish()
+        if self.tb:
+            self.tb.close()
+
+    def _start_wandb(self, cfg: LoggerConfig, config: Dict):
+        import wandb
+
+        mode = wandb_mode(cfg)
+        id_file = self.run_dir / "wandb_id"  # one wandb run per job, continued on resume
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
+        kwargs = dict(project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=cfg.job_type,
+                      tags=list(cfg.tags), name=cfg.name or self.run_dir.name, config=config, id=run_id,
+                      resume="allow", dir=str(self.run_dir))
+        settings = wandb.Settings(init_timeout=60, silent=True)
+        try:
+            run = wandb.init(mode=mode, settings=settings, **kwargs)
+        except Exception as e:  # network down or key rejected: keep the metrics, say so once
+            if mode != "online":
+                raise
+            log.warning("wandb online init failed (%s); logging offline to %s/wandb (upload later with "
+                        "`wandb sync`)", e, self.run_dir)
+            run = wandb.init(mode="offline", settings=settings, **kwargs)
+        log.info("wandb: %s run %s (%s)", mode, run.id, run.dir)
+        return run
+
+    def _start_tensorboard(self):
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+
+
+class NullTracker:
+    """What ranks other than 0 get."""
+
+    def log(self, record: Dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _truncate_after(path: Path, step: int) -> None:
+    """Keep only records up to `step` (and no torn last line), rewritten atomically."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("step", 0) <= step:
+            kept.append(line)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    os.replace(tmp, path)
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 50 else math.inf

@@ -1,0 +1,243 @@
+"""`lm-train`: compose the config, build model, data and engine, resume if possible, run the loop.
+
+    lm-train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
+    torchrun --nproc_per_node 2 -m lm.train engine=zero2 run_dir=runs/z2
+    accelerate launch --multi_gpu --num_processes 2 -m lm.train engine=ddp run_dir=runs/ddp
+    deepspeed --num_gpus 2 --module lm.train engine=zero3 run_dir=runs/z3
+
+Run the same command again (same run_dir) and it continues from <run_dir>/checkpoints/latest.
+"""
+
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from lm.config import (ConfigError, LoggerConfig, OptimConfig, SchedConfig, TrainConfig, conf_dir,
+                       register_train_configs, resolve_batch, validate_train)
+
+log = logging.getLogger("lm")
+
+
+@dataclass
+class Trained:
+    state: Any  # lm.loop.State at the end
+    engine: Any  # the wrapped engine (its model holds the trained weights)
+    run_dir: Path
+
+
+def typed(cfg: DictConfig, key: str, schema):
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg[key]))
+
+
+def train(cfg: DictConfig, loaders=None):
+    """One run. `loaders` = (train, val) replaces the packed loaders of cfg.data (tests, benchmarks)."""
+    import torch
+    from hydra.utils import get_class, instantiate
+
+    from lm import loop
+    from lm.checkpoint import Checkpointer
+    from lm.engine import dist as D
+    from lm.model import build_model, model_config
+    from lm.model.flops import flops_per_token
+    from lm.objectives import objective_for
+    from lm.optim import adamw, lr_multiplier
+    from lm.tracking import NullTracker, Tracker, device_peak_flops
+
+    tcfg, ocfg, scfg = typed(cfg, "train", TrainConfig), typed(cfg, "optim", OptimConfig), typed(cfg, "sched", SchedConfig)
+    validate_train(tcfg, ocfg, scfg)
+    model_cfg = model_config(cfg.model)
+    if tcfg.seq_len > model_cfg.max_seq_len:
+        raise ConfigError(f"train.seq_len={tcfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+                          f"lower train.seq_len or raise model.max_seq_len")
+    engine_cls = _engine_class(cfg, get_class)
+    device = D.pick_device(tcfg.device)
+    dist = D.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
+    _quiet_other_ranks(dist)
+    tcfg.grad_accum = cfg.train.grad_accum = resolve_batch(tcfg, dist.world_size)  # DeepSpeed's JSON reads it
+    engine = _make_engine(cfg, instantiate, tcfg, dist)
+    if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
+        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
+
+    run_dir = Path(cfg.run_dir)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    train_loader, val_loader = loaders or _packed_loaders(cfg, tcfg, model_cfg, dist, objective_for(model_cfg.arch))
+
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
+    model = build_model(model_cfg)
+    _seed_everything(cfg.seed + dist.rank)  # different dropout per rank
+    engine.wrap(model, lambda m: adamw(m, ocfg))
+
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    checkpointer = Checkpointer(run_dir, engine, tcfg.keep_last, config_yaml)
+    state = loop.State()
+    latest = D.broadcast_object(checkpointer.latest() if dist.is_main and cfg.resume else None)
+    if latest:
+        trainer, loader_state = checkpointer.load(latest)
+        train_loader.load_state_dict(loader_state)
+        state = loop.State(step=trainer["step"], tokens=trainer["tokens"])
+        if dist.is_main:
+            log.info("resumed from %s (step %d)", latest, state.step)
+
+    tracker = NullTracker()
+    if dist.is_main:
+        _write_atomically(run_dir / "config.yaml", config_yaml)
+        _log_to_file(run_dir / "train.log")
+        tracker = Tracker(run_dir, typed(cfg, "logger", LoggerConfig), OmegaConf.to_container(cfg, resolve=True),
+                          resume_step=state.step)
+        log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s", engine.name,
+                 dist.world_size, device, sum(p.numel() for p in model.parameters()),
+                 tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
+    speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
+    try:
+        state = loop.run(tcfg, engine, train_loader, val_loader,
+                         lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps),
+                         tracker, checkpointer, state, speed)
+        return Trained(state=state, engine=engine, run_dir=run_dir)
+    finally:
+        tracker.close()
+        engine.close()
+
+
+def _engine_class(cfg: DictConfig, get_class):
+    target = cfg.engine.get("_target_") if cfg.engine else None
+    if not target:
+        raise ConfigError("engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2")
+    return get_class(target)
+
+
+def _make_engine(cfg: DictConfig, instantiate, tcfg: TrainConfig, dist):
+    factory = instantiate(cfg.engine)
+    try:
+        return factory(train=tcfg, dist=dist)
+    except TypeError as e:  # an option the engine class does not take
+        raise ConfigError(f"engine ({cfg.engine._target_}): {e}; see conf/engine/ for its options") from None
+
+
+def _packed_loaders(cfg: DictConfig, tcfg: TrainConfig, model_cfg, dist, objective: str):
+    """Prepare the data once (rank 0; the others wait), then one packed loader per split."""
+    from lm.data.packed import PackedLoader
+    from lm.data.prepare import ensure_prepared
+    from lm.data.tokenizer import Tokenizer
+    from lm.engine import dist as D
+
+    error = None
+    if dist.is_main:
+        try:
+            ensure_prepared(cfg.data)
+        except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
+            error = e
+    if D.any_rank(error is not None):
+        raise error if error else ConfigError("rank 0 could not prepare the data (see its error)")
+    data_dir = Path(os.path.expanduser(cfg.data.dir))
+    vocab = Tokenizer.load(data_dir).vocab_size
+    if vocab > model_cfg.vocab_size:
+        raise ConfigError(f"the tokenizer of {data_dir} has {vocab} tokens but model.vocab_size="
+                          f"{model_cfg.vocab_size}; set model.vocab_size={_round_up(vocab, 64)} (or larger)")
+
+    def loader(split):
+        return PackedLoader(data_dir, split, tcfg.seq_len, tcfg.micro_batch_size, objective, rank=dist.rank,
+                            world_size=dist.world_size, seed=cfg.seed, **_loader_options(cfg.data, objective))
+    return loader("train"), loader("val")
+
+
+def _loader_options(data: DictConfig, objective: str) -> dict:
+    import inspect
+
+    from lm.data.packed import PackedLoader
+
+    accepted = inspect.signature(PackedLoader).parameters
+    return {k: data[k] for k in ("mlm_probability", "noise_density", "mean_span_length", "doc_boundaries")
+            if k in data and k in accepted}
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def _seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _quiet_other_ranks(dist) -> None:
+    if not dist.is_main:
+        logging.getLogger().setLevel(logging.WARNING)
+        log.setLevel(logging.WARNING)
+
+
+def _log_to_file(path: Path) -> None:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
+    log.addHandler(handler)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _agree_on_run_stamp() -> None:
+    """Rank 0's clock names the run: `run_dir: runs/${lm.stamp:}` is then one directory for all ranks."""
+    from lm.engine import dist as D
+
+    if "LM_RUN_STAMP" in os.environ:
+        return
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    if D.launched_world_size() > 1:
+        D.init(D.pick_device("auto"))
+        stamp = D.broadcast_object(stamp)
+    os.environ["LM_RUN_STAMP"] = stamp
+
+
+def _strip_launcher_args() -> None:
+    # The deepspeed launcher appends --local_rank=N (LOCAL_RANK is in the environment too); Hydra
+    # would take it for an override.
+    sys.argv = [a for a in sys.argv if not a.startswith("--local_rank")]
+
+
+def main() -> None:
+    import hydra
+
+    from lm.checkpoint import CheckpointError
+    from lm.engine import dist as D
+    from lm.engine.dist import EngineError
+    from lm.loop import LossDiverged
+
+    _strip_launcher_args()
+    register_train_configs()
+    try:
+        _agree_on_run_stamp()
+    except EngineError as e:
+        sys.exit(f"lm-train: {e}")
+
+    @hydra.main(config_path=str(conf_dir()), config_name="train", version_base=None)
+    def app(cfg: DictConfig) -> None:
+        try:
+            train(cfg)
+        except (ConfigError, EngineError, CheckpointError, LossDiverged) as e:
+            log.error("%s: %s", type(e).__name__, e)
+            D.shutdown()
+            sys.exit(1)
+
+    try:
+        app()
+    finally:
+        D.shutdown()
+
+
+if __name__ == "__main__":
+    main()
