@@ -12,6 +12,7 @@ import math
 import netrc
 import os
 import resource
+import secrets
 from pathlib import Path
 from typing import Dict, Optional
 from urllib.parse import urlparse
@@ -103,7 +104,7 @@ class Tracker:
 
         mode = wandb_mode(cfg)
         id_file = self.run_dir / "wandb_id"  # one wandb run per job, continued on resume
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
         kwargs = dict(project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=cfg.job_type,
                       tags=list(cfg.tags), name=cfg.name or self.run_dir.name, config=config, id=run_id,

@@ -1,0 +1,177 @@
+"""lm-train in one process: run directory contents, exact resume, NaN/inf losses, full disks, bad configs.
+
+Runs in-process on the synthetic loader of engine_support (a learnable random walk), tiny model.
+"""
+
+import errno
+import json
+import math
+
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+
+from lm.checkpoint import CheckpointError
+from lm.config import ConfigError
+from lm.engine.dist import EngineError
+from lm.loop import LossDiverged
+from lm.train import train
+from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
+
+
+def run(run_dir, steps=10, extra=(), **train_kw):
+    cfg = compose(tiny_overrides(run_dir, steps, **train_kw) + list(extra))
+    return cfg, train(cfg, loaders=loaders(cfg))
+
+
+def test_run_directory_holds_config_metrics_and_checkpoints(tmp_path):
+    _, result = run(tmp_path, steps=12, extra=["optim.lr=1e-2", "model.vocab_size=32"], ckpt_interval=4, keep_last=2, eval_interval=6)
+    records = metrics(tmp_path)
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 13))
+    assert set(steps[0]) >= {"step", "tokens", "loss", "lr", "grad_norm", "tokens_per_s", "memory"}
+    assert steps[-1]["tokens"] == 12 * 4 * 32  # steps x micro-batch x seq_len, one rank
+    vals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in vals] == [6, 12]
+    assert vals[-1]["val_ppl"] == pytest.approx(math.exp(vals[-1]["val_loss"]), rel=1e-6)
+    assert steps[-1]["loss"] < steps[0]["loss"] - 0.3  # it learns the walk
+
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000008", "step_00000012"]  # keep_last=2
+    assert (ckpts / "latest").read_text() == "step_00000012"
+    trainer = json.loads((ckpts / "step_00000012" / "trainer.json").read_text())
+    assert trainer["step"] == 12 and trainer["engine"]["world_size"] == 1
+    config = (tmp_path / "config.yaml").read_text()
+    assert "${" not in config and "max_steps: 12" in config  # resolved, once, at the top of the run
+    assert result.state.step == 12
+
+
+def test_resume_continues_bit_identically(tmp_path):
+    """Stopping after step 5 and running the same command again gives the uninterrupted run's losses
+    exactly (weights, AdamW moments, loader position and RNG all restored). Constant LR so that the
+    shorter first leg has the same schedule."""
+    extra = ["sched=constant", "model.dropout=0.1"]  # dropout: the RNG state must be restored too
+    run(tmp_path / "whole", steps=10, extra=extra)
+    run(tmp_path / "split", steps=5, extra=extra)
+    _, resumed = run(tmp_path / "split", steps=10, extra=extra)
+    whole, split = train_losses(tmp_path / "whole"), train_losses(tmp_path / "split")
+    assert list(split) == list(range(1, 11))  # no step repeated or skipped in metrics.jsonl
+    assert split == whole  # bit-identical floats
+    assert resumed.state.step == 10
+
+
+def test_resume_refuses_another_engine_or_world(tmp_path):
+    run(tmp_path, steps=3)
+    with pytest.raises(CheckpointError, match="DDPEngine on 1"):
+        run(tmp_path, steps=6, extra=["engine=ddp"])
+
+
+def _nan_at(monkeypatch, step_calls):
+    """Make the training loss NaN on the given forward calls (1-based)."""
+    from lm import objectives
+
+    real, calls = objectives.loss, {"n": 0}
+
+    def loss(model, batch):
+        calls["n"] += 1
+        out = real(model, batch)
+        return out * float("nan") if calls["n"] in step_calls and model.training else out
+
+    monkeypatch.setattr(objectives, "loss", loss)
+
+
+def test_nan_loss_stops_before_the_update_and_keeps_the_checkpoint(tmp_path, monkeypatch):
+    _nan_at(monkeypatch, {7})
+    with pytest.raises(LossDiverged, match=r"loss is nan at step 7.*step_00000004 is intact.*optim.lr"):
+        run(tmp_path, steps=10, ckpt_interval=4)
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000004"
+    assert max(train_losses(tmp_path)) and max(train_losses(tmp_path)) <= 6  # nothing logged past step 6
+
+
+def test_nan_loss_skip_drops_the_step_and_goes_on(tmp_path, monkeypatch):
+    _nan_at(monkeypatch, {3})
+    cfg, result = run(tmp_path, steps=6, on_nonfinite="skip")
+    losses = train_losses(tmp_path)
+    assert math.isnan(losses[3]) and all(math.isfinite(v) for s, v in losses.items() if s != 3)
+    assert result.state.step == 6
+
+
+def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    from lm.engine.base import Engine
+
+    real, saves = Engine.save, {"n": 0}
+
+    def save(self, path):
+        saves["n"] += 1
+        if saves["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, path)
+
+    monkeypatch.setattr(Engine, "save", save)
+    with pytest.raises(CheckpointError, match=r"No space left.*step_00000003 is intact.*resume"):
+        run(tmp_path, steps=9, ckpt_interval=3)
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no half-written step 6
+    assert (ckpts / "latest").read_text() == "step_00000003"
+    # and the run resumes from it once the disk has room again
+    monkeypatch.setattr(Engine, "save", real)
+    _, result = run(tmp_path, steps=9, ckpt_interval=3)
+    assert result.state.step == 9 and list(train_losses(tmp_path)) == list(range(1, 10))
+
+
+def test_unknown_key_and_unknown_engine_fail_at_composition(tmp_path):
+    with pytest.raises(ConfigCompositionException, match="train.max_stpes"):
+        compose(tiny_overrides(tmp_path) + ["train.max_stpes=3"])
+    with pytest.raises(ConfigCompositionException, match=r"engine/zero9(.|\n)*zero3"):  # lists the options
+        compose(tiny_overrides(tmp_path) + ["engine=zero9"])
+
+
+@pytest.mark.parametrize("override, error, message", [
+    ("train.world_size=2", EngineError, "train.world_size=2 but the launcher started 1"),
+    ("train.global_batch_size=6", ConfigError, "global_batch_size=6 is not divisible"),
+    ("train.precision=fp8", ConfigError, "train.precision='fp8' is not one of"),
+    ("train.seq_len=512", ConfigError, "train.seq_len=512 exceeds model.max_seq_len=64"),
+    ("sched.kind=exp", ConfigError, "sched.kind='exp' is not one of"),
+])
+def test_bad_training_config_is_refused_before_training(tmp_path, override, error, message):
+    with pytest.raises(error, match=message):
+        run(tmp_path, extra=[override])
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_missing_data_source_names_the_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("LM_CACHE", str(tmp_path / "cache"))
+    cfg = compose(tiny_overrides(tmp_path / "run") + [f"+data.source={tmp_path}/nowhere/*.txt",
+                                                       "+data.name=missing", "+data.tokenizer=char"])
+    with pytest.raises(Exception, match="nowhere"):
+        train(cfg)
+
+
+def test_export_of_a_single_process_checkpoint_loads_in_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from lm.checkpoint import export
+
+    gpt2 = ["model=gpt2", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.vocab_size=64",
+            "model.max_seq_len=64"]
+    cfg, result = run(tmp_path, steps=3, extra=gpt2)
+    out = export(tmp_path)
+    assert {p.name for p in out.iterdir()} >= {"model.safetensors", "config.json", "hf"}
+    hf = AutoModelForCausalLM.from_pretrained(out / "hf").eval()
+    x = loaders(cfg)[1].batch(0)["input_ids"]
+    model = result.engine.module.eval()
+    with torch.no_grad():
+        ours = model(input_ids=x).logits
+        theirs = hf(input_ids=x).logits
+    assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
+
+
+def test_tensorboard_and_offline_wandb_sinks(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc key: wandb must go offline, not prompt or hang
+    run(tmp_path / "run", steps=2, extra=["logger=all", "logger.project=lm-test"])
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    offline = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and (tmp_path / "run" / "wandb_id").read_text().strip() in offline[0].name
