@@ -1,0 +1,147 @@
+"""`lm-finetune`: finetune a pretrained (or a fresh) model on GLUE tasks; the loop and engines are lm-train's.
+
+    lm-finetune task=glue/sst2 init=runs/pretrain                  # checkpoints/latest of an lm-train run
+    lm-finetune task=glue/all init=runs/pretrain skip_missing=true  # every task whose data is local
+    lm-finetune task=glue/rte init=runs/pretrain/checkpoints/step_00000500/export   # an lm-export directory
+    lm-finetune task=glue/mrpc init=none model=tiny model.vocab_size=4096 tokenizer=<data dir>  # baseline
+    lm-finetune task=glue/cola init=runs/pretrain task.seeds=[0,1,2,3,4] task.lr=3e-4 logger=wandb
+
+Writes <run_dir>/results.json, results.md (printed at the end) and submission/*.tsv; see lm/glue/run.py.
+Data: the official GLUE TSVs under task.data_root, else $LM_DATA_MIRROR/glue_data, else ./glue_data,
+else the Hugging Face `nyu-mll/glue` copy (hf=true, needs network).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from lm.config import ConfigError, LoggerConfig, TrainConfig, conf_dir, register_glue_configs, register_train_configs
+
+log = logging.getLogger("lm")
+
+
+@dataclass
+class FinetuneTrain(TrainConfig):
+    """lm-train's TrainConfig (engines read it); here micro_batch_size splits each task's batch."""
+
+    micro_batch_size: int = 32
+    log_interval: int = 50
+
+
+@dataclass
+class FinetuneSchema:
+    """The top of conf/finetune.yaml: unknown keys fail at composition."""
+
+    task: Any = None  # conf/task/glue/<name>.yaml (GlueTaskConfig)
+    model: Any = None  # init=none only: the model to build (conf/model/)
+    engine: Any = None
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(job_type="finetune"))
+    train: FinetuneTrain = field(default_factory=FinetuneTrain)
+    init: str = MISSING  # lm-train run dir | checkpoint dir | lm-export dir | none
+    tokenizer: Optional[str] = None  # tokenizer.json or a prepared data dir; default: the checkpoint's own
+    run_dir: str = "runs/finetune/${lm.stamp:}"
+    seed: int = 0  # unused by the tasks (task.seeds are the seeds); kept for sweeps that tag runs
+    predict_test: bool = True  # write the leaderboard's submission files
+    save_best: bool = False  # also save the best-dev weights under <run_dir>/<task>/seed<k>/best
+    hf: bool = True  # read the Hugging Face copy of a split that is not on disk
+    skip_missing: bool = False  # run only tasks whose data is local (the GLUE score is then partial)
+    pooling: Optional[str] = None  # first | last | mean; None = first for encoders, last otherwise
+    eval_batch_size: int = 128
+
+
+def register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    register_train_configs()
+    register_glue_configs()
+    ConfigStore.instance().store(name="finetune_schema", node=FinetuneSchema)
+
+
+def finetune(cfg: DictConfig):
+    """One lm-finetune job (also the Python API: compose conf/finetune.yaml, then call this)."""
+    from hydra.utils import get_class, instantiate
+
+    from lm.engine import dist as D
+    from lm.glue.init import load_backbone
+    from lm.glue.run import RunOptions, finetune_glue
+    from lm.train import _engine_class, _make_engine, _quiet_other_ranks, typed
+
+    if OmegaConf.is_missing(cfg, "init"):
+        raise ConfigError("say where the model starts: init=<lm-train run dir or checkpoint dir or lm-export dir>, "
+                          "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
+    tcfg = typed(cfg, "train", FinetuneTrain)
+    backbone = load_backbone(cfg.init, cfg.tokenizer, cfg.model)
+    engine_cls = _engine_class(cfg, get_class)
+    dist = D.init(D.pick_device(tcfg.device), need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
+    _quiet_other_ranks(dist)
+    run_dir = Path(cfg.run_dir)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    logger = typed(cfg, "logger", LoggerConfig)
+    logger.group = logger.group or _pretraining_group(backbone.pretrain)
+    opts = RunOptions(run_dir=run_dir, make_engine=lambda: _make_engine(cfg, instantiate, tcfg, dist),
+                      micro_batch_size=tcfg.micro_batch_size, eval_batch_size=cfg.eval_batch_size,
+                      log_interval=tcfg.log_interval, logger=logger, predict_test=cfg.predict_test,
+                      save_best=cfg.save_best, hf=cfg.hf, skip_missing=cfg.skip_missing, pooling=cfg.pooling,
+                      config=config)
+    return finetune_glue(cfg.task, backbone, opts)
+
+
+def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:
+    """Finetunes join their pretraining run's wandb group (its logger.group, else its run directory name)."""
+    if not pretrain:
+        return None
+    return (pretrain.get("logger") or {}).get("group") or Path(str(pretrain.get("run_dir", ""))).name or None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    import hydra
+
+    from lm.checkpoint import CheckpointError
+    from lm.data.tokenizer import TokenizerError
+    from lm.engine import dist as D
+    from lm.engine.dist import EngineError
+    from lm.glue.readers import GlueDataError
+    from lm.glue.run import print_table
+    from lm.loop import LossDiverged
+    from lm.train import _agree_on_run_stamp, _strip_launcher_args
+
+    _strip_launcher_args()
+    register()
+    _agree_on_run_stamp()
+
+    @hydra.main(config_path=str(conf_dir()), config_name="finetune", version_base=None)
+    def app(cfg: DictConfig) -> None:
+        try:
+            finetune(cfg)
+        except (ConfigError, EngineError, CheckpointError, LossDiverged, GlueDataError, TokenizerError) as e:
+            log.error("%s: %s", type(e).__name__, e)
+            D.shutdown()
+            sys.exit(1)
+        if D.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
+            print(print_table(cfg.run_dir))
+            print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
+
+    try:
+        app()
+    finally:
+        D.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""Where a finetuned model starts: an lm-train checkpoint (any engine), an lm-export directory, or nothing.
+
+    init=<run_dir>                 the run's checkpoints/latest (single, ddp, zero1-3, fsdp2: all read by
+    init=<run_dir>/checkpoints/step_00000500     lm.checkpoint.consolidated_state_dict)
+    init=<dir with model.safetensors + config.json>   what lm-export writes
+    init=none                      random weights, the model of `model=` (baselines)
+
+The tokenizer is the pretraining run's, `<data.dir>/tokenizer.json` of the checkpoint's config.yaml,
+unless `tokenizer=` names one. A tokenizer whose ids do not index the checkpoint's embedding rows
+(more tokens than rows, or a file other than the one the run was pretrained with) is refused: the
+finetune would train on scrambled embeddings and nothing would say so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from lm.config import ConfigError
+
+log = logging.getLogger("lm")
+
+
+class InitError(ConfigError):
+    """The init checkpoint, its tokenizer or the model config cannot be used; the message says why and the fix."""
+
+
+@dataclass
+class Backbone:
+    """Everything needed to build the same starting classifier once per seed."""
+
+    model_cfg: Any  # lm.config.ModelConfig
+    state_dict: Optional[Dict[str, torch.Tensor]]  # None = random init (init=none)
+    tokenizer: Any  # lm.data.tokenizer.Tokenizer
+    source: str  # what it was loaded from, for results.json
+    pretrain: Optional[Dict] = None  # the pretraining run's resolved config (wandb group), if known
+
+
+def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -> Backbone:
+    from lm.model import model_config
+
+    if init is None or str(init).lower() in ("none", "scratch", ""):
+        if model_node is None:
+            raise InitError("init=none needs a model config (model=<preset>)")
+        tok = _load_tokenizer(tokenizer, what="init=none")
+        cfg = model_config(model_node)
+        _check_vocab(tok, cfg.vocab_size, f"model.vocab_size={cfg.vocab_size}",
+                     f"set model.vocab_size={-(-tok.vocab_size // 64) * 64} (or larger)")
+        return Backbone(cfg, None, tok, "none (random init)")
+    path = Path(init).expanduser()
+    if (path / "model.safetensors").is_file():
+        return _from_export(path, tokenizer)
+    return _from_checkpoint(path, tokenizer)
+
+
+def _from_checkpoint(path: Path, tokenizer: Optional[str]) -> Backbone:
+    from omegaconf import OmegaConf
+
+    from lm.checkpoint import CheckpointError, consolidated_state_dict, resolve
+    from lm.model import model_config
+
+    if not path.exists():
+        raise InitError(f"init={path}: no such directory; pass an lm-train run directory, one of its "
+                        f"checkpoints/step_* directories, an lm-export directory, or init=none")
+    try:
+        ckpt = resolve(path)
+    except CheckpointError as e:
+        raise InitError(f"init={path}: {e}; or an lm-export directory (model.safetensors + config.json)") from None
+    pretrain = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=False)
+    cfg = model_config(pretrain["model"])
+    tok = _pretraining_tokenizer(pretrain, tokenizer, ckpt)
+    return Backbone(cfg, consolidated_state_dict(ckpt), tok, str(ckpt), pretrain)
+
+
+def _from_export(path: Path, tokenizer: Optional[str]) -> Backbone:
+    from omegaconf import OmegaConf
+    from safetensors.torch import load_file
+
+    from lm.model import model_config
+
+    node = json.loads((path / "config.json").read_text())
+    node.pop("_lm_class", None)
+    cfg = model_config(node)
+    parent = path.parent / "config.yaml"  # lm-export's default output is <checkpoint>/export
+    pretrain = OmegaConf.to_container(OmegaConf.load(parent), resolve=False) if parent.is_file() else None
+    if pretrain is not None:
+        tok = _pretraining_tokenizer(pretrain, tokenizer, path)
+    else:
+        tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without its checkpoint's config.yaml)")
+        _check_vocab(tok, cfg.vocab_size, f"the embedding of {path} ({cfg.vocab_size} rows)",
+                     "pass the tokenizer the model was pretrained with")
+    return Backbone(cfg, load_file(str(path / "model.safetensors")), tok, str(path), pretrain)
+
+
+def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path):
+    """The run's own tokenizer; a different `tokenizer=` is refused when the run's file can be compared."""
+    data_dir = _data_dir(pretrain)
+    own = data_dir / "tokenizer.json" if data_dir else None
+    vocab = pretrain["model"]["vocab_size"]
+    if tokenizer is None:
+        if own is None or not own.is_file():
+            raise InitError(f"{where} was pretrained with the tokenizer {own or '(unknown: no data.dir in its config)'}, "
+                            f"which is not there any more; pass tokenizer=<that tokenizer.json> (the same file, or "
+                            f"finetuning reads the wrong embedding rows)")
+        tok = _load_tokenizer(str(own), what=str(where))
+    else:
+        tok = _load_tokenizer(tokenizer, what=str(where))
+        if own is not None and own.is_file():
+            from lm.data.tokenizer import Tokenizer
+
+            expected = Tokenizer.load(own)
+            if expected.sha256 != tok.sha256:
+                raise InitError(
+                    f"tokenizer={tokenizer} is not the tokenizer {where} was pretrained with ({own}; sha256 "
+                    f"{tok.sha256[:12]} vs {expected.sha256[:12]}, {tok.vocab_size} vs {expected.vocab_size} tokens): "
+                    f"its ids would index the wrong embedding rows. Drop tokenizer= to use the run's own, or "
+                    f"finetune from scratch with init=none")
+    _check_vocab(tok, vocab, f"the checkpoint's embedding ({vocab} rows)", "use the run's own tokenizer")
+    return tok
+
+
+def _data_dir(pretrain: Dict) -> Optional[Path]:
+    from omegaconf import OmegaConf
+
+    from lm.config import register_train_configs
+
+    data = pretrain.get("data") or {}
+    if not data.get("dir"):
+        return None
+    register_train_configs()  # the ${oc.env:...} / ${lm.*} resolvers of lm-train's config
+    node = OmegaConf.create({"data": data})
+    try:
+        return Path(os.path.expanduser(str(node.data.dir)))
+    except Exception:  # noqa: BLE001 - an unresolvable interpolation: treat as unknown
+        return None
+
+
+def _load_tokenizer(path: Optional[str], what: str):
+    from lm.data.tokenizer import Tokenizer, TokenizerError
+
+    if not path:
+        raise InitError(f"{what} needs tokenizer=<path to tokenizer.json, or a prepared data directory that "
+                        f"holds one> (lm-prepare writes it)")
+    try:
+        return Tokenizer.load(path)
+    except TokenizerError as e:
+        raise InitError(f"tokenizer: {e}") from None
+
+
+def _check_vocab(tok, rows: int, what: str, fix: str) -> None:
+    if tok.vocab_size > rows:
+        raise InitError(f"the tokenizer {tok.source} has {tok.vocab_size} tokens but {what} has only {rows}: "
+                        f"ids >= {rows} have no embedding. {fix}")
+
+
+def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling: Optional[str] = None):
+    """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head."""
+    from lm.model import build_model
+    from lm.model.lm import SequenceClassifier
+
+    model = SequenceClassifier(build_model(backbone.model_cfg), n_labels, pooling, dropout)
+    if backbone.state_dict is not None:
+        weights = {k: v for k, v in backbone.state_dict.items() if not k.startswith("head.")}  # the LM head is dropped
+        missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
+        if missing or unexpected:
+            raise InitError(f"{backbone.source} does not match its model config: missing={sorted(missing)}, "
+                            f"unexpected={sorted(unexpected)}")
+    return model
