@@ -16,6 +16,7 @@ Reading is split in two so that it streams and parallelises:
 from __future__ import annotations
 
 import codecs
+import contextlib
 import glob
 import gzip
 import hashlib
@@ -354,14 +355,69 @@ class HashingReader(io.RawIOBase):
         super().close()
 
 
+class ZstdStream:
+    """The decompressed bytes of a .zst file (one or more frames), read in bounded pieces.
+
+    zstandard's own stream_reader returns a clean end of stream for a file cut inside a frame,
+    which would silently drop the rest of a truncated download; this reader raises instead.
+    """
+
+    def __init__(self, raw: HashingReader):
+        import zstandard
+
+        self.raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
+        self.obj, self.pending, self.in_frame = self._new(), bytearray(), False
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.pending) < size:
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.in_frame:
+                    raise EOFError("the file ends inside a zstd frame")
+                break
+            self._feed(chunk)
+        size = len(self.pending) if size < 0 else size
+        out = bytes(self.pending[:size])
+        del self.pending[:size]
+        return out
+
+    def _feed(self, data: bytes) -> None:
+        while data:
+            self.in_frame = True
+            self.pending += self.obj.decompress(data)
+            if not self.obj.eof:
+                return
+            data, self.obj, self.in_frame = self.obj.unused_data, self._new(), False  # the next frame
+
+    def __enter__(self) -> "ZstdStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.raw.close()
+
+
 def open_stream(src: SourceFile, raw: HashingReader):
     if src.compression == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if src.compression == "zstd":
+        return ZstdStream(raw)
+    return raw
+
+
+@contextlib.contextmanager
+def reading(src: SourceFile):
+    """A truncated or corrupt file -> a DataError that names it and says what to do."""
+    errors: tuple = (EOFError, OSError, zlib.error)
+    if src.compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(raw)
-    return raw
+        errors += (zstandard.ZstdError,)
+    try:
+        yield
+    except errors as e:
+        what = f"is not a complete, valid {src.compression} file" if src.compression else "could not be read"
+        raise DataError(f"{src.path}: {what} ({type(e).__name__}: {e}); the file is truncated or corrupt: "
+                        f"download or compress it again, or leave it out of the sources") from None
 
 
 def _boundary(opts: ReadOptions, fmt: str) -> re.Pattern:
@@ -465,7 +521,7 @@ class Planner:
         after = self.forced_cut is not None and index > self.forced_cut[0]
         file_mode = self.opts.doc_split == "file" and src.format == "text"
         line, seen, n = 1, 0, 0
-        with open_stream(src, raw) as stream:
+        with reading(src), open_stream(src, raw) as stream:
             for offset, block, forced, last in cut_blocks(stream, _boundary(self.opts, src.format),
                                                           self.opts.task_bytes, file_mode, cut):
                 n += len(block)
@@ -569,7 +625,7 @@ def _char_starts(block: bytes) -> np.ndarray:
 
 def _blocks_of(src: SourceFile) -> Iterator[bytes]:
     raw = HashingReader(src.path)
-    with open_stream(src, raw) as s:
+    with reading(src), open_stream(src, raw) as s:
         first = True
         while chunk := s.read(1 << 22):
             if first and chunk.startswith(codecs.BOM_UTF8):
@@ -596,7 +652,7 @@ def _byte_of_char(src: SourceFile, char: int) -> int:
 
 def _has_bom(src: SourceFile) -> bool:
     raw = HashingReader(src.path)
-    with open_stream(src, raw) as s:
+    with reading(src), open_stream(src, raw) as s:
         return s.read(3) == codecs.BOM_UTF8
 
 
