@@ -164,17 +164,17 @@ def _init_worker(tokenizer_path: str, opts: ReadOptions, append_eos: bool, paral
 def _work(task: Task) -> Result:
     docs = read_task(task, _W["opts"])
     ids = _W["tok"].encode_batch(docs.texts) if docs.texts else []
-    tokens, counts = {}, {}
-    for split in dict.fromkeys(docs.splits):
-        parts, n = [], 0
-        for doc_ids, ends, s in zip(ids, docs.ends, docs.splits):
-            if s == split:
-                parts.append(doc_ids)
-                if ends:
-                    parts.append(_W["eos"])
-                    n += 1
-        tokens[split] = np.fromiter(itertools.chain.from_iterable(parts), dtype=_W["dtype"])
-        counts[split] = n
+    parts: Dict[str, list] = {}
+    counts: Dict[str, int] = {}
+    eos = _W["eos"]
+    for doc_ids, ends, split in zip(ids, docs.ends, docs.splits):  # one pass, whatever the number of splits
+        if split not in parts:
+            parts[split], counts[split] = [], 0
+        parts[split].append(doc_ids)
+        if ends:
+            parts[split].append(eos)
+            counts[split] += 1
+    tokens = {s: np.fromiter(itertools.chain.from_iterable(p), dtype=_W["dtype"]) for s, p in parts.items()}
     return Result(tokens, counts, docs.bytes, docs.bad_records, docs.examples, docs.invalid_utf8)
 
 
