@@ -1,0 +1,96 @@
+"""SIGKILL in the middle of a step, then the same command again: the loss trajectory continues as if
+nothing happened. Real `lm-train` processes (single, and torchrun with 2 ranks), real data (tiny
+Shakespeare, prepared once per module from $LM_DATA_MIRROR). Also: Hydra under torchrun makes one
+run directory with one resolved config.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.engine_support import REPO, free_port, metrics, subprocess_env, train_losses
+
+pytestmark = pytest.mark.slow
+
+STEPS = 12
+KILL_AT = 7  # checkpoints at 4 and 8: the kill lands between them, inside step 7
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def overrides(run_dir, *extra):
+    return [f"run_dir={run_dir}", "model=tiny", "model.max_seq_len=64", "data=shakespeare_char",
+            "train.seq_len=32", "train.micro_batch_size=4", f"train.max_steps={STEPS}", "train.log_interval=1",
+            "train.eval_interval=0", "train.eval_batches=2", "train.ckpt_interval=4", "sched.warmup_steps=2",
+            "model.dropout=0.1", *extra]
+
+
+def command(world):
+    if world == 1:
+        return [sys.executable, "-m", "lm.train"]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "lm.train"]
+
+
+def run(world, args, cache, cwd=REPO, **env):
+    proc = subprocess.run(command(world) + args, cwd=cwd, env=subprocess_env(LM_CACHE=str(cache), **env),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def run_and_kill(world, args, cache, tmp_path):
+    """Start the run, wait until it is parked inside step KILL_AT, SIGKILL its whole process group."""
+    flag = tmp_path / "paused"
+    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_AT_STEP=str(KILL_AT), LM_FAULT_PAUSE_FILE=str(flag))
+    proc = subprocess.Popen(command(world) + args, cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while not flag.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before step {KILL_AT}: {proc.stderr.read()[-3000:]}")
+        assert time.time() < deadline, "the run never reached the fault step"
+        time.sleep(0.2)
+    time.sleep(0.5 if world == 1 else 2.0)  # let every rank reach the pause
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("world, engine, exact", [(1, "single", True), (2, "zero2", False)])
+def test_sigkill_then_same_command_continues_the_trajectory(world, engine, exact, cache, tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run(world, overrides(whole, f"engine={engine}"), cache)
+    run_and_kill(world, overrides(killed, f"engine={engine}"), cache, tmp_path)
+
+    ckpts = killed / "checkpoints"
+    assert (ckpts / "latest").read_text() == "step_00000004"  # the last complete checkpoint before the kill
+    assert max(train_losses(killed)) == KILL_AT - 1  # the killed run logged up to step 6
+
+    proc = run(world, overrides(killed, f"engine={engine}"), cache)
+    assert "resumed from" in proc.stdout + proc.stderr
+    expected, got = train_losses(whole), train_losses(killed)
+    assert list(got) == list(range(1, STEPS + 1))  # steps 5-6 were redone once, not logged twice
+    if exact:
+        assert got == expected  # bit-identical on one CPU process
+    else:
+        assert max(abs(got[s] - expected[s]) for s in expected) < 1e-5
+
+
+def test_hydra_under_torchrun_makes_one_run_directory(cache, tmp_path):
+    """No run_dir given: rank 0's timestamp names one directory for both ranks, with one config."""
+    args = [a for a in overrides("unused", "engine=ddp") if not a.startswith("run_dir=")]
+    args = [a.replace(f"train.max_steps={STEPS}", "train.max_steps=3") for a in args]
+    run(2, args + ["hydra.job.chdir=false"], cache, cwd=tmp_path, PYTHONPATH=str(REPO))
+    runs = list((tmp_path / "runs").iterdir())
+    assert len(runs) == 1, runs
+    files = sorted(p.name for p in runs[0].iterdir())
+    assert files == ["checkpoints", "config.yaml", "metrics.jsonl", "train.log"], files
+    assert [m["step"] for m in metrics(runs[0]) if "loss" in m] == [1, 2, 3]  # rank 0 alone writes
+    assert not (tmp_path / "outputs").exists() and not list(tmp_path.glob("**/.hydra"))
