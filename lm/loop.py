@@ -58,8 +58,8 @@ def run(cfg: TrainConfig, engine, loader, val_loader, lr_at: Callable[[int], flo
     for step in range(state.step, cfg.max_steps):
         lr = lr_at(step)
         engine.set_lr(lr)
+        t0 = time.perf_counter()  # the step's time includes fetching its batches: data is part of the cost
         micro = [next(batches) for _ in range(cfg.grad_accum)]
-        t0 = time.perf_counter()
         loss, tokens = train_step(engine, micro, fault_step=step)
         grad_norm = _update(cfg, engine, state, step, loss, checkpointer)
         meter.add(time.perf_counter() - t0, tokens)
