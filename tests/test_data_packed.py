@@ -47,6 +47,21 @@ def test_clm_windows_are_contiguous_shifted_and_unpadded(data):
         assert np.array_equal(row.numpy(), tokens[i * T: i * T + T])
 
 
+def test_every_window_reads_the_joined_stream_also_across_shards(data):
+    tokens = stream(data, "train")
+    loader = PackedLoader(data, "train", 63, 4, "clm")
+    shard_ends = loader.stream.starts[1:-1]
+    assert len(shard_ends) >= 3  # 5000-token shards
+    crossing = [i for i in range(loader.n_samples) if any(i * 63 < e < i * 63 + 64 for e in shard_ends)]
+    assert len(crossing) >= 3
+    ids = np.arange(loader.n_samples)
+    windows = np.empty((ids.size, 64), dtype=np.int64)  # (B, T + 1)
+    loader.stream.read_windows(ids * 63, windows)
+    assert np.array_equal(windows, np.stack([tokens[i * 63: i * 63 + 64] for i in ids]))
+    batch = loader._batch(np.array(crossing[:4]), np.arange(4))
+    assert np.array_equal(batch["input_ids"].numpy(), windows[crossing[:4], :-1])
+
+
 def test_an_epoch_visits_every_sample_once_and_epochs_differ(data):
     loader = PackedLoader(data, "train", T, 8, "clm", seed=0)
     n = loader.n_samples

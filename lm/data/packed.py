@@ -49,12 +49,26 @@ class TokenStream:
         self.files = [s["file"] for s in meta["splits"][split]["shards"]]
         self.starts = np.cumsum([0] + [s["tokens"] for s in meta["splits"][split]["shards"]])  # (n_shards + 1,)
         self.n = int(self.starts[-1])
-        self._maps: Dict[int, np.memmap] = {}
+        self._maps: Dict[int, np.ndarray] = {}
 
-    def shard(self, i: int) -> np.memmap:
+    def shard(self, i: int) -> np.ndarray:
         if i not in self._maps:
-            self._maps[i] = np.memmap(self.root / self.files[i], dtype=self.dtype, mode="r")
+            # A plain ndarray view of the map (its base keeps the file mapped): slicing an np.memmap
+            # builds a memmap subclass each time, which cost as much as copying a window.
+            self._maps[i] = np.memmap(self.root / self.files[i], dtype=self.dtype, mode="r").view(np.ndarray)
         return self._maps[i]
+
+    def read_windows(self, starts: np.ndarray, out: np.ndarray) -> None:
+        """out[b] = stream[starts[b] : starts[b] + L] for out of shape (B, L); one gather per shard."""
+        L = out.shape[1]
+        first = np.searchsorted(self.starts, starts, side="right") - 1  # (B,) shard of each window's start
+        inside = starts + L <= self.starts[first + 1]  # (B,) the window ends in the same shard
+        for i in np.unique(first[inside]):
+            rows = np.flatnonzero(inside & (first == i))
+            offsets = (starts[rows] - self.starts[i])[:, None] + np.arange(L)  # (b, L)
+            out[rows] = self.shard(int(i))[offsets]
+        for b in np.flatnonzero(~inside):  # the few windows that cross into the next shard
+            self.read(int(starts[b]), out[b])
 
     def read(self, start: int, out: np.ndarray) -> None:
         """Copy stream[start : start + len(out)] into out (crossing shard boundaries if needed)."""
@@ -199,8 +213,7 @@ class PackedLoader:
         import torch
 
         windows = np.empty((len(sample_ids), self.window), dtype=np.int64)  # (B, L)
-        for row, i in zip(windows, sample_ids):
-            self.stream.read(int(i) * self.stride, row)
+        self.stream.read_windows(np.asarray(sample_ids, dtype=np.int64) * self.stride, windows)
         if windows.max() >= self.vocab_size:
             b, t = np.unravel_index(int(windows.argmax()), windows.shape)
             where = self.stream.locate(int(sample_ids[b]) * self.stride + int(t))
