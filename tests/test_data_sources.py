@@ -139,3 +139,23 @@ def test_non_utf8_jsonl_record_names_the_line(tmp_path):
         run(tmp_path, source=str(tmp_path / "latin.jsonl"))
     out = run(tmp_path, source=str(tmp_path / "latin.jsonl"), encoding_errors="replace")
     assert open_prepared(out)["skipped"]["invalid_utf8_sequences"] == 1
+
+
+def test_parquet_is_read_in_bounded_tasks_even_from_one_row_group(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from lm.data.sources import Planner, ReadOptions, SourceFile
+
+    texts = STORIES * 10
+    path = tmp_path / "one_group.parquet"
+    pq.write_table(pa.table({"text": texts}), path, row_group_size=10**6)
+    assert pq.ParquetFile(path).num_row_groups == 1
+    planner = Planner([SourceFile(str(path), "parquet")], ReadOptions(task_bytes=2048))
+    tasks = list(planner)
+    assert len(tasks) >= sum(map(len, texts)) // (2048 + max(map(len, STORIES)))
+    assert all(sum(map(len, t.payload)) < 2048 + max(map(len, STORIES)) for t in tasks)
+    assert [v for t in tasks for v in t.payload] == texts
+    assert [t.first_line for t in tasks] == list(np.cumsum([1] + [len(t.payload) for t in tasks[:-1]]))
+    assert sum(t.raw_bytes for t in tasks) == path.stat().st_size  # the progress bar ends at the file size
+    assert planner.sources[0]["records"] == len(texts)

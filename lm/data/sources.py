@@ -544,28 +544,35 @@ class Planner:
         if column not in pf.schema_arrow.names:
             raise DataError(f"{src.path}: no column {column!r} (columns: {pf.schema_arrow.names}); set text_field="
                             f"<column> (lm-prepare --text-field COLUMN)")
-        row, size = 1, os.path.getsize(src.path)
-        for g in range(pf.num_row_groups):
-            values = pf.read_row_group(g, columns=[column]).column(0).to_pylist()
-            yield Task(src.path, "parquet", values, row, split=self._split_of(src, False),
-                       raw_bytes=size // max(pf.num_row_groups, 1))
-            row += len(values)
-        record.update(bytes=size, sha256=file_sha256(src.path), records=row - 1)
-        if row == 1:
+        size = os.path.getsize(src.path)
+        # Record batches, not whole row groups: a writer may put a whole file in one row group.
+        values = (v for b in pf.iter_batches(batch_size=1024, columns=[column]) for v in b.column(0).to_pylist())
+        n = yield from self._record_tasks(src, values, size / max(pf.metadata.num_rows, 1))
+        record.update(bytes=size, sha256=file_sha256(src.path), records=n)
+        if n == 0:
             self.empty_files.append(src.path)
 
     def _hf_tasks(self, src: SourceFile, record: dict) -> Iterator[Task]:
-        rows = iter_hf(src, self.opts)
+        n = yield from self._record_tasks(src, iter_hf(src, self.opts))
+        record.update(bytes=None, sha256=None, records=n, hf_split=src.hf_split)
+
+    def _record_tasks(self, src: SourceFile, values: Iterable[object], bytes_per_record: float = 0.0):
+        """Records grouped into tasks of about task_bytes characters; returns how many records there were."""
         batch, chars, first, n = [], 0, 1, 0
-        for n, value in enumerate(rows, 1):
+
+        def task() -> Task:
+            share = round(n * bytes_per_record) - round((first - 1) * bytes_per_record)  # progress, in file bytes
+            return Task(src.path, src.format, batch, first, split=self._split_of(src, False), raw_bytes=share)
+
+        for n, value in enumerate(values, 1):
             batch.append(value)
             chars += len(value) if isinstance(value, str) else 0
             if chars >= self.opts.task_bytes:
-                yield Task(src.path, "hf", batch, first, split=self._split_of(src, False))
+                yield task()
                 batch, chars, first = [], 0, n + 1
         if batch:
-            yield Task(src.path, "hf", batch, first, split=self._split_of(src, False))
-        record.update(bytes=None, sha256=None, records=n, hf_split=src.hf_split)
+            yield task()
+        return n
 
 
 def iter_hf(src: SourceFile, opts: ReadOptions) -> Iterator[object]:
