@@ -67,9 +67,14 @@ def test_documents_end_with_eos_and_split_by_document(tmp_path, stories):
     assert sum(meta["splits"][s]["tokens"] for s in meta["splits"]) == train.size + val.size
 
 
-def test_output_does_not_depend_on_worker_count(tmp_path, stories):
+def test_output_does_not_depend_on_worker_count_and_progress_is_shown(tmp_path, stories, capsys):
     one = run(tmp_path, "one", source=str(stories), doc_split="line", workers=1)
-    two = run(tmp_path, "two", source=str(stories), doc_split="line", workers=2)
+    capsys.readouterr()
+    two = prepare({"tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 4, "val_fraction": 0.2, "workers": 2,
+                   "task_bytes": 2048, "source": str(stories), "doc_split": "line"}, tmp_path / "two", progress=True)
+    bar = capsys.readouterr().err
+    assert "tokenize: 100%" in bar and f"{stories.stat().st_size / 1000:.1f}k/{stories.stat().st_size / 1000:.1f}k" \
+        in bar  # the bar counts source bytes and ends at the file size
     for split in ("train", "val"):
         assert np.array_equal(tokens(one, split), tokens(two, split))
     assert (one / "tokenizer.json").read_bytes() == (two / "tokenizer.json").read_bytes()
