@@ -24,6 +24,14 @@ export PYTHONUNBUFFERED=1
 export LM_ENTRY="${LM_ENTRY:-lm.train}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_extensions/$(hostname -s)}"
 
+lm_usage() {  # the header comment of a launch script is its help
+  awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$1"
+}
+
+# Sourced without arguments, this file sees the calling script's own: `launch/X.sh --help` helps
+# (lm-train's Hydra help stays one command away: `lm-train --help`).
+case "${1:-}" in -h | --help) lm_usage "$0"; exit 0 ;; esac
+
 lm_die() {
   echo "lm launch: $*" >&2
   exit 2
