@@ -27,8 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def pick_baseline(variants: list, wanted) -> int:
-    if wanted is None:
-        return 0
+    if wanted is None:  # the first variant that has a finished run
+        return next((i for i, v in enumerate(variants) if v.ok_runs), 0)
     matches = [i for i, v in enumerate(variants) if wanted in v.label]
     if len(matches) != 1:
         labels = ", ".join(repr(v.label) for v in variants)

@@ -73,7 +73,8 @@ def value_at(points: list, step: float, window: float) -> Optional[float]:
     """Mean of the points in (step - window, step]; else the first point after step."""
     if not points:
         return None
-    inside = [v for s, v in points if step - window < s <= step]
+    # window 0 (validation): the evaluation at `step` itself, else the next one
+    inside = [v for s, v in points if (step - window < s <= step if window else s == step)]
     if inside:
         return sum(inside) / len(inside)
     after = [v for s, v in points if s > step]

@@ -106,23 +106,32 @@ def group_variants(runs: list) -> list:
     return list(variants.values())
 
 
+def unresolved(v: Any) -> bool:
+    """A cell that failed before writing its resolved config.yaml leaves only Hydra's
+    .hydra/config.yaml, whose interpolations (`${oc.env:LM_CACHE,...}/data/${.name}`) cannot be
+    compared with resolved values."""
+    return isinstance(v, str) and "${" in v
+
+
 def setup_of(run: Run) -> dict:
     return {k: v for k, v in flatten(run.config).items()
-            if SETUP.search(k) and not IGNORED.search(k) and not NOT_SETUP.search(k)}
+            if SETUP.search(k) and not IGNORED.search(k) and not NOT_SETUP.search(k) and not unresolved(v)}
 
 
 def check_comparable(runs: list) -> None:
     """Raise when runs differ in data or budget (lm-report --force skips this check)."""
     setups = [setup_of(r) for r in runs if r.config]
     keys = sorted({k for s in setups for k in s})
-    differing = {k: sorted({repr(s.get(k)) for s in setups}) for k in keys if len({repr(s.get(k)) for s in setups}) > 1}
+    # a key a run does not have (or has unresolved) is unknown there, not a difference
+    values = {k: sorted({repr(s[k]) for s in setups if k in s}) for k in keys}
+    differing = {k: vals for k, vals in values.items() if len(vals) > 1}
     if not differing:
         return
     lines = []
     for k, vals in differing.items():
         examples = []
         for v in vals:
-            run = next(r for r in runs if r.config and repr(setup_of(r).get(k)) == v)
+            run = next(r for r in runs if r.config and k in setup_of(r) and repr(setup_of(r)[k]) == v)
             examples.append(f"{v} ({run.path})")
         lines.append(f"  {k}: " + " vs ".join(examples))
     raise ReportError(

@@ -1,0 +1,52 @@
+"""The submitit launchers of lm sweeps (conf/hydra/launcher/local_gpus.yaml and slurm.yaml):
+hydra-submitit-launcher's, with the changes that lm/report/launchers.py explains. Needs the
+`slurm` extra: pip install -e '.[slurm]'."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
+
+from lm.report.launchers import InCellProcess, KeepGoing, claim_slot, visible_gpus
+
+log = logging.getLogger("lm")
+
+
+class LocalGPUs(InCellProcess, KeepGoing, LocalLauncher):
+    """Every cell starts at once as its own process; each runs when it holds a free GPU (or one
+    of `cpu_slots` slots on a machine without GPUs)."""
+
+    def __init__(self, cpu_slots: int = 1, poll_s: float = 2.0, **params: Any) -> None:
+        if int(cpu_slots) < 1:
+            raise ValueError(f"hydra.launcher.cpu_slots={cpu_slots} must be >= 1")
+        self.cpu_slots, self.poll_s = int(cpu_slots), float(poll_s)
+        self.slots: Optional[list] = None
+        self.lock_dir: Optional[str] = None
+        super().__init__(**params)
+
+    def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
+        # In the parent: a cell's own CUDA_VISIBLE_DEVICES is what submitit set (empty), not the user's.
+        gpus = visible_gpus()
+        self.slots = [f"gpu{g}" for g in gpus] if gpus else [f"cpu{i}" for i in range(self.cpu_slots)]
+        self.lock_dir = str(Path(str(self.config.hydra.sweep.dir)) / ".gpu_locks")
+        log.info("local_gpus: %s", f"one cell per GPU on {','.join(gpus)}" if gpus
+                 else f"no GPU found; {self.cpu_slots} cell(s) at a time on the CPU")
+        return super().launch(job_overrides, initial_job_idx)
+
+    def __call__(self, sweep_overrides: list, job_dir_key: str, job_num: int, job_id: str, singleton_state: Any):
+        slot, held = claim_slot(self.slots, Path(self.lock_dir), job_num, self.poll_s)
+        try:
+            if slot.startswith("gpu"):
+                os.environ["CUDA_VISIBLE_DEVICES"] = slot[len("gpu"):]
+            log.info("cell %d runs on %s", job_num, slot)
+            return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        finally:
+            held.close()
+
+
+class Slurm(InCellProcess, KeepGoing, SlurmLauncher):
+    """One SLURM array task per cell (submitit's `array_parallelism` caps how many run at once)."""
