@@ -18,7 +18,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -54,6 +54,9 @@ class FinetuneSchema:
     skip_missing: bool = False  # run only tasks whose data is local (the GLUE score is then partial)
     pooling: Optional[str] = None  # first | last | mean; None = first for encoders, last otherwise
     eval_batch_size: int = 128
+    # {task or "all": {field: value}} on top of each task's preset, e.g. per_task.all.lr=3e-4 or
+    # per_task.sst2.epochs=1: with task=glue/all every task runs its own preset, so task.<field> does not reach it.
+    per_task: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 def register() -> None:
@@ -92,7 +95,7 @@ def finetune(cfg: DictConfig):
                       micro_batch_size=tcfg.micro_batch_size, eval_batch_size=cfg.eval_batch_size,
                       log_interval=tcfg.log_interval, logger=logger, predict_test=cfg.predict_test,
                       save_best=cfg.save_best, hf=cfg.hf, skip_missing=cfg.skip_missing, pooling=cfg.pooling,
-                      config=config)
+                      config=config, per_task=OmegaConf.to_container(cfg.per_task, resolve=True))
     return finetune_glue(cfg.task, backbone, opts)
 
 

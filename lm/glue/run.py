@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from lm.config import GlueTaskConfig, LoggerConfig
+from lm.config import ConfigError, GlueTaskConfig, LoggerConfig
 from lm.glue.init import Backbone, build_classifier
 from lm.glue.presets import expand
 from lm.glue.readers import GlueDataMissing, split_path
@@ -46,6 +46,20 @@ class RunOptions:
     skip_missing: bool = False  # skip tasks without local train/dev data (the GLUE score is then partial)
     pooling: Optional[str] = None
     config: Optional[Dict] = None  # the job's resolved config, for the trackers
+    per_task: Optional[Dict[str, Dict]] = None  # {task or "all": {field: value}} on top of the presets
+
+
+def with_overrides(t: GlueTaskConfig, per_task: Dict[str, Dict]) -> GlueTaskConfig:
+    """A task preset with per_task["all"] then per_task[<task>] applied, validated again."""
+    from lm.config import validate_glue_task
+
+    fields = {**(per_task.get("all") or {}), **(per_task.get(t.name) or {})}
+    unknown = sorted(set(fields) - set(vars(t)))
+    if unknown:
+        raise ConfigError(f"per_task: unknown task field(s) {unknown}; allowed: {sorted(vars(t))}")
+    t = replace(t, **fields)
+    validate_glue_task(t)
+    return t
 
 
 def check_data(tasks: List[GlueTaskConfig]) -> Dict[str, str]:
@@ -65,7 +79,7 @@ def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, 
     """Run every task of `task_node` (one task, or glue/all) for each of its seeds; returns the summary."""
     from lm.glue.tasks import DOWNLOAD_HINT
 
-    tasks = expand(task_node)
+    tasks = [with_overrides(t, opts.per_task or {}) for t in expand(task_node)]
     missing = check_data(tasks)
     if missing and not opts.skip_missing and not opts.hf:
         lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())

@@ -1,0 +1,196 @@
+"""lm-finetune end to end on CPU: it learns an easy task, starts from an lm-train checkpoint or an export,
+writes results and the leaderboard's files, runs MNLI/QQP/AX from official-format fixtures, and refuses
+bad input (missing data, a foreign tokenizer, an unknown task field) with messages that name the fix.
+
+The easy task is SST-2-shaped (official TSV layout, written to tmp): a sentence is positive when it
+holds one of four positive words, negative when it holds one of four negative words, among neutral
+filler; a bag-of-words model separates it, so a tiny decoder reaches far above chance in a few epochs.
+"""
+
+import csv
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf, open_dict
+
+from lm.config import ConfigError, conf_dir
+from lm.finetune import finetune, register
+from lm.glue.init import InitError, load_backbone
+from lm.glue.readers import GlueDataMissing
+from lm.glue.submission import check_submission
+
+FIXTURES = Path(__file__).parent / "fixtures" / "glue"
+POS, NEG = ["great", "lovely", "superb", "wonderful"], ["awful", "boring", "dreadful", "terrible"]
+FILLER = "the a film movie story plot actors scene was is and it this really quite".split()
+TINY = ["model=tiny", "model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2"]
+
+
+def sentence(rng, label):
+    words = rng.choices(FILLER, k=rng.randint(3, 8))
+    words.insert(rng.randrange(len(words) + 1), rng.choice(POS if label else NEG))
+    return " ".join(words)
+
+
+def write_tsv(path, header, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, lineterminator="\n")
+        w.writerows([header, *rows])
+
+
+@pytest.fixture(scope="module")
+def easy_glue(tmp_path_factory):
+    """glue_data/SST-2/{train,dev,test}.tsv of the easy task: 400 train, 100 dev, 30 test."""
+    root = tmp_path_factory.mktemp("glue_data")
+    rng = random.Random(0)
+    for split, n in (("train", 400), ("dev", 100)):
+        labels = [i % 2 for i in range(n)]
+        write_tsv(root / "SST-2" / f"{split}.tsv", ["sentence", "label"], [[sentence(rng, y), y] for y in labels])
+    write_tsv(root / "SST-2" / "test.tsv", ["index", "sentence"], [[i, sentence(rng, i % 2)] for i in range(30)])
+    return root
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, easy_glue):
+    """A 3-step lm-train run (single engine) on a BPE tokenizer of 320 tokens; returns its run dir."""
+    from lm.config import register_train_configs
+    from lm.train import train
+
+    work = tmp_path_factory.mktemp("pretrain")
+    rng = random.Random(1)
+    text = "\n".join(sentence(rng, i % 2) for i in range(600)) + "\n"
+    (work / "corpus.txt").write_text(text)
+    register_train_configs()
+    overrides = [*TINY, f"run_dir={work / 'run'}", "train.max_steps=3", "train.seq_len=32", "train.micro_batch_size=4",
+                 "train.eval_interval=0", "train.eval_batches=1", "train.ckpt_interval=3", "train.progress=false"]
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = compose(config_name="train", overrides=overrides)
+    with open_dict(cfg):
+        cfg.data = OmegaConf.create({"name": "easy", "dir": str(work / "data"), "source": str(work / "corpus.txt"),
+                                     "tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 0, "workers": 1,
+                                     "val_fraction": 0.1, "doc_split": "line"})
+    train(cfg)
+    return work
+
+
+def finetune_cfg(run_dir, overrides):
+    register()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose(config_name="finetune", overrides=[f"run_dir={run_dir}", "hf=false", "train.progress=false",
+                                                          *overrides])
+
+
+def easy_task(root, **task):
+    fields = {"epochs": 6, "lr": 3e-3, "batch_size": 16, "max_len": 24, "seeds": [0], **task}
+    return ["task=glue/sst2", f"task.data_root={root}", *(f"task.{k}={v}" for k, v in fields.items())]
+
+
+def dev_acc(run_dir, seed="0"):
+    return json.loads((Path(run_dir) / "results.json").read_text())["columns"]["sst2"]["seeds"][seed]["acc"]
+
+
+def test_scratch_finetune_learns_the_easy_task_and_writes_its_files(tmp_path, easy_glue, pretrained):
+    run_dir = tmp_path / "ft"
+    cfg = finetune_cfg(run_dir, ["init=none", *TINY, f"tokenizer={pretrained / 'data'}", *easy_task(easy_glue)])
+    summary = finetune(cfg)
+    acc = dev_acc(run_dir)
+    assert acc > 85.0, f"dev accuracy {acc} on a task a bag of words solves (chance is 50)"
+    assert summary["tasks"]["sst2"]["runs"]["0"]["best_epoch"] >= 1
+    history = summary["tasks"]["sst2"]["runs"]["0"]["history"]
+    assert len(history) == 6 and max(h["main"] for h in history) == pytest.approx(acc)
+    # The leaderboard's file: header, 30 rows keyed 0..29, label strings "0"/"1".
+    assert check_submission(run_dir / "submission", names=["sst2"], expected_rows={"sst2": 30}) == []
+    rows = (run_dir / "submission" / "SST-2.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 31 and {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
+    assert "| SST-2 | acc |" in (run_dir / "results.md").read_text()
+    metrics = [json.loads(line) for line in (run_dir / "sst2" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics if "epoch" in m] == [1, 2, 3, 4, 5, 6]
+
+
+def test_finetune_from_an_lm_train_checkpoint_uses_its_weights_and_tokenizer(tmp_path, easy_glue, pretrained):
+    from lm.checkpoint import consolidated_state_dict, resolve
+
+    backbone = load_backbone(str(pretrained / "run"))
+    assert backbone.tokenizer.sha256 == json.loads((pretrained / "data" / "meta.json").read_text())["tokenizer"]["sha256"]
+    ckpt = consolidated_state_dict(resolve(pretrained / "run"))
+    from lm.glue.init import build_classifier
+
+    model = build_classifier(backbone, n_labels=2, dropout=0.1)
+    emb = model.backbone.embed.tok.weight
+    assert emb.shape == ckpt["embed.tok.weight"].shape and bool((emb == ckpt["embed.tok.weight"]).all())
+    run_dir = tmp_path / "ft"
+    finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", *easy_task(easy_glue, epochs=4)]))
+    assert dev_acc(run_dir) > 80.0
+    assert (run_dir / "submission" / "SST-2.tsv").is_file()
+
+
+def test_init_from_an_lm_export_directory(tmp_path, pretrained):
+    from lm.checkpoint import export
+
+    out = export(pretrained / "run", tmp_path / "export", hf=False)
+    with pytest.raises(InitError, match="needs tokenizer="):  # an export alone carries no tokenizer
+        load_backbone(str(out))
+    backbone = load_backbone(str(out), tokenizer=str(pretrained / "data"))
+    assert backbone.state_dict is not None and backbone.model_cfg.vocab_size == 320
+
+
+def test_a_foreign_tokenizer_is_refused(tmp_path, pretrained):
+    from lm.data.tokenizer import train as train_tokenizer
+
+    other = train_tokenizer("bpe", ["completely different text " * 50, "zebra quantum xylophone"], vocab_size=300,
+                            n_sentinels=0)
+    other.save(tmp_path / "tokenizer.json")
+    with pytest.raises(InitError, match="not the tokenizer .* was pretrained with"):
+        load_backbone(str(pretrained / "run"), tokenizer=str(tmp_path / "tokenizer.json"))
+    big = train_tokenizer("bpe", [sentence(random.Random(i), 1) for i in range(200)] + ["x" * 10] * 5, vocab_size=400,
+                          n_sentinels=0)
+    if big.vocab_size <= 320:
+        pytest.fail(f"test setup: the big tokenizer has only {big.vocab_size} tokens")
+    big.save(tmp_path / "big.json")
+    cfg = finetune_cfg(tmp_path / "x", ["init=none", *TINY, f"tokenizer={tmp_path / 'big.json'}"])
+    with pytest.raises(InitError, match=r"has \d+ tokens but model.vocab_size=320.*set model.vocab_size=384"):
+        finetune(cfg)
+
+
+def test_missing_task_directory_names_the_path_and_how_to_get_it(tmp_path, pretrained):
+    cfg = finetune_cfg(tmp_path / "x", [f"init={pretrained / 'run'}", "task=glue/rte", f"task.data_root={tmp_path}"])
+    with pytest.raises(GlueDataMissing) as e:
+        finetune(cfg)
+    assert str(tmp_path / "RTE" / "train.tsv") in str(e.value) and "download_glue_data.py" in str(e.value)
+    assert not (tmp_path / "x" / "results.json").exists()
+
+
+def test_missing_init_and_unknown_task_field_are_config_errors(tmp_path, pretrained):
+    with pytest.raises(ConfigError, match="init=<lm-train run dir"):
+        finetune(finetune_cfg(tmp_path, []))
+    with pytest.raises(InitError, match="no such directory"):
+        finetune(finetune_cfg(tmp_path, [f"init={tmp_path / 'nope'}"]))
+    cfg = finetune_cfg(tmp_path, [f"init={pretrained / 'run'}", f"task.data_root={FIXTURES}", "task=glue/qqp",
+                                  "+per_task.all.epoch=2"])
+    with pytest.raises(ConfigError, match=r"unknown task field\(s\) \['epoch'\]"):
+        finetune(cfg)
+
+
+def test_mnli_qqp_and_ax_from_official_format_fixtures(tmp_path, pretrained):
+    """glue/all over the fixture tasks: MNLI (matched + mismatched + AX from its model) and QQP."""
+    run_dir = tmp_path / "all"
+    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=glue/all", "task.tasks=[qqp,mnli]",
+                                 f"task.data_root={FIXTURES}", "+per_task.all.epochs=1", "+per_task.all.seeds=[0,1]"])
+    summary = finetune(cfg)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert list(results["columns"]) == ["qqp", "mnli_m", "mnli_mm"]
+    assert set(results["columns"]["mnli_m"]["seeds"]) == {"0", "1"}
+    for col in ("mnli_m", "mnli_mm"):
+        assert 0.0 <= results["columns"][col]["median"]["acc"] <= 100.0
+    assert results["glue"]["partial"] and set(results["glue"]["missing_tasks"]) == {"cola", "sst2", "mrpc", "stsb",
+                                                                                       "qnli", "rte", "wnli"}
+    rows = {"qqp": 4, "mnli_m": 3, "mnli_mm": 2, "ax": 4}  # the fixtures' test rows
+    assert check_submission(run_dir / "submission", names=list(rows), expected_rows=rows) == []
+    ax = (run_dir / "submission" / "AX.tsv").read_text().splitlines()
+    assert ax[0] == "index\tprediction" and {r.split("\t")[1] for r in ax[1:]} <= {"entailment", "neutral",
+                                                                                    "contradiction"}
+    assert summary["submission"]["AX"]["seed"] == summary["tasks"]["mnli"]["best_seed"]
+    assert not (run_dir / "submission.zip").exists()  # 4 of 11 files: not a complete submission
