@@ -125,3 +125,40 @@ def test_single_run_gets_a_run_card(tmp_path, capsys):
     assert "ffn:" in md and '"glue_score": 77.5' in md
     html = (d / "report" / "card.html").read_text()
     assert html.count("data:image/png;base64,") == 1
+
+
+def test_early_validation_loss_is_the_evaluation_at_one_eighth(tmp_path):
+    from lm.report.summary import early_final_loss
+
+    run = load_run(make_run(tmp_path / "r", max_steps=400, val_every=50))
+    # 1/8 of 400 steps is step 50, where the first evaluation is (not the next one, at 100)
+    assert early_final_loss(run) == ("val_loss", pytest.approx(loss_at(50, 0) + 0.1), pytest.approx(loss_at(400, 0) + 0.1))
+
+
+def test_a_cell_that_failed_before_resolving_its_config_is_still_comparable(tmp_path):
+    """A failed Hydra cell has only .hydra/config.yaml, with interpolations where finished runs have values."""
+    make_run(tmp_path / "1", ffn="gelu")
+    make_run(tmp_path / "2", ffn="swiglu")
+    bad = tmp_path / "0"
+    (bad / ".hydra").mkdir(parents=True)
+    cfg = yaml.safe_load((tmp_path / "1" / "config.yaml").read_text())
+    cfg["data"]["dir"] = "${oc.env:LM_CACHE,'~/.cache/lm'}/data/${.name}"
+    (bad / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (bad / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model.n_heads=3"]))
+    (bad / "error.txt").write_text("logged errors:\nConfigError: model.dim=64 is not divisible by model.n_heads=3\n")
+    runs = load_runs([tmp_path])
+    check_comparable(runs)  # the unresolved data.dir is unknown there, not different
+    cfg["data"]["name"] = "tinystories"
+    (bad / ".hydra" / "config.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ReportError, match="data.name"):  # resolved values still count
+        check_comparable(load_runs([tmp_path]))
+
+
+def test_default_baseline_is_the_first_variant_that_finished(tmp_path):
+    make_run(tmp_path / "0", ffn="relu", stop_at=20)
+    make_run(tmp_path / "1", ffn="gelu")
+    make_run(tmp_path / "2", ffn="swiglu", offset=-0.1)
+    assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "out" / "report.csv")))
+    assert [r["variant"] for r in rows] == ["model/ffn=relu", "model/ffn=gelu", "model/ffn=swiglu"]
+    assert rows[1]["final_loss_delta"] == "" and float(rows[2]["final_loss_delta"]) == pytest.approx(-0.1)

@@ -1,0 +1,102 @@
+"""The sweep machinery in one process: a failing cell's exit becomes its failure, its logged reason
+lands in error.txt (and in lm-report), GPU slots are exclusive, and a cell's train.log handler goes
+away with the cell."""
+
+import logging
+import threading
+import time
+
+import pytest
+from hydra.core.utils import JobReturn, JobStatus
+from omegaconf import OmegaConf
+
+from lm.report.callbacks import DetachRunLogs, RecordFailure
+from lm.report.launchers import CellExited, ExitAsError, claim_slot, visible_gpus
+from lm.report.runs import load_run
+
+
+def test_exit_becomes_the_cells_failure():
+    def bad_config(cfg):
+        raise SystemExit(1)
+
+    def ok(cfg):
+        return cfg * 2
+
+    with pytest.raises(CellExited, match="exited with status 1"):
+        ExitAsError(bad_config)(None)
+    assert ExitAsError(ok)(21) == 42
+    assert ExitAsError(lambda cfg: (_ for _ in ()).throw(SystemExit(0)))(None) is None
+    with pytest.raises(ValueError, match="real"):  # other exceptions pass through for Hydra to record
+        ExitAsError(lambda cfg: (_ for _ in ()).throw(ValueError("real")))(None)
+
+
+def _job_config(run_dir):
+    return OmegaConf.create({"run_dir": str(run_dir), "hydra": {"overrides": {"task": ["model.n_heads=3", "seed=0"]},
+                                                                "runtime": {"output_dir": str(run_dir)}}})
+
+
+def test_record_failure_writes_the_logged_reason(tmp_path):
+    cb = RecordFailure()
+    cfg = _job_config(tmp_path / "3")
+    cb.on_job_start(config=cfg)
+    logging.getLogger("lm").error("%s: %s", "ConfigError", "model.dim=64 is not divisible by model.n_heads=3")
+    ret = JobReturn(status=JobStatus.FAILED, _return_value=CellExited("the cell exited with status 1"))
+    cb.on_job_end(config=cfg, job_return=ret)
+    text = (tmp_path / "3" / "error.txt").read_text()
+    assert text.startswith("overrides: model.n_heads=3 seed=0\n")
+    assert "CellExited: the cell exited with status 1" in text
+    assert text.endswith("logged errors:\nConfigError: model.dim=64 is not divisible by model.n_heads=3\n")
+    run = load_run(tmp_path / "3")
+    assert run.status == "failed" and run.reason == "ConfigError: model.dim=64 is not divisible by model.n_heads=3"
+    # the listener left with the cell: a later error is not collected
+    assert not [h for h in logging.getLogger("lm").handlers if type(h).__name__ == "_ErrorLines"]
+
+
+def test_record_failure_ignores_finished_cells(tmp_path):
+    cb = RecordFailure()
+    cfg = _job_config(tmp_path / "0")
+    cb.on_job_start(config=cfg)
+    cb.on_job_end(config=cfg, job_return=JobReturn(status=JobStatus.COMPLETED, _return_value=None))
+    assert not (tmp_path / "0").exists()
+
+
+def test_detach_run_logs_closes_only_this_cells_files(tmp_path):
+    lm_log = logging.getLogger("lm")
+    (tmp_path / "0").mkdir()
+    (tmp_path / "other").mkdir()
+    mine = logging.FileHandler(tmp_path / "0" / "train.log")
+    other = logging.FileHandler(tmp_path / "other" / "train.log")
+    lm_log.addHandler(mine)
+    lm_log.addHandler(other)
+    try:
+        DetachRunLogs().on_job_end(config=_job_config(tmp_path / "0"), job_return=None)
+        assert mine not in lm_log.handlers and mine.stream is None  # closed
+        assert other in lm_log.handlers
+    finally:
+        for h in (mine, other):
+            lm_log.removeHandler(h)
+            h.close()
+
+
+def test_slots_are_exclusive_and_freed_on_close(tmp_path):
+    slot_a, held_a = claim_slot(["gpu0", "gpu1"], tmp_path, job_num=0)
+    slot_b, held_b = claim_slot(["gpu0", "gpu1"], tmp_path, job_num=0)  # gpu0 is taken: the other one
+    assert (slot_a, slot_b) == ("gpu0", "gpu1")
+    got = {}
+    t = threading.Thread(target=lambda: got.update(slot=claim_slot(["gpu0", "gpu1"], tmp_path, 2, poll_s=0.02)))
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive() and not got  # both GPUs busy: the third cell waits
+    held_b.close()
+    t.join(timeout=5)
+    assert got["slot"][0] == "gpu1"
+    got["slot"][1].close()
+    held_a.close()
+
+
+def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
+    assert visible_gpus() == ["2", "5"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: no GPU
+    assert visible_gpus() == []

@@ -1,0 +1,78 @@
+"""Real `lm-train -m` sweeps on the tiny model and real data, with one impossible cell: the other
+cells still run, and lm-report marks the bad cell failed and says why. Slow (a few tiny trainings,
+and the local_gpus launcher starts a Python process per cell)."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lm.report.cli import main as report
+
+pytestmark = pytest.mark.slow
+
+TINY = ["train.max_steps=4", "train.log_interval=2", "train.eval_interval=2", "train.eval_batches=2",
+        "train.ckpt_interval=0", "train.keep_last=1", "train.micro_batch_size=4", "train.seq_len=32"]
+BAD_REASON = "ConfigError: model.dim=64 is not divisible by model.n_heads=3"
+
+
+def sweep(tmp_path, *overrides, pin_dir=True):
+    env = dict(os.environ, OMP_NUM_THREADS="1", LM_CACHE=os.environ.get("LM_CACHE", os.path.expanduser("~/.cache/lm")))
+    env.pop("LM_RUN_STAMP", None)
+    pin = [f"hydra.sweep.dir={tmp_path / 'sweep'}"] if pin_dir else []  # else runs/<logger.group> under tmp_path
+    cmd = [sys.executable, "-m", "lm.train", "-m", "experiment=ablate_base", *pin, *TINY, *overrides]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+
+def last_step(cell) -> int:
+    lines = [json.loads(l) for l in (cell / "metrics.jsonl").read_text().splitlines()]
+    return max(e["step"] for e in lines)
+
+
+def check_report(tmp_path, ok_labels, sweep_dir=None):
+    sweep_dir = sweep_dir or tmp_path / "sweep"
+    assert report([str(sweep_dir), "-o", str(tmp_path / "report")]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    rows = {l.split("|")[1].strip(): l for l in md.splitlines() if l.startswith("| `")}
+    assert f"FAILED: {BAD_REASON}" in rows["`model.n_heads=3`"]
+    assert rows["`model.n_heads=3`"].split("|")[2].strip() == "0/1"
+    assert f"- `{sweep_dir / '0'}`: {BAD_REASON}" in md
+    for label in ok_labels:
+        assert rows[f"`{label}`"].rstrip(" |").endswith("| ok")
+    assert "(baseline)" in rows[f"`{ok_labels[0]}`"]  # the first variant that finished
+    per_run = {r["run"]: r for r in csv.DictReader(open(tmp_path / "report" / "runs.csv"))}
+    assert per_run[str(sweep_dir / "0")]["status"] == "failed"
+    return md
+
+
+def test_sequential_sweep_goes_on_past_a_failed_cell(tmp_path):
+    out = sweep(tmp_path, "model.n_heads=3,4,2")
+    assert out.returncode != 0, "Hydra raises the failed cell's error once every cell has run"
+    assert "CellExited" in out.stderr
+    cells = [tmp_path / "sweep" / str(i) for i in range(3)]
+    assert (cells[0] / "error.txt").read_text().rstrip().endswith(BAD_REASON + "; choose n_heads among "
+                                                                   "[1, 2, 4, 8, 16, 32, 64] or set model.head_dim")
+    assert not (cells[0] / "metrics.jsonl").exists()
+    assert last_step(cells[1]) == 4 and last_step(cells[2]) == 4
+    # each train.log holds its own cell's lines only (lm-train's handler leaves with the cell)
+    for i in (1, 2):
+        log = (cells[i] / "train.log").read_text()
+        assert f"run_dir {cells[i]}" in log and f"run_dir {cells[3 - i]}" not in log
+    assert "- model.n_heads=2" in (cells[2] / "config.yaml").read_text()  # the cell's overrides are its wandb tags
+    check_report(tmp_path, ["model.n_heads=4", "model.n_heads=2"])
+
+
+def test_local_gpus_launcher_on_a_machine_without_gpus(tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra (in dev too)")
+    out = sweep(tmp_path, "hydra/launcher=local_gpus", "model.n_heads=3,4", "hydra.launcher.poll_s=0.2", pin_dir=False)
+    assert "no GPU found; 1 cell(s) at a time on the CPU" in out.stdout + out.stderr
+    # each cell is its own process, yet all resolve the sweep's one ${lm.stamp:}: one directory, one group
+    (sweep_dir,) = (tmp_path / "runs").iterdir()
+    cells = [sweep_dir / str(i) for i in range(2)]
+    assert BAD_REASON in (cells[0] / "error.txt").read_text()
+    assert last_step(cells[1]) == 4
+    assert f"  group: {sweep_dir.name}\n" in (cells[1] / "config.yaml").read_text()
+    check_report(tmp_path, ["model.n_heads=4"], sweep_dir)
