@@ -1,0 +1,66 @@
+"""AdamW parameter groups, LR schedules, and the precision / activation-checkpointing / compile options."""
+
+import math
+
+import pytest
+import torch
+
+from lm.config import OptimConfig, SchedConfig, compose_model
+from lm.model import build_model
+from lm.optim import adamw, lr_multiplier, param_groups
+from lm.train import train
+from tests.engine_support import compose, loaders, tiny_overrides, train_losses
+
+
+def test_no_weight_decay_on_norms_biases_and_embeddings():
+    model = build_model(compose_model("tiny"))
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    assert decayed and all(n.endswith(".weight") and "norm" not in n and "emb" not in n for n in decayed)
+    assert {names[id(p)] for p in no_decay["params"]} >= {n for n in names.values() if n.endswith(".bias")}
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))  # tied head once
+    assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.1
+    assert adamw(model, OptimConfig(weight_decay=0.1)).param_groups[0]["weight_decay"] == 0.1
+
+
+@pytest.mark.parametrize("kind, expected", [
+    # warmup 4 of 20 steps, floor 0.1: (step + 1) / 5 during warmup, then the decay reaches 0.1 at step 19
+    ("constant", {0: 0.2, 3: 0.8, 4: 1.0, 19: 1.0}),
+    ("linear", {0: 0.2, 4: 1.0, 19: 0.1, 11: 1.0 - 0.9 * 7 / 15}),
+    ("cosine", {0: 0.2, 4: 1.0, 19: 0.1, 11: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 7 / 15))}),
+    ("wsd", {4: 1.0, 15: 1.0, 16: 1.0, 19: 0.1, 17: 1.0 - 0.9 * 1 / 3}),  # decay over the last 20% = 4 steps
+])
+def test_schedules(kind, expected):
+    sched = SchedConfig(kind=kind, warmup_steps=4, min_lr_ratio=0.1, decay_fraction=0.2)
+    for step, value in expected.items():
+        assert lr_multiplier(step, sched, 20) == pytest.approx(value), (kind, step)
+
+
+def run(tmp_path, *extra, steps=4):
+    cfg = compose(tiny_overrides(tmp_path, steps) + list(extra))
+    train(cfg, loaders=loaders(cfg))
+    return train_losses(tmp_path)
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path):
+    plain = run(tmp_path / "plain")
+    recomputed = run(tmp_path / "ckpt", "model.activation_checkpointing=true")
+    assert max(abs(plain[s] - recomputed[s]) for s in plain) < 1e-6
+
+
+@pytest.mark.parametrize("precision, tol", [("bf16", 0.05), ("fp16", 0.02)])
+def test_mixed_precision_tracks_fp32(tmp_path, precision, tol):
+    """Autocast bf16, and fp16 with dynamic loss scaling, follow the fp32 run to rounding."""
+    fp32 = run(tmp_path / "fp32")
+    low = run(tmp_path / precision, f"train.precision={precision}")
+    assert all(math.isfinite(v) for v in low.values())
+    assert max(abs(fp32[s] - low[s]) for s in fp32) < tol, (fp32, low)
+
+
+@pytest.mark.slow
+def test_compiled_model_gives_the_same_losses(tmp_path):
+    torch._dynamo.reset()
+    plain = run(tmp_path / "eager")
+    compiled = run(tmp_path / "compiled", "train.compile=true")
+    assert max(abs(plain[s] - compiled[s]) for s in plain) < 1e-4
