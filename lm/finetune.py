@@ -95,7 +95,7 @@ def finetune(cfg: DictConfig):
                       micro_batch_size=tcfg.micro_batch_size, eval_batch_size=cfg.eval_batch_size,
                       log_interval=tcfg.log_interval, logger=logger, predict_test=cfg.predict_test,
                       save_best=cfg.save_best, hf=cfg.hf, skip_missing=cfg.skip_missing, pooling=cfg.pooling,
-                      config=config, per_task=OmegaConf.to_container(cfg.per_task, resolve=True))
+                      config=config, is_main=dist.is_main, per_task=OmegaConf.to_container(cfg.per_task, resolve=True))
     return finetune_glue(cfg.task, backbone, opts)
 
 

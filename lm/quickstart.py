@@ -55,7 +55,7 @@ def glue_sentences(out_dir: Path, tasks: List[str], root=None) -> Path:
     path = out_dir / "glue_train_sentences.txt"
     lines = []
     for t in tasks:
-        for e in load_split(t, "train", root, hf=False):
+        for e in load_split(t, "train", root):  # the local TSV, else the Hugging Face copy
             lines += [s for s in (e.text_a, e.text_b) if s]
     atomic_write_text(path, "\n".join(x.replace("\n", " ") for x in lines) + "\n")
     return path
@@ -92,7 +92,7 @@ def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: Li
     from lm.finetune import finetune as run, register
 
     register()
-    overrides = [f"init={init}", f"run_dir={out}", "task=glue/all", f"task.tasks=[{','.join(tasks)}]", "hf=false",
+    overrides = [f"init={init}", f"run_dir={out}", "task=glue/all", f"task.tasks=[{','.join(tasks)}]",
                  *MODEL, *([f"tokenizer={tokenizer}"] if tokenizer else []), f"+per_task.all.seeds=[{','.join(map(str, seeds))}]",
                  *(f"+per_task.{t}.epochs={QUICK_EPOCHS.get(t, 3)}" for t in tasks), *extra]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):

@@ -194,3 +194,29 @@ def test_mnli_qqp_and_ax_from_official_format_fixtures(tmp_path, pretrained):
                                                                                     "contradiction"}
     assert summary["submission"]["AX"]["seed"] == summary["tasks"]["mnli"]["best_seed"]
     assert not (run_dir / "submission.zip").exists()  # 4 of 11 files: not a complete submission
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_checkpoint_finetuned_with_ddp_on_two_ranks(tmp_path, easy_glue):
+    """Pretrain with FSDP2 on 2 ranks (sharded DCP checkpoint), finetune that checkpoint with DDP on 2 ranks."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LM_CACHE": str(tmp_path / "cache")}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "0"]
+    pre = subprocess.run([*torchrun, "-m", "lm.train", "engine=fsdp2", f"run_dir={tmp_path / 'pre'}",
+                          "train.max_steps=3", "train.eval_batches=1", "train.world_size=2"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert pre.returncode == 0, pre.stderr[-3000:]
+    assert json.loads((tmp_path / "pre" / "checkpoints" / "step_00000003" / "trainer.json").read_text()
+                      )["engine"]["format"] == "dcp"
+    ft = subprocess.run([*torchrun, "-m", "lm.finetune", "engine=ddp", f"init={tmp_path / 'pre'}", "hf=false",
+                         f"run_dir={tmp_path / 'ft'}", "train.world_size=2", "train.micro_batch_size=8",
+                         *easy_task(easy_glue, epochs=3, lr=3e-3, max_len=64)],
+                        capture_output=True, text=True, env=env, timeout=900)
+    assert ft.returncode == 0, ft.stderr[-3000:]
+    assert "| SST-2 | acc |" in ft.stdout
+    assert dev_acc(tmp_path / "ft") > 75.0  # character-level tiny Shakespeare model, 3 epochs
+    assert check_submission(tmp_path / "ft" / "submission", names=["sst2"], expected_rows={"sst2": 30}) == []

@@ -47,6 +47,7 @@ class RunOptions:
     pooling: Optional[str] = None
     config: Optional[Dict] = None  # the job's resolved config, for the trackers
     per_task: Optional[Dict[str, Dict]] = None  # {task or "all": {field: value}} on top of the presets
+    is_main: bool = True  # rank 0 writes the files; every rank trains and predicts
 
 
 def with_overrides(t: GlueTaskConfig, per_task: Dict[str, Dict]) -> GlueTaskConfig:
@@ -104,7 +105,8 @@ def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, 
             "runs": {str(r.seed): {"best_epoch": r.best_epoch, "main": r.main, "seconds": round(r.seconds, 1),
                                    "history": r.history} for r in results}}
         for col, preds in best.test.items():
-            write_submission(col, preds, sub_dir, data.test[col].indices)
+            if opts.is_main:
+                write_submission(col, preds, sub_dir, data.test[col].indices)
             info["submission"][EVALS[col].submission] = {"seed": best.seed, "rows": len(preds)}
         for why in data.missing_test:
             log.warning("no submission file for %s", why)
@@ -112,8 +114,9 @@ def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, 
     if not dev:
         raise GlueDataMissing("no GLUE task could run: " + "; ".join(f"{t}: {w}" for t, w in missing.items()))
     info["skipped_tasks"] = missing
-    _zip_if_complete(sub_dir, info)
-    write_results(dev, opts.run_dir, extra={**info, "init": backbone.source})
+    if opts.is_main:
+        _zip_if_complete(sub_dir, info)
+        write_results(dev, opts.run_dir, extra={**info, "init": backbone.source})
     return {"dev": dev, **info}
 
 
