@@ -22,7 +22,7 @@
 # Logs reach SLURM's output file as they are written, not when a buffer fills.
 export PYTHONUNBUFFERED=1
 export LM_ENTRY="${LM_ENTRY:-lm.train}"
-export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torch_extensions/$(hostname -s)}"
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/torch_extensions/$(hostname -s)}"
 
 lm_usage() {  # the header comment of a launch script is its help
   awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$1"

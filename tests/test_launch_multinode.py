@@ -77,20 +77,23 @@ def assert_same_losses(run_dir: Path, reference: Dict[int, float]) -> None:
         assert losses[step] == pytest.approx(loss, abs=1e-5), f"step {step}"
 
 
-def test_two_node_ranks_on_loopback_match_one_process(tmp_path, reference):
+@pytest.mark.parametrize("script", ["torchrun_multinode.sh", "accelerate.sh"])  # accelerate: multi_node.yaml
+def test_two_node_ranks_on_loopback_match_one_process(tmp_path, reference, script):
     run_dir = tmp_path / "run"
     port = free_port()
     overrides = ["engine=ddp", f"run_dir={run_dir}", f"train.micro_batch_size={MICRO}", *TINY]
     logs = [tmp_path / f"node{r}.log" for r in range(WORLD)]
     # Node 1 first: the rendezvous must wait for node 0, whichever starts first.
-    procs = [run([str(REPO / "launch/torchrun_multinode.sh"), *overrides],
+    procs = [run([str(REPO / "launch" / script), *overrides],
                  launch_env(NNODES=str(WORLD), NODE_RANK=str(r), NPROC_PER_NODE="1", MASTER_ADDR="127.0.0.1",
                                 MASTER_PORT=str(port), LOCAL_ADDR="127.0.0.1", RDZV_ID=f"test-{port}"), logs[r])
              for r in reversed(range(WORLD))]
     finish(procs, list(reversed(logs)))
     assert_same_losses(run_dir, reference)
     for r in range(WORLD):  # each launcher started one local process of the two-node job
-        assert f"node {r}/{WORLD}, 1 process(es), rendezvous 127.0.0.1:{port}" in logs[r].read_text()
+        expected = (f"node {r}/{WORLD}, 1 process(es), rendezvous 127.0.0.1:{port}" if script == "torchrun_multinode.sh"
+                    else f"{WORLD} process(es) on {WORLD} node(s) with accelerate ({REPO}/launch/accelerate/multi_node.yaml)")
+        assert expected in logs[r].read_text()
 
 
 @pytest.mark.parametrize("script,engine", [("torchrun.sh", "ddp"), ("accelerate.sh", "ddp"),

@@ -219,3 +219,9 @@ def test_accelerate_configs_load_as_accelerate_cluster_configs(name):
     raw = yaml.safe_load(path.read_text())
     assert set(raw) <= set(ClusterConfig.__dataclass_fields__), set(raw) - set(ClusterConfig.__dataclass_fields__)
     assert (cfg.num_machines, cfg.rdzv_backend) == ((1, "static") if name == "multi_gpu.yaml" else (2, "c10d"))
+
+
+def test_slurm_batch_script_outside_a_job_says_to_use_sbatch(stubs):
+    out = stubs("slurm.sbatch", "engine=ddp")
+    assert out.returncode == 2 and "submit this script with sbatch" in out.stderr
+    assert stubs.calls() == []
