@@ -106,19 +106,34 @@ def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: Li
     return run(cfg)
 
 
-def compare_table(pre: Path, scratch: Path) -> str:
-    """Markdown: the median main score per column, pretrained vs from scratch, and the difference."""
-    a, b = (json.loads((d / "results.json").read_text()) for d in (pre, scratch))
-    lines = ["| task | metric | from scratch | pretrained | gain |", "|---|---|---:|---:|---:|"]
-    for col, r in a["columns"].items():
-        if col not in b["columns"]:
+def compare_table(pre, scratch) -> str:
+    """Markdown: per column, the task score of every seed and the median, from scratch vs pretrained.
+
+    `pre` and `scratch` are finetuning run directories, or lists of them (one per task) whose
+    results.json columns are merged.
+    """
+    a, b = _columns(pre), _columns(scratch)
+    lines = ["| task | metric (task score) | from scratch: seeds | median | pretrained: seeds | median | gain |",
+             "|---|---|---|---:|---|---:|---:|"]
+    for col, r in a.items():
+        if col not in b:
             continue
-        s, p = b["columns"][col]["median"]["score"], r["median"]["score"]
-        lines.append(f"| {col} | {'/'.join(r['metrics'])} | {s:.1f} | {p:.1f} | {p - s:+.1f} |")
-    ga, gb = a["glue"]["median"], b["glue"]["median"]
-    if ga is not None and gb is not None:
-        lines.append(f"| GLUE (partial) | score | {gb:.1f} | {ga:.1f} | {ga - gb:+.1f} |")
+        seeds = lambda x: " / ".join(f"{_score(m, x['metrics']):.1f}" for _, m in sorted(x["seeds"].items()))  # noqa: E731
+        s, p = b[col]["median"]["score"], r["median"]["score"]
+        lines.append(f"| {col} | {'/'.join(r['metrics'])} | {seeds(b[col])} | {s:.1f} | {seeds(r)} | {p:.1f} | "
+                     f"{p - s:+.1f} |")
     return "\n".join(lines) + "\n"
+
+
+def _columns(dirs) -> Dict:
+    out = {}
+    for d in ([dirs] if isinstance(dirs, (str, Path)) else dirs):
+        out.update(json.loads((Path(d) / "results.json").read_text())["columns"])
+    return out
+
+
+def _score(metrics: Dict, keys: List[str]) -> float:
+    return sum(metrics[k] for k in keys) / len(keys)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -29,20 +29,22 @@ def test_task_adaptive_corpus_is_train_text_only(tmp_path, data_mirror):
     assert not any("\t" in line for line in lines)  # text only: no label or source columns (CoLA has both)
 
 
-def _results(path: Path, sst2: float, rte: float):
+def _results(path: Path, col: str, metrics: list, seeds: dict):
     path.mkdir()
-    cols = {"sst2": {"metrics": ["acc"], "median": {"acc": sst2, "score": sst2}},
-            "rte": {"metrics": ["acc"], "median": {"acc": rte, "score": rte}}}
-    (path / "results.json").write_text(json.dumps({"columns": cols, "glue": {"median": (sst2 + rte) / 2}}))
+    keys = {k: sorted(m[k] for m in seeds.values())[len(seeds) // 2] for k in metrics}  # odd counts: the median
+    median = {**keys, "score": sum(keys.values()) / len(keys)}
+    (path / "results.json").write_text(json.dumps({"columns": {col: {"metrics": metrics, "seeds": seeds,
+                                                                      "median": median}}}))
 
 
-def test_compare_table_reports_both_and_the_gain(tmp_path):
-    _results(tmp_path / "pre", 80.0, 55.0)
-    _results(tmp_path / "scr", 70.5, 56.0)
-    table = compare_table(tmp_path / "pre", tmp_path / "scr")
-    assert "| sst2 | acc | 70.5 | 80.0 | +9.5 |" in table
-    assert "| rte | acc | 56.0 | 55.0 | -1.0 |" in table
-    assert "| GLUE (partial) | score | 63.2 | 67.5 | +4.2 |" in table
+def test_compare_table_reports_seeds_medians_and_the_gain(tmp_path):
+    _results(tmp_path / "pre_sst2", "sst2", ["acc"], {"0": {"acc": 80.0}, "1": {"acc": 78.0}, "2": {"acc": 81.0}})
+    _results(tmp_path / "pre_stsb", "stsb", ["pearson", "spearman"], {"0": {"pearson": 40.0, "spearman": 38.0}})
+    _results(tmp_path / "scr_sst2", "sst2", ["acc"], {"0": {"acc": 70.5}, "1": {"acc": 72.0}, "2": {"acc": 69.0}})
+    _results(tmp_path / "scr_stsb", "stsb", ["pearson", "spearman"], {"0": {"pearson": 10.0, "spearman": 9.0}})
+    table = compare_table([tmp_path / "pre_sst2", tmp_path / "pre_stsb"], [tmp_path / "scr_sst2", tmp_path / "scr_stsb"])
+    assert "| sst2 | acc | 70.5 / 72.0 / 69.0 | 70.5 | 80.0 / 78.0 / 81.0 | 80.0 | +9.5 |" in table
+    assert "| stsb | pearson/spearman | 9.5 | 9.5 | 39.0 | 39.0 | +29.5 |" in table
 
 
 def test_help_describes_the_job():
