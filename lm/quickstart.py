@@ -36,8 +36,9 @@ DEFAULT_TASKS = ("sst2", "cola", "stsb")
 CORPUS_TASKS = ("sst2", "cola", "mrpc", "stsb", "rte")
 # The quickstart's finetuning budget, the same for every task and for both inits (conf/task/glue/ holds
 # the full recipes): 3 epochs at lr 5e-4 (tiny models want more than BERT's 2e-5..1e-4, Turc et al.
-# 2019), and the first 5000 of SST-2's 67k training sentences.
-QUICK = ["+per_task.all.epochs=3", "+per_task.all.lr=5e-4", "+per_task.sst2.max_train_examples=5000"]
+# 2019), the first 5000 of SST-2's 67k training sentences and the first 2000 of STS-B's 5749 pairs.
+QUICK = ["+per_task.all.epochs=3", "+per_task.all.lr=5e-4", "+per_task.sst2.max_train_examples=5000",
+         "+per_task.stsb.max_train_examples=2000"]
 MODEL = ["model=tiny", "model.vocab_size=4096", "model.dim=128", "model.n_layers=2", "model.n_heads=4",
          "model.max_seq_len=128"]
 VOCAB = 4096
