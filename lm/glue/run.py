@@ -82,12 +82,12 @@ def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, 
 
     tasks = [with_overrides(t, opts.per_task or {}) for t in expand(task_node)]
     missing = check_data(tasks)
-    if missing and not opts.skip_missing and not opts.hf:
+    if opts.hf and not opts.skip_missing:
+        missing = {t: why for t, why in missing.items() if not _on_hub(t, tasks)}
+    if missing and not opts.skip_missing:  # before any training: a job must not die at its seventh task
         lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())
         raise GlueDataMissing(f"GLUE data missing for {len(missing)} task(s):\n  {lines}\n{DOWNLOAD_HINT}; or set "
                               f"skip_missing=true to run the tasks that are there (the GLUE score is then partial)")
-    if not opts.skip_missing:
-        missing = {}  # the readers try the Hugging Face copy of what is not local, and say so if that fails
     for t in missing:
         log.warning("skipping GLUE %s (skip_missing=true): %s", t, missing[t])
     tasks = [t for t in tasks if t.name not in missing]
@@ -118,6 +118,19 @@ def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, 
         _zip_if_complete(sub_dir, info)
         write_results(dev, opts.run_dir, extra={**info, "init": backbone.source})
     return {"dev": dev, **info}
+
+
+def _on_hub(name: str, tasks: List[GlueTaskConfig]) -> bool:
+    """Whether the Hugging Face copy of a task that is not on disk can be read (network or HF cache)."""
+    from lm.glue.readers import load_split
+
+    t = next(t for t in tasks if t.name == name)
+    try:
+        load_split(name, "train", t.data_root, hf=True)
+        return True
+    except GlueDataMissing as e:
+        log.warning("%s", e)
+        return False
 
 
 def _run_task(t: GlueTaskConfig, backbone: Backbone, opts: RunOptions):
