@@ -15,7 +15,9 @@ Everything engine-specific (no_sync, accumulation boundaries, loss scaling, shar
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +37,11 @@ class LossDiverged(RuntimeError):
     """The loss became NaN/inf; no update was applied and the last checkpoint is intact."""
 
 
+class Preempted(RuntimeError):
+    """SIGTERM or SIGUSR1 arrived (a scheduler's preemption or time-limit warning); the step in flight
+    finished and was checkpointed, so the same command resumes without losing it."""
+
+
 @dataclass
 class State:
     step: int = 0  # optimizer steps done
@@ -52,6 +59,11 @@ class Speed:
 
 def run(cfg: TrainConfig, engine, loader, val_loader, lr_at: Callable[[int], float], tracker, checkpointer,
         state: State, speed: Speed = Speed()) -> State:
+    with _StopSignals() as stop:
+        return _run(cfg, engine, loader, val_loader, lr_at, tracker, checkpointer, state, speed, stop)
+
+
+def _run(cfg, engine, loader, val_loader, lr_at, tracker, checkpointer, state: State, speed: Speed, stop) -> State:
     batches = iter(loader)
     bar = _progress_bar(cfg, engine, state.step)
     meter = _Meter(state)
@@ -77,8 +89,13 @@ def run(cfg: TrainConfig, engine, loader, val_loader, lr_at: Callable[[int], flo
                          "val_ppl": perplexity(val_loss)})
             if engine.is_main:
                 log.info("step %d: val_loss %.4f, val_ppl %.2f", state.step, val_loss, perplexity(val_loss))
-        if (cfg.ckpt_interval and state.step % cfg.ckpt_interval == 0) or last:
+        saved = (cfg.ckpt_interval and state.step % cfg.ckpt_interval == 0) or last
+        if saved:
             checkpointer.save(asdict(state), loader.state_dict())
+        if stop.requested():
+            path = checkpointer.latest() if saved else checkpointer.save(asdict(state), loader.state_dict())
+            raise Preempted(f"{stop.name} received: stopped after step {state.step} with checkpoint {path}; "
+                            f"run the same command to resume")
         if bar:
             bar.update(1)
     if bar:
@@ -189,6 +206,38 @@ def _show(bar, record: Dict, engine) -> None:
         log.info("step %d: loss %.4f, lr %.3g, grad_norm %.3f, %.0f tok/s%s, %.2f GiB", record["step"],
                  record["loss"], record["lr"], record["grad_norm"], record["tokens_per_s"], mfu_text,
                  record["memory"])
+
+
+class _StopSignals:
+    """SIGTERM/SIGUSR1 set a flag that the loop reads between steps, so a preempted job writes a
+    checkpoint instead of losing up to ckpt_interval steps (SLURM sends SIGTERM, then SIGKILL after
+    KillWait; launch/slurm.sbatch asks for USR1 before the time limit). Every rank stops at the same step:
+    the flag is OR-reduced over ranks."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self):
+        self.name: Optional[str] = None
+        self.previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():  # signal.signal works only there
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.name = signal.Signals(signum).name
+
+    def requested(self) -> bool:
+        stop = D.any_rank(self.name is not None)
+        if stop and self.name is None:
+            self.name = "a stop signal (on another rank)"
+        return stop
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def _fault_hook(step: int) -> None:

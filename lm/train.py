@@ -77,6 +77,7 @@ def train(cfg: DictConfig, loaders=None):
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     checkpointer = Checkpointer(run_dir, engine, tcfg.keep_last, config_yaml)
     state = loop.State()
+    file_log = _log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
     latest = D.broadcast_object(checkpointer.latest() if dist.is_main and cfg.resume else None)
     if latest:
         trainer, loader_state = checkpointer.load(latest)
@@ -88,7 +89,6 @@ def train(cfg: DictConfig, loaders=None):
     tracker = NullTracker()
     if dist.is_main:
         _write_atomically(run_dir / "config.yaml", config_yaml)
-        _log_to_file(run_dir / "train.log")
         tracker = Tracker(run_dir, typed(cfg, "logger", LoggerConfig), OmegaConf.to_container(cfg, resolve=True),
                           resume_step=state.step)
         log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s", engine.name,
@@ -103,6 +103,9 @@ def train(cfg: DictConfig, loaders=None):
     finally:
         tracker.close()
         engine.close()
+        if file_log:
+            log.removeHandler(file_log)
+            file_log.close()
 
 
 def _engine_class(cfg: DictConfig, get_class):
@@ -178,10 +181,11 @@ def _quiet_other_ranks(dist) -> None:
         log.setLevel(logging.WARNING)
 
 
-def _log_to_file(path: Path) -> None:
+def _log_to_file(path: Path) -> logging.Handler:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
     log.addHandler(handler)
+    return handler
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -215,7 +219,7 @@ def main() -> None:
     from lm.checkpoint import CheckpointError
     from lm.engine import dist as D
     from lm.engine.dist import EngineError
-    from lm.loop import LossDiverged
+    from lm.loop import LossDiverged, Preempted
 
     _strip_launcher_args()
     register_train_configs()
@@ -228,7 +232,7 @@ def main() -> None:
     def app(cfg: DictConfig) -> None:
         try:
             train(cfg)
-        except (ConfigError, EngineError, CheckpointError, LossDiverged) as e:
+        except (ConfigError, EngineError, CheckpointError, LossDiverged, Preempted) as e:
             log.error("%s: %s", type(e).__name__, e)
             D.shutdown()
             sys.exit(1)

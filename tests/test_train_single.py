@@ -175,3 +175,32 @@ def test_tensorboard_and_offline_wandb_sinks(tmp_path, monkeypatch):
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
     offline = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
     assert len(offline) == 1 and (tmp_path / "run" / "wandb_id").read_text().strip() in offline[0].name
+
+
+def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_path, monkeypatch, caplog):
+    """A scheduler's SIGTERM (or SIGUSR1) mid-step: the step completes, is checkpointed (although
+    ckpt_interval=0 would write only at the end), the run stops, and running again loses nothing."""
+    import os
+    import signal
+
+    from lm import objectives
+    from lm.loop import Preempted
+
+    run(tmp_path / "whole", steps=8, extra=["model.dropout=0.1"])
+    real, calls = objectives.loss, {"n": 0}
+
+    def loss(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 5 and model.training:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(model, batch)
+
+    monkeypatch.setattr(objectives, "loss", loss)
+    with pytest.raises(Preempted, match=r"SIGTERM received: stopped after step 5 with checkpoint .*step_00000005"):
+        run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the loop put the default handler back
+    monkeypatch.setattr(objectives, "loss", real)
+    with caplog.at_level("INFO", logger="lm"):  # lm-train's Hydra logging config sets INFO
+        run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
+    assert train_losses(tmp_path / "stopped") == train_losses(tmp_path / "whole")
+    assert "resumed from" in (tmp_path / "stopped" / "train.log").read_text()
