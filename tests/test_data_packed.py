@@ -134,10 +134,15 @@ def test_validation_is_finite_in_order_and_equal_across_ranks(data):
     want = np.stack([tokens[i * T: i * T + T] for i in range(val.n_samples)])
     assert np.array_equal(got, want)
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, list(val)))  # same every pass
-    ranks = [torch.cat([b["input_ids"] for b in PackedLoader(data, "val", T, 5, rank=r, world_size=3)])
-             for r in range(3)]
-    assert len({len(x) for x in ranks}) == 1 and len(ranks[0]) == val.n_samples // 3
-    assert np.array_equal(torch.cat(ranks).numpy(), want[: 3 * (val.n_samples // 3)])
+    ranks = [[b["input_ids"] for b in PackedLoader(data, "val", T, 5, rank=r, world_size=3)] for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1  # every rank runs the same number of forwards
+    assert len({sum(len(b) for b in r) for r in ranks}) == 1 and sum(len(b) for b in ranks[0]) == val.n_samples // 3
+    # micro-batch k of all ranks = micro-batch k of one process with 3x the batch: a pass cut after k
+    # batches measures the same windows at any world size
+    single = list(PackedLoader(data, "val", T, 15))
+    for k, per_rank in enumerate(zip(*ranks)):
+        assert torch.equal(torch.cat(per_rank), single[k]["input_ids"][: sum(len(b) for b in per_rank)])
+    assert np.array_equal(torch.cat([torch.cat(k) for k in zip(*ranks)]).numpy(), want[: 3 * (val.n_samples // 3)])
 
 
 def test_mlm_masks_15_percent_80_10_10_never_specials(data):

@@ -195,9 +195,13 @@ class PackedLoader:
         return self.n_samples // self.world_size  # equal on every rank, so collective eval never waits
 
     def _eval(self) -> Iterator[dict]:
-        lo, n = self.rank * self._eval_per_rank, self._eval_per_rank
-        for s in range(0, n, self.micro_batch_size):
-            ids = lo + np.arange(s, min(s + self.micro_batch_size, n))
+        # Interleaved like training: micro-batch k of rank r holds windows [k*W*B + r*B, ... + B), so the
+        # first k micro-batches of all ranks are the first k*W*B windows whatever W is; a validation pass
+        # cut at eval_batches then measures the same windows on 1 rank as on W (with the same W*B).
+        B, W, n = self.micro_batch_size, self.world_size, self._eval_per_rank * self.world_size
+        for start in range(0, n, B * W):
+            per_rank = min(B * W, n - start) // W  # the last chunk is split evenly too
+            ids = start + self.rank * per_rank + np.arange(per_rank)
             yield self._batch(ids, ids)
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
