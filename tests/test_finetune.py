@@ -235,3 +235,13 @@ def test_fsdp2_checkpoint_finetuned_with_ddp_on_two_ranks(tmp_path, easy_glue):
     assert "| SST-2 | acc |" in ft.stdout
     assert dev_acc(tmp_path / "ft") > 70.0  # character-level tiny Shakespeare model: slower to learn than BPE
     assert check_submission(tmp_path / "ft" / "submission", names=["sst2"], expected_rows={"sst2": 30}) == []
+
+
+@pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
+def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pretrained, arch):
+    """The same job for the other two families ([CLS] pooling for the encoder, last token for the T5-style
+    model, whose decoder reads the input shifted right)."""
+    run_dir = tmp_path / arch
+    finetune(finetune_cfg(run_dir, ["init=none", *TINY, f"model.arch={arch}", f"tokenizer={pretrained / 'data'}",
+                                    *easy_task(easy_glue)]))
+    assert dev_acc(run_dir) > 80.0
