@@ -79,10 +79,11 @@ class ModelConfig:
 
 
 def conf_dir():
-    """The Hydra config directory (top-level conf/ of the repository)."""
+    """The Hydra config directory: lm/conf, a link to the repository's top-level conf/ (a wheel carries
+    a copy), so installed and editable packages find the same configs."""
     from pathlib import Path
 
-    return Path(__file__).resolve().parents[1] / "conf"
+    return Path(__file__).resolve().parent / "conf"
 
 
 def compose_model(preset: str = "tiny", overrides: Optional[list] = None):
@@ -274,6 +275,7 @@ class TrainConfig:
     peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; None = look the GPU up
     world_size: Optional[int] = None  # expected number of processes (asserted); None = what the launcher says
     progress: bool = True  # tqdm bar on rank 0 (only on a terminal)
+    threads: Optional[int] = None  # torch intra-op CPU threads per process; None = torch's default (all cores)
 
 
 @dataclass
@@ -364,6 +366,8 @@ def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> 
         bad("grad_clip", "must be >= 0 (0 disables clipping)")
     if cfg.device not in ("auto", "cpu", "cuda"):
         bad("device", "is not one of ['auto', 'cpu', 'cuda']")
+    if cfg.threads is not None and cfg.threads < 1:
+        bad("threads", "must be a positive integer, or null for torch's default")
     if sched.kind not in SCHEDULES:
         raise ConfigError(f"sched.kind={sched.kind!r} is not one of {list(SCHEDULES)}; pick sched=<one of those>")
     if sched.warmup_steps < 0 or not 0.0 <= sched.min_lr_ratio <= 1.0 or not 0.0 < sched.decay_fraction <= 1.0:
