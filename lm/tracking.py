@@ -107,7 +107,8 @@ class Tracker:
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
         kwargs = dict(project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=cfg.job_type,
-                      tags=list(cfg.tags), name=cfg.name or self.run_dir.name, config=config, id=run_id,
+                      tags=[t[:64] for t in cfg.tags],  # wandb refuses longer tags (a sweep cell's long override)
+                      name=cfg.name or self.run_dir.name, config=config, id=run_id,
                       resume="allow", dir=str(self.run_dir))
         settings = wandb.Settings(init_timeout=60, silent=True)
         try:

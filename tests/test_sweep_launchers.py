@@ -100,3 +100,26 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: no GPU
     assert visible_gpus() == []
+
+
+def test_a_cell_is_a_wandb_run_in_the_sweeps_group_with_its_overrides_as_tags(tmp_path):
+    """Offline wandb: the run record carries the group and the tags; wandb refuses tags over 64
+    characters, so a long override is clipped instead of failing the cell."""
+    wandb = pytest.importorskip("wandb")
+    from lm.config import LoggerConfig
+    from lm.tracking import Tracker
+
+    long_tag = "data.source=" + "x" * 80
+    cfg = LoggerConfig(wandb=True, mode="offline", group="ablate_ffn_norm_2026", name="model/ffn=swiglu,seed=1",
+                       tags=["model/ffn=swiglu", "seed=1", long_tag])
+    (tmp_path / "run").mkdir()
+    tracker = Tracker(tmp_path / "run", cfg, {"model": {"dim": 64}})
+    tracker.log({"step": 1, "loss": 2.0})
+    tracker.close()
+    wandb.teardown()  # the wandb service process writes the run file; stopping it flushes it
+    (record_file,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
+    data = record_file.read_bytes()
+    for expected in (b"ablate_ffn_norm_2026", b"model/ffn=swiglu,seed=1", b"model/ffn=swiglu", b"seed=1",
+                     long_tag[:64].encode()):
+        assert expected in data, expected
+    assert long_tag[:65].encode() not in data
