@@ -1,7 +1,7 @@
 """Data pipeline benchmark: lm-prepare against raw `tokenizers`, the loader against training, memory.
 
-    python benchmarks/data_bench.py                                   # 40 MB and 10 MB corpora
-    python benchmarks/data_bench.py --mb 80 --small-mb 20 --rounds 3 --json /tmp/data_bench.json
+    python benchmarks/data_bench.py                                   # 64 MB and 16 MB corpora
+    python benchmarks/data_bench.py --mb 128 --small-mb 32 --skip-gpt2 --json /tmp/data_bench.json
 
 Everything is measured side by side in one run, as ratios against a peer, on real text: the
 files under $LM_DATA_MIRROR/text (tiny Shakespeare, WikiText-2, a TinyStories slice) are
@@ -21,6 +21,10 @@ concatenated, repeated, to --mb MB in a temporary directory (never in the reposi
 
 `cat /proc/loadavg` is recorded with every measurement: on a shared machine, a load above the
 core count distorts the 2-worker scaling, and a rerun on a quiet machine is the fair number.
+The CPU seconds of every process are recorded too (getrusage of the command and its waited-for
+workers; per process from /proc), giving tokens per CPU-second and the wall time the same work
+would take alone on the cores: less sensitive to the neighbours, though not immune (their cache
+and memory traffic still slows each CPU-second by 10-20% from run to run on a busy machine).
 """
 
 from __future__ import annotations
@@ -357,11 +361,11 @@ def report(res: dict) -> None:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mb", type=float, default=40, help="corpus size in MB for throughput and the larger memory run")
-    p.add_argument("--small-mb", type=float, default=10, help="corpus size in MB of the smaller memory run")
+    p.add_argument("--mb", type=float, default=64, help="corpus size in MB for throughput and the larger memory run")
+    p.add_argument("--small-mb", type=float, default=16, help="corpus size in MB of the smaller memory run")
     p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary trained on the corpus")
     p.add_argument("--task-bytes", type=int, default=1 << 20, help="lm-prepare --task-bytes, raw batch size in chars")
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of the tokenization runs (best kept)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the tokenization runs (best kept)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=8, help="micro-batch size of the loader and the models")
     p.add_argument("--loader-seconds", type=float, default=2.0, help="how long each loader objective is timed")
