@@ -1,0 +1,46 @@
+"""lm-bench: our model and Hugging Face's in one process, same weights, same batches, same optimizer.
+
+No timing is asserted (speed is measured by running lm-bench, see BENCHMARKS.md); these tests check
+that the two sides of the comparison are the same model doing the same work.
+"""
+
+import json
+
+import pytest
+
+from lm import bench
+
+TINY = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--threads", "1",
+        "--steps", "2", "--warmup", "1"]
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+@pytest.mark.parametrize("vocab", [65, 9000])  # 9000 >= 8192: our chunked output layer + loss
+def test_same_model_same_loss(layout, vocab):
+    r = bench.run(bench.parse(TINY + ["--layout", layout, "--vocab", str(vocab)]))
+    assert r["params_ours"] == r["params_hf"]
+    assert r["loss_chunk"] == (256 if vocab >= 8192 else 0)
+    # Same weights, same T-1 targets: the first-step losses agree to float rounding, near ln(V) at init.
+    assert r["first_loss_ours"] == pytest.approx(r["first_loss_hf"], abs=2e-4)
+    assert r["first_loss_ours"] == pytest.approx(__import__("math").log(vocab), abs=0.3)
+    assert r["tokens_per_s_ours"] > 0 and r["tokens_per_s_hf"] > 0 and r["ratio"] > 0
+
+
+def test_llama_gqa_parameter_counts_match():
+    r = bench.run(bench.parse(TINY + ["--layout", "llama", "--vocab", "65", "--kv-heads", "2"]))
+    assert r["params_ours"] == r["params_hf"]
+    assert r["first_loss_ours"] == pytest.approx(r["first_loss_hf"], abs=2e-4)
+
+
+def test_json_line_and_explicit_chunk(capsys):
+    bench.main(TINY + ["--vocab", "65", "--loss-chunk", "8", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["loss_chunk"] == 8 and r["layout"] == "gpt2" and r["steps"] == 2
+    assert set(r) >= {"tokens_per_s_ours", "tokens_per_s_hf", "ratio", "cpu_ratio", "loadavg", "machine", "date"}
+
+
+@pytest.mark.parametrize("bad, message", [(["--loss-chunk", "big"], "--loss-chunk"), (["--steps", "0"], "--steps")])
+def test_bad_arguments_name_the_flag(bad, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse(bad)
+    assert message in capsys.readouterr().err
