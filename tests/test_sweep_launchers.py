@@ -97,7 +97,9 @@ def test_slots_are_exclusive_and_freed_on_close(tmp_path):
 def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     assert visible_gpus() == ["2", "5"]
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the user hid every GPU
+    assert visible_gpus() == []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("PATH", "/nonexistent")  # no nvidia-smi: no GPU
     assert visible_gpus() == []
 

@@ -23,14 +23,11 @@ thin subclasses of these.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
-
-log = logging.getLogger("lm")
 
 SHARED_ENV = ("LM_RUN_STAMP",)  # what every cell of one sweep must agree on (lm.config.run_stamp)
 
@@ -79,9 +76,10 @@ class InCellProcess:
 
 def visible_gpus() -> list:
     """GPU ids this machine offers, without initialising CUDA (which would fix the device set
-    before CUDA_VISIBLE_DEVICES can be chosen)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g]
+    before CUDA_VISIBLE_DEVICES can be chosen). CUDA_VISIBLE_DEVICES, when set, is the user's
+    choice (empty = no GPU); otherwise what nvidia-smi lists."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [g.strip() for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
