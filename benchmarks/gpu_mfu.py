@@ -7,6 +7,7 @@ The largest micro-batch that fits is found by doubling until out of memory.
     python benchmarks/gpu_mfu.py --preset gpt2 --seq 1024            # GPT-2 124M
     python benchmarks/gpu_mfu.py --preset llama --seq 2048           # TinyLlama-shape 1.1B
     python benchmarks/gpu_mfu.py --attention-sweep                   # flash vs math SDPA, T = 512 ... 16384
+    python benchmarks/gpu_mfu.py --all                               # all three, one JSON line each
 """
 
 import argparse
@@ -113,9 +114,15 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--attention-sweep", action="store_true")
+    p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
     p.add_argument("overrides", nargs="*", help="model overrides, e.g. loss_chunk_size=4096")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.all:
+        for preset, seq in (("gpt2", 1024), ("llama", 2048)):
+            batch = largest_batch(preset, seq, not args.no_compile, args.overrides)
+            print(json.dumps(measure(preset, seq, batch, args.steps, not args.no_compile, args.overrides)), flush=True)
+        args.attention_sweep = True
     if args.attention_sweep:
         for row in attention_sweep():
             print(json.dumps(row))
