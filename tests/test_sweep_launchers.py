@@ -1,6 +1,6 @@
 """The sweep machinery in one process: a failing cell's exit becomes its failure, its logged reason
-lands in error.txt (and in lm-report), GPU slots are exclusive, and a cell's train.log handler goes
-away with the cell."""
+lands in error.txt (and in lm-report), GPU slots are exclusive, a cell is a wandb run of the sweep's
+group with its overrides as tags."""
 
 import logging
 import threading
@@ -10,7 +10,7 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from lm.report.callbacks import DetachRunLogs, RecordFailure
+from lm.report.callbacks import RecordFailure
 from lm.report.launchers import CellExited, ExitAsError, claim_slot, visible_gpus
 from lm.report.runs import load_run
 
@@ -58,24 +58,6 @@ def test_record_failure_ignores_finished_cells(tmp_path):
     cb.on_job_start(config=cfg)
     cb.on_job_end(config=cfg, job_return=JobReturn(status=JobStatus.COMPLETED, _return_value=None))
     assert not (tmp_path / "0").exists()
-
-
-def test_detach_run_logs_closes_only_this_cells_files(tmp_path):
-    lm_log = logging.getLogger("lm")
-    (tmp_path / "0").mkdir()
-    (tmp_path / "other").mkdir()
-    mine = logging.FileHandler(tmp_path / "0" / "train.log")
-    other = logging.FileHandler(tmp_path / "other" / "train.log")
-    lm_log.addHandler(mine)
-    lm_log.addHandler(other)
-    try:
-        DetachRunLogs().on_job_end(config=_job_config(tmp_path / "0"), job_return=None)
-        assert mine not in lm_log.handlers and mine.stream is None  # closed
-        assert other in lm_log.handlers
-    finally:
-        for h in (mine, other):
-            lm_log.removeHandler(h)
-            h.close()
 
 
 def test_slots_are_exclusive_and_freed_on_close(tmp_path):

@@ -57,7 +57,7 @@ def test_sequential_sweep_goes_on_past_a_failed_cell(tmp_path):
                                                                    "[1, 2, 4, 8, 16, 32, 64] or set model.head_dim")
     assert not (cells[0] / "metrics.jsonl").exists()
     assert last_step(cells[1]) == 4 and last_step(cells[2]) == 4
-    # each train.log holds its own cell's lines only (lm-train's handler leaves with the cell)
+    # each train.log holds its own cell's lines only (cells share one process)
     for i in (1, 2):
         log = (cells[i] / "train.log").read_text()
         assert f"run_dir {cells[i]}" in log and f"run_dir {cells[3 - i]}" not in log

@@ -5,11 +5,6 @@ the sweep, so nothing in the cell's directory would say why it failed. This writ
 to <run_dir>/error.txt, which lm-report shows in its table. lm-train reports a ConfigError as a
 log line and exits (lm.report.launchers turns that exit into a CellExited failure), so the
 error lines logged during the cell are appended: the reason is the last of them.
-
-DetachRunLogs: lm-train adds a FileHandler for <run_dir>/train.log to the "lm" logger and never
-removes it, so when the cells of a sweep run in one process (the sequential launcher) every
-earlier cell's train.log would also collect the later cells' lines. This closes the handlers a
-cell added when it ends.
 """
 
 from __future__ import annotations
@@ -21,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-
-LOGGERS = ("", "lm")  # root (Hydra's job logging) and lm's own
 
 
 def cell_dir(config: Any) -> Path:
@@ -68,15 +61,3 @@ class RecordFailure(Callback):
         logging.getLogger("lm").removeHandler(self._errors)
         lines, self._errors = self._errors.lines, None
         return lines
-
-
-class DetachRunLogs(Callback):
-    def on_job_end(self, config: Any, job_return: Any, **kwargs: Any) -> None:
-        run_dir = cell_dir(config).resolve()
-        for name in LOGGERS:
-            logger = logging.getLogger(name)
-            for h in list(logger.handlers):
-                f = getattr(h, "baseFilename", None)
-                if f and Path(f).resolve().is_relative_to(run_dir):
-                    logger.removeHandler(h)
-                    h.close()
