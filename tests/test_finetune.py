@@ -163,6 +163,18 @@ def test_missing_task_directory_names_the_path_and_how_to_get_it(tmp_path, pretr
     assert not (tmp_path / "x" / "results.json").exists()
 
 
+def test_skip_missing_runs_the_tasks_that_are_there(tmp_path, pretrained):
+    run_dir = tmp_path / "ft"
+    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=glue/all", "task.tasks=[rte,qqp]",
+                                 f"task.data_root={FIXTURES}", "skip_missing=true", "+per_task.all.epochs=1",
+                                 "+per_task.all.seeds=[0]"])
+    finetune(cfg)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert list(results["columns"]) == ["qqp"] and list(results["skipped_tasks"]) == ["rte"]
+    assert str(FIXTURES / "RTE" / "train.tsv") in results["skipped_tasks"]["rte"]
+    assert "partial" in (run_dir / "results.md").read_text()
+
+
 def test_missing_init_and_unknown_task_field_are_config_errors(tmp_path, pretrained):
     with pytest.raises(ConfigError, match="init=<lm-train run dir"):
         finetune(finetune_cfg(tmp_path, []))
