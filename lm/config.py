@@ -325,7 +325,7 @@ class RunSchema:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sched: SchedConfig = field(default_factory=SchedConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    run_dir: str = "runs/${lm.stamp:}"  # one per run, decided by rank 0; the same run_dir resumes
+    run_dir: str = "runs/${lm.stamp:}${lm.cell:}"  # one per run (per cell of a -m sweep); the same run_dir resumes
     seed: int = 1337
     resume: bool = True  # continue from <run_dir>/checkpoints/latest when it exists
 
@@ -340,6 +340,18 @@ def register_train_configs() -> None:
     if not OmegaConf.has_resolver("lm.stamp"):
         OmegaConf.register_new_resolver("lm.stamp", run_stamp)
         OmegaConf.register_new_resolver("lm.eq", lambda a, b: str(a) == str(b))
+        OmegaConf.register_new_resolver("lm.cell", sweep_cell)
+
+
+def sweep_cell() -> str:
+    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm-train -m ...` gets its own
+    run directory under runs/<stamp>/ instead of resuming the previous cell's checkpoints."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return ""
+    return f"/{HydraConfig.get().job.num}"
 
 
 def run_stamp() -> str:

@@ -209,6 +209,13 @@ def _agree_on_run_stamp() -> None:
     os.environ["LM_RUN_STAMP"] = stamp
 
 
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
 def _strip_launcher_args() -> None:
     # The deepspeed launcher appends --local_rank=N (LOCAL_RANK is in the environment too); Hydra
     # would take it for an override.
@@ -237,6 +244,8 @@ def main() -> None:
         except (ConfigError, EngineError, CheckpointError, LossDiverged, Preempted) as e:
             log.error("%s: %s", type(e).__name__, e)
             D.shutdown()
+            if _in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
+                raise
             sys.exit(1)
 
     try:

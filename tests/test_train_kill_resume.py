@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -59,8 +60,43 @@ def run_and_kill(world, args, cache, tmp_path):
         assert time.time() < deadline, "the run never reached the fault step"
         time.sleep(0.2)
     time.sleep(0.5 if world == 1 else 2.0)  # let every rank reach the pause
-    os.killpg(proc.pid, signal.SIGKILL)
+    victims = [proc.pid, *descendants(proc.pid)]  # torchrun starts each rank in a session of its own
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
     proc.wait()
+    for pid in victims[1:]:  # not our children: wait until they are gone (or zombies)
+        while _state(pid) not in (None, "Z"):
+            time.sleep(0.1)
+
+
+def _state(pid):
+    try:
+        return _stat(pid)[1]
+    except OSError:
+        return None
+
+
+def _stat(pid):
+    """(ppid, state) of a process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[1]), fields[0]
+
+
+def descendants(pid):
+    """Every process below `pid` (Linux /proc)."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                children.setdefault(_stat(int(entry.name))[0], []).append(int(entry.name))
+            except (OSError, IndexError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
 
 
 @pytest.mark.parametrize("world, engine, exact", [(1, "single", True), (2, "zero2", False)])
