@@ -201,7 +201,8 @@ def run_prepare(args, tokenizer: Path, corpus: Path, workers: int, out: Path) ->
     return {"workers": workers, "wall_s": wall, "pipeline_s": meta["seconds"], "tokens": tokens,
             "text_tokens": text_tokens, "documents": docs, "tokens_per_s": text_tokens / wall,
             "cpu_s": cpu_s, "tokens_per_cpu_s": text_tokens / cpu_s,
-            "busiest_process_cpu_s": max(sampler.cpu.values()),
+            "busiest_process_cpu_s": max(sampler.cpu.values()), "main_cpu_s": sampler.cpu.get(proc.pid, 0.0),
+            "other_cpu_s": sorted((v for k, v in sampler.cpu.items() if k != proc.pid), reverse=True),
             "quiet_wall_s": quiet_wall(cpu_s, max(sampler.cpu.values()), workers),
             "peak_rss_mb": sampler.peak / 2**20, "loadavg": load,
             "command": "lm-prepare " + " ".join(cmd[3:])}
@@ -334,6 +335,9 @@ def report(res: dict) -> None:
         say(f"  lm-prepare --workers {name[1]}: {r['cpu_s']:.1f} CPU-s in all, busiest process {r['busiest_process_cpu_s']:.1f}"
             f" CPU-s, {r['tokens_per_cpu_s']:,.0f} tokens per CPU-s; alone on {min(int(name[1]), os.cpu_count())} "
             f"cores: {r['quiet_wall_s']:.1f}s")
+    w2 = c["best"]["w2"]
+    say(f"  --workers 2 by process: main (reading, hashing, pickling, shard writer, progress bar) "
+        f"{w2['main_cpu_s']:.1f} CPU-s; workers " + ", ".join(f"{x:.1f}" for x in w2["other_cpu_s"][:2]) + " CPU-s")
     say(f"  raw tokenizers, 1 thread: {c['best']['raw1']['tokens_per_cpu_s']:,.0f} tokens per CPU-s")
     say(f"  2 workers / 1 worker (quiet-machine estimate)     = {c['scaling']:.2f}x   target >= 1.70x  "
         f"{verdict(c['scaling'] >= 1.7)}")
