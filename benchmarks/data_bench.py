@@ -363,14 +363,14 @@ def report(res: dict) -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 2)[2],
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mb", type=float, default=64, help="corpus size in MB for throughput and the larger memory run")
     p.add_argument("--small-mb", type=float, default=16, help="corpus size in MB of the smaller memory run")
     p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary trained on the corpus")
     p.add_argument("--task-bytes", type=int, default=1 << 20, help="lm-prepare --task-bytes, raw batch size in chars")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the tokenization runs (best kept)")
-    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--seq-len", type=int, default=256, help="sequence length of the loader and the models")
     p.add_argument("--batch", type=int, default=8, help="micro-batch size of the loader and the models")
     p.add_argument("--loader-seconds", type=float, default=2.0, help="how long each loader objective is timed")
     p.add_argument("--gpt2-layers", type=int, default=12, help="layers of the GPT-2-small-width model")
