@@ -24,3 +24,15 @@ def _lm_data_mirror():
 def data_mirror(_lm_data_mirror) -> Path:
     """The local data mirror directory (LM_DATA_MIRROR)."""
     return Path(os.environ.get("LM_DATA_MIRROR", DATA_MIRROR))
+
+
+def pytest_collection_modifyitems(config, items):
+    """gpu tests need CUDA: without it they are skipped, saying so (run them with `-m gpu` on a GPU machine)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (run `python -m pytest -m gpu` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
