@@ -25,9 +25,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device) if need_grad and bias is not None else None
         total = torch.zeros((), dtype=torch.float32, device=h.device)
+        # One logits buffer for every chunk: a fresh (n, V) tensor per chunk is a large allocation
+        # that the CPU allocator maps, page-faults and zeroes each time.
+        buf = h.new_empty(min(chunk_size, h.shape[0]), weight.shape[0])
         for start in range(0, h.shape[0], chunk_size):
             hc, lc = h[start:start + chunk_size], labels[start:start + chunk_size]
-            logits = hc @ weight.t()
+            logits = torch.mm(hc, weight.t(), out=buf[:hc.shape[0]])
             if bias is not None:
                 logits = logits + bias
             logits = logits.float()  # (n, V)
@@ -44,7 +47,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 row_scale = valid.float() / n_valid  # d(mean loss)/d(row loss)
                 g = e.mul_((row_scale / sum_e)[:, None])  # softmax, scaled
                 g[rows, target] -= row_scale  # minus the one-hot target
-                grad_h[start:start + chunk_size] = (g.to(h.dtype) @ weight)
+                torch.mm(g.to(h.dtype), weight, out=grad_h[start:start + chunk_size])
                 grad_w.addmm_(g.t(), hc.float())
                 if grad_b is not None:
                     grad_b += g.sum(0)
