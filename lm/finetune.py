@@ -80,10 +80,10 @@ def finetune(cfg: DictConfig):
         raise ConfigError("say where the model starts: init=<lm-train run dir or checkpoint dir or lm-export dir>, "
                           "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
     tcfg = typed(cfg, "train", FinetuneTrain)
-    backbone = load_backbone(cfg.init, cfg.tokenizer, cfg.model)
     engine_cls = _engine_class(cfg, get_class)
     dist = D.init(D.pick_device(tcfg.device), need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
     _quiet_other_ranks(dist)
+    backbone = _load_in_turn(lambda: load_backbone(cfg.init, cfg.tokenizer, cfg.model), dist)
     run_dir = Path(cfg.run_dir)
     config = OmegaConf.to_container(cfg, resolve=True)
     if dist.is_main:
@@ -97,6 +97,24 @@ def finetune(cfg: DictConfig):
                       save_best=cfg.save_best, hf=cfg.hf, skip_missing=cfg.skip_missing, pooling=cfg.pooling,
                       config=config, is_main=dist.is_main, per_task=OmegaConf.to_container(cfg.per_task, resolve=True))
     return finetune_glue(cfg.task, backbone, opts)
+
+
+def _load_in_turn(load, dist):
+    """Every rank loads the backbone, one rank at a time: consolidating a sharded (FSDP2/DCP) checkpoint
+    writes a scratch file next to it, which concurrent readers would delete under each other. A failure
+    on any rank stops every rank (no rank is left waiting at a barrier)."""
+    from lm.engine import dist as D
+
+    backbone, error = None, None
+    for r in range(dist.world_size):
+        if dist.rank == r:
+            try:
+                backbone = load()
+            except Exception as e:  # noqa: BLE001 - re-raised below on this rank; the others stop too
+                error = e
+        if D.any_rank(error is not None):
+            raise error if error else ConfigError(f"rank {r} could not load the init checkpoint (see its error)")
+    return backbone
 
 
 def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:

@@ -239,21 +239,21 @@ def test_fsdp2_checkpoint_finetuned_with_ddp_on_two_ranks(tmp_path, easy_glue):
     assert pre.returncode == 0, pre.stderr[-3000:]
     assert json.loads((tmp_path / "pre" / "checkpoints" / "step_00000003" / "trainer.json").read_text()
                       )["engine"]["format"] == "dcp"
-    ft = subprocess.run([*torchrun, "-m", "lm.finetune", "engine=ddp", f"init={tmp_path / 'pre'}", "hf=false",
-                         f"run_dir={tmp_path / 'ft'}", "train.world_size=2", "train.micro_batch_size=8",
-                         *easy_task(easy_glue, epochs=10, lr=3e-3, max_len=64)],
-                        capture_output=True, text=True, env=env, timeout=900)
+    # No dropout, so 2 DDP ranks (one micro-batch of 8 each) and 1 process (two of 8) compute the same steps.
+    task = easy_task(easy_glue, epochs=4, lr=3e-3, max_len=64, dropout=0.0)
+    common = [f"init={tmp_path / 'pre'}", "hf=false", "train.micro_batch_size=8", "pooling=mean",
+              "train.log_interval=1", *task]
+    ft = subprocess.run([*torchrun, "-m", "lm.finetune", "engine=ddp", f"run_dir={tmp_path / 'ddp'}",
+                         "train.world_size=2", *common], capture_output=True, text=True, env=env, timeout=900)
     assert ft.returncode == 0, ft.stderr[-3000:]
     assert "| SST-2 | acc |" in ft.stdout
-    assert dev_acc(tmp_path / "ft") > 70.0  # character-level tiny Shakespeare model: slower to learn than BPE
-    assert check_submission(tmp_path / "ft" / "submission", names=["sst2"], expected_rows={"sst2": 30}) == []
-
-
-@pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
-def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pretrained, arch):
-    """The same job for the other two families ([CLS] pooling for the encoder, last token for the T5-style
-    model, whose decoder reads the input shifted right)."""
-    run_dir = tmp_path / arch
-    finetune(finetune_cfg(run_dir, ["init=none", *TINY, f"model.arch={arch}", f"tokenizer={pretrained / 'data'}",
-                                    *easy_task(easy_glue)]))
-    assert dev_acc(run_dir) > 80.0
+    assert check_submission(tmp_path / "ddp" / "submission", names=["sst2"], expected_rows={"sst2": 30}) == []
+    finetune(finetune_cfg(tmp_path / "single", [c for c in common if c != "hf=false"]))
+    losses = {d: [json.loads(line)["loss"] for line in (tmp_path / d / "sst2" / "seed0" / "metrics.jsonl")
+                  .read_text().splitlines() if '"loss"' in line][:20] for d in ("ddp", "single")}
+    assert len(losses["ddp"]) == 20
+    # The same global-mean gradient on 2 ranks as in 1 process: the first steps' losses agree to float
+    # rounding (later, rounding differences grow in this near-chance regime, so only early steps are compared).
+    assert losses["ddp"] == pytest.approx(losses["single"], rel=1e-4)
+    history = json.loads((tmp_path / "ddp" / "results.json").read_text())["tasks"]["sst2"]["runs"]["0"]["history"]
+    assert len(history) == 4 and max(h["main"] for h in history) > 55.0  # it trains (a char-level model, slowly)
