@@ -257,3 +257,13 @@ def test_fsdp2_checkpoint_finetuned_with_ddp_on_two_ranks(tmp_path, easy_glue):
     assert losses["ddp"] == pytest.approx(losses["single"], rel=1e-4)
     history = json.loads((tmp_path / "ddp" / "results.json").read_text())["tasks"]["sst2"]["runs"]["0"]["history"]
     assert len(history) == 4 and max(h["main"] for h in history) > 55.0  # it trains (a char-level model, slowly)
+
+
+@pytest.mark.parametrize("arch", ["encoder", "encoder_decoder"])
+def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pretrained, arch):
+    """The same job for the other two families ([CLS] pooling for the encoder, last token for the T5-style
+    model, whose decoder reads the input shifted right)."""
+    run_dir = tmp_path / arch
+    finetune(finetune_cfg(run_dir, ["init=none", *TINY, f"model.arch={arch}", f"tokenizer={pretrained / 'data'}",
+                                    *easy_task(easy_glue)]))
+    assert dev_acc(run_dir) > 80.0
