@@ -189,12 +189,14 @@ def consolidated_state_dict(ckpt: Path) -> Dict[str, torch.Tensor]:
     if fmt == "dcp":
         from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-        out = ckpt / ".consolidated.pt"
-        dcp_to_torch_save(ckpt / "dcp", out)
-        try:
+        import tempfile
+
+        # A private scratch file: several processes (the ranks of a finetuning job) may consolidate the
+        # same checkpoint at once.
+        with tempfile.TemporaryDirectory(prefix="lm-consolidate-") as scratch:
+            out = Path(scratch) / "consolidated.pt"
+            dcp_to_torch_save(ckpt / "dcp", out)
             return torch.load(out, map_location="cpu", weights_only=False)["model"]
-        finally:
-            out.unlink()
     if fmt == "deepspeed":
         if info.get("zero_stage", 0) == 0:
             states = torch.load(ckpt / "deepspeed" / "mp_rank_00_model_states.pt", map_location="cpu",
