@@ -92,7 +92,7 @@ def _run(cfg, engine, loader, val_loader, lr_at, tracker, checkpointer, state: S
         saved = (cfg.ckpt_interval and state.step % cfg.ckpt_interval == 0) or last
         if saved:
             checkpointer.save(asdict(state), loader.state_dict())
-        if stop.requested():
+        if not last and stop.requested():  # a signal during the last step: the run is complete anyway
             path = checkpointer.latest() if saved else checkpointer.save(asdict(state), loader.state_dict())
             raise Preempted(f"{stop.name} received: stopped after step {state.step} with checkpoint {path}; "
                             f"run the same command to resume")
