@@ -101,6 +101,7 @@ def train(cfg: DictConfig, loaders=None):
         state = loop.run(tcfg, engine, train_loader, val_loader,
                          lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps),
                          tracker, checkpointer, state, speed)
+        D.barrier()  # every rank done before any tears down its process group (gloo aborts on exit races)
         return Trained(state=state, engine=engine, run_dir=run_dir)
     finally:
         tracker.close()
