@@ -253,6 +253,7 @@ def main() -> None:
         app()
     finally:
         D.shutdown()
+    D.exit_after_success()
 
 
 if __name__ == "__main__":
