@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from lm.config import ConfigError, LoggerConfig, TrainConfig, conf_dir, register_glue_configs, register_train_configs
+from lm.config import ConfigError, LoggerConfig, TrainConfig, register_glue_configs, register_train_configs
 
 log = logging.getLogger("lm")
 
@@ -131,38 +130,22 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def main() -> None:
-    import hydra
-
+    from lm.app import run_app
     from lm.checkpoint import CheckpointError
     from lm.data.tokenizer import TokenizerError
     from lm.engine import dist as D
-    from lm.engine.dist import EngineError
     from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
     from lm.loop import LossDiverged
-    from lm.train import _agree_on_run_stamp, _strip_launcher_args
 
-    _strip_launcher_args()
-    register()
-    _agree_on_run_stamp()
-
-    @hydra.main(config_path=str(conf_dir()), config_name="finetune", version_base=None)
-    def app(cfg: DictConfig) -> None:
-        try:
-            finetune(cfg)
-        except (ConfigError, EngineError, CheckpointError, LossDiverged, GlueDataError, TokenizerError) as e:
-            log.error("%s: %s", type(e).__name__, e)
-            D.shutdown()
-            sys.exit(1)
+    def job(cfg: DictConfig) -> None:
+        finetune(cfg)
         if D.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
             print(print_table(cfg.run_dir))
             print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
 
-    try:
-        app()
-    finally:
-        D.shutdown()
-    D.exit_after_success()
+    register()
+    run_app("lm-finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, GlueDataError, TokenizerError))
 
 
 if __name__ == "__main__":

@@ -10,15 +10,13 @@ Run the same command again (same run_dir) and it continues from <run_dir>/checkp
 
 import logging
 import os
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lm.config import (ConfigError, LoggerConfig, OptimConfig, SchedConfig, TrainConfig, conf_dir,
+from lm.config import (ConfigError, LoggerConfig, OptimConfig, SchedConfig, TrainConfig,
                        register_train_configs, resolve_batch, validate_train)
 
 log = logging.getLogger("lm")
@@ -197,63 +195,13 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _agree_on_run_stamp() -> None:
-    """Rank 0's clock names the run: `run_dir: runs/${lm.stamp:}` is then one directory for all ranks."""
-    from lm.engine import dist as D
-
-    if "LM_RUN_STAMP" in os.environ:
-        return
-    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    if D.launched_world_size() > 1:
-        D.init(D.pick_device("auto"))
-        stamp = D.broadcast_object(stamp)
-    os.environ["LM_RUN_STAMP"] = stamp
-
-
-def _in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-
-
-def _strip_launcher_args() -> None:
-    # The deepspeed launcher appends --local_rank=N (LOCAL_RANK is in the environment too); Hydra
-    # would take it for an override.
-    sys.argv = [a for a in sys.argv if not a.startswith("--local_rank")]
-
-
 def main() -> None:
-    import hydra
-
+    from lm.app import run_app
     from lm.checkpoint import CheckpointError
-    from lm.engine import dist as D
-    from lm.engine.dist import EngineError
     from lm.loop import LossDiverged, Preempted
 
-    _strip_launcher_args()
     register_train_configs()
-    try:
-        _agree_on_run_stamp()
-    except EngineError as e:
-        sys.exit(f"lm-train: {e}")
-
-    @hydra.main(config_path=str(conf_dir()), config_name="train", version_base=None)
-    def app(cfg: DictConfig) -> None:
-        try:
-            train(cfg)
-        except (ConfigError, EngineError, CheckpointError, LossDiverged, Preempted) as e:
-            log.error("%s: %s", type(e).__name__, e)
-            D.shutdown()
-            if _in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
-                raise
-            sys.exit(1)
-
-    try:
-        app()
-    finally:
-        D.shutdown()
-    D.exit_after_success()
+    run_app("lm-train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
 
 
 if __name__ == "__main__":

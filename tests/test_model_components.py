@@ -83,7 +83,7 @@ def test_glu_variants_are_parameter_matched(glu, mlp):
     # With bias the GLU has one more hidden-size bias vector per layer.
     cfg = model_config(compose_model("tiny", ["dim=96", f"ffn={glu}"]))
     ffn = build_model(cfg).decoder.blocks[0].ffn
-    assert ffn.up.out_features == 256 and ffn.gate.out_features == 256
+    assert ffn.gate_up.out_features == 2 * 256
 
 
 def test_gqa_and_mqa_shrink_only_the_key_value_projections():

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lm.model.linear import Linear
+
 
 @dataclass
 class LayerCache:
@@ -64,7 +66,7 @@ class _Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale, self.dropout = scale, dropout
-        self.out = nn.Linear(n_heads * head_dim, dim, bias=bias)
+        self.out = Linear(n_heads * head_dim, dim, bias=bias)
         self.out.is_residual_proj = True  # scaled at init (GPT-2)
         # QK-norm (Dehghani et al. 2023) bounds the attention logits; identity when off.
         self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
@@ -89,7 +91,7 @@ class _Attention(nn.Module):
 class SelfAttention(_Attention):
     def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm):
         super().__init__(dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm)
-        self.qkv = nn.Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+        self.qkv = Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
 
     def forward(self, x, causal: bool, mask, pos, cache: Optional[LayerCache] = None):
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -107,8 +109,8 @@ class SelfAttention(_Attention):
 class CrossAttention(_Attention):
     def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm):
         super().__init__(dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm)
-        self.q = nn.Linear(dim, n_heads * head_dim, bias=bias)
-        self.kv = nn.Linear(dim, 2 * n_kv_heads * head_dim, bias=bias)
+        self.q = Linear(dim, n_heads * head_dim, bias=bias)
+        self.kv = Linear(dim, 2 * n_kv_heads * head_dim, bias=bias)
 
     def _memory_kv(self, memory: torch.Tensor) -> tuple:
         k, v = self.kv(memory).chunk(2, dim=-1)

@@ -3,7 +3,7 @@
 `from_hf(hf_model)` returns (our model, its ModelConfig) with the same weights; `to_hf(model)`
 returns the matching `transformers` model. Each family is a config mapping plus a table of
 rules `(our key, their keys, how)`: "copy", "t" (transpose, for GPT-2's Conv1D), or "cat"
-(our fused q|k|v or k|v rows are their separate projections stacked). transformers is imported
+(our fused q|k|v, k|v or gate|up rows are their separate projections stacked). transformers is imported
 lazily: it is a test reference and an export target, not a dependency of the model.
 """
 
@@ -113,7 +113,8 @@ def _llama_rules(cfg: ModelConfig) -> List[Rule]:
                   (o + "norm_ffn.weight", [t + "post_attention_layernorm.weight"], "copy")]
         if cfg.bias:
             rules.append((o + "self_attn.qkv.bias", [attn + p + "_proj.bias" for p in "qkv"], "cat"))
-        rules += [(o + f"ffn.{p}.weight", [t + f"mlp.{p}_proj.weight"], "copy") for p in ("gate", "up", "down")]
+        rules += [(o + "ffn.gate_up.weight", [t + "mlp.gate_proj.weight", t + "mlp.up_proj.weight"], "cat"),
+                  (o + "ffn.down.weight", [t + "mlp.down_proj.weight"], "copy")]
     return rules
 
 
@@ -204,11 +205,12 @@ def _t5_to_hf_config(cfg: ModelConfig):
 
 
 def _t5_ffn_rules(cfg: ModelConfig, o: str, t: str) -> List[Rule]:
+    d = t + "DenseReluDense."
     if cfg.ffn["_target_"].endswith("GLU"):
-        pairs = [("gate", "wi_0"), ("up", "wi_1"), ("down", "wo")]
+        up = (o + "ffn.gate_up.weight", [d + "wi_0.weight", d + "wi_1.weight"], "cat")
     else:
-        pairs = [("up", "wi"), ("down", "wo")]
-    return [(o + f"ffn.{a}.weight", [t + f"DenseReluDense.{b}.weight"], "copy") for a, b in pairs]
+        up = (o + "ffn.up.weight", [d + "wi.weight"], "copy")
+    return [up, (o + "ffn.down.weight", [d + "wo.weight"], "copy")]
 
 
 def _t5_rules(cfg: ModelConfig) -> List[Rule]:

@@ -10,6 +10,7 @@ from torch import nn
 
 from lm.config import ModelConfig
 from lm.model.ffn import ACTIVATIONS
+from lm.model.linear import Linear
 from lm.model.loss import chunked_cross_entropy
 
 IGNORE_INDEX = -100
@@ -46,7 +47,7 @@ class LMHead(nn.Module):
     def __init__(self, cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module):
         super().__init__()
         self.transform = transform
-        self.proj = nn.Linear(cfg.dim, cfg.vocab_size, bias=bias)
+        self.proj = Linear(cfg.dim, cfg.vocab_size, bias=bias)
         if tied is not None:
             self.proj.weight = tied.weight
         self.logit_scale = cfg.logit_scale
@@ -71,7 +72,7 @@ class LMHead(nn.Module):
 def mlm_transform(cfg: ModelConfig, norm: nn.Module) -> nn.Module:
     """BERT's prediction-head transform: dense, GELU, norm."""
     act = ACTIVATIONS["gelu"]
-    return nn.Sequential(nn.Linear(cfg.dim, cfg.dim), _Lambda(act), norm)
+    return nn.Sequential(Linear(cfg.dim, cfg.dim), _Lambda(act), norm)
 
 
 class _Lambda(nn.Module):
