@@ -34,7 +34,6 @@ class _OneDNNLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
         y = _onednn_mm(x.reshape(-1, x.shape[-1]), weight, bias)  # (..., in) -> (N, in) -> (N, out)
         return y.view(*x.shape[:-1], weight.shape[0])
 
@@ -47,7 +46,7 @@ class _OneDNNLinear(torch.autograd.Function):
             dx = _onednn_mm(g, weight.t(), None).view(*x.shape)  # g (N, out) @ W (out, in)
         if ctx.needs_input_grad[1]:
             dw = g.t().mm(x.reshape(-1, x.shape[-1]))  # g^T x on MKL: faster than oneDNN for this product
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if ctx.needs_input_grad[2]:  # False when there is no bias
             db = g.sum(0)
         return dx, dw, db
 
