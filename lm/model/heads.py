@@ -32,7 +32,9 @@ class Embedding(nn.Module):
         self.scale = math.sqrt(cfg.dim) if cfg.scale_embeddings else 1.0
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = self.tok(input_ids) * self.scale  # (B, T, D)
+        x = self.tok(input_ids)  # (B, T, D)
+        if self.scale != 1.0:  # a multiply by 1 would still be a pass over (B, T, D), forward and backward
+            x = x * self.scale
         if self.seg is not None:
             x = x + self.seg(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
         return x
