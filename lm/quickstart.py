@@ -4,6 +4,8 @@
     lm-quickstart --compare                # also finetune the same model from random weights, and print both
     lm-quickstart --compare --seeds 0,1,2  # the measurement of docs/glue_pretraining.md
     lm-quickstart --tasks sst2,mrpc,rte --pretrain-steps 300 --out runs/qs-small
+    lm-quickstart --compare --seeds 0,1,2 --tasks sst2,mrpc,stsb --dim 256 --layers 4 --pretrain-steps 1500 \
+        --set pooling=mean                 # the 4 x 256 measurement of docs/glue_pretraining.md (~1 h on 2 cores)
 
 1. Corpus (embedded default, nothing to choose): WikiText-2 raw valid + test (Merity et al. 2016;
    the 11 MB train file is not needed), the TinyStories slice (Eldan & Li 2023), and the UNLABELLED
@@ -27,7 +29,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 log = logging.getLogger("lm")
 
@@ -39,9 +41,14 @@ CORPUS_TASKS = ("sst2", "cola", "mrpc", "stsb", "rte")
 # 2019), the first 5000 of SST-2's 67k training sentences and the first 2000 of STS-B's 5749 pairs.
 QUICK = ["+per_task.all.epochs=3", "+per_task.all.lr=5e-4", "+per_task.sst2.max_train_examples=5000",
          "+per_task.stsb.max_train_examples=2000"]
-MODEL = ["model=tiny", "model.vocab_size=4096", "model.dim=128", "model.n_layers=2", "model.n_heads=4",
-         "model.max_seq_len=128"]
 VOCAB = 4096
+DIM, LAYERS = 128, 2  # the default decoder; --dim / --layers change it (docs/glue_pretraining.md uses 256 x 4)
+
+
+def model_overrides(dim: int = DIM, layers: int = LAYERS) -> List[str]:
+    """The quickstart decoder: 4 heads of dim/4, context 128, the 4096-token BPE."""
+    return ["model=tiny", f"model.vocab_size={VOCAB}", f"model.dim={dim}", f"model.n_layers={layers}", "model.n_heads=4",
+            "model.max_seq_len=128"]
 
 
 def corpus_files(out: Path, tasks: List[str], glue_root=None) -> List[str]:
@@ -73,7 +80,7 @@ def data_node(out: Path, files: List[str]) -> Dict:
             "split": "document", "val_fraction": 0.02, "tokenizer": "bpe", "vocab_size": VOCAB, "workers": 1}
 
 
-def pretrain(out: Path, files: List[str], steps: int, seed: int):
+def pretrain(out: Path, files: List[str], steps: int, seed: int, model: Optional[List[str]] = None):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
@@ -81,7 +88,7 @@ def pretrain(out: Path, files: List[str], steps: int, seed: int):
     from lm.train import train
 
     register_train_configs()
-    overrides = [*MODEL, f"run_dir={out / 'pretrain'}", f"seed={seed}", f"train.max_steps={steps}",
+    overrides = [*(model or model_overrides()), f"run_dir={out / 'pretrain'}", f"seed={seed}", f"train.max_steps={steps}",
                  "train.seq_len=128", "train.micro_batch_size=16", "train.eval_interval=0", "train.eval_batches=10",
                  f"train.ckpt_interval={min(steps, 200)}", "train.log_interval=50", "train.keep_last=1", "optim.lr=2e-3",
                  "optim.weight_decay=0.1", f"sched.warmup_steps={min(100, steps // 10)}", "sched.min_lr_ratio=0.1"]
@@ -92,7 +99,8 @@ def pretrain(out: Path, files: List[str], steps: int, seed: int):
     return train(cfg)
 
 
-def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: List[str], tokenizer=None):
+def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: List[str], tokenizer=None,
+             model: Optional[List[str]] = None):
     from hydra import compose, initialize_config_dir
 
     from lm.config import conf_dir
@@ -100,7 +108,7 @@ def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: Li
 
     register()
     overrides = [f"init={init}", f"run_dir={out}", "task=glue/all", f"task.tasks=[{','.join(tasks)}]",
-                 *MODEL, *([f"tokenizer={tokenizer}"] if tokenizer else []), f"+per_task.all.seeds=[{','.join(map(str, seeds))}]",
+                 *(model or model_overrides()), *([f"tokenizer={tokenizer}"] if tokenizer else []), f"+per_task.all.seeds=[{','.join(map(str, seeds))}]",
                  *QUICK, *extra]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="finetune", overrides=overrides)
@@ -147,6 +155,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="pretraining steps of 16 x 128 tokens (default %(default)s)")
     p.add_argument("--seeds", default="0", help="comma-separated finetuning seeds (default %(default)s)")
     p.add_argument("--compare", action="store_true", help="also finetune the same model from scratch (init=none)")
+    p.add_argument("--dim", type=int, default=DIM, help="decoder width, 4 heads (default %(default)s)")
+    p.add_argument("--layers", type=int, default=LAYERS, help="decoder layers (default %(default)s)")
     p.add_argument("--seed", type=int, default=1337, help="pretraining seed (default %(default)s)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="extra lm-finetune overrides for both runs, e.g. +per_task.all.lr=3e-4 train.micro_batch_size=64")
@@ -166,12 +176,13 @@ def main(argv=None) -> None:
     out, t0 = args.out, time.perf_counter()
     try:
         files = corpus_files(out, list(dict.fromkeys([*CORPUS_TASKS, *tasks])))
-        trained = pretrain(out, files, args.pretrain_steps, args.seed)
+        model = model_overrides(args.dim, args.layers)
+        trained = pretrain(out, files, args.pretrain_steps, args.seed, model)
         minutes = (time.perf_counter() - t0) / 60
         log.info("pretrained %d steps in %.1f min; finetuning on %s", trained.state.step, minutes, ", ".join(tasks))
-        finetune(out / "finetune" / "pretrained", str(out / "pretrain"), tasks, seeds, args.set)
+        finetune(out / "finetune" / "pretrained", str(out / "pretrain"), tasks, seeds, args.set, model=model)
         if args.compare:
-            finetune(out / "finetune" / "scratch", "none", tasks, seeds, args.set, tokenizer=str(out / "data"))
+            finetune(out / "finetune" / "scratch", "none", tasks, seeds, args.set, tokenizer=str(out / "data"), model=model)
     except (ConfigError, DataError, GlueDataError) as e:
         sys.exit(f"lm-quickstart: {type(e).__name__}: {e}")
     print("\nFinetuned from the pretrained checkpoint:\n")

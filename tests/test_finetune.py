@@ -8,6 +8,7 @@ filler; a bag-of-words model separates it, so a tiny decoder reaches far above c
 """
 
 import csv
+import importlib.util
 import json
 import random
 from pathlib import Path
@@ -267,3 +268,16 @@ def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pr
     finetune(finetune_cfg(run_dir, ["init=none", *TINY, f"model.arch={arch}", f"tokenizer={pretrained / 'data'}",
                                     *easy_task(easy_glue)]))
     assert dev_acc(run_dir) > 80.0
+
+
+def test_linear_probe_of_frozen_features(pretrained, easy_glue):
+    """benchmarks/glue_probe.py: logistic regression on pooled frozen features, pretrained and random init."""
+    spec = importlib.util.spec_from_file_location("glue_probe", Path(__file__).parents[1] / "benchmarks" / "glue_probe.py")
+    glue_probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(glue_probe)
+    rows = glue_probe.probe(str(pretrained / "run"), "sst2", 0, 24, str(easy_glue))
+    assert set(rows) == {(w, p) for w in ("pretrained", "random init") for p in ("mean", "last")}
+    # One sentiment word among fillers: its embedding moves the mean, so even random features separate
+    # the classes well; the last token (a filler or the word) sees the word only through attention.
+    assert rows[("random init", "mean")][1] > 75 and rows[("pretrained", "mean")][1] > 75
+    assert all(0 <= acc <= 100 for pair in rows.values() for acc in pair)

@@ -1,0 +1,88 @@
+"""Linear probe: how much of a GLUE task a checkpoint's FROZEN features already solve, against the
+same model with random weights.
+
+Each example is encoded as lm-finetune encodes it, run through the backbone once (no training),
+pooled (mean over real tokens, and the last real token), and a logistic regression
+(scikit-learn) is fit on the training features and scored on dev. If the pretrained features
+probe barely above random ones, finetuning from them cannot be expected to beat training from
+scratch (docs/glue_pretraining.md uses it that way).
+
+    python benchmarks/glue_probe.py runs/quickstart/pretrain                 # SST-2, first 5000 train rows
+    python benchmarks/glue_probe.py runs/quickstart/pretrain --task cola --train-examples 0   # all rows
+
+Data: $LM_DATA_MIRROR/glue_data (or --data-root), as lm-finetune reads it.
+"""
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+POOLINGS = ("mean", "last")
+
+
+def features(model, tokenizer, examples, arch: str, max_len: int, batch: int = 256):
+    """{pooling: (N, D) array} and the (N,) labels of `examples`, from one no-grad pass."""
+    from lm.glue.encode import collate, encode_examples
+    from lm.model.heads import pool
+
+    enc = encode_examples(tokenizer, examples, max_len, arch)
+    out = {p: [] for p in POOLINGS}
+    with torch.no_grad():
+        for i in range(0, len(enc), batch):
+            b = collate(enc[i:i + batch], tokenizer.pad_id)
+            h = model.features(b["input_ids"], b["attention_mask"], b["token_type_ids"])  # (B, T, D)
+            for p in POOLINGS:
+                out[p].append(pool(h, b["attention_mask"], p).numpy())
+    return {p: np.concatenate(v) for p, v in out.items()}, np.array([e["labels"] for e in enc])
+
+
+def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: int = 0) -> dict:
+    from sklearn.linear_model import LogisticRegression
+
+    from lm.glue.init import load_backbone
+    from lm.glue.readers import load_split
+    from lm.glue.tasks import get_task
+    from lm.model import build_model
+
+    if get_task(task).n_labels == 1:
+        raise SystemExit(f"glue_probe: {task} is a regression task; probe a classification task")
+    bb = load_backbone(init)
+    train = load_split(task, "train", root, hf=False)[:train_examples or None]
+    dev = load_split(task, "dev", root, hf=False)
+    rows = {}
+    for name in ("pretrained", "random init"):
+        torch.manual_seed(seed)
+        model = build_model(bb.model_cfg).eval()
+        if name == "pretrained":
+            model.load_state_dict(bb.state_dict, strict=False)  # strict=False: the LM head may be tied
+        x_tr, y_tr = features(model, bb.tokenizer, train, bb.model_cfg.arch, max_len)
+        x_dev, y_dev = features(model, bb.tokenizer, dev, bb.model_cfg.arch, max_len)
+        for p in POOLINGS:
+            clf = LogisticRegression(max_iter=3000).fit(x_tr[p], y_tr)
+            rows[(name, p)] = (100 * clf.score(x_tr[p], y_tr), 100 * clf.score(x_dev[p], y_dev))
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("init", help="an lm-train run dir (or checkpoint, or lm-export dir)")
+    p.add_argument("--task", default="sst2")
+    p.add_argument("--train-examples", type=int, default=5000, help="first N training rows (0 = all)")
+    p.add_argument("--max-len", type=int, default=64)
+    p.add_argument("--data-root", default=None, help="GLUE root (default: $LM_DATA_MIRROR/glue_data)")
+    p.add_argument("--threads", type=int, default=2)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    rows = probe(args.init, args.task, args.train_examples, args.max_len, args.data_root)
+    print(f"linear probe on frozen features, {args.task}, init={args.init}")
+    print("| weights | pooling | train acc | dev acc |\n|---|---|---:|---:|")
+    for (name, pooling), (tr, dv) in rows.items():
+        print(f"| {name} | {pooling} | {tr:.1f} | {dv:.1f} |")
+    print(f"({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
