@@ -56,7 +56,7 @@ def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: i
         torch.manual_seed(seed)
         model = build_model(bb.model_cfg).eval()
         if name == "pretrained":
-            model.load_state_dict(bb.state_dict, strict=False)  # strict=False: the LM head may be tied
+            model.load_state_dict(bb.state_dict)
         x_tr, y_tr = features(model, bb.tokenizer, train, bb.model_cfg.arch, max_len)
         x_dev, y_dev = features(model, bb.tokenizer, dev, bb.model_cfg.arch, max_len)
         for p in POOLINGS:

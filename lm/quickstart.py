@@ -108,8 +108,8 @@ def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: Li
 
     register()
     overrides = [f"init={init}", f"run_dir={out}", "task=glue/all", f"task.tasks=[{','.join(tasks)}]",
-                 *(model or model_overrides()), *([f"tokenizer={tokenizer}"] if tokenizer else []), f"+per_task.all.seeds=[{','.join(map(str, seeds))}]",
-                 *QUICK, *extra]
+                 *(model or model_overrides()), *([f"tokenizer={tokenizer}"] if tokenizer else []),
+                 f"+per_task.all.seeds=[{','.join(map(str, seeds))}]", *QUICK, *extra]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="finetune", overrides=overrides)
     return run(cfg)
