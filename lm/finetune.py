@@ -22,6 +22,7 @@ from typing import Any, Dict, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lm.config import ConfigError, LoggerConfig, TrainConfig, register_glue_configs, register_train_configs
+from lm.files import atomic_write_text
 
 log = logging.getLogger("lm")
 
@@ -87,7 +88,7 @@ def finetune(cfg: DictConfig):
     config = OmegaConf.to_container(cfg, resolve=True)
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomically(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger = typed(cfg, "logger", LoggerConfig)
     logger.group = logger.group or _pretraining_group(backbone.pretrain)
     opts = RunOptions(run_dir=run_dir, make_engine=lambda: _make_engine(cfg, instantiate, tcfg, dist),
@@ -122,11 +123,6 @@ def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:
         return None
     return (pretrain.get("logger") or {}).get("group") or Path(str(pretrain.get("run_dir", ""))).name or None
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main() -> None:

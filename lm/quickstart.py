@@ -63,7 +63,7 @@ def corpus_files(out: Path, tasks: List[str], glue_root=None) -> List[str]:
 
 def glue_sentences(out_dir: Path, tasks: List[str], root=None) -> Path:
     """One sentence per line from the TRAIN split of each task (text only: no labels, no dev/test text)."""
-    from lm.glue.files import atomic_write_text
+    from lm.files import atomic_write_text
     from lm.glue.readers import load_split
 
     path = out_dir / "glue_train_sentences.txt"

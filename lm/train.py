@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm.config import (ConfigError, LoggerConfig, OptimConfig, SchedConfig, TrainConfig,
                        register_train_configs, resolve_batch, validate_train)
+from lm.files import atomic_write_text
 
 log = logging.getLogger("lm")
 
@@ -88,7 +89,7 @@ def train(cfg: DictConfig, loaders=None):
 
     tracker = NullTracker()
     if dist.is_main:
-        _write_atomically(run_dir / "config.yaml", config_yaml)
+        atomic_write_text(run_dir / "config.yaml", config_yaml)
         tracker = Tracker(run_dir, typed(cfg, "logger", LoggerConfig), OmegaConf.to_container(cfg, resolve=True),
                           resume_step=state.step)
         log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s", engine.name,
@@ -188,11 +189,6 @@ def _log_to_file(path: Path) -> logging.Handler:
     log.addHandler(handler)
     return handler
 
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def main() -> None:

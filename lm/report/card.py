@@ -10,7 +10,7 @@ from lm.report import plots
 from lm.report.html import to_html
 from lm.report.runs import Run
 from lm.report.summary import summarize
-from lm.report.sweep import write_atomic
+from lm.files import atomic_write_text
 from lm.report.table import human
 
 
@@ -57,6 +57,6 @@ def write_run_card(run: Run, out: Path, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plots.run_card(run, out / "run_curves.png")
     md = markdown_card(run, command)
-    write_atomic(out / "card.md", md)
-    write_atomic(out / "card.html", to_html(md, f"Run card: {run.name}", out))
+    atomic_write_text(out / "card.md", md)
+    atomic_write_text(out / "card.html", to_html(md, f"Run card: {run.name}", out))
     return out / "card.html"

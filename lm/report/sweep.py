@@ -6,19 +6,13 @@ directory with report.html in it is complete.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+from lm.files import atomic_write_text
 from lm.report import plots, table
 from lm.report.html import to_html
 from lm.report.stats import RULE
 from lm.report.summary import EARLY_FRACTION, WINDOW_FRACTION
 from lm.report.variants import setup_of
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _setup_lines(runs: list, forced_differences: bool) -> list:
@@ -68,9 +62,9 @@ def write_sweep_report(variants: list, runs: list, out: Path, title: str, comman
     rows = table.build_rows(variants, baseline)
     plots.loss_curves(variants, out / "loss_curves.png")
     plots.final_loss(rows, out / "final_loss.png")
-    write_atomic(out / "report.csv", table.variants_csv(rows))
-    write_atomic(out / "runs.csv", table.runs_csv(rows))
+    atomic_write_text(out / "report.csv", table.variants_csv(rows))
+    atomic_write_text(out / "runs.csv", table.runs_csv(rows))
     md = markdown_report(variants, rows, runs, title, notes, command, forced_differences)
-    write_atomic(out / "report.md", md)
-    write_atomic(out / "report.html", to_html(md, title, out))
+    atomic_write_text(out / "report.md", md)
+    atomic_write_text(out / "report.html", to_html(md, title, out))
     return out / "report.html"

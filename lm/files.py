@@ -1,4 +1,4 @@
-"""Atomic text writes: a reader never sees half a submission or results file."""
+"""Atomic text writes: a reader never sees half a file (config.yaml, results, submissions, sweep tables)."""
 
 from __future__ import annotations
 
