@@ -44,3 +44,29 @@ def test_bad_arguments_name_the_flag(bad, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse(bad)
     assert message in capsys.readouterr().err
+
+
+def _kernel_floor():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("kernel_floor", Path(__file__).parents[1] / "benchmarks" / "kernel_floor.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("layout", ["gpt2", "llama"])
+def test_kernel_floor_replays_every_matmul_of_the_hf_model(layout, capsys):
+    """benchmarks/kernel_floor.py: its replay covers each weight matrix once (the tied LM head too)."""
+    kernel_floor = _kernel_floor()
+    args = bench.parse(TINY + ["--layout", layout, "--vocab", "65"])
+    hf = bench.build(args)["hf"]
+    shapes = kernel_floor.linear_shapes(hf)
+    # Llama: q, k, v, o, gate, up, down per layer + head; GPT-2: c_attn, c_proj, c_fc, mlp c_proj + head.
+    assert len(shapes) == args.layers * (7 if layout == "llama" else 4) + 1
+    matrix_params = sum(p.numel() for n, p in hf.named_parameters() if p.dim() == 2 and "wpe" not in n)
+    embedding_counted_once = 0 if layout == "gpt2" else 65 * args.dim  # GPT-2 ties wte to the head
+    assert sum(i * o for i, o, _, _ in shapes) == matrix_params - embedding_counted_once
+    kernel_floor.main(TINY[:-4] + ["--layout", layout, "--vocab", "65", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert "floor fraction" in out and "ceiling" in out
