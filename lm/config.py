@@ -280,12 +280,13 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW (Loshchilov & Hutter 2019); no weight decay on norms, biases and embeddings."""
+    """AdamW (Loshchilov & Hutter 2019); no weight decay on norms, biases, and embeddings unless decay_embeddings."""
 
     lr: float = 6e-4  # peak learning rate; the schedule multiplies it
     betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     weight_decay: float = 0.1
+    decay_embeddings: bool = False  # True: embedding tables are decayed too (nanoGPT: every matrix)
     fused: Optional[bool] = None  # None = torch's default for the device
 
 

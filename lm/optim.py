@@ -14,10 +14,17 @@ from torch import nn
 from lm.config import OptimConfig, SchedConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
-    """Two AdamW groups: decayed Linear weights, and everything else (tied weights counted once)."""
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> List[Dict]:
+    """Two AdamW groups: decayed Linear weights, and everything else (tied weights counted once).
+
+    decay_embeddings=True also decays the embedding tables (and so a head tied to one): nanoGPT's
+    rule, every matrix decayed.
+    """
     decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    no_decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    if decay_embeddings:
+        decay_ids |= embedding_ids
+    no_decay_ids = set() if decay_embeddings else embedding_ids
     decay, no_decay = [], []
     for p in model.parameters():  # .parameters() yields a tied tensor once
         if not p.requires_grad:
@@ -30,8 +37,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> List[Dict]:
 def adamw(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     """torch AdamW on the model's (possibly sharded) parameters; lr is set every step by the loop."""
     kwargs = {"fused": cfg.fused} if cfg.fused is not None else {}
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
-                             eps=cfg.eps, **kwargs)
+    groups = param_groups(model, cfg.weight_decay, cfg.decay_embeddings)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, **kwargs)
 
 
 def lr_multiplier(step: int, sched: SchedConfig, total_steps: int) -> float:

@@ -24,6 +24,17 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
     assert adamw(model, OptimConfig(weight_decay=0.1)).param_groups[0]["weight_decay"] == 0.1
 
 
+def test_decay_embeddings_decays_every_matrix_as_nanogpt():
+    model = build_model(compose_model("tiny"))  # tied head, learned positions: two embedding tables
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay, no_decay = adamw(model, OptimConfig(weight_decay=0.1, decay_embeddings=True)).param_groups
+    matrices = {n for n, p in model.named_parameters() if p.dim() == 2}
+    assert any("emb" in n for n in matrices) and any("pos" in n for n in matrices)
+    assert {names[id(p)] for p in decay["params"]} == matrices
+    assert all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
 @pytest.mark.parametrize("kind, expected", [
     # warmup 4 of 20 steps, floor 0.1: (step + 1) / 5 during warmup, then the decay reaches 0.1 at step 19
     ("constant", {0: 0.2, 3: 0.8, 4: 1.0, 19: 1.0}),
