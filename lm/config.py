@@ -201,6 +201,7 @@ class DataConfig:
     mlm_probability: float = 0.15  # BERT (Devlin et al. 2019)
     noise_density: float = 0.15  # T5 span corruption (Raffel et al. 2020)
     mean_span_length: float = 3.0
+    train_stride: Optional[int] = None  # train windows start every this many tokens; None = tile (window - overlap)
 
 
 def validate_data(cfg: "DataConfig") -> None:

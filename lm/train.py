@@ -158,7 +158,8 @@ def _loader_options(data: DictConfig, objective: str) -> dict:
     from lm.data.packed import PackedLoader
 
     accepted = inspect.signature(PackedLoader).parameters
-    return {k: data[k] for k in ("mlm_probability", "noise_density", "mean_span_length", "doc_boundaries")
+    return {k: data[k] for k in ("mlm_probability", "noise_density", "mean_span_length", "doc_boundaries",
+                                 "train_stride")
             if k in data and k in accepted}
 
 

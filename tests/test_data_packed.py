@@ -97,6 +97,29 @@ def test_ranks_get_disjoint_slices_that_cover_the_single_process_order(data):
     assert not ids[0] & ids[1]
 
 
+def test_train_stride_makes_every_offset_a_window_and_leaves_val_tiled(data):
+    tokens = stream(data, "train")
+    loader = PackedLoader(data, "train", T, B, "clm", seed=3, train_stride=1)
+    assert loader.n_samples == tokens.size - T  # windows of T + 1 tokens start at 0 .. n - T - 1
+    ids = loader.sample_ids(np.arange(loader.n_samples))
+    assert np.array_equal(np.sort(ids), np.arange(loader.n_samples))  # an epoch is every offset once
+    batch = next(iter(loader))
+    for row, i in zip(batch["input_ids"], loader.sample_ids(np.arange(B))):
+        assert np.array_equal(row.numpy(), tokens[i: i + T])
+    last = np.empty((1, T + 1), dtype=np.int64)
+    loader.stream.read_windows(np.array([loader.n_samples - 1]), last)
+    assert np.array_equal(last[0], tokens[-T - 1:])  # the last window ends at the last token
+    three = PackedLoader(data, "train", T, B, "clm", train_stride=3)
+    assert three.n_samples == (tokens.size - T - 1) // 3 + 1
+    val = PackedLoader(data, "val", T, B, "clm", train_stride=1)
+    assert val.stride == T and val.n_samples == (stream(data, "val").size - 1) // T
+    state = loader.state_dict()
+    with pytest.raises(Exception, match="n_samples=.* but this loader has"):
+        PackedLoader(data, "train", T, B, "clm", seed=3).load_state_dict(state)
+    with pytest.raises(Exception, match="data.train_stride=0 must be >= 1"):
+        PackedLoader(data, "train", T, B, "clm", train_stride=0)
+
+
 @pytest.mark.parametrize("objective", ["clm", "mlm", "span"])
 def test_resume_continues_with_exactly_the_next_samples_after_a_split_change(data, objective):
     T_obj = 32

@@ -48,6 +48,7 @@ def test_training_recipe(cfg):
     assert (s.kind, s.warmup_steps) == ("cosine", 100)
     assert o.lr * s.min_lr_ratio == pytest.approx(1e-4)
     assert cfg.data.tokenizer == "char" and cfg.data.split == "contiguous" and cfg.data.val_fraction == 0.1
+    assert cfg.data.train_stride == 1  # every offset a window, as nanoGPT's random offsets
 
 
 def test_char_vocabulary_is_the_65_symbols_plus_reserved_ids(cfg, tmp_path):

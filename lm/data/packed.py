@@ -7,8 +7,10 @@
     for batch in PackedLoader(..., "val", ...): ...          # val: finite, in order, the same every time
 
 The split's shards form one token stream. Sample i is the window stream[i*stride : i*stride + window]
-(stride = window - overlap): windows cross document boundaries (documents are separated by EOS)
-and are never padded. The train order is a seeded pseudo-random permutation of the samples per
+(stride = window - overlap, so the windows tile the stream; train_stride sets another stride for
+the train split, e.g. 1 = every offset a sample, nanoGPT's random offsets drawn without
+replacement): windows cross document boundaries (documents are separated by EOS) and are never
+padded. The train order is a seeded pseudo-random permutation of the samples per
 epoch, evaluated pointwise (a Feistel network with cycle walking, Black & Rogaway 2002), so
 it costs no memory however many samples there are.
 
@@ -139,7 +141,8 @@ class PackedLoader:
     def __init__(self, data_dir, split: str, seq_len: int, micro_batch_size: int, objective: str = "clm",
                  rank: int = 0, world_size: int = 1, seed: int = 0, doc_boundaries: bool = False,
                  mlm_probability: float = 0.15, noise_density: float = 0.15, mean_span_length: float = 3.0,
-                 vocab_size: Optional[int] = None, decoder_start_id: Optional[int] = None, verify: bool = False):
+                 vocab_size: Optional[int] = None, decoder_start_id: Optional[int] = None, verify: bool = False,
+                 train_stride: Optional[int] = None):
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank={rank} must be in [0, world_size={world_size})")
         if seq_len < 1 or micro_batch_size < 1:
@@ -158,7 +161,12 @@ class PackedLoader:
         self.collate = make_collator(objective, seq_len, self.meta, seed, 0 if self.training else 1, doc_boundaries,
                                      mlm_probability, noise_density, mean_span_length, decoder_start_id)
         self.window, self.stride = self.collate.window, self.collate.window - self.collate.overlap
-        self.n_samples = max(0, (self.stream.n - self.collate.overlap) // self.stride)
+        if train_stride is not None and self.training:  # val always tiles: each token scored once
+            if train_stride < 1:
+                raise ConfigError(f"data.train_stride={train_stride} must be >= 1 (or null: the window "
+                                  f"length minus the overlap, {self.stride} here)")
+            self.stride = train_stride
+        self.n_samples = max(0, (self.stream.n - self.window) // self.stride + 1)  # last start <= n - window
         if self.n_samples < (1 if self.training else world_size):
             raise DataError(f"{self.root}: the {split!r} split has {self.stream.n} tokens, too few for "
                             f"{1 if self.training else world_size} window(s) of {self.window} tokens; use a "
@@ -171,7 +179,7 @@ class PackedLoader:
         cfg = data_config(data_cfg)
         return cls(cfg.dir, split, seq_len, micro_batch_size, objective, doc_boundaries=cfg.doc_boundaries,
                    mlm_probability=cfg.mlm_probability, noise_density=cfg.noise_density,
-                   mean_span_length=cfg.mean_span_length, **kw)
+                   mean_span_length=cfg.mean_span_length, train_stride=cfg.train_stride, **kw)
 
     # -- iteration ----------------------------------------------------------------------------
 
@@ -230,14 +238,14 @@ class PackedLoader:
 
     def state_dict(self) -> dict:
         return {"samples_consumed": int(self.consumed), "seed": self.seed, "split": self.split,
-                "n_samples": self.n_samples, "window": self.window, "objective": self.objective,
+                "n_samples": self.n_samples, "window": self.window, "stride": self.stride, "objective": self.objective,
                 "tokenizer_sha256": self.tokenizer_sha256}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after `samples_consumed` samples; refuses a state from another data order."""
-        for key in ("seed", "split", "n_samples", "window", "objective", "tokenizer_sha256"):
+        for key in ("seed", "split", "n_samples", "window", "stride", "objective", "tokenizer_sha256"):
             if key in state and state[key] != getattr(self, key):
                 raise ConfigError(f"loader state has {key}={state[key]!r} but this loader has {getattr(self, key)!r}: "
                                   f"the resumed run would not see the same data order; resume with the same data, "
-                                  f"seq_len, objective and seed")
+                                  f"seq_len, train_stride, objective and seed")
         self.consumed = int(state["samples_consumed"])
