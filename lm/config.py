@@ -235,6 +235,8 @@ def validate_data(cfg: "DataConfig") -> None:
             raise ConfigError(f"data.{name}={getattr(cfg, name)!r} must be a positive integer")
     if cfg.workers < 0 or cfg.n_sentinels < 0:
         raise ConfigError("data.workers and data.n_sentinels must be >= 0")
+    if cfg.train_stride is not None and cfg.train_stride < 1:
+        raise ConfigError(f"data.train_stride={cfg.train_stride} must be >= 1, or null for windows that tile the text")
     if not 0.0 < cfg.mlm_probability < 1.0 or not 0.0 < cfg.noise_density < 1.0 or cfg.mean_span_length < 1.0:
         raise ConfigError("data.mlm_probability and data.noise_density must be in (0, 1), "
                           "data.mean_span_length >= 1")

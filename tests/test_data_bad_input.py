@@ -93,6 +93,8 @@ def test_missing_paths_and_bad_settings(tmp_path):
         data_config({"doc_split": "regex", "doc_separator": "(a|b)"})
     with pytest.raises(ConfigError, match="Allowed fields"):
         data_config({"vocab": 3})
+    with pytest.raises(ConfigError, match=r"data.train_stride=0 must be >= 1, or null"):
+        data_config({"train_stride": 0})
 
 
 def test_single_document_split_by_document_explains_contiguous(tmp_path, good):

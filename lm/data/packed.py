@@ -238,8 +238,8 @@ class PackedLoader:
 
     def state_dict(self) -> dict:
         return {"samples_consumed": int(self.consumed), "seed": self.seed, "split": self.split,
-                "n_samples": self.n_samples, "window": self.window, "stride": self.stride, "objective": self.objective,
-                "tokenizer_sha256": self.tokenizer_sha256}
+                "n_samples": self.n_samples, "window": self.window, "stride": self.stride,
+                "objective": self.objective, "tokenizer_sha256": self.tokenizer_sha256}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after `samples_consumed` samples; refuses a state from another data order."""
