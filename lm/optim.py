@@ -20,17 +20,14 @@ def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool =
     decay_embeddings=True also decays the embedding tables (and so a head tied to one): nanoGPT's
     rule, every matrix decayed.
     """
-    decay_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
+    linear_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    if decay_embeddings:
-        decay_ids |= embedding_ids
-    no_decay_ids = set() if decay_embeddings else embedding_ids
+    # Without decay_embeddings, a Linear weight tied to an embedding (the LM head) counts as an embedding.
+    decay_ids = linear_ids | embedding_ids if decay_embeddings else linear_ids - embedding_ids
     decay, no_decay = [], []
     for p in model.parameters():  # .parameters() yields a tied tensor once
-        if not p.requires_grad:
-            continue
-        # A Linear weight tied to an embedding (the LM head) is an embedding: no decay.
-        (decay if id(p) in decay_ids and id(p) not in no_decay_ids else no_decay).append(p)
+        if p.requires_grad:
+            (decay if id(p) in decay_ids else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
