@@ -4,7 +4,7 @@
     python benchmarks/engine_bench.py zero-memory   # bytes per rank, ZeRO-0/1/2/3 on 2 CPU ranks, vs the formula
 
 overhead: the same GPT-2-layout model, the same packed batches of tiny Shakespeare, the same AdamW;
-`lm.train.train` (engine=single, its tokens/s as logged in metrics.jsonl, batch fetching included)
+`lm.cli.train.train` (engine=single, its tokens/s as logged in metrics.jsonl, batch fetching included)
 against a hand-written loop, interleaved over several rounds; prints the medians and lm/bare.
 
 zero-memory: `torchrun --nproc_per_node 2` per stage (started by this script), 2 training steps, then
@@ -52,7 +52,7 @@ def run_overrides(run_dir, steps, extra=()):
 
 def lm_train_tokens_per_s(steps):
     """lm-train's own tokens/s over the second half of the run (the first half warms up)."""
-    from lm.train import train
+    from lm.cli.train import train
 
     with tempfile.TemporaryDirectory() as d:
         train(compose(run_overrides(d, steps)))
@@ -67,7 +67,7 @@ def bare_tokens_per_s(steps):
     from lm.config import OptimConfig
     from lm.data.packed import PackedLoader
     from lm.model import build_model, model_config
-    from lm.optim import adamw
+    from lm.core.optim import adamw
 
     cfg = compose(run_overrides("unused", steps))
     torch.manual_seed(0)
@@ -128,7 +128,7 @@ def zero_worker(stage):
     """Runs under torchrun: train 2 steps with ZeRO-`stage`, print this rank's byte counts as JSON."""
     import torch
 
-    from lm.train import train
+    from lm.cli.train import train
 
     torch.set_num_threads(1)
     engine = "deepspeed" if stage == 0 else f"zero{stage}"

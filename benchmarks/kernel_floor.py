@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm import bench
+from lm.cli import bench
 
 
 def linear_shapes(model: nn.Module) -> list:

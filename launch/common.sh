@@ -2,7 +2,7 @@
 # Sourced by every script in launch/: the environment that torchrun, accelerate and the deepspeed
 # launcher need, with nothing specific to one cluster. Set any of these before launching.
 #
-#   LM_ENTRY         Python module to run: lm.train (default), lm.finetune, lm.preflight
+#   LM_ENTRY         Python module to run: lm.cli.train (default), lm.cli.finetune, lm.cli.preflight
 #   NPROC_PER_NODE   processes per node; default: $SLURM_GPUS_ON_NODE, else the GPUs nvidia-smi
 #                    lists, else 1 (CPU: set it yourself, each process then uses gloo)
 #   OMP_NUM_THREADS  CPU threads per process; torchrun sets 1 when it starts more than one process
@@ -17,11 +17,11 @@
 #   FI_PROVIDER=efa           AWS EFA (with the aws-ofi-nccl plugin), FI_EFA_USE_DEVICE_RDMA=1
 #   TORCH_NCCL_ASYNC_ERROR_HANDLING=1  a dead peer fails the job instead of hanging it (torch default)
 #   GLOO_SOCKET_IFNAME=eth0   the same choice for CPU (gloo) runs and for lm's CPU-side collectives
-# Check a fabric before a long run with `LM_ENTRY=lm.preflight` through the same launch script.
+# Check a fabric before a long run with `LM_ENTRY=lm.cli.preflight` through the same launch script.
 
 # Logs reach SLURM's output file as they are written, not when a buffer fills.
 export PYTHONUNBUFFERED=1
-export LM_ENTRY="${LM_ENTRY:-lm.train}"
+export LM_ENTRY="${LM_ENTRY:-lm.cli.train}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/torch_extensions/$(hostname -s)}"
 
 lm_usage() {  # the header comment of a launch script is its help

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One node, N processes, with the `deepspeed` launcher (it appends --local_rank, which lm.train
+# One node, N processes, with the `deepspeed` launcher (it appends --local_rank, which lm.cli.train
 # drops; use any engine, though engine=zero1|zero2|zero3|zero3_offload is what it is for).
 #
 # Needs: lm installed (deepspeed on PATH). Environment (optional):

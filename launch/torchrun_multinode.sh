@@ -28,7 +28,7 @@ export RDZV_ID="${RDZV_ID:-lm-$MASTER_PORT}"
 lm_default_nproc
 lm_need_command torchrun
 [[ "$NODE_RANK" =~ ^[0-9]+$ ]] && [ "$NODE_RANK" -lt "$NNODES" ] || lm_die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
-[ "$LM_ENTRY" = lm.preflight ] || lm_has_run_dir "$@" || echo "lm launch: no run_dir=... given; rank 0 names one under runs/ (every node must see it)" >&2
+[ "$LM_ENTRY" = lm.cli.preflight ] || lm_has_run_dir "$@" || echo "lm launch: no run_dir=... given; rank 0 names one under runs/ (every node must see it)" >&2
 
 # c10d hands out global ranks in joining order; NODE_RANK decides which agent hosts the rendezvous
 # store (node 0), rather than torchrun guessing it from hostnames, which fails behind aliases and NAT.

@@ -242,7 +242,7 @@ def validate_data(cfg: "DataConfig") -> None:
                           "data.mean_span_length >= 1")
 
 
-# -- training (lm/train.py, loop.py, engine.py, optim.py, checkpoint.py, tracking.py; owned by the engine) --
+# -- training (lm/cli/train.py, loop.py, engine.py, optim.py, checkpoint.py, tracking.py; owned by the engine) --
 
 from typing import List  # noqa: E402 (this section's own import)
 
@@ -295,7 +295,7 @@ class OptimConfig:
 
 @dataclass
 class SchedConfig:
-    """Learning-rate multiplier as a pure function of the step (lm.optim.lr_multiplier)."""
+    """Learning-rate multiplier as a pure function of the step (lm.core.optim.lr_multiplier)."""
 
     kind: str = "cosine"  # cosine | linear | constant | wsd (warmup-stable-decay)
     warmup_steps: int = 100  # linear warmup from 0
@@ -359,7 +359,7 @@ def sweep_cell() -> str:
 
 
 def run_stamp() -> str:
-    """A timestamp that every rank agrees on: rank 0's, passed through LM_RUN_STAMP (lm.train sets it)."""
+    """A timestamp that every rank agrees on: rank 0's, passed through LM_RUN_STAMP (lm.cli.train sets it)."""
     import os
     import time
 

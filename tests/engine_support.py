@@ -123,7 +123,7 @@ def _worker(rank: int, world: int, port: int, overrides: List[str], objective: s
                        "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     torch.set_num_threads(1)
     from lm.engine import dist as D
-    from lm.train import train
+    from lm.cli.train import train
 
     try:
         cfg = compose(overrides)
@@ -141,7 +141,7 @@ def _worker(rank: int, world: int, port: int, overrides: List[str], objective: s
 
 
 def spawn(world: int, overrides: List[str], objective: str = "clm", timeout: float = 300) -> List:
-    """Run lm.train.train on `world` gloo ranks (torch.multiprocessing spawn); returns each rank's report."""
+    """Run lm.cli.train.train on `world` gloo ranks (torch.multiprocessing spawn); returns each rank's report."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")

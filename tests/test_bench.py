@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from lm import bench
+from lm.cli import bench
 
 TINY = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--threads", "1",
         "--steps", "2", "--warmup", "1"]

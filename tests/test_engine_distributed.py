@@ -6,7 +6,7 @@ its micro-batch i (engine_support), so the per-step losses must agree to fp32 re
 
 import pytest
 
-from lm.train import train
+from lm.cli.train import train
 from tests.engine_support import compose, loaders, spawn, tiny_overrides, train_losses
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -76,7 +76,7 @@ def test_sharded_checkpoint_exports_the_same_weights(engine, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from lm.checkpoint import consolidated_state_dict, export, resolve
+    from lm.core.checkpoint import consolidated_state_dict, export, resolve
 
     spawn(2, tiny_overrides(tmp_path / "ddp", 4, micro_batch_size=2) + ["engine=ddp"])
     spawn(2, tiny_overrides(tmp_path / engine, 4, micro_batch_size=2) + [f"engine={engine}"])

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
 from lm.config import ConfigError, conf_dir
-from lm.finetune import finetune, register
+from lm.cli.finetune import finetune, register
 from lm.glue.init import InitError, load_backbone
 from lm.glue.readers import GlueDataMissing
 from lm.glue.submission import check_submission
@@ -58,7 +58,7 @@ def easy_glue(tmp_path_factory):
 def pretrained(tmp_path_factory, easy_glue):
     """A 3-step lm-train run (single engine) on a BPE tokenizer of 320 tokens; returns its run dir."""
     from lm.config import register_train_configs
-    from lm.train import train
+    from lm.cli.train import train
 
     work = tmp_path_factory.mktemp("pretrain")
     rng = random.Random(1)
@@ -112,7 +112,7 @@ def test_scratch_finetune_learns_the_easy_task_and_writes_its_files(tmp_path, ea
 
 
 def test_finetune_from_an_lm_train_checkpoint_uses_its_weights_and_tokenizer(tmp_path, easy_glue, pretrained):
-    from lm.checkpoint import consolidated_state_dict, resolve
+    from lm.core.checkpoint import consolidated_state_dict, resolve
 
     backbone = load_backbone(str(pretrained / "run"))
     assert backbone.tokenizer.sha256 == json.loads((pretrained / "data" / "meta.json").read_text())["tokenizer"]["sha256"]
@@ -129,7 +129,7 @@ def test_finetune_from_an_lm_train_checkpoint_uses_its_weights_and_tokenizer(tmp
 
 
 def test_init_from_an_lm_export_directory(tmp_path, pretrained):
-    from lm.checkpoint import export
+    from lm.core.checkpoint import export
 
     out = export(pretrained / "run", tmp_path / "export", hf=False)
     with pytest.raises(InitError, match="needs tokenizer="):  # an export alone carries no tokenizer
@@ -211,7 +211,7 @@ def test_mnli_qqp_and_ax_from_official_format_fixtures(tmp_path, pretrained):
 
 def test_wandb_runs_are_finetune_jobs_grouped_with_their_pretraining_run(tmp_path, pretrained, monkeypatch):
     """logger=wandb: every task/seed is a wandb run of job type finetune in the pretraining run's group."""
-    from lm import tracking
+    from lm.core import tracking
 
     seen = []
     monkeypatch.setattr(tracking.Tracker, "_start_wandb", lambda self, cfg, config: seen.append((cfg, config)))
@@ -234,7 +234,7 @@ def test_fsdp2_checkpoint_finetuned_with_ddp_on_two_ranks(tmp_path, easy_glue):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LM_CACHE": str(tmp_path / "cache")}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    pre = subprocess.run([*torchrun, "-m", "lm.train", "engine=fsdp2", f"run_dir={tmp_path / 'pre'}",
+    pre = subprocess.run([*torchrun, "-m", "lm.cli.train", "engine=fsdp2", f"run_dir={tmp_path / 'pre'}",
                           "train.max_steps=3", "train.eval_batches=1", "train.world_size=2"],
                          capture_output=True, text=True, env=env, timeout=900)
     assert pre.returncode == 0, pre.stderr[-3000:]
@@ -244,7 +244,7 @@ def test_fsdp2_checkpoint_finetuned_with_ddp_on_two_ranks(tmp_path, easy_glue):
     task = easy_task(easy_glue, epochs=4, lr=3e-3, max_len=64, dropout=0.0)
     common = [f"init={tmp_path / 'pre'}", "hf=false", "train.micro_batch_size=8", "pooling=mean",
               "train.log_interval=1", *task]
-    ft = subprocess.run([*torchrun, "-m", "lm.finetune", "engine=ddp", f"run_dir={tmp_path / 'ddp'}",
+    ft = subprocess.run([*torchrun, "-m", "lm.cli.finetune", "engine=ddp", f"run_dir={tmp_path / 'ddp'}",
                          "train.world_size=2", *common], capture_output=True, text=True, env=env, timeout=900)
     assert ft.returncode == 0, ft.stderr[-3000:]
     assert "| SST-2 | acc |" in ft.stdout

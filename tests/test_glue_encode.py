@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lm.config import ModelConfig
-from lm.data.glue import collate, encode_examples, encode_pair, load_split, truncate_longest_first
+from lm.glue import collate, encode_examples, encode_pair, load_split, truncate_longest_first
 from lm.data.tokenizer import train
 from lm.model import SequenceClassifier, build_model
 

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from lm.config import ConfigError, GlueTaskConfig, conf_dir, register_glue_configs, validate_glue_task
-from lm.data.glue import (EVALS, GLUE_TASKS, TASKS, check_submission, load_eval, load_split, write_results,
+from lm.glue import (EVALS, GLUE_TASKS, TASKS, check_submission, load_eval, load_split, write_results,
                           write_submission)
 from lm.glue.presets import expand, load_preset
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from lm.data.glue import compute_metrics, glue_score, main_metric, task_score
+from lm.glue import compute_metrics, glue_score, main_metric, task_score
 from lm.glue.metrics import metric_keys
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lm.data.glue import (EVALS, GLUE_TASKS, TASKS, GlueDataError, GlueDataMissing, data_root, load_eval,
+from lm.glue import (EVALS, GLUE_TASKS, TASKS, GlueDataError, GlueDataMissing, data_root, load_eval,
                           load_split, split_path)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"

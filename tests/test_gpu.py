@@ -8,7 +8,7 @@ import torch
 
 from lm.config import compose_model
 from lm.model import build_model
-from lm.train import train
+from lm.cli.train import train
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
 pytestmark = pytest.mark.gpu

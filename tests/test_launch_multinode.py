@@ -61,7 +61,7 @@ def reference(tmp_path_factory) -> Dict[int, float]:
     """One process, micro-batch MICRO * WORLD: the losses every launch must reproduce."""
     run_dir = tmp_path_factory.mktemp("single")
     log = run_dir.parent / "single.log"
-    finish([run([sys.executable, "-m", "lm.train", f"run_dir={run_dir}", f"train.micro_batch_size={MICRO * WORLD}",
+    finish([run([sys.executable, "-m", "lm.cli.train", f"run_dir={run_dir}", f"train.micro_batch_size={MICRO * WORLD}",
                  *TINY], launch_env(), log)], [log])
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))

@@ -106,7 +106,7 @@ def test_torchrun_single_node_forwards_overrides(stubs):
     assert out.returncode == 0, out.stderr
     (call,) = stubs.calls()
     assert call["cmd"] == "torchrun"
-    assert call["args"] == ["--standalone", "--nproc_per_node", "4", "-m", "lm.train", *OVERRIDES]
+    assert call["args"] == ["--standalone", "--nproc_per_node", "4", "-m", "lm.cli.train", *OVERRIDES]
     assert call["env"]["PYTHONUNBUFFERED"] == "1" and call["env"]["TORCH_EXTENSIONS_DIR"].endswith(
         "torch_extensions/" + os.uname().nodename.split(".")[0])
 
@@ -117,13 +117,13 @@ def test_torchrun_without_gpus_defaults_to_one_process(stubs):
 
 
 def test_multinode_builds_the_c10d_rendezvous_from_the_environment(stubs):
-    env = dict(NNODES="4", MASTER_ADDR="node001", MASTER_PORT="29999", NPROC_PER_NODE="8", LM_ENTRY="lm.finetune")
+    env = dict(NNODES="4", MASTER_ADDR="node001", MASTER_PORT="29999", NPROC_PER_NODE="8", LM_ENTRY="lm.cli.finetune")
     assert stubs("torchrun_multinode.sh", *OVERRIDES, NODE_RANK="0", **env).returncode == 0
     assert stubs("torchrun_multinode.sh", *OVERRIDES, NODE_RANK="3", **env).returncode == 0
     host, other = stubs.calls()
     expected = ["--nnodes", "4", "--nproc_per_node", "8", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node001:29999",
                 "--rdzv_id", "lm-29999", "--rdzv_conf", "timeout=900,is_host={}", "--max_restarts", "0",
-                "-m", "lm.finetune", *OVERRIDES]
+                "-m", "lm.cli.finetune", *OVERRIDES]
     assert host["args"] == [a.format(1) for a in expected]  # node 0 hosts the rendezvous store
     assert other["args"] == [a.format(0) for a in expected]
 
@@ -155,16 +155,16 @@ def test_accelerate_single_and_multi_node(stubs):
     single, multi = stubs.calls()
     assert single["args"] == ["launch", "--config_file", str(LAUNCH / "accelerate/multi_gpu.yaml"), "--multi_gpu",
                               "--num_machines", "1", "--num_processes", "8", "--main_process_port", "29501",
-                              "-m", "lm.train", *OVERRIDES]
+                              "-m", "lm.cli.train", *OVERRIDES]
     assert multi["args"] == ["launch", "--config_file", str(LAUNCH / "accelerate/multi_node.yaml"), "--multi_gpu",
                              "--num_machines", "2", "--num_processes", "16", "--machine_rank", "1",
                              "--main_process_ip", "node001", "--main_process_port", "29500",
-                             "-m", "lm.train", *OVERRIDES]
+                             "-m", "lm.cli.train", *OVERRIDES]
 
 
 def test_deepspeed_single_node(stubs):
     assert stubs("deepspeed.sh", *OVERRIDES, NPROC_PER_NODE="2").returncode == 0
-    assert stubs.calls()[0]["args"] == ["--num_gpus", "2", "--master_port", "29500", "--module", "lm.train",
+    assert stubs.calls()[0]["args"] == ["--num_gpus", "2", "--master_port", "29500", "--module", "lm.cli.train",
                                         *OVERRIDES]
 
 
@@ -176,7 +176,7 @@ def test_deepspeed_hostfile_forwards_lm_variables_to_remote_ranks(stubs, tmp_pat
     assert out.returncode == 0, out.stderr
     (call,) = stubs.calls()
     assert call["args"] == ["--hostfile", str(hostfile), "--launcher", "pdsh", "--ssh_port", "2222",
-                            "--master_addr", "node001", "--master_port", "29500", "--module", "lm.train", *OVERRIDES]
+                            "--master_addr", "node001", "--master_port", "29500", "--module", "lm.cli.train", *OVERRIDES]
     assert "LM_DATA_MIRROR=/shared/data\n" in call["ds_env"] and "WANDB_MODE=offline\n" in call["ds_env"]
     assert not Path(call["env"]["DS_ENV_FILE"]).exists()  # the temporary env file is removed afterwards
 

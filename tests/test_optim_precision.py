@@ -7,8 +7,8 @@ import torch
 
 from lm.config import OptimConfig, SchedConfig, compose_model
 from lm.model import build_model
-from lm.optim import adamw, lr_multiplier, param_groups
-from lm.train import train
+from lm.core.optim import adamw, lr_multiplier, param_groups
+from lm.cli.train import train
 from tests.engine_support import compose, loaders, tiny_overrides, train_losses
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lm import preflight as P
+from lm.cli import preflight as P
 from tests.engine_support import REPO, free_port
 from tests.test_launch_multinode import launch_env
 
@@ -124,7 +124,7 @@ def _bus_bandwidth(out: str) -> float:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_ranks_under_torchrun_measure_bandwidth_and_fail_clearly(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lm.preflight",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lm.cli.preflight",
            "--ckpt-dir", str(tmp_path), "--need-gb", "0.001", "--size-mb", "8", "--json", str(tmp_path / "r.json")]
     out = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -154,7 +154,7 @@ def test_two_node_ranks_through_the_multinode_script(tmp_path):
     procs, logs = [], []
     for r in (1, 0):
         log = tmp_path / f"node{r}.log"
-        env = launch_env(LM_ENTRY="lm.preflight", NNODES="2", NODE_RANK=str(r), NPROC_PER_NODE="1",
+        env = launch_env(LM_ENTRY="lm.cli.preflight", NNODES="2", NODE_RANK=str(r), NPROC_PER_NODE="1",
                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_ADDR="127.0.0.1")
         procs.append(subprocess.Popen([str(REPO / "launch/torchrun_multinode.sh"), f"run_dir={tmp_path}/run",
                                        "--need-gb", "0.001", "--size-mb", "4"], cwd=REPO, env=env,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lm.glue.readers import load_split
-from lm.quickstart import compare_table, glue_sentences
+from lm.cli.quickstart import compare_table, glue_sentences
 
 
 def test_task_adaptive_corpus_is_train_text_only(tmp_path, data_mirror):
@@ -48,14 +48,14 @@ def test_compare_table_reports_seeds_medians_and_the_gain(tmp_path):
 
 
 def test_help_describes_the_job():
-    out = subprocess.run([sys.executable, "-m", "lm.quickstart", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "lm.cli.quickstart", "--help"], capture_output=True, text=True, check=True)
     assert "--pretrain-steps" in out.stdout and "task-adaptive" in out.stdout and "--compare" in out.stdout
 
 
 @pytest.mark.slow
 def test_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "lm.quickstart", "--out", str(tmp_path / "qs"), "--tasks", "rte",
+    out = subprocess.run([sys.executable, "-m", "lm.cli.quickstart", "--out", str(tmp_path / "qs"), "--tasks", "rte",
                           "--pretrain-steps", "4", "--compare", "--set", "+per_task.all.max_train_examples=48",
                           "++per_task.rte.epochs=1", "predict_test=false"],
                          capture_output=True, text=True, env=env, timeout=1200)

@@ -9,7 +9,7 @@ import yaml
 from lm.config import compose_model
 from lm.model import model_config
 from lm.model.flops import flops_per_token, num_params
-from lm.report.cli import main
+from lm.cli.report import main
 from lm.report.runs import ReportError, find_run_dirs, load_run, load_runs
 from lm.report.variants import check_comparable, group_variants
 from tests.fixtures.runs.synthetic import loss_at, make_run

@@ -6,7 +6,7 @@ import math
 import pytest
 from scipy import stats as sps
 
-from lm.report.cli import main
+from lm.cli.report import main
 from lm.report.runs import load_runs
 from lm.report.table import build_rows
 from lm.report.variants import group_variants

@@ -71,7 +71,7 @@ def test_char_vocabulary_is_the_65_symbols_plus_reserved_ids(cfg, tmp_path):
 
 
 def test_threads_must_be_positive(tmp_path):
-    from lm.train import train
+    from lm.cli.train import train
     from tests.engine_support import loaders, tiny_overrides
 
     c = compose(tiny_overrides(tmp_path, 2) + ["train.threads=0"])

@@ -10,8 +10,8 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
-from lm.report.callbacks import RecordFailure
-from lm.report.launchers import CellExited, ExitAsError, claim_slot, visible_gpus
+from lm.sweep.callbacks import RecordFailure
+from lm.sweep.launchers import CellExited, ExitAsError, claim_slot, visible_gpus
 from lm.report.runs import load_run
 
 
@@ -91,7 +91,7 @@ def test_a_cell_is_a_wandb_run_in_the_sweeps_group_with_its_overrides_as_tags(tm
     characters, so a long override is clipped instead of failing the cell."""
     wandb = pytest.importorskip("wandb")
     from lm.config import LoggerConfig
-    from lm.tracking import Tracker
+    from lm.core.tracking import Tracker
 
     long_tag = "data.source=" + "x" * 80
     cfg = LoggerConfig(wandb=True, mode="offline", group="ablate_ffn_norm_2026", name="model/ffn=swiglu,seed=1",

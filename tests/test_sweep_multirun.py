@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from lm.report.cli import main as report
+from lm.cli.report import main as report
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ def sweep(tmp_path, *overrides, pin_dir=True):
     env = dict(os.environ, OMP_NUM_THREADS="1", LM_CACHE=os.environ.get("LM_CACHE", os.path.expanduser("~/.cache/lm")))
     env.pop("LM_RUN_STAMP", None)
     pin = [f"hydra.sweep.dir={tmp_path / 'sweep'}"] if pin_dir else []  # else runs/<logger.group> under tmp_path
-    cmd = [sys.executable, "-m", "lm.train", "-m", "experiment=ablate_base", *pin, *TINY, *overrides]
+    cmd = [sys.executable, "-m", "lm.cli.train", "-m", "experiment=ablate_base", *pin, *TINY, *overrides]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 

@@ -35,9 +35,9 @@ def overrides(run_dir, *extra):
 
 def command(world):
     if world == 1:
-        return [sys.executable, "-m", "lm.train"]
+        return [sys.executable, "-m", "lm.cli.train"]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "lm.train"]
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "lm.cli.train"]
 
 
 def run(world, args, cache, cwd=REPO, **env):

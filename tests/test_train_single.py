@@ -11,11 +11,11 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from lm.checkpoint import CheckpointError
+from lm.core.checkpoint import CheckpointError
 from lm.config import ConfigError
 from lm.engine.dist import EngineError
-from lm.loop import LossDiverged
-from lm.train import train
+from lm.core.loop import LossDiverged
+from lm.cli.train import train
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
 
@@ -68,7 +68,7 @@ def test_resume_refuses_another_engine_or_world(tmp_path):
 
 def _nan_at(monkeypatch, step_calls):
     """Make the training loss NaN on the given forward calls (1-based)."""
-    from lm import objectives
+    from lm.core import objectives
 
     real, calls = objectives.loss, {"n": 0}
 
@@ -150,7 +150,7 @@ def test_missing_data_source_names_the_path(tmp_path, monkeypatch):
 def test_export_of_a_single_process_checkpoint_loads_in_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from lm.checkpoint import export
+    from lm.core.checkpoint import export
 
     gpt2 = ["model=gpt2", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.vocab_size=64",
             "model.max_seq_len=64"]
@@ -183,8 +183,8 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_
     import os
     import signal
 
-    from lm import objectives
-    from lm.loop import Preempted
+    from lm.core import objectives
+    from lm.core.loop import Preempted
 
     run(tmp_path / "whole", steps=8, extra=["model.dropout=0.1"])
     real, calls = objectives.loss, {"n": 0}

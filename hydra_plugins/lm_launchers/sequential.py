@@ -2,7 +2,7 @@
 
 from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 
-from lm.report.launchers import KeepGoing
+from lm.sweep.launchers import KeepGoing
 
 
 class Sequential(KeepGoing, BasicLauncher):

@@ -1,6 +1,6 @@
 """Engines: the only code that knows about DDP, FSDP2 or DeepSpeed (imported lazily).
 
-conf/engine/<name>.yaml picks the class (`_target_`); lm.train instantiates it with the run's
+conf/engine/<name>.yaml picks the class (`_target_`); lm.cli.train instantiates it with the run's
 TrainConfig and process-group info, then `engine.wrap(model, make_optimizer)`. See base.py for the
 interface the loop uses.
 """

@@ -1,7 +1,7 @@
 """Where a finetuned model starts: an lm-train checkpoint (any engine), an lm-export directory, or nothing.
 
     init=<run_dir>                 the run's checkpoints/latest (single, ddp, zero1-3, fsdp2: all read by
-    init=<run_dir>/checkpoints/step_00000500     lm.checkpoint.consolidated_state_dict)
+    init=<run_dir>/checkpoints/step_00000500     lm.core.checkpoint.consolidated_state_dict)
     init=<dir with model.safetensors + config.json>   what lm-export writes
     init=none                      random weights, the model of `model=` (baselines)
 
@@ -62,7 +62,7 @@ def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -
 def _from_checkpoint(path: Path, tokenizer: Optional[str]) -> Backbone:
     from omegaconf import OmegaConf
 
-    from lm.checkpoint import CheckpointError, consolidated_state_dict, resolve
+    from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
     from lm.model import model_config
 
     if not path.exists():

@@ -15,7 +15,7 @@ from pathlib import Path
 from statistics import fmean, median
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from lm.files import atomic_write_text
+from lm.core.files import atomic_write_text
 from lm.glue.metrics import Metrics, glue_score, missing_tasks
 from lm.glue.tasks import EVALS, GLUE_TASKS, METRIC_NAMES, TASKS, get_eval
 

@@ -156,17 +156,17 @@ def _run_task(t: GlueTaskConfig, backbone: Backbone, opts: RunOptions):
 def _run_one(t: GlueTaskConfig, data, seed: int, backbone: Backbone, opts: RunOptions):
     import torch
 
-    from lm.checkpoint import Checkpointer
+    from lm.core.checkpoint import Checkpointer
     from lm.config import OptimConfig
-    from lm.optim import adamw
-    from lm.tracking import NullTracker, Tracker
+    from lm.core.optim import adamw
+    from lm.core.tracking import NullTracker, Tracker
 
     engine = opts.make_engine()
     out = opts.run_dir / t.name / f"seed{seed}"
     torch.manual_seed(seed)  # the head's init (and a scratch backbone's): the same on every rank
     model = build_classifier(backbone, get_task(t.name).n_labels, t.dropout, opts.pooling)
     torch.manual_seed(seed + engine.rank)  # dropout differs per rank
-    # BERT's finetuning AdamW (Devlin et al. 2019): betas (0.9, 0.999), decay on matrices only (lm.optim).
+    # BERT's finetuning AdamW (Devlin et al. 2019): betas (0.9, 0.999), decay on matrices only (lm.core.optim).
     ocfg = OptimConfig(lr=t.lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=t.weight_decay)
     engine.wrap(model, lambda m: adamw(m, ocfg))
     tracker = NullTracker()

@@ -14,7 +14,7 @@ import csv
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from lm.files import atomic_write_text
+from lm.core.files import atomic_write_text
 from lm.glue.metrics import as_predictions
 from lm.glue.tasks import EVALS, get_eval, get_task
 

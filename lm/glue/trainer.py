@@ -1,4 +1,4 @@
-"""One GLUE task, one seed: the finetuning epoch loop, on the shared `lm.loop.train_step` and any engine.
+"""One GLUE task, one seed: the finetuning epoch loop, on the shared `lm.core.loop.train_step` and any engine.
 
     for each optimizer step (epochs x ceil(N / batch_size) steps, AdamW, linear warmup + linear decay):
         a shuffled batch of `batch_size` examples, this rank's share cut into micro-batches
@@ -160,8 +160,8 @@ def run_seed(cfg: GlueTaskConfig, data: TaskData, seed: int, engine, tracker, pa
              micro_batch_size: int, eval_batch_size: int = 128, log_interval: int = 50,
              on_best: Optional[Callable[[int, Dict], None]] = None) -> SeedResult:
     """Train one wrapped engine (model + AdamW already built) on `data`; returns the best epoch's results."""
-    from lm.loop import LossDiverged, train_step
-    from lm.optim import lr_multiplier
+    from lm.core.loop import LossDiverged, train_step
+    from lm.core.optim import lr_multiplier
 
     per_epoch, total, sched = schedule(cfg, len(data.train.features), engine.world_size)
     rng = np.random.default_rng(seed)  # the same batch order on every rank

@@ -10,7 +10,7 @@ from lm.report.runs import ReportError, Run, load_run, load_runs
 
 
 def main(argv=None) -> int:
-    from lm.report.cli import main as _main
+    from lm.cli.report import main as _main
 
     return _main(argv)
 

@@ -10,7 +10,7 @@ from lm.report import plots
 from lm.report.html import to_html
 from lm.report.runs import Run
 from lm.report.summary import summarize
-from lm.files import atomic_write_text
+from lm.core.files import atomic_write_text
 from lm.report.table import human
 
 

@@ -7,7 +7,7 @@ directory with report.html in it is complete.
 from __future__ import annotations
 
 from pathlib import Path
-from lm.files import atomic_write_text
+from lm.core.files import atomic_write_text
 from lm.report import plots, table
 from lm.report.html import to_html
 from lm.report.stats import RULE

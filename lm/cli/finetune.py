@@ -22,7 +22,7 @@ from typing import Any, Dict, Optional
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lm.config import ConfigError, LoggerConfig, TrainConfig, register_glue_configs, register_train_configs
-from lm.files import atomic_write_text
+from lm.core.files import atomic_write_text
 
 log = logging.getLogger("lm")
 
@@ -74,15 +74,16 @@ def finetune(cfg: DictConfig):
     from lm.engine import dist as D
     from lm.glue.init import load_backbone
     from lm.glue.run import RunOptions, finetune_glue
-    from lm.train import _engine_class, _make_engine, _quiet_other_ranks, typed
+    from lm.cli.train import typed
+    from lm.core.setup import engine_class, make_engine, quiet_other_ranks
 
     if OmegaConf.is_missing(cfg, "init"):
         raise ConfigError("say where the model starts: init=<lm-train run dir or checkpoint dir or lm-export dir>, "
                           "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
     tcfg = typed(cfg, "train", FinetuneTrain)
-    engine_cls = _engine_class(cfg, get_class)
+    engine_cls = engine_class(cfg, get_class)
     dist = D.init(D.pick_device(tcfg.device), need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
-    _quiet_other_ranks(dist)
+    quiet_other_ranks(dist)
     backbone = _load_in_turn(lambda: load_backbone(cfg.init, cfg.tokenizer, cfg.model), dist)
     run_dir = Path(cfg.run_dir)
     config = OmegaConf.to_container(cfg, resolve=True)
@@ -91,7 +92,7 @@ def finetune(cfg: DictConfig):
         atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     logger = typed(cfg, "logger", LoggerConfig)
     logger.group = logger.group or _pretraining_group(backbone.pretrain)
-    opts = RunOptions(run_dir=run_dir, make_engine=lambda: _make_engine(cfg, instantiate, tcfg, dist),
+    opts = RunOptions(run_dir=run_dir, make_engine=lambda: make_engine(cfg, instantiate, tcfg, dist),
                       micro_batch_size=tcfg.micro_batch_size, eval_batch_size=cfg.eval_batch_size,
                       log_interval=tcfg.log_interval, logger=logger, predict_test=cfg.predict_test,
                       save_best=cfg.save_best, hf=cfg.hf, skip_missing=cfg.skip_missing, pooling=cfg.pooling,
@@ -126,13 +127,13 @@ def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:
 
 
 def main() -> None:
-    from lm.app import run_app
-    from lm.checkpoint import CheckpointError
+    from lm.cli.app import run_app
+    from lm.core.checkpoint import CheckpointError
     from lm.data.tokenizer import TokenizerError
     from lm.engine import dist as D
     from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
-    from lm.loop import LossDiverged
+    from lm.core.loop import LossDiverged
 
     def job(cfg: DictConfig) -> None:
         finetune(cfg)

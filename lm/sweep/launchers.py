@@ -9,7 +9,7 @@ thin subclasses of these.
    (a clear message, no traceback), and Hydra's launchers only catch Exception: under the basic
    launcher the SystemExit ends the whole sweep at the first bad cell, under submitit it makes
    the job's result raise in the middle of collecting them. Here it becomes CellExited, which
-   Hydra records as that cell's failure and goes on; lm.report.callbacks.RecordFailure then
+   Hydra records as that cell's failure and goes on; lm.sweep.callbacks.RecordFailure then
    writes the reason to the cell's error.txt.
 2. Cells started as separate processes (submitit) resolve `${lm.stamp:}` (the sweep's wandb
    group and directory) and the lm resolvers like the parent did: the stamp travels with the

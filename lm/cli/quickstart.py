@@ -14,7 +14,7 @@
    download cache, else are downloaded (lm.data.sources).
 2. A byte-level BPE tokenizer of 4096 tokens and a 2-layer, 128-wide GPT-style decoder (0.94M
    parameters), pretrained with lm-train's loop (causal LM) for --pretrain-steps steps of 16 x 128 tokens.
-3. lm-finetune on each task (lm.finetune), from the checkpoint; with --compare also from scratch
+3. lm-finetune on each task (lm.cli.finetune), from the checkpoint; with --compare also from scratch
    (init=none: the same model and tokenizer, random weights, the same finetuning settings).
 
 Everything lands under --out (default runs/quickstart): data/, pretrain/ (an lm-train run dir),
@@ -63,7 +63,7 @@ def corpus_files(out: Path, tasks: List[str], glue_root=None) -> List[str]:
 
 def glue_sentences(out_dir: Path, tasks: List[str], root=None) -> Path:
     """One sentence per line from the TRAIN split of each task (text only: no labels, no dev/test text)."""
-    from lm.files import atomic_write_text
+    from lm.core.files import atomic_write_text
     from lm.glue.readers import load_split
 
     path = out_dir / "glue_train_sentences.txt"
@@ -85,7 +85,7 @@ def pretrain(out: Path, files: List[str], steps: int, seed: int, model: Optional
     from omegaconf import OmegaConf, open_dict
 
     from lm.config import conf_dir, register_train_configs
-    from lm.train import train
+    from lm.cli.train import train
 
     register_train_configs()
     overrides = [*(model or model_overrides()), f"run_dir={out / 'pretrain'}", f"seed={seed}", f"train.max_steps={steps}",
@@ -104,7 +104,7 @@ def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: Li
     from hydra import compose, initialize_config_dir
 
     from lm.config import conf_dir
-    from lm.finetune import finetune as run, register
+    from lm.cli.finetune import finetune as run, register
 
     register()
     overrides = [f"init={init}", f"run_dir={out}", "task=glue/all", f"task.tasks=[{','.join(tasks)}]",

@@ -1,9 +1,9 @@
 """`lm-train`: compose the config, build model, data and engine, resume if possible, run the loop.
 
     lm-train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
-    torchrun --nproc_per_node 2 -m lm.train engine=zero2 run_dir=runs/z2
-    accelerate launch --multi_gpu --num_processes 2 -m lm.train engine=ddp run_dir=runs/ddp
-    deepspeed --num_gpus 2 --module lm.train engine=zero3 run_dir=runs/z3
+    torchrun --nproc_per_node 2 -m lm.cli.train engine=zero2 run_dir=runs/z2
+    accelerate launch --multi_gpu --num_processes 2 -m lm.cli.train engine=ddp run_dir=runs/ddp
+    deepspeed --num_gpus 2 --module lm.cli.train engine=zero3 run_dir=runs/z3
 
 Run the same command again (same run_dir) and it continues from <run_dir>/checkpoints/latest.
 """
@@ -18,14 +18,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm.config import (ConfigError, LoggerConfig, OptimConfig, SchedConfig, TrainConfig,
                        register_train_configs, resolve_batch, validate_train)
-from lm.files import atomic_write_text
+from lm.core.files import atomic_write_text
+from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
 
 log = logging.getLogger("lm")
 
 
 @dataclass
 class Trained:
-    state: Any  # lm.loop.State at the end
+    state: Any  # lm.core.loop.State at the end
     engine: Any  # the wrapped engine (its model holds the trained weights)
     run_dir: Path
 
@@ -39,14 +40,14 @@ def train(cfg: DictConfig, loaders=None):
     import torch
     from hydra.utils import get_class, instantiate
 
-    from lm import loop
-    from lm.checkpoint import Checkpointer
+    from lm.core import loop
+    from lm.core.checkpoint import Checkpointer
     from lm.engine import dist as D
     from lm.model import build_model, model_config
     from lm.model.flops import flops_per_token
-    from lm.objectives import objective_for
-    from lm.optim import adamw, lr_multiplier
-    from lm.tracking import NullTracker, Tracker, device_peak_flops
+    from lm.core.objectives import objective_for
+    from lm.core.optim import adamw, lr_multiplier
+    from lm.core.tracking import NullTracker, Tracker, device_peak_flops
 
     tcfg, ocfg, scfg = typed(cfg, "train", TrainConfig), typed(cfg, "optim", OptimConfig), typed(cfg, "sched", SchedConfig)
     validate_train(tcfg, ocfg, scfg)
@@ -56,12 +57,12 @@ def train(cfg: DictConfig, loaders=None):
     if tcfg.seq_len > model_cfg.max_seq_len:
         raise ConfigError(f"train.seq_len={tcfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
                           f"lower train.seq_len or raise model.max_seq_len")
-    engine_cls = _engine_class(cfg, get_class)
+    engine_cls = engine_class(cfg, get_class)
     device = D.pick_device(tcfg.device)
     dist = D.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
-    _quiet_other_ranks(dist)
+    quiet_other_ranks(dist)
     tcfg.grad_accum = cfg.train.grad_accum = resolve_batch(tcfg, dist.world_size)  # DeepSpeed's JSON reads it
-    engine = _make_engine(cfg, instantiate, tcfg, dist)
+    engine = make_engine(cfg, instantiate, tcfg, dist)
     if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
         raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
 
@@ -72,13 +73,13 @@ def train(cfg: DictConfig, loaders=None):
 
     torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
     model = build_model(model_cfg)
-    _seed_everything(cfg.seed + dist.rank)  # different dropout per rank
+    seed_everything(cfg.seed + dist.rank)  # different dropout per rank
     engine.wrap(model, lambda m: adamw(m, ocfg))
 
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     checkpointer = Checkpointer(run_dir, engine, tcfg.keep_last, config_yaml)
     state = loop.State()
-    file_log = _log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
+    file_log = log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
     latest = D.broadcast_object(checkpointer.latest() if dist.is_main and cfg.resume else None)
     if latest:
         trainer, loader_state = checkpointer.load(latest)
@@ -108,21 +109,6 @@ def train(cfg: DictConfig, loaders=None):
         if file_log:
             log.removeHandler(file_log)
             file_log.close()
-
-
-def _engine_class(cfg: DictConfig, get_class):
-    target = cfg.engine.get("_target_") if cfg.engine else None
-    if not target:
-        raise ConfigError("engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2")
-    return get_class(target)
-
-
-def _make_engine(cfg: DictConfig, instantiate, tcfg: TrainConfig, dist):
-    factory = instantiate(cfg.engine)
-    try:
-        return factory(train=tcfg, dist=dist)
-    except TypeError as e:  # an option the engine class does not take
-        raise ConfigError(f"engine ({cfg.engine._target_}): {e}; see conf/engine/ for its options") from None
 
 
 def _packed_loaders(cfg: DictConfig, tcfg: TrainConfig, model_cfg, dist, objective: str):
@@ -167,35 +153,11 @@ def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
-def _seed_everything(seed: int) -> None:
-    import random
-
-    import numpy as np
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _quiet_other_ranks(dist) -> None:
-    if not dist.is_main:
-        logging.getLogger().setLevel(logging.WARNING)
-        log.setLevel(logging.WARNING)
-
-
-def _log_to_file(path: Path) -> logging.Handler:
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
-    log.addHandler(handler)
-    return handler
-
-
 
 def main() -> None:
-    from lm.app import run_app
-    from lm.checkpoint import CheckpointError
-    from lm.loop import LossDiverged, Preempted
+    from lm.cli.app import run_app
+    from lm.core.checkpoint import CheckpointError
+    from lm.core.loop import LossDiverged, Preempted
 
     register_train_configs()
     run_app("lm-train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))

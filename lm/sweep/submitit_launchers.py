@@ -1,5 +1,5 @@
 """The submitit launchers of lm sweeps (conf/hydra/launcher/local_gpus.yaml and slurm.yaml):
-hydra-submitit-launcher's, with the changes that lm/report/launchers.py explains. Needs the
+hydra-submitit-launcher's, with the changes that lm/sweep/launchers.py explains. Needs the
 `slurm` extra: pip install -e '.[slurm]'."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 
-from lm.report.launchers import InCellProcess, KeepGoing, claim_slot, visible_gpus
+from lm.sweep.launchers import InCellProcess, KeepGoing, claim_slot, visible_gpus
 
 log = logging.getLogger("lm")
 

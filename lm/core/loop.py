@@ -3,7 +3,7 @@
     for each optimizer step:
         set the learning rate (a pure function of the step)
         take grad_accum micro-batches; forward + backward each, weighted by its share of the
-            step's label tokens over all ranks (lm/objectives.py says why)
+            step's label tokens over all ranks (lm/core/objectives.py says why)
         stop (or skip) on a NaN/inf loss, before any weight changes
         engine.step(): clip, update, zero gradients
         log, validate, checkpoint at their intervals
@@ -25,10 +25,10 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
-from lm import objectives
+from lm.core import objectives
 from lm.config import TrainConfig
 from lm.engine import dist as D
-from lm.tracking import memory_gib, mfu, perplexity
+from lm.core.tracking import memory_gib, mfu, perplexity
 
 log = logging.getLogger("lm")
 

@@ -1,0 +1,52 @@
+"""What every app does before its loop: pick and build the engine, seed, quiet the other ranks, log to a file.
+
+Shared by lm-train and lm-finetune, so neither imports the other.
+"""
+
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from lm.config import ConfigError, TrainConfig
+
+log = logging.getLogger("lm")
+
+
+def engine_class(cfg: DictConfig, get_class):
+    target = cfg.engine.get("_target_") if cfg.engine else None
+    if not target:
+        raise ConfigError("engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2")
+    return get_class(target)
+
+
+def make_engine(cfg: DictConfig, instantiate, tcfg: TrainConfig, dist):
+    factory = instantiate(cfg.engine)
+    try:
+        return factory(train=tcfg, dist=dist)
+    except TypeError as e:  # an option the engine class does not take
+        raise ConfigError(f"engine ({cfg.engine._target_}): {e}; see conf/engine/ for its options") from None
+
+
+def seed_everything(seed: int) -> None:
+    import random
+
+    import numpy as np
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def quiet_other_ranks(dist) -> None:
+    if not dist.is_main:
+        logging.getLogger().setLevel(logging.WARNING)
+        log.setLevel(logging.WARNING)
+
+
+def log_to_file(path: Path) -> logging.Handler:
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
+    log.addHandler(handler)
+    return handler
