@@ -24,6 +24,7 @@ import time
 import torch
 
 from lm.config import ModelConfig, component
+from lm.extras import exit_if_missing
 
 LAYOUTS = {
     "gpt2": dict(norm=component("lm.model.norms.LayerNorm"), ffn=component("lm.model.ffn.MLP", activation="gelu_tanh"),
@@ -147,6 +148,7 @@ def parse(argv=None):
 
 
 def main(argv=None):
+    exit_if_missing("lm-bench", "hf")  # the reference models are transformers'
     args = parse(argv)
     r = run(args)
     if args.json:

@@ -34,8 +34,9 @@ import numpy as np
 
 from lm.config import ConfigError
 from lm.data.collate import CausalLM, Collator, MaskedLM, SpanCorruption
-from lm.data.prepare import data_config, open_prepared
-from lm.data.sources import DataError
+from lm.data.errors import DataError
+from lm.data.manifest import open_prepared
+from lm.data.prepare import data_config
 
 OBJECTIVES = ("clm", "mlm", "span")
 OBJECTIVE_OF_ARCH = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
