@@ -24,6 +24,7 @@ import time
 import torch
 
 from lm.config import ModelConfig, component
+from lm.constants import IGNORE_INDEX
 from lm.extras import exit_if_missing
 
 LAYOUTS = {
@@ -33,7 +34,6 @@ LAYOUTS = {
                   pos=component("lm.model.position.RoPE"), bias=False, tie_embeddings=False, init="normal"),
 }
 AUTO_CHUNK_VOCAB, AUTO_CHUNK = 8192, 256
-IGNORE_INDEX = -100
 
 
 def loss_chunk(args) -> int:

@@ -167,11 +167,8 @@ def split_metrics(entries: list) -> tuple:
 
 
 def max_steps(run: Run) -> Optional[int]:
-    for key in ("train.max_steps", "max_steps", "trainer.max_steps"):
-        v = run.get(key)
-        if _number(v):
-            return int(v)
-    return None
+    v = run.get("train.max_steps")
+    return int(v) if _number(v) else None
 
 
 def failure_reason(run: Run) -> str:
