@@ -33,7 +33,7 @@ def missing(extra: str, modules=None) -> list:
 
 
 def message(extra: str, what: str, modules) -> str:
-    return f"{what} needs {', '.join(modules)}, which is not installed: pip install 'lm[{extra}]'"
+    return f"{what} needs {' and '.join(modules)} (not installed): pip install 'lm[{extra}]'"
 
 
 def require(extra: str, what: str, module: str = None):

@@ -32,7 +32,7 @@ def test_lm_report_without_matplotlib_says_which_extra(monkeypatch, tmp_path):
     block(monkeypatch, "matplotlib")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
-    assert one_line_exit(e, "report") == "lm-report: error: lm-report needs matplotlib, which is not installed: " \
+    assert one_line_exit(e, "report") == "lm-report: error: lm-report needs matplotlib (not installed): " \
                                          "pip install 'lm[report]'"
     with pytest.raises(SystemExit) as e:
         main(["--help"])
