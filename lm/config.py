@@ -195,6 +195,9 @@ class DataConfig:
     workers: int = 0  # tokenizer processes; 0 = one per CPU core
     shard_tokens: int = 100_000_000
     task_bytes: int = 1 << 20  # text per worker task
+    # Tokenizing one string costs ~200-300 bytes of memory per character (a 50 MB line: 15 GB), so longer
+    # documents are tokenized in pieces of at most this many characters, cut before a space or newline.
+    max_doc_chars: int = 1 << 20
     encoding_errors: str = "strict"  # strict | replace (bad UTF-8 bytes -> U+FFFD, counted)
     bad_records: str = "error"  # error | skip (JSONL/Parquet records without text, counted in meta.json)
     # packed loader (lm.data.packed)
@@ -231,7 +234,7 @@ def validate_data(cfg: "DataConfig") -> None:
         if pattern.groups or pattern.fullmatch(""):
             raise ConfigError(f"data.doc_separator={cfg.doc_separator!r} must not match the empty string or use "
                               f"capturing groups; write (?:...) for a group")
-    for name in ("vocab_size", "shard_tokens", "task_bytes", "tokenizer_train_chars"):
+    for name in ("vocab_size", "shard_tokens", "task_bytes", "max_doc_chars", "tokenizer_train_chars"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
             raise ConfigError(f"data.{name}={getattr(cfg, name)!r} must be a positive integer")
     if cfg.workers < 0 or cfg.n_sentinels < 0:

@@ -37,6 +37,8 @@ HELP = {
     "workers": "tokenizer processes (0 = one per CPU core)",
     "shard_tokens": "tokens per shard file",
     "task_bytes": "bytes of text per worker task",
+    "max_doc_chars": "tokenize longer documents in pieces of at most this many characters, cut before whitespace "
+                     "(bounds memory; counted in meta.json)",
     "encoding_errors": "strict (bad UTF-8 is an error) | replace (decode as U+FFFD and count)",
     "bad_records": "error | skip (count and skip JSONL/Parquet records without text)",
     "hf_streaming": "stream a Hugging Face dataset instead of downloading it whole",

@@ -27,6 +27,7 @@ class Docs:
     examples: List[str] = field(default_factory=list)
     invalid_utf8: int = 0
     bytes: int = 0
+    split_docs: int = 0  # documents longer than max_doc_chars, tokenized in pieces
 
 
 _INVALID = [0]
@@ -91,9 +92,41 @@ class _Reader:
         else:
             is_val, seed = self.opts.is_val, self.opts.split_seed
             splits = ["val" if is_val(doc_hash(t.encode("utf-8", "surrogatepass"), seed)) else "train" for t in texts]
-        self.out.texts += texts
-        self.out.ends += [True] * (len(texts) - 1) + [last_ends]
-        self.out.splits += splits
+        ends = [True] * (len(texts) - 1) + [last_ends]
+        limit = self.opts.max_doc_chars
+        for text, end, split in zip(texts, ends, splits):  # the split was decided by the whole document
+            pieces = split_long(text, limit) if len(text) > limit else [text]
+            self.out.split_docs += len(pieces) > 1
+            self.out.texts += pieces
+            self.out.ends += [False] * (len(pieces) - 1) + [end]  # EOS only after the document's last piece
+            self.out.splits += [split] * len(pieces)
+
+
+# Where to cut, best first: before a space in front of a word (byte-level BPE and Metaspace both start
+# a pre-token there, so the tokens are those of the whole text), else before any whitespace in front of one.
+_CUTS = (re.compile(r" (?=\S)"), re.compile(r"\s(?=\S)"))
+
+
+def split_long(text: str, limit: int) -> List[str]:
+    """`text` in pieces of at most `limit` characters, each cut before the last space (else whitespace)
+    in front of a word in the piece's last quarter; exactly at `limit` when there is none (a giant word).
+
+    Tokenizing one string costs ~200-300 bytes of memory per character (the tokenizers library's
+    per-token bookkeeping), so a 50 MB line needed 15 GB; pieces bound that by `limit`.
+    """
+    pieces, start = [], 0
+    while len(text) - start > limit:
+        end = start + limit
+        cut = end
+        for pattern in _CUTS:
+            found = [m.start() for m in pattern.finditer(text, end - limit // 4, end)]
+            if found and found[-1] > start:
+                cut = found[-1]
+                break
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
 
 
 def read_task(task: Task, opts: ReadOptions) -> Docs:

@@ -70,7 +70,7 @@ from lm.data.workers import Result, token_dtype, tokenize_tasks
 # Settings that change the prepared tokens; the others (workers, dir, loader options) do not.
 CONTENT_FIELDS = ("source", "val_source", "format", "text_field", "hf_split", "doc_split", "doc_separator",
                   "tokenizer", "vocab_size", "n_sentinels", "tokenizer_train_chars", "split", "val_fraction",
-                  "split_seed", "append_eos", "task_bytes", "encoding_errors", "bad_records")
+                  "split_seed", "append_eos", "task_bytes", "encoding_errors", "bad_records", "max_doc_chars")
 log = logging.getLogger("lm.data")
 
 
@@ -126,7 +126,7 @@ def read_options(cfg: DataConfig) -> ReadOptions:
     return ReadOptions(doc_split=cfg.doc_split, doc_separator=cfg.doc_separator, text_field=cfg.text_field,
                        split=cfg.split, val_fraction=cfg.val_fraction, split_seed=cfg.split_seed,
                        encoding_errors=cfg.encoding_errors, bad_records=cfg.bad_records, task_bytes=cfg.task_bytes,
-                       hf_streaming=cfg.hf_streaming)
+                       max_doc_chars=cfg.max_doc_chars, hf_streaming=cfg.hf_streaming)
 
 
 def content_config(cfg: DataConfig) -> dict:
@@ -149,6 +149,7 @@ class Stats:
     bad_records: int = 0
     examples: List[str] = field(default_factory=list)
     invalid_utf8: int = 0
+    split_docs: int = 0
 
     def add(self, r: Result) -> None:
         for split, n in r.docs.items():
@@ -156,6 +157,7 @@ class Stats:
         self.bad_records += r.bad_records
         self.examples = (self.examples + r.examples)[:5]
         self.invalid_utf8 += r.invalid_utf8
+        self.split_docs += r.split_docs
 
 
 @contextlib.contextmanager
@@ -189,10 +191,13 @@ def _check_out(out: Path, content: dict, force: bool) -> bool:
             raise DataError(f"{out} exists, is not empty and is not a finished lm-prepare directory (no {META}); "
                             f"refusing to overwrite it: choose another --out, or remove it")
         return False
-    if meta.get("config") == content and not force:
+    # Directories prepared before max_doc_chars existed are kept: their long documents were tokenized whole,
+    # which cost memory then, not correctness now.
+    stored = {"max_doc_chars": content["max_doc_chars"], **meta.get("config", {})}
+    if stored == content and not force:
         return True
     if not force:
-        diff = sorted(k for k in content if meta.get("config", {}).get(k) != content[k])
+        diff = sorted(k for k in content if stored.get(k) != content[k])
         raise DataError(f"{out} holds data prepared with other settings (differs in: {diff}). Pass --force to "
                         f"rebuild it (the old data stays until the new data is complete), or choose another --out")
     return False
@@ -297,6 +302,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
             "sources": planner.sources, "splits": splits,
             "skipped": {"empty_files": planner.empty_files, "bad_records": stats.bad_records,
                         "bad_record_examples": stats.examples, "invalid_utf8_sequences": stats.invalid_utf8},
+            "split_documents": stats.split_docs,  # longer than max_doc_chars: tokenized in pieces
             "seconds": round(time.time() - t0, 2)}
     write_json(partial / META, meta)  # last: from here on the directory is complete
     (partial / PROGRESS).unlink()
@@ -327,6 +333,9 @@ def _summary(meta: dict) -> None:
         say(f"skipped {len(sk['empty_files'])} empty files: {sk['empty_files'][:5]}")
     if sk["bad_records"]:
         say(f"skipped {sk['bad_records']} bad records, e.g. {sk['bad_record_examples']}")
+    if meta["split_documents"]:
+        say(f"tokenized {meta['split_documents']} documents longer than max_doc_chars="
+            f"{meta['config']['max_doc_chars']:,} characters in pieces cut before whitespace")
     if sk["invalid_utf8_sequences"]:
         say(f"replaced {sk['invalid_utf8_sequences']} invalid UTF-8 sequences with U+FFFD")
 

@@ -38,6 +38,7 @@ class ReadOptions:
     encoding_errors: str = "strict"  # strict | replace
     bad_records: str = "error"  # error | skip
     task_bytes: int = 1 << 20
+    max_doc_chars: int = 1 << 20  # longer documents are tokenized in pieces (lm/data/documents.py split_long)
     hf_streaming: bool = True
 
     @property

@@ -8,7 +8,7 @@ import multiprocessing as mp
 import os
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List
+from typing import Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
@@ -25,6 +25,7 @@ class Result:
     bad_records: int = 0
     examples: List[str] = field(default_factory=list)
     invalid_utf8: int = 0
+    split_docs: int = 0  # documents tokenized in pieces (longer than max_doc_chars)
 
 
 _W: dict = {}
@@ -39,19 +40,37 @@ def _init_worker(tokenizer_path: str, opts: ReadOptions, append_eos: bool, paral
 
 def _work(task: Task) -> Result:
     docs = read_task(task, _W["opts"])
-    ids = _W["tok"].encode_batch(docs.texts) if docs.texts else []
-    parts: Dict[str, list] = {}
+    parts: Dict[str, List[np.ndarray]] = {}
     counts: Dict[str, int] = {}
-    eos = _W["eos"]
-    for doc_ids, ends, split in zip(ids, docs.ends, docs.splits):  # one pass, whatever the number of splits
-        if split not in parts:
-            parts[split], counts[split] = [], 0
-        parts[split].append(doc_ids)
-        if ends:
-            parts[split].append(eos)
-            counts[split] += 1
-    tokens = {s: np.fromiter(itertools.chain.from_iterable(p), dtype=_W["dtype"]) for s, p in parts.items()}
-    return Result(tokens, counts, docs.bytes, docs.bad_records, docs.examples, docs.invalid_utf8)
+    eos, dtype = _W["eos"], _W["dtype"]
+    for lo, hi in _groups(docs.texts, _W["opts"].max_doc_chars):
+        # Encoded a group at a time and packed into arrays at once: the tokenizer's per-token objects
+        # and Python int lists of a whole task would otherwise all be alive together.
+        ids = _W["tok"].encode_batch(docs.texts[lo:hi])
+        group: Dict[str, list] = {}
+        for doc_ids, ends, split in zip(ids, docs.ends[lo:hi], docs.splits[lo:hi]):  # one pass over the splits
+            group.setdefault(split, []).append(doc_ids)
+            counts.setdefault(split, 0)
+            if ends:
+                group[split].append(eos)
+                counts[split] += 1
+        for split, p in group.items():
+            parts.setdefault(split, []).append(np.fromiter(itertools.chain.from_iterable(p), dtype=dtype))
+        del ids, group
+    tokens = {s: np.concatenate(p) for s, p in parts.items()}
+    return Result(tokens, counts, docs.bytes, docs.bad_records, docs.examples, docs.invalid_utf8, docs.split_docs)
+
+
+def _groups(texts: List[str], max_chars: int) -> Iterator[Tuple[int, int]]:
+    """[lo, hi) ranges of consecutive texts of at most max_chars characters together (at least one text)."""
+    lo, chars = 0, 0
+    for i, text in enumerate(texts):
+        if i > lo and chars + len(text) > max_chars:
+            yield lo, i
+            lo, chars = i, 0
+        chars += len(text)
+    if lo < len(texts):
+        yield lo, len(texts)
 
 
 def tokenize_tasks(tasks: Iterable[Task], workers: int, init_args: tuple) -> Iterator[Result]:
