@@ -48,7 +48,7 @@ class LMHead(nn.Module):
     def __init__(self, cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module):
         super().__init__()
         self.transform = transform
-        self.proj = Linear(cfg.dim, cfg.vocab_size, bias=bias)
+        self.proj = OutputLinear(cfg.dim, cfg.vocab_size, bias=bias)
         if tied is not None:
             self.proj.weight = tied.weight
         self.logit_scale = cfg.logit_scale
@@ -61,13 +61,26 @@ class LMHead(nn.Module):
         if labels is not None and self.chunk_size:
             # The loss without the logits (lm/model/loss.py): far less memory traffic at large vocabularies.
             h = self.transform(h) * self.logit_scale
-            return LMOutput(loss=chunked_cross_entropy(h, self.proj.weight, self.proj.bias, labels, self.chunk_size))
+            return LMOutput(loss=self.proj(h, labels, self.chunk_size))
         logits = self(h)  # (B, T, V)
         if labels is None:
             return LMOutput(logits=logits)
         # fp32 loss: log-softmax over a large vocabulary loses precision in half precision.
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
         return LMOutput(loss=loss, logits=logits)
+
+
+class OutputLinear(Linear):
+    """The output layer; given labels, it returns the chunked loss (lm/model/loss.py) instead of logits.
+
+    The loss reads the weight inside this module's own forward because ZeRO-3 and FSDP2 gather a
+    sharded weight only around the forward (and backward) of the module that holds it.
+    """
+
+    def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None, chunk_size: int = 0) -> torch.Tensor:
+        if labels is None:
+            return super().forward(h)
+        return chunked_cross_entropy(h, self.weight, self.bias, labels, chunk_size)
 
 
 def mlm_transform(cfg: ModelConfig, norm: nn.Module) -> nn.Module:
