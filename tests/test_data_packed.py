@@ -236,7 +236,7 @@ def test_doc_ids_mark_documents_within_a_window(data):
 
 @pytest.mark.parametrize("arch,objective", [("decoder", "clm"), ("encoder", "mlm"), ("encoder_decoder", "span")])
 def test_batches_fit_the_model_contract(data, arch, objective):
-    from lm.config import ModelConfig
+    from lm.model.config import ModelConfig
     from lm.model import build_model
 
     loader = PackedLoader(data, "train", 32, 2, objective)

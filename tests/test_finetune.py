@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf, open_dict
 
 from lm.config import ConfigError, conf_dir
 from lm.cli.finetune import finetune, register
@@ -67,12 +66,11 @@ def pretrained(tmp_path_factory, easy_glue):
     register_train_configs()
     overrides = [*TINY, f"run_dir={work / 'run'}", "train.max_steps=3", "train.seq_len=32", "train.micro_batch_size=4",
                  "train.eval_interval=0", "train.eval_batches=1", "train.ckpt_interval=3", "train.progress=false"]
+    data = {"name": "easy", "dir": work / "data", "source": work / "corpus.txt", "tokenizer": "bpe", "vocab_size": 320,
+            "n_sentinels": 0, "workers": 1, "val_fraction": 0.1, "doc_split": "line"}
+    overrides += ["~data", *(f"data.{k}={v}" for k, v in data.items())]  # no preset: DataConfig's defaults + these
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
-    with open_dict(cfg):
-        cfg.data = OmegaConf.create({"name": "easy", "dir": str(work / "data"), "source": str(work / "corpus.txt"),
-                                     "tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 0, "workers": 1,
-                                     "val_fraction": 0.1, "doc_split": "line"})
     train(cfg)
     return work
 

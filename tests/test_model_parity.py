@@ -78,8 +78,8 @@ def test_export_round_trip(name):
 
 
 def test_export_refuses_unmatched_layout():
-    from lm.config import ModelConfig, component
+    from lm.model.config import ALiBiConfig, ModelConfig
 
-    cfg = ModelConfig(pos=component("lm.model.position.ALiBi"))
+    cfg = ModelConfig(pos=ALiBiConfig())
     with pytest.raises(ValueError, match="no Hugging Face family matches"):
         to_hf(build_model(cfg))

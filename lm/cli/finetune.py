@@ -21,7 +21,8 @@ from typing import Any, Dict, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from lm.config import ConfigError, LoggerConfig, TrainConfig, register_glue_configs, register_train_configs
+from lm.config import ConfigError, register_glue_configs, register_train_configs, to_typed
+from lm.core.config import LoggerConfig, TrainConfig
 from lm.core.files import atomic_write_text
 
 log = logging.getLogger("lm")
@@ -74,13 +75,12 @@ def finetune(cfg: DictConfig):
     from lm.engine import dist as D
     from lm.glue.init import load_backbone
     from lm.glue.run import RunOptions, finetune_glue
-    from lm.cli.train import typed
     from lm.core.setup import engine_class, make_engine, quiet_other_ranks
 
     if OmegaConf.is_missing(cfg, "init"):
         raise ConfigError("say where the model starts: init=<lm-train run dir or checkpoint dir or lm-export dir>, "
                           "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
-    tcfg = typed(cfg, "train", FinetuneTrain)
+    tcfg = to_typed(FinetuneTrain, cfg.train, "train")
     engine_cls = engine_class(cfg, get_class)
     dist = D.init(D.pick_device(tcfg.device), need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
     quiet_other_ranks(dist)
@@ -90,7 +90,7 @@ def finetune(cfg: DictConfig):
     if dist.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    logger = typed(cfg, "logger", LoggerConfig)
+    logger = to_typed(LoggerConfig, cfg.logger, "logger")
     logger.group = logger.group or _pretraining_group(backbone.pretrain)
     opts = RunOptions(run_dir=run_dir, make_engine=lambda: make_engine(cfg, instantiate, tcfg, dist),
                       micro_batch_size=tcfg.micro_batch_size, eval_batch_size=cfg.eval_batch_size,

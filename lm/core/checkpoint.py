@@ -213,11 +213,12 @@ def export(path, out: Optional[Path] = None, hf: bool = True) -> Path:
     from omegaconf import OmegaConf
     from safetensors.torch import save_model
 
-    from lm.model import build_model, model_config
+    from lm.model import build_model
+    from lm.model.config import model_from_saved
 
     ckpt = resolve(path)
     cfg = OmegaConf.load(ckpt / "config.yaml")
-    model = build_model(cfg.model)
+    model = build_model(model_from_saved(cfg.model))
     missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
     tied = {"head.proj.weight"} if model.cfg.tie_embeddings else set()
     if unexpected or set(missing) - tied:
@@ -232,7 +233,7 @@ def export(path, out: Optional[Path] = None, hf: bool = True) -> Path:
     config["_lm_class"] = type(model).__name__
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     if hf:
-        _export_hf(model, tmp / "hf", model_config(cfg.model))
+        _export_hf(model, tmp / "hf", model.cfg)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out

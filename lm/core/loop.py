@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 import torch
 
 from lm.core import objectives
-from lm.config import TrainConfig
+from lm.core.config import TrainConfig
 from lm.engine import dist as D
 from lm.core.tracking import memory_gib, mfu, perplexity
 

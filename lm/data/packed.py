@@ -38,7 +38,6 @@ from lm.data.prepare import data_config, open_prepared
 from lm.data.sources import DataError
 
 OBJECTIVES = ("clm", "mlm", "span")
-OBJECTIVE_OF_ARCH = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
 
 
 class TokenStream:

@@ -40,7 +40,6 @@ class DataError(ValueError):
     """Bad input data: the message names the file (and line) and what to do."""
 
 
-FORMATS = ("auto", "text", "jsonl", "parquet", "hf")
 DOC_SPLITS = ("file", "line", "blank_line", "regex")
 DOC_SEPARATORS = {"line": r"\n", "blank_line": r"\n[ \t\r]*\n"}
 FILE_BOUNDARY = rb"\n(?=\S)"  # cut a whole-file document after a newline that starts a non-blank line

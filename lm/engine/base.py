@@ -17,7 +17,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
-from lm.config import TrainConfig
+from lm.core.config import TrainConfig
 from lm.engine.dist import Dist, EngineError
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

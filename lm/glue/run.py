@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from lm.config import ConfigError, GlueTaskConfig, LoggerConfig
+from lm.config import ConfigError, GlueTaskConfig
+from lm.core.config import LoggerConfig
 from lm.glue.init import Backbone, build_classifier
 from lm.glue.presets import expand
 from lm.glue.readers import GlueDataMissing, split_path
@@ -157,7 +158,7 @@ def _run_one(t: GlueTaskConfig, data, seed: int, backbone: Backbone, opts: RunOp
     import torch
 
     from lm.core.checkpoint import Checkpointer
-    from lm.config import OptimConfig
+    from lm.core.config import OptimConfig
     from lm.core.optim import adamw
     from lm.core.tracking import NullTracker, Tracker
 

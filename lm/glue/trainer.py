@@ -24,7 +24,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from lm.config import GlueTaskConfig, SchedConfig
+from lm.config import GlueTaskConfig
+from lm.core.config import SchedConfig
 from lm.glue.encode import collate, encode_examples
 from lm.glue.metrics import Metrics, compute_metrics, main_metric
 from lm.glue.readers import GlueDataMissing, load_split

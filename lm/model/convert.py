@@ -11,22 +11,22 @@ from typing import Callable, Dict, List, Tuple
 
 import torch
 
-from lm.config import ModelConfig, component
+from lm.model.config import (GLUConfig, LayerNormConfig, LearnedConfig, MLPConfig, ModelConfig, RMSNormConfig,
+                             RoPEConfig, T5BiasConfig)
 
 Rule = Tuple[str, List[str], str]
 
 
-def _norm(kind: str, **kw) -> dict:
-    return component({"layernorm": "lm.model.norms.LayerNorm", "rmsnorm": "lm.model.norms.RMSNorm"}[kind], **kw)
+def _norm(kind: str, **kw):
+    return {"layernorm": LayerNormConfig, "rmsnorm": RMSNormConfig}[kind](**kw)
 
 
-def _ffn(glu: bool, activation: str, hidden_dim: int) -> dict:
-    return component("lm.model.ffn.GLU" if glu else "lm.model.ffn.MLP", activation=activation, hidden_dim=hidden_dim)
+def _ffn(glu: bool, activation: str, hidden_dim: int):
+    return (GLUConfig if glu else MLPConfig)(activation=activation, hidden_dim=hidden_dim)
 
 
-def _pos(kind: str, **kw) -> dict:
-    targets = {"learned": "Learned", "rope": "RoPE", "t5_bias": "T5Bias"}
-    return component(f"lm.model.position.{targets[kind]}", **kw)
+def _pos(kind: str, **kw):
+    return {"learned": LearnedConfig, "rope": RoPEConfig, "t5_bias": T5BiasConfig}[kind](**kw)
 
 
 # ---------------------------------------------------------------- GPT-2
@@ -43,7 +43,7 @@ def _gpt2_config(hf) -> ModelConfig:
 def _gpt2_to_hf_config(cfg: ModelConfig):
     from transformers import GPT2Config
 
-    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[cfg.ffn["activation"]]
+    act = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[cfg.ffn.activation]
     return GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.dim, n_layer=cfg.n_layers, n_head=cfg.n_heads,
                       n_positions=cfg.max_seq_len, layer_norm_epsilon=cfg.norm_eps, activation_function=act,
                       n_inner=_hidden(cfg), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
@@ -91,7 +91,7 @@ def _llama_to_hf_config(cfg: ModelConfig):
                      num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads,
                      head_dim=cfg.d_head, max_position_embeddings=cfg.max_seq_len, rms_norm_eps=cfg.norm_eps,
                      attention_bias=cfg.bias, tie_word_embeddings=cfg.tie_embeddings)
-    theta = cfg.pos.get("theta", 10000.0)
+    theta = cfg.pos.theta
     if getattr(hf, "rope_parameters", None) is not None:
         hf.rope_parameters["rope_theta"] = theta
     else:
@@ -136,7 +136,7 @@ def _bert_to_hf_config(cfg: ModelConfig):
     return BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_hidden_layers=cfg.n_layers,
                       num_attention_heads=cfg.n_heads, intermediate_size=_hidden(cfg),
                       max_position_embeddings=cfg.max_seq_len, type_vocab_size=cfg.n_segments,
-                      layer_norm_eps=cfg.norm_eps, hidden_act=cfg.ffn["activation"], pad_token_id=cfg.pad_token_id,
+                      layer_norm_eps=cfg.norm_eps, hidden_act=str(cfg.ffn.activation), pad_token_id=cfg.pad_token_id,
                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
@@ -187,8 +187,8 @@ def _t5_config(hf) -> ModelConfig:
 def _t5_to_hf_config(cfg: ModelConfig):
     from transformers import T5Config
 
-    act = {"relu": "relu", "gelu_tanh": "gelu"}[cfg.ffn["activation"]]
-    glu = cfg.ffn["_target_"].endswith("GLU")
+    act = {"relu": "relu", "gelu_tanh": "gelu"}[cfg.ffn.activation]
+    glu = isinstance(cfg.ffn, GLUConfig)
     scaled = abs(cfg.logit_scale - cfg.dim ** -0.5) < 1e-9
     if not scaled and cfg.logit_scale != 1.0:
         raise ValueError(f"T5 export supports logit_scale 1.0 or dim^-1/2, not {cfg.logit_scale}")
@@ -197,8 +197,8 @@ def _t5_to_hf_config(cfg: ModelConfig):
         raise ValueError("this transformers version scales T5 outputs exactly when embeddings are tied")
     return T5Config(**extra, vocab_size=cfg.vocab_size, d_model=cfg.dim, d_kv=cfg.d_head, d_ff=_hidden(cfg),
                     num_layers=cfg.n_layers, num_decoder_layers=cfg.decoder_layers, num_heads=cfg.n_heads,
-                    relative_attention_num_buckets=cfg.pos.get("num_buckets", 32),
-                    relative_attention_max_distance=cfg.pos.get("max_distance", 128),
+                    relative_attention_num_buckets=cfg.pos.num_buckets,
+                    relative_attention_max_distance=cfg.pos.max_distance,
                     layer_norm_epsilon=cfg.norm_eps, feed_forward_proj=("gated-" if glu else "") + act,
                     tie_word_embeddings=cfg.tie_embeddings, dropout_rate=0.0, pad_token_id=cfg.pad_token_id,
                     decoder_start_token_id=cfg.decoder_start_token_id)
@@ -206,7 +206,7 @@ def _t5_to_hf_config(cfg: ModelConfig):
 
 def _t5_ffn_rules(cfg: ModelConfig, o: str, t: str) -> List[Rule]:
     d = t + "DenseReluDense."
-    if cfg.ffn["_target_"].endswith("GLU"):
+    if isinstance(cfg.ffn, GLUConfig):
         up = (o + "ffn.gate_up.weight", [d + "wi_0.weight", d + "wi_1.weight"], "cat")
     else:
         up = (o + "ffn.up.weight", [d + "wi.weight"], "copy")
@@ -245,7 +245,7 @@ def _hidden(cfg: ModelConfig) -> int:
     from lm.model.ffn import hidden_size
 
     f = cfg.ffn
-    return hidden_size(cfg.dim, f.get("hidden_mult", 4.0), f.get("multiple_of", 1), f.get("hidden_dim"))
+    return hidden_size(cfg.dim, f.hidden_mult, f.multiple_of, f.hidden_dim)
 
 
 FAMILIES: Dict[str, Tuple[Callable, Callable, Callable, str]] = {
@@ -259,8 +259,8 @@ FAMILIES: Dict[str, Tuple[Callable, Callable, Callable, str]] = {
 
 def _family_of(cfg: ModelConfig) -> str:
     """Which Hugging Face family a config's architecture matches, or a clear error."""
-    norm, pos = cfg.norm["_target_"].rsplit(".", 1)[1], cfg.pos["_target_"].rsplit(".", 1)[1]
-    glu = cfg.ffn["_target_"].endswith("GLU")
+    norm, pos = cfg.norm._target_.rsplit(".", 1)[1], cfg.pos._target_.rsplit(".", 1)[1]
+    glu = isinstance(cfg.ffn, GLUConfig)
     if cfg.arch == "decoder" and norm == "LayerNorm" and pos == "Learned" and not glu and cfg.norm_position == "pre":
         return "gpt2"
     if cfg.arch == "decoder" and norm == "RMSNorm" and pos == "RoPE" and glu and cfg.norm_position == "pre":

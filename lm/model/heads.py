@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 from lm.model.ffn import ACTIVATIONS
 from lm.model.linear import Linear
 from lm.model.loss import chunked_cross_entropy

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 from lm.model.attention import CrossAttention, LayerCache, SelfAttention, build_mask
 from lm.model.block import Block
 
