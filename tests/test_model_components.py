@@ -158,7 +158,7 @@ def test_every_component_option_has_a_schema_and_a_file():
     """An option is one dataclass (lm/model/config.py) plus one YAML file listing it as its schema."""
     for slot in ("norm", "ffn", "pos"):
         files = {p.stem: p.read_text() for p in (conf_dir() / "model" / slot).glob("*.yaml")}
-        for cls in options(slot):
+        for cls in (c for c in options(slot) if c.__module__ == "lm.model.config"):
             name = cls.__name__.removesuffix("Config").lower() + "_schema"
             assert any(name in text for text in files.values()), (slot, cls)
         assert all("_schema" in text for text in files.values()), slot
@@ -173,3 +173,20 @@ def test_unknown_component_names_the_slot():
 def test_unknown_group_option_lists_the_choices():
     with pytest.raises(ConfigError, match="swiglu"):
         model_preset("tiny", ["model/ffn=swishglu"])
+
+
+def test_a_new_option_is_one_dataclass_and_one_yaml_file(tmp_path):
+    """The extension path: subclass the slot's schema, write one option file listing it; nothing else."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class WideMLPConfig(MLPConfig):
+        hidden_mult: float = 6.0
+
+    (tmp_path / "model" / "ffn").mkdir(parents=True)
+    (tmp_path / "model" / "ffn" / "wide.yaml").write_text("defaults:\n  - widemlp_schema\n  - _self_\n")
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    cfg = model_preset("tiny", [search, "model/ffn=wide"])
+    assert type(cfg.ffn) is WideMLPConfig and build_model(cfg).decoder.blocks[0].ffn.up.out_features == 6 * 64
+    with pytest.raises(ConfigError, match="model.ffn.hidden_mult"):  # typed like every other option
+        model_preset("tiny", [search, "model/ffn=wide", "model.ffn.hidden_mult=wide"])
