@@ -11,7 +11,7 @@ once, at the entry point (lm.cli.train.train).
 
 from dataclasses import dataclass, field, fields
 from enum import Enum
-from typing import Any, List, Optional
+from typing import List, Optional
 
 
 class ConfigError(ValueError):
@@ -107,8 +107,16 @@ def run_schema():
             sched: SchedConfig = field(default_factory=SchedConfig)
             logger: LoggerConfig = field(default_factory=LoggerConfig)
 
+        RunSchema.__qualname__ = "RunSchema"  # pickled as lm.config.RunSchema (submitit cells): see __getattr__
         _RUN_SCHEMA = RunSchema
     return _RUN_SCHEMA
+
+
+def __getattr__(name: str):
+    """`lm.config.RunSchema`, built on first access (pickle looks the class up by this name)."""
+    if name == "RunSchema":
+        return run_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_train_configs() -> None:

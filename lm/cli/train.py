@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm.config import ConfigError, explain, register_train_configs, run_schema
 from lm.core.config import TrainConfig, resolve_batch, validate_train
-from lm.data.config import DataConfig
 from lm.core.files import atomic_write_text
 from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
+from lm.data.config import DataConfig
 
 log = logging.getLogger("lm")
 
