@@ -9,6 +9,7 @@ from lm.config import ConfigError
 from lm.model.block import Block
 from lm.model.config import ModelConfig, validate_model
 from lm.model.init import init_weights
+from lm.model.linear import use_kind
 from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM, SequenceClassifier
 from lm.model.stack import Components
 
@@ -37,4 +38,7 @@ def build_model(cfg: ModelConfig):
     validate_model(cfg)
     model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
     init_weights(model, cfg)
-    return model
+    try:
+        return use_kind(model, cfg.linear)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

@@ -32,6 +32,11 @@ class Init(Choice):
     torch = "torch"
 
 
+class LinearKind(Choice):
+    torch = "torch"  # F.linear
+    onednn = "onednn"  # fp32 CPU matmuls on oneDNN: lm/model/linear.py
+
+
 class Activation(Choice):
     relu = "relu"
     gelu = "gelu"
@@ -179,6 +184,7 @@ class ModelConfig:
     init_std: float = 0.02
     loss_chunk_size: int = 0  # >0: chunked output projection + cross-entropy (tokens per chunk)
     activation_checkpointing: bool = False
+    linear: LinearKind = LinearKind.torch
     norm: NormConfig = field(default_factory=LayerNormConfig)
     ffn: FFNConfig = field(default_factory=MLPConfig)
     pos: PosConfig = field(default_factory=LearnedConfig)

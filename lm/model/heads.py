@@ -8,12 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lm.constants import IGNORE_INDEX
 from lm.model.config import ModelConfig
 from lm.model.ffn import ACTIVATIONS
 from lm.model.linear import Linear
 from lm.model.loss import chunked_cross_entropy
-
-IGNORE_INDEX = -100
 
 
 @dataclass
