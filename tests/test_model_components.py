@@ -122,6 +122,7 @@ def test_impossible_models_fail_at_build_time(override, field):
     ("model.init=xavier", "model.init: Invalid value 'xavier', expected one of [gpt2, normal, t5, torch]"),
     ("model.ffn.activation=bogus", "model.ffn.activation: Invalid value 'bogus', expected one of "
                                    "[relu, gelu, gelu_tanh, silu]"),
+    ("model.linear=mkl", "model.linear: Invalid value 'mkl', expected one of [torch, onednn]"),
     ("model.pos.theta=wide", "model.pos.theta: Value 'wide' of type 'str' could not be converted to Float"),
 ])
 def test_wrong_choices_and_types_fail_at_composition(override, message):
