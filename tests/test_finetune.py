@@ -289,3 +289,34 @@ def test_linear_probe_of_frozen_features(pretrained, easy_glue):
     # the classes well; the last token (a filler or the word) sees the word only through attention.
     assert rows[("random init", "mean")][1] > 75 and rows[("pretrained", "mean")][1] > 75
     assert all(0 <= acc <= 100 for pair in rows.values() for acc in pair)
+
+
+def test_a_nonfinite_loss_follows_train_on_nonfinite(tmp_path, easy_glue, pretrained, monkeypatch):
+    """The loop's NaN policy: stop (the default) names the step and the fix; skip drops that update and goes on."""
+    import math
+
+    from lm.core import objectives
+    from lm.core.loop import LossDiverged
+    from lm.glue.trainer import GlueTask
+
+    calls = []
+
+    def poisoned(self, model, batch):  # the 3rd micro-batch's loss is NaN (one micro-batch per step here)
+        calls.append(1)
+        loss = objectives.loss(model, batch)
+        return loss * math.nan if len(calls) == 3 else loss
+
+    monkeypatch.setattr(GlueTask, "loss", poisoned)
+    common = ["init=none", *TINY, f"tokenizer={pretrained / 'data'}", *easy_task(easy_glue, epochs=1),
+              "train.log_interval=1"]
+    with pytest.raises(LossDiverged, match=r"loss is nan at step 3; no update was applied.*train.on_nonfinite=skip"):
+        finetune(finetune_cfg(tmp_path / "stop", common))
+    calls.clear()
+    run_dir = tmp_path / "skip"
+    finetune(finetune_cfg(run_dir, [*common, "train.on_nonfinite=skip"]))
+    records = [json.loads(line) for line in (run_dir / "sst2" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in records if "loss" in r}
+    assert list(steps) == list(range(1, 26))  # 400 examples / batch 16: every step ran
+    assert math.isnan(steps[3]["grad_norm"]) and all(math.isfinite(steps[s]["grad_norm"]) for s in steps if s != 3)
+    assert all(r["tokens_per_s"] > 0 for r in steps.values())  # throughput, as in pretraining
+    assert 0.0 <= dev_acc(run_dir) <= 100.0

@@ -94,7 +94,7 @@ def main() -> None:
     from lm.engine import dist as D
     from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
-    from lm.core.loop import LossDiverged
+    from lm.core.loop import LossDiverged, Preempted
 
     def job(cfg: DictConfig) -> None:
         finetune(cfg)
@@ -103,7 +103,8 @@ def main() -> None:
             print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
 
     register()
-    run_app("lm-finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, GlueDataError, TokenizerError))
+    run_app("lm-finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, Preempted, GlueDataError,
+                                                 TokenizerError))
 
 
 if __name__ == "__main__":
