@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 from lm.cli.finetune import register
 from lm.config import ConfigError, conf_dir

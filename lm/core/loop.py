@@ -29,7 +29,7 @@ import torch
 from lm.core import objectives
 from lm.config import TrainConfig
 from lm.engine import dist as D
-from lm.core.tracking import memory_gib, mfu, perplexity
+from lm.core.tracking import memory_gib, mfu
 
 log = logging.getLogger("lm")
 
