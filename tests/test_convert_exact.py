@@ -238,3 +238,26 @@ def test_greedy_generation_matches_hugging_face_generate(name):
     start = 1 if name.startswith("t5") else prompt.shape[1]  # T5 returns the start token; decoders the prompt
     mine = generate(ours, prompt, max_new_tokens=20)
     assert torch.equal(mine, theirs[:, start:]), (mine, theirs)
+
+
+@pytest.mark.parametrize("option", ["rope_linear", "rope_dynamic", "rope_llama3"])
+def test_rope_scaling_options_build_and_train(option):
+    """The scaled RoPE variants are ordinary model/pos options: compose, build, one gradient step."""
+    from lm.config import compose_model
+
+    cfg = compose_model("tiny", ["ffn=swiglu", f"pos={option}", "max_seq_len=16", "pos.factor=4.0"]
+                        + (["pos.original_max_seq_len=8"] if option != "rope_linear" else []))
+    assert cfg.pos.scaling == option.split("_")[1]
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    plain = build_model(compose_model("tiny", ["ffn=swiglu", "pos=rope", "max_seq_len=16",
+                                               f"pos.theta={cfg.pos.theta}"]))
+    plain.load_state_dict(model.state_dict())
+    x = torch.randint(0, cfg.vocab_size, (2, 16))
+    out = model(input_ids=x, labels=x)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():  # the scaling is in effect (dynamic: only past original_max_seq_len = 8)
+        assert (model(input_ids=x).logits - plain(input_ids=x).logits).abs().max() > 1e-4
+        if option == "rope_dynamic":
+            assert torch.equal(model(input_ids=x[:, :8]).logits, plain(input_ids=x[:, :8]).logits)
