@@ -208,6 +208,8 @@ def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
     (lambda: _ours(qk_norm=True), "qk_norm"),
     (lambda: _ours(ffn_bias=False), "ffn_bias=False"),
     (lambda: _ours(bias=False), "without biases"),
+    (lambda: _ours(n_kv_heads=2), "n_kv_heads=2"),
+    (lambda: _ours(norm=component("lm.model.norms.LayerNorm", bias=False)), "norm.bias=false"),
 ])
 def test_to_hf_refuses_what_it_cannot_represent(cfg, match):
     with pytest.raises(ValueError, match=match):

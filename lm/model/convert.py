@@ -379,6 +379,9 @@ def _check_common(cfg: ModelConfig, family: str) -> None:
         (cfg.embed_norm == bert and cfg.final_norm != bert and (cfg.n_segments > 0) == bert
          and cfg.mlm_transform == bert, "embed_norm/final_norm/n_segments/mlm_transform of another family"),
         (not cfg.pos.get("scaling") or family == "llama", f"model.pos.scaling={cfg.pos.get('scaling')}"),
+        (cfg.kv_heads == cfg.n_heads or family == "llama", f"model.n_kv_heads={cfg.n_kv_heads} (grouped-query)"),
+        (cfg.d_head * cfg.n_heads == cfg.dim or family in ("llama", "t5"), f"model.head_dim={cfg.head_dim}"),
+        (cfg.norm.get("bias", True), "model.norm.bias=false"),
     ]
     for ok, what in checks:
         _require(ok, family, what)
