@@ -219,6 +219,7 @@ def test_to_hf_refuses_what_it_cannot_represent(cfg, match):
 GENERATION_CASES = {
     "gpt2": HF_CASES["gpt2"],
     "llama_rope_llama3": HF_CASES["llama_rope_llama3"],
+    "llama_rope_dynamic": HF_CASES["llama_rope_dynamic"],  # 6 + 20 tokens: past max_position_embeddings=8
     "llama_both_biases": HF_CASES["llama_both_biases"],
     # transformers' generate cache breaks when a T5 has more decoder than encoder layers: equal stacks here
     "t5_gated_gelu_untied": lambda: t5(untied=True, num_decoder_layers=2, feed_forward_proj="gated-gelu",
