@@ -39,11 +39,20 @@ def _checkpoint(tmp_path, model_cfg: ModelConfig, tokenizer: Tokenizer):
     return ckpt, model.eval()
 
 
-@pytest.mark.parametrize("family", ["llama", "t5"])
+@pytest.mark.parametrize("family", ["llama", "t5", "gpt2", "bert"])
 def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
     tok = train("char", TEXT, n_sentinels=4)
     vocab = 64 * ((tok.vocab_size + 63) // 64)
-    if family == "llama":  # Llama 3.1-style RoPE scaling, attention biases without MLP biases
+    if family == "gpt2":  # both of GPT-2's attention-scaling flags off their defaults, untied
+        cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=3, n_heads=4, attn_scale=1.0, attn_scale_by_layer=True,
+                          tie_embeddings=False)
+        auto = transformers.AutoModelForCausalLM
+    elif family == "bert":  # ReLU in the FFN and the MLM-head transform
+        cfg = ModelConfig(arch="encoder", vocab_size=vocab, dim=32, n_layers=2, n_heads=4, norm_position="post",
+                          embed_norm=True, final_norm=False, n_segments=2, mlm_transform=True, mlm_activation="relu",
+                          ffn=component("lm.model.ffn.MLP", activation="relu"))
+        auto = transformers.AutoModelForMaskedLM
+    elif family == "llama":  # Llama 3.1-style RoPE scaling, attention biases without MLP biases
         cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, bias=True, ffn_bias=False,
                           tie_embeddings=False, norm=component("lm.model.norms.RMSNorm"),
                           ffn=component("lm.model.ffn.GLU", activation="silu"),

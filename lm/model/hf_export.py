@@ -22,10 +22,12 @@ def write_hf_dir(model, out: Path, tokenizer_file: Optional[Path] = None) -> Pat
     hf_model = to_hf(model)
     if tokenizer_file is not None:
         tokenizer = _fast_tokenizer(Path(tokenizer_file))
+        generation = getattr(hf_model, "generation_config", None)  # masked LMs (BERT) have none
         for role in ("bos", "eos", "pad"):
             token_id = getattr(tokenizer, f"{role}_token_id")
-            setattr(hf_model.config, f"{role}_token_id", token_id)
-            setattr(hf_model.generation_config, f"{role}_token_id", token_id)
+            for config in (hf_model.config, generation):
+                if config is not None:
+                    setattr(config, f"{role}_token_id", token_id)
         tokenizer.save_pretrained(out)
     else:
         log.warning("no tokenizer for the Hugging Face export: config.json has no bos/eos/pad ids")
