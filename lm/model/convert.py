@@ -47,8 +47,8 @@ def _act(name: str, field: str) -> str:
     return HF_ACTIVATIONS[name]
 
 
-def _hf_act(cfg: ModelConfig, name: str = None) -> str:
-    name = name or cfg.ffn["activation"]
+def _hf_act(cfg: ModelConfig) -> str:
+    name = cfg.ffn["activation"]
     if name not in TO_HF_ACTIVATIONS:
         raise ValueError(f"activation {name!r} has no Hugging Face name; exportable: {sorted(TO_HF_ACTIVATIONS)}")
     return TO_HF_ACTIVATIONS[name]
