@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 from lm.config import ModelConfig, component
+from lm.extras import require
 from lm.model.hf_fields import check_fields
 
 Rule = Tuple[str, List[str], str]
@@ -426,7 +427,7 @@ def _check_all_used(theirs: dict, used: List[str], family: str) -> None:
 
 def to_hf(model):
     """The `transformers` model of the same family with our weights (tied where ours are tied)."""
-    import transformers
+    transformers = require("hf", "converting to a Hugging Face model (lm-export's hf/ directory)")
 
     family = _family_of(model.cfg)
     _check_common(model.cfg, family)

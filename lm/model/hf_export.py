@@ -38,9 +38,11 @@ def write_hf_dir(model, out: Path, tokenizer_file: Optional[Path] = None) -> Pat
 def _fast_tokenizer(path: Path):
     """Our tokenizer (roles found as lm.data.tokenizer finds them) as a transformers fast tokenizer."""
     from tokenizers import Tokenizer as HFTokenizer
-    from transformers import PreTrainedTokenizerFast
 
     from lm.data.tokenizer import Tokenizer
+    from lm.extras import require
+
+    PreTrainedTokenizerFast = require("hf", "writing the tokenizer into lm-export's hf/ directory").PreTrainedTokenizerFast
 
     ours = Tokenizer.load(path)
     # to_str(): the tokenizer as loaded, with any role tokens it had to add, so the ids agree
