@@ -213,7 +213,7 @@ def export(path, out: Optional[Path] = None, hf: bool = True) -> Path:
     from omegaconf import OmegaConf
     from safetensors.torch import save_model
 
-    from lm.model import build_model, model_config
+    from lm.model import build_model
 
     ckpt = resolve(path)
     cfg = OmegaConf.load(ckpt / "config.yaml")
@@ -232,21 +232,19 @@ def export(path, out: Optional[Path] = None, hf: bool = True) -> Path:
     config["_lm_class"] = type(model).__name__
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     if hf:
-        _export_hf(model, tmp / "hf", model_config(cfg.model))
+        _export_hf(model, tmp / "hf", cfg)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
 
 
 def _export_hf(model, out: Path, cfg) -> None:
-    from lm.model.convert import to_hf
+    from lm.model.hf_export import run_tokenizer_file, write_hf_dir
 
     try:
-        hf_model = to_hf(model)
+        write_hf_dir(model, out, run_tokenizer_file(cfg))  # the model, the run's tokenizer, bos/eos/pad ids
     except ValueError as e:  # no Hugging Face family matches this architecture
         log.warning("no Hugging Face export: %s", e)
-        return
-    hf_model.save_pretrained(out)
 
 
 def export_main(argv=None) -> None:
