@@ -233,21 +233,19 @@ def export(path, out: Optional[Path] = None, hf: bool = True) -> Path:
     config["_lm_class"] = type(model).__name__
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
     if hf:
-        _export_hf(model, tmp / "hf", model.cfg)
+        _export_hf(model, tmp / "hf", cfg)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
 
 
 def _export_hf(model, out: Path, cfg) -> None:
-    from lm.model.convert import to_hf
+    from lm.model.hf_export import run_tokenizer_file, write_hf_dir
 
     try:
-        hf_model = to_hf(model)
+        write_hf_dir(model, out, run_tokenizer_file(cfg))  # the model, the run's tokenizer, bos/eos/pad ids
     except ValueError as e:  # no Hugging Face family matches this architecture
         log.warning("no Hugging Face export: %s", e)
-        return
-    hf_model.save_pretrained(out)
 
 
 def export_main(argv=None) -> None:
