@@ -38,7 +38,12 @@ def weights_only_loads():
 
 
 def _ds_safe_globals() -> list:
-    return []
+    """The non-tensor classes in DeepSpeed's optimizer-state files (plain data, no code on load)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
 
 
 def _prepare_deepspeed(shm_comm: bool) -> None:
