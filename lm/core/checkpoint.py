@@ -75,7 +75,7 @@ def set_rng_state(state: Dict) -> None:
 def _load_rank_state(path: Path) -> Dict:
     # numpy's array reconstruction is allowed only for rank files written before RNG states were tensors.
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
-    legacy = [np.dtype, np.ndarray, core.multiarray._reconstruct]
+    legacy = [np.dtype, np.ndarray, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
     with torch.serialization.safe_globals(legacy):
         return _weights_only(lambda: torch.load(path, weights_only=True), path)
 
@@ -86,11 +86,17 @@ def _weights_only(read, what):
     try:
         return read()
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise CheckpointError(
             f"{what} holds pickled objects other than tensors and plain containers, which lm refuses to load "
-            f"(they could run code: {first}). Use a checkpoint written by lm-train, or convert it where you "
-            f"trust it") from None
+            f"(they could run code: {_unpickler_reason(e)}). Use a checkpoint written by lm-train, or convert "
+            f"it where you trust it") from None
+
+
+def _unpickler_reason(error: Exception) -> str:
+    """The line of torch's weights_only message that names the refused global (not its advice)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    after = [i + 1 for i, line in enumerate(lines) if "WeightsUnpickler error" in line]
+    return lines[after[0]] if after and after[0] < len(lines) else (lines[0] if lines else type(error).__name__)
 
 
 # -- save / resume ---------------------------------------------------------------------------------

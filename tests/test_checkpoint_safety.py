@@ -1,0 +1,182 @@
+"""Run directories that stay trustworthy: one writer at a time, a full disk leaves no half-written
+checkpoint behind, and a checkpoint's pickles cannot run code (issue 22 items 2, 3, 7).
+
+In-process lm-train on the synthetic loader of engine_support, tiny model.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from lm.cli.train import train
+from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
+from lm.core.lock import LOCK_NAME, RunDirLocked, acquire, holder, release
+from tests.engine_support import REPO, compose, loaders, subprocess_env, tiny_overrides, train_losses
+
+
+def run(run_dir, steps=4, extra=(), **train_kw):
+    cfg = compose(tiny_overrides(run_dir, steps, **train_kw) + list(extra))
+    return train(cfg, loaders=loaders(cfg))
+
+
+def python(code: str, **popen):
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=subprocess_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+# -- item 2: one writer per run_dir ------------------------------------------------------------------
+
+HOLD = """
+    import sys, time
+    from lm.core.lock import acquire
+    acquire(sys.argv[1])
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_second_run_on_a_held_run_dir_refuses_naming_the_holder(tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    first = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), str(tmp_path)], env=subprocess_env(),
+                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "holding"
+        with pytest.raises(RunDirLocked, match=rf"in use by another run \(pid {first.pid} on "
+                                               rf"{socket.gethostname()}, started 20\d\d-.*-c") as e:
+            run(tmp_path)
+        assert "wait for it to finish, stop it, or pick another run_dir" in str(e.value)
+        assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()
+    finally:
+        first.kill()
+        first.wait()
+    # the holder is dead (SIGKILL): the kernel dropped its flock, its lock file does not block
+    assert holder(tmp_path)["pid"] == first.pid
+    result = run(tmp_path, steps=2)
+    assert result.state.step == 2 and holder(tmp_path)["pid"] == os.getpid()
+    release(tmp_path)
+
+
+def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
+    (tmp_path / LOCK_NAME).write_text('{"pid": 999999999, "host": "%s", "start": "2026-01-01T00:00:00+00:00", '
+                                      '"command": "lm-train"}\n' % socket.gethostname())
+    run(tmp_path, steps=2)
+    assert holder(tmp_path)["pid"] == os.getpid()
+    # and another process is refused while this one holds it, told who holds it
+    second = python(f"""
+        from lm.core.lock import acquire
+        acquire({str(tmp_path)!r})
+    """)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode != 0 and f"pid {os.getpid()} on {socket.gethostname()}" in err, err
+    release(tmp_path)
+    second = python(f"""
+        from lm.core.lock import acquire
+        acquire({str(tmp_path)!r})
+    """)
+    assert second.wait(timeout=60) == 0  # released: free again
+
+
+def test_the_same_process_may_lock_its_run_dir_again(tmp_path):
+    assert acquire(tmp_path) == acquire(tmp_path) == tmp_path.resolve() / LOCK_NAME
+    release(tmp_path)
+
+
+# -- item 3: a full disk -------------------------------------------------------------------------------
+
+def test_torch_save_failing_mid_write_removes_the_partial_checkpoint(tmp_path, monkeypatch):
+    """torch.save reports ENOSPC as RuntimeError ('unexpected pos'), not OSError: the half-written
+    .tmp-step_* must go all the same, `latest` still names the previous checkpoint, the run resumes."""
+    from lm.engine.base import Engine
+
+    real, saves = Engine.save_state, {"n": 0}
+
+    def full_disk(self, path):
+        saves["n"] += 1
+        if saves["n"] == 2:
+            (path / "model_optim.pt").write_bytes(b"PK\x03\x04 half")  # what torch.save leaves behind
+            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 1344 vs 1232")
+        real(self, path)
+
+    monkeypatch.setattr(Engine, "save_state", full_disk)
+    with pytest.raises(CheckpointError) as e:
+        run(tmp_path, steps=9, ckpt_interval=3)
+    message = str(e.value)
+    assert f"checkpoint {tmp_path / 'checkpoints' / 'step_00000006'} could not be written" in message
+    assert "unexpected pos" in message and " MiB free under " in message
+    assert "step_00000003 is intact" in message and "run the same command again" in message
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no .tmp-step_00000006
+    assert (ckpts / "latest").read_text() == "step_00000003"
+    monkeypatch.setattr(Engine, "save_state", real)
+    assert run(tmp_path, steps=9, ckpt_interval=3).state.step == 9
+    assert list(train_losses(tmp_path)) == list(range(1, 10))
+
+
+def test_rank_state_failing_to_write_is_cleaned_up_too(tmp_path, monkeypatch):
+    from lm.core import checkpoint
+
+    real, calls = torch.save, {"n": 0}
+
+    def save(obj, f, *a, **kw):
+        calls["n"] += 1
+        if str(f).endswith("rank00000.pt"):
+            raise RuntimeError("unexpected pos 64 vs 0")
+        return real(obj, f, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    with pytest.raises(CheckpointError, match="no earlier checkpoint exists"):
+        run(tmp_path, steps=2, ckpt_interval=1)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == []
+
+
+# -- item 7: no pickled code ---------------------------------------------------------------------------
+
+class Payload:
+    """Unpickling this would create a file: what a malicious checkpoint would do instead."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
+    run(tmp_path / "run", steps=2, ckpt_interval=2)
+    ckpt = resolve(tmp_path / "run")
+    marker = tmp_path / "pwned"
+
+    good = torch.load(ckpt / "rank00000.pt", weights_only=True)  # the real file loads with weights_only
+    assert isinstance(good["rng"]["numpy"]["key"], torch.Tensor)
+    torch.save({**good, "extra": Payload(str(marker))}, ckpt / "rank00000.pt")
+    with pytest.raises(CheckpointError, match=r"rank00000.pt holds pickled objects .* refuses to load"):
+        run(tmp_path / "run", steps=4, ckpt_interval=2)
+    assert not marker.exists()
+
+    state = torch.load(ckpt / "model_optim.pt", weights_only=True)
+    torch.save({**state, "extra": Payload(str(marker))}, ckpt / "model_optim.pt")
+    with pytest.raises(CheckpointError, match=r"step_00000002 \(Engine's files\) holds pickled objects"):
+        consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
+    assert not marker.exists()
+
+
+def test_rank_state_of_an_older_checkpoint_still_resumes(tmp_path):
+    """Rank files written before the RNG state became tensors hold numpy's tuple: still accepted."""
+    import numpy as np
+
+    constant = ["sched=constant", "model.dropout=0.1"]  # dropout: the restored RNG state matters
+    run(tmp_path, steps=2, extra=constant, ckpt_interval=2)
+    path = resolve(tmp_path) / "rank00000.pt"
+    state = torch.load(path, weights_only=True)
+    n = state["rng"]["numpy"]
+    state["rng"]["numpy"] = (n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"])
+    torch.save(state, path)
+    run(tmp_path / "whole", steps=4, extra=constant)
+    assert run(tmp_path, steps=4, extra=constant).state.step == 4
+    assert train_losses(tmp_path) == train_losses(tmp_path / "whole")
