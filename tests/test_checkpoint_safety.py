@@ -4,6 +4,7 @@ checkpoint behind, and a checkpoint's pickles cannot run code (issue 22 items 2,
 In-process lm-train on the synthetic loader of engine_support, tiny model.
 """
 
+import json
 import os
 import socket
 import subprocess
@@ -146,6 +147,14 @@ class Payload:
         return (open, (self.target, "w"))
 
 
+def reseal(ckpt):
+    """Rewrite manifest.json and trainer.json's sha256 of it: what the author of a crafted checkpoint does."""
+    from lm.core.checkpoint import _write_manifest
+
+    trainer = json.loads((ckpt / "trainer.json").read_text())
+    (ckpt / "trainer.json").write_text(json.dumps({**trainer, "manifest_sha256": _write_manifest(ckpt)}))
+
+
 def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
     run(tmp_path / "run", steps=2, ckpt_interval=2)
     ckpt = resolve(tmp_path / "run")
@@ -154,19 +163,22 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
     good = torch.load(ckpt / "rank00000.pt", weights_only=True)  # the real file loads with weights_only
     assert isinstance(good["rng"]["numpy"]["key"], torch.Tensor)
     torch.save({**good, "extra": Payload(str(marker))}, ckpt / "rank00000.pt")
+    reseal(ckpt)
     with pytest.raises(CheckpointError, match=r"rank00000.pt holds pickled objects .* refuses to load"):
         run(tmp_path / "run", steps=4, ckpt_interval=2)
     assert not marker.exists()
 
     state = torch.load(ckpt / "model_optim.pt", weights_only=True)
     torch.save({**state, "extra": Payload(str(marker))}, ckpt / "model_optim.pt")
+    reseal(ckpt)
     with pytest.raises(CheckpointError, match=r"step_00000002 \(Engine's files\) holds pickled objects"):
         consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
     assert not marker.exists()
 
 
 def test_rank_state_of_an_older_checkpoint_still_resumes(tmp_path):
-    """Rank files written before the RNG state became tensors hold numpy's tuple: still accepted."""
+    """Rank files written before the RNG state became tensors (and before checksums) hold numpy's
+    tuple: still accepted."""
     import numpy as np
 
     constant = ["sched=constant", "model.dropout=0.1"]  # dropout: the restored RNG state matters
@@ -177,6 +189,63 @@ def test_rank_state_of_an_older_checkpoint_still_resumes(tmp_path):
     state["rng"]["numpy"] = (n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                              n["cached_gaussian"])
     torch.save(state, path)
+    trainer = json.loads((path.parent / "trainer.json").read_text())
+    del trainer["manifest_sha256"]
+    (path.parent / "trainer.json").write_text(json.dumps(trainer))
+    (path.parent / "manifest.json").unlink()
     run(tmp_path / "whole", steps=4, extra=constant)
     assert run(tmp_path, steps=4, extra=constant).state.step == 4
     assert train_losses(tmp_path) == train_losses(tmp_path / "whole")
+
+
+# -- item 6: checksums ---------------------------------------------------------------------------------
+
+def flip_bytes(path, n=100):
+    data = bytearray(path.read_bytes())
+    for i in range(n):
+        data[len(data) // 2 + i] ^= 0x10  # inside the tensor data: the zip container still opens
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_latest_is_named_and_the_run_resumes_from_the_newest_intact_one(tmp_path, caplog):
+    constant = ["sched=constant", "model.dropout=0.1"]
+    run(tmp_path / "whole", steps=10, extra=constant, ckpt_interval=4)
+    run(tmp_path / "run", steps=8, extra=constant, ckpt_interval=4)
+    ckpts = tmp_path / "run" / "checkpoints"
+    manifest = json.loads((ckpts / "step_00000008" / "manifest.json").read_text())["files"]
+    assert set(manifest) == {"config.yaml", "model_optim.pt", "rank00000.pt"}
+    flip_bytes(ckpts / "step_00000008" / "model_optim.pt")
+    with caplog.at_level("WARNING", logger="lm"):
+        assert run(tmp_path / "run", steps=10, extra=constant, ckpt_interval=4).state.step == 10
+    assert (f"checkpoint {ckpts / 'step_00000008'} is damaged (model_optim.pt does not match the sha256 written "
+            f"with it" in caplog.text and f"resuming from {ckpts / 'step_00000004'}" in caplog.text), caplog.text
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")  # steps 5-8 redone exactly
+
+
+def test_no_intact_checkpoint_refuses_with_the_options(tmp_path):
+    run(tmp_path, steps=2, ckpt_interval=2)
+    (resolve(tmp_path) / "rank00000.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"step_00000002 is damaged \(rank00000.pt is missing\) and no older "
+                                              r"checkpoint .* is intact. Options: restore"):
+        run(tmp_path, steps=4, ckpt_interval=2)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", r"model_optim.pt has \d+ bytes, \d+ when written"),
+    ("flip", "model_optim.pt does not match the sha256"),
+    ("trainer", r"trainer.json cannot be read"),
+])
+def test_export_and_finetune_init_refuse_a_damaged_checkpoint(tmp_path, damage, reason):
+    run(tmp_path, steps=4, ckpt_interval=2)
+    ckpt = resolve(tmp_path)
+    if damage == "truncate":
+        data = (ckpt / "model_optim.pt").read_bytes()
+        (ckpt / "model_optim.pt").write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        flip_bytes(ckpt / "model_optim.pt")
+    else:
+        (ckpt / "trainer.json").write_text('{"step": 4, "eng')
+    with pytest.raises(CheckpointError, match=rf"step_00000004 is damaged: {reason}.*Intact checkpoints of this "
+                                              rf"run: step_00000002 \(pass one of them\)"):
+        consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
+    assert consolidated_state_dict(ckpt.parent / "step_00000002")

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
+from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve, verified
 
 log = logging.getLogger("lm")
 
@@ -35,7 +35,7 @@ def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = Fals
 
     from lm.model import build_model, model_config
 
-    ckpt = resolve(path)
+    ckpt = verified(resolve(path))  # its files match manifest.json before any is read
     out = Path(out) if out else ckpt / "export"
     check_output(out, ckpt, force)
     cfg = OmegaConf.load(ckpt / "config.yaml")

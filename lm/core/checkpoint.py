@@ -2,7 +2,8 @@
 
     <run_dir>/checkpoints/
         step_00000100/            complete checkpoints only (written as .tmp-step_..., then renamed)
-            trainer.json          step, tokens, engine layout (written last, before the rename)
+            trainer.json          step, tokens, engine layout, manifest's sha256 (written last, before the rename)
+            manifest.json         sha256 and size of every file above and below (verified before reading)
             config.yaml           the run's resolved config (lm-export rebuilds the model from it)
             rank00000.pt ...      per rank: data-loader position and RNG states (tensors and plain types)
             model_optim.pt        the engine's own files (engine.save_state): single/ddp model_optim.pt,
@@ -13,10 +14,13 @@ A crash or a failed write (full disk) at any point leaves `latest` naming a comp
 half-written one is only ever a .tmp-* directory, removed when the write fails or on the next save.
 This file never reads an engine's files itself: trainer.json records the engine's format and the
 engine class of that format loads or consolidates them (lm.engine.engine_for_format). Everything is
-read with torch.load(weights_only=True): a checkpoint from elsewhere cannot run pickled code.
+read with torch.load(weights_only=True): a checkpoint from elsewhere cannot run pickled code, and only
+after its files match manifest.json: resuming from a damaged `latest` names it and falls back to the
+newest intact checkpoint; lm-export and lm-finetune init= refuse a damaged one.
 Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm-export` (lm/cli/export.py).
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -36,6 +40,8 @@ log = logging.getLogger("lm")
 
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
+MANIFEST = "manifest.json"
+UNSEALED = (MANIFEST, "trainer.json")  # the checkpoint files the manifest does not list (it is in trainer.json)
 
 
 class CheckpointError(RuntimeError):
@@ -139,7 +145,9 @@ class Checkpointer:
         if self.engine.is_main:
             try:
                 (tmp / "config.yaml").write_text(self.config_yaml)
-                trainer = {**trainer, "engine": self.engine.describe(), "time": time.time()}
+                manifest = _write_manifest(tmp)
+                trainer = {**trainer, "engine": self.engine.describe(), "time": time.time(),
+                           "manifest_sha256": manifest}
                 _write_durably(tmp / "trainer.json", json.dumps(trainer, indent=1))  # marks completeness
                 if final.exists():  # left by a run killed between this rename and the pointer update
                     shutil.rmtree(final)
@@ -180,8 +188,23 @@ class Checkpointer:
             if old != keep:
                 shutil.rmtree(old, ignore_errors=True)
 
+    def _intact(self, path: Path) -> Path:
+        """`path` if its files match its manifest, else the newest older intact checkpoint (saying so);
+        rank 0 checks, every rank gets its answer."""
+        chosen, error = None, None
+        if self.engine.is_main:
+            try:
+                chosen = newest_intact(path)
+            except CheckpointError as e:
+                error = str(e)
+        chosen, error = D.broadcast_object((chosen, error))
+        if error:
+            raise CheckpointError(error)
+        return chosen
+
     def load(self, path: Path) -> Tuple[Dict, Dict]:
         """Restore the engine's model and optimizer; returns (trainer.json, this rank's loader state)."""
+        path = self._intact(path)
         trainer = read_trainer(path)
         saved_world = trainer["engine"]["world_size"]
         if saved_world != self.engine.world_size or trainer["engine"]["engine"] != self.engine.name:
@@ -193,6 +216,76 @@ class Checkpointer:
         own = _load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
         set_rng_state(own["rng"])
         return trainer, own["loader"]
+
+
+# -- checksums -------------------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_manifest(ckpt: Path) -> str:
+    """sha256 + size of every file but trainer.json (which records the manifest's own sha256, returned)."""
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and str(p.relative_to(ckpt)) not in UNSEALED)
+    entries = {str(p.relative_to(ckpt)): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}
+    _write_durably(ckpt / MANIFEST, json.dumps({"files": entries}, indent=1))
+    return _sha256(ckpt / MANIFEST)
+
+
+def damage(ckpt: Path) -> Optional[str]:
+    """Why checkpoint `ckpt` cannot be trusted (a missing, truncated or changed file), or None.
+    Files added later (an lm-export into <checkpoint>/export) are not part of it."""
+    ckpt = Path(ckpt)
+    try:
+        trainer = json.loads((ckpt / "trainer.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"trainer.json cannot be read ({e})"
+    if "manifest_sha256" not in trainer:
+        return None  # written before checkpoints had checksums: nothing to compare with
+    manifest = ckpt / MANIFEST
+    if not manifest.is_file() or _sha256(manifest) != trainer["manifest_sha256"]:
+        return f"{MANIFEST} is missing or does not match the sha256 recorded in trainer.json"
+    for name, want in json.loads(manifest.read_text())["files"].items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != want["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, {want['bytes']} when written (truncated or overwritten)"
+        if _sha256(path) != want["sha256"]:
+            return f"{name} does not match the sha256 written with it (its bytes changed since)"
+    return None
+
+
+def newest_intact(ckpt: Path) -> Path:
+    """`ckpt` if intact; else the newest intact older checkpoint of the same run (logged), else a
+    CheckpointError naming the damage and the options."""
+    why = damage(ckpt)
+    if why is None:
+        return ckpt
+    older = sorted((p for p in ckpt.parent.glob("step_*") if p.name < ckpt.name), reverse=True)
+    for candidate in older:
+        if damage(candidate) is None:
+            log.warning("checkpoint %s is damaged (%s); resuming from %s, the newest intact checkpoint",
+                        ckpt, why, candidate)
+            return candidate
+    raise CheckpointError(
+        f"checkpoint {ckpt} is damaged ({why}) and no older checkpoint in {ckpt.parent} is intact. Options: "
+        f"restore the file from a copy; or start from scratch in a new run_dir (or with resume=false); or "
+        f"move {ckpt.parent} away and rerun")
+
+
+def verified(ckpt: Path) -> Path:
+    """`ckpt` if its files match its manifest (lm-export, lm-finetune init=), else a CheckpointError
+    naming the damage and the intact checkpoints of the same run."""
+    why = damage(ckpt)
+    if why is None:
+        return ckpt
+    intact = [p.name for p in sorted(Path(ckpt).parent.glob("step_*"), reverse=True)
+              if p != Path(ckpt) and damage(p) is None]
+    raise CheckpointError(f"checkpoint {ckpt} is damaged: {why}. "
+                          + (f"Intact checkpoints of this run: {', '.join(intact)} (pass one of them)" if intact
+                             else "No other intact checkpoint of this run exists"))
 
 
 def _free_space(path: Path) -> str:
@@ -244,7 +337,7 @@ def consolidated_state_dict(ckpt: Path) -> Dict[str, torch.Tensor]:
     by the engine class of the format recorded in its trainer.json."""
     from lm.engine import EngineError, engine_for_format
 
-    info = read_trainer(ckpt)["engine"]
+    info = read_trainer(verified(ckpt))["engine"]
     try:
         engine_cls = engine_for_format(info["format"])
     except EngineError as e:
