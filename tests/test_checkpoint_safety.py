@@ -249,3 +249,31 @@ def test_export_and_finetune_init_refuse_a_damaged_checkpoint(tmp_path, damage, 
                                               rf"run: step_00000002 \(pass one of them\)"):
         consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
     assert consolidated_state_dict(ckpt.parent / "step_00000002")
+
+
+def fake_fsdp2_checkpoint(ckpt, metadata=None):
+    """An FSDP2-format checkpoint written by DCP in one process (no process group needed)."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt / "dcp", no_dist=True)
+    (ckpt / "trainer.json").write_text(json.dumps({"step": 1, "engine": {"engine": "FSDP2Engine", "format": "dcp",
+                                                                         "world_size": 2}}))
+    if metadata is not None:
+        (ckpt / "dcp" / ".metadata").write_bytes(metadata)
+    return model
+
+
+def test_dcp_metadata_is_read_without_running_pickled_code(tmp_path):
+    """torch.distributed.checkpoint unpickles its .metadata with plain pickle: lm checks it first."""
+    import pickle
+
+    model = fake_fsdp2_checkpoint(tmp_path / "good")
+    assert torch.equal(consolidated_state_dict(tmp_path / "good")["weight"], model.weight)
+    marker = tmp_path / "pwned"
+    fake_fsdp2_checkpoint(tmp_path / "bad", metadata=pickle.dumps(Payload(str(marker))))
+    with pytest.raises(CheckpointError, match=r"bad \(FSDP2Engine's files\) holds pickled objects .*could run "
+                                              r"code: Unsupported global: (io|builtins).open"):
+        consolidated_state_dict(tmp_path / "bad")
+    assert not marker.exists()

@@ -1,6 +1,7 @@
 """PyTorch-native data parallelism: DDP (replicated) and FSDP2 (`fully_shard`, sharded per Block)."""
 
 import contextlib
+import pickle
 from pathlib import Path
 from typing import Dict
 
@@ -10,6 +11,26 @@ from torch import nn
 from lm.engine.base import Engine
 
 DCP = "dcp"  # sub-directory of an FSDP2 checkpoint: torch.distributed.checkpoint shards, one file per rank
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    """DCP reads its .metadata with plain pickle.load, which runs whatever the file names; this reader
+    admits only the classes DCP's metadata is made of (checked before DCP reads it)."""
+
+    def find_class(self, module: str, name: str):
+        plain = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                 ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                 ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+        if (module == "torch.distributed.checkpoint.metadata" or (module, name) in plain
+                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global: {module}.{name} is not part of DCP's metadata")
+
+
+def check_dcp_metadata(dcp_dir: Path) -> None:
+    """Raise pickle.UnpicklingError if `dcp_dir`/.metadata names anything but DCP's metadata classes."""
+    with open(Path(dcp_dir) / ".metadata", "rb") as f:
+        _DCPMetadataUnpickler(f).load()
 
 
 class DDPEngine(Engine):
@@ -110,6 +131,7 @@ class FSDP2Engine(Engine):
 
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
+        check_dcp_metadata(Path(path) / DCP)
         dcp.load(state, checkpoint_id=Path(path) / DCP)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
@@ -124,6 +146,7 @@ class FSDP2Engine(Engine):
         # same checkpoint at once.
         with tempfile.TemporaryDirectory(prefix="lm-consolidate-") as scratch:
             out = Path(scratch) / "consolidated.pt"
+            check_dcp_metadata(Path(path) / DCP)
             dcp_to_torch_save(Path(path) / DCP, out)
             return torch.load(out, map_location="cpu", weights_only=True)["model"]
 
