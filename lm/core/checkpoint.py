@@ -1,4 +1,4 @@
-"""Atomic checkpoints that continue a run exactly, keep-last-K, and `lm-export`.
+"""Atomic checkpoints that continue a run exactly: keep-last-K, checksums, reading them back (lm-export).
 
     <run_dir>/checkpoints/
         step_00000100/            complete checkpoints only (written as .tmp-step_..., then renamed)
@@ -221,8 +221,11 @@ class Checkpointer:
 # -- checksums -------------------------------------------------------------------------------------
 
 def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):  # hashlib.file_digest needs Python 3.11
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _write_manifest(ckpt: Path) -> str:
