@@ -177,7 +177,7 @@ class TreeSampler:
 def run_prepare(args, tokenizer: Path, corpus: Path, workers: int, out: Path) -> dict:
     """One `lm-prepare` command, timed end to end, its tree RSS sampled; tokens from its meta.json."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "lm.data.prepare", str(corpus), "--out", str(out), "--tokenizer", str(tokenizer),
+    cmd = [sys.executable, "-m", "lm.cli.prepare", str(corpus), "--out", str(out), "--tokenizer", str(tokenizer),
            "--doc-split", "blank_line", "--workers", str(workers), "--task-bytes", str(args.task_bytes)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     load = loadavg()

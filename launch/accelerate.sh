@@ -35,7 +35,7 @@ else
 fi
 [ -f "$config" ] || lm_die "ACCELERATE_CONFIG=$config does not exist (see launch/accelerate/)"
 # Without --multi_gpu, `accelerate launch --num_processes N` on a CPU host starts ONE process
-# (docs/PLATFORM.md); with it accelerate runs torchrun, which lm drives on gloo or NCCL.
+# (seen on this project's CPU hosts); with it accelerate runs torchrun, which lm drives on gloo or NCCL.
 multi=()
 if [ "$total" -gt 1 ]; then multi=(--multi_gpu); fi
 lm_show "$total process(es) on $nnodes node(s) with accelerate ($config): $LM_ENTRY $*"

@@ -61,6 +61,7 @@ class ModelConfig:
     init_std: float = 0.02
     loss_chunk_size: int = 0  # >0: chunked output projection + cross-entropy (tokens per chunk)
     activation_checkpointing: bool = False
+    linear: str = "torch"  # torch (F.linear) | onednn (fp32 CPU matmuls on oneDNN: lm/model/linear.py)
     norm: Any = field(default_factory=lambda: component("lm.model.norms.LayerNorm"))
     ffn: Any = field(default_factory=lambda: component("lm.model.ffn.MLP", activation="gelu"))
     pos: Any = field(default_factory=lambda: component("lm.model.position.Learned"))

@@ -32,6 +32,12 @@ def test_llama_gqa_parameter_counts_match():
     assert r["first_loss_ours"] == pytest.approx(r["first_loss_hf"], abs=2e-4)
 
 
+def test_onednn_linear_option_gives_the_same_first_loss():
+    r = bench.run(bench.parse(TINY + ["--layout", "llama", "--vocab", "65", "--linear", "onednn"]))
+    assert r["linear"] == "onednn"
+    assert r["first_loss_ours"] == pytest.approx(r["first_loss_hf"], abs=2e-4)
+
+
 def test_json_line_and_explicit_chunk(capsys):
     bench.main(TINY + ["--vocab", "65", "--loss-chunk", "8", "--json"])
     r = json.loads(capsys.readouterr().out)

@@ -8,8 +8,9 @@ import pytest
 
 from lm.config import ConfigError
 from lm.data.packed import PackedLoader
-from lm.data.prepare import data_config, open_prepared, prepare
-from lm.data.sources import DataError
+from lm.data.errors import DataError
+from lm.data.manifest import open_prepared
+from lm.data.prepare import data_config, prepare
 
 GOOD = [f"Document number {i} tells of a fox, a stone and a river." for i in range(60)]
 
@@ -113,12 +114,12 @@ def test_out_dir_that_is_not_ours_is_never_overwritten(tmp_path, good):
 def test_registry_download_offline_says_where_to_put_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path / "empty_mirror"))
     monkeypatch.setenv("LM_CACHE", str(tmp_path / "cache"))
-    import lm.data.sources as sources
+    import lm.data.corpora as corpora
 
     def offline(url, timeout=None):
-        raise sources.urllib.error.URLError("[Errno -2] Name or service not known")
+        raise corpora.urllib.error.URLError("[Errno -2] Name or service not known")
 
-    monkeypatch.setattr(sources.urllib.request, "urlopen", offline)
+    monkeypatch.setattr(corpora.urllib.request, "urlopen", offline)
     with pytest.raises(DataError, match=r"could not download https://wikitext.smerity.com/wikitext-2-raw-v1.zip .*"
                                         r"offline.*empty_mirror/text/wikitext-2-raw/wiki.train.raw"):
         run(tmp_path, source="wikitext2")

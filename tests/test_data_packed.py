@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from lm.data.collate import SpanCorruption, block_causal_mask, doc_ids, t5_lengths
+from lm.data.collate import SpanCorruption, t5_lengths
 from lm.data.packed import PackedLoader, permute
 from lm.data.prepare import prepare
 from lm.data.tokenizer import Tokenizer
@@ -219,19 +219,6 @@ def test_span_corruption_hides_spans_behind_sentinels_and_targets_restore_them(d
 def test_span_corruption_needs_enough_sentinels():
     with pytest.raises(Exception, match=r"needs \d+ sentinel tokens, the tokenizer has 2"):
         SpanCorruption(512, [7, 8], 2, 0)
-
-
-def test_doc_ids_mark_documents_within_a_window(data):
-    tok = Tokenizer.load(data)
-    batch = next(iter(PackedLoader(data, "train", 256, 2, "clm", doc_boundaries=True)))
-    ids = batch["doc_ids"].numpy()
-    inputs = batch["input_ids"].numpy()
-    assert np.array_equal(ids, doc_ids(inputs, tok.eos_id))
-    assert ids.max() >= 1  # 256 tokens of stories hold a boundary
-    b, t = np.argwhere(inputs == tok.eos_id)[0]
-    assert ids[b, t] == ids[b, t - 1] and (t + 1 == 256 or ids[b, t + 1] == ids[b, t] + 1)
-    mask = block_causal_mask(ids)
-    assert mask[b, t + 1, t] == False and mask[b, t, t - 1] == True  # noqa: E712
 
 
 @pytest.mark.parametrize("arch,objective", [("decoder", "clm"), ("encoder", "mlm"), ("encoder_decoder", "span")])

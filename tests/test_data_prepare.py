@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 import lm.data.prepare as prep
-from lm.data.prepare import ensure_prepared, load_preset, main, open_prepared, prepare
-from lm.data.sources import DataError
+from lm.cli.prepare import main
+from lm.data.errors import DataError
+from lm.data.manifest import open_prepared
+from lm.data.prepare import ensure_prepared, load_preset, prepare
 from lm.data.tokenizer import Tokenizer
 
 STORIES = [f"Story {i}: " + " ".join(["Once upon a time a little fox found a shiny stone."] * (1 + i % 4))
@@ -125,7 +127,7 @@ def test_directory_glob_and_val_source(tmp_path, stories):
 def test_interrupted_run_resumes_to_identical_output(tmp_path, stories, monkeypatch, capsys):
     full = run(tmp_path, "full", source=str(stories), doc_split="line", shard_tokens=700)
     calls = {"n": 0}
-    real = prep._write_json
+    real = prep.write_json
 
     def crash_after_five_tasks(path, obj):
         real(path, obj)
@@ -136,11 +138,11 @@ def test_interrupted_run_resumes_to_identical_output(tmp_path, stories, monkeypa
                     f.write(b"\x07\x00" * 13)
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(prep, "_write_json", crash_after_five_tasks)
+    monkeypatch.setattr(prep, "write_json", crash_after_five_tasks)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, "cut", source=str(stories), doc_split="line", shard_tokens=700)
     assert not (tmp_path / "cut").exists() and (tmp_path / ".cut.partial" / "progress.json").exists()
-    monkeypatch.setattr(prep, "_write_json", real)
+    monkeypatch.setattr(prep, "write_json", real)
     with pytest.raises(DataError, match="no readable meta.json.*resume"):
         open_prepared(tmp_path / "cut")
     capsys.readouterr()
@@ -156,7 +158,7 @@ def test_changed_settings_restart_and_say_so(tmp_path, stories, monkeypatch, cap
     def crash(path, obj):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(prep, "_write_json", crash)
+    monkeypatch.setattr(prep, "write_json", crash)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, source=str(stories), doc_split="line")
     monkeypatch.undo()
@@ -176,7 +178,7 @@ def test_finished_output_is_kept_unless_forced_and_survives_a_failed_rebuild(tmp
     def crash(path, obj):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(prep, "_write_json", crash)
+    monkeypatch.setattr(prep, "write_json", crash)
     with pytest.raises(RuntimeError):
         prepare({"source": str(stories), "doc_split": "line", "vocab_size": 300, "n_sentinels": 4, "workers": 1},
                 out, force=True, progress=False)
@@ -211,7 +213,7 @@ def test_every_data_preset_composes_with_hydra():
 
     from lm.config import conf_dir
     from lm.data.prepare import data_config
-    from lm.data.sources import CORPORA
+    from lm.data.corpora import CORPORA
 
     names = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
     assert {"shakespeare_char", "tinystories_bpe", "wikitext2_bpe"} <= set(names)

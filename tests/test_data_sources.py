@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from lm.data.packed import PackedLoader
-from lm.data.prepare import open_prepared, prepare
-from lm.data.sources import DataError
+from lm.data.errors import DataError
+from lm.data.manifest import open_prepared
+from lm.data.prepare import prepare
 from lm.data.tokenizer import Tokenizer
 
 STORIES = [f"Story {i}: " + " ".join(["A small fox found a shiny stone by the river."] * (1 + i % 3))
@@ -145,7 +146,8 @@ def test_parquet_is_read_in_bounded_tasks_even_from_one_row_group(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from lm.data.sources import Planner, ReadOptions, SourceFile
+    from lm.data.sources import SourceFile
+    from lm.data.tasks import Planner, ReadOptions
 
     texts = STORIES * 10
     path = tmp_path / "one_group.parquet"

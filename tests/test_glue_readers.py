@@ -21,7 +21,7 @@ def real_root(data_mirror):
     return data_mirror / "glue_data"
 
 
-# Official sizes (MANIFEST.md; GLUE paper Table 1) and label counts by class id.
+# Official sizes ($LM_DATA_MIRROR/MANIFEST.md; GLUE paper Table 1) and label counts by class id.
 REAL = [
     ("cola", "train", 8551, {1: 6023, 0: 2528}),
     ("cola", "dev", 1043, {1: 721, 0: 322}),
@@ -208,5 +208,5 @@ def test_empty_file(tmp_path):
 
 
 def test_fixture_root_is_not_the_real_data():
-    # The fixtures are hand-written; the real data stays outside the repository (COMMON.md).
+    # The fixtures are hand-written; the real data stays outside the repository (in $LM_DATA_MIRROR).
     assert not (FIXTURES / "CoLA").exists() and os.path.getsize(FIXTURES / "QQP" / "train.tsv") < 2000

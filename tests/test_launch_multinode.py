@@ -51,7 +51,7 @@ def finish(procs: List[subprocess.Popen], logs: List[Path]) -> None:
 
 
 def ranks_trained(run_dir: Path) -> int:
-    """The world size rank 0 reported in train.log (PLATFORM.md: never trust that N ranks ran)."""
+    """The world size rank 0 reported in train.log (never trust that N ranks ran: a launcher can start fewer)."""
     line = next(ln for ln in (run_dir / "train.log").read_text().splitlines() if " rank(s), " in ln)
     return int(line.split(" on ", 1)[1].split(" rank(s)")[0])
 

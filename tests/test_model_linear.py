@@ -1,11 +1,12 @@
-"""lm.model.linear.Linear: the oneDNN CPU path gives nn.Linear's values and gradients."""
+"""lm.model.linear: model.linear=onednn gives F.linear's values and gradients; torch is the default."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from lm.model import linear
-from lm.model.linear import Linear
+from lm.config import ConfigError, ModelConfig
+from lm.model import build_model, linear
+from lm.model.linear import Linear, use_kind
 
 
 def _reference(layer: Linear, x: torch.Tensor):
@@ -17,20 +18,28 @@ def _reference(layer: Linear, x: torch.Tensor):
     return y, xr, w, b
 
 
+def _onednn(layer: Linear) -> Linear:
+    assert linear.onednn_available(), "oneDNN is in every PyTorch CPU build of the pinned torch"
+    return use_kind(layer, "onednn")
+
+
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(3, 17, 24), (40, 24), (2, 3, 5, 24)])
-def test_onednn_path_matches_f_linear(bias, shape):
-    assert linear.ENABLED, "oneDNN is in every PyTorch CPU build; the fast path should be on"
+def test_onednn_path_matches_f_linear(bias, shape, monkeypatch):
     torch.manual_seed(0)
-    layer = Linear(24, 40, bias=bias)
+    layer = _onednn(Linear(24, 40, bias=bias))
     x = torch.randn(*shape, requires_grad=True)
     assert linear._fast_path(x, layer.weight)
+    calls = []
+    monkeypatch.setattr(linear, "_onednn_mm", lambda *a: calls.append(1) or torch.ops.mkldnn._linear_pointwise(
+        *a, "none", [], ""))
     y = layer(x)
     y_ref, xr, w, b = _reference(layer, x)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)
     g = torch.randn_like(y)
     y.backward(g)
     y_ref.backward(g)
+    assert len(calls) == 2, "forward and input gradient run on oneDNN"
     torch.testing.assert_close(x.grad, xr.grad, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(layer.weight.grad, w.grad, rtol=1e-5, atol=1e-5)
     if bias:
@@ -39,7 +48,7 @@ def test_onednn_path_matches_f_linear(bias, shape):
 
 def test_non_contiguous_input_and_grad():
     torch.manual_seed(0)
-    layer = Linear(16, 8)
+    layer = _onednn(Linear(16, 8))
     base = torch.randn(4, 16, 6, requires_grad=True)
     x = base.transpose(1, 2)  # (4, 6, 16), not contiguous
     y = layer(x)
@@ -52,13 +61,32 @@ def test_non_contiguous_input_and_grad():
     torch.testing.assert_close(layer.weight.grad, w.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_other_dtypes_and_switch_fall_back_to_f_linear(monkeypatch):
-    layer = Linear(8, 4).to(torch.bfloat16)
+def test_other_dtypes_and_the_default_run_f_linear(monkeypatch):
+    layer = _onednn(Linear(8, 4)).to(torch.bfloat16)
     x = torch.randn(2, 8, dtype=torch.bfloat16)
     assert not linear._fast_path(x, layer.weight)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
-    monkeypatch.setattr(linear, "ENABLED", False)
+    monkeypatch.setattr(linear, "_onednn_mm", lambda *a: pytest.fail("the default must not call oneDNN"))
     layer32 = Linear(8, 4)
     x32 = torch.randn(2, 8)
-    assert not linear._fast_path(x32, layer32.weight)
     assert torch.equal(layer32(x32), F.linear(x32, layer32.weight, layer32.bias))
+
+
+def test_model_linear_option_sets_every_linear_and_keeps_the_numbers():
+    torch.manual_seed(0)
+    plain = build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16))
+    torch.manual_seed(0)
+    fast = build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16, linear="onednn"))
+    layers = [m for m in fast.modules() if isinstance(m, Linear)]
+    assert layers and all(m.onednn for m in layers)
+    assert not any(m.onednn for m in plain.modules() if isinstance(m, Linear))
+    ids = torch.randint(0, 50, (2, 16))
+    torch.testing.assert_close(fast(ids, labels=ids).loss, plain(ids, labels=ids).loss, rtol=1e-5, atol=1e-6)
+
+
+def test_onednn_option_without_the_op_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(linear, "onednn_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"model.linear=onednn: this PyTorch build .* use model.linear=torch"):
+        build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16, linear="onednn"))
+    with pytest.raises(ConfigError, match=r"model.linear='mkl' is not one of"):
+        build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16, linear="mkl"))

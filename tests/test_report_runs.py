@@ -111,7 +111,8 @@ def test_discovery_skips_checkpoints_and_sorts_jobs_numerically(tmp_path):
 
 def test_single_run_gets_a_run_card(tmp_path, capsys):
     d = make_run(tmp_path / "r", ffn="swiglu", norm="rmsnorm", max_steps=100, val_every=50, tokens_per_s=2048.0)
-    (d / "results.json").write_text(json.dumps({"tasks": {"sst2": {"accuracy": 0.81}}, "glue_score": 77.5}))
+    (d / "results.json").write_text(json.dumps({"columns": {"sst2": {"median": {"acc": 77.5, "score": 77.5}}},
+                                                "glue": {"median": 77.5, "per_seed": {"0": 77.5}, "partial": True}}))
     assert main([str(d)]) == 0
     md = (d / "report" / "card.md").read_text()
     cfg = model_config(compose_model("tiny", ["ffn=swiglu", "norm=rmsnorm"]))
@@ -122,7 +123,7 @@ def test_single_run_gets_a_run_card(tmp_path, capsys):
     assert rows["tokens/s (median)"] == "2.05k" and rows["steps/s (median)"] == "4"  # 2048 / 512 tokens per step
     assert rows["MFU (median)"] == "0.01" and rows["peak memory (GiB)"] == "0.5"
     assert rows["final val_loss"] == f"{loss_at(100, 0) + 0.1:.4g}" and rows["GLUE score"] == "77.5"
-    assert "ffn:" in md and '"glue_score": 77.5' in md
+    assert "ffn:" in md and '"median": 77.5' in md
     html = (d / "report" / "card.html").read_text()
     assert html.count("data:image/png;base64,") == 1
 

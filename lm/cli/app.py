@@ -15,6 +15,7 @@ from typing import Callable, Tuple, Type
 from omegaconf import DictConfig
 
 from lm.config import conf_dir
+from lm.extras import MissingExtra
 
 log = logging.getLogger("lm")
 
@@ -37,7 +38,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     def app(cfg: DictConfig) -> None:
         try:
             job(cfg)
-        except (EngineError, *user_errors) as e:
+        except (EngineError, MissingExtra, *user_errors) as e:
             log.error("%s: %s", type(e).__name__, e)
             D.shutdown()
             if _in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep

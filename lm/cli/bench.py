@@ -24,6 +24,8 @@ import time
 import torch
 
 from lm.config import ModelConfig, component
+from lm.constants import IGNORE_INDEX
+from lm.extras import exit_if_missing
 
 LAYOUTS = {
     "gpt2": dict(norm=component("lm.model.norms.LayerNorm"), ffn=component("lm.model.ffn.MLP", activation="gelu_tanh"),
@@ -32,7 +34,6 @@ LAYOUTS = {
                   pos=component("lm.model.position.RoPE"), bias=False, tie_embeddings=False, init="normal"),
 }
 AUTO_CHUNK_VOCAB, AUTO_CHUNK = 8192, 256
-IGNORE_INDEX = -100
 
 
 def loss_chunk(args) -> int:
@@ -44,7 +45,7 @@ def loss_chunk(args) -> int:
 def model_config(args) -> ModelConfig:
     return ModelConfig(arch="decoder", vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
                        n_kv_heads=args.kv_heads, max_seq_len=args.seq, loss_chunk_size=loss_chunk(args),
-                       **LAYOUTS[args.layout])
+                       linear=args.linear, **LAYOUTS[args.layout])
 
 
 def batches(args) -> dict:
@@ -105,7 +106,7 @@ def run(args) -> dict:
     return {
         "layout": args.layout, "vocab": args.vocab, "layers": args.layers, "dim": args.dim, "heads": args.heads,
         "seq": args.seq, "batch": args.batch, "threads": args.threads, "steps": args.steps,
-        "loss_chunk": loss_chunk(args),
+        "loss_chunk": loss_chunk(args), "linear": args.linear,
         "params_ours": sum(p.numel() for p in models["ours"].parameters()),
         "params_hf": sum(p.numel() for p in models["hf"].parameters()),
         "first_loss_ours": round(first_loss["ours"], 5), "first_loss_hf": round(first_loss["hf"], 5),
@@ -137,6 +138,9 @@ def parse(argv=None):
     p.add_argument("--loss-chunk", default="auto",
                    help="our output+loss chunk in tokens: 0 = plain logits + cross-entropy; auto = "
                         f"{AUTO_CHUNK} when --vocab >= {AUTO_CHUNK_VOCAB}, else 0")
+    p.add_argument("--linear", choices=["torch", "onednn"], default="torch",
+                   help="our Linear layers (model.linear): torch = F.linear, as lm-train by default; onednn = the "
+                        "oneDNN fp32 CPU path (lm/model/linear.py)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
@@ -147,13 +151,14 @@ def parse(argv=None):
 
 
 def main(argv=None):
+    exit_if_missing("lm-bench", "hf")  # the reference models are transformers'
     args = parse(argv)
     r = run(args)
     if args.json:
         print(json.dumps(r))
         return
     print(f"{r['layout']} layout, vocab {r['vocab']}, {r['layers']}x{r['dim']}, {r['heads']} heads, T={r['seq']}, "
-          f"B={r['batch']}, {r['threads']} thread(s), fp32, loss chunk {r['loss_chunk'] or 'off'}; "
+          f"B={r['batch']}, {r['threads']} thread(s), fp32, loss chunk {r['loss_chunk'] or 'off'}, linear {r['linear']}; "
           f"params ours={r['params_ours']:,} hf={r['params_hf']:,}; first-step loss ours={r['first_loss_ours']:.4f} "
           f"hf={r['first_loss_hf']:.4f}")
     print(f"  ours {r['tokens_per_s_ours']:.0f} tokens/s | Hugging Face {r['tokens_per_s_hf']:.0f} tokens/s | "

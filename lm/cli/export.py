@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve, verified
+from lm.extras import MissingExtra
 
 log = logging.getLogger("lm")
 
@@ -149,7 +150,7 @@ def main(argv=None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         out = export(args.path, args.out, hf=not args.no_hf, force=args.force)
-    except (CheckpointError, FileNotFoundError) as e:
+    except (CheckpointError, FileNotFoundError, MissingExtra) as e:  # MissingExtra: the hf/ part needs lm[hf]
         sys.exit(f"lm-export: {e}")
     print(f"exported {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
 

@@ -11,7 +11,7 @@
    the 11 MB train file is not needed), the TinyStories slice (Eldan & Li 2023), and the UNLABELLED
    training sentences of SST-2, CoLA, MRPC, STS-B and RTE (and of any other task finetuned):
    task-adaptive pretraining (Gururangan et al. 2020). Labels, dev and test text are never used. Files come from $LM_DATA_MIRROR, else the
-   download cache, else are downloaded (lm.data.sources).
+   download cache, else are downloaded (lm.data.corpora).
 2. A byte-level BPE tokenizer of 4096 tokens and a 2-layer, 128-wide GPT-style decoder (0.94M
    parameters), pretrained with lm-train's loop (causal LM) for --pretrain-steps steps of 16 x 128 tokens.
 3. lm-finetune on each task (lm.cli.finetune), from the checkpoint; with --compare also from scratch
@@ -53,7 +53,7 @@ def model_overrides(dim: int = DIM, layers: int = LAYERS) -> List[str]:
 
 def corpus_files(out: Path, tasks: List[str], glue_root=None) -> List[str]:
     """The pretraining text files: WikiText-2 valid/test, the TinyStories slice, GLUE train sentences."""
-    from lm.data.sources import CORPORA, fetch, mirror_dir
+    from lm.data.corpora import CORPORA, fetch, mirror_dir
 
     files = [str(fetch(r, mirror_dir())) for split in ("val", "test") for r in CORPORA["wikitext2"].files[split]]
     files += [str(fetch(r, mirror_dir())) for r in CORPORA["tinystories_sample"].files["all"]]
@@ -165,7 +165,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> None:
     from lm.config import ConfigError
-    from lm.data.sources import DataError
+    from lm.data.errors import DataError
     from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
 

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from lm.extras import exit_if_missing
 from lm.report.runs import ReportError, load_runs
 from lm.report.variants import check_comparable, group_variants
 
@@ -71,6 +72,7 @@ def run(args: argparse.Namespace, command: str) -> Path:
 
 
 def main(argv=None) -> int:
+    exit_if_missing("lm-report", "report")
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     try:

@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import torch
 
-from lm.model.heads import IGNORE_INDEX
+from lm.constants import IGNORE_INDEX
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
 

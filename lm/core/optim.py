@@ -65,7 +65,3 @@ def _progress(step: int, start: int, total_steps: int) -> float:
     span = max(1, total_steps - 1 - start)
     return min(1.0, max(0.0, (step - start) / span))
 
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 import torch
 
 from lm.config import LoggerConfig
+from lm.extras import require
 
 log = logging.getLogger("lm")
 
@@ -123,6 +124,7 @@ class Tracker:
         return run
 
     def _start_tensorboard(self):
+        require("tensorboard", "logger.tensorboard=true")
         from torch.utils.tensorboard import SummaryWriter
 
         return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))

@@ -19,8 +19,8 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from lm.config import ConfigError
+from lm.constants import IGNORE_INDEX
 
-IGNORE = -100  # label of positions without a loss (PyTorch's cross_entropy ignore_index)
 
 
 class Collator:
@@ -42,31 +42,12 @@ class CausalLM(Collator):
 
     overlap = 1
 
-    def __init__(self, seq_len: int, eos_id: int, doc_boundaries: bool = False, seed: int = 0, stream: int = 0):
+    def __init__(self, seq_len: int, seed: int = 0, stream: int = 0):
         super().__init__(seed, stream)
-        self.window, self.eos_id, self.doc_boundaries = seq_len + 1, eos_id, doc_boundaries
+        self.window = seq_len + 1
 
     def __call__(self, windows, keys):
-        batch = {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}  # (B, T) each
-        if self.doc_boundaries:
-            batch["doc_ids"] = doc_ids(batch["input_ids"], self.eos_id)
-        return batch
-
-
-def doc_ids(input_ids: np.ndarray, eos_id: int) -> np.ndarray:
-    """(B, T) index of the document each position belongs to; an EOS belongs to the document it ends.
-
-    Attention restricted to equal doc_ids (and causal) keeps packed documents from seeing each other.
-    """
-    is_eos = input_ids == eos_id
-    return np.cumsum(is_eos, axis=1) - is_eos
-
-
-def block_causal_mask(ids: np.ndarray) -> np.ndarray:
-    """(B, T, T) boolean mask, True where query t may attend to key s: s <= t in the same document."""
-    T = ids.shape[1]
-    same = ids[:, :, None] == ids[:, None, :]  # (B, T, T)
-    return same & np.tril(np.ones((T, T), dtype=bool))
+        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}  # (B, T) each
 
 
 class MaskedLM(Collator):
@@ -79,7 +60,7 @@ class MaskedLM(Collator):
         self.regular = np.flatnonzero(self.maskable)  # random replacements are ordinary tokens only
 
     def __call__(self, windows, keys):
-        inputs, labels = windows.copy(), np.full_like(windows, IGNORE)
+        inputs, labels = windows.copy(), np.full_like(windows, IGNORE_INDEX)
         for b, key in enumerate(keys):
             self._mask_row(self.rng(key), windows[b], inputs[b], labels[b])
         return {"input_ids": inputs, "labels": labels}

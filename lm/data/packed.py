@@ -19,8 +19,8 @@ Sample positions are global: micro-step k of a data-parallel group of W ranks co
 samples the group has consumed, so a run resumed with another micro-batch size or world size
 continues at exactly the next sample; masking noise is keyed by position, so it matches too.
 
-Batches are dicts of torch LongTensors in the model contract: clm -> input_ids, labels (shifted;
-with doc_boundaries also doc_ids for document-masked attention); mlm -> input_ids, labels (-100
+Batches are dicts of torch LongTensors in the model contract: clm -> input_ids, labels (shifted);
+mlm -> input_ids, labels (-100
 where not predicted); span -> input_ids, decoder_input_ids, labels.
 """
 
@@ -34,8 +34,8 @@ import numpy as np
 
 from lm.config import ConfigError
 from lm.data.collate import CausalLM, Collator, MaskedLM, SpanCorruption
-from lm.data.prepare import data_config, open_prepared
-from lm.data.sources import DataError
+from lm.data.errors import DataError
+from lm.data.manifest import open_prepared
 
 OBJECTIVES = ("clm", "mlm", "span")
 OBJECTIVE_OF_ARCH = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
@@ -120,12 +120,11 @@ def permute(i: np.ndarray, n: int, key: List[int]) -> np.ndarray:
 # -- the loader ---------------------------------------------------------------------------------
 
 
-def make_collator(objective: str, seq_len: int, meta: dict, seed: int, stream: int, doc_boundaries: bool = False,
-                  mlm_probability: float = 0.15, noise_density: float = 0.15, mean_span_length: float = 3.0,
-                  decoder_start_id: Optional[int] = None) -> Collator:
+def make_collator(objective: str, seq_len: int, meta: dict, seed: int, stream: int, mlm_probability: float = 0.15,
+                  noise_density: float = 0.15, mean_span_length: float = 3.0, decoder_start_id: Optional[int] = None) -> Collator:
     sp, vocab = meta["tokenizer"]["specials"], meta["tokenizer"]["vocab_size"]
     if objective == "clm":
-        return CausalLM(seq_len, sp["eos"], doc_boundaries, seed, stream)
+        return CausalLM(seq_len, seed, stream)
     if objective == "mlm":
         specials = [v for k, v in sp.items() if k != "sentinels"] + sp["sentinels"]
         return MaskedLM(seq_len, sp["mask"], specials, vocab, mlm_probability, seed, stream)
@@ -139,7 +138,7 @@ class PackedLoader:
     """Fixed-length batches over a prepared directory; see the module docstring."""
 
     def __init__(self, data_dir, split: str, seq_len: int, micro_batch_size: int, objective: str = "clm",
-                 rank: int = 0, world_size: int = 1, seed: int = 0, doc_boundaries: bool = False,
+                 rank: int = 0, world_size: int = 1, seed: int = 0,
                  mlm_probability: float = 0.15, noise_density: float = 0.15, mean_span_length: float = 3.0,
                  vocab_size: Optional[int] = None, decoder_start_id: Optional[int] = None, verify: bool = False,
                  train_stride: Optional[int] = None):
@@ -158,7 +157,7 @@ class PackedLoader:
         self.objective, self.rank, self.world_size, self.seed = objective, rank, world_size, seed
         self.training = split == "train"
         self.stream = TokenStream(self.root, self.meta, split)
-        self.collate = make_collator(objective, seq_len, self.meta, seed, 0 if self.training else 1, doc_boundaries,
+        self.collate = make_collator(objective, seq_len, self.meta, seed, 0 if self.training else 1,
                                      mlm_probability, noise_density, mean_span_length, decoder_start_id)
         self.window, self.stride = self.collate.window, self.collate.window - self.collate.overlap
         if train_stride is not None and self.training:  # val always tiles: each token scored once
@@ -172,14 +171,6 @@ class PackedLoader:
                             f"{1 if self.training else world_size} window(s) of {self.window} tokens; use a "
                             f"shorter seq_len, or prepare more data for it (val_fraction)")
         self.consumed = 0  # samples consumed by the whole data-parallel group (train)
-
-    @classmethod
-    def from_config(cls, data_cfg, split: str, seq_len: int, micro_batch_size: int, objective: str, **kw):
-        """A loader for a DataConfig (its dir must be prepared: see lm.data.prepare.ensure_prepared)."""
-        cfg = data_config(data_cfg)
-        return cls(cfg.dir, split, seq_len, micro_batch_size, objective, doc_boundaries=cfg.doc_boundaries,
-                   mlm_probability=cfg.mlm_probability, noise_density=cfg.noise_density,
-                   mean_span_length=cfg.mean_span_length, train_stride=cfg.train_stride, **kw)
 
     # -- iteration ----------------------------------------------------------------------------
 

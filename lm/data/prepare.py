@@ -21,7 +21,7 @@ Python API:
         What `lm-train` calls on rank 0 before training: returns data_cfg.dir when it is complete
         and was made from the same data settings, prepares it on first use, and raises when it
         was made from different settings (it never silently mixes two datasets).
-    open_prepared(dir) -> dict
+    open_prepared(dir) -> dict                        (lm/data/manifest.py)
         meta.json of a complete directory after checking tokenizer hash and shard sizes.
 
 Atomicity and resume: everything is written in a sibling `.<name>.partial/` directory. A
@@ -35,36 +35,38 @@ Tokenization runs in `workers` spawned processes (one thread each); the main pro
 sources once, in order, cuts them into tasks of ~task_bytes at document boundaries, keeps at
 most 2*workers tasks in flight and writes results in task order, so memory does not grow with
 the corpus and the output does not depend on the number of workers.
+
+The pieces: lm/data/sources.py (what to read), tasks.py and documents.py (reading), workers.py
+(tokenizing), shards.py (writing), manifest.py (meta.json, progress, opening); the command line is
+lm/cli/prepare.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
-import hashlib
 import itertools
-import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import sys
 import time
-from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
 from lm.config import ConfigError, DataConfig, conf_dir, validate_data
-from lm.data.sources import (CORPORA, DataError, Planner, ReadOptions, SourceFile, Task, contiguous_cut, iter_texts,
-                             read_task, resolve)
-from lm.data.tokenizer import KINDS, Tokenizer, TokenizerError, iter_limited, train
+from lm.data.errors import DataError
+from lm.data.manifest import FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, read_json, write_json
+from lm.data.shards import CannotResume, ShardWriter
+from lm.data.sources import SourceFile, resolve
+from lm.data.tasks import Planner, ReadOptions, contiguous_cut
+from lm.data.documents import iter_texts
+from lm.data.tokenizer import KINDS, Tokenizer, iter_limited, train
+from lm.data.workers import Result, token_dtype, tokenize_tasks
 
-FORMAT_VERSION = 1
-META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 # Settings that change the prepared tokens; the others (workers, dir, loader options) do not.
 CONTENT_FIELDS = ("source", "val_source", "format", "text_field", "hf_split", "doc_split", "doc_separator",
                   "tokenizer", "vocab_size", "n_sentinels", "tokenizer_train_chars", "split", "val_fraction",
@@ -138,135 +140,6 @@ def _workers(cfg: DataConfig) -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-# -- workers --------------------------------------------------------------------------------------
-
-
-@dataclass
-class Result:
-    tokens: Dict[str, np.ndarray]
-    docs: Dict[str, int]
-    bytes: int
-    bad_records: int = 0
-    examples: List[str] = field(default_factory=list)
-    invalid_utf8: int = 0
-
-
-_W: dict = {}
-
-
-def _init_worker(tokenizer_path: str, opts: ReadOptions, append_eos: bool, parallel: bool = False) -> None:
-    if not parallel:  # one thread per worker process: the processes are the parallelism
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    tok = Tokenizer.load(tokenizer_path)
-    _W.update(tok=tok, opts=opts, eos=(tok.eos_id,) if append_eos else (), dtype=token_dtype(tok.vocab_size))
-
-
-def _work(task: Task) -> Result:
-    docs = read_task(task, _W["opts"])
-    ids = _W["tok"].encode_batch(docs.texts) if docs.texts else []
-    parts: Dict[str, list] = {}
-    counts: Dict[str, int] = {}
-    eos = _W["eos"]
-    for doc_ids, ends, split in zip(ids, docs.ends, docs.splits):  # one pass, whatever the number of splits
-        if split not in parts:
-            parts[split], counts[split] = [], 0
-        parts[split].append(doc_ids)
-        if ends:
-            parts[split].append(eos)
-            counts[split] += 1
-    tokens = {s: np.fromiter(itertools.chain.from_iterable(p), dtype=_W["dtype"]) for s, p in parts.items()}
-    return Result(tokens, counts, docs.bytes, docs.bad_records, docs.examples, docs.invalid_utf8)
-
-
-def tokenize_tasks(tasks: Iterable[Task], workers: int, init_args: tuple) -> Iterator[Result]:
-    """Results in task order; at most 2*workers tasks in flight, so memory stays bounded."""
-    if workers <= 1:
-        _init_worker(*init_args)
-        yield from map(_work, tasks)
-        return
-    # spawn, not fork: the parent may have used the tokenizers thread pool (training), which a fork would break
-    with mp.get_context("spawn").Pool(workers, _init_worker, init_args) as pool:
-        pending: deque = deque()
-        for task in tasks:
-            pending.append(pool.apply_async(_work, (task,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
-
-
-def token_dtype(vocab_size: int):
-    return np.uint16 if vocab_size <= 1 << 16 else np.uint32
-
-
-# -- shards ---------------------------------------------------------------------------------------
-
-
-class CannotResume(Exception):
-    pass
-
-
-class ShardWriter:
-    """Appends one split's tokens to shards of `shard_tokens`; the open shard has a .tmp name."""
-
-    def __init__(self, root: Path, split: str, dtype, shard_tokens: int, state: Optional[dict] = None):
-        self.root, self.split, self.dtype, self.limit = root, split, np.dtype(dtype), shard_tokens
-        self.shards: List[dict] = list(state["shards"]) if state else []
-        for s in self.shards:
-            if not (root / s["file"]).is_file() or (root / s["file"]).stat().st_size != s["tokens"] * self.dtype.itemsize:
-                raise CannotResume(f"{s['file']} is missing or has the wrong size")
-        self._open(state["current"] if state else 0)
-
-    @property
-    def _tmp(self) -> Path:
-        return self.root / f"{self.split}_{len(self.shards):05d}.bin.tmp"
-
-    def _open(self, keep: int) -> None:
-        self.hash, self.tokens = hashlib.sha256(), keep
-        if keep:
-            size = keep * self.dtype.itemsize
-            if not self._tmp.is_file() or self._tmp.stat().st_size < size:
-                raise CannotResume(f"{self._tmp.name} is shorter than the progress record")
-            with open(self._tmp, "r+b") as f:
-                f.truncate(size)  # drop what was written after the last progress record
-                while chunk := f.read(1 << 22):
-                    self.hash.update(chunk)
-        self.f = open(self._tmp, "ab" if keep else "wb")
-
-    def write(self, tokens: np.ndarray) -> None:
-        while tokens.size:
-            part, tokens = tokens[: self.limit - self.tokens], tokens[self.limit - self.tokens:]
-            data = part.tobytes()
-            self.f.write(data)
-            self.hash.update(data)
-            self.tokens += part.size
-            if self.tokens >= self.limit:
-                self._finish_shard()
-                self._open(0)
-
-    def _finish_shard(self) -> None:
-        self.f.close()
-        final = self._tmp.with_suffix("")
-        os.replace(self._tmp, final)
-        self.shards.append({"file": final.name, "tokens": self.tokens, "sha256": self.hash.hexdigest()})
-
-    def state(self) -> dict:
-        self.f.flush()
-        return {"shards": self.shards, "current": self.tokens}
-
-    def release(self) -> None:
-        """Close the open shard's file handle, finished or not (the progress record says what is valid)."""
-        self.f.close()
-
-    def close(self) -> dict:
-        if self.tokens:
-            self._finish_shard()
-        else:
-            self.f.close()
-            self._tmp.unlink()
-        return {"tokens": sum(s["tokens"] for s in self.shards), "shards": self.shards}
-
-
 # -- the run --------------------------------------------------------------------------------------
 
 
@@ -283,25 +156,6 @@ class Stats:
         self.bad_records += r.bad_records
         self.examples = (self.examples + r.examples)[:5]
         self.invalid_utf8 += r.invalid_utf8
-
-
-def fingerprint(content: dict, files: List[SourceFile]) -> str:
-    stamp = [(f.path, f.format, f.split, *f.stat()) for f in files]
-    blob = json.dumps({"version": FORMAT_VERSION, "config": content, "files": stamp}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -329,7 +183,7 @@ def _check_out(out: Path, content: dict, force: bool) -> bool:
     """True when `out` is already complete for these settings; raise when it must not be touched."""
     if not out.exists():
         return False
-    meta = _read_json(out / META)
+    meta = read_json(out / META)
     if meta is None:
         if any(out.iterdir()):
             raise DataError(f"{out} exists, is not empty and is not a finished lm-prepare directory (no {META}); "
@@ -346,7 +200,7 @@ def _check_out(out: Path, content: dict, force: bool) -> bool:
 
 def _start(partial: Path, fp: str, restart: bool) -> Optional[dict]:
     """The progress record to resume from, or None (fresh start); says which."""
-    progress = _read_json(partial / PROGRESS) if partial.exists() else None
+    progress = read_json(partial / PROGRESS) if partial.exists() else None
     if progress and progress.get("fingerprint") == fp and not restart:
         say(f"resuming the interrupted run in {partial} ({progress['tasks_done']} tasks already done)")
         return progress
@@ -431,7 +285,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
                 writers[split].write(tokens)
             stats.add(result)
             done += 1
-            _write_json(partial / PROGRESS, {"fingerprint": fp, "tasks_done": done, "stats": asdict(stats),
+            write_json(partial / PROGRESS, {"fingerprint": fp, "tasks_done": done, "stats": asdict(stats),
                                              "writers": {s: w.state() for s, w in writers.items()}})
             bar.update(result.bytes)
     splits = {s: {**w.close(), "documents": stats.docs.get(s, 0)} for s, w in sorted(writers.items())}
@@ -444,7 +298,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
             "skipped": {"empty_files": planner.empty_files, "bad_records": stats.bad_records,
                         "bad_record_examples": stats.examples, "invalid_utf8_sequences": stats.invalid_utf8},
             "seconds": round(time.time() - t0, 2)}
-    _write_json(partial / META, meta)  # last: from here on the directory is complete
+    write_json(partial / META, meta)  # last: from here on the directory is complete
     (partial / PROGRESS).unlink()
     _summary(meta)
 
@@ -490,52 +344,6 @@ def _publish(partial: Path, out: Path) -> None:
         os.replace(partial, out)
 
 
-# -- reading a prepared directory ----------------------------------------------------------------
-
-
-def open_prepared(data_dir, checksums: bool = False) -> dict:
-    """meta.json of a complete prepared directory, after checking what can go wrong cheaply:
-    missing manifest, tokenizer/shard mismatch, missing or truncated shards (and, with
-    checksums=True, corrupt shards)."""
-    root = Path(data_dir).expanduser()
-    meta = _read_json(root / META)
-    if meta is None:
-        partial = root.with_name(f".{root.name}.partial")
-        hint = f" (an interrupted run left {partial}; re-run the same lm-prepare command to resume it)" \
-            if partial.exists() else ""
-        raise DataError(f"{root}: no readable {META}, so this is not a complete lm-prepare directory{hint}; "
-                        f"run lm-prepare --out {root} (or let lm-train prepare it)")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{root / META}: format version {meta.get('format_version')}, this code reads "
-                        f"{FORMAT_VERSION}; re-run lm-prepare --force --out {root}")
-    tok = Tokenizer.load(root / meta["tokenizer"]["file"])
-    if tok.sha256 != meta["tokenizer"]["sha256"]:
-        raise DataError(f"{root / TOKENIZER} does not match the tokenizer the shards were made with (sha256 "
-                        f"{tok.sha256[:12]} vs {meta['tokenizer']['sha256'][:12]} in {META}); the directory mixes two "
-                        f"runs: re-run lm-prepare --force --out {root}")
-    itemsize = np.dtype(meta["dtype"]).itemsize
-    for split in meta["splits"].values():
-        for s in split["shards"]:
-            path = root / s["file"]
-            size = path.stat().st_size if path.is_file() else None
-            if size != s["tokens"] * itemsize:
-                raise DataError(f"{path}: {'missing' if size is None else f'{size} bytes'}, expected "
-                                f"{s['tokens'] * itemsize} ({s['tokens']} tokens of {meta['dtype']}): the shard is "
-                                f"truncated or corrupt; re-run lm-prepare --force --out {root}")
-            if checksums and _sha256(path) != s["sha256"]:
-                raise DataError(f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm-prepare --force "
-                                f"--out {root}")
-    return meta
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def ensure_prepared(data_cfg) -> Path:
     """The prepared directory of `data_cfg` (lm-train calls this on rank 0): prepare it on first use.
 
@@ -544,87 +352,3 @@ def ensure_prepared(data_cfg) -> Path:
     cfg = data_config(data_cfg)
     out = Path(cfg.dir).expanduser()
     return prepare(cfg, out, progress=sys.stderr.isatty())
-
-
-# -- CLI ------------------------------------------------------------------------------------------
-
-HELP = {
-    "source": "registry corpus, file, directory, glob or hf:<dataset>[:<config>] (several allowed)",
-    "val_source": "sources that form the val split (then the split rule is not applied)",
-    "mirror": "local copy of registry files (default: $LM_DATA_MIRROR)",
-    "format": "auto (by extension) | text | jsonl | parquet | hf",
-    "text_field": "JSONL field / Parquet or dataset column that holds the text",
-    "hf_split": "split of a Hugging Face dataset to read",
-    "doc_split": "what a document is in text files: file | line | blank_line | regex",
-    "doc_separator": "the regex between documents when --doc-split regex",
-    "tokenizer": "bpe | unigram | char, or the path of an existing tokenizer.json",
-    "vocab_size": "vocabulary size to train (bpe, unigram)",
-    "n_sentinels": "number of <extra_id_i> sentinel tokens (T5 span corruption)",
-    "tokenizer_train_chars": "train the tokenizer on at most this many characters of the train split",
-    "split": "document (a hash of each document decides) | contiguous (the last val_fraction of the text, "
-             "as nanoGPT)",
-    "val_fraction": "fraction of documents (or text) for the val split",
-    "split_seed": "seed of the document split",
-    "append_eos": "put EOS after every document",
-    "workers": "tokenizer processes (0 = one per CPU core)",
-    "shard_tokens": "tokens per shard file",
-    "task_bytes": "bytes of text per worker task",
-    "encoding_errors": "strict (bad UTF-8 is an error) | replace (decode as U+FFFD and count)",
-    "bad_records": "error | skip (count and skip JSONL/Parquet records without text)",
-    "hf_streaming": "stream a Hugging Face dataset instead of downloading it whole",
-}
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lm-prepare", description=__doc__.split("\n\n")[0] + "\n\n" + __doc__.split("\n\n")[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Registry corpora (lm-prepare --list for details): " + ", ".join(CORPORA))
-    p.add_argument("sources", nargs="*", help=HELP["source"])
-    p.add_argument("--data", metavar="PRESET", help="start from conf/data/PRESET.yaml (flags override it)")
-    p.add_argument("--out", help="output directory (default: the preset's dir)")
-    p.add_argument("--force", action="store_true", help="rebuild a complete directory; the old one stays until the "
-                   "new one is complete")
-    p.add_argument("--restart", action="store_true", help="discard an interrupted run instead of resuming it")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--list", action="store_true", help="list the registry of well-known corpora and exit")
-    p.add_argument("--verify", metavar="DIR", help="check a prepared directory's shards (sizes, sha256) and exit")
-    defaults = DataConfig()
-    for name, help_ in HELP.items():
-        if name == "source":
-            continue
-        flag, default = "--" + name.replace("_", "-"), getattr(defaults, name)
-        if isinstance(default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
-        else:
-            kind = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
-            p.add_argument(flag, type=kind, default=None, nargs="+" if name == "val_source" else None, help=help_)
-    return p
-
-
-def main(argv: Optional[List[str]] = None) -> None:
-    args = _parser().parse_args(argv)
-    try:
-        if args.list:
-            for name, c in CORPORA.items():
-                print(f"{name:20s} {c.description}")
-            return
-        if args.verify:
-            meta = open_prepared(args.verify, checksums=True)
-            n = sum(len(s["shards"]) for s in meta["splits"].values())
-            print(f"{args.verify}: OK ({n} shards, sizes and sha256 match {META})")
-            return
-        base = asdict(load_preset(args.data)) if args.data else {}
-        given = {k: v for k, v in vars(args).items() if k in HELP and v is not None}
-        if args.sources:
-            given["source"] = args.sources if len(args.sources) > 1 else args.sources[0]
-        if not args.out and not args.data:
-            raise ConfigError("say where to write: --out DIR (or --data PRESET, whose dir is used)")
-        cfg = data_config({**base, **given})
-        prepare(cfg, args.out, force=args.force, restart=args.restart, progress=not args.no_progress)
-    except (DataError, ConfigError, TokenizerError) as e:
-        sys.exit(f"lm-prepare: error: {e}")
-
-
-if __name__ == "__main__":
-    main()

@@ -11,6 +11,7 @@ from typing import Any, Union
 from lm.config import ConfigError, ModelConfig, validate_model
 from lm.model.block import Block
 from lm.model.init import init_weights
+from lm.model.linear import use_kind
 from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM, SequenceClassifier
 from lm.model.stack import Components
 
@@ -60,4 +61,7 @@ def build_model(cfg: Union[ModelConfig, Any]):
     validate_model(cfg)
     model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
     init_weights(model, cfg)
-    return model
+    try:
+        return use_kind(model, cfg.linear)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

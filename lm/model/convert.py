@@ -12,6 +12,7 @@ from typing import Callable, Dict, List, Tuple
 import torch
 
 from lm.config import ModelConfig, component
+from lm.extras import require
 
 Rule = Tuple[str, List[str], str]
 
@@ -293,7 +294,7 @@ def from_hf(hf_model):
 
 def to_hf(model):
     """The `transformers` model of the same family with our weights (tied where ours are tied)."""
-    import transformers
+    transformers = require("hf", "converting to a Hugging Face model (lm-export's hf/ directory)")
 
     family = _family_of(model.cfg)
     _, to_theirs, rules, cls_name = FAMILIES[family]

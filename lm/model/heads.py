@@ -9,11 +9,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.config import ModelConfig
+from lm.constants import IGNORE_INDEX
 from lm.model.ffn import ACTIVATIONS
 from lm.model.linear import Linear
 from lm.model.loss import chunked_cross_entropy
-
-IGNORE_INDEX = -100
 
 
 @dataclass

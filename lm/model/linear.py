@@ -1,28 +1,27 @@
-"""`Linear`: nn.Linear with a faster fp32 CPU path through oneDNN.
+"""`Linear`: nn.Linear with an optional fp32 CPU path through oneDNN (`model.linear=onednn`).
 
-PyTorch runs an fp32 nn.Linear on CPU as MKL sgemm. The oneDNN matmul that every PyTorch CPU build
-also ships (torch.ops.mkldnn) ran the forward product x W^T 1.2-1.5x and the input gradient g W
-1.1-1.3x faster at Transformer shapes (2048 tokens, width 384..2048) on the 2-core AMD EPYC of
-BENCHMARKS.md, and the weight gradient g^T x about 0.85x, so the weight gradient stays on MKL. The
-products are the same; only the summation order differs (relative differences ~1e-6).
+PyTorch runs an fp32 nn.Linear on CPU as MKL sgemm. The oneDNN matmul that PyTorch CPU builds also
+ship (the private op torch.ops.mkldnn._linear_pointwise) ran the forward product x W^T 1.2-1.5x and
+the input gradient g W 1.1-1.3x faster at Transformer shapes (2048 tokens, width 384..2048) on the
+2-core AMD EPYC (AVX-512) of BENCHMARKS.md, +3-6% per training step there, and the weight gradient
+g^T x about 0.85x, so the weight gradient stays on MKL. On an AVX2 AMD and an AVX-512 Intel CPU whole
+steps differed by 1-2% either way, so the default is plain F.linear (`model.linear=torch`) and
+oneDNN is an option. The products are the same; only the summation order differs (~1e-6 relative).
 
-Everything else is plain F.linear: GPUs, half precision and autocast, torch.compile (which fuses on
-its own), builds without oneDNN, and LM_ONEDNN_LINEAR=0 (for A/B timing or a suspected kernel bug).
-The weights are an ordinary nn.Linear's: state dicts, init, FSDP and DeepSpeed see no difference.
+Even with the option on, everything but fp32 CPU eager runs plain F.linear: GPUs, half precision and
+autocast, torch.compile (which fuses on its own). The weights are an ordinary nn.Linear's: state
+dicts, init, FSDP and DeepSpeed see no difference.
 """
-
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+KINDS = ("torch", "onednn")
 
-def _onednn_available() -> bool:
+
+def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-ENABLED = os.environ.get("LM_ONEDNN_LINEAR", "1") != "0" and _onednn_available()
 
 
 def _onednn_mm(x2d: torch.Tensor, weight: torch.Tensor, bias) -> torch.Tensor:
@@ -52,12 +51,27 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def _fast_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (ENABLED and x.numel() > 0 and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+    return (x.numel() > 0 and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
             and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
 
 
 class Linear(nn.Linear):
+    onednn: bool = False  # set per model by use_kind(model, "onednn")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _fast_path(x, self.weight):
+        if self.onednn and _fast_path(x, self.weight):
             return _OneDNNLinear.apply(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+def use_kind(model: nn.Module, kind: str) -> nn.Module:
+    """Run every Linear of `model` on `kind` (model.linear): torch (F.linear) or onednn."""
+    if kind not in KINDS:
+        raise ValueError(f"model.linear={kind!r} is not one of {KINDS}; use model.linear=torch (the default)")
+    if kind == "onednn" and not onednn_available():
+        raise ValueError(f"model.linear=onednn: this PyTorch build ({torch.__version__}) has no oneDNN linear op "
+                         f"(torch.ops.mkldnn._linear_pointwise); use model.linear=torch")
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.onednn = kind == "onednn"
+    return model

@@ -18,7 +18,8 @@ from torch import nn
 
 from lm.config import ModelConfig
 from lm.model.attention import LayerCache
-from lm.model.heads import IGNORE_INDEX, Embedding, LMHead, LMOutput, mlm_transform, pool
+from lm.constants import IGNORE_INDEX
+from lm.model.heads import Embedding, LMHead, LMOutput, mlm_transform, pool
 from lm.model.stack import Components, Stack
 
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-IGNORE_INDEX = -100
+from lm.constants import IGNORE_INDEX
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):

@@ -1,7 +1,7 @@
 """Position schemes: the `model/pos` config group.
 
 A scheme is a component with three hooks, so neither the block nor attention branches on its
-type (DESIGN.md): `embed` adds to the token embeddings (learned, sinusoidal), `rotary` returns a
+type: `embed` adds to the token embeddings (learned, sinusoidal), `rotary` returns a
 function that rotates q and k (RoPE), `score_bias` returns an additive attention bias (ALiBi, T5).
 Every scheme is built as `pos(dim, n_heads, head_dim, max_seq_len, causal)`; the option file
 holds only its own hyperparameters. Positions are absolute indices (T,), so a KV cache simply

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-ERROR_FILES = ("error.txt", "error.log", "traceback.txt")  # first one found explains a failure
+ERROR_FILE = "error.txt"  # a failed sweep cell's reason (lm/sweep/callbacks.py writes it)
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "results.json", ".hydra/config.yaml")
 
 
@@ -167,19 +167,15 @@ def split_metrics(entries: list) -> tuple:
 
 
 def max_steps(run: Run) -> Optional[int]:
-    for key in ("train.max_steps", "max_steps", "trainer.max_steps"):
-        v = run.get(key)
-        if _number(v):
-            return int(v)
-    return None
+    v = run.get("train.max_steps")
+    return int(v) if _number(v) else None
 
 
 def failure_reason(run: Run) -> str:
     """Why the run did not finish, or '' when it did."""
-    for name in ERROR_FILES:
-        f = run.path / name
-        if f.is_file():
-            return _last_error_line(f.read_text()) or f"{name} present"
+    f = run.path / ERROR_FILE
+    if f.is_file():
+        return _last_error_line(f.read_text()) or f"{ERROR_FILE} present"
     losses = [e["loss"] for e in run.train]
     if losses and not all(_number(v) for v in losses):
         bad = next(e for e in run.train if not _number(e["loss"]))

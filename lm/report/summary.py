@@ -23,29 +23,18 @@ WINDOW_FRACTION = 0.05  # train-loss smoothing window, as a fraction of the run'
 
 
 def seq_len(run: Run) -> Optional[int]:
-    for key in ("data.seq_len", "train.seq_len", "model.max_seq_len"):
+    for key in ("train.seq_len", "model.max_seq_len"):
         v = run.get(key)
         if _number(v):
             return int(v)
     return None
 
 
-def _logged(run: Run, key: str) -> Optional[float]:
-    """A value the engine logged once (e.g. n_params) in any metrics entry."""
-    for e in run.other + run.train:
-        if _number(e.get(key)):
-            return e[key]
-    return None
-
-
 def model_cost(run: Run) -> tuple:
-    """(parameters, training FLOPs per token) from logged values, else from the model config."""
-    params, flops = _logged(run, "n_params"), _logged(run, "flops_per_token")
-    if (params is None or flops is None) and isinstance(run.get("model"), dict):
-        c_params, c_flops = _cost_from_config(json.dumps(run.get("model"), sort_keys=True), seq_len(run))
-        params = params if params is not None else c_params
-        flops = flops if flops is not None else c_flops
-    return params, flops
+    """(parameters, training FLOPs per token) of the run's model config (config.yaml's `model`)."""
+    if not isinstance(run.get("model"), dict):
+        return None, None
+    return _cost_from_config(json.dumps(run.get("model"), sort_keys=True), seq_len(run))
 
 
 @functools.lru_cache(maxsize=256)
@@ -101,44 +90,20 @@ def _median(values: list) -> Optional[float]:
 def speeds(run: Run) -> tuple:
     """(steps/s, tokens/s) as medians over logged steps after the first."""
     steady = run.train[1:] if len(run.train) > 1 else run.train
-    tokens_per_s = _median([e.get("tokens_per_s") for e in steady])
-    steps_per_s = _median([e.get("steps_per_s") for e in steady])
-    if steps_per_s is None and tokens_per_s is not None:
-        per_step = _tokens_per_step(run)
-        steps_per_s = tokens_per_s / per_step if per_step else None
-    return steps_per_s, tokens_per_s
-
-
-def _tokens_per_step(run: Run) -> Optional[float]:
-    pts = [(e["step"], e["tokens"]) for e in run.train if _number(e.get("step")) and _number(e.get("tokens"))]
-    if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
-        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-    return None
+    return _median([e.get("steps_per_s") for e in steady]), _median([e.get("tokens_per_s") for e in steady])
 
 
 def peak_memory(run: Run) -> Optional[float]:
-    """Largest memory value logged (the engine's unit, GiB or a dict of them)."""
-    values = []
-    for e in run.train:
-        m = e.get("memory")
-        if isinstance(m, dict):
-            m = next((m[k] for k in ("peak", "max_allocated", "peak_gib", "rss") if _number(m.get(k))), None)
-        values.append(m)
-    values = [v for v in values if _number(v)]
+    """Largest memory value logged (GiB, lm/core/loop.py's "memory")."""
+    values = [e.get("memory") for e in run.train if _number(e.get("memory"))]
     return max(values) if values else None
 
 
 def glue_score(run: Run) -> Optional[float]:
-    res = run.results
-    if not isinstance(res, dict):
-        return None
-    for key in ("glue_score", "glue", "score", "average"):
-        v = res.get(key)
-        if isinstance(v, dict):
-            v = v.get("score", v.get("mean"))
-        if _number(v):
-            return float(v)
-    return None
+    """The GLUE score of lm-finetune's results.json (lm/glue/results.py): the score of the per-task medians."""
+    glue = run.results.get("glue") if isinstance(run.results, dict) else None
+    v = glue.get("median") if isinstance(glue, dict) else None
+    return float(v) if _number(v) else None
 
 
 def summarize(run: Run) -> dict[str, Any]:

@@ -19,7 +19,7 @@ def _setup_lines(runs: list, forced_differences: bool) -> list:
     setups = [setup_of(r) for r in runs if r.config]
     common = {k: v for k, v in (setups[0] if setups else {}).items() if all(s.get(k) == v for s in setups)}
     seeds = sorted({str(table.seed_of(r)) for r in runs})
-    lines = [f"- data and budget (identical for every run): " + (", ".join(f"`{k}={v}`" for k, v in common.items()) or "not recorded"),
+    lines = ["- data and budget (identical for every run): " + (", ".join(f"`{k}={v}`" for k, v in common.items()) or "not recorded"),
              f"- seeds: {', '.join(seeds)}"]
     if forced_differences:
         lines.append("- **forced**: these runs differ in data or budget (`--force`); their losses are not strictly comparable")

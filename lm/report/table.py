@@ -18,10 +18,7 @@ PARAM_MISMATCH = 0.02  # flag variants whose size differs from the baseline's by
 
 
 def seed_of(run) -> Any:
-    for key in ("seed", "train.seed"):
-        if run.get(key) is not None:
-            return run.get(key)
-    return None
+    return run.get("seed")  # lm-train's top-level seed (conf/train.yaml)
 
 
 def build_rows(variants: list, baseline: int = 0) -> list:

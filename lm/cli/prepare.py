@@ -1,0 +1,98 @@
+"""`lm-prepare`: the command line of lm.data.prepare (raw text -> tokenizer.json + token shards + meta.json)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict
+from typing import List, Optional
+
+from lm.config import ConfigError, DataConfig
+from lm.data import prepare as P
+from lm.data.corpora import CORPORA
+from lm.data.errors import DataError
+from lm.data.manifest import META, open_prepared
+from lm.data.prepare import data_config, load_preset, prepare
+from lm.data.tokenizer import TokenizerError
+from lm.extras import MissingExtra
+
+HELP = {
+    "source": "registry corpus, file, directory, glob or hf:<dataset>[:<config>] (several allowed)",
+    "val_source": "sources that form the val split (then the split rule is not applied)",
+    "mirror": "local copy of registry files (default: $LM_DATA_MIRROR)",
+    "format": "auto (by extension) | text | jsonl | parquet | hf",
+    "text_field": "JSONL field / Parquet or dataset column that holds the text",
+    "hf_split": "split of a Hugging Face dataset to read",
+    "doc_split": "what a document is in text files: file | line | blank_line | regex",
+    "doc_separator": "the regex between documents when --doc-split regex",
+    "tokenizer": "bpe | unigram | char, or the path of an existing tokenizer.json",
+    "vocab_size": "vocabulary size to train (bpe, unigram)",
+    "n_sentinels": "number of <extra_id_i> sentinel tokens (T5 span corruption)",
+    "tokenizer_train_chars": "train the tokenizer on at most this many characters of the train split",
+    "split": "document (a hash of each document decides) | contiguous (the last val_fraction of the text, "
+             "as nanoGPT)",
+    "val_fraction": "fraction of documents (or text) for the val split",
+    "split_seed": "seed of the document split",
+    "append_eos": "put EOS after every document",
+    "workers": "tokenizer processes (0 = one per CPU core)",
+    "shard_tokens": "tokens per shard file",
+    "task_bytes": "bytes of text per worker task",
+    "encoding_errors": "strict (bad UTF-8 is an error) | replace (decode as U+FFFD and count)",
+    "bad_records": "error | skip (count and skip JSONL/Parquet records without text)",
+    "hf_streaming": "stream a Hugging Face dataset instead of downloading it whole",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lm-prepare", description=P.__doc__.split("\n\n")[0] + "\n\n" + P.__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Registry corpora (lm-prepare --list for details): " + ", ".join(CORPORA))
+    p.add_argument("sources", nargs="*", help=HELP["source"])
+    p.add_argument("--data", metavar="PRESET", help="start from conf/data/PRESET.yaml (flags override it)")
+    p.add_argument("--out", help="output directory (default: the preset's dir)")
+    p.add_argument("--force", action="store_true", help="rebuild a complete directory; the old one stays until the "
+                   "new one is complete")
+    p.add_argument("--restart", action="store_true", help="discard an interrupted run instead of resuming it")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--list", action="store_true", help="list the registry of well-known corpora and exit")
+    p.add_argument("--verify", metavar="DIR", help="check a prepared directory's shards (sizes, sha256) and exit")
+    defaults = DataConfig()
+    for name, help_ in HELP.items():
+        if name == "source":
+            continue
+        flag, default = "--" + name.replace("_", "-"), getattr(defaults, name)
+        if isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            kind = type(default) if isinstance(default, (int, float)) and not isinstance(default, bool) else str
+            p.add_argument(flag, type=kind, default=None, nargs="+" if name == "val_source" else None, help=help_)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        if args.list:
+            for name, c in CORPORA.items():
+                print(f"{name:20s} {c.description}")
+            return
+        if args.verify:
+            meta = open_prepared(args.verify, checksums=True)
+            n = sum(len(s["shards"]) for s in meta["splits"].values())
+            print(f"{args.verify}: OK ({n} shards, sizes and sha256 match {META})")
+            return
+        base = asdict(load_preset(args.data)) if args.data else {}
+        given = {k: v for k, v in vars(args).items() if k in HELP and v is not None}
+        if args.sources:
+            given["source"] = args.sources if len(args.sources) > 1 else args.sources[0]
+        if not args.out and not args.data:
+            raise ConfigError("say where to write: --out DIR (or --data PRESET, whose dir is used)")
+        cfg = data_config({**base, **given})
+        prepare(cfg, args.out, force=args.force, restart=args.restart, progress=not args.no_progress)
+    except (DataError, ConfigError, TokenizerError, MissingExtra) as e:
+        sys.exit(f"lm-prepare: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

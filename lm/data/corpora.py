@@ -1,0 +1,158 @@
+"""The registry of well-known corpora, the local mirror and the download cache.
+
+A registry file is looked up first in the local mirror (`LM_DATA_MIRROR` or data.mirror), then in
+the download cache (`LM_CACHE`), then downloaded atomically (and checksum-verified where known).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from lm.data.errors import DataError
+
+
+@dataclass(frozen=True)
+class Remote:
+    """One file of a registry corpus: its path under the mirror (and cache), and where to download it."""
+
+    mirror: str
+    url: Optional[str] = None
+    sha256: Optional[str] = None
+    member: Optional[str] = None  # the file inside the zip archive at `url`
+
+
+@dataclass(frozen=True)
+class Corpus:
+    description: str
+    files: Dict[str, Tuple[Remote, ...]] = field(default_factory=dict)  # split ("all" = apply the split rule)
+    hf: Optional[Tuple[str, Optional[str]]] = None  # (dataset, config) read with `datasets` when no local copy
+    mirror_dir: Optional[str] = None  # for hf corpora: a local copy (jsonl/parquet/text files) under the mirror
+    doc_split: str = "line"
+    doc_separator: Optional[str] = None
+    split: str = "document"
+
+
+_GH = "https://raw.githubusercontent.com"
+_HF = "https://huggingface.co/datasets"
+_WT = "https://wikitext.smerity.com"
+
+
+def _wikitext(n: str) -> Dict[str, Tuple[Remote, ...]]:
+    zip_url, d = f"{_WT}/wikitext-{n}-raw-v1.zip", f"wikitext-{n}-raw"
+    return {split: (Remote(f"text/{d}/wiki.{name}.raw", zip_url, member=f"{d}/wiki.{name}.raw"),)
+            for split, name in (("train", "train"), ("val", "valid"), ("test", "test"))}
+
+
+CORPORA: Dict[str, Corpus] = {
+    "tiny_shakespeare": Corpus(
+        "Tiny Shakespeare (Karpathy's char-rnn), 1.1 MB, one document split 90/10 by characters",
+        {"all": (Remote("text/tinyshakespeare/input.txt",
+                        f"{_GH}/karpathy/char-rnn/6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e/data/tinyshakespeare/input.txt",
+                        "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"),)},
+        doc_split="file", split="contiguous"),
+    "wikitext2": Corpus("WikiText-2 raw (Merity et al. 2016), 13 MB, its own train/valid/test files",
+                        _wikitext("2"), doc_split="file"),
+    "wikitext103": Corpus("WikiText-103 raw (Merity et al. 2016), 540 MB, its own train/valid/test files",
+                          _wikitext("103"), doc_split="file"),
+    "tinystories": Corpus(
+        "TinyStories V2 (Eldan & Li 2023), 2.2 GB, stories separated by <|endoftext|>",
+        {"train": (Remote("text/tinystories/TinyStoriesV2-GPT4-train.txt",
+                          f"{_HF}/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-train.txt"),),
+         "val": (Remote("text/tinystories/TinyStoriesV2-GPT4-valid.txt",
+                        f"{_HF}/roneneldan/TinyStories/resolve/main/TinyStoriesV2-GPT4-valid.txt"),)},
+        doc_split="regex", doc_separator=r"<\|endoftext\|>"),
+    "tinystories_sample": Corpus(
+        "The first ~837 TinyStories train stories, 0.9 MB, one story per line (paragraphs inside a story are "
+        "separated by a blank line)",
+        {"all": (Remote("text/tinystories/tiny_stories_train_slice.txt",
+                        f"{_GH}/s-ajaykumar/smallGPT/21cab642054b64d330a43d79c0c73da301c293ba/data/tiny_stories.txt",
+                        "c56cfd24fb1c542b141a396184b822a4db3672abdb4c49c6aa843171c5e822a5"),)},
+        doc_split="regex", doc_separator=r"(?<!\n)\n(?!\n)"),
+    "openwebtext": Corpus("OpenWebText (Gokaslan & Cohen 2019), ~40 GB of web text, via Hugging Face datasets",
+                          hf=("Skylion007/openwebtext", None), mirror_dir="openwebtext"),
+    "fineweb_edu_sample": Corpus("FineWeb-Edu sample-10BT (Penedo et al. 2024), ~10B GPT-2 tokens, via Hugging Face "
+                                 "datasets", hf=("HuggingFaceFW/fineweb-edu", "sample-10BT"),
+                                 mirror_dir="fineweb-edu/sample-10BT"),
+}
+
+
+def mirror_dir(configured: Optional[str] = None) -> Optional[Path]:
+    """The local mirror: data.mirror if set, else $LM_DATA_MIRROR, else none."""
+    value = configured or os.environ.get("LM_DATA_MIRROR")
+    return Path(value).expanduser() if value else None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LM_CACHE", "~/.cache/lm")).expanduser()
+
+
+# -- downloads ----------------------------------------------------------------------------------
+
+
+def fetch(remote: Remote, mirror: Optional[Path]) -> Path:
+    """The local copy of a registry file: mirror, then cache, then a fresh (atomic) download."""
+    if mirror and (mirror / remote.mirror).is_file():
+        return mirror / remote.mirror
+    cached = cache_dir() / "downloads" / remote.mirror
+    if cached.is_file():
+        return cached
+    where = f"{mirror / remote.mirror}" if mirror else f"$LM_DATA_MIRROR/{remote.mirror}"
+    if not remote.url:
+        raise DataError(f"{remote.mirror}: not in the mirror and no download location is known; put a copy at {where}")
+    try:
+        if remote.member:
+            archive = cache_dir() / "downloads" / Path(remote.url).name
+            if not archive.is_file():
+                download(remote.url, archive)
+            _extract(archive, remote.member, cached)
+        else:
+            download(remote.url, cached, remote.sha256)
+    except (urllib.error.URLError, OSError, zipfile.BadZipFile) as e:
+        reason = getattr(e, "reason", e)
+        raise DataError(f"could not download {remote.url} ({reason}). If you are offline, put a copy of the file at "
+                        f"{where} (set LM_DATA_MIRROR or data.mirror to the mirror directory), or pass a local file "
+                        f"as the source") from None
+    return cached
+
+
+def download(url: str, dest: Path, sha256: Optional[str] = None, timeout: float = 60.0) -> Path:
+    """Stream `url` to `dest` under a temporary name; rename only when complete (and checksum-verified)."""
+    from tqdm import tqdm
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + f".part{os.getpid()}")
+    digest = hashlib.sha256()
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f:
+            total = int(r.headers.get("Content-Length") or 0) or None
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}") as bar:
+                while chunk := r.read(1 << 20):
+                    f.write(chunk)
+                    digest.update(chunk)
+                    bar.update(len(chunk))
+        if sha256 and digest.hexdigest() != sha256:
+            raise DataError(f"{url}: downloaded file has sha256 {digest.hexdigest()}, expected {sha256}; the upstream "
+                            f"file changed or the download is corrupt; retry, or put a verified copy in the mirror")
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _extract(archive: Path, member: str, dest: Path) -> None:
+    tmp = dest.with_name(dest.name + f".part{os.getpid()}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with zipfile.ZipFile(archive) as z, z.open(member) as src, open(tmp, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,167 @@
+"""Task -> documents (runs in the worker processes): decode UTF-8, split documents, extract JSON
+fields, assign each document to train or val, count or reject bad records.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, List, Optional
+
+from lm.data.errors import DataError
+from lm.data.tasks import ReadOptions, Task, doc_hash
+
+MAX_EXAMPLES = 5  # bad records quoted in the error summary and meta.json
+
+
+@dataclass
+class Docs:
+    """The documents of one task: texts, whether each one ends (gets EOS), and its split."""
+
+    texts: List[str] = field(default_factory=list)
+    ends: List[bool] = field(default_factory=list)
+    splits: List[str] = field(default_factory=list)
+    bad_records: int = 0
+    examples: List[str] = field(default_factory=list)
+    invalid_utf8: int = 0
+    bytes: int = 0
+
+
+_INVALID = [0]
+
+
+def _count_invalid(e: UnicodeDecodeError):
+    _INVALID[0] += 1
+    return "\ufffd", e.end
+
+
+codecs.register_error("lm.count", _count_invalid)
+
+
+class _Reader:
+    """Per-task state for read_task: error messages with file and line, bad-record counting."""
+
+    def __init__(self, task: Task, opts: ReadOptions):
+        self.task, self.opts, self.out = task, opts, Docs(bytes=task.raw_bytes)
+
+    def where(self, byte: int = 0, line: Optional[int] = None) -> str:
+        if line is None:
+            line = self.task.first_line + self.task.payload[:byte].count(b"\n")
+        unit = "record" if self.task.format in ("parquet", "hf") else "line"
+        return f"{self.task.path}:{line}" if unit == "line" else f"{self.task.path}: {unit} {line}"
+
+    def decode(self, data: bytes, line: Optional[int] = None) -> str:
+        """UTF-8 text; bad bytes are an error naming file, line and byte, or (replace) counted U+FFFD."""
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if self.opts.encoding_errors != "replace":
+                at = f"byte {e.start} of the line" if line else f"byte {self.task.start_byte + e.start} of the file"
+                raise DataError(
+                    f"{self.where(e.start, line)}: invalid UTF-8 at {at} ({e.reason}). Convert the file to UTF-8 "
+                    f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm-prepare --encoding-errors "
+                    f"replace) to decode bad bytes as U+FFFD and count them") from None
+            before = _INVALID[0]
+            text = data.decode("utf-8", errors="lm.count")
+            self.out.invalid_utf8 += _INVALID[0] - before
+            return text
+
+    def bad(self, where: str, problem: str, fix: str) -> None:
+        if self.opts.bad_records != "skip":
+            raise DataError(f"{where}: {problem}. {fix}, or set bad_records=skip (lm-prepare --bad-records skip) to "
+                            f"skip and count such records")
+        self.out.bad_records += 1
+        if len(self.out.examples) < MAX_EXAMPLES:
+            self.out.examples.append(f"{where}: {problem}")
+
+    def add(self, text: str, ends: bool = True) -> None:
+        self.add_all([text], ends)
+
+    def add_all(self, texts: List[str], last_ends: bool = True) -> None:
+        """Documents in order; each ends (gets EOS) except perhaps the last (cut at a forced split point).
+
+        One pass per task rather than per document: a line-split corpus has ~40k documents per MB.
+        """
+        if not texts:
+            return
+        if self.task.split is not None:
+            splits = [self.task.split] * len(texts)
+        else:
+            is_val, seed = self.opts.is_val, self.opts.split_seed
+            splits = ["val" if is_val(doc_hash(t.encode("utf-8", "surrogatepass"), seed)) else "train" for t in texts]
+        self.out.texts += texts
+        self.out.ends += [True] * (len(texts) - 1) + [last_ends]
+        self.out.splits += splits
+
+
+def read_task(task: Task, opts: ReadOptions) -> Docs:
+    """Turn one task into documents (runs in a worker process)."""
+    r = _Reader(task, opts)
+    if task.format == "text":
+        _text_docs(r)
+    elif task.format == "jsonl":
+        _jsonl_docs(r)
+    else:
+        _value_docs(r)
+    return r.out
+
+
+def _text_docs(r: _Reader) -> None:
+    text = r.decode(r.task.payload)
+    if r.task.start_byte == 0 and text.startswith("\ufeff"):
+        text = text[1:]
+    if r.opts.separator is None:
+        r.add(text, r.task.ends_doc)  # a piece of a whole-file document
+        return
+    r.add_all([d for d in re.split(r.opts.separator, text) if d.strip()], r.task.ends_doc)
+
+
+def _jsonl_docs(r: _Reader) -> None:
+    field_name, line = r.opts.text_field, r.task.first_line
+    for raw in r.task.payload.split(b"\n"):
+        here, line = line, line + 1
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except UnicodeDecodeError:
+            record = _loads_or_none(r.decode(raw, line=here))
+        except ValueError as e:
+            r.bad(r.where(line=here), f"not valid JSON ({e})", "Fix or remove the line")
+            continue
+        if record is None:
+            r.bad(r.where(line=here), "not valid JSON", "Fix or remove the line")
+            continue
+        value = record.get(field_name) if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            keys = list(record)[:10] if isinstance(record, dict) else type(record).__name__
+            r.bad(r.where(line=here), f"no string field {field_name!r} (has: {keys})",
+                  "Set text_field to the field that holds the text (lm-prepare --text-field KEY)")
+            continue
+        if value:
+            r.add(value)
+
+
+def _loads_or_none(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _value_docs(r: _Reader) -> None:
+    for i, value in enumerate(r.task.payload):
+        if not isinstance(value, str):
+            r.bad(r.where(line=r.task.first_line + i), f"field {r.opts.text_field!r} is {type(value).__name__}, "
+                  f"not text", "Drop such records upstream")
+        elif value:
+            r.add(value)
+
+
+def iter_texts(tasks: Iterable[Task], opts: ReadOptions, split: Optional[str] = "train") -> Iterator[str]:
+    """Documents of `split` (None = all), read in this process: the stream a tokenizer trains on."""
+    for task in tasks:
+        docs = read_task(task, opts)
+        yield from (t for t, s in zip(docs.texts, docs.splits) if split is None or s == split)

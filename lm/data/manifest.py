@@ -1,0 +1,74 @@
+"""meta.json, the manifest of a prepared directory (written last, so its presence means complete),
+the progress record of an interrupted run, and the checks that open a prepared directory."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+
+from lm.data.errors import DataError
+from lm.data.readers import file_sha256
+from lm.data.sources import SourceFile
+from lm.data.tokenizer import Tokenizer
+
+FORMAT_VERSION = 1
+META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
+
+
+def fingerprint(content: dict, files: List[SourceFile]) -> str:
+    stamp = [(f.path, f.format, f.split, *f.stat()) for f in files]
+    blob = json.dumps({"version": FORMAT_VERSION, "config": content, "files": stamp}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def read_json(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+def open_prepared(data_dir, checksums: bool = False) -> dict:
+    """meta.json of a complete prepared directory, after checking what can go wrong cheaply:
+    missing manifest, tokenizer/shard mismatch, missing or truncated shards (and, with
+    checksums=True, corrupt shards)."""
+    root = Path(data_dir).expanduser()
+    meta = read_json(root / META)
+    if meta is None:
+        partial = root.with_name(f".{root.name}.partial")
+        hint = f" (an interrupted run left {partial}; re-run the same lm-prepare command to resume it)" \
+            if partial.exists() else ""
+        raise DataError(f"{root}: no readable {META}, so this is not a complete lm-prepare directory{hint}; "
+                        f"run lm-prepare --out {root} (or let lm-train prepare it)")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{root / META}: format version {meta.get('format_version')}, this code reads "
+                        f"{FORMAT_VERSION}; re-run lm-prepare --force --out {root}")
+    tok = Tokenizer.load(root / meta["tokenizer"]["file"])
+    if tok.sha256 != meta["tokenizer"]["sha256"]:
+        raise DataError(f"{root / TOKENIZER} does not match the tokenizer the shards were made with (sha256 "
+                        f"{tok.sha256[:12]} vs {meta['tokenizer']['sha256'][:12]} in {META}); the directory mixes two "
+                        f"runs: re-run lm-prepare --force --out {root}")
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split in meta["splits"].values():
+        for s in split["shards"]:
+            path = root / s["file"]
+            size = path.stat().st_size if path.is_file() else None
+            if size != s["tokens"] * itemsize:
+                raise DataError(f"{path}: {'missing' if size is None else f'{size} bytes'}, expected "
+                                f"{s['tokens'] * itemsize} ({s['tokens']} tokens of {meta['dtype']}): the shard is "
+                                f"truncated or corrupt; re-run lm-prepare --force --out {root}")
+            if checksums and file_sha256(path) != s["sha256"]:
+                raise DataError(f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm-prepare --force "
+                                f"--out {root}")
+    return meta

@@ -1,0 +1,154 @@
+"""Opening each input format as a stream: raw bytes hashed as read, gzip, zstd, Parquet columns,
+Hugging Face datasets; a truncated or corrupt file becomes a DataError that names it.
+
+zstandard, pyarrow and datasets come with the `data` extra (pip install 'lm[data]').
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import io
+import zlib
+from typing import Iterator, Tuple
+
+from lm.data.errors import DataError
+from lm.data.sources import SourceFile
+from lm.extras import MissingExtra, missing, require
+
+
+def _require(what: str, module: str):
+    """An optional reader's module, or a DataError that says which extra installs it."""
+    try:
+        return require("data", what, module)
+    except MissingExtra as e:
+        raise DataError(str(e)) from None
+
+
+class HashingReader(io.RawIOBase):
+    """Reads a file and hashes (and counts) the bytes read, so a source is read exactly once."""
+
+    def __init__(self, path: str):
+        self.f = open(path, "rb")
+        self.sha256 = hashlib.sha256()
+        self.count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        n = self.f.readinto(b)
+        self.sha256.update(memoryview(b)[:n])
+        self.count += n
+        return n
+
+    def close(self) -> None:
+        self.f.close()
+        super().close()
+
+
+class ZstdStream:
+    """The decompressed bytes of a .zst file (one or more frames), read in bounded pieces.
+
+    zstandard's own stream_reader returns a clean end of stream for a file cut inside a frame,
+    which would silently drop the rest of a truncated download; this reader raises instead.
+    """
+
+    def __init__(self, raw: HashingReader):
+        zstandard = _require(f"{raw.f.name}: reading .zst files", "zstandard")
+
+        self.raw, self._new = raw, zstandard.ZstdDecompressor().decompressobj
+        self.obj, self.pending, self.in_frame = self._new(), bytearray(), False
+
+    def read(self, size: int = -1) -> bytes:
+        while size < 0 or len(self.pending) < size:
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.in_frame:
+                    raise EOFError("the file ends inside a zstd frame")
+                break
+            self._feed(chunk)
+        size = len(self.pending) if size < 0 else size
+        out = bytes(self.pending[:size])
+        del self.pending[:size]
+        return out
+
+    def _feed(self, data: bytes) -> None:
+        while data:
+            self.in_frame = True
+            self.pending += self.obj.decompress(data)
+            if not self.obj.eof:
+                return
+            data, self.obj, self.in_frame = self.obj.unused_data, self._new(), False  # the next frame
+
+    def __enter__(self) -> "ZstdStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.raw.close()
+
+
+def open_stream(src: SourceFile, raw: HashingReader):
+    if src.compression == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if src.compression == "zstd":
+        return ZstdStream(raw)
+    return raw
+
+
+@contextlib.contextmanager
+def reading(src: SourceFile):
+    """A truncated or corrupt file -> a DataError that names it and says what to do."""
+    errors: tuple = (EOFError, OSError, zlib.error)
+    if src.compression == "zstd":
+        errors += (_require(f"{src.path}: reading .zst files", "zstandard").ZstdError,)
+    try:
+        yield
+    except errors as e:
+        what = f"is not a complete, valid {src.compression} file" if src.compression else "could not be read"
+        raise DataError(f"{src.path}: {what} ({type(e).__name__}: {e}); the file is truncated or corrupt: "
+                        f"download or compress it again, or leave it out of the sources") from None
+
+
+def parquet_values(path: str, column: str) -> Tuple[Iterator[object], int]:
+    """The values of one column of a Parquet file, in order, and the number of rows."""
+    pq = _require(f"{path}: reading Parquet", "pyarrow.parquet")
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:
+        raise DataError(f"{path}: not a readable Parquet file ({e}); check the file or its extension") from None
+    if column not in pf.schema_arrow.names:
+        raise DataError(f"{path}: no column {column!r} (columns: {pf.schema_arrow.names}); set text_field="
+                        f"<column> (lm-prepare --text-field COLUMN)")
+    # Record batches, not whole row groups: a writer may put a whole file in one row group.
+    values = (v for b in pf.iter_batches(batch_size=1024, columns=[column]) for v in b.column(0).to_pylist())
+    return values, pf.metadata.num_rows
+
+
+def iter_hf(src: SourceFile, text_field: str, streaming: bool) -> Iterator[object]:
+    """The text field of each record of a Hugging Face dataset split (streamed or downloaded whole)."""
+    spec = src.path[3:]
+    name, _, config = spec.partition(":")
+    if missing("data", ["datasets"]):
+        raise DataError(f"{src.path}: reading a Hugging Face dataset needs the `datasets` package: pip install "
+                        f"'lm[data]'; or put a local copy (jsonl/parquet/text files) under the mirror and pass "
+                        f"that directory as the source")
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(name, config or None, split=src.hf_split, streaming=streaming)
+    except Exception as e:
+        raise DataError(f"{src.path}: could not load split {src.hf_split!r} ({type(e).__name__}: {e}). Offline? "
+                        f"Set HF_DATASETS_OFFLINE=1 to use the local Hugging Face cache, or put a local copy under "
+                        f"the mirror") from None
+    for row in ds:
+        yield row.get(text_field) if isinstance(row, dict) else None
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
