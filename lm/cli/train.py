@@ -48,6 +48,7 @@ def train(cfg: DictConfig, loaders=None):
     from lm.model.flops import flops_per_token
     from lm.core.objectives import objective_for
     from lm.core.optim import adamw, lr_multiplier
+    from lm.core.pretrain_task import PretrainTask
     from lm.core.tracking import NullTracker, Tracker, device_peak_flops
 
     tcfg, ocfg, scfg = typed(cfg, "train", TrainConfig), typed(cfg, "optim", OptimConfig), typed(cfg, "sched", SchedConfig)
@@ -80,11 +81,12 @@ def train(cfg: DictConfig, loaders=None):
     checkpointer = Checkpointer(run_dir, engine, tcfg.keep_last, config_yaml)
     state = loop.State()
     file_log = log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
+    task = PretrainTask(train_loader, val_loader, tcfg.grad_accum, tcfg.eval_batches)
     latest = D.broadcast_object(checkpointer.latest() if dist.is_main and cfg.resume else None)
     if latest:
         trainer, loader_state = checkpointer.load(latest)
-        train_loader.load_state_dict(loader_state)
-        state = loop.State(step=trainer["step"], tokens=trainer["tokens"])
+        task.load_state_dict(loader_state)
+        state = loop.State.from_checkpoint(trainer)
         if dist.is_main:
             log.info("resumed from %s (step %d)", latest, state.step)
 
@@ -98,7 +100,7 @@ def train(cfg: DictConfig, loaders=None):
                  tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
     speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
     try:
-        state = loop.run(tcfg, engine, train_loader, val_loader,
+        state = loop.run(tcfg, engine, task,
                          lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps),
                          tracker, checkpointer, state, speed)
         D.barrier()  # every rank done before any tears down its process group (gloo aborts on exit races)
