@@ -277,3 +277,17 @@ def test_dcp_metadata_is_read_without_running_pickled_code(tmp_path):
                                               r"code: Unsupported global: (io|builtins).open"):
         consolidated_state_dict(tmp_path / "bad")
     assert not marker.exists()
+
+
+def test_task_state_with_numpy_values_is_stored_as_plain_types(tmp_path):
+    """A task's state (GLUE: metric history with numpy floats) must load back with weights_only=True."""
+    import numpy as np
+
+    from lm.core.checkpoint import _plain
+
+    state = {"history": [{"acc": np.float32(0.75)}], "best": (np.int64(3), np.arange(3)), "step": 5}
+    path = tmp_path / "rank.pt"
+    torch.save(_plain(state), path)
+    back = torch.load(path, weights_only=True)
+    assert back["history"] == [{"acc": 0.75}] and back["step"] == 5 and back["best"][0] == 3
+    assert torch.equal(back["best"][1], torch.arange(3))

@@ -78,6 +78,19 @@ def set_rng_state(state: Dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _plain(state):
+    """numpy scalars -> Python numbers, numpy arrays -> tensors (recursively): what weights_only loads."""
+    if isinstance(state, dict):
+        return {k: _plain(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(_plain(v) for v in state)
+    if isinstance(state, np.generic):
+        return state.item()
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state.copy())
+    return state
+
+
 def _load_rank_state(path: Path) -> Dict:
     # numpy's array reconstruction is allowed only for rank files written before RNG states were tensors.
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
@@ -137,7 +150,7 @@ class Checkpointer:
         error = None
         try:
             self.engine.save_state(tmp)
-            torch.save({"loader": loader_state, "rng": rng_state()}, tmp / f"rank{self.engine.rank:05d}.pt")
+            torch.save({"loader": _plain(loader_state), "rng": rng_state()}, tmp / f"rank{self.engine.rank:05d}.pt")
         except Exception as e:  # noqa: BLE001 - a full disk is OSError from open() but RuntimeError from torch.save
             error = e
         if D.any_rank(error is not None):
