@@ -44,8 +44,10 @@ class ModelConfig:
     norm_position: str = "pre"  # pre | post
     norm_eps: float = 1e-5
     bias: bool = True  # biases in attention and feed-forward projections
+    ffn_bias: Optional[bool] = None  # biases in the feed-forward projections; None = same as bias (HF Llama mlp_bias)
     qk_norm: bool = False  # normalise q and k per head before the dot product (Dehghani et al. 2023)
     attn_scale: Optional[float] = None  # None = 1/sqrt(head_dim); T5 uses 1.0
+    attn_scale_by_layer: bool = False  # also divide layer i's scores by i+1 (HF GPT-2 scale_attn_by_inverse_layer_idx)
     dropout: float = 0.0
     attn_dropout: float = 0.0
     tie_embeddings: bool = True
@@ -54,6 +56,7 @@ class ModelConfig:
     final_norm: bool = True  # norm after the last block (pre-norm stacks need it)
     n_segments: int = 0  # segment (token type) embeddings, BERT uses 2
     mlm_transform: bool = False  # BERT's dense+act+norm before the MLM output layer
+    mlm_activation: str = "gelu"  # the activation of that transform (HF BERT uses hidden_act for it)
     logit_scale: float = 1.0  # T5 scales tied outputs by dim**-0.5
     pad_token_id: int = 0
     decoder_start_token_id: int = 0  # encoder_decoder: first decoder input (T5 uses pad)

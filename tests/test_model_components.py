@@ -22,7 +22,7 @@ def _batch(cfg, B=2, T=16, seed=0):
 
 
 def test_every_option_and_preset_is_tested():
-    assert len(OPTIONS) == 2 + 6 + 6, OPTIONS
+    assert len(OPTIONS) == 2 + 6 + 9, OPTIONS  # pos: 6 schemes + rope_linear, rope_dynamic, rope_llama3
     assert set(PRESETS) >= {"tiny", "transformer", "gpt2", "llama", "bert", "t5"}
 
 

@@ -34,7 +34,7 @@ def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = Fals
     from omegaconf import OmegaConf
     from safetensors.torch import save_model
 
-    from lm.model import build_model, model_config
+    from lm.model import build_model
 
     ckpt = verified(resolve(path))  # its files match manifest.json before any is read
     out = Path(out) if out else ckpt / "export"
@@ -56,7 +56,7 @@ def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = Fals
         config[LM_CLASS] = type(model).__name__
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if hf:
-            _export_hf(model, tmp / "hf", model_config(cfg.model))
+            _export_hf(model, tmp / "hf", cfg)
         _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -125,14 +125,12 @@ def _rename_exchange(a: Path, b: Path) -> bool:
 
 
 def _export_hf(model, out: Path, cfg) -> None:
-    from lm.model.convert import to_hf
+    from lm.model.hf_export import run_tokenizer_file, write_hf_dir
 
     try:
-        hf_model = to_hf(model)
+        write_hf_dir(model, out, run_tokenizer_file(cfg))  # the model, the run's tokenizer, bos/eos/pad ids
     except ValueError as e:  # no Hugging Face family matches this architecture
         log.warning("no Hugging Face export: %s", e)
-        return
-    hf_model.save_pretrained(out)
 
 
 def main(argv=None) -> None:

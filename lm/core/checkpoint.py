@@ -359,4 +359,4 @@ def consolidated_state_dict(ckpt: Path) -> Dict[str, torch.Tensor]:
     except EngineError as e:
         raise CheckpointError(f"{ckpt}/trainer.json: {e}") from None
     return _weights_only(lambda: engine_cls.consolidated_state_dict(Path(ckpt), info),
-                         f"{ckpt} ({info['engine']}'s files)")
+                         f"{ckpt} ({info.get('engine', info['format'])}'s files)")

@@ -1,7 +1,7 @@
 """Model code: single-device PyTorch. `build_model(cfg)` is the only place it meets Hydra.
 
 Public API: build_model, model_config, Block, DecoderLM, EncoderLM, EncoderDecoderLM,
-SequenceClassifier, generate (lm.model.generate), from_hf / to_hf (lm.model.convert),
+SequenceClassifier, generate (lm.model.generate), from_hf / to_hf (lm.model.convert; docs/convert.md),
 num_params / flops_per_token (lm.model.flops).
 """
 

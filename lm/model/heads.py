@@ -71,8 +71,10 @@ class LMHead(nn.Module):
 
 
 def mlm_transform(cfg: ModelConfig, norm: nn.Module) -> nn.Module:
-    """BERT's prediction-head transform: dense, GELU, norm."""
-    act = ACTIVATIONS["gelu"]
+    """BERT's prediction-head transform: dense, activation (GELU in BERT; HF uses hidden_act), norm."""
+    if cfg.mlm_activation not in ACTIVATIONS:
+        raise ValueError(f"model.mlm_activation={cfg.mlm_activation!r} is not one of {sorted(ACTIVATIONS)}")
+    act = ACTIVATIONS[cfg.mlm_activation]
     return nn.Sequential(Linear(cfg.dim, cfg.dim), _Lambda(act), norm)
 
 
