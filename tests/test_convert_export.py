@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 from omegaconf import OmegaConf  # noqa: E402
 
 from lm.model.config import (GLUConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig)  # noqa: E402
-from lm.core.checkpoint import export  # noqa: E402
+from lm.cli.export import export  # noqa: E402
 from lm.data.tokenizer import Tokenizer, train  # noqa: E402
 from lm.model import build_model  # noqa: E402
 

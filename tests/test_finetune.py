@@ -127,7 +127,7 @@ def test_finetune_from_an_lm_train_checkpoint_uses_its_weights_and_tokenizer(tmp
 
 
 def test_init_from_an_lm_export_directory(tmp_path, pretrained):
-    from lm.core.checkpoint import export
+    from lm.cli.export import export
 
     out = export(pretrained / "run", tmp_path / "export", hf=False)
     with pytest.raises(InitError, match="needs tokenizer="):  # an export alone carries no tokenizer

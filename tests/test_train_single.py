@@ -101,7 +101,7 @@ def test_nan_loss_skip_drops_the_step_and_goes_on(tmp_path, monkeypatch):
 def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     from lm.engine.base import Engine
 
-    real, saves = Engine.save, {"n": 0}
+    real, saves = Engine.save_state, {"n": 0}
 
     def save(self, path):
         saves["n"] += 1
@@ -109,14 +109,14 @@ def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypa
             raise OSError(errno.ENOSPC, "No space left on device")
         real(self, path)
 
-    monkeypatch.setattr(Engine, "save", save)
+    monkeypatch.setattr(Engine, "save_state", save)
     with pytest.raises(CheckpointError, match=r"No space left.*step_00000003 is intact.*resume"):
         run(tmp_path, steps=9, ckpt_interval=3)
     ckpts = tmp_path / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no half-written step 6
     assert (ckpts / "latest").read_text() == "step_00000003"
     # and the run resumes from it once the disk has room again
-    monkeypatch.setattr(Engine, "save", real)
+    monkeypatch.setattr(Engine, "save_state", real)
     _, result = run(tmp_path, steps=9, ckpt_interval=3)
     assert result.state.step == 9 and list(train_losses(tmp_path)) == list(range(1, 10))
 
@@ -165,7 +165,7 @@ def test_missing_data_source_names_the_path(tmp_path, monkeypatch):
 def test_export_of_a_single_process_checkpoint_loads_in_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from lm.core.checkpoint import export
+    from lm.cli.export import export
 
     gpt2 = ["model=gpt2", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.vocab_size=64",
             "model.max_seq_len=64"]

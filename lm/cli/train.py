@@ -54,6 +54,7 @@ def train(cfg: DictConfig, loaders=None):
 
     from lm.core import loop
     from lm.core.checkpoint import Checkpointer
+    from lm.core.lock import lock_run_dir
     from lm.engine import dist as D
     from lm.model import build_model, validate_model
     from lm.model.flops import flops_per_token
@@ -81,10 +82,9 @@ def train(cfg: DictConfig, loaders=None):
         raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
 
     run_dir = Path(run.run_dir)
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+    lock_run_dir(run_dir, dist)  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
     train_loader, val_loader = loaders or _packed_loaders(run.data, tcfg, model_cfg, dist,
-                                                                         objective_for(model_cfg.arch), run.seed)
+                                                          objective_for(model_cfg.arch), run.seed)
 
     torch.manual_seed(run.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
     model = build_model(model_cfg)

@@ -10,6 +10,8 @@ import contextlib
 import logging
 import math
 import os
+from pathlib import Path
+from typing import Dict
 
 import torch
 from torch import nn
@@ -18,6 +20,31 @@ from lm.engine.base import Engine
 from lm.engine.dist import EngineError
 
 TAG = "deepspeed"  # sub-directory of a checkpoint that holds DeepSpeed's files
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """DeepSpeed's readers call torch.load(..., weights_only=False), which runs whatever a checkpoint's
+    pickle says; while they read ours, force weights_only=True and allow only the plain types DeepSpeed
+    stores besides tensors (a crafted file then fails with pickle.UnpicklingError instead)."""
+    from unittest import mock
+
+    real = torch.load
+
+    def load(*args, **kwargs):
+        return real(*args, **{**kwargs, "weights_only": True})
+
+    with mock.patch.object(torch, "load", load), torch.serialization.safe_globals(_ds_safe_globals()):
+        yield
+
+
+def _ds_safe_globals() -> list:
+    """The non-tensor classes in DeepSpeed's optimizer-state files (plain data, no code on load)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
 
 
 def _prepare_deepspeed(shm_comm: bool) -> None:
@@ -108,14 +135,26 @@ class DeepSpeedEngine(Engine):
         raise EngineError("train.on_nonfinite=skip is not supported with DeepSpeed engines (their gradient "
                           "partitions cannot be dropped from outside); use train.on_nonfinite=stop")
 
-    def save(self, path) -> None:
+    def save_state(self, path: Path) -> None:
+        """DeepSpeed's own files under `path`/deepspeed: model states, optimizer partitions per rank."""
         self.model.save_checkpoint(str(path), tag=TAG, save_latest=False)
 
-    def load(self, path) -> None:
-        load_path, _ = self.model.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                                  load_lr_scheduler_states=False, load_module_strict=True)
+    def load_state(self, path: Path) -> None:
+        with weights_only_loads():
+            load_path, _ = self.model.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False, load_module_strict=True)
         if load_path is None:
             raise EngineError(f"DeepSpeed found no checkpoint under {path}/{TAG}")
+
+    @classmethod
+    def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
+        """Stage 0: rank 0's module states; ZeRO-1/2/3: DeepSpeed's zero_to_fp32 merges the partitions."""
+        with weights_only_loads():
+            if info.get("zero_stage", 0) == 0:
+                return torch.load(Path(path) / TAG / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
 
     def describe(self):
         return {**super().describe(), "zero_stage": self.stage}

@@ -199,20 +199,30 @@ def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema,
 def _save_result(path: Path, result: SeedResult) -> None:
     import torch
 
+    from lm.core.checkpoint import plain_state
+
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(asdict(result), tmp)
+    torch.save(plain_state(asdict(result)), tmp)  # numbers and tensors only: it loads with weights_only
     os.replace(tmp, path)
 
 
 def _load_result(path: Path) -> SeedResult:
     import torch
 
-    return SeedResult(**torch.load(path, weights_only=False))
+    fields = torch.load(path, weights_only=True)  # a result.pt from elsewhere cannot run code
+    fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
+    return SeedResult(**fields)
 
 
-def _plain(node: Dict) -> Dict:
-    """Enums as their values, for YAML."""
-    return {k: (v.value if hasattr(v, "value") else v) for k, v in node.items()}
+def _plain(node):
+    """Enums as their values (nested dicts and lists too), for yaml.safe_dump."""
+    from enum import Enum
+
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(v) for v in node]
+    return node.value if isinstance(node, Enum) else node
 
 
 def _logger_for(job: FinetuneSchema, task: str, seed: int) -> LoggerConfig:
