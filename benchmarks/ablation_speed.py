@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lm.config import compose_model
-from lm.model import build_model, model_config
+from lm.model import build_model
+from lm.model.config import model_preset
 
 VARIANTS = [("gelu", "layernorm"), ("gelu", "rmsnorm"), ("swiglu", "layernorm"), ("swiglu", "rmsnorm")]
 
@@ -38,8 +38,8 @@ def parse_args():
 
 def make(ffn: str, norm: str, args):
     torch.manual_seed(0)
-    cfg = model_config(compose_model("tiny", [f"ffn={ffn}", f"norm={norm}", f"dim={args.dim}",
-                                              f"n_layers={args.layers}", f"n_heads={args.heads}"]))
+    cfg = model_preset("tiny", [f"model/ffn={ffn}", f"model/norm={norm}", f"model.dim={args.dim}",
+                                f"model.n_layers={args.layers}", f"model.n_heads={args.heads}"])
     model = build_model(cfg)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 

@@ -236,13 +236,13 @@ def train_tokens_per_s(preset: str, overrides: list, data: Path, seq_len: int, b
     """Forward + backward + AdamW steps of a model on real batches of the loader (fp32)."""
     import torch
 
-    from lm.config import compose_model
+    from lm.model.config import model_preset
     from lm.data.packed import PackedLoader
     from lm.model import build_model
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)  # the model at its fastest: the loader's hardest customer
-    model = build_model(compose_model(preset, overrides))
+    model = build_model(model_preset(preset, overrides))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     it = iter(PackedLoader(data, "train", seq_len, batch, "clm", seed=0))
     batches = [next(it) for _ in range(warmup + steps)]
@@ -304,10 +304,10 @@ def loader_vs_models(args, data: Path, vocab: int) -> dict:
     T, B = args.seq_len, args.batch
     load = loadavg()
     loader = {obj: loader_tokens_per_s(data, obj, T, B, args.loader_seconds) for obj in ("clm", "mlm", "span")}
-    models = [train_tokens_per_s("tiny", [f"vocab_size={vocab}", f"max_seq_len={T}"], data, T, B, 2, 6)]
+    models = [train_tokens_per_s("tiny", [f"model.vocab_size={vocab}", f"model.max_seq_len={T}"], data, T, B, 2, 6)]
     if not args.skip_gpt2:
-        models.append(train_tokens_per_s("gpt2", [f"vocab_size={vocab}", f"max_seq_len={T}",
-                                                  f"n_layers={args.gpt2_layers}"], data, T, B, 1, 2))
+        models.append(train_tokens_per_s("gpt2", [f"model.vocab_size={vocab}", f"model.max_seq_len={T}",
+                                                  f"model.n_layers={args.gpt2_layers}"], data, T, B, 1, 2))
     return {"loader": loader, "models": models, "loadavg": load, "seq_len": T, "batch": B,
             "ratio": {m["preset"]: {o: v / m["tokens_per_s"] for o, v in loader.items()} for m in models}}
 

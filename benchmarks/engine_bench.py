@@ -63,15 +63,16 @@ def lm_train_tokens_per_s(steps):
 def bare_tokens_per_s(steps):
     """The peer: build, then loss.backward(); clip; AdamW step; zero_grad; batches from the same loader."""
     import torch
+    from omegaconf import OmegaConf
 
-    from lm.config import OptimConfig
+    from lm.core.config import OptimConfig
     from lm.data.packed import PackedLoader
-    from lm.model import build_model, model_config
+    from lm.model import build_model
     from lm.core.optim import adamw
 
     cfg = compose(run_overrides("unused", steps))
     torch.manual_seed(0)
-    model = build_model(model_config(cfg.model))
+    model = build_model(OmegaConf.to_object(cfg.model))
     optimizer = adamw(model, OptimConfig())
     data_dir = os.path.expanduser(cfg.data.dir)
     batches = iter(PackedLoader(data_dir, "train", 256, 8, "clm", seed=0))

@@ -17,8 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lm.config import compose_model
-from lm.model import build_model, model_config
+from lm.model import build_model
+from lm.model.config import model_preset
 from lm.model.flops import flops_per_token
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
@@ -45,7 +45,7 @@ def train_step_fn(model, opt):
 
 
 def measure(preset: str, seq: int, batch: int, steps: int, compile_model: bool, overrides) -> dict:
-    cfg = model_config(compose_model(preset, [f"max_seq_len={max(seq, 1)}", "dropout=0.0", *overrides]))
+    cfg = model_preset(preset, [f"model.max_seq_len={max(seq, 1)}", "model.dropout=0.0", *overrides])
     model = build_model(cfg).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     step = train_step_fn(torch.compile(model) if compile_model else model, opt)
@@ -115,7 +115,7 @@ def main():
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--attention-sweep", action="store_true")
     p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
-    p.add_argument("overrides", nargs="*", help="model overrides, e.g. loss_chunk_size=4096")
+    p.add_argument("overrides", nargs="*", help="model overrides, e.g. model.loss_chunk_size=4096 model/ffn=swiglu")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     if args.all:

@@ -88,7 +88,7 @@ def test_missing_paths_and_bad_settings(tmp_path):
         run(tmp_path, source=str(tmp_path / "nope.txt"))
     with pytest.raises(DataError, match="no file matches this glob"):
         run(tmp_path, source=str(tmp_path / "*.jsonl"))
-    with pytest.raises(ConfigError, match=r"data.split='random' is not one of"):
+    with pytest.raises(ConfigError, match=r"data.split: Invalid value 'random', expected one of \[document, contiguous\]"):
         data_config({"split": "random"})
     with pytest.raises(ConfigError, match="capturing groups"):
         data_config({"doc_split": "regex", "doc_separator": "(a|b)"})

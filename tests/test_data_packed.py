@@ -223,7 +223,7 @@ def test_span_corruption_needs_enough_sentinels():
 
 @pytest.mark.parametrize("arch,objective", [("decoder", "clm"), ("encoder", "mlm"), ("encoder_decoder", "span")])
 def test_batches_fit_the_model_contract(data, arch, objective):
-    from lm.config import ModelConfig
+    from lm.model.config import ModelConfig
     from lm.model import build_model
 
     loader = PackedLoader(data, "train", 32, 2, objective)

@@ -9,9 +9,10 @@ import pytest
 
 import lm.data.prepare as prep
 from lm.cli.prepare import main
+from lm.data.config import data_preset
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
-from lm.data.prepare import ensure_prepared, load_preset, prepare
+from lm.data.prepare import ensure_prepared, prepare
 from lm.data.tokenizer import Tokenizer
 
 STORIES = [f"Story {i}: " + " ".join(["Once upon a time a little fox found a shiny stone."] * (1 + i % 4))
@@ -38,7 +39,7 @@ def stories(tmp_path):
 
 def test_shakespeare_char_preset_reproduces_nanogpt_split(tmp_path, monkeypatch, data_mirror):
     monkeypatch.setenv("LM_CACHE", str(tmp_path))
-    out = ensure_prepared(load_preset("shakespeare_char"))
+    out = ensure_prepared(data_preset("shakespeare_char"))
     assert out == tmp_path / "data" / "shakespeare_char"
     text = (data_mirror / "text/tinyshakespeare/input.txt").read_text()
     stoi = {c: 7 + 16 + i for i, c in enumerate(sorted(set(text)))}  # specials and sentinels come first
@@ -51,7 +52,7 @@ def test_shakespeare_char_preset_reproduces_nanogpt_split(tmp_path, monkeypatch,
     src = meta["sources"][0]
     assert src["bytes"] == 1115394
     assert src["sha256"] == "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-    assert ensure_prepared(load_preset("shakespeare_char")) == out  # second call: nothing to do
+    assert ensure_prepared(data_preset("shakespeare_char")) == out  # second call: nothing to do
 
 
 def test_documents_end_with_eos_and_split_by_document(tmp_path, stories):
@@ -209,15 +210,18 @@ def test_cli_help_list_and_run(tmp_path, stories, capsys):
 
 
 def test_every_data_preset_composes_with_hydra():
-    from hydra import compose, initialize_config_dir
-
-    from lm.config import conf_dir
-    from lm.data.prepare import data_config
+    from lm.config import ConfigError, conf_dir
+    from lm.data.config import DataConfig, data_preset
     from lm.data.corpora import CORPORA
 
     names = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
     assert {"shakespeare_char", "tinystories_bpe", "wikitext2_bpe"} <= set(names)
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        for name in names:
-            cfg = data_config(compose(config_name=None, overrides=[f"+data={name}"]).data)
-            assert cfg.name == name and cfg.dir.endswith(f"/data/{name}") and cfg.source in CORPORA
+    for name in names:
+        cfg = data_preset(name)
+        assert isinstance(cfg, DataConfig)
+        assert cfg.name == name and cfg.dir.endswith(f"/data/{name}") and cfg.source in CORPORA
+    # The schema types every preset: a wrong choice fails at composition, naming the field and the choices.
+    with pytest.raises(ConfigError, match=r"data.doc_split: Invalid value 'para', expected one of \[file, line, blank_line, regex\]"):
+        data_preset("shakespeare_char", ["data.doc_split=para"])
+    with pytest.raises(ConfigError, match="known presets"):
+        data_preset("no_such_corpus")

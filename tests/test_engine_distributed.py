@@ -76,7 +76,8 @@ def test_sharded_checkpoint_exports_the_same_weights(engine, tmp_path):
     import torch
     from safetensors.torch import load_file
 
-    from lm.core.checkpoint import consolidated_state_dict, export, resolve
+    from lm.cli.export import export
+    from lm.core.checkpoint import consolidated_state_dict, resolve
 
     spawn(2, tiny_overrides(tmp_path / "ddp", 4, micro_batch_size=2) + ["engine=ddp"])
     spawn(2, tiny_overrides(tmp_path / engine, 4, micro_batch_size=2) + [f"engine={engine}"])

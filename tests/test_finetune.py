@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf, open_dict
 
 from lm.config import ConfigError, conf_dir
 from lm.cli.finetune import finetune, register
@@ -67,12 +66,11 @@ def pretrained(tmp_path_factory, easy_glue):
     register_train_configs()
     overrides = [*TINY, f"run_dir={work / 'run'}", "train.max_steps=3", "train.seq_len=32", "train.micro_batch_size=4",
                  "train.eval_interval=0", "train.eval_batches=1", "train.ckpt_interval=3", "train.progress=false"]
+    data = {"name": "easy", "dir": work / "data", "source": work / "corpus.txt", "tokenizer": "bpe", "vocab_size": 320,
+            "n_sentinels": 0, "workers": 1, "val_fraction": 0.1, "doc_split": "line"}
+    overrides += ["~data", *(f"data.{k}={v}" for k, v in data.items())]  # no preset: DataConfig's defaults + these
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
-    with open_dict(cfg):
-        cfg.data = OmegaConf.create({"name": "easy", "dir": str(work / "data"), "source": str(work / "corpus.txt"),
-                                     "tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 0, "workers": 1,
-                                     "val_fraction": 0.1, "doc_split": "line"})
     train(cfg)
     return work
 
@@ -86,7 +84,7 @@ def finetune_cfg(run_dir, overrides):
 
 def easy_task(root, **task):
     fields = {"epochs": 6, "lr": 3e-3, "batch_size": 16, "max_len": 24, "seeds": [0], **task}
-    return ["task=glue/sst2", f"task.data_root={root}", *(f"task.{k}={v}" for k, v in fields.items())]
+    return ["task=glue/sst2", f"glue.data_root={root}", *(f"tasks.sst2.{k}={v}" for k, v in fields.items())]
 
 
 def dev_acc(run_dir, seed="0"):
@@ -129,7 +127,7 @@ def test_finetune_from_an_lm_train_checkpoint_uses_its_weights_and_tokenizer(tmp
 
 
 def test_init_from_an_lm_export_directory(tmp_path, pretrained):
-    from lm.core.checkpoint import export
+    from lm.cli.export import export
 
     out = export(pretrained / "run", tmp_path / "export", hf=False)
     with pytest.raises(InitError, match="needs tokenizer="):  # an export alone carries no tokenizer
@@ -157,7 +155,7 @@ def test_a_foreign_tokenizer_is_refused(tmp_path, pretrained):
 
 
 def test_missing_task_directory_names_the_path_and_how_to_get_it(tmp_path, pretrained):
-    cfg = finetune_cfg(tmp_path / "x", [f"init={pretrained / 'run'}", "task=glue/rte", f"task.data_root={tmp_path}"])
+    cfg = finetune_cfg(tmp_path / "x", [f"init={pretrained / 'run'}", "task=glue/rte", f"glue.data_root={tmp_path}"])
     with pytest.raises(GlueDataMissing) as e:
         finetune(cfg)
     assert str(tmp_path / "RTE" / "train.tsv") in str(e.value) and "download_glue_data.py" in str(e.value)
@@ -166,9 +164,8 @@ def test_missing_task_directory_names_the_path_and_how_to_get_it(tmp_path, pretr
 
 def test_skip_missing_runs_the_tasks_that_are_there(tmp_path, pretrained):
     run_dir = tmp_path / "ft"
-    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=glue/all", "task.tasks=[rte,qqp]",
-                                 f"task.data_root={FIXTURES}", "skip_missing=true", "+per_task.all.epochs=1",
-                                 "+per_task.all.seeds=[0]"])
+    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=[glue/rte,glue/qqp]", f"glue.data_root={FIXTURES}",
+                                 "skip_missing=true", "tasks.rte.epochs=1", "tasks.qqp.epochs=1", "tasks.rte.seeds=[0]"])
     finetune(cfg)
     results = json.loads((run_dir / "results.json").read_text())
     assert list(results["columns"]) == ["qqp"] and list(results["skipped_tasks"]) == ["rte"]
@@ -177,21 +174,28 @@ def test_skip_missing_runs_the_tasks_that_are_there(tmp_path, pretrained):
 
 
 def test_missing_init_and_unknown_task_field_are_config_errors(tmp_path, pretrained):
+    from hydra.errors import ConfigCompositionException
+
     with pytest.raises(ConfigError, match="init=<lm-train run dir"):
         finetune(finetune_cfg(tmp_path, []))
     with pytest.raises(InitError, match="no such directory"):
         finetune(finetune_cfg(tmp_path, [f"init={tmp_path / 'nope'}"]))
-    cfg = finetune_cfg(tmp_path, [f"init={pretrained / 'run'}", f"task.data_root={FIXTURES}", "task=glue/qqp",
-                                  "+per_task.all.epoch=2"])
-    with pytest.raises(ConfigError, match=r"unknown task field\(s\) \['epoch'\]"):
-        finetune(cfg)
+    init = [f"init={pretrained / 'run'}", f"glue.data_root={FIXTURES}", "task=glue/qqp"]
+    with pytest.raises(ConfigCompositionException, match=r"tasks\.qqp\.epoch'"):  # the schema has epochs
+        finetune_cfg(tmp_path, [*init, "tasks.qqp.epoch=2"])
+    # train.* fields without a meaning in finetuning are not in its schema (a task's batch sets accumulation).
+    for field in ("seq_len", "max_steps", "eval_interval", "eval_batches", "global_batch_size", "grad_accum"):
+        with pytest.raises(ConfigCompositionException, match=f"train.{field}"):
+            finetune_cfg(tmp_path, [*init, f"train.{field}=2"])
+    with pytest.raises(ConfigCompositionException, match=r"tasks\.rte\.epochs"):  # rte is not selected
+        finetune_cfg(tmp_path, [*init, "+tasks.rte.epochs=2"])
 
 
 def test_mnli_qqp_and_ax_from_official_format_fixtures(tmp_path, pretrained):
     """glue/all over the fixture tasks: MNLI (matched + mismatched + AX from its model) and QQP."""
     run_dir = tmp_path / "all"
-    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=glue/all", "task.tasks=[qqp,mnli]",
-                                 f"task.data_root={FIXTURES}", "+per_task.all.epochs=1", "+per_task.all.seeds=[0,1]"])
+    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=[glue/qqp,glue/mnli]", f"glue.data_root={FIXTURES}",
+                                 *(f"tasks.{t}.{k}" for t in ("qqp", "mnli") for k in ("epochs=1", "seeds=[0,1]"))])
     summary = finetune(cfg)
     results = json.loads((run_dir / "results.json").read_text())
     assert list(results["columns"]) == ["qqp", "mnli_m", "mnli_mm"]
@@ -216,7 +220,7 @@ def test_wandb_runs_are_finetune_jobs_grouped_with_their_pretraining_run(tmp_pat
     seen = []
     monkeypatch.setattr(tracking.Tracker, "_start_wandb", lambda self, cfg, config: seen.append((cfg, config)))
     cfg = finetune_cfg(tmp_path / "ft", [f"init={pretrained / 'run'}", "logger=wandb", "task=glue/qqp",
-                                         f"task.data_root={FIXTURES}", "task.epochs=1", "task.seeds=[0,1]"])
+                                         f"glue.data_root={FIXTURES}", "tasks.qqp.epochs=1", "tasks.qqp.seeds=[0,1]"])
     finetune(cfg)
     assert [c.job_type for c, _ in seen] == ["finetune", "finetune"]
     assert {c.group for c, _ in seen} == {"run"}  # the pretraining run dir's name (its logger.group is unset)
@@ -281,3 +285,34 @@ def test_linear_probe_of_frozen_features(pretrained, easy_glue):
     # the classes well; the last token (a filler or the word) sees the word only through attention.
     assert rows[("random init", "mean")][1] > 75 and rows[("pretrained", "mean")][1] > 75
     assert all(0 <= acc <= 100 for pair in rows.values() for acc in pair)
+
+
+def test_a_nonfinite_loss_follows_train_on_nonfinite(tmp_path, easy_glue, pretrained, monkeypatch):
+    """The loop's NaN policy: stop (the default) names the step and the fix; skip drops that update and goes on."""
+    import math
+
+    from lm.core import objectives
+    from lm.core.loop import LossDiverged
+    from lm.glue.trainer import GlueTask
+
+    calls = []
+
+    def poisoned(self, model, batch):  # the 3rd micro-batch's loss is NaN (one micro-batch per step here)
+        calls.append(1)
+        loss = objectives.loss(model, batch)
+        return loss * math.nan if len(calls) == 3 else loss
+
+    monkeypatch.setattr(GlueTask, "loss", poisoned)
+    common = ["init=none", *TINY, f"tokenizer={pretrained / 'data'}", *easy_task(easy_glue, epochs=1),
+              "train.log_interval=1"]
+    with pytest.raises(LossDiverged, match=r"loss is nan at step 3; no update was applied.*train.on_nonfinite=skip"):
+        finetune(finetune_cfg(tmp_path / "stop", common))
+    calls.clear()
+    run_dir = tmp_path / "skip"
+    finetune(finetune_cfg(run_dir, [*common, "train.on_nonfinite=skip"]))
+    records = [json.loads(line) for line in (run_dir / "sst2" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r for r in records if "loss" in r}
+    assert list(steps) == list(range(1, 26))  # 400 examples / batch 16: every step ran
+    assert math.isnan(steps[3]["grad_norm"]) and all(math.isfinite(steps[s]["grad_norm"]) for s in steps if s != 3)
+    assert all(r["tokens_per_s"] > 0 for r in steps.values())  # throughput, as in pretraining
+    assert 0.0 <= dev_acc(run_dir) <= 100.0

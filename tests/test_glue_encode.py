@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 from lm.glue import collate, encode_examples, encode_pair, load_split, truncate_longest_first
 from lm.data.tokenizer import train
 from lm.model import SequenceClassifier, build_model

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
-from lm.config import ConfigError, GlueTaskConfig, conf_dir, register_glue_configs, validate_glue_task
+from lm.cli.finetune import register
+from lm.config import ConfigError, conf_dir
 from lm.glue import (EVALS, GLUE_TASKS, TASKS, check_submission, load_eval, load_split, write_results,
                           write_submission)
-from lm.glue.presets import expand, load_preset
+from lm.glue.config import GlueTaskConfig, finetune_job, validate_glue_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 
@@ -145,35 +145,43 @@ def test_there_is_a_preset_per_task_and_all():
     assert PRESETS == sorted([*GLUE_TASKS, "all"])
 
 
+def compose_tasks(*overrides):
+    """The typed job of `lm-finetune init=none <overrides>` (the presets compose under tasks.<name>)."""
+    register()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return finetune_job(compose(config_name="finetune", overrides=["init=none", *overrides]))
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_composes_through_hydra_and_validates(name):
-    register_glue_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        node = compose(config_name=None, overrides=[f"+task=glue/{name}"]).task
-    cfg = OmegaConf.to_object(node)
-    assert isinstance(cfg, GlueTaskConfig) and cfg.name == name
-    validate_glue_task(cfg)
-    assert cfg == load_preset(name)
-    if name != "all":
-        assert cfg.n_labels == TASKS[name].n_labels and cfg.max_len <= 128 and cfg.seeds
+    tasks = compose_tasks(f"task=glue/{name}").tasks
+    assert list(tasks) == (list(GLUE_TASKS) if name == "all" else [name])
+    for key, cfg in tasks.items():
+        assert isinstance(cfg, GlueTaskConfig) and cfg.name == key
+        validate_glue_task(cfg)
+        assert cfg.n_labels == TASKS[key].n_labels and cfg.max_len <= 128 and cfg.seeds
 
 
-def test_all_expands_to_the_nine_presets():
-    cfgs = expand(OmegaConf.create({"name": "all", "tasks": list(GLUE_TASKS), "max_train_examples": 100}))
+def test_all_composes_the_nine_presets_and_shared_settings_reach_each():
+    job = compose_tasks("task=glue/all", "glue.max_train_examples=100", "optim.lr=3e-4", "tasks.rte.lr=1e-3")
+    cfgs = list(job.tasks.values())
     assert [c.name for c in cfgs] == list(GLUE_TASKS)
     assert [c.n_labels for c in cfgs] == [2, 2, 2, 1, 2, 3, 2, 2, 2]
     assert all(c.max_train_examples == 100 for c in cfgs)
     assert {c.name: c.epochs for c in cfgs}["rte"] == 10  # each keeps its own hyperparameters
-    assert expand(load_preset("rte")) == [load_preset("rte")]
+    assert {c.name: c.optim(job.optim).lr for c in cfgs} == {**{t: 3e-4 for t in GLUE_TASKS}, "rte": 1e-3}
+    assert job.tasks["rte"].optim(job.optim).betas == [0.9, 0.999]  # the rest of the shared optim group
+    assert job.tasks["rte"].sched(job.sched, 200).warmup_steps == 20  # warmup_ratio 0.1 of the task's steps
+    two = compose_tasks("task=[glue/rte,glue/qqp]", "tasks.qqp.epochs=1").tasks
+    assert list(two) == ["rte", "qqp"] and two["qqp"].epochs == 1 and two["rte"].epochs == 10
 
 
 @pytest.mark.parametrize("fields,message", [
-    ({"name": "squad"}, "task.name='squad'"),
-    ({"name": "stsb", "n_labels": 2}, "set task.n_labels=1"),
-    ({"name": "mnli", "n_labels": 3, "main_metric": "acc"}, "task.main_metric='acc'"),
-    ({"name": "all", "tasks": ["cola", "ax"]}, "unknown: \\['ax'\\]"),
-    ({"name": "rte", "max_len": 3}, "task.max_len=3"),
-    ({"name": "rte", "seeds": []}, "task.seeds is empty"),
+    ({"name": "squad"}, "task name 'squad'"),
+    ({"name": "stsb", "n_labels": 2}, "set tasks.stsb.n_labels=1"),
+    ({"name": "mnli", "n_labels": 3, "main_metric": "acc"}, "tasks.mnli.main_metric='acc'"),
+    ({"name": "rte", "max_len": 3}, "tasks.rte.max_len=3"),
+    ({"name": "rte", "seeds": []}, "tasks.rte.seeds is empty"),
 ])
 def test_bad_task_configs_name_the_field(fields, message):
     with pytest.raises(ConfigError, match=message):
@@ -181,9 +189,7 @@ def test_bad_task_configs_name_the_field(fields, message):
 
 
 def test_unknown_preset_and_unknown_key():
-    with pytest.raises(ConfigError, match="known presets"):
-        load_preset("squad")
-    register_glue_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        with pytest.raises(Exception, match="lr_typo"):
-            compose(config_name=None, overrides=["+task=glue/rte", "task.lr_typo=1"])
+    with pytest.raises(Exception, match="squad"):
+        compose_tasks("task=glue/squad")
+    with pytest.raises(Exception, match="lr_typo"):
+        compose_tasks("task=glue/rte", "tasks.rte.lr_typo=1")

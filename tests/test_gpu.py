@@ -6,7 +6,7 @@ Run on a GPU machine with `python -m pytest -m gpu`; skipped elsewhere (tests/co
 import pytest
 import torch
 
-from lm.config import compose_model
+from lm.model.config import model_preset
 from lm.model import build_model
 from lm.cli.train import train
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
@@ -16,9 +16,9 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("preset", ["tiny", "llama"])
 def test_cuda_logits_equal_cpu_logits(preset):
-    overrides = ["dim=64", "n_layers=2", "n_heads=4", "vocab_size=256", "max_seq_len=64"]
+    overrides = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.vocab_size=256", "model.max_seq_len=64"]
     torch.manual_seed(0)
-    model = build_model(compose_model(preset, overrides + (["n_kv_heads=2"] if preset == "llama" else []))).eval()
+    model = build_model(model_preset(preset, overrides + (["model.n_kv_heads=2"] if preset == "llama" else []))).eval()
     x = torch.randint(0, 256, (2, 64))
     with torch.no_grad():
         cpu = model(input_ids=x).logits

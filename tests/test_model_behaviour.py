@@ -3,17 +3,18 @@
 import pytest
 import torch
 
-from lm.config import ModelConfig, component
+from lm.model.config import (ALiBiConfig, LearnedConfig, ModelConfig, NoPositionConfig, RoPEConfig,
+                             SinusoidalConfig, T5BiasConfig)
 from lm.model import build_model
 from lm.model.generate import generate
 
 POSITIONS = {
-    "none": component("lm.model.position.NoPosition"),
-    "learned": component("lm.model.position.Learned"),
-    "sinusoidal": component("lm.model.position.Sinusoidal"),
-    "rope": component("lm.model.position.RoPE"),
-    "alibi": component("lm.model.position.ALiBi"),
-    "t5_bias": component("lm.model.position.T5Bias", num_buckets=8, max_distance=16),
+    "none": NoPositionConfig(),
+    "learned": LearnedConfig(),
+    "sinusoidal": SinusoidalConfig(),
+    "rope": RoPEConfig(),
+    "alibi": ALiBiConfig(),
+    "t5_bias": T5BiasConfig(num_buckets=8, max_distance=16),
 }
 V = 50
 

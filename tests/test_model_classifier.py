@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 from lm.model import SequenceClassifier, build_model
 
 

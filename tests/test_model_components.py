@@ -1,12 +1,14 @@
 """Every option file and preset composes with Hydra, builds, runs forward/backward, and learns."""
 
+import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from lm.config import ConfigError, ModelConfig, compose_model, conf_dir
-from lm.model import build_model, model_config
+from lm.config import ConfigError, conf_dir
+from lm.model import build_model
+from lm.model.config import MLPConfig, ModelConfig, model_from_saved, model_preset, options
 from lm.model.flops import flops_per_token, matmul_params, num_params
 
 OPTIONS = [(slot, p.stem) for slot in ("norm", "ffn", "pos") for p in sorted((conf_dir() / "model" / slot).glob("*.yaml"))]
@@ -22,14 +24,14 @@ def _batch(cfg, B=2, T=16, seed=0):
 
 
 def test_every_option_and_preset_is_tested():
-    assert len(OPTIONS) == 2 + 6 + 6, OPTIONS
+    assert len(OPTIONS) == 2 + 6 + 9, OPTIONS  # pos: 6 schemes + rope_linear, rope_dynamic, rope_llama3
     assert set(PRESETS) >= {"tiny", "transformer", "gpt2", "llama", "bert", "t5"}
 
 
 @pytest.mark.parametrize("slot,option", OPTIONS)
 def test_option_trains_a_tiny_model(slot, option):
     """Each option composes into the tiny preset, and 30 AdamW steps lower the loss on a fixed batch."""
-    cfg = model_config(compose_model("tiny", [f"{slot}={option}", "vocab_size=64", "dim=48", "n_heads=4"]))
+    cfg = model_preset("tiny", [f"model/{slot}={option}", "model.vocab_size=64", "model.dim=48", "model.n_heads=4"])
     torch.manual_seed(0)
     model = build_model(cfg)
     batch = _batch(cfg)
@@ -47,12 +49,12 @@ def test_option_trains_a_tiny_model(slot, option):
 
 # Full-size forward/backward costs seconds; Llama's 1.1B is run at 2 layers (its full size is
 # built on the meta device and counted below).
-PRESET_DEPTH = {"llama": ["n_layers=2"]}
+PRESET_DEPTH = {"llama": ["model.n_layers=2"]}
 
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_preset_builds_and_runs_forward_backward(preset):
-    cfg = model_config(compose_model(preset, PRESET_DEPTH.get(preset, [])))
+    cfg = model_preset(preset, PRESET_DEPTH.get(preset, []))
     model = build_model(cfg)
     out = model(**_batch(cfg, B=1, T=8))
     out.loss.backward()
@@ -64,31 +66,33 @@ def test_preset_builds_and_runs_forward_backward(preset):
                                              ("transformer", 63.08)])
 def test_preset_parameter_counts(preset, millions):
     # gpt2 124.4M at vocab 50257 (+0.04M padding to 50304); bert-base 109.5M; t5-small 60.5M; TinyLlama 1.1B.
-    assert num_params(model_config(compose_model(preset))) / 1e6 == pytest.approx(millions, abs=0.01)
+    assert num_params(model_preset(preset)) / 1e6 == pytest.approx(millions, abs=0.01)
 
 
 def test_num_params_matches_the_built_model():
-    for preset, over in [("tiny", []), ("tiny", ["ffn=swiglu", "n_kv_heads=2", "tie_embeddings=false"])]:
-        cfg = model_config(compose_model(preset, over))
+    for preset, over in [("tiny", []), ("tiny", ["model/ffn=swiglu", "model.n_kv_heads=2",
+                                                  "model.tie_embeddings=false"])]:
+        cfg = model_preset(preset, over)
         assert num_params(cfg) == sum(p.numel() for p in build_model(cfg).parameters())
 
 
 @pytest.mark.parametrize("glu", ["swiglu", "geglu", "reglu"])
 @pytest.mark.parametrize("mlp", ["relu", "gelu"])
 def test_glu_variants_are_parameter_matched(glu, mlp):
-    base = ["dim=96", "bias=false"]  # 8/3 * 96 = 256 exactly
-    a = num_params(model_config(compose_model("tiny", base + [f"ffn={mlp}"])))
-    b = num_params(model_config(compose_model("tiny", base + [f"ffn={glu}"])))
+    base = ["model.dim=96", "model.bias=false"]  # 8/3 * 96 = 256 exactly
+    a = num_params(model_preset("tiny", base + [f"model/ffn={mlp}"]))
+    b = num_params(model_preset("tiny", base + [f"model/ffn={glu}"]))
     assert a == b
     # With bias the GLU has one more hidden-size bias vector per layer.
-    cfg = model_config(compose_model("tiny", ["dim=96", f"ffn={glu}"]))
+    cfg = model_preset("tiny", ["model.dim=96", f"model/ffn={glu}"])
     ffn = build_model(cfg).decoder.blocks[0].ffn
     assert ffn.gate_up.out_features == 2 * 256
 
 
 def test_gqa_and_mqa_shrink_only_the_key_value_projections():
     d, h = 64, 8
-    counts = {kv: num_params(model_config(compose_model("tiny", [f"dim={d}", f"n_heads={h}", f"n_kv_heads={kv}", "bias=false"])))
+    counts = {kv: num_params(model_preset("tiny", [f"model.dim={d}", f"model.n_heads={h}", f"model.n_kv_heads={kv}",
+                                                   "model.bias=false"]))
               for kv in (8, 2, 1)}
     head_dim = d // h
     for kv in (2, 1):
@@ -96,7 +100,7 @@ def test_gqa_and_mqa_shrink_only_the_key_value_projections():
 
 
 def test_flops_per_token_follows_the_palm_formula():
-    cfg = model_config(compose_model("gpt2"))
+    cfg = model_preset("gpt2")
     n = matmul_params(cfg)
     per_layer = 768 * 3 * 768 + 768 * 768 + 2 * 768 * 3072  # qkv, attention out, MLP up and down
     assert n == 12 * per_layer + 50304 * 768  # plus the (tied) output projection
@@ -104,32 +108,86 @@ def test_flops_per_token_follows_the_palm_formula():
 
 
 @pytest.mark.parametrize("override,field", [
-    (["dim=100", "n_heads=3"], "model.dim=100 is not divisible by model.n_heads=3"),
-    (["n_kv_heads=3"], "model.n_kv_heads=3 does not divide model.n_heads=4"),
-    (["norm_position=middle"], "model.norm_position='middle' is not one of"),
-    (["arch=rnn"], "model.arch='rnn' is not one of"),
-    (["init=xavier"], "model.init='xavier' is not one of"),
+    (["model.dim=100", "model.n_heads=3"], "model.dim=100 is not divisible by model.n_heads=3"),
+    (["model.n_kv_heads=3"], "model.n_kv_heads=3 does not divide model.n_heads=4"),
 ])
 def test_impossible_models_fail_at_build_time(override, field):
-    with pytest.raises(ConfigError, match=field.replace("(", r"\(").replace("[", r"\[")):
-        build_model(compose_model("tiny", override))
+    with pytest.raises(ConfigError, match=field):
+        build_model(model_preset("tiny", override))
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model.norm_position=middle", "model.norm_position: Invalid value 'middle', expected one of [pre, post]"),
+    ("model.arch=rnn", "model.arch: Invalid value 'rnn', expected one of [decoder, encoder, encoder_decoder]"),
+    ("model.init=xavier", "model.init: Invalid value 'xavier', expected one of [gpt2, normal, t5, torch]"),
+    ("model.ffn.activation=bogus", "model.ffn.activation: Invalid value 'bogus', expected one of "
+                                   "[relu, gelu, gelu_tanh, silu]"),
+    ("model.linear=mkl", "model.linear: Invalid value 'mkl', expected one of [torch, onednn]"),
+    ("model.pos.theta=wide", "model.pos.theta: Value 'wide' of type 'str' could not be converted to Float"),
+])
+def test_wrong_choices_and_types_fail_at_composition(override, message):
+    """Enums and typed component options: Hydra rejects the value while composing, naming field and choices."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        model_preset("tiny", ["model/pos=rope", override])
 
 
 def test_unknown_field_and_wrong_type_are_named():
     with pytest.raises(ConfigError, match="n_layer"):
-        build_model({"n_layer": 3})
+        model_preset("tiny", ["model.n_layer=3"])
+    with pytest.raises(ConfigError, match="model.ffn.theta"):  # theta belongs to model/pos=rope, not to an FFN
+        model_preset("tiny", ["model.ffn.theta=3"])
+    with pytest.raises(ConfigError, match="n_layer"):
+        model_from_saved({"n_layer": 3})
     with pytest.raises(ConfigError, match="dim"):
-        build_model({"dim": "wide"})
+        model_from_saved({"dim": "wide"})
+
+
+def test_saved_config_round_trips_to_the_same_typed_model():
+    """A run's config.yaml (plain dicts, components named by _target_) comes back as the same dataclasses."""
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    cfg = model_preset("llama", ["model.n_layers=2"])
+    saved = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
+    again = model_from_saved(saved)
+    assert type(again.ffn) is type(cfg.ffn) and again.ffn.multiple_of == 256
+    assert asdict(again) == asdict(cfg)
+
+
+def test_every_component_option_has_a_schema_and_a_file():
+    """An option is one dataclass (lm/model/config.py) plus one YAML file listing it as its schema."""
+    for slot in ("norm", "ffn", "pos"):
+        files = {p.stem: p.read_text() for p in (conf_dir() / "model" / slot).glob("*.yaml")}
+        for cls in (c for c in options(slot) if c.__module__ == "lm.model.config"):
+            name = cls.__name__.removesuffix("Config").lower() + "_schema"
+            assert any(name in text for text in files.values()), (slot, cls)
+        assert all("_schema" in text for text in files.values()), slot
 
 
 def test_unknown_component_names_the_slot():
-    cfg = ModelConfig(ffn={"_target_": "lm.model.ffn.NoSuchFFN", "_partial_": True})
+    cfg = ModelConfig(ffn=MLPConfig(_target_="lm.model.ffn.NoSuchFFN"))
     with pytest.raises(ConfigError, match="model.ffn could not be built"):
         build_model(cfg)
 
 
 def test_unknown_group_option_lists_the_choices():
-    from hydra.errors import MissingConfigException
+    with pytest.raises(ConfigError, match="swiglu"):
+        model_preset("tiny", ["model/ffn=swishglu"])
 
-    with pytest.raises(MissingConfigException, match="swiglu"):
-        compose_model("tiny", ["ffn=swishglu"])
+
+def test_a_new_option_is_one_dataclass_and_one_yaml_file(tmp_path):
+    """The extension path: subclass the slot's schema, write one option file listing it; nothing else."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class WideMLPConfig(MLPConfig):
+        hidden_mult: float = 6.0
+
+    (tmp_path / "model" / "ffn").mkdir(parents=True)
+    (tmp_path / "model" / "ffn" / "wide.yaml").write_text("defaults:\n  - widemlp_schema\n  - _self_\n")
+    search = f"hydra.searchpath=[file://{tmp_path}]"
+    cfg = model_preset("tiny", [search, "model/ffn=wide"])
+    assert type(cfg.ffn) is WideMLPConfig and build_model(cfg).decoder.blocks[0].ffn.up.out_features == 6 * 64
+    with pytest.raises(ConfigError, match="model.ffn.hidden_mult"):  # typed like every other option
+        model_preset("tiny", [search, "model/ffn=wide", "model.ffn.hidden_mult=wide"])

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm.config import ConfigError, ModelConfig
+from lm.config import ConfigError
+from lm.model.config import ModelConfig
 from lm.model import build_model, linear
 from lm.model.linear import Linear, use_kind
 

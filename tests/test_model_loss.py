@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 from lm.model import build_model
 from lm.model.loss import chunked_cross_entropy
 

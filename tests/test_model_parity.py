@@ -23,10 +23,25 @@ def _hf_models():
                                                        max_position_embeddings=64)),
         "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                                               num_heads=4, decoder_start_token_id=0)),
-        "t5_gated_untied": lambda: T.T5ForConditionalGeneration(T.T5Config(
+        "t5_gated_untied": lambda: _untie(T.T5ForConditionalGeneration(T.T5Config(
             vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
-            feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0)),
+            feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0))),
     }
+
+
+def _untie(hf):
+    # transformers 5's T5 ties lm_head to the embedding whatever the config says; untie it for real.
+    head = hf.get_output_embeddings()
+    head.weight = torch.nn.Parameter(torch.randn_like(head.weight))
+    return hf
+
+
+def _perturb(hf):
+    # Zero biases and unit norms would hide mapping errors: make every parameter non-trivial.
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return hf
 
 
 def _inputs(name):
@@ -53,8 +68,9 @@ def _real_positions(name, kw, logits):
 @pytest.mark.parametrize("name", list(_hf_models()))
 def test_logits_match_hugging_face(name):
     torch.manual_seed(0)
-    hf = _hf_models()[name]()
+    hf = _perturb(_hf_models()[name]())
     ours, cfg = from_hf(hf)
+    assert cfg.tie_embeddings == (name != "t5_gated_untied" and name != "llama")
     kw = _inputs(name)
     theirs, mine = _logits(hf, kw), _logits(ours, kw)
     assert theirs.shape == mine.shape
@@ -68,7 +84,7 @@ def test_logits_match_hugging_face(name):
 @pytest.mark.parametrize("name", list(_hf_models()))
 def test_export_round_trip(name):
     torch.manual_seed(0)
-    hf = _hf_models()[name]()
+    hf = _perturb(_hf_models()[name]())
     ours, _ = from_hf(hf)
     kw = _inputs(name)
     exported = to_hf(ours)
@@ -78,8 +94,8 @@ def test_export_round_trip(name):
 
 
 def test_export_refuses_unmatched_layout():
-    from lm.config import ModelConfig, component
+    from lm.model.config import ALiBiConfig, ModelConfig
 
-    cfg = ModelConfig(pos=component("lm.model.position.ALiBi"))
+    cfg = ModelConfig(pos=ALiBiConfig())
     with pytest.raises(ValueError, match="no Hugging Face family matches"):
         to_hf(build_model(cfg))

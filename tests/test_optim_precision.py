@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from lm.config import OptimConfig, SchedConfig, compose_model
+from lm.core.config import OptimConfig, SchedConfig
+from lm.model.config import model_preset
 from lm.model import build_model
 from lm.core.optim import adamw, lr_multiplier, param_groups
 from lm.cli.train import train
@@ -13,7 +14,7 @@ from tests.engine_support import compose, loaders, tiny_overrides, train_losses
 
 
 def test_no_weight_decay_on_norms_biases_and_embeddings():
-    model = build_model(compose_model("tiny"))
+    model = build_model(model_preset("tiny"))
     decay, no_decay = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
@@ -25,7 +26,7 @@ def test_no_weight_decay_on_norms_biases_and_embeddings():
 
 
 def test_decay_embeddings_decays_every_matrix_as_nanogpt():
-    model = build_model(compose_model("tiny"))  # tied head, learned positions: two embedding tables
+    model = build_model(model_preset("tiny"))  # tied head, learned positions: two embedding tables
     names = {id(p): n for n, p in model.named_parameters()}
     decay, no_decay = adamw(model, OptimConfig(weight_decay=0.1, decay_embeddings=True)).param_groups
     matrices = {n for n, p in model.named_parameters() if p.dim() == 2}

@@ -49,7 +49,7 @@ def test_lm_bench_without_transformers_says_which_extra(monkeypatch):
 
 
 def test_hf_export_without_transformers_raises_missing_extra(monkeypatch):
-    from lm.config import ModelConfig
+    from lm.model.config import ModelConfig
     from lm.model import build_model
     from lm.model.convert import to_hf
 
@@ -82,7 +82,7 @@ def test_lm_prepare_text_needs_no_extra(monkeypatch, tmp_path):
 
 
 def test_tensorboard_logging_without_tensorboard_says_which_extra(monkeypatch, tmp_path):
-    from lm.config import LoggerConfig
+    from lm.core.config import LoggerConfig
     from lm.core.tracking import Tracker
 
     block(monkeypatch, "tensorboard")

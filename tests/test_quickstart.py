@@ -56,8 +56,8 @@ def test_help_describes_the_job():
 def test_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-m", "lm.cli.quickstart", "--out", str(tmp_path / "qs"), "--tasks", "rte",
-                          "--pretrain-steps", "4", "--compare", "--set", "+per_task.all.max_train_examples=48",
-                          "++per_task.rte.epochs=1", "predict_test=false"],
+                          "--pretrain-steps", "4", "--compare", "--set", "glue.max_train_examples=48",
+                          "tasks.rte.epochs=1", "predict_test=false"],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| RTE | acc |" in out.stdout and "| rte | acc |" in out.stdout  # both tables and the comparison

@@ -6,8 +6,7 @@ import json
 import pytest
 import yaml
 
-from lm.config import compose_model
-from lm.model import model_config
+from lm.model.config import model_preset
 from lm.model.flops import flops_per_token, num_params
 from lm.cli.report import main
 from lm.report.runs import ReportError, find_run_dirs, load_run, load_runs
@@ -115,7 +114,7 @@ def test_single_run_gets_a_run_card(tmp_path, capsys):
                                                 "glue": {"median": 77.5, "per_seed": {"0": 77.5}, "partial": True}}))
     assert main([str(d)]) == 0
     md = (d / "report" / "card.md").read_text()
-    cfg = model_config(compose_model("tiny", ["ffn=swiglu", "norm=rmsnorm"]))
+    cfg = model_preset("tiny", ["model/ffn=swiglu", "model/norm=rmsnorm"])
     rows = dict(l.strip("|").split("|")[:2] for l in md.splitlines() if l.startswith("| ") and l.count("|") == 3)
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     assert rows["parameters"] == f"{num_params(cfg) / 1e3:.2f}k"

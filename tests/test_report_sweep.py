@@ -101,7 +101,7 @@ def test_baseline_choice(sweep, tmp_path):
 def test_parameter_mismatch_is_flagged(tmp_path):
     for seed in (0, 1):
         make_run(tmp_path / f"a{seed}", ffn="gelu", seed=seed)
-        make_run(tmp_path / f"b{seed}", ffn="swiglu", seed=seed, model_extra=("ffn.hidden_mult=4",))
+        make_run(tmp_path / f"b{seed}", ffn="swiglu", seed=seed, model_extra=("model.ffn.hidden_mult=4",))
     assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
     flagged = [l for l in md.splitlines() if "⚠" in l and l.startswith("| `")]

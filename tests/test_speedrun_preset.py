@@ -27,13 +27,15 @@ def cfg():
 
 
 def test_model_is_nanogpts_baby_gpt(cfg):
-    from lm.model import build_model, model_config
+    from omegaconf import OmegaConf
+
+    from lm.model import build_model
 
     m = cfg.model
     assert (m.arch, m.n_layers, m.dim, m.n_heads, m.max_seq_len) == ("decoder", 4, 128, 4, 64)
     assert (m.dropout, m.bias, m.norm.bias, m.tie_embeddings, m.norm_position) == (0.0, False, False, True, "pre")
     assert m.ffn.activation == "gelu" and m.pos._target_.endswith("Learned")
-    model = build_model(model_config(m))
+    model = build_model(OmegaConf.to_object(m))
     # nanoGPT counts 0.80M parameters for this model at vocabulary 65 (its print excludes the
     # position table); 7 more vocabulary rows of 128 here.
     n_pos = 64 * 128
@@ -59,9 +61,8 @@ def test_char_vocabulary_is_the_65_symbols_plus_reserved_ids(cfg, tmp_path):
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
 
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-    data["dir"] = str(tmp_path / "data")
-    data = OmegaConf.create(data)
+    data = OmegaConf.to_object(cfg.data)  # the typed DataConfig lm-train passes down
+    data.dir = str(tmp_path / "data")
     root = ensure_prepared(data)
     tok = Tokenizer.load(root)
     text_ids = [i for i in range(tok.vocab_size) if i not in tok.special_ids]

@@ -11,7 +11,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from lm.config import conf_dir, register_train_configs
-from lm.model import build_model, model_config
+from lm.model import build_model
 from lm.model.flops import num_params
 from lm.report.table import PARAM_MISMATCH
 
@@ -51,7 +51,7 @@ def cells(experiment: str) -> list:
 
 def params_of(experiment: str, cell: list) -> int:
     cfg = compose_train([f"experiment={experiment}", *cell])
-    return num_params(model_config(cfg.model))
+    return num_params(OmegaConf.to_object(cfg.model))
 
 
 def test_every_experiment_is_a_sweep_of_deltas(hydra_conf):
@@ -70,8 +70,8 @@ def test_every_experiment_is_a_sweep_of_deltas(hydra_conf):
 def test_every_cell_builds_a_model(hydra_conf, experiment):
     for cell in cells(experiment):
         cfg = compose_train([f"experiment={experiment}", *cell])
-        model = build_model(model_config(cfg.model))
-        assert sum(p.numel() for p in model.parameters()) == num_params(model_config(cfg.model)), cell
+        model = build_model(OmegaConf.to_object(cfg.model))
+        assert sum(p.numel() for p in model.parameters()) == num_params(OmegaConf.to_object(cfg.model)), cell
 
 
 @pytest.mark.parametrize("experiment", ["ablate_ffn", "ablate_ffn_norm", "ablate_norm", "ablate_arch"])
@@ -84,11 +84,11 @@ def test_parameter_matched(hydra_conf, experiment):
 def test_arch_cells(hydra_conf):
     models = {}
     for cell in cells("ablate_arch"):
-        models[cell[0]] = model_config(compose_train(["experiment=ablate_arch", *cell]).model)
+        models[cell[0]] = OmegaConf.to_object(compose_train(["experiment=ablate_arch", *cell]).model)
     dec, enc, encdec = (models[f"experiment/ablate_arch={a}"] for a in ("decoder", "encoder", "encoder_decoder"))
     assert (dec.arch, dec.n_layers) == ("decoder", 7) and (enc.arch, enc.n_layers) == ("encoder", 7)
     assert (encdec.arch, encdec.n_layers, encdec.n_decoder_layers) == ("encoder_decoder", 3, 3)
-    assert {m.pos["_target_"] for m in models.values()} == {"lm.model.position.T5Bias"}
+    assert {m.pos._target_ for m in models.values()} == {"lm.model.position.T5Bias"}
     # 3*12 d^2 + 3*16 d^2 (cross-attention) = 7*12 d^2: equal to within norms and biases
     assert abs(num_params(encdec) / num_params(dec) - 1) < 0.005
 
@@ -96,7 +96,7 @@ def test_arch_cells(hydra_conf):
 def test_pos_sizes_differ_only_by_the_learned_table(hydra_conf):
     sizes = {c[0].split("=")[1]: params_of("ablate_pos", c) for c in cells("ablate_pos")}
     assert set(sizes) == {"learned", "sinusoidal", "rope", "alibi", "t5_bias", "none"}
-    m = model_config(compose_train(["experiment=ablate_pos"]).model)
+    m = OmegaConf.to_object(compose_train(["experiment=ablate_pos"]).model)
     assert sizes["learned"] - sizes["none"] == m.max_seq_len * m.dim
     assert sizes["rope"] == sizes["alibi"] == sizes["sinusoidal"] == sizes["none"]
     assert sizes["t5_bias"] - sizes["none"] == 32 * m.n_heads  # one bias per bucket and head, shared by the layers

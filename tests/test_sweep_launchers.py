@@ -90,7 +90,7 @@ def test_a_cell_is_a_wandb_run_in_the_sweeps_group_with_its_overrides_as_tags(tm
     """Offline wandb: the run record carries the group and the tags; wandb refuses tags over 64
     characters, so a long override is clipped instead of failing the cell."""
     wandb = pytest.importorskip("wandb")
-    from lm.config import LoggerConfig
+    from lm.core.config import LoggerConfig
     from lm.core.tracking import Tracker
 
     long_tag = "data.source=" + "x" * 80

@@ -127,6 +127,6 @@ def test_hydra_under_torchrun_makes_one_run_directory(cache, tmp_path):
     runs = list((tmp_path / "runs").iterdir())
     assert len(runs) == 1, runs
     files = sorted(p.name for p in runs[0].iterdir())
-    assert files == ["checkpoints", "config.yaml", "metrics.jsonl", "train.log"], files
+    assert files == [".lock", "checkpoints", "config.yaml", "metrics.jsonl", "train.log"], files
     assert [m["step"] for m in metrics(runs[0]) if "loss" in m] == [1, 2, 3]  # rank 0 alone writes
     assert not (tmp_path / "outputs").exists() and not list(tmp_path.glob("**/.hydra"))

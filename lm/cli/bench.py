@@ -23,15 +23,16 @@ import time
 
 import torch
 
-from lm.config import ModelConfig, component
 from lm.constants import IGNORE_INDEX
 from lm.extras import exit_if_missing
+from lm.model.config import (GLUConfig, LayerNormConfig, LearnedConfig, MLPConfig, ModelConfig, RMSNormConfig,
+                             RoPEConfig)
 
 LAYOUTS = {
-    "gpt2": dict(norm=component("lm.model.norms.LayerNorm"), ffn=component("lm.model.ffn.MLP", activation="gelu_tanh"),
-                 pos=component("lm.model.position.Learned"), bias=True, tie_embeddings=True),
-    "llama": dict(norm=component("lm.model.norms.RMSNorm"), ffn=component("lm.model.ffn.GLU", activation="silu", hidden_mult=8 / 3),
-                  pos=component("lm.model.position.RoPE"), bias=False, tie_embeddings=False, init="normal"),
+    "gpt2": dict(norm=LayerNormConfig(), ffn=MLPConfig(activation="gelu_tanh"), pos=LearnedConfig(), bias=True,
+                 tie_embeddings=True),
+    "llama": dict(norm=RMSNormConfig(), ffn=GLUConfig(activation="silu", hidden_mult=8 / 3), pos=RoPEConfig(),
+                  bias=False, tie_embeddings=False, init="normal"),
 }
 AUTO_CHUNK_VOCAB, AUTO_CHUNK = 8192, 256
 

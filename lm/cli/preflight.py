@@ -333,11 +333,10 @@ def _needed_bytes(args):
         return int(args.need_gb * 1e9), "--need-gb"
     if not args.model:
         return int(10e9), "default; set --need-gb or --model"
-    from lm.config import compose_model
-    from lm.model import model_config
+    from lm.model.config import model_preset
     from lm.model.flops import num_params
 
-    params = num_params(model_config(compose_model(args.model)))
+    params = num_params(model_preset(args.model))
     # keep_last checkpoints plus the one being written before the oldest is deleted
     copies = args.keep_last + 1
     return params * BYTES_PER_PARAM * copies, (f"model={args.model}: {params / 1e6:.1f}M params x {BYTES_PER_PARAM} B "

@@ -7,12 +7,13 @@ import sys
 from dataclasses import asdict
 from typing import List, Optional
 
-from lm.config import ConfigError, DataConfig
+from lm.config import ConfigError
+from lm.data.config import DataConfig, data_preset
 from lm.data import prepare as P
 from lm.data.corpora import CORPORA
 from lm.data.errors import DataError
 from lm.data.manifest import META, open_prepared
-from lm.data.prepare import data_config, load_preset, prepare
+from lm.data.prepare import data_config, prepare
 from lm.data.tokenizer import TokenizerError
 from lm.extras import MissingExtra
 
@@ -84,7 +85,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             n = sum(len(s["shards"]) for s in meta["splits"].values())
             print(f"{args.verify}: OK ({n} shards, sizes and sha256 match {META})")
             return
-        base = asdict(load_preset(args.data)) if args.data else {}
+        base = asdict(data_preset(args.data)) if args.data else {}
         given = {k: v for k, v in vars(args).items() if k in HELP and v is not None}
         if args.sources:
             given["source"] = args.sources if len(args.sources) > 1 else args.sources[0]

@@ -39,8 +39,18 @@ CORPUS_TASKS = ("sst2", "cola", "mrpc", "stsb", "rte")
 # The quickstart's finetuning budget, the same for every task and for both inits (conf/task/glue/ holds
 # the full recipes): 3 epochs at lr 5e-4 (tiny models want more than BERT's 2e-5..1e-4, Turc et al.
 # 2019), the first 5000 of SST-2's 67k training sentences and the first 2000 of STS-B's 5749 pairs.
-QUICK = ["+per_task.all.epochs=3", "+per_task.all.lr=5e-4", "+per_task.sst2.max_train_examples=5000",
-         "+per_task.stsb.max_train_examples=2000"]
+QUICK_EXAMPLES = {"sst2": 5000, "stsb": 2000}
+
+
+def quick_overrides(tasks: List[str], seeds: List[int]) -> List[str]:
+    """The quickstart budget as lm-finetune overrides of the selected tasks (tasks.<task>.<field>)."""
+    out = [f"task=[{','.join(f'glue/{t}' for t in tasks)}]", "optim.lr=5e-4"]
+    for t in tasks:
+        out += [f"tasks.{t}.epochs=3", f"tasks.{t}.seeds=[{','.join(map(str, seeds))}]"]
+        out += [f"tasks.{t}.max_train_examples={QUICK_EXAMPLES[t]}"] if t in QUICK_EXAMPLES else []
+    return out
+
+
 VOCAB = 4096
 DIM, LAYERS = 128, 2  # the default decoder; --dim / --layers change it (docs/glue_pretraining.md uses 256 x 4)
 
@@ -107,9 +117,8 @@ def finetune(out: Path, init: str, tasks: List[str], seeds: List[int], extra: Li
     from lm.cli.finetune import finetune as run, register
 
     register()
-    overrides = [f"init={init}", f"run_dir={out}", "task=glue/all", f"task.tasks=[{','.join(tasks)}]",
-                 *(model or model_overrides()), *([f"tokenizer={tokenizer}"] if tokenizer else []),
-                 f"+per_task.all.seeds=[{','.join(map(str, seeds))}]", *QUICK, *extra]
+    overrides = [f"init={init}", f"run_dir={out}", *(model or model_overrides()),
+                 *([f"tokenizer={tokenizer}"] if tokenizer else []), *quick_overrides(tasks, seeds), *extra]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="finetune", overrides=overrides)
     return run(cfg)
@@ -159,7 +168,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=LAYERS, help="decoder layers (default %(default)s)")
     p.add_argument("--seed", type=int, default=1337, help="pretraining seed (default %(default)s)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="extra lm-finetune overrides for both runs, e.g. +per_task.all.lr=3e-4 train.micro_batch_size=64")
+                   help="extra lm-finetune overrides for both runs, e.g. optim.lr=3e-4 tasks.sst2.epochs=1 train.micro_batch_size=64")
     return p
 
 

@@ -16,10 +16,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lm.config import (ConfigError, LoggerConfig, OptimConfig, SchedConfig, TrainConfig,
-                       register_train_configs, resolve_batch, validate_train)
+from lm.config import ConfigError, explain, register_train_configs, run_schema
+from lm.core.config import TrainConfig, resolve_batch, validate_train
 from lm.core.files import atomic_write_text
 from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
+from lm.data.config import DataConfig
 
 log = logging.getLogger("lm")
 
@@ -31,8 +32,19 @@ class Trained:
     run_dir: Path
 
 
-def typed(cfg: DictConfig, key: str, schema):
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), cfg[key]))
+def typed_run(cfg: DictConfig):
+    """The composed config as dataclasses (RunSchema of lm/config.py), converted once: everything below
+    receives typed sections. Hydra has checked keys, types and choices while composing."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        run = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:  # e.g. a ??? value left missing
+        raise ConfigError(f"the config cannot be completed: {explain(e)}") from None
+    if not isinstance(run, run_schema()):
+        raise ConfigError("the config was not composed on the run schema; compose conf/train.yaml "
+                          "(its defaults list run_schema first)")
+    return run
 
 
 def train(cfg: DictConfig, loaders=None):
@@ -42,63 +54,67 @@ def train(cfg: DictConfig, loaders=None):
 
     from lm.core import loop
     from lm.core.checkpoint import Checkpointer
+    from lm.core.lock import lock_run_dir
     from lm.engine import dist as D
-    from lm.model import build_model, model_config
+    from lm.model import build_model, validate_model
     from lm.model.flops import flops_per_token
     from lm.core.objectives import objective_for
     from lm.core.optim import adamw, lr_multiplier
+    from lm.core.pretrain_task import PretrainTask
     from lm.core.tracking import NullTracker, Tracker, device_peak_flops
 
-    tcfg, ocfg, scfg = typed(cfg, "train", TrainConfig), typed(cfg, "optim", OptimConfig), typed(cfg, "sched", SchedConfig)
+    run = typed_run(cfg)
+    tcfg, ocfg, scfg, model_cfg = run.train, run.optim, run.sched, run.model
     validate_train(tcfg, ocfg, scfg)
+    validate_model(model_cfg)
     if tcfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
         torch.set_num_threads(tcfg.threads)
-    model_cfg = model_config(cfg.model)
     if tcfg.seq_len > model_cfg.max_seq_len:
         raise ConfigError(f"train.seq_len={tcfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
                           f"lower train.seq_len or raise model.max_seq_len")
-    engine_cls = engine_class(cfg, get_class)
+    engine_cls = engine_class(run, get_class)
     device = D.pick_device(tcfg.device)
     dist = D.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
     quiet_other_ranks(dist)
-    tcfg.grad_accum = cfg.train.grad_accum = resolve_batch(tcfg, dist.world_size)  # DeepSpeed's JSON reads it
-    engine = make_engine(cfg, instantiate, tcfg, dist)
+    tcfg = resolve_batch(tcfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
+    engine = make_engine(run, instantiate, tcfg, dist)
     if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
         raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
 
-    run_dir = Path(cfg.run_dir)
-    if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    train_loader, val_loader = loaders or _packed_loaders(cfg, tcfg, model_cfg, dist, objective_for(model_cfg.arch))
+    run_dir = Path(run.run_dir)
+    lock_run_dir(run_dir, dist)  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
+    train_loader, val_loader = loaders or _packed_loaders(run.data, tcfg, model_cfg, dist,
+                                                          objective_for(model_cfg.arch), run.seed)
 
-    torch.manual_seed(cfg.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
+    torch.manual_seed(run.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
     model = build_model(model_cfg)
-    seed_everything(cfg.seed + dist.rank)  # different dropout per rank
+    seed_everything(run.seed + dist.rank)  # different dropout per rank
     engine.wrap(model, lambda m: adamw(m, ocfg))
 
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     checkpointer = Checkpointer(run_dir, engine, tcfg.keep_last, config_yaml)
     state = loop.State()
     file_log = log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
-    latest = D.broadcast_object(checkpointer.latest() if dist.is_main and cfg.resume else None)
+    task = PretrainTask(train_loader, val_loader, tcfg.grad_accum, tcfg.eval_batches)
+    latest = D.broadcast_object(checkpointer.latest() if dist.is_main and run.resume else None)
     if latest:
         trainer, loader_state = checkpointer.load(latest)
-        train_loader.load_state_dict(loader_state)
-        state = loop.State(step=trainer["step"], tokens=trainer["tokens"])
+        task.load_state_dict(loader_state)
+        state = loop.State.from_checkpoint(trainer)
         if dist.is_main:
             log.info("resumed from %s (step %d)", latest, state.step)
 
     tracker = NullTracker()
     if dist.is_main:
         atomic_write_text(run_dir / "config.yaml", config_yaml)
-        tracker = Tracker(run_dir, typed(cfg, "logger", LoggerConfig), OmegaConf.to_container(cfg, resolve=True),
+        tracker = Tracker(run_dir, run.logger, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
                           resume_step=state.step)
         log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s", engine.name,
                  dist.world_size, device, sum(p.numel() for p in model.parameters()),
                  tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
     speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
     try:
-        state = loop.run(tcfg, engine, train_loader, val_loader,
+        state = loop.run(tcfg, engine, task,
                          lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps),
                          tracker, checkpointer, state, speed)
         D.barrier()  # every rank done before any tears down its process group (gloo aborts on exit races)
@@ -111,7 +127,7 @@ def train(cfg: DictConfig, loaders=None):
             file_log.close()
 
 
-def _packed_loaders(cfg: DictConfig, tcfg: TrainConfig, model_cfg, dist, objective: str):
+def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, objective: str, seed: int):
     """Prepare the data once (rank 0; the others wait), then one packed loader per split."""
     from lm.data.packed import PackedLoader
     from lm.data.prepare import ensure_prepared
@@ -121,12 +137,12 @@ def _packed_loaders(cfg: DictConfig, tcfg: TrainConfig, model_cfg, dist, objecti
     error = None
     if dist.is_main:
         try:
-            ensure_prepared(cfg.data)
+            ensure_prepared(data)
         except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
             error = e
     if D.any_rank(error is not None):
         raise error if error else ConfigError("rank 0 could not prepare the data (see its error)")
-    data_dir = Path(os.path.expanduser(cfg.data.dir))
+    data_dir = Path(os.path.expanduser(data.dir))
     vocab = Tokenizer.load(data_dir).vocab_size
     if vocab > model_cfg.vocab_size:
         raise ConfigError(f"the tokenizer of {data_dir} has {vocab} tokens but model.vocab_size="
@@ -134,19 +150,10 @@ def _packed_loaders(cfg: DictConfig, tcfg: TrainConfig, model_cfg, dist, objecti
 
     def loader(split):
         return PackedLoader(data_dir, split, tcfg.seq_len, tcfg.micro_batch_size, objective, rank=dist.rank,
-                            world_size=dist.world_size, seed=cfg.seed, **_loader_options(cfg.data, objective))
+                            world_size=dist.world_size, seed=seed, mlm_probability=data.mlm_probability,
+                            noise_density=data.noise_density, mean_span_length=data.mean_span_length,
+                            train_stride=data.train_stride)
     return loader("train"), loader("val")
-
-
-def _loader_options(data: DictConfig, objective: str) -> dict:
-    import inspect
-
-    from lm.data.packed import PackedLoader
-
-    accepted = inspect.signature(PackedLoader).parameters
-    return {k: data[k] for k in ("mlm_probability", "noise_density", "mean_span_length", "doc_boundaries",
-                                 "train_stride")
-            if k in data and k in accepted}
 
 
 def _round_up(n: int, multiple: int) -> int:

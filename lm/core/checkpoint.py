@@ -1,27 +1,32 @@
-"""Atomic checkpoints that continue a run exactly, keep-last-K, and `lm-export`.
+"""Atomic checkpoints that continue a run exactly: keep-last-K, checksums, reading them back (lm-export).
 
     <run_dir>/checkpoints/
         step_00000100/            complete checkpoints only (written as .tmp-step_..., then renamed)
-            trainer.json          step, tokens, engine layout (written last, before the rename)
+            trainer.json          step, tokens, engine layout, manifest's sha256 (written last, before the rename)
+            manifest.json         sha256 and size of every file above and below (verified before reading)
             config.yaml           the run's resolved config (lm-export rebuilds the model from it)
-            rank00000.pt ...      per rank: data-loader position and RNG states (torch, CUDA, numpy, python)
-            model_optim.pt        single/ddp: model + optimizer (rank 0)
-            dcp/                  fsdp2: torch.distributed.checkpoint shards, one file per rank
-            deepspeed/            zero*: DeepSpeed's files, optimizer partitions per rank
+            rank00000.pt ...      per rank: data-loader position and RNG states (tensors and plain types)
+            model_optim.pt        the engine's own files (engine.save_state): single/ddp model_optim.pt,
+            dcp/ | deepspeed/     fsdp2 torch.distributed.checkpoint shards, zero* DeepSpeed's files
         latest                    name of the newest complete checkpoint (replaced atomically, last)
 
-A crash at any point leaves `latest` naming a complete checkpoint; a half-written one is only ever
-a .tmp-* directory, deleted on the next save. Consolidating a sharded (ZeRO/FSDP2) checkpoint into
-one file: `lm-export <run_dir or checkpoint dir>` (see `consolidated_state_dict`).
+A crash or a failed write (full disk) at any point leaves `latest` naming a complete checkpoint; a
+half-written one is only ever a .tmp-* directory, removed when the write fails or on the next save.
+This file never reads an engine's files itself: trainer.json records the engine's format and the
+engine class of that format loads or consolidates them (lm.engine.engine_for_format). Everything is
+read with torch.load(weights_only=True): a checkpoint from elsewhere cannot run pickled code, and only
+after its files match manifest.json: resuming from a damaged `latest` names it and falls back to the
+newest intact checkpoint; lm-export and lm-finetune init= refuse a damaged one.
+Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm-export` (lm/cli/export.py).
 """
 
-import argparse
+import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Dict, Optional, Tuple
@@ -35,6 +40,8 @@ log = logging.getLogger("lm")
 
 LATEST = "latest"
 TMP_PREFIX = ".tmp-"
+MANIFEST = "manifest.json"
+UNSEALED = (MANIFEST, "trainer.json")  # the checkpoint files the manifest does not list (it is in trainer.json)
 
 
 class CheckpointError(RuntimeError):
@@ -45,10 +52,14 @@ def step_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-# -- RNG -------------------------------------------------------------------------------------------
+# -- RNG: stored as tensors and plain Python types, so rank*.pt loads with weights_only=True -----------
 
 def rng_state() -> Dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
+             "python": random.getstate()}  # (version, tuple of ints, None)
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -56,10 +67,55 @@ def rng_state() -> Dict:
 
 def set_rng_state(state: Dict) -> None:
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
+    n = state["numpy"]
+    if isinstance(n, dict):
+        np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+    else:  # written before RNG states were tensors: numpy's own tuple
+        np.random.set_state(n)
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def plain_state(state):
+    """numpy scalars -> Python numbers, numpy arrays -> tensors (recursively): what weights_only loads."""
+    if isinstance(state, dict):
+        return {k: plain_state(v) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(plain_state(v) for v in state)
+    if isinstance(state, np.generic):
+        return state.item()
+    if isinstance(state, np.ndarray):
+        return torch.from_numpy(state.copy())
+    return state
+
+
+def _load_rank_state(path: Path) -> Dict:
+    # numpy's array reconstruction is allowed only for rank files written before RNG states were tensors.
+    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
+    legacy = [np.dtype, np.ndarray, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+    with torch.serialization.safe_globals(legacy):
+        return _weights_only(lambda: torch.load(path, weights_only=True), path)
+
+
+def _weights_only(read, what):
+    """Run `read` (torch.load with weights_only=True somewhere inside); a pickle that asks for anything
+    but tensors and plain containers becomes a CheckpointError naming the file."""
+    try:
+        return read()
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"{what} holds pickled objects other than tensors and plain containers, which lm refuses to load "
+            f"(they could run code: {_unpickler_reason(e)}). Use a checkpoint written by lm-train, or convert "
+            f"it where you trust it") from None
+
+
+def _unpickler_reason(error: Exception) -> str:
+    """The line of torch's weights_only message that names the refused global (not its advice)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    after = [i + 1 for i, line in enumerate(lines) if "WeightsUnpickler error" in line]
+    return lines[after[0]] if after and after[0] < len(lines) else (lines[0] if lines else type(error).__name__)
 
 
 # -- save / resume ---------------------------------------------------------------------------------
@@ -93,16 +149,18 @@ class Checkpointer:
         D.barrier()
         error = None
         try:
-            self.engine.save(tmp)
-            torch.save({"loader": loader_state, "rng": rng_state()}, tmp / f"rank{self.engine.rank:05d}.pt")
-        except OSError as e:  # a full disk, a quota, a vanished mount
+            self.engine.save_state(tmp)
+            torch.save({"loader": plain_state(loader_state), "rng": rng_state()}, tmp / f"rank{self.engine.rank:05d}.pt")
+        except Exception as e:  # noqa: BLE001 - a full disk is OSError from open() but RuntimeError from torch.save
             error = e
         if D.any_rank(error is not None):
             self._abort(tmp, name, error)
         if self.engine.is_main:
             try:
                 (tmp / "config.yaml").write_text(self.config_yaml)
-                trainer = {**trainer, "engine": self.engine.describe(), "time": time.time()}
+                manifest = _write_manifest(tmp)
+                trainer = {**trainer, "engine": self.engine.describe(), "time": time.time(),
+                           "manifest_sha256": manifest}
                 _write_durably(tmp / "trainer.json", json.dumps(trainer, indent=1))  # marks completeness
                 if final.exists():  # left by a run killed between this rename and the pointer update
                     shutil.rmtree(final)
@@ -110,7 +168,7 @@ class Checkpointer:
                 _write_durably(self.root / (LATEST + ".tmp"), name)
                 os.replace(self.root / (LATEST + ".tmp"), self.root / LATEST)
                 _fsync_dir(self.root)
-            except OSError as e:
+            except Exception as e:  # noqa: BLE001 - as above
                 error = e
         if D.any_rank(error is not None):
             self._abort(tmp, name, error)
@@ -119,15 +177,22 @@ class Checkpointer:
         D.barrier()
         return final
 
-    def _abort(self, tmp: Path, name: str, error: Optional[OSError]):
+    def _abort(self, tmp: Path, name: str, error: Optional[Exception]):
         if self.engine.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
+            (self.root / (LATEST + ".tmp")).unlink(missing_ok=True)
         previous = self.latest() if self.engine.is_main else None
-        reason = f"{error.strerror or error}" if error else "another rank failed to write its part"
+        if error is None:
+            reason = "another rank failed to write its part"
+        elif isinstance(error, OSError) and error.strerror:
+            reason = error.strerror
+        else:  # torch.save's RuntimeError on a full disk says only "unexpected pos ..."
+            reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
         raise CheckpointError(
-            f"checkpoint {self.root / name} could not be written ({reason}); it was removed and "
+            f"checkpoint {self.root / name} could not be written ({reason}; {_free_space(self.root)} free "
+            f"under {self.root}); it was removed and "
             f"{'the previous checkpoint ' + str(previous) + ' is intact' if previous else 'no earlier checkpoint exists'}"
-            f". Free space under {self.root} and run the same command again to resume.")
+            f". Free space under {self.root} and run the same command again to resume.") from error
 
     def _prune(self) -> None:
         keep = self.latest()
@@ -136,19 +201,114 @@ class Checkpointer:
             if old != keep:
                 shutil.rmtree(old, ignore_errors=True)
 
+    def _intact(self, path: Path) -> Path:
+        """`path` if its files match its manifest, else the newest older intact checkpoint (saying so);
+        rank 0 checks, every rank gets its answer."""
+        chosen, error = None, None
+        if self.engine.is_main:
+            try:
+                chosen = newest_intact(path)
+            except CheckpointError as e:
+                error = str(e)
+        chosen, error = D.broadcast_object((chosen, error))
+        if error:
+            raise CheckpointError(error)
+        return chosen
+
     def load(self, path: Path) -> Tuple[Dict, Dict]:
         """Restore the engine's model and optimizer; returns (trainer.json, this rank's loader state)."""
-        trainer = json.loads((path / "trainer.json").read_text())
+        path = self._intact(path)
+        trainer = read_trainer(path)
         saved_world = trainer["engine"]["world_size"]
         if saved_world != self.engine.world_size or trainer["engine"]["engine"] != self.engine.name:
             raise CheckpointError(
                 f"{path} was written by {trainer['engine']['engine']} on {saved_world} rank(s); this run is "
                 f"{self.engine.name} on {self.engine.world_size}. Resume with the same engine and world size, "
                 f"or start a new run_dir from the weights (lm-export {path})")
-        self.engine.load(path)
-        own = torch.load(path / f"rank{self.engine.rank:05d}.pt", weights_only=False)
+        _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
+        own = _load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
         set_rng_state(own["rng"])
         return trainer, own["loader"]
+
+
+# -- checksums -------------------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):  # hashlib.file_digest needs Python 3.11
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(ckpt: Path) -> str:
+    """sha256 + size of every file but trainer.json (which records the manifest's own sha256, returned)."""
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and str(p.relative_to(ckpt)) not in UNSEALED)
+    entries = {str(p.relative_to(ckpt)): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}
+    _write_durably(ckpt / MANIFEST, json.dumps({"files": entries}, indent=1))
+    return _sha256(ckpt / MANIFEST)
+
+
+def damage(ckpt: Path) -> Optional[str]:
+    """Why checkpoint `ckpt` cannot be trusted (a missing, truncated or changed file), or None.
+    Files added later (an lm-export into <checkpoint>/export) are not part of it."""
+    ckpt = Path(ckpt)
+    try:
+        trainer = json.loads((ckpt / "trainer.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"trainer.json cannot be read ({e})"
+    if "manifest_sha256" not in trainer:
+        return None  # written before checkpoints had checksums: nothing to compare with
+    manifest = ckpt / MANIFEST
+    if not manifest.is_file() or _sha256(manifest) != trainer["manifest_sha256"]:
+        return f"{MANIFEST} is missing or does not match the sha256 recorded in trainer.json"
+    for name, want in json.loads(manifest.read_text())["files"].items():
+        path = ckpt / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if path.stat().st_size != want["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, {want['bytes']} when written (truncated or overwritten)"
+        if _sha256(path) != want["sha256"]:
+            return f"{name} does not match the sha256 written with it (its bytes changed since)"
+    return None
+
+
+def newest_intact(ckpt: Path) -> Path:
+    """`ckpt` if intact; else the newest intact older checkpoint of the same run (logged), else a
+    CheckpointError naming the damage and the options."""
+    why = damage(ckpt)
+    if why is None:
+        return ckpt
+    older = sorted((p for p in ckpt.parent.glob("step_*") if p.name < ckpt.name), reverse=True)
+    for candidate in older:
+        if damage(candidate) is None:
+            log.warning("checkpoint %s is damaged (%s); resuming from %s, the newest intact checkpoint",
+                        ckpt, why, candidate)
+            return candidate
+    raise CheckpointError(
+        f"checkpoint {ckpt} is damaged ({why}) and no older checkpoint in {ckpt.parent} is intact. Options: "
+        f"restore the file from a copy; or start from scratch in a new run_dir (or with resume=false); or "
+        f"move {ckpt.parent} away and rerun")
+
+
+def verified(ckpt: Path) -> Path:
+    """`ckpt` if its files match its manifest (lm-export, lm-finetune init=), else a CheckpointError
+    naming the damage and the intact checkpoints of the same run."""
+    why = damage(ckpt)
+    if why is None:
+        return ckpt
+    intact = [p.name for p in sorted(Path(ckpt).parent.glob("step_*"), reverse=True)
+              if p != Path(ckpt) and damage(p) is None]
+    raise CheckpointError(f"checkpoint {ckpt} is damaged: {why}. "
+                          + (f"Intact checkpoints of this run: {', '.join(intact)} (pass one of them)" if intact
+                             else "No other intact checkpoint of this run exists"))
+
+
+def _free_space(path: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:.1f} MiB"
+    except OSError:
+        return "unknown space"
 
 
 def _write_durably(path: Path, text: str) -> None:
@@ -166,7 +326,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# -- consolidation and export ----------------------------------------------------------------------
+# -- reading a checkpoint outside training (lm-export, lm-finetune init=) ----------------------------
 
 def resolve(path) -> Path:
     """A checkpoint directory from a run directory (its latest), a checkpoints/ dir, or itself."""
@@ -180,87 +340,23 @@ def resolve(path) -> Path:
                           f"(no trainer.json); pass <run_dir> or <run_dir>/checkpoints/step_XXXXXXXX")
 
 
+def read_trainer(ckpt: Path) -> Dict:
+    try:
+        return json.loads((Path(ckpt) / "trainer.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{ckpt}/trainer.json cannot be read ({e}); the checkpoint is incomplete or "
+                              f"damaged: use another step_* directory of the run") from None
+
+
 def consolidated_state_dict(ckpt: Path) -> Dict[str, torch.Tensor]:
-    """The full fp32 model state dict of a checkpoint of any engine, in one process, no process group."""
-    info = json.loads((ckpt / "trainer.json").read_text())["engine"]
-    fmt = info["format"]
-    if fmt == "torch":
-        return torch.load(ckpt / "model_optim.pt", map_location="cpu", weights_only=True)["model"]
-    if fmt == "dcp":
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    """The full model state dict of a checkpoint of any engine, in one process, no process group: read
+    by the engine class of the format recorded in its trainer.json."""
+    from lm.engine import EngineError, engine_for_format
 
-        import tempfile
-
-        # A private scratch file: several processes (the ranks of a finetuning job) may consolidate the
-        # same checkpoint at once.
-        with tempfile.TemporaryDirectory(prefix="lm-consolidate-") as scratch:
-            out = Path(scratch) / "consolidated.pt"
-            dcp_to_torch_save(ckpt / "dcp", out)
-            return torch.load(out, map_location="cpu", weights_only=False)["model"]
-    if fmt == "deepspeed":
-        if info.get("zero_stage", 0) == 0:
-            states = torch.load(ckpt / "deepspeed" / "mp_rank_00_model_states.pt", map_location="cpu",
-                                weights_only=False)
-            return states["module"]
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="deepspeed")
-    raise CheckpointError(f"{ckpt}/trainer.json has an unknown engine format {fmt!r}")
-
-
-def export(path, out: Optional[Path] = None, hf: bool = True) -> Path:
-    """Write model.safetensors + config.json (+ hf/ for Hugging Face families) from any checkpoint."""
-    from omegaconf import OmegaConf
-    from safetensors.torch import save_model
-
-    from lm.model import build_model, model_config
-
-    ckpt = resolve(path)
-    cfg = OmegaConf.load(ckpt / "config.yaml")
-    model = build_model(cfg.model)
-    missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
-    tied = {"head.proj.weight"} if model.cfg.tie_embeddings else set()
-    if unexpected or set(missing) - tied:
-        raise CheckpointError(f"{ckpt} does not match its config.yaml model: missing={sorted(set(missing) - tied)}, "
-                              f"unexpected={sorted(unexpected)}")
-    out = Path(out) if out else ckpt / "export"
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))  # tied tensors stored once
-    config = OmegaConf.to_container(cfg.model, resolve=True)
-    config["_lm_class"] = type(model).__name__
-    (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    if hf:
-        _export_hf(model, tmp / "hf", model_config(cfg.model))
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
-
-
-def _export_hf(model, out: Path, cfg) -> None:
-    from lm.model.convert import to_hf
-
+    info = read_trainer(verified(ckpt))["engine"]
     try:
-        hf_model = to_hf(model)
-    except ValueError as e:  # no Hugging Face family matches this architecture
-        log.warning("no Hugging Face export: %s", e)
-        return
-    hf_model.save_pretrained(out)
-
-
-def export_main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="lm-export", description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
-                                      "model.safetensors + config.json, and a Hugging Face directory when the "
-                                      "architecture matches GPT-2, Llama, BERT or T5.")
-    parser.add_argument("path", help="run directory (uses checkpoints/latest) or a checkpoint directory")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default <checkpoint>/export)")
-    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face directory")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        out = export(args.path, args.out, hf=not args.no_hf)
-    except (CheckpointError, FileNotFoundError) as e:
-        sys.exit(f"lm-export: {e}")
-    print(f"exported {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
+        engine_cls = engine_for_format(info["format"])
+    except EngineError as e:
+        raise CheckpointError(f"{ckpt}/trainer.json: {e}") from None
+    return _weights_only(lambda: engine_cls.consolidated_state_dict(Path(ckpt), info),
+                         f"{ckpt} ({info.get('engine', info['format'])}'s files)")

@@ -1,13 +1,14 @@
-"""The training loop, shared by pretraining and finetuning, the same for every engine.
+"""The training loop, shared by pretraining and finetuning, the same for every engine and task.
 
     for each optimizer step:
         set the learning rate (a pure function of the step)
-        take grad_accum micro-batches; forward + backward each, weighted by its share of the
-            step's label tokens over all ranks (lm/core/objectives.py says why)
+        take the task's micro-batches for the step; forward + backward each, weighted by its share
+            of the step's label tokens over all ranks (lm/core/objectives.py says why)
         stop (or skip) on a NaN/inf loss, before any weight changes
         engine.step(): clip, update, zero gradients
-        log, validate, checkpoint at their intervals
+        log, evaluate (and keep the best by the task's metric), checkpoint at their intervals
 
+What is trained is a `lm.core.task.Task` (pretraining: lm/core/pretrain_task.py; GLUE: lm/glue/trainer.py).
 Everything engine-specific (no_sync, accumulation boundaries, loss scaling, sharding) is behind
 `engine`; everything about files is behind `tracker` and `checkpointer`.
 """
@@ -21,14 +22,14 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 
 from lm.core import objectives
-from lm.config import TrainConfig
+from lm.core.config import TrainConfig
 from lm.engine import dist as D
-from lm.core.tracking import memory_gib, mfu, perplexity
+from lm.core.tracking import memory_gib, mfu
 
 log = logging.getLogger("lm")
 
@@ -47,6 +48,17 @@ class State:
     step: int = 0  # optimizer steps done
     tokens: int = 0  # input tokens seen, all ranks
     nonfinite: int = 0  # consecutive steps skipped for a NaN/inf loss
+    best: Optional[float] = None  # the task's best_metric so far (None: no evaluation yet, or no best_metric)
+
+    @classmethod
+    def from_checkpoint(cls, trainer: Dict[str, Any]) -> "State":
+        return cls(step=trainer["step"], tokens=trainer["tokens"], best=trainer.get("best"))
+
+    def to_checkpoint(self) -> Dict[str, Any]:
+        out = asdict(self)
+        if out["best"] is None:  # pretraining's trainer.json stays as it was
+            del out["best"]
+        return out
 
 
 @dataclass
@@ -57,22 +69,22 @@ class Speed:
     peak_flops: Optional[float] = None
 
 
-def run(cfg: TrainConfig, engine, loader, val_loader, lr_at: Callable[[int], float], tracker, checkpointer,
-        state: State, speed: Speed = Speed()) -> State:
+def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, checkpointer, state: State,
+        speed: Speed = Speed()) -> State:
+    """Train `task` (lm.core.task.Task) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy."""
     with _StopSignals() as stop:
-        return _run(cfg, engine, loader, val_loader, lr_at, tracker, checkpointer, state, speed, stop)
+        return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop)
 
 
-def _run(cfg, engine, loader, val_loader, lr_at, tracker, checkpointer, state: State, speed: Speed, stop) -> State:
-    batches = iter(loader)
+def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop) -> State:
     bar = _progress_bar(cfg, engine, state.step)
     meter = _Meter(state)
     for step in range(state.step, cfg.max_steps):
         lr = lr_at(step)
         engine.set_lr(lr)
         t0 = time.perf_counter()  # the step's time includes fetching its batches: data is part of the cost
-        micro = [next(batches) for _ in range(cfg.grad_accum)]
-        loss, tokens = train_step(engine, micro, fault_step=step)
+        micro = next(task.batches)
+        loss, tokens = train_step(engine, micro, fault_step=_count_step(), loss_fn=task.loss)
         grad_norm = _update(cfg, engine, state, step, loss, checkpointer)
         meter.add(time.perf_counter() - t0, tokens)
         state.step, state.tokens = step + 1, state.tokens + tokens
@@ -84,16 +96,12 @@ def _run(cfg, engine, loader, val_loader, lr_at, tracker, checkpointer, state: S
             tracker.log(record)
             _show(bar, record, engine)
         if (cfg.eval_interval and state.step % cfg.eval_interval == 0) or last:
-            val_loss = evaluate(engine, val_loader, cfg.eval_batches)
-            tracker.log({"step": state.step, "tokens": state.tokens, "val_loss": val_loss,
-                         "val_ppl": perplexity(val_loss)})
-            if engine.is_main:
-                log.info("step %d: val_loss %.4f, val_ppl %.2f", state.step, val_loss, perplexity(val_loss))
+            _evaluate(engine, task, tracker, state)
         saved = (cfg.ckpt_interval and state.step % cfg.ckpt_interval == 0) or last
         if saved:
-            checkpointer.save(asdict(state), loader.state_dict())
+            checkpointer.save(state.to_checkpoint(), task.state_dict())
         if not last and stop.requested():  # a signal during the last step: the run is complete anyway
-            path = checkpointer.latest() if saved else checkpointer.save(asdict(state), loader.state_dict())
+            path = checkpointer.latest() if saved else checkpointer.save(state.to_checkpoint(), task.state_dict())
             raise Preempted(f"{stop.name} received: stopped after step {state.step} with checkpoint {path}; "
                             f"run the same command to resume")
         if bar:
@@ -103,7 +111,20 @@ def _run(cfg, engine, loader, val_loader, lr_at, tracker, checkpointer, state: S
     return state
 
 
-def train_step(engine, micro: List[Dict[str, torch.Tensor]], fault_step: int = -1):
+def _evaluate(engine, task, tracker, state: State) -> None:
+    """Log the task's metrics; when its best_metric improves on every earlier evaluation, call on_best."""
+    record = task.evaluate(engine, state.step)
+    tracker.log({"step": state.step, "tokens": state.tokens, **record})
+    if task.best_metric is None:
+        return
+    value = record[task.best_metric]
+    if state.best is None or value > state.best:
+        state.best = value
+        task.on_best(engine, state.step, record)
+
+
+def train_step(engine, micro: List[Dict[str, torch.Tensor]], fault_step: int = -1,
+               loss_fn: Callable = objectives.loss):
     """Forward and backward over one step's micro-batches; returns (global token-mean loss, input tokens)."""
     counts = torch.tensor([float(objectives.label_tokens(b)) for b in micro]
                           + [float(sum(objectives.input_tokens(b) for b in micro))], dtype=torch.float64)
@@ -113,7 +134,7 @@ def train_step(engine, micro: List[Dict[str, torch.Tensor]], fault_step: int = -
     for i, batch in enumerate(micro):
         batch = {k: v.to(engine.device, non_blocking=True) for k, v in batch.items()}
         with engine.micro_step(last=i == len(micro) - 1):
-            share = objectives.loss(engine.model, batch) * weights[i]
+            share = loss_fn(engine.model, batch) * weights[i]
             engine.backward(share)
         total += share.detach().float()
         _fault_hook(fault_step)
@@ -240,9 +261,22 @@ class _StopSignals:
             signal.signal(sig, handler)
 
 
+_steps_this_process = 0
+
+
+def _count_step() -> int:
+    """0-based index of this optimizer step among all the steps this process ran (every loop.run call:
+    a finetuning job runs one per task and seed), for the fault hook."""
+    global _steps_this_process
+    _steps_this_process += 1
+    return _steps_this_process - 1
+
+
 def _fault_hook(step: int) -> None:
-    """Test hook: LM_FAULT_PAUSE_AT_STEP=N parks the process in the middle of step N (after a backward,
-    before the update) and touches LM_FAULT_PAUSE_FILE, so a test can SIGKILL it there."""
+    """Test hook: LM_FAULT_PAUSE_AT_STEP=N parks the process in the middle of the N-th optimizer step it runs
+    (after a backward, before the update; counted over every loop.run of the process, so a fresh lm-train
+    parks in step N and lm-finetune in the task/seed where its steps reach N) and touches
+    LM_FAULT_PAUSE_FILE, so a test can SIGKILL it there."""
     at = os.environ.get("LM_FAULT_PAUSE_AT_STEP")
     if at is None or int(at) != step + 1:
         return

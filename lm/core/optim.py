@@ -11,7 +11,7 @@ from typing import Dict, List
 import torch
 from torch import nn
 
-from lm.config import OptimConfig, SchedConfig
+from lm.core.config import OptimConfig, SchedConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> List[Dict]:

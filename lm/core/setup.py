@@ -6,21 +6,22 @@ Shared by lm-train and lm-finetune, so neither imports the other.
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig
 
-from lm.config import ConfigError, TrainConfig
+from lm.config import ConfigError
+from lm.core.config import TrainConfig
 
 log = logging.getLogger("lm")
 
 
-def engine_class(cfg: DictConfig, get_class):
-    target = cfg.engine.get("_target_") if cfg.engine else None
+def engine_class(cfg, get_class):
+    """The class an engine node names; `cfg` is the typed run config (or, for lm-finetune, its DictConfig)."""
+    target = getattr(cfg.engine, "_target_", None) if cfg.engine else None
     if not target:
         raise ConfigError("engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2")
     return get_class(target)
 
 
-def make_engine(cfg: DictConfig, instantiate, tcfg: TrainConfig, dist):
+def make_engine(cfg, instantiate, tcfg: TrainConfig, dist):
     factory = instantiate(cfg.engine)
     try:
         return factory(train=tcfg, dist=dist)

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from lm.config import LoggerConfig
+from lm.core.config import LoggerConfig
 from lm.extras import require
 
 log = logging.getLogger("lm")

@@ -38,7 +38,6 @@ from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
 
 OBJECTIVES = ("clm", "mlm", "span")
-OBJECTIVE_OF_ARCH = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
 
 
 class TokenStream:

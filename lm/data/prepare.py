@@ -16,7 +16,7 @@ The output directory holds
 
 Python API:
     prepare(cfg, out=None, force=False, restart=False) -> Path
-        Build the directory of a DataConfig (or a dict / OmegaConf node of its fields).
+        Build the directory of a DataConfig (or a dict of its fields).
     ensure_prepared(data_cfg) -> Path
         What `lm-train` calls on rank 0 before training: returns data_cfg.dir when it is complete
         and was made from the same data settings, prepares it on first use, and raises when it
@@ -51,13 +51,14 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import numpy as np
 
-from lm.config import ConfigError, DataConfig, conf_dir, validate_data
+from lm.config import to_typed
+from lm.data.config import DataConfig, validate_data
 from lm.data.errors import DataError
 from lm.data.manifest import FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, read_json, write_json
 from lm.data.shards import CannotResume, ShardWriter
@@ -85,32 +86,14 @@ def say(msg: str) -> None:
 
 
 def data_config(cfg) -> DataConfig:
-    """A typed, resolved, validated DataConfig from a DataConfig, dict or OmegaConf node."""
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)  # resolve against its own root (e.g. lm-train's config)
-    try:
-        node = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.structured(cfg) if
-                               isinstance(cfg, DataConfig) else cfg)
-        typed = OmegaConf.to_object(node)
-    except OmegaConfBaseException as e:
-        allowed = sorted(f.name for f in fields(DataConfig))
-        raise ConfigError(f"bad data config: {getattr(e, 'msg', e)}. Allowed fields: {allowed}") from None
-    validate_data(typed)
-    return typed
-
-
-def load_preset(name: str) -> DataConfig:
-    """conf/data/<name>.yaml as a DataConfig (what `lm-train data=<name>` selects)."""
-    from omegaconf import OmegaConf
-
-    path = conf_dir() / "data" / f"{name}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
-        raise ConfigError(f"data preset {name!r} not found at {path}; known presets: {known}")
-    return data_config(OmegaConf.load(path))
+    """A validated DataConfig from a DataConfig (what lm-train passes, typed once at its entry) or a plain
+    dict (the Python API and lm-prepare's flags, which do not go through Hydra)."""
+    if not isinstance(cfg, DataConfig):
+        if not isinstance(cfg, dict):
+            raise TypeError(f"a data config is a DataConfig (lm.data.config) or a dict, not {type(cfg).__name__}")
+        cfg = to_typed(DataConfig, cfg, "data")
+    validate_data(cfg)
+    return cfg
 
 
 def with_corpus_defaults(cfg: DataConfig, corpus) -> DataConfig:

@@ -8,7 +8,19 @@ interface the loop uses.
 from lm.engine.base import Engine, SingleEngine
 from lm.engine.dist import Dist, EngineError
 
-__all__ = ["Engine", "SingleEngine", "DDPEngine", "FSDP2Engine", "DeepSpeedEngine", "Dist", "EngineError"]
+__all__ = ["Engine", "SingleEngine", "DDPEngine", "FSDP2Engine", "DeepSpeedEngine", "Dist", "EngineError",
+           "engine_for_format"]
+
+# trainer.json's engine "format" -> the class that reads that checkpoint layout back (DDP shares "torch").
+CHECKPOINT_FORMATS = {"torch": "Engine", "dcp": "FSDP2Engine", "deepspeed": "DeepSpeedEngine"}
+
+
+def engine_for_format(fmt: str) -> type:
+    """The engine class whose save_state wrote checkpoints of format `fmt` (imports only that engine)."""
+    if fmt not in CHECKPOINT_FORMATS:
+        raise EngineError(f"unknown checkpoint format {fmt!r}; this lm reads {sorted(CHECKPOINT_FORMATS)}")
+    name = CHECKPOINT_FORMATS[fmt]
+    return globals()[name] if name in globals() else __getattr__(name)
 
 
 def __getattr__(name):

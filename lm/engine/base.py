@@ -4,7 +4,8 @@
     with engine.micro_step(last=i == n - 1): # autocast; no gradient sync until the last micro-batch
         engine.backward(share)                # share = this micro-batch's part of the global loss sum
     grad_norm = engine.step()                 # unscale, clip, optimizer step, zero grads
-    engine.save(dir) / engine.load(dir)       # model + optimizer, sharded as the engine shards them
+    engine.save_state(dir) / engine.load_state(dir)   # model + optimizer, in the engine's own format
+    Engine.consolidated_state_dict(dir, info)          # offline: the full model state dict (lm-export)
 
 `backward` takes a term of the *global* sum (the loop weights each micro-batch by its share of the
 step's label tokens over all ranks), so engines that average gradients over ranks undo that here.
@@ -12,21 +13,23 @@ step's label tokens over all ranks), so engines that average gradients over rank
 
 import contextlib
 import math
+from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import torch
 from torch import nn
 
-from lm.config import TrainConfig
+from lm.core.config import TrainConfig
 from lm.engine.dist import Dist, EngineError
 
+MODEL_OPTIM = "model_optim.pt"  # the single/DDP checkpoint file (rank 0 writes it)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class Engine:
     """Single process (also the base: precision, clipping, plain torch.save checkpoints)."""
 
-    format = "torch"  # checkpoint layout, read by lm-export
+    format = "torch"  # checkpoint layout, recorded in trainer.json: picks the class that reads it back
     needs_process_group = False
 
     def __init__(self, train: TrainConfig, dist: Dist):
@@ -131,24 +134,33 @@ class Engine:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
 
-    # -- checkpoints
-    def save(self, path) -> None:
+    # -- checkpoints: each engine owns its on-disk format; lm.core.checkpoint owns the directory around it
+    # (atomic rename, `latest`, trainer.json, per-rank RNG) and records `describe()` in trainer.json, whose
+    # "format" picks the class that reads the files back (lm.engine.engine_for_format).
+    def save_state(self, path: Path) -> None:
         """Model + optimizer (+ loss scaler) under directory `path`, which every rank can see."""
         if self.is_main:
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
             if self.scaler:
                 state["scaler"] = self.scaler.state_dict()
-            torch.save(state, f"{path}/model_optim.pt")
+            torch.save(state, Path(path) / MODEL_OPTIM)
 
-    def load(self, path) -> None:
-        state = torch.load(f"{path}/model_optim.pt", map_location=self.device, weights_only=True)
+    def load_state(self, path: Path) -> None:
+        """Restore what save_state wrote (tensors and plain containers only: weights_only=True)."""
+        state = torch.load(Path(path) / MODEL_OPTIM, map_location=self.device, weights_only=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
+    @classmethod
+    def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
+        """The full model state dict of checkpoint `path` in one process, no process group (lm-export,
+        lm-finetune init=). `info` is the `describe()` this engine recorded in trainer.json."""
+        return torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)["model"]
+
     def describe(self) -> Dict:
-        """What lm-export needs to read the checkpoint back."""
+        """What reading the checkpoint back needs: recorded in trainer.json."""
         return {"engine": self.name, "format": self.format, "world_size": self.world_size}
 
     # -- introspection (tests, benchmarks)

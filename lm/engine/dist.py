@@ -2,7 +2,7 @@
 
 Every launcher (torchrun, `accelerate launch --multi_gpu`, the `deepspeed` launcher) exports RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; we read those, never a launcher's API, and
-then assert that the process group really has that many ranks (PLATFORM.md: accelerate can
+then assert that the process group really has that many ranks (accelerate can
 silently run one unsynchronised process per rank, or one process instead of N).
 """
 
@@ -122,7 +122,7 @@ def broadcast_object(obj):
 
 
 def shutdown() -> None:
-    """Destroy the process group: without it rank 0 may abort at exit (PLATFORM.md)."""
+    """Destroy the process group: without it rank 0 may abort at exit (gloo races on teardown)."""
     if dist.is_initialized():
         dist.destroy_process_group()
 

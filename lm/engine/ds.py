@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO stages 0-3 (Rajbhandari et al. 2020), optionally with CPU offload.
 
-The DeepSpeed JSON comes from conf/engine/deepspeed.yaml, interpolated from train.*; here we only
-check that nobody overrode a copied value. The optimizer is lm's torch AdamW (a client optimizer
+DeepSpeed's JSON is `ds_config(train, engine.config)`: the train.* values (batch sizes, accumulation,
+clipping, precision) from the typed TrainConfig, plus the ZeRO options of conf/engine/zero*.yaml, which
+must not repeat a train.* value. The optimizer is lm's torch AdamW (a client optimizer
 compiles nothing); gradient accumulation boundaries are set by the loop's micro_step().
 """
 
@@ -9,6 +10,8 @@ import contextlib
 import logging
 import math
 import os
+from pathlib import Path
+from typing import Dict
 
 import torch
 from torch import nn
@@ -17,6 +20,31 @@ from lm.engine.base import Engine
 from lm.engine.dist import EngineError
 
 TAG = "deepspeed"  # sub-directory of a checkpoint that holds DeepSpeed's files
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """DeepSpeed's readers call torch.load(..., weights_only=False), which runs whatever a checkpoint's
+    pickle says; while they read ours, force weights_only=True and allow only the plain types DeepSpeed
+    stores besides tensors (a crafted file then fails with pickle.UnpicklingError instead)."""
+    from unittest import mock
+
+    real = torch.load
+
+    def load(*args, **kwargs):
+        return real(*args, **{**kwargs, "weights_only": True})
+
+    with mock.patch.object(torch, "load", load), torch.serialization.safe_globals(_ds_safe_globals()):
+        yield
+
+
+def _ds_safe_globals() -> list:
+    """The non-tensor classes in DeepSpeed's optimizer-state files (plain data, no code on load)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
 
 
 def _prepare_deepspeed(shm_comm: bool) -> None:
@@ -34,39 +62,39 @@ def _prepare_deepspeed(shm_comm: bool) -> None:
     logger.setLevel(logging.WARNING)
 
 
+def ds_config(train, world_size: int, options: dict) -> dict:
+    """DeepSpeed's JSON: what train.* decides, plus `options` (engine.config), which may not repeat it."""
+    from_train = {
+        "train_batch_size": train.micro_batch_size * train.grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": train.grad_accum,
+        "gradient_clipping": train.grad_clip,
+        "bf16": {"enabled": train.precision == "bf16"},
+        "fp16": {"enabled": train.precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},  # dynamic
+    }
+    repeated = sorted(set(from_train) & set(options))
+    if repeated:
+        raise EngineError(f"engine.config sets {repeated}, which lm derives from train.* (micro_batch_size, "
+                          f"grad_accum/global_batch_size, grad_clip, precision); set those train.* fields instead")
+    if options.get("optimizer") or options.get("scheduler"):
+        raise EngineError("engine.config has an optimizer/scheduler section; lm builds AdamW (optim=...) "
+                          "and sets the learning rate each step (sched=...): remove the section")
+    return {**from_train, **options}
+
+
 class DeepSpeedEngine(Engine):
     format = "deepspeed"
     needs_process_group = True
 
     def __init__(self, train, dist, config: dict, shm_comm: bool = False, cpu_adam: bool = False):
         super().__init__(train, dist)
-        self.config = dict(config)
+        self.config = ds_config(train, dist.world_size, dict(config))
         self.shm_comm = shm_comm
         self.cpu_adam = cpu_adam
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))
-        self._check_single_source()
 
     def check_launch(self) -> None:
         pass
-
-    def _check_single_source(self) -> None:
-        copies = {"train_micro_batch_size_per_gpu": self.train.micro_batch_size,
-                  "gradient_accumulation_steps": self.train.grad_accum,
-                  "gradient_clipping": self.train.grad_clip}
-        for key, value in copies.items():
-            if key in self.config and self.config[key] != value:
-                raise EngineError(f"engine.config.{key}={self.config[key]} disagrees with the train.* value "
-                                  f"{value}; set the train.* field instead (DeepSpeed's copy is interpolated from it)")
-        if self.config.get("optimizer") or self.config.get("scheduler"):
-            raise EngineError("engine.config has an optimizer/scheduler section; lm builds AdamW (optim=...) "
-                              "and sets the learning rate each step (sched=...): remove the section")
-        if self.train.micro_batch_size * self.train.grad_accum * self.world_size != self._batch():
-            raise EngineError(f"engine.config.train_batch_size={self.config.get('train_batch_size')} is not "
-                              f"micro_batch_size x grad_accum x world = {self._batch()}")
-
-    def _batch(self) -> int:
-        return self.config.get("train_batch_size",
-                               self.train.micro_batch_size * self.train.grad_accum * self.world_size)
 
     def wrap(self, model: nn.Module, make_optimizer) -> "DeepSpeedEngine":
         _prepare_deepspeed(self.shm_comm)
@@ -107,14 +135,26 @@ class DeepSpeedEngine(Engine):
         raise EngineError("train.on_nonfinite=skip is not supported with DeepSpeed engines (their gradient "
                           "partitions cannot be dropped from outside); use train.on_nonfinite=stop")
 
-    def save(self, path) -> None:
+    def save_state(self, path: Path) -> None:
+        """DeepSpeed's own files under `path`/deepspeed: model states, optimizer partitions per rank."""
         self.model.save_checkpoint(str(path), tag=TAG, save_latest=False)
 
-    def load(self, path) -> None:
-        load_path, _ = self.model.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                                  load_lr_scheduler_states=False, load_module_strict=True)
+    def load_state(self, path: Path) -> None:
+        with weights_only_loads():
+            load_path, _ = self.model.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
+                                                      load_lr_scheduler_states=False, load_module_strict=True)
         if load_path is None:
             raise EngineError(f"DeepSpeed found no checkpoint under {path}/{TAG}")
+
+    @classmethod
+    def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
+        """Stage 0: rank 0's module states; ZeRO-1/2/3: DeepSpeed's zero_to_fp32 merges the partitions."""
+        with weights_only_loads():
+            if info.get("zero_stage", 0) == 0:
+                return torch.load(Path(path) / TAG / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
 
     def describe(self):
         return {**super().describe(), "zero_stage": self.stage}

@@ -1,11 +1,36 @@
 """PyTorch-native data parallelism: DDP (replicated) and FSDP2 (`fully_shard`, sharded per Block)."""
 
 import contextlib
+import pickle
+from pathlib import Path
+from typing import Dict
 
 import torch
 from torch import nn
 
 from lm.engine.base import Engine
+
+DCP = "dcp"  # sub-directory of an FSDP2 checkpoint: torch.distributed.checkpoint shards, one file per rank
+
+
+class _DCPMetadataUnpickler(pickle.Unpickler):
+    """DCP reads its .metadata with plain pickle.load, which runs whatever the file names; this reader
+    admits only the classes DCP's metadata is made of (checked before DCP reads it)."""
+
+    def find_class(self, module: str, name: str):
+        plain = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+                 ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+                 ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+        if (module == "torch.distributed.checkpoint.metadata" or (module, name) in plain
+                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"Unsupported global: {module}.{name} is not part of DCP's metadata")
+
+
+def check_dcp_metadata(dcp_dir: Path) -> None:
+    """Raise pickle.UnpicklingError if `dcp_dir`/.metadata names anything but DCP's metadata classes."""
+    with open(Path(dcp_dir) / ".metadata", "rb") as f:
+        _DCPMetadataUnpickler(f).load()
 
 
 class DDPEngine(Engine):
@@ -92,21 +117,38 @@ class FSDP2Engine(Engine):
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
-    def save(self, path) -> None:
+    def save_state(self, path: Path) -> None:
+        """torch.distributed.checkpoint under `path`/dcp: every rank writes its own shards."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=f"{path}/dcp")
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=Path(path) / DCP)
 
-    def load(self, path) -> None:
+    def load_state(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=f"{path}/dcp")
+        check_dcp_metadata(Path(path) / DCP)
+        dcp.load(state, checkpoint_id=Path(path) / DCP)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+    @classmethod
+    def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
+        """DCP's offline conversion (any world size, no process group) to a torch.save file, read back."""
+        import tempfile
+
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+        # A private scratch file: several processes (the ranks of a finetuning job) may consolidate the
+        # same checkpoint at once.
+        with tempfile.TemporaryDirectory(prefix="lm-consolidate-") as scratch:
+            out = Path(scratch) / "consolidated.pt"
+            check_dcp_metadata(Path(path) / DCP)
+            dcp_to_torch_save(Path(path) / DCP, out)
+            return torch.load(out, map_location="cpu", weights_only=True)["model"]
 
     def local_numel(self) -> int:
         return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.module.parameters())

@@ -38,7 +38,8 @@ Files (lm.glue.submission, lm.glue.results), written atomically
     check_submission(out_dir) -> problems the leaderboard would reject
     write_results({column: {seed: metrics}}, out_dir) -> results.json, results.md
 
-Presets (lm.glue.presets): load_preset(name), expand(task_cfg) over conf/task/glue/*.yaml.
+Config (lm.glue.config): GlueTaskConfig (conf/task/glue/*.yaml, composed under tasks.<name>), FinetuneSchema.
+Training (lm.glue.trainer): GlueTask, the lm.core.task.Task that lm.core.loop.run trains.
 """
 
 from lm.glue.encode import collate, encode_examples, encode_pair, truncate_longest_first

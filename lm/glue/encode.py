@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from lm.config import ARCHS
+from lm.model.config import Arch
 
 Features = Dict[str, list]
 
@@ -46,8 +46,8 @@ def encode_pair(tokenizer, text_a: str, text_b: Optional[str], max_len: int, arc
 
 def build_inputs(tokenizer, a: Sequence[int], b: Optional[Sequence[int]], max_len: int, arch: str) -> Features:
     """The special-token layout of the module docstring around already tokenized a (and b)."""
-    if arch not in ARCHS:
-        raise ValueError(f"arch={arch!r} is not one of {list(ARCHS)}")
+    if arch not in list(Arch):
+        raise ValueError(f"arch={arch!r} is not one of {[a.value for a in Arch]}")
     n_special = 2 if b is None else 3
     if max_len < n_special + 1:
         raise ValueError(f"max_len={max_len} leaves no room for text after {n_special} special tokens; "

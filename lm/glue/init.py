@@ -43,13 +43,13 @@ class Backbone:
 
 
 def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -> Backbone:
-    from lm.model import model_config
+    from lm.model.config import model_from_saved
 
     if init is None or str(init).lower() in ("none", "scratch", ""):
         if model_node is None:
             raise InitError("init=none needs a model config (model=<preset>)")
         tok = _load_tokenizer(tokenizer, what="init=none")
-        cfg = model_config(model_node)
+        cfg = model_from_saved(model_node)
         _check_vocab(tok, cfg.vocab_size, f"model.vocab_size={cfg.vocab_size}",
                      f"set model.vocab_size={-(-tok.vocab_size // 64) * 64} (or larger)")
         return Backbone(cfg, None, tok, "none (random init)")
@@ -63,7 +63,7 @@ def _from_checkpoint(path: Path, tokenizer: Optional[str]) -> Backbone:
     from omegaconf import OmegaConf
 
     from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
-    from lm.model import model_config
+    from lm.model.config import model_from_saved
 
     if not path.exists():
         raise InitError(f"init={path}: no such directory; pass an lm-train run directory, one of its "
@@ -73,7 +73,7 @@ def _from_checkpoint(path: Path, tokenizer: Optional[str]) -> Backbone:
     except CheckpointError as e:
         raise InitError(f"init={path}: {e}; or an lm-export directory (model.safetensors + config.json)") from None
     pretrain = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=False)
-    cfg = model_config(pretrain["model"])
+    cfg = model_from_saved(pretrain["model"])
     tok = _pretraining_tokenizer(pretrain, tokenizer, ckpt)
     return Backbone(cfg, consolidated_state_dict(ckpt), tok, str(ckpt), pretrain)
 
@@ -82,11 +82,11 @@ def _from_export(path: Path, tokenizer: Optional[str]) -> Backbone:
     from omegaconf import OmegaConf
     from safetensors.torch import load_file
 
-    from lm.model import model_config
+    from lm.model.config import model_from_saved
 
     node = json.loads((path / "config.json").read_text())
     node.pop("_lm_class", None)
-    cfg = model_config(node)
+    cfg = model_from_saved(node)
     parent = path.parent / "config.yaml"  # lm-export's default output is <checkpoint>/export
     pretrain = OmegaConf.to_container(OmegaConf.load(parent), resolve=False) if parent.is_file() else None
     if pretrain is not None:

@@ -4,7 +4,12 @@
         results.json, results.md     dev metrics per column and seed, medians, GLUE score (lm.glue.results)
         submission/<CoLA|...|AX>.tsv test predictions of each task's best-dev seed; submission.zip when all
                                      eleven files are there (what the leaderboard takes)
-        <task>/seed<k>/              metrics.jsonl (+ wandb/tensorboard), best/ checkpoint when save_best
+        <task>/seed<k>/              metrics.jsonl (+ wandb/tensorboard), best/ checkpoint when save_best,
+                                     checkpoints/ while it trains (resume), result.pt when it is done
+
+Each task/seed is one `lm.core.loop.run` of a `lm.glue.trainer.GlueTask`. Rerunning the same command
+(same run_dir) skips the task/seed pairs that wrote result.pt and continues the interrupted one from
+its last checkpoint (every epoch end by default), so the results equal an uninterrupted run's.
 
 The seed whose dev main metric is highest writes the submission (the usual practice of reporting the
 median over seeds on dev and submitting the best dev run, e.g. RoBERTa, Liu et al. 2019).
@@ -13,54 +18,26 @@ median over seeds on dev and submitting the best dev run, e.g. RoBERTa, Liu et a
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List
 
-from lm.config import ConfigError, GlueTaskConfig, LoggerConfig
+from lm.core.config import LoggerConfig
+from lm.glue.config import FinetuneSchema, GlueTaskConfig
 from lm.glue.init import Backbone, build_classifier
-from lm.glue.presets import expand
 from lm.glue.readers import GlueDataMissing, split_path
 from lm.glue.results import results_table, write_results
 from lm.glue.submission import check_submission, write_submission
 from lm.glue.tasks import EVALS, get_task
-from lm.glue.trainer import load_task_data, run_seed
+from lm.glue.trainer import GlueTask, SeedResult, load_task_data
 
 log = logging.getLogger("lm")
 
-
-@dataclass
-class RunOptions:
-    run_dir: Path
-    make_engine: Callable[[], Any]  # a fresh, unwrapped engine (lm.engine)
-    micro_batch_size: int = 32
-    eval_batch_size: int = 128
-    log_interval: int = 50
-    logger: Optional[LoggerConfig] = None  # None = metrics.jsonl only
-    predict_test: bool = True
-    save_best: bool = False
-    hf: bool = True  # fall back to the Hugging Face copy when a split is not local
-    skip_missing: bool = False  # skip tasks without local train/dev data (the GLUE score is then partial)
-    pooling: Optional[str] = None
-    config: Optional[Dict] = None  # the job's resolved config, for the trackers
-    per_task: Optional[Dict[str, Dict]] = None  # {task or "all": {field: value}} on top of the presets
-    is_main: bool = True  # rank 0 writes the files; every rank trains and predicts
-
-
-def with_overrides(t: GlueTaskConfig, per_task: Dict[str, Dict]) -> GlueTaskConfig:
-    """A task preset with per_task["all"] then per_task[<task>] applied, validated again."""
-    from lm.config import validate_glue_task
-
-    fields = {**(per_task.get("all") or {}), **(per_task.get(t.name) or {})}
-    unknown = sorted(set(fields) - set(vars(t)))
-    if unknown:
-        raise ConfigError(f"per_task: unknown task field(s) {unknown}; allowed: {sorted(vars(t))}")
-    t = replace(t, **fields)
-    validate_glue_task(t)
-    return t
+RESULT = "result.pt"  # <run_dir>/<task>/seed<k>/result.pt: that pair is done (what resume skips)
 
 
 def check_data(tasks: List[GlueTaskConfig]) -> Dict[str, str]:
@@ -76,15 +53,21 @@ def check_data(tasks: List[GlueTaskConfig]) -> Dict[str, str]:
     return missing
 
 
-def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, Any]:
-    """Run every task of `task_node` (one task, or glue/all) for each of its seeds; returns the summary."""
+def finetune_glue(job: FinetuneSchema, backbone: Backbone, make_engine: Callable[[Any], Any], config: Dict,
+                  dist) -> Dict[str, Any]:
+    """Run every task of job.tasks for each of its seeds; returns the summary.
+
+    make_engine(train_config) gives a fresh, unwrapped engine (lm.engine); `config` is the job's resolved
+    config for the trackers; `dist` (lm.engine.dist.Dist): rank 0 writes the files, every rank trains and predicts.
+    """
     from lm.glue.tasks import DOWNLOAD_HINT
 
-    tasks = [with_overrides(t, opts.per_task or {}) for t in expand(task_node)]
+    tasks = list(job.tasks.values())
+    run_dir = Path(job.run_dir)
     missing = check_data(tasks)
-    if opts.hf and not opts.skip_missing:
+    if job.hf and not job.skip_missing:
         missing = {t: why for t, why in missing.items() if not _on_hub(t, tasks)}
-    if missing and not opts.skip_missing:  # before any training: a job must not die at its seventh task
+    if missing and not job.skip_missing:  # before any training: a job must not die at its seventh task
         lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())
         raise GlueDataMissing(f"GLUE data missing for {len(missing)} task(s):\n  {lines}\n{DOWNLOAD_HINT}; or set "
                               f"skip_missing=true to run the tasks that are there (the GLUE score is then partial)")
@@ -93,19 +76,19 @@ def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, 
     tasks = [t for t in tasks if t.name not in missing]
     dev: Dict[str, Dict[int, Dict]] = {}
     info: Dict[str, Any] = {"tasks": {}, "submission": {}}
-    sub_dir = opts.run_dir / "submission"
+    sub_dir = run_dir / "submission"
     for t in tasks:
-        results, data = _run_task(t, backbone, opts)
+        results, data = _run_task(t, job, backbone, make_engine, config, dist)
         for col in data.dev:
             dev[col] = {r.seed: r.dev[col] for r in results}
         best = max(results, key=lambda r: r.main)
         info["tasks"][t.name] = {
-            "config": {k: v for k, v in vars(t).items() if k not in ("tasks",)},
+            "config": asdict(t),
             "best_seed": best.seed,
             "runs": {str(r.seed): {"best_epoch": r.best_epoch, "main": r.main, "seconds": round(r.seconds, 1),
                                    "history": r.history} for r in results}}
         for col, preds in best.test.items():
-            if opts.is_main:
+            if dist.is_main:
                 write_submission(col, preds, sub_dir, data.test[col].indices)
             info["submission"][EVALS[col].submission] = {"seed": best.seed, "rows": len(preds)}
         for why in data.missing_test:
@@ -114,9 +97,9 @@ def finetune_glue(task_node, backbone: Backbone, opts: RunOptions) -> Dict[str, 
     if not dev:
         raise GlueDataMissing("no GLUE task could run: " + "; ".join(f"{t}: {w}" for t, w in missing.items()))
     info["skipped_tasks"] = missing
-    if opts.is_main:
+    if dist.is_main:
         _zip_if_complete(sub_dir, info)
-        write_results(dev, opts.run_dir, extra={**info, "init": backbone.source})
+        write_results(dev, run_dir, extra={**info, "init": backbone.source})
     return {"dev": dev, **info}
 
 
@@ -133,70 +116,118 @@ def _on_hub(name: str, tasks: List[GlueTaskConfig]) -> bool:
         return False
 
 
-def _run_task(t: GlueTaskConfig, backbone: Backbone, opts: RunOptions):
+def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_engine, config: Dict, dist):
     from lm.engine import dist as D
 
     max_len = t.max_len
     if max_len > backbone.model_cfg.max_seq_len:
-        log.warning("GLUE %s: task.max_len=%d exceeds model.max_seq_len=%d; truncating inputs to %d tokens", t.name,
-                    max_len, backbone.model_cfg.max_seq_len, backbone.model_cfg.max_seq_len)
+        log.warning("GLUE %s: tasks.%s.max_len=%d exceeds model.max_seq_len=%d; truncating inputs to %d tokens",
+                    t.name, t.name, max_len, backbone.model_cfg.max_seq_len, backbone.model_cfg.max_seq_len)
         max_len = backbone.model_cfg.max_seq_len
     t0 = time.perf_counter()
-    data = load_task_data(t, backbone.tokenizer, backbone.model_cfg.arch, max_len, opts.hf, opts.predict_test)
+    data = load_task_data(t, backbone.tokenizer, backbone.model_cfg.arch, max_len, job.hf, job.predict_test)
     log.info("GLUE %s: %d train examples, dev %s, test %s (read and encoded in %.1f s)", data.task.dir,
              len(data.train.features), {c: len(s.features) for c, s in data.dev.items()},
              {c: len(s.features) for c, s in data.test.items()}, time.perf_counter() - t0)
     results = []
     for seed in t.seeds:
-        results.append(_run_one(t, data, seed, backbone, opts))
+        out = Path(job.run_dir) / t.name / f"seed{seed}"
+        if job.resume and (out / RESULT).is_file():
+            log.info("GLUE %s seed %d: done in an earlier run (%s), skipped", t.name, seed, out / RESULT)
+            results.append(_load_result(out / RESULT))
+        else:
+            results.append(_run_one(t, data, seed, out, job, backbone, make_engine, config, dist))
         D.barrier()
     return results, data
 
 
-def _run_one(t: GlueTaskConfig, data, seed: int, backbone: Backbone, opts: RunOptions):
+def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema, backbone: Backbone, make_engine,
+             config: Dict, dist) -> SeedResult:
     import torch
+    import yaml
 
+    from lm.core import loop
     from lm.core.checkpoint import Checkpointer
-    from lm.config import OptimConfig
-    from lm.core.optim import adamw
+    from lm.core.optim import adamw, lr_multiplier
     from lm.core.tracking import NullTracker, Tracker
+    from lm.engine import dist as D
 
-    engine = opts.make_engine()
-    out = opts.run_dir / t.name / f"seed{seed}"
+    is_main, pad_id = dist.is_main, backbone.tokenizer.pad_id
+    task = GlueTask(t, data, seed, dist.rank, dist.world_size, job.train.micro_batch_size, pad_id, job.eval_batch_size)
+    tcfg = job.train.for_task(task.total, task.per_epoch)
+    optim, sched = t.optim(job.optim), t.sched(job.sched, task.total)
+    engine = make_engine(tcfg)
+    if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
+        from lm.config import ConfigError
+
+        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
     torch.manual_seed(seed)  # the head's init (and a scratch backbone's): the same on every rank
-    model = build_classifier(backbone, get_task(t.name).n_labels, t.dropout, opts.pooling)
+    model = build_classifier(backbone, get_task(t.name).n_labels, t.dropout, job.pooling and job.pooling.value)
     torch.manual_seed(seed + engine.rank)  # dropout differs per rank
-    # BERT's finetuning AdamW (Devlin et al. 2019): betas (0.9, 0.999), decay on matrices only (lm.core.optim).
-    ocfg = OptimConfig(lr=t.lr, betas=[0.9, 0.999], eps=1e-8, weight_decay=t.weight_decay)
-    engine.wrap(model, lambda m: adamw(m, ocfg))
+    engine.wrap(model, lambda m: adamw(m, optim))
+    config_yaml = yaml.safe_dump({**config, "task": _plain(asdict(t)), "seed": seed})
+    checkpointer = Checkpointer(out, engine, tcfg.keep_last, config_yaml)
+    if job.save_best:
+        best = Checkpointer(out / "best", engine, keep_last=1, config_yaml=yaml.safe_dump(
+            {"model": _plain(asdict(backbone.model_cfg)), "task": _plain(asdict(t)), "seed": seed}))
+        task.save_best = lambda step, record: best.save({"step": step, "tokens": 0, **record}, {})
+    state = loop.State()
+    latest = D.broadcast_object(checkpointer.latest() if is_main and job.resume else None)
+    if latest:
+        trainer, task_state = checkpointer.load(latest)
+        task.load_state_dict(task_state)
+        state = loop.State.from_checkpoint(trainer)
+        log.info("GLUE %s seed %d: resumed from %s (step %d/%d)", t.name, seed, latest, state.step, task.total)
     tracker = NullTracker()
-    if engine.is_main:
+    if is_main:
         out.mkdir(parents=True, exist_ok=True)
-        tracker = Tracker(out, _logger_for(opts, t.name, seed), {**(opts.config or {}), "task": vars(t), "seed": seed})
-    on_best = None
-    if opts.save_best:
-        import yaml
-
-        checkpointer = Checkpointer(out / "best", engine, keep_last=1, config_yaml=yaml.safe_dump(
-            {"model": _plain(backbone.model_cfg), "task": vars(t), "seed": seed}))
-        on_best = lambda step, record: checkpointer.save({"step": step, "tokens": 0, **record}, {})  # noqa: E731
+        tracker = Tracker(out, _logger_for(job, t.name, seed), {**config, "task": asdict(t), "seed": seed},
+                          resume_step=state.step)
     try:
-        return run_seed(t, data, seed, engine, tracker, backbone.tokenizer.pad_id, opts.micro_batch_size,
-                        opts.eval_batch_size, opts.log_interval, on_best)
+        loop.run(tcfg, engine, task, lambda step: optim.lr * lr_multiplier(step, sched, task.total), tracker,
+                 checkpointer, state)
+        result = task.result()
+        if is_main:
+            _save_result(out / RESULT, result)
+            shutil.rmtree(out / "checkpoints", ignore_errors=True)  # done: result.pt is what resume reads
+        return result
     finally:
         tracker.close()
         engine.close()
 
 
-def _plain(model_cfg) -> Dict:
-    from dataclasses import asdict
+def _save_result(path: Path, result: SeedResult) -> None:
+    import torch
 
-    return asdict(model_cfg)
+    from lm.core.checkpoint import plain_state
+
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(plain_state(asdict(result)), tmp)  # numbers and tensors only: it loads with weights_only
+    os.replace(tmp, path)
 
 
-def _logger_for(opts: RunOptions, task: str, seed: int) -> LoggerConfig:
-    base = opts.logger or LoggerConfig()
-    name = f"{opts.run_dir.name}-{task}-seed{seed}"
+def _load_result(path: Path) -> SeedResult:
+    import torch
+
+    fields = torch.load(path, weights_only=True)  # a result.pt from elsewhere cannot run code
+    fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
+    return SeedResult(**fields)
+
+
+def _plain(node):
+    """Enums as their values (nested dicts and lists too), for yaml.safe_dump."""
+    from enum import Enum
+
+    if isinstance(node, dict):
+        return {k: _plain(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_plain(v) for v in node]
+    return node.value if isinstance(node, Enum) else node
+
+
+def _logger_for(job: FinetuneSchema, task: str, seed: int) -> LoggerConfig:
+    base = job.logger
+    name = f"{Path(job.run_dir).name}-{task}-seed{seed}"
     return replace(base, job_type="finetune", name=name, tags=[*base.tags, "glue", task])
 
 

@@ -1,10 +1,10 @@
-"""One GLUE task, one seed: the finetuning epoch loop, on the shared `lm.core.loop.train_step` and any engine.
+"""One GLUE task, one seed, as a `lm.core.task.Task` that `lm.core.loop.run` trains (on any engine).
 
-    for each optimizer step (epochs x ceil(N / batch_size) steps, AdamW, linear warmup + linear decay):
-        a shuffled batch of `batch_size` examples, this rank's share cut into micro-batches
-        loop.train_step: forward + backward through the engine, each micro-batch weighted by its
-            share of the global batch (so the step's gradient is the example mean over all ranks)
-        engine.step(): clip, update, zero gradients
+    steps: epochs x ceil(N / batch_size) (AdamW and the lr schedule of the optim/sched groups, the
+        schedule's length computed from the epochs; lm.glue.run builds them)
+    each step: a batch of `batch_size` examples from the epoch's shuffled order (a seeded RNG, the same
+        on every rank), this rank's share cut into micro-batches; the loop weights each by its share of
+        the global batch, so the step's gradient is the example mean over all ranks
     at the end of every epoch: predict dev, score with the leaderboard's metrics; when the task's
     main metric improves, keep those dev metrics and predict the test set(s) with the same weights
     (the predictions of the best epoch are the submission; optionally the weights are saved too).
@@ -19,12 +19,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
-from lm.config import GlueTaskConfig, SchedConfig
+from lm.glue.config import GlueTaskConfig
+from lm.core import objectives
 from lm.glue.encode import collate, encode_examples
 from lm.glue.metrics import Metrics, compute_metrics, main_metric
 from lm.glue.readers import GlueDataMissing, load_split
@@ -100,17 +101,46 @@ def micro_batches(indices: np.ndarray, rank: int, world_size: int, micro_batch_s
     return [chunk for chunk in np.array_split(mine, n_micro) if len(chunk)]
 
 
-def schedule(cfg: GlueTaskConfig, n_train: int, world_size: int = 1) -> Tuple[int, int, SchedConfig]:
-    """(steps per epoch, total steps, linear warmup + linear decay to 0) from epochs and batch size."""
-    # A tail batch smaller than the number of ranks would leave a rank without data: dropped.
-    per_epoch = max(1, n_train // cfg.batch_size + (1 if n_train % cfg.batch_size >= world_size else 0))
-    total = max(1, math.ceil(cfg.epochs * per_epoch))
-    return per_epoch, total, SchedConfig(kind="linear", warmup_steps=round(cfg.warmup_ratio * total), min_lr_ratio=0.0)
+def steps_per_epoch(batch_size: int, n_train: int, world_size: int = 1) -> int:
+    """Optimizer steps per epoch; a tail batch smaller than the number of ranks would leave a rank
+    without data, so it is dropped."""
+    return max(1, n_train // batch_size + (1 if n_train % batch_size >= world_size else 0))
 
 
-def epoch_order(n: int, batch_size: int, per_epoch: int, rng: np.random.Generator) -> List[np.ndarray]:
-    perm = rng.permutation(n)
-    return [perm[i * batch_size:(i + 1) * batch_size] for i in range(per_epoch)]
+def total_steps(epochs: float, per_epoch: int) -> int:
+    return max(1, math.ceil(epochs * per_epoch))
+
+
+class EpochBatches:
+    """The steps' micro-batches: epoch e's order is the (e+1)-th permutation of default_rng(seed), the same
+    on every rank. The state is the next step; loading it replays the permutations up to its epoch."""
+
+    def __init__(self, features: List[Features], batch_size: int, per_epoch: int, seed: int, rank: int,
+                 world_size: int, micro_batch_size: int, pad_id: int):
+        self.features, self.batch_size, self.per_epoch, self.seed = features, batch_size, per_epoch, seed
+        self.rank, self.world_size, self.micro_batch_size, self.pad_id = rank, world_size, micro_batch_size, pad_id
+        self.load_state_dict({"step": 0})
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> List[Dict[str, torch.Tensor]]:
+        epoch, i = divmod(self.step, self.per_epoch)
+        batch = self._order(epoch)[i * self.batch_size:(i + 1) * self.batch_size]
+        self.step += 1
+        return [collate([self.features[j] for j in chunk], self.pad_id)
+                for chunk in micro_batches(batch, self.rank, self.world_size, self.micro_batch_size)]
+
+    def _order(self, epoch: int) -> np.ndarray:
+        while self._drawn <= epoch:
+            self._perm, self._drawn = self._rng.permutation(len(self.features)), self._drawn + 1
+        return self._perm
+
+    def state_dict(self) -> Dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.step, self._rng, self._drawn, self._perm = state["step"], np.random.default_rng(self.seed), 0, None
 
 
 # -- prediction --------------------------------------------------------------------------------------
@@ -156,45 +186,56 @@ class SeedResult:
     seconds: float = 0.0
 
 
-def run_seed(cfg: GlueTaskConfig, data: TaskData, seed: int, engine, tracker, pad_id: int,
-             micro_batch_size: int, eval_batch_size: int = 128, log_interval: int = 50,
-             on_best: Optional[Callable[[int, Dict], None]] = None) -> SeedResult:
-    """Train one wrapped engine (model + AdamW already built) on `data`; returns the best epoch's results."""
-    from lm.core.loop import LossDiverged, train_step
-    from lm.core.optim import lr_multiplier
+class GlueTask:
+    """One task and seed for lm.core.loop.run: dev scoring at each epoch end, best epoch by the main metric."""
 
-    per_epoch, total, sched = schedule(cfg, len(data.train.features), engine.world_size)
-    rng = np.random.default_rng(seed)  # the same batch order on every rank
-    best: Optional[SeedResult] = None
-    history, t0, order = [], time.perf_counter(), []
-    for step in range(total):
-        if step % per_epoch == 0:
-            order = epoch_order(len(data.train.features), cfg.batch_size, per_epoch, rng)
-        lr = cfg.lr * lr_multiplier(step, sched, total)
-        engine.set_lr(lr)
-        micro = [collate([data.train.features[i] for i in chunk], pad_id)
-                 for chunk in micro_batches(order[step % per_epoch], engine.rank, engine.world_size, micro_batch_size)]
-        loss, _ = train_step(engine, micro)
-        if not math.isfinite(loss):
-            raise LossDiverged(f"GLUE {data.task.dir} seed {seed}: loss is {loss} at step {step + 1}; lower task.lr "
-                               f"(now {cfg.lr}) or raise task.warmup_ratio")
-        grad_norm = engine.step()
-        if (step + 1) % log_interval == 0:
-            tracker.log({"step": step + 1, "loss": loss, "lr": lr, "grad_norm": grad_norm})
-        if (step + 1) % per_epoch == 0 or step + 1 == total:
-            epoch = math.ceil((step + 1) / per_epoch)
-            dev = score_dev(engine, data, pad_id, eval_batch_size)
-            main = main_metric(data.task.name, dev, cfg.main_metric)
-            history.append({"epoch": epoch, "step": step + 1, "main": main, "dev": dev})
-            tracker.log({"step": step + 1, "epoch": epoch, "dev/main": main,
-                         **{f"dev/{c}/{k}": v for c, m in dev.items() for k, v in m.items()}})
-            if engine.is_main:
-                log.info("%s seed %d epoch %d (step %d/%d): loss %.4f, dev %s = %.2f", data.task.dir, seed, epoch,
-                         step + 1, total, loss, cfg.main_metric, main)
-            if best is None or main > best.main:
-                test = {c: predict(engine, s.features, pad_id, eval_batch_size) for c, s in data.test.items()}
-                best = SeedResult(seed, dev, main, epoch, test)
-                if on_best:
-                    on_best(step + 1, {"epoch": epoch, "main": main, "dev": dev})
-    best.history, best.seconds = history, time.perf_counter() - t0
-    return best
+    best_metric = "dev/main"
+
+    def __init__(self, cfg: GlueTaskConfig, data: TaskData, seed: int, rank: int, world_size: int,
+                 micro_batch_size: int, pad_id: int, eval_batch_size: int = 128,
+                 save_best: Optional[Callable[[int, Dict], None]] = None):
+        self.cfg, self.data, self.seed, self.pad_id, self.eval_batch_size = cfg, data, seed, pad_id, eval_batch_size
+        self.per_epoch = steps_per_epoch(cfg.batch_size, len(data.train.features), world_size)
+        self.total = total_steps(cfg.epochs, self.per_epoch)
+        self.batches = EpochBatches(data.train.features, cfg.batch_size, self.per_epoch, seed, rank, world_size,
+                                    micro_batch_size, pad_id)
+        self.save_best = save_best
+        self.history: List[Dict] = []
+        self.best: Optional[Dict] = None  # {"epoch", "main", "dev", "test"} of the best epoch so far
+        self.seconds, self._t0 = 0.0, time.perf_counter()  # training time over every process that ran it
+
+    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return objectives.loss(model, batch)
+
+    def evaluate(self, engine, step: int) -> Dict:
+        epoch = math.ceil(step / self.per_epoch)
+        dev = score_dev(engine, self.data, self.pad_id, self.eval_batch_size)
+        main = main_metric(self.data.task.name, dev, self.cfg.main_metric)
+        self.history.append({"epoch": epoch, "step": step, "main": main, "dev": dev})
+        if engine.is_main:
+            log.info("%s seed %d epoch %d (step %d/%d): dev %s = %.2f", self.data.task.dir, self.seed, epoch, step,
+                     self.total, self.cfg.main_metric, main)
+        return {"epoch": epoch, "dev/main": main, **{f"dev/{c}/{k}": v for c, m in dev.items() for k, v in m.items()}}
+
+    def on_best(self, engine, step: int, record: Dict) -> None:
+        last = self.history[-1]
+        test = {c: predict(engine, s.features, self.pad_id, self.eval_batch_size) for c, s in self.data.test.items()}
+        self.best = {"epoch": last["epoch"], "main": last["main"], "dev": last["dev"], "test": test}
+        if self.save_best:
+            self.save_best(step, {"epoch": last["epoch"], "main": last["main"], "dev": last["dev"]})
+
+    def state_dict(self) -> Dict:
+        return {"batches": self.batches.state_dict(), "history": self.history, "best": self.best,
+                "seconds": self._seconds()}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.batches.load_state_dict(state["batches"])
+        self.history, self.best = state["history"], state["best"]
+        self.seconds, self._t0 = state["seconds"], time.perf_counter()
+
+    def _seconds(self) -> float:
+        return self.seconds + time.perf_counter() - self._t0
+
+    def result(self) -> SeedResult:
+        b = self.best
+        return SeedResult(self.seed, b["dev"], b["main"], b["epoch"], b["test"], self.history, self._seconds())

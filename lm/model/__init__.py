@@ -1,15 +1,13 @@
-"""Model code: single-device PyTorch. `build_model(cfg)` is the only place it meets Hydra.
+"""Model code: single-device PyTorch. `build_model(cfg)` is the only place it meets Hydra (instantiate).
 
-Public API: build_model, model_config, Block, DecoderLM, EncoderLM, EncoderDecoderLM,
-SequenceClassifier, generate (lm.model.generate), from_hf / to_hf (lm.model.convert),
-num_params / flops_per_token (lm.model.flops).
+Public API: build_model, ModelConfig / model_preset / model_from_saved (lm.model.config), Block,
+DecoderLM, EncoderLM, EncoderDecoderLM, SequenceClassifier, generate (lm.model.generate),
+from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
 """
 
-from dataclasses import fields
-from typing import Any, Union
-
-from lm.config import ConfigError, ModelConfig, validate_model
+from lm.config import ConfigError
 from lm.model.block import Block
+from lm.model.config import ModelConfig, validate_model
 from lm.model.init import init_weights
 from lm.model.linear import use_kind
 from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM, SequenceClassifier
@@ -17,30 +15,7 @@ from lm.model.stack import Components
 
 ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM}
 
-__all__ = ["build_model", "model_config", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM", "SequenceClassifier"]
-
-
-def model_config(cfg: Union[ModelConfig, Any]) -> ModelConfig:
-    """A typed ModelConfig from a ModelConfig, a dict or an OmegaConf node.
-
-    Fields are type-checked against the schema (unknown keys and wrong types fail here, before
-    anything is built); the component nodes norm/ffn/pos stay plain dicts for instantiate.
-    """
-    if isinstance(cfg, ModelConfig):
-        return cfg
-    from omegaconf import DictConfig, OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    data = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
-    slots = {k: data.pop(k) for k in ("norm", "ffn", "pos") if k in data}
-    try:
-        typed = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), data))
-    except OmegaConfBaseException as e:
-        allowed = sorted(f.name for f in fields(ModelConfig))
-        raise ConfigError(f"bad model config: {e.msg if hasattr(e, 'msg') else e}. Allowed fields: {allowed}") from None
-    for k, v in slots.items():
-        setattr(typed, k, v)
-    return typed
+__all__ = ["build_model", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM", "SequenceClassifier"]
 
 
 def components(cfg: ModelConfig) -> Components:
@@ -55,9 +30,11 @@ def components(cfg: ModelConfig) -> Components:
     return Components(norm=build("norm"), ffn=build("ffn"), pos=build("pos"))
 
 
-def build_model(cfg: Union[ModelConfig, Any]):
-    """Validate the config, build the model of its family, and initialise its weights."""
-    cfg = model_config(cfg)
+def build_model(cfg: ModelConfig):
+    """Validate the typed config, build the model of its family, and initialise its weights."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"build_model takes a ModelConfig (lm.model.config), not {type(cfg).__name__}; "
+                        f"compose one with model_preset(name, overrides) or model_from_saved(node)")
     validate_model(cfg)
     model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
     init_weights(model, cfg)

@@ -10,7 +10,7 @@ output projection, tied or not, since it is a matmul either way.
 import torch
 from torch import nn
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 
 
 def _meta_model(cfg: ModelConfig) -> nn.Module:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.config import ModelConfig
 from lm.constants import IGNORE_INDEX
+from lm.model.config import ModelConfig
 from lm.model.ffn import ACTIVATIONS
 from lm.model.linear import Linear
 from lm.model.loss import chunked_cross_entropy
@@ -84,8 +84,10 @@ class OutputLinear(Linear):
 
 
 def mlm_transform(cfg: ModelConfig, norm: nn.Module) -> nn.Module:
-    """BERT's prediction-head transform: dense, GELU, norm."""
-    act = ACTIVATIONS["gelu"]
+    """BERT's prediction-head transform: dense, activation (GELU in BERT; HF uses hidden_act), norm."""
+    if cfg.mlm_activation not in ACTIVATIONS:
+        raise ValueError(f"model.mlm_activation={cfg.mlm_activation!r} is not one of {sorted(ACTIVATIONS)}")
+    act = ACTIVATIONS[cfg.mlm_activation]
     return nn.Sequential(Linear(cfg.dim, cfg.dim), _Lambda(act), norm)
 
 

@@ -11,7 +11,7 @@ import math
 
 from torch import nn
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 
 
 def _n_residual_layers(cfg: ModelConfig) -> int:

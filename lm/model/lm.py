@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 from lm.model.attention import LayerCache
 from lm.constants import IGNORE_INDEX
 from lm.model.heads import Embedding, LMHead, LMOutput, mlm_transform, pool

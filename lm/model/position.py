@@ -87,16 +87,63 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-class RoPE(PositionScheme):
-    """Rotary embeddings (Su et al. 2021), half-split layout as in Hugging Face Llama/GPT-NeoX."""
+ROPE_SCALINGS = (None, "linear", "dynamic", "llama3")
 
-    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal, theta: float = 10000.0):
+
+def rope_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
+    """theta^(-2i/Dh) for i < Dh/2: the rotation speed of each pair of channels."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_max_seq_len: int) -> torch.Tensor:
+    """Llama 3.1's frequency-dependent scaling: wavelengths longer than original/low_freq_factor are slowed
+    by `factor`, shorter than original/high_freq_factor kept, and the band between interpolated."""
+    wavelen = 2 * math.pi / inv_freq
+    low_wavelen, high_wavelen = original_max_seq_len / low_freq_factor, original_max_seq_len / high_freq_factor
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_seq_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class RoPE(PositionScheme):
+    """Rotary embeddings (Su et al. 2021), half-split layout as in Hugging Face Llama/GPT-NeoX.
+
+    `scaling` stretches the context a model was trained on (`original_max_seq_len`, default
+    max_seq_len) by `factor`: "linear" divides every frequency by it (position interpolation,
+    Chen et al. 2023), "llama3" only the low ones (Llama 3.1), "dynamic" raises theta once a
+    sequence is longer than original_max_seq_len (dynamic NTK; recomputed per call from the
+    furthest position, where Hugging Face keeps the longest length seen in a stateful cache).
+    """
+
+    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal, theta: float = 10000.0,
+                 scaling: Optional[str] = None, factor: float = 1.0, low_freq_factor: float = 1.0,
+                 high_freq_factor: float = 4.0, original_max_seq_len: Optional[int] = None):
         super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        if scaling not in ROPE_SCALINGS:
+            raise ValueError(f"model.pos.scaling={scaling!r} is not one of {list(ROPE_SCALINGS)}")
+        self.theta, self.head_dim, self.scaling, self.factor = theta, head_dim, scaling, factor
+        self.original_max_seq_len = original_max_seq_len or max_seq_len
+        inv_freq = rope_inv_freq(theta, head_dim)
+        if scaling == "linear":
+            inv_freq = inv_freq / factor
+        elif scaling == "llama3":
+            inv_freq = llama3_inv_freq(inv_freq, factor, low_freq_factor, high_freq_factor, self.original_max_seq_len)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def _dynamic_inv_freq(self, seq_len: int) -> torch.Tensor:
+        # NTK-aware base for the current length (as transformers' _compute_dynamic_ntk_parameters).
+        orig, d = self.original_max_seq_len, self.head_dim
+        theta = self.theta * ((self.factor * seq_len / orig) - (self.factor - 1)) ** (d / (d - 2))
+        return rope_inv_freq(theta, d).to(self.inv_freq.device)
+
     def rotary(self, positions):
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, Dh/2)
+        inv_freq = self.inv_freq
+        if self.scaling == "dynamic" and positions.numel() and int(positions[-1]) + 1 > self.original_max_seq_len:
+            inv_freq = self._dynamic_inv_freq(int(positions[-1]) + 1)
+        freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, Dh/2)
         angles = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
         cos, sin = angles.cos(), angles.sin()
 

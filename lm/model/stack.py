@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lm.config import ModelConfig
+from lm.model.config import ModelConfig
 from lm.model.attention import CrossAttention, LayerCache, SelfAttention, build_mask
 from lm.model.block import Block
 
@@ -21,19 +21,28 @@ class Components:
     pos: Callable[..., nn.Module]  # pos(dim, n_heads, head_dim, max_seq_len, causal)
 
 
-def _attention(cls, cfg: ModelConfig, c: Components):
+def _attention(cls, cfg: ModelConfig, c: Components, layer: int):
     qk_norm = (lambda d: c.norm(d, eps=cfg.norm_eps)) if cfg.qk_norm else None
-    return cls(cfg.dim, cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.bias, cfg.attn_dropout, cfg.attn_scale, qk_norm)
+    return cls(cfg.dim, cfg.n_heads, cfg.kv_heads, cfg.d_head, cfg.bias, cfg.attn_dropout, attn_scale(cfg, layer), qk_norm)
 
 
-def make_block(cfg: ModelConfig, c: Components, cross: bool) -> Block:
+def attn_scale(cfg: ModelConfig, layer: int) -> Optional[float]:
+    """The softmax scale of layer `layer` (0-based); None = SDPA's own 1/sqrt(head_dim)."""
+    if not cfg.attn_scale_by_layer:
+        return cfg.attn_scale
+    base = cfg.d_head ** -0.5 if cfg.attn_scale is None else cfg.attn_scale
+    return base / (layer + 1)  # HF GPT-2 scale_attn_by_inverse_layer_idx (Stanford CRFM Mistral runs)
+
+
+def make_block(cfg: ModelConfig, c: Components, cross: bool, layer: int = 0) -> Block:
+    ffn_bias = cfg.bias if cfg.ffn_bias is None else cfg.ffn_bias
     return Block(
-        self_attn=_attention(SelfAttention, cfg, c),
-        ffn=c.ffn(cfg.dim, bias=cfg.bias, dropout=cfg.dropout),
+        self_attn=_attention(SelfAttention, cfg, c, layer),
+        ffn=c.ffn(cfg.dim, bias=ffn_bias, dropout=cfg.dropout),
         norm=lambda: c.norm(cfg.dim, eps=cfg.norm_eps),
         norm_position=cfg.norm_position,
         dropout=cfg.dropout,
-        cross_attn=_attention(CrossAttention, cfg, c) if cross else None,
+        cross_attn=_attention(CrossAttention, cfg, c, layer) if cross else None,
     )
 
 
@@ -45,7 +54,7 @@ class Stack(nn.Module):
         self.pos = c.pos(dim=cfg.dim, n_heads=cfg.n_heads, head_dim=cfg.d_head, max_seq_len=cfg.max_seq_len, causal=causal)
         self.embed_norm = c.norm(cfg.dim, eps=cfg.norm_eps) if cfg.embed_norm else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(make_block(cfg, c, cross) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(make_block(cfg, c, cross, i) for i in range(n_layers))
         self.final_norm = c.norm(cfg.dim, eps=cfg.norm_eps) if cfg.final_norm else nn.Identity()
 
     def new_cache(self) -> List[LayerCache]:

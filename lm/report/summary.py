@@ -41,10 +41,10 @@ def model_cost(run: Run) -> tuple:
 def _cost_from_config(model_json: str, T: Optional[int]) -> tuple:
     """Cached: every seed of a variant has the same model, and each count builds it on meta."""
     try:
-        from lm.model import model_config
+        from lm.model.config import model_from_saved
         from lm.model.flops import flops_per_token, num_params
 
-        cfg = model_config(json.loads(model_json))
+        cfg = model_from_saved(json.loads(model_json))
         return num_params(cfg), flops_per_token(cfg, T or cfg.max_seq_len)
     except Exception:  # an old or foreign config: the table shows a blank, not a crash
         return None, None

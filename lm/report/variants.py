@@ -11,6 +11,7 @@ data config and the training budget (steps, batch, sequence length). Seeds may d
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -62,14 +63,20 @@ def _varying_overrides(runs: list) -> list:
 
 
 def _option_name(slot: str, node: Any) -> Optional[str]:
-    """The conf/model/<slot>/ option file whose content equals this component node."""
-    from lm.config import conf_dir
-    from lm.report.runs import load_yaml
+    """The conf/model/<slot>/ option whose composed node equals this component node."""
+    return next((name for name, option in _option_nodes(slot) if option == node), None)
 
-    for f in sorted((conf_dir() / "model" / slot).glob("*.yaml")):
-        if load_yaml(f) == node:
-            return f.stem
-    return None
+
+@functools.lru_cache(maxsize=None)
+def _option_nodes(slot: str) -> tuple:
+    """(name, node as saved in a run's config.yaml) of every conf/model/<slot>/ option, composed by Hydra."""
+    from omegaconf import OmegaConf
+
+    from lm.config import compose_group, conf_dir
+
+    return tuple((f.stem, OmegaConf.to_container(OmegaConf.structured(compose_group(f"model/{slot}", f.stem)),
+                                                 enum_to_str=True))
+                 for f in sorted((conf_dir() / "model" / slot).glob("*.yaml")))
 
 
 def _config_labels(runs: list) -> list:

@@ -70,7 +70,7 @@ class InCellProcess:
 
         for k, v in getattr(self, "shared_env", {}).items():
             os.environ.setdefault(k, v)
-        register_train_configs()  # the ${lm.stamp:} / ${lm.eq:} resolvers of conf/train.yaml
+        register_train_configs()  # the ${lm.stamp:} / ${lm.cell:} resolvers of conf/train.yaml
         return super().__call__(*args, **kwargs)
 
 

@@ -1,0 +1,109 @@
+"""One writer per run directory: `<run_dir>/.lock`, held by rank 0 for the life of its process.
+
+    lock_run_dir(run_dir, dist)   # lm-train, lm-finetune: before anything in run_dir is read or written
+
+Two runs writing one run_dir delete each other's half-written checkpoints and lose metrics, so the
+second one refuses at once, naming the holder. The lock is `fcntl.flock` on the open file: the kernel
+drops it when the holding process dies (however it dies), so a lock file left by a killed run never
+blocks the next resume. The file's text (pid, host, start time, command) only names the holder.
+"""
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Dict, Optional, TextIO
+
+from lm.core.checkpoint import CheckpointError
+from lm.engine import dist as D
+
+LOCK_NAME = ".lock"
+
+_held: Dict[Path, TextIO] = {}  # run_dir -> open lock file: the lock lives as long as the file stays open
+
+
+class RunDirLocked(CheckpointError):
+    """Another live process holds the run directory; the message names it."""
+
+
+def lock_run_dir(run_dir, dist=None) -> None:
+    """Create `run_dir` and lock it on rank 0 (all ranks raise RunDirLocked if rank 0 could not).
+    `dist`: the lm.engine.dist.Dist of the run, or None for a single process."""
+    error = None
+    if dist is None or dist.is_main:
+        try:
+            Path(run_dir).mkdir(parents=True, exist_ok=True)
+            acquire(run_dir)
+        except RunDirLocked as e:
+            error = e
+    if D.any_rank(error is not None):
+        raise error or RunDirLocked(f"{run_dir} is in use by another run (see rank 0's error)")
+
+
+def acquire(run_dir) -> Path:
+    """Lock `run_dir` for this process (again: no-op); raise RunDirLocked naming a live holder."""
+    run_dir = Path(run_dir).resolve()
+    path = run_dir / LOCK_NAME
+    if run_dir in _held:
+        return path
+    f = open(path, "a+")  # not "w": the holder's text must survive until we hold the lock
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        text = f.read()
+        f.close()
+        raise RunDirLocked(_held_message(run_dir, path, text)) from None
+    f.seek(0)
+    f.truncate()
+    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                        "start": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                        "command": " ".join(sys.argv)}) + "\n")
+    f.flush()
+    _held[run_dir] = f
+    return path
+
+
+def release(run_dir) -> None:
+    """Give the lock up before the process ends (tests; a long-lived process done with the run)."""
+    f = _held.pop(Path(run_dir).resolve(), None)
+    if f is not None:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def holder(run_dir) -> Optional[Dict]:
+    """What the lock file of `run_dir` says about its last holder (None if there is none)."""
+    try:
+        return json.loads((Path(run_dir) / LOCK_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _held_message(run_dir: Path, path: Path, text: str) -> str:
+    try:
+        who = json.loads(text)
+    except ValueError:
+        who = {}
+    pid, host = who.get("pid", "?"), who.get("host", "?")
+    what = f"pid {pid} on {host}, started {who.get('start', '?')}: {who.get('command', '?')}"
+    if host == socket.gethostname() and isinstance(pid, int) and not _alive(pid):
+        # flock is inherited across fork: children of a dead holder (data-loader workers, a launcher's
+        # ranks) still hold it, and may still be writing.
+        what += f" (pid {pid} has exited; processes it forked still hold the lock: `fuser -v {path}` lists them)"
+    return (f"run_dir {run_dir} is in use by another run ({what}). Two runs in one run_dir overwrite each "
+            f"other's checkpoints and metrics: wait for it to finish, stop it, or pick another run_dir. The lock "
+            f"({path}) is released when that process exits.")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,69 @@
+"""Pretraining as a `lm.core.task.Task`: packed token windows in, token-mean val loss out.
+
+Each optimizer step takes grad_accum micro-batches of the train loader; evaluation is the token-mean
+loss over at most eval_batches micro-batches of the val loader (lm.core.loop.evaluate). There is
+no "best": pretraining keeps its latest checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Dict, Iterable, List
+
+import torch
+
+from lm.core import objectives
+from lm.core.tracking import perplexity
+
+log = logging.getLogger("lm")
+
+
+class LoaderSteps:
+    """grad_accum micro-batches of a resumable loader per step; its state is the loader's own."""
+
+    def __init__(self, loader, grad_accum: int):
+        self.loader, self.grad_accum = loader, grad_accum
+        self._it = None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> List[Dict[str, torch.Tensor]]:
+        if self._it is None:  # created on first use: after load_state_dict, from the restored position
+            self._it = iter(self.loader)
+        return [next(self._it) for _ in range(self.grad_accum)]
+
+    def state_dict(self) -> Dict:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.loader.load_state_dict(state)
+        self._it = None
+
+
+class PretrainTask:
+    best_metric = None
+
+    def __init__(self, train_loader, val_loader: Iterable, grad_accum: int, eval_batches: int):
+        self.batches = LoaderSteps(train_loader, grad_accum)
+        self.val_loader, self.eval_batches = val_loader, eval_batches
+
+    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        return objectives.loss(model, batch)
+
+    def evaluate(self, engine, step: int) -> Dict:
+        from lm.core.loop import evaluate
+
+        val_loss = evaluate(engine, self.val_loader, self.eval_batches)
+        if engine.is_main:
+            log.info("step %d: val_loss %.4f, val_ppl %.2f", step, val_loss, perplexity(val_loss))
+        return {"val_loss": val_loss, "val_ppl": perplexity(val_loss)}
+
+    def on_best(self, engine, step: int, record: Dict) -> None:  # best_metric is None: never called
+        pass
+
+    def state_dict(self) -> Dict:  # the checkpoint's loader state, as before tasks existed
+        return self.batches.state_dict()
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.batches.load_state_dict(state)

@@ -1,0 +1,52 @@
+"""What `lm.core.loop.run` trains: a task supplies batches, the loss, evaluation and "keep best by metric".
+
+The loop owns everything that is the same for every task: the learning rate of each step, the forward
+and backward of each micro-batch (weighted by label tokens over all ranks), the NaN/inf policy, the
+progress bar, throughput, evaluation and checkpoints at their intervals, and preemption. A task owns
+what differs: pretraining (lm.core.pretrain_task) reads packed token windows and reports val loss;
+GLUE finetuning (lm.glue.trainer) reads shuffled epochs of examples and scores dev with the
+leaderboard's metrics, keeping the best epoch's test predictions.
+
+Exact resume: `state_dict()` is saved with every checkpoint (one per rank) and `load_state_dict()`
+restores it before the loop continues, so the next step's batches, and what the task kept about
+earlier evaluations (history, best results), are those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Protocol
+
+import torch
+
+
+class StepBatches(Protocol):
+    """An endless iterator over optimizer steps: each item is one step's micro-batches on this rank
+    (every rank gets the same number, since engines count accumulation boundaries)."""
+
+    def __next__(self) -> List[Dict[str, torch.Tensor]]: ...
+
+    def state_dict(self) -> Dict: ...
+
+    def load_state_dict(self, state: Dict) -> None: ...
+
+
+class Task(Protocol):
+    batches: StepBatches
+    # The key of evaluate()'s record that model selection maximises; None = no "best" (pretraining).
+    best_metric: Optional[str]
+
+    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today."""
+
+    def evaluate(self, engine, step: int) -> Dict:
+        """Metrics after `step` optimizer steps (every rank calls it; sharded engines need every rank's
+        forwards). The loop logs the record with step and tokens added."""
+
+    def on_best(self, engine, step: int, record: Dict) -> None:
+        """Called after evaluate() when record[best_metric] beats every earlier evaluation, e.g. to
+        predict the test set or save the weights with the same parameters."""
+
+    def state_dict(self) -> Dict:
+        """Everything needed to continue exactly (the batches' position, what the task kept)."""
+
+    def load_state_dict(self, state: Dict) -> None: ...

@@ -1,0 +1,187 @@
+"""The typed config of `lm-finetune` (conf/finetune.yaml, conf/task/glue/*.yaml) and its validation.
+
+A task preset composes under `tasks.<name>` (conf/task/glue/<name>.yaml is `@package _global_`):
+
+    lm-finetune task=glue/sst2 ...                   tasks: {sst2: ...}
+    lm-finetune task=glue/all ...                    tasks: {cola: ..., sst2: ..., ..., wnli: ...}
+    lm-finetune 'task=[glue/rte,glue/qqp]' ...       tasks: {rte: ..., qqp: ...}
+    lm-finetune task=glue/all tasks.sst2.epochs=1    one task's setting
+    lm-finetune task=glue/all optim.lr=3e-4 glue.data_root=/data/glue_data   every task's (shared nodes)
+
+Settings shared by every task live in shared nodes that the presets leave unset or interpolate:
+`optim` and `sched` (the groups of conf/optim and conf/sched, as in lm-train; a task's `lr`,
+`weight_decay` replace theirs when set), and `glue` (data_root, max_train_examples).
+The whole config becomes typed objects once, at entry (`finetune_job`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from lm.config import ConfigError
+from lm.core.config import (Device, LoggerConfig, OnNonfinite, OptimConfig, Precision, SchedConfig, TrainConfig,
+                            validate_train)
+
+
+class Pooling(str, Enum):
+    """How a sequence becomes one vector for the classification layer (lm/glue/init.py)."""
+
+    first = "first"  # the [CLS] token (encoders)
+    last = "last"  # the last real token (decoders, encoder-decoders)
+    mean = "mean"  # the mean over real tokens
+
+
+@dataclass
+class GlueTaskConfig:
+    """One GLUE task's finetuning hyperparameters (conf/task/glue/<name>.yaml, under tasks.<name>).
+
+    Metrics are in points (x100); `main_metric` picks the number model selection maximises: "score"
+    (the task's leaderboard score), a metric of the task (e.g. "f1"), or "<column>/<metric>" (e.g. "mnli_m/acc").
+    """
+
+    name: str = MISSING  # a task of lm.glue.tasks.GLUE_TASKS; equals its key under tasks
+    n_labels: int = 2  # head width: classes, or 1 for regression (STS-B)
+    main_metric: str = "score"
+    epochs: float = 3.0  # the schedule's length: epochs x steps per epoch
+    lr: Optional[float] = None  # peak learning rate; None = optim.lr
+    weight_decay: Optional[float] = None  # None = optim.weight_decay
+    warmup_ratio: Optional[float] = 0.1  # warmup steps = this x the task's steps (Devlin et al. 2019); None = sched.warmup_steps
+    batch_size: int = 32  # examples per optimizer step
+    max_len: int = 128  # tokens per example after truncation, special tokens included
+    dropout: float = 0.1  # before the classification layer
+    seeds: List[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
+    max_train_examples: Optional[int] = None  # first N training examples only (smoke runs on CPU)
+    data_root: Optional[str] = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
+
+    def optim(self, shared: OptimConfig) -> OptimConfig:
+        return replace(shared, lr=shared.lr if self.lr is None else self.lr,
+                       weight_decay=shared.weight_decay if self.weight_decay is None else self.weight_decay)
+
+    def sched(self, shared: SchedConfig, total_steps: int) -> SchedConfig:
+        if self.warmup_ratio is None:
+            return shared
+        return replace(shared, warmup_steps=round(self.warmup_ratio * total_steps))
+
+
+@dataclass
+class GlueShared:
+    """Settings of every task: the presets interpolate these (`data_root: ${glue.data_root}`)."""
+
+    data_root: Optional[str] = None
+    max_train_examples: Optional[int] = None
+
+
+@dataclass
+class FinetuneTrain:
+    """The train.* fields lm-finetune accepts; each has an effect. Batch size, steps, warmup and
+    evaluation follow each task (tasks.<name>.batch_size, epochs, warmup_ratio; dev at every epoch end)."""
+
+    micro_batch_size: int = 32  # a task's batch is cut into micro-batches of at most this size per rank
+    grad_clip: float = 1.0
+    precision: Precision = Precision.fp32
+    compile: bool = False
+    device: Device = Device.auto
+    log_interval: int = 50  # steps between metrics.jsonl lines
+    ckpt_interval: int = 0  # steps between checkpoints of a task/seed; 0 = at the end of every epoch
+    keep_last: int = 1  # checkpoints kept per task/seed
+    on_nonfinite: OnNonfinite = OnNonfinite.stop  # what a NaN/inf loss does
+    max_nonfinite: int = 10
+    world_size: Optional[int] = None  # expected number of processes (asserted)
+    progress: bool = True  # tqdm bar on rank 0 (only on a terminal)
+    threads: Optional[int] = None  # torch intra-op CPU threads per process
+
+    def for_task(self, total_steps: int, per_epoch: int) -> TrainConfig:
+        """The loop's and engine's TrainConfig of one task: its steps, dev at every epoch end."""
+        return TrainConfig(micro_batch_size=self.micro_batch_size, grad_accum=1, max_steps=total_steps,
+                           grad_clip=self.grad_clip, precision=self.precision, compile=self.compile,
+                           device=self.device, log_interval=self.log_interval, eval_interval=per_epoch,
+                           ckpt_interval=self.ckpt_interval or per_epoch, keep_last=self.keep_last,
+                           on_nonfinite=self.on_nonfinite, max_nonfinite=self.max_nonfinite,
+                           world_size=self.world_size, progress=self.progress, threads=self.threads)
+
+
+@dataclass
+class FinetuneSchema:
+    """The top of conf/finetune.yaml: unknown keys fail at composition."""
+
+    tasks: Dict[str, GlueTaskConfig] = field(default_factory=dict)  # composed by task=glue/<name> | glue/all
+    glue: GlueShared = field(default_factory=GlueShared)
+    model: Any = None  # init=none only: the model to build (conf/model/)
+    engine: Any = None
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
+    logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(job_type="finetune"))
+    train: FinetuneTrain = field(default_factory=FinetuneTrain)
+    init: str = MISSING  # lm-train run dir | checkpoint dir | lm-export dir | none
+    tokenizer: Optional[str] = None  # tokenizer.json or a prepared data dir; default: the checkpoint's own
+    run_dir: str = "runs/finetune/${lm.stamp:}"
+    seed: int = 0  # unused by the tasks (tasks.<name>.seeds are the seeds); kept for sweeps that tag runs
+    resume: bool = True  # continue each unfinished task/seed from its checkpoint; skip the finished ones
+    predict_test: bool = True  # write the leaderboard's submission files
+    save_best: bool = False  # also save the best-dev weights under <run_dir>/<task>/seed<k>/best
+    hf: bool = True  # read the Hugging Face copy of a split that is not on disk
+    skip_missing: bool = False  # run only tasks whose data is local (the GLUE score is then partial)
+    pooling: Optional[Pooling] = None  # None = first for encoders, last otherwise
+    eval_batch_size: int = 128
+
+
+def finetune_job(cfg) -> FinetuneSchema:
+    """The composed DictConfig as typed objects (the one conversion), validated."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(cfg, "init"):
+        raise ConfigError("say where the model starts: init=<lm-train run dir or checkpoint dir or lm-export dir>, "
+                          "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
+    job = OmegaConf.to_object(cfg)
+    validate_finetune(job)
+    return job
+
+
+def validate_finetune(job: FinetuneSchema) -> None:
+    if not job.tasks:
+        raise ConfigError("no task selected; pick task=glue/<name>, task=glue/all or task=[glue/a,glue/b]")
+    for key, t in job.tasks.items():
+        if t.name != key:
+            raise ConfigError(f"tasks.{key}.name={t.name!r} must be {key!r} (the key a preset composes under)")
+        validate_glue_task(t)
+    validate_train(job.train.for_task(1, 1), job.optim, job.sched)
+
+
+def validate_glue_task(cfg: GlueTaskConfig) -> None:
+    """Fail before any data is read; the message names the field and the allowed values."""
+    from lm.glue.metrics import metric_keys
+    from lm.glue.tasks import GLUE_TASKS, TASKS
+
+    where = f"tasks.{cfg.name}"
+    if cfg.name not in GLUE_TASKS:
+        raise ConfigError(f"{where}: task name {cfg.name!r} is not one of {list(GLUE_TASKS)}; pick task=glue/<name>")
+    want = TASKS[cfg.name].n_labels
+    if cfg.n_labels != want:
+        raise ConfigError(f"{where}.n_labels={cfg.n_labels} but {cfg.name} has {want} "
+                          f"({'regression' if want == 1 else 'classes'}); set {where}.n_labels={want}")
+    if cfg.main_metric not in metric_keys(cfg.name):
+        raise ConfigError(f"{where}.main_metric={cfg.main_metric!r} is not one of {metric_keys(cfg.name)}")
+    for name in ("batch_size", "max_len"):
+        if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
+            raise ConfigError(f"{where}.{name}={getattr(cfg, name)!r} must be a positive integer")
+    if cfg.max_len < 4:
+        raise ConfigError(f"{where}.max_len={cfg.max_len} leaves no room for text after 3 special tokens; use >= 4")
+    if cfg.epochs <= 0 or (cfg.lr is not None and cfg.lr <= 0) or (cfg.weight_decay or 0) < 0 \
+            or (cfg.warmup_ratio is not None and not 0.0 <= cfg.warmup_ratio < 1.0):
+        raise ConfigError(f"{where}: epochs={cfg.epochs} and lr={cfg.lr} must be > 0, warmup_ratio="
+                          f"{cfg.warmup_ratio} in [0, 1) or null, weight_decay={cfg.weight_decay} >= 0")
+    if not cfg.seeds:
+        raise ConfigError(f"{where}.seeds is empty; give at least one seed, e.g. {where}.seeds=[0]")
+    if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
+        raise ConfigError(f"{where}.max_train_examples={cfg.max_train_examples} must be >= 1 or null")
+
+
+def register_glue_configs() -> None:
+    """The finetune schema (conf/finetune.yaml lists `finetune_schema` first)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="finetune_schema", node=FinetuneSchema)

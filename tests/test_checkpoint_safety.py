@@ -1,0 +1,293 @@
+"""Run directories that stay trustworthy: one writer at a time, a full disk leaves no half-written
+checkpoint behind, and a checkpoint's pickles cannot run code (issue 22 items 2, 3, 7).
+
+In-process lm-train on the synthetic loader of engine_support, tiny model.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from lm.cli.train import train
+from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
+from lm.core.lock import LOCK_NAME, RunDirLocked, acquire, holder, release
+from tests.engine_support import REPO, compose, loaders, subprocess_env, tiny_overrides, train_losses
+
+
+def run(run_dir, steps=4, extra=(), **train_kw):
+    cfg = compose(tiny_overrides(run_dir, steps, **train_kw) + list(extra))
+    return train(cfg, loaders=loaders(cfg))
+
+
+def python(code: str, **popen):
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=subprocess_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+# -- item 2: one writer per run_dir ------------------------------------------------------------------
+
+HOLD = """
+    import sys, time
+    from lm.core.lock import acquire
+    acquire(sys.argv[1])
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_second_run_on_a_held_run_dir_refuses_naming_the_holder(tmp_path):
+    tmp_path.mkdir(exist_ok=True)
+    first = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), str(tmp_path)], env=subprocess_env(),
+                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "holding"
+        with pytest.raises(RunDirLocked, match=rf"in use by another run \(pid {first.pid} on "
+                                               rf"{socket.gethostname()}, started 20\d\d-.*-c") as e:
+            run(tmp_path)
+        assert "wait for it to finish, stop it, or pick another run_dir" in str(e.value)
+        assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()
+    finally:
+        first.kill()
+        first.wait()
+    # the holder is dead (SIGKILL): the kernel dropped its flock, its lock file does not block
+    assert holder(tmp_path)["pid"] == first.pid
+    result = run(tmp_path, steps=2)
+    assert result.state.step == 2 and holder(tmp_path)["pid"] == os.getpid()
+    release(tmp_path)
+
+
+def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
+    (tmp_path / LOCK_NAME).write_text('{"pid": 999999999, "host": "%s", "start": "2026-01-01T00:00:00+00:00", '
+                                      '"command": "lm-train"}\n' % socket.gethostname())
+    run(tmp_path, steps=2)
+    assert holder(tmp_path)["pid"] == os.getpid()
+    # and another process is refused while this one holds it, told who holds it
+    second = python(f"""
+        from lm.core.lock import acquire
+        acquire({str(tmp_path)!r})
+    """)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode != 0 and f"pid {os.getpid()} on {socket.gethostname()}" in err, err
+    release(tmp_path)
+    second = python(f"""
+        from lm.core.lock import acquire
+        acquire({str(tmp_path)!r})
+    """)
+    assert second.wait(timeout=60) == 0  # released: free again
+
+
+def test_the_same_process_may_lock_its_run_dir_again(tmp_path):
+    assert acquire(tmp_path) == acquire(tmp_path) == tmp_path.resolve() / LOCK_NAME
+    release(tmp_path)
+
+
+# -- item 3: a full disk -------------------------------------------------------------------------------
+
+def test_torch_save_failing_mid_write_removes_the_partial_checkpoint(tmp_path, monkeypatch):
+    """torch.save reports ENOSPC as RuntimeError ('unexpected pos'), not OSError: the half-written
+    .tmp-step_* must go all the same, `latest` still names the previous checkpoint, the run resumes."""
+    from lm.engine.base import Engine
+
+    real, saves = Engine.save_state, {"n": 0}
+
+    def full_disk(self, path):
+        saves["n"] += 1
+        if saves["n"] == 2:
+            (path / "model_optim.pt").write_bytes(b"PK\x03\x04 half")  # what torch.save leaves behind
+            raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 1344 vs 1232")
+        real(self, path)
+
+    monkeypatch.setattr(Engine, "save_state", full_disk)
+    with pytest.raises(CheckpointError) as e:
+        run(tmp_path, steps=9, ckpt_interval=3)
+    message = str(e.value)
+    assert f"checkpoint {tmp_path / 'checkpoints' / 'step_00000006'} could not be written" in message
+    assert "unexpected pos" in message and " MiB free under " in message
+    assert "step_00000003 is intact" in message and "run the same command again" in message
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no .tmp-step_00000006
+    assert (ckpts / "latest").read_text() == "step_00000003"
+    monkeypatch.setattr(Engine, "save_state", real)
+    assert run(tmp_path, steps=9, ckpt_interval=3).state.step == 9
+    assert list(train_losses(tmp_path)) == list(range(1, 10))
+
+
+def test_rank_state_failing_to_write_is_cleaned_up_too(tmp_path, monkeypatch):
+    from lm.core import checkpoint
+
+    real, calls = torch.save, {"n": 0}
+
+    def save(obj, f, *a, **kw):
+        calls["n"] += 1
+        if str(f).endswith("rank00000.pt"):
+            raise RuntimeError("unexpected pos 64 vs 0")
+        return real(obj, f, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.torch, "save", save)
+    with pytest.raises(CheckpointError, match="no earlier checkpoint exists"):
+        run(tmp_path, steps=2, ckpt_interval=1)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == []
+
+
+# -- item 7: no pickled code ---------------------------------------------------------------------------
+
+class Payload:
+    """Unpickling this would create a file: what a malicious checkpoint would do instead."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (self.target, "w"))
+
+
+def reseal(ckpt):
+    """Rewrite manifest.json and trainer.json's sha256 of it: what the author of a crafted checkpoint does."""
+    from lm.core.checkpoint import _write_manifest
+
+    trainer = json.loads((ckpt / "trainer.json").read_text())
+    (ckpt / "trainer.json").write_text(json.dumps({**trainer, "manifest_sha256": _write_manifest(ckpt)}))
+
+
+def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
+    run(tmp_path / "run", steps=2, ckpt_interval=2)
+    ckpt = resolve(tmp_path / "run")
+    marker = tmp_path / "pwned"
+
+    good = torch.load(ckpt / "rank00000.pt", weights_only=True)  # the real file loads with weights_only
+    assert isinstance(good["rng"]["numpy"]["key"], torch.Tensor)
+    torch.save({**good, "extra": Payload(str(marker))}, ckpt / "rank00000.pt")
+    reseal(ckpt)
+    with pytest.raises(CheckpointError, match=r"rank00000.pt holds pickled objects .* refuses to load"):
+        run(tmp_path / "run", steps=4, ckpt_interval=2)
+    assert not marker.exists()
+
+    state = torch.load(ckpt / "model_optim.pt", weights_only=True)
+    torch.save({**state, "extra": Payload(str(marker))}, ckpt / "model_optim.pt")
+    reseal(ckpt)
+    with pytest.raises(CheckpointError, match=r"step_00000002 \(Engine's files\) holds pickled objects"):
+        consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
+    assert not marker.exists()
+
+
+def test_rank_state_of_an_older_checkpoint_still_resumes(tmp_path):
+    """Rank files written before the RNG state became tensors (and before checksums) hold numpy's
+    tuple: still accepted."""
+    import numpy as np
+
+    constant = ["sched=constant", "model.dropout=0.1"]  # dropout: the restored RNG state matters
+    run(tmp_path, steps=2, extra=constant, ckpt_interval=2)
+    path = resolve(tmp_path) / "rank00000.pt"
+    state = torch.load(path, weights_only=True)
+    n = state["rng"]["numpy"]
+    state["rng"]["numpy"] = (n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"])
+    torch.save(state, path)
+    trainer = json.loads((path.parent / "trainer.json").read_text())
+    del trainer["manifest_sha256"]
+    (path.parent / "trainer.json").write_text(json.dumps(trainer))
+    (path.parent / "manifest.json").unlink()
+    run(tmp_path / "whole", steps=4, extra=constant)
+    assert run(tmp_path, steps=4, extra=constant).state.step == 4
+    assert train_losses(tmp_path) == train_losses(tmp_path / "whole")
+
+
+# -- item 6: checksums ---------------------------------------------------------------------------------
+
+def flip_bytes(path, n=100):
+    data = bytearray(path.read_bytes())
+    for i in range(n):
+        data[len(data) // 2 + i] ^= 0x10  # inside the tensor data: the zip container still opens
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_latest_is_named_and_the_run_resumes_from_the_newest_intact_one(tmp_path, caplog):
+    constant = ["sched=constant", "model.dropout=0.1"]
+    run(tmp_path / "whole", steps=10, extra=constant, ckpt_interval=4)
+    run(tmp_path / "run", steps=8, extra=constant, ckpt_interval=4)
+    ckpts = tmp_path / "run" / "checkpoints"
+    manifest = json.loads((ckpts / "step_00000008" / "manifest.json").read_text())["files"]
+    assert set(manifest) == {"config.yaml", "model_optim.pt", "rank00000.pt"}
+    flip_bytes(ckpts / "step_00000008" / "model_optim.pt")
+    with caplog.at_level("WARNING", logger="lm"):
+        assert run(tmp_path / "run", steps=10, extra=constant, ckpt_interval=4).state.step == 10
+    assert (f"checkpoint {ckpts / 'step_00000008'} is damaged (model_optim.pt does not match the sha256 written "
+            f"with it" in caplog.text and f"resuming from {ckpts / 'step_00000004'}" in caplog.text), caplog.text
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")  # steps 5-8 redone exactly
+
+
+def test_no_intact_checkpoint_refuses_with_the_options(tmp_path):
+    run(tmp_path, steps=2, ckpt_interval=2)
+    (resolve(tmp_path) / "rank00000.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"step_00000002 is damaged \(rank00000.pt is missing\) and no older "
+                                              r"checkpoint .* is intact. Options: restore"):
+        run(tmp_path, steps=4, ckpt_interval=2)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    ("truncate", r"model_optim.pt has \d+ bytes, \d+ when written"),
+    ("flip", "model_optim.pt does not match the sha256"),
+    ("trainer", r"trainer.json cannot be read"),
+])
+def test_export_and_finetune_init_refuse_a_damaged_checkpoint(tmp_path, damage, reason):
+    run(tmp_path, steps=4, ckpt_interval=2)
+    ckpt = resolve(tmp_path)
+    if damage == "truncate":
+        data = (ckpt / "model_optim.pt").read_bytes()
+        (ckpt / "model_optim.pt").write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        flip_bytes(ckpt / "model_optim.pt")
+    else:
+        (ckpt / "trainer.json").write_text('{"step": 4, "eng')
+    with pytest.raises(CheckpointError, match=rf"step_00000004 is damaged: {reason}.*Intact checkpoints of this "
+                                              rf"run: step_00000002 \(pass one of them\)"):
+        consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
+    assert consolidated_state_dict(ckpt.parent / "step_00000002")
+
+
+def fake_fsdp2_checkpoint(ckpt, metadata=None):
+    """An FSDP2-format checkpoint written by DCP in one process (no process group needed)."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt / "dcp", no_dist=True)
+    (ckpt / "trainer.json").write_text(json.dumps({"step": 1, "engine": {"engine": "FSDP2Engine", "format": "dcp",
+                                                                         "world_size": 2}}))
+    if metadata is not None:
+        (ckpt / "dcp" / ".metadata").write_bytes(metadata)
+    return model
+
+
+def test_dcp_metadata_is_read_without_running_pickled_code(tmp_path):
+    """torch.distributed.checkpoint unpickles its .metadata with plain pickle: lm checks it first."""
+    import pickle
+
+    model = fake_fsdp2_checkpoint(tmp_path / "good")
+    assert torch.equal(consolidated_state_dict(tmp_path / "good")["weight"], model.weight)
+    marker = tmp_path / "pwned"
+    fake_fsdp2_checkpoint(tmp_path / "bad", metadata=pickle.dumps(Payload(str(marker))))
+    with pytest.raises(CheckpointError, match=r"bad \(FSDP2Engine's files\) holds pickled objects .*could run "
+                                              r"code: Unsupported global: (io|builtins).open"):
+        consolidated_state_dict(tmp_path / "bad")
+    assert not marker.exists()
+
+
+def test_task_state_with_numpy_values_is_stored_as_plain_types(tmp_path):
+    """A task's state (GLUE: metric history with numpy floats) must load back with weights_only=True."""
+    import numpy as np
+
+    from lm.core.checkpoint import plain_state as _plain
+
+    state = {"history": [{"acc": np.float32(0.75)}], "best": (np.int64(3), np.arange(3)), "step": 5}
+    path = tmp_path / "rank.pt"
+    torch.save(_plain(state), path)
+    back = torch.load(path, weights_only=True)
+    assert back["history"] == [{"acc": 0.75}] and back["step"] == 5 and back["best"][0] == 3
+    assert torch.equal(back["best"][1], torch.arange(3))

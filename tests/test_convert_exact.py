@@ -1,0 +1,266 @@
+"""Conversion to and from Hugging Face is exact outside the default layouts, or refuses by name.
+
+Every parameter is perturbed first (zero biases and unit norms would hide mapping errors), and
+each case is checked both ways: their model -> ours (from_hf) and ours -> theirs (to_hf), the
+latter also through save_pretrained / from_pretrained as lm-export writes it.
+"""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+from lm.model.config import (GLUConfig, LayerNormConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig)  # noqa: E402
+from lm.model import build_model  # noqa: E402
+from lm.model.convert import from_hf, to_hf  # noqa: E402
+from lm.model.generate import generate  # noqa: E402
+
+T = transformers
+V = 101
+TOL = 1e-5  # fp32, relative to the largest |logit| (perturbed untied heads give logits in the tens)
+
+
+def perturb(model, seed=0):
+    """Add noise to every parameter (tied ones once), so biases, norms and embeddings are all non-trivial."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.2)
+    return model.eval()
+
+
+def untie_head(hf):
+    """Give an HF model's output layer its own tensor (the T5 v1.1 / Flan layout in transformers 5)."""
+    head = hf.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    return hf
+
+
+def gpt2(**kw):
+    return T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=32, n_layer=3, n_head=4, n_positions=64, **kw))
+
+
+def llama(**kw):
+    base = dict(vocab_size=V, hidden_size=32, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    return T.LlamaForCausalLM(T.LlamaConfig(**{**base, **kw}))
+
+
+def bert(**kw):
+    return T.BertForMaskedLM(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          intermediate_size=64, max_position_embeddings=64, **kw))
+
+
+def t5(untied=False, num_decoder_layers=3, **kw):
+    hf = T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2,
+                                                 num_decoder_layers=num_decoder_layers, num_heads=4,
+                                                 decoder_start_token_id=0, **kw))
+    return untie_head(hf) if untied else hf
+
+
+HF_CASES = {
+    "gpt2": lambda: gpt2(),
+    "gpt2_untied": lambda: untie_head(gpt2(tie_word_embeddings=False)),
+    "gpt2_inverse_layer_idx": lambda: gpt2(scale_attn_by_inverse_layer_idx=True),
+    "gpt2_unscaled_attn": lambda: gpt2(scale_attn_weights=False),
+    "gpt2_both_scalings": lambda: gpt2(scale_attn_weights=False, scale_attn_by_inverse_layer_idx=True),
+    "gpt2_relu": lambda: gpt2(activation_function="relu"),
+    "llama": lambda: llama(),
+    "llama_tied": lambda: llama(tie_word_embeddings=True),
+    "llama_attention_bias": lambda: llama(attention_bias=True),
+    "llama_mlp_bias": lambda: llama(mlp_bias=True),
+    "llama_both_biases": lambda: llama(attention_bias=True, mlp_bias=True),
+    "llama_gelu": lambda: llama(hidden_act="gelu"),
+    "llama_rope_linear": lambda: llama(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}),
+    # max_position_embeddings 8 < 12 input tokens: the dynamic base is in play
+    "llama_rope_dynamic": lambda: llama(max_position_embeddings=8,
+                                        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0}),
+    "llama_rope_llama3": lambda: llama(rope_parameters={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16, "rope_theta": 500.0}),
+    "bert": lambda: bert(),
+    "bert_relu": lambda: bert(hidden_act="relu"),
+    "bert_silu": lambda: bert(hidden_act="silu"),
+    "bert_gelu_new": lambda: bert(hidden_act="gelu_new"),
+    "t5": lambda: t5(),
+    "t5_gelu": lambda: t5(feed_forward_proj="gelu"),
+    "t5_gated_gelu_untied": lambda: t5(untied=True, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "t5_gated_gelu_tied": lambda: t5(feed_forward_proj="gated-gelu"),
+    "t5_gated_relu_untied_scaled": lambda: t5(untied=True, feed_forward_proj="gated-relu"),
+    "t5_gated_silu": lambda: t5(feed_forward_proj="gated-silu", tie_word_embeddings=False),
+}
+
+
+def inputs(t5_like: bool, seq=12):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(1, V, (2, seq), generator=g)
+    mask = torch.ones_like(x)
+    mask[1, 9:] = 0  # right padding in the second row
+    kw = {"input_ids": x, "attention_mask": mask}
+    if t5_like:
+        kw["decoder_input_ids"] = torch.randint(1, V, (2, 7), generator=g)
+    return kw
+
+
+def logits(model, kw):
+    with torch.no_grad():
+        out = model.eval()(**kw).logits
+    # Padded query positions are undefined (each implementation fills them differently).
+    return out if "decoder_input_ids" in kw else out[kw["attention_mask"].bool()]
+
+
+def max_diff(a, b, kw):
+    """max |logit difference| / max(1, max |logit|): the float error of the same sums in another order."""
+    la, lb = logits(a, kw), logits(b, kw)
+    return ((la - lb).abs().max() / la.abs().max().clamp(min=1)).item()
+
+
+@pytest.mark.parametrize("name", list(HF_CASES))
+def test_from_hf_and_back_with_perturbed_weights(name, tmp_path):
+    torch.manual_seed(0)
+    hf = perturb(HF_CASES[name]())
+    ours, cfg = from_hf(hf)
+    kw = inputs(name.startswith("t5"))
+    diff = max_diff(hf, ours, kw)
+    assert diff < TOL, f"{name} from_hf: max |logit diff| {diff}"
+    # not vacuous: the same config with other weights disagrees
+    assert max_diff(hf, perturb(build_model(cfg), seed=5), kw) > 1e-2
+    assert cfg.tie_embeddings == (hf.get_output_embeddings().weight.data_ptr()
+                                  == hf.get_input_embeddings().weight.data_ptr())
+    exported = to_hf(ours)
+    assert type(exported) is type(hf)
+    assert max_diff(hf, exported, kw) < TOL, f"{name} to_hf"
+    exported.save_pretrained(tmp_path)
+    reloaded = type(hf).from_pretrained(tmp_path)
+    diff = max_diff(hf, reloaded, kw)
+    assert diff < TOL, f"{name} save_pretrained/from_pretrained: {diff}"
+    again, _ = from_hf(reloaded)
+    for key, value in ours.state_dict().items():
+        assert torch.equal(value, again.state_dict()[key]), key
+
+
+def _ours(**kw):
+    return ModelConfig(vocab_size=V, dim=32, n_layers=2, n_heads=4, max_seq_len=64, **kw)
+
+
+OUR_CASES = {
+    # the issue's T5 v1.1 layout: GeGLU with tanh GELU, untied, unscaled logits
+    "t5_v1_1": lambda: _ours(arch="encoder_decoder", n_decoder_layers=3, head_dim=8, bias=False, attn_scale=1.0,
+                             tie_embeddings=False, logit_scale=1.0, norm=RMSNormConfig(),
+                             ffn=GLUConfig(activation="gelu_tanh", hidden_dim=48),
+                             pos=T5BiasConfig()),
+    "t5_mlp_gelu_tanh": lambda: _ours(arch="encoder_decoder", bias=False, attn_scale=1.0, logit_scale=32 ** -0.5,
+                                      norm=RMSNormConfig(),
+                                      ffn=MLPConfig(activation="gelu_tanh"),
+                                      pos=T5BiasConfig()),
+    "t5_glu_exact_gelu_tied_unscaled": lambda: _ours(
+        arch="encoder_decoder", bias=False, attn_scale=1.0, norm=RMSNormConfig(),
+        ffn=GLUConfig(activation="gelu"), pos=T5BiasConfig()),
+    "bert_relu": lambda: _ours(arch="encoder", norm_position="post", embed_norm=True, final_norm=False, n_segments=2,
+                               mlm_transform=True, mlm_activation="relu",
+                               ffn=MLPConfig(activation="relu")),
+    "gpt2_layer_scaled": lambda: _ours(attn_scale_by_layer=True, ffn=MLPConfig(activation="gelu_tanh")),
+    "gpt2_exact_gelu_untied": lambda: _ours(tie_embeddings=False),
+    "llama_rope_llama3_biases": lambda: _ours(
+        bias=True, ffn_bias=False, n_kv_heads=2, tie_embeddings=False, norm=RMSNormConfig(),
+        ffn=GLUConfig(activation="silu"),
+        pos=RoPEConfig(theta=500.0, scaling="llama3", factor=8.0, original_max_seq_len=16)),
+    "llama_mlp_bias_rope_linear": lambda: _ours(
+        bias=False, ffn_bias=True, norm=RMSNormConfig(),
+        ffn=GLUConfig(activation="silu"),
+        pos=RoPEConfig(scaling="linear", factor=2.0)),
+}
+
+
+@pytest.mark.parametrize("name", list(OUR_CASES))
+def test_to_hf_of_our_layouts(name, tmp_path):
+    torch.manual_seed(0)
+    ours = perturb(build_model(OUR_CASES[name]()))
+    kw = inputs(name.startswith("t5"))
+    theirs = to_hf(ours)
+    diff = max_diff(ours, theirs, kw)
+    assert diff < TOL, f"{name} to_hf: max |logit diff| {diff}"
+    theirs.save_pretrained(tmp_path)
+    reloaded = type(theirs).from_pretrained(tmp_path)
+    assert max_diff(ours, reloaded, kw) < TOL
+    back, cfg = from_hf(reloaded)
+    assert cfg.tie_embeddings == ours.cfg.tie_embeddings
+    assert max_diff(ours, back, kw) < TOL
+
+
+@pytest.mark.parametrize("hf_factory, match", [
+    (lambda: llama(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
+                                    "original_max_position_embeddings": 16}), "rope_type"),
+    (lambda: gpt2(add_cross_attention=True), "add_cross_attention=True"),
+    (lambda: bert(is_decoder=True), "is_decoder=True"),
+    (lambda: T.BertForMaskedLM(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                            intermediate_size=64, position_embedding_type="relative_key")),
+     "position_embedding_type"),
+    (lambda: t5(feed_forward_proj="gated-gelu_fast"), "feed_forward_proj='gelu_fast'"),
+])
+def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
+    with pytest.raises(ValueError, match=match):
+        from_hf(hf_factory())
+
+
+@pytest.mark.parametrize("cfg, match", [
+    (lambda: OUR_CASES["bert_relu"]().__class__(**{**vars(OUR_CASES["bert_relu"]()), "mlm_activation": "gelu"}),
+     "mlm_activation='gelu' != model.ffn.activation='relu'"),
+    (lambda: _ours(qk_norm=True), "qk_norm"),
+    (lambda: _ours(ffn_bias=False), "ffn_bias=False"),
+    (lambda: _ours(bias=False), "without biases"),
+    (lambda: _ours(n_kv_heads=2), "n_kv_heads=2"),
+    (lambda: _ours(norm=LayerNormConfig(bias=False)), "norm.bias=false"),
+])
+def test_to_hf_refuses_what_it_cannot_represent(cfg, match):
+    with pytest.raises(ValueError, match=match):
+        to_hf(build_model(cfg()))
+
+
+GENERATION_CASES = {
+    "gpt2": HF_CASES["gpt2"],
+    "llama_rope_llama3": HF_CASES["llama_rope_llama3"],
+    "llama_rope_dynamic": HF_CASES["llama_rope_dynamic"],  # 6 + 20 tokens: past max_position_embeddings=8
+    "llama_both_biases": HF_CASES["llama_both_biases"],
+    # transformers' generate cache breaks when a T5 has more decoder than encoder layers: equal stacks here
+    "t5_gated_gelu_untied": lambda: t5(untied=True, num_decoder_layers=2, feed_forward_proj="gated-gelu",
+                                       tie_word_embeddings=False),
+    "t5": lambda: t5(num_decoder_layers=2),
+}
+
+
+@pytest.mark.parametrize("name", list(GENERATION_CASES))
+def test_greedy_generation_matches_hugging_face_generate(name):
+    torch.manual_seed(0)
+    hf = perturb(GENERATION_CASES[name]())
+    ours, _ = from_hf(hf)
+    prompt = inputs(False, seq=6)["input_ids"]
+    hf.generation_config.eos_token_id = None  # 20 tokens exactly, no early stop
+    hf.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=prompt, max_new_tokens=20, do_sample=False)
+    start = 1 if name.startswith("t5") else prompt.shape[1]  # T5 returns the start token; decoders the prompt
+    mine = generate(ours, prompt, max_new_tokens=20)
+    assert torch.equal(mine, theirs[:, start:]), (mine, theirs)
+
+
+@pytest.mark.parametrize("option", ["rope_linear", "rope_dynamic", "rope_llama3"])
+def test_rope_scaling_options_build_and_train(option):
+    """The scaled RoPE variants are ordinary model/pos options: compose, build, one gradient step."""
+    from lm.model.config import model_preset
+
+    cfg = model_preset("tiny", ["model/ffn=swiglu", f"model/pos={option}", "model.max_seq_len=16", "model.pos.factor=4.0"]
+                       + (["model.pos.original_max_seq_len=8"] if option != "rope_linear" else []))
+    assert cfg.pos.scaling == option.split("_")[1]
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    plain = build_model(model_preset("tiny", ["model/ffn=swiglu", "model/pos=rope", "model.max_seq_len=16",
+                                              f"model.pos.theta={cfg.pos.theta}"]))
+    plain.load_state_dict(model.state_dict())
+    x = torch.randint(0, cfg.vocab_size, (2, 16))
+    out = model(input_ids=x, labels=x)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and all(p.grad is not None for p in model.parameters())
+    with torch.no_grad():  # the scaling is in effect (dynamic: only past original_max_seq_len = 8)
+        assert (model(input_ids=x).logits - plain(input_ids=x).logits).abs().max() > 1e-4
+        if option == "rope_dynamic":
+            assert torch.equal(model(input_ids=x[:, :8]).logits, plain(input_ids=x[:, :8]).logits)

@@ -1,0 +1,107 @@
+"""lm-export never deletes what it did not write (issue 22 item 1): --out must be new, empty, or a
+previous export (replaced only with --force, atomically); the run directory, a directory holding it,
+the current directory and files are refused with a message, not a traceback."""
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from lm.cli import export as export_cli
+from lm.cli.export import export, main
+from lm.cli.train import train
+from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
+from tests.engine_support import compose, loaders, tiny_overrides
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("export") / "run"
+    cfg = compose(tiny_overrides(path, 2))
+    train(cfg, loaders=loaders(cfg))
+    return path
+
+
+def exit_message(argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert isinstance(e.value.code, str), e.value.code  # sys.exit(message): status 1, no traceback
+    return e.value.code
+
+
+def test_export_writes_the_checkpoint_weights(run_dir, tmp_path):
+    out = export(run_dir, tmp_path / "new" / "out", hf=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["_lm_class"] == "DecoderLM"
+    weights, reference = load_file(out / "model.safetensors"), consolidated_state_dict(resolve(run_dir))
+    assert weights and all((weights[k] == reference[k]).all() for k in weights)
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["out"]  # no temporary directory left
+
+
+def test_a_directory_with_user_files_is_refused_even_with_force(run_dir, tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "thesis.txt").write_text("x")
+    for force in ([], ["--force"]):
+        message = exit_message([str(run_dir), "--out", str(tmp_path / "d"), "--no-hf", *force])
+        assert "non-empty directory that is not an lm-export output (it holds thesis.txt)" in message
+    assert (tmp_path / "d" / "thesis.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
+@pytest.mark.parametrize("where", ["run", "parent", "checkpoints"])
+def test_the_run_directory_or_one_holding_it_is_refused(run_dir, where):
+    out = {"run": run_dir, "parent": run_dir.parent, "checkpoints": run_dir / "checkpoints"}[where]
+    before = sorted(p.relative_to(run_dir.parent) for p in run_dir.parent.rglob("*"))
+    message = exit_message([str(run_dir), "--out", str(out), "--no-hf", "--force"])
+    assert f"--out {out} is the run directory {run_dir} or holds it" in message
+    assert sorted(p.relative_to(run_dir.parent) for p in run_dir.parent.rglob("*")) == before
+
+
+def test_the_current_directory_and_a_file_get_a_clear_message(run_dir, tmp_path, monkeypatch):
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "notes.md").write_text("mine")
+    monkeypatch.chdir(tmp_path / "here")
+    assert "--out . is the current directory" in exit_message([str(run_dir), "--out", ".", "--no-hf", "--force"])
+    assert "--out .. is the current directory (or holds it)" in exit_message([str(run_dir), "--out", "..", "--no-hf"])
+    assert "--out notes.md is a file" in exit_message([str(run_dir), "--out", "notes.md", "--no-hf"])
+    assert (tmp_path / "here" / "notes.md").read_text() == "mine"
+
+
+def test_a_previous_export_is_replaced_only_with_force(run_dir, tmp_path, capsys):
+    out = tmp_path / "exp"
+    main([str(run_dir), "--out", str(out), "--no-hf"])
+    assert f"exported {out}: config.json, model.safetensors" in capsys.readouterr().out
+    (out / "model.safetensors").write_bytes(b"old")  # to see whether it was replaced
+    assert "holds a previous export; pass --force" in exit_message([str(run_dir), "--out", str(out), "--no-hf"])
+    assert (out / "model.safetensors").read_bytes() == b"old"
+    main([str(run_dir), "--out", str(out), "--no-hf", "--force"])
+    assert load_file(out / "model.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # neither the new temp nor the old one left
+
+
+def test_an_empty_directory_is_used(run_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert export(run_dir, tmp_path / "empty", hf=False) == tmp_path / "empty"
+    assert (tmp_path / "empty" / "model.safetensors").is_file()
+
+
+def test_a_failed_replacement_leaves_the_previous_export(run_dir, tmp_path, monkeypatch):
+    out = export(run_dir, tmp_path / "exp", hf=False)
+    before = (out / "model.safetensors").read_bytes()
+
+    def broken(model, out, cfg):
+        raise RuntimeError("disk full while writing hf/")
+
+    monkeypatch.setattr(export_cli, "_export_hf", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export(run_dir, out, hf=True, force=True)
+    assert (out / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
+
+
+def test_the_default_output_sits_in_the_checkpoint(run_dir):
+    out = export(run_dir, hf=False)
+    assert out == resolve(run_dir) / "export"
+    with pytest.raises(CheckpointError, match="previous export"):
+        export(run_dir, hf=False)
+    assert export(run_dir, hf=False, force=True) == out
