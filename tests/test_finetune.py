@@ -173,6 +173,29 @@ def test_skip_missing_runs_the_tasks_that_are_there(tmp_path, pretrained):
     assert "partial" in (run_dir / "results.md").read_text()
 
 
+def test_a_second_finetune_on_a_held_run_dir_refuses(tmp_path, pretrained):
+    """lm-finetune takes the same run-dir lock as lm-train: a second job on the directory refuses."""
+    import subprocess
+    import sys
+
+    from tests.engine_support import REPO, subprocess_env
+    from lm.core.lock import RunDirLocked
+
+    run_dir = tmp_path / "ft"
+    run_dir.mkdir()
+    hold = "import sys, time; from lm.core.lock import acquire; acquire(sys.argv[1]); print('holding', flush=True); time.sleep(120)"
+    first = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], env=subprocess_env(), cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "holding"
+        with pytest.raises(RunDirLocked, match=rf"in use by another run \(pid {first.pid} on "):
+            finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=glue/sst2"]))
+        assert not (run_dir / "config.yaml").exists() and not (run_dir / "results.json").exists()
+    finally:
+        first.kill()
+        first.wait()
+
+
 def test_missing_init_and_unknown_task_field_are_config_errors(tmp_path, pretrained):
     from hydra.errors import ConfigCompositionException
 
