@@ -17,17 +17,16 @@ The whole config becomes typed objects once, at entry (`finetune_job`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from lm.config import ConfigError
+from lm.config import Choice, ConfigError
 from lm.core.config import (Device, LoggerConfig, OnNonfinite, OptimConfig, Precision, SchedConfig, TrainConfig,
                             validate_train)
 
 
-class Pooling(str, Enum):
+class Pooling(Choice):
     """How a sequence becomes one vector for the classification layer (lm/glue/init.py)."""
 
     first = "first"  # the [CLS] token (encoders)
