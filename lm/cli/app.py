@@ -6,11 +6,13 @@ turn the errors a user can fix into one log line and exit status 1 (or, inside a
 re-raise so the sweep records the cell and goes on), and always tear the process group down.
 """
 
+import errno
 import logging
 import os
 import sys
 import time
-from typing import Callable, Tuple, Type
+from pathlib import Path
+from typing import Callable, List, Optional, Tuple, Type
 
 from omegaconf import DictConfig
 
@@ -21,14 +23,22 @@ log = logging.getLogger("lm")
 
 
 def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
-            user_errors: Tuple[Type[BaseException], ...]) -> None:
-    """Compose `conf/<config_name>.yaml` with the command line and run `job(cfg)` on every rank."""
+            user_errors: Tuple[Type[BaseException], ...],
+            check_args: Optional[Callable[[List[str]], None]] = None) -> None:
+    """Compose `conf/<config_name>.yaml` with the command line and run `job(cfg)` on every rank.
+    `check_args(argv)` refuses, with one of `user_errors`, what Hydra would only report with a traceback."""
     import hydra
 
     from lm.engine import dist as D
     from lm.engine.dist import EngineError
 
     _strip_launcher_args()
+    _check_run_dir_arg(prog)
+    if check_args is not None:
+        try:
+            check_args(sys.argv[1:])
+        except user_errors as e:
+            sys.exit(f"{prog}: {e}")
     try:
         _agree_on_run_stamp()
     except EngineError as e:
@@ -70,6 +80,33 @@ def _in_multirun() -> bool:
     from hydra.types import RunMode
 
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _check_run_dir_arg(prog: str) -> None:
+    """Hydra creates `run_dir=` (hydra.run.dir is pinned to it) before the job starts, so an unwritable one
+    would end in Hydra's traceback: refuse it here in one line. lm/core/lock.py catches the rest (an
+    existing read-only run_dir, the default one)."""
+    from lm.core.lock import unwritable_message
+
+    values = [a.split("=", 1)[1] for a in sys.argv[1:] if a.lstrip("+").startswith("run_dir=")]
+    if not values or "${" in values[-1] or "," in values[-1]:  # interpolations and sweeps: Hydra's to resolve
+        return
+    run_dir = Path(values[-1]).expanduser()
+    error = _unwritable(run_dir)
+    if error is not None:
+        sys.exit(f"{prog}: {unwritable_message(run_dir, error)}")
+
+
+def _unwritable(run_dir: Path):
+    """The OSError creating or writing in `run_dir` would raise, found without creating anything; None if none."""
+    path = run_dir.absolute()
+    while not path.exists() and not path.is_symlink() and path != path.parent:
+        path = path.parent  # the nearest existing ancestor is where mkdir would write
+    if not path.is_dir():
+        return NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+    if not os.access(path, os.W_OK | os.X_OK):
+        return PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+    return None
 
 
 def _strip_launcher_args() -> None:

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm.config import ConfigError, register_train_configs
 from lm.core.files import atomic_write_text
-from lm.glue.config import finetune_job, register_glue_configs
+from lm.glue.config import check_task_args, finetune_job, register_glue_configs
 
 log = logging.getLogger("lm")
 
@@ -105,7 +105,7 @@ def main() -> None:
 
     register()
     run_app("lm-finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, Preempted, GlueDataError,
-                                                 TokenizerError))
+                                                 TokenizerError), check_args=check_task_args)
 
 
 if __name__ == "__main__":

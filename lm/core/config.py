@@ -3,6 +3,7 @@ conf/sched/, conf/logger/), their validation, and the one derived value, grad_ac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -101,22 +102,54 @@ class LoggerConfig:
 
 def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> None:
     """Fail before anything is built (types and choices are checked by the schema already); every
-    message names the field and the fix."""
+    message names the field, the value and the fix."""
     def bad(field_name, why):
         raise ConfigError(f"train.{field_name}={getattr(cfg, field_name)!r} {why}")
 
     for name in ("micro_batch_size", "grad_accum", "seq_len", "max_steps", "log_interval", "eval_batches", "keep_last"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
             bad(name, "must be a positive integer")
-    if cfg.grad_clip < 0:
-        bad("grad_clip", "must be >= 0 (0 disables clipping)")
+    for name in ("eval_interval", "ckpt_interval"):
+        if getattr(cfg, name) < 0:
+            bad(name, "must be >= 0 (0 = only at the end of the run)")
+    if not _finite(cfg.grad_clip) or cfg.grad_clip < 0:
+        bad("grad_clip", "must be a finite number >= 0 (0 disables clipping)")
+    if cfg.peak_flops is not None and (not _finite(cfg.peak_flops) or cfg.peak_flops <= 0):
+        bad("peak_flops", "must be a finite number > 0 (FLOP/s per device), or null to look the GPU up")
     if cfg.threads is not None and cfg.threads < 1:
         bad("threads", "must be a positive integer, or null for torch's default")
-    if sched.warmup_steps < 0 or not 0.0 <= sched.min_lr_ratio <= 1.0 or not 0.0 < sched.decay_fraction <= 1.0:
-        raise ConfigError("sched.warmup_steps must be >= 0, sched.min_lr_ratio in [0, 1], sched.decay_fraction in (0, 1]")
-    if optim.lr <= 0 or len(optim.betas) != 2 or optim.weight_decay < 0:
-        raise ConfigError(f"optim: lr={optim.lr} must be > 0, betas={list(optim.betas)} two numbers, "
-                          f"weight_decay={optim.weight_decay} >= 0")
+    _validate_sched(sched)
+    _validate_optim(optim)
+
+
+def _finite(x) -> bool:
+    # NaN compares False with everything, so `x <= 0` alone lets nan (and inf) through to torch
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _validate_sched(sched: SchedConfig) -> None:
+    if sched.warmup_steps < 0:
+        raise ConfigError(f"sched.warmup_steps={sched.warmup_steps} must be >= 0 (0 = no warmup)")
+    if not _finite(sched.min_lr_ratio) or not 0.0 <= sched.min_lr_ratio <= 1.0:
+        raise ConfigError(f"sched.min_lr_ratio={sched.min_lr_ratio} must be a number in [0, 1] "
+                          f"(the floor of the decay as a fraction of optim.lr)")
+    if not _finite(sched.decay_fraction) or not 0.0 < sched.decay_fraction <= 1.0:
+        raise ConfigError(f"sched.decay_fraction={sched.decay_fraction} must be a number in (0, 1] "
+                          f"(wsd: the last fraction of the steps that decays)")
+
+
+def _validate_optim(optim: OptimConfig) -> None:
+    if not _finite(optim.lr) or optim.lr <= 0:
+        raise ConfigError(f"optim.lr={optim.lr} must be a finite number > 0, e.g. optim.lr=6e-4")
+    betas = list(optim.betas)
+    if len(betas) != 2 or not all(_finite(b) and 0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(f"optim.betas={betas} must be two numbers, each in [0, 1) (Adam's moment decay "
+                          f"rates), e.g. optim.betas=[0.9,0.95]")
+    if not _finite(optim.eps) or optim.eps <= 0:
+        raise ConfigError(f"optim.eps={optim.eps} must be a finite number > 0, e.g. optim.eps=1e-8")
+    if not _finite(optim.weight_decay) or optim.weight_decay < 0:
+        raise ConfigError(f"optim.weight_decay={optim.weight_decay} must be a finite number >= 0 "
+                          f"(0 disables weight decay)")
 
 
 def resolve_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:

@@ -9,6 +9,7 @@ blocks the next resume. The file's text (pid, host, start time, command) only na
 """
 
 import datetime
+import errno
 import fcntl
 import json
 import os
@@ -29,6 +30,18 @@ class RunDirLocked(CheckpointError):
     """Another live process holds the run directory; the message names it."""
 
 
+class RunDirUnwritable(CheckpointError):
+    """The run directory cannot be created or written (permissions, a read-only or full disk, a file in the way)."""
+
+
+def unwritable_message(run_dir, e: OSError) -> str:
+    """The one line the apps print (lm/cli/app.py checks run_dir= before Hydra creates it, too)."""
+    reason = e.strerror or str(e)
+    if e.filename and str(e.filename) != str(run_dir):
+        reason += f" ({e.filename})"
+    return f"run_dir {run_dir} is not writable: {reason}; pick another run_dir"
+
+
 def lock_run_dir(run_dir, dist=None) -> None:
     """Create `run_dir` and lock it on rank 0 (all ranks raise RunDirLocked if rank 0 could not).
     `dist`: the lm.engine.dist.Dist of the run, or None for a single process."""
@@ -37,10 +50,15 @@ def lock_run_dir(run_dir, dist=None) -> None:
         try:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
             acquire(run_dir)
+            if not os.access(run_dir, os.W_OK | os.X_OK):  # the lock file may be writable in a read-only dir
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(run_dir))
         except RunDirLocked as e:
             error = e
+        except OSError as e:  # PermissionError, EROFS, ENOSPC, NotADirectoryError: the user picks another
+            release(run_dir)
+            error = RunDirUnwritable(unwritable_message(run_dir, e))
     if D.any_rank(error is not None):
-        raise error or RunDirLocked(f"{run_dir} is in use by another run (see rank 0's error)")
+        raise error or CheckpointError(f"rank 0 could not create or lock run_dir {run_dir} (see its error)")
 
 
 def acquire(run_dir) -> Path:

@@ -16,6 +16,7 @@ The whole config becomes typed objects once, at entry (`finetune_job`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional
 
@@ -147,6 +148,9 @@ def validate_finetune(job: FinetuneSchema) -> None:
         if t.name != key:
             raise ConfigError(f"tasks.{key}.name={t.name!r} must be {key!r} (the key a preset composes under)")
         validate_glue_task(t)
+    if job.train.ckpt_interval < 0:
+        raise ConfigError(f"train.ckpt_interval={job.train.ckpt_interval} must be >= 0 "
+                          f"(0 = at the end of every epoch)")
     validate_train(job.train.for_task(1, 1), job.optim, job.sched)
 
 
@@ -169,14 +173,49 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
             raise ConfigError(f"{where}.{name}={getattr(cfg, name)!r} must be a positive integer")
     if cfg.max_len < 4:
         raise ConfigError(f"{where}.max_len={cfg.max_len} leaves no room for text after 3 special tokens; use >= 4")
-    if cfg.epochs <= 0 or (cfg.lr is not None and cfg.lr <= 0) or (cfg.weight_decay or 0) < 0 \
-            or (cfg.warmup_ratio is not None and not 0.0 <= cfg.warmup_ratio < 1.0):
-        raise ConfigError(f"{where}: epochs={cfg.epochs} and lr={cfg.lr} must be > 0, warmup_ratio="
-                          f"{cfg.warmup_ratio} in [0, 1) or null, weight_decay={cfg.weight_decay} >= 0")
+    _validate_task_numbers(cfg, where)
     if not cfg.seeds:
         raise ConfigError(f"{where}.seeds is empty; give at least one seed, e.g. {where}.seeds=[0]")
     if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
         raise ConfigError(f"{where}.max_train_examples={cfg.max_train_examples} must be >= 1 or null")
+
+
+def _validate_task_numbers(cfg: GlueTaskConfig, where: str) -> None:
+    """The float hyperparameters; NaN compares False with every bound, so finiteness is checked first."""
+    def bad(name, why):
+        raise ConfigError(f"{where}.{name}={getattr(cfg, name)!r} {why}")
+
+    if not _finite(cfg.epochs) or cfg.epochs <= 0:
+        bad("epochs", "must be a finite number > 0 (fractions of an epoch are allowed, e.g. 0.5)")
+    if cfg.lr is not None and (not _finite(cfg.lr) or cfg.lr <= 0):
+        bad("lr", "must be a finite number > 0, or null for optim.lr")
+    if cfg.weight_decay is not None and (not _finite(cfg.weight_decay) or cfg.weight_decay < 0):
+        bad("weight_decay", "must be a finite number >= 0, or null for optim.weight_decay")
+    if cfg.warmup_ratio is not None and (not _finite(cfg.warmup_ratio) or not 0.0 <= cfg.warmup_ratio < 1.0):
+        bad("warmup_ratio", "must be a number in [0, 1), or null for sched.warmup_steps")
+    if not _finite(cfg.dropout) or not 0.0 <= cfg.dropout < 1.0:
+        bad("dropout", "must be a number in [0, 1)")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def check_task_args(args: List[str]) -> None:
+    """Refuse an unknown `task=` option before Hydra composes (Hydra only says it "could not find" the file):
+    the message lists the tasks. A user's own conf/task/<group>/<name>.yaml is still accepted."""
+    from lm.config import conf_dir
+    from lm.glue.tasks import GLUE_TASKS
+
+    known = [f"glue/{n}" for n in (*GLUE_TASKS, "all")]
+    for arg in args:
+        key, _, value = arg.lstrip("+~").partition("=")
+        if key != "task" or not value or "(" in value or "$" in value:  # sweep functions, interpolations
+            continue
+        for name in (v.strip().strip("'\"") for v in value.strip("[]").split(",")):
+            if name and name not in known and not (conf_dir() / "task" / f"{name}.yaml").is_file():
+                raise ConfigError(f"task={name} is not a task; pick task=glue/<name> with <name> one of "
+                                  f"{', '.join((*GLUE_TASKS, 'all'))} (several: 'task=[glue/rte,glue/mrpc]')")
 
 
 def register_glue_configs() -> None:

@@ -95,6 +95,10 @@ def read_tsv(path: Union[str, os.PathLike], task: Union[str, Task], split: str) 
                     f"({', '.join(header)}), found {len(row)}; a stray tab or newline inside the text splits it"
                     + ("; QQP's original release has such rows: use QQP-clean.zip" if t.name == "qqp" else ""))
             out.append(_example(path, rows.line_num, t, row, col, len(out)))
+    if not out:  # caught here, not after an epoch (an empty dev split) or without the path (an empty train split)
+        raise GlueDataError(f"{path}: the file has no examples" + ("" if t.headerless and labelled else
+                            " after its header line") + f"; restore the {t.dir} {split} file of the official "
+                            f"GLUE layout (download_glue_data.py)")
     return out
 
 

@@ -28,7 +28,7 @@ from lm.glue.config import GlueTaskConfig
 from lm.core import objectives
 from lm.glue.encode import collate, encode_examples
 from lm.glue.metrics import Metrics, compute_metrics, main_metric
-from lm.glue.readers import GlueDataMissing, load_split
+from lm.glue.readers import GlueDataError, GlueDataMissing, load_split
 from lm.glue.tasks import EVALS, Task, get_task
 
 log = logging.getLogger("lm")
@@ -78,8 +78,8 @@ def load_task_data(cfg: GlueTaskConfig, tokenizer, arch: str, max_len: int, hf: 
                 missing.append(f"{e.submission}: {err}")
                 continue
             test[col] = Split(encode(tokenizer, rows, max_len, arch, labels=False), indices=[r.index for r in rows])
-    if not train:
-        raise ValueError(f"GLUE {task.dir}: the train split is empty")
+    if not train:  # a local TSV with no rows is refused by read_tsv with its path; this is the HF copy
+        raise GlueDataError(f"GLUE {task.dir}: the train split has no examples")
     return TaskData(task, Split(encode(tokenizer, train, max_len, arch)), dev, test, missing)
 
 
