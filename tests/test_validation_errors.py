@@ -1,0 +1,232 @@
+"""Inputs a user can get wrong are refused before any work, in one line that names the field or file, the
+value and the fix (issue 22, item 8): non-finite or out-of-range hyperparameters, an unwritable run_dir,
+GLUE files with a header and no examples, an unknown `task=`."""
+
+import errno
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from lm.config import ConfigError, conf_dir
+from lm.core.checkpoint import CheckpointError
+from lm.core.lock import RunDirUnwritable, lock_run_dir, release
+from lm.glue.config import check_task_args, finetune_job
+from lm.glue.readers import GlueDataError, read_tsv
+from lm.glue.tasks import GLUE_TASKS, get_task
+from tests.engine_support import compose as compose_train
+from tests.engine_support import loaders, tiny_overrides
+
+# -- hyperparameters ---------------------------------------------------------------------------------
+
+TRAIN_CASES = [
+    ("optim.lr=nan", r"optim\.lr=nan must be a finite number > 0, e\.g\. optim\.lr="),
+    ("optim.lr=inf", r"optim\.lr=inf must be a finite number > 0"),
+    ("optim.betas=[2,3]", r"optim\.betas=\[2\.0, 3\.0\] must be two numbers, each in \[0, 1\).*optim\.betas=\[0\.9,0\.95\]"),
+    ("optim.betas=[0.9,1.0]", r"optim\.betas=\[0\.9, 1\.0\] must be two numbers, each in \[0, 1\)"),
+    ("optim.eps=-1", r"optim\.eps=-1\.0 must be a finite number > 0, e\.g\. optim\.eps=1e-8"),
+    ("optim.weight_decay=nan", r"optim\.weight_decay=nan must be a finite number >= 0"),
+    ("train.ckpt_interval=-1", r"train\.ckpt_interval=-1 must be >= 0 \(0 = only at the end of the run\)"),
+    ("train.eval_interval=-5", r"train\.eval_interval=-5 must be >= 0 \(0 = only at the end of the run\)"),
+    ("train.grad_clip=inf", r"train\.grad_clip=inf must be a finite number >= 0 \(0 disables clipping\)"),
+    ("train.peak_flops=nan", r"train\.peak_flops=nan must be a finite number > 0"),
+    ("sched.warmup_steps=-1", r"sched\.warmup_steps=-1 must be >= 0"),
+    ("sched.min_lr_ratio=nan", r"sched\.min_lr_ratio=nan must be a number in \[0, 1\]"),
+    ("sched.decay_fraction=inf", r"sched\.decay_fraction=inf must be a number in \(0, 1\]"),
+]
+
+
+@pytest.mark.parametrize("override,message", TRAIN_CASES, ids=[c[0] for c in TRAIN_CASES])
+def test_lm_train_refuses_bad_hyperparameters_before_any_work(tmp_path, override, message):
+    from lm.cli.train import train
+
+    run_dir = tmp_path / "run"
+    cfg = compose_train(tiny_overrides(run_dir, 2) + [override])
+    with pytest.raises(ConfigError, match=message):
+        train(cfg, loaders=loaders(cfg))
+    assert not run_dir.exists()  # refused before the run directory (or anything else) was made
+
+
+def test_the_defaults_and_edge_values_still_pass(tmp_path):
+    from lm.core.config import OptimConfig, SchedConfig, TrainConfig, validate_train
+
+    validate_train(TrainConfig(), OptimConfig(), SchedConfig())
+    validate_train(TrainConfig(eval_interval=0, ckpt_interval=0, grad_clip=0.0),
+                   OptimConfig(betas=[0.0, 0.999], weight_decay=0.0), SchedConfig(warmup_steps=0, min_lr_ratio=1.0))
+
+
+def finetune_overrides(tmp_path, *extra):
+    return [f"run_dir={tmp_path / 'ft'}", "init=none", "task=glue/sst2", "hf=false", *extra]
+
+
+def compose_finetune(overrides):
+    from lm.cli.finetune import register
+
+    register()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        return compose(config_name="finetune", overrides=overrides)
+
+
+FINETUNE_CASES = [
+    ("optim.lr=nan", r"optim\.lr=nan must be a finite number > 0"),
+    ("optim.betas=[2,3]", r"optim\.betas=\[2\.0, 3\.0\] must be two numbers, each in \[0, 1\)"),
+    ("optim.eps=-1", r"optim\.eps=-1\.0 must be a finite number > 0"),
+    ("train.ckpt_interval=-1", r"train\.ckpt_interval=-1 must be >= 0 \(0 = at the end of every epoch\)"),
+    ("train.grad_clip=nan", r"train\.grad_clip=nan must be a finite number >= 0"),
+    ("tasks.sst2.lr=nan", r"tasks\.sst2\.lr=nan must be a finite number > 0, or null for optim\.lr"),
+    ("tasks.sst2.lr=inf", r"tasks\.sst2\.lr=inf must be a finite number > 0"),
+    ("tasks.sst2.epochs=nan", r"tasks\.sst2\.epochs=nan must be a finite number > 0"),
+    ("tasks.sst2.weight_decay=-1", r"tasks\.sst2\.weight_decay=-1\.0 must be a finite number >= 0"),
+    ("tasks.sst2.warmup_ratio=nan", r"tasks\.sst2\.warmup_ratio=nan must be a number in \[0, 1\), or null"),
+    ("tasks.sst2.dropout=1.5", r"tasks\.sst2\.dropout=1\.5 must be a number in \[0, 1\)"),
+]
+
+
+@pytest.mark.parametrize("override,message", FINETUNE_CASES, ids=[c[0] for c in FINETUNE_CASES])
+def test_lm_finetune_refuses_bad_hyperparameters(tmp_path, override, message):
+    with pytest.raises(ConfigError, match=message):
+        finetune_job(compose_finetune(finetune_overrides(tmp_path, override)))
+
+
+# -- run_dir -------------------------------------------------------------------------------------------
+
+def read_only_dir(path: Path, monkeypatch) -> Path:
+    """`path` made read-only (0o500). As root chmod does not stop writes: then os.access is made to say so
+    for this path (and mkdir under it raises as it would), the way the kernel answers an ordinary user."""
+    path.mkdir()
+    path.chmod(0o500)
+    if os.access(path, os.W_OK):  # root
+        real_access, real_mkdir = os.access, Path.mkdir
+
+        def access(p, mode, **kw):
+            return False if Path(p).absolute() == path and mode & os.W_OK else real_access(p, mode, **kw)
+
+        def mkdir(self, *a, **kw):
+            if self.absolute().parent == path:
+                raise PermissionError(errno.EACCES, "Permission denied", str(self))
+            return real_mkdir(self, *a, **kw)
+
+        monkeypatch.setattr(os, "access", access)
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+    return path
+
+
+@pytest.fixture
+def ro(tmp_path, monkeypatch):
+    path = read_only_dir(tmp_path / "ro", monkeypatch)
+    yield path
+    path.chmod(0o700)
+
+
+@pytest.mark.parametrize("where", ["inside", "itself"])
+def test_lock_run_dir_names_an_unwritable_run_dir(ro, where):
+    run_dir = ro / "run" if where == "inside" else ro
+    with pytest.raises(RunDirUnwritable, match=rf"^run_dir {run_dir} is not writable: Permission denied.*; "
+                                               rf"pick another run_dir$"):
+        lock_run_dir(run_dir)
+    release(run_dir)
+    assert issubclass(RunDirUnwritable, CheckpointError)  # lm-train and lm-finetune print it in one line
+
+
+def test_lock_run_dir_names_a_file_in_the_way(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(RunDirUnwritable, match=rf"^run_dir {tmp_path / 'f' / 'run'} is not writable: Not a directory; "
+                                               rf"pick another run_dir$"):
+        lock_run_dir(tmp_path / "f" / "run")
+
+
+def test_lm_train_refuses_a_read_only_run_dir_before_training(ro):
+    from lm.cli.train import train
+
+    cfg = compose_train(tiny_overrides(ro, 2))
+    with pytest.raises(RunDirUnwritable, match=rf"run_dir {ro} is not writable"):
+        train(cfg, loaders=loaders(cfg))
+    release(ro)
+    assert not (ro / "checkpoints").exists() and not (ro / "metrics.jsonl").exists()
+
+
+def test_the_apps_check_run_dir_before_hydra_creates_it(ro, monkeypatch):
+    from lm.cli.app import _check_run_dir_arg
+
+    monkeypatch.setattr(sys, "argv", ["lm-train", "model=tiny", f"run_dir={ro / 'a' / 'b'}"])
+    with pytest.raises(SystemExit, match=rf"^lm-train: run_dir {ro / 'a' / 'b'} is not writable: Permission denied "
+                                         rf"\({ro}\); pick another run_dir$"):
+        _check_run_dir_arg("lm-train")
+    monkeypatch.setattr(sys, "argv", ["lm-train", f"run_dir={ro.parent / 'fine' / 'run'}"])
+    _check_run_dir_arg("lm-train")  # a writable parent: nothing to say
+    monkeypatch.setattr(sys, "argv", ["lm-train", "-m", f"run_dir={ro / 'a'},{ro / 'b'}"])
+    _check_run_dir_arg("lm-train")  # a sweep: each cell's run_dir is checked by lock_run_dir
+
+
+def run_cli(module, *args, cwd):
+    env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": ""}
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+def test_cli_says_run_dir_is_not_writable_in_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    for module, args in (("lm.cli.train", ["model=tiny"]), ("lm.cli.finetune", ["task=glue/rte", "init=none"])):
+        p = run_cli(module, *args, f"run_dir={tmp_path / 'f' / 'run'}", cwd=tmp_path)
+        assert p.returncode == 1, p.stderr
+        assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
+        assert f"run_dir {tmp_path / 'f' / 'run'} is not writable: Not a directory" in p.stderr
+        assert p.stderr.strip().endswith("pick another run_dir")
+
+
+# -- GLUE data -----------------------------------------------------------------------------------------
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_header_only_glue_file_is_refused_with_its_path(tmp_path, split):
+    from lm.glue.config import GlueTaskConfig
+    from lm.glue.trainer import load_task_data
+
+    root = tmp_path / "glue_data"
+    for s in ("train", "dev"):
+        write(root / "SST-2" / f"{s}.tsv", "sentence\tlabel\n" + ("" if s == split else "a fine film\t1\n"))
+    path = root / "SST-2" / f"{split}.tsv"
+    cfg = GlueTaskConfig(name="sst2", data_root=str(root))
+    with pytest.raises(GlueDataError, match=rf"^{path}: the file has no examples after its header line; restore the "
+                                            rf"SST-2 {split} file"):
+        load_task_data(cfg, tokenizer=None, arch="decoder", max_len=16, hf=False, with_test=False)
+
+
+def test_headerless_cola_file_without_rows_is_refused(tmp_path):
+    path = write(tmp_path / "CoLA" / "dev.tsv", "")
+    with pytest.raises(GlueDataError, match=rf"^{path}: the file has no examples; restore the CoLA dev file"):
+        read_tsv(path, get_task("cola"), "dev")
+
+
+# -- task= ---------------------------------------------------------------------------------------------
+
+ALLOWED = ", ".join((*GLUE_TASKS, "all"))
+
+
+@pytest.mark.parametrize("arg,bad", [("task=glue/foo", "glue/foo"), ("task=foo", "foo"),
+                                     ("task=[glue/rte,glue/foo]", "glue/foo"), ("task=glue/glue_schema", "glue/glue_schema")])
+def test_unknown_task_lists_the_real_tasks(arg, bad):
+    with pytest.raises(ConfigError, match=rf"^task={bad} is not a task; pick task=glue/<name> with <name> one of "
+                                          rf"{ALLOWED} \(several"):
+        check_task_args(["init=none", arg])
+
+
+@pytest.mark.parametrize("arg", ["task=glue/all", "task=glue/sst2", "task=[glue/rte, glue/mrpc]",
+                                 "task=glue/rte,glue/cola", "task=choice(glue/rte,glue/cola)", "tasks.foo.lr=1"])
+def test_known_tasks_and_other_args_pass(arg):
+    check_task_args([arg])
+
+
+def test_cli_lists_the_tasks_for_an_unknown_one(tmp_path):
+    p = run_cli("lm.cli.finetune", "task=glue/foo", "init=none", cwd=tmp_path)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == (f"lm-finetune: task=glue/foo is not a task; pick task=glue/<name> with <name> one of "
+                                f"{ALLOWED} (several: 'task=[glue/rte,glue/mrpc]')")
