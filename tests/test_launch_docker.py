@@ -88,7 +88,7 @@ def test_runs_as_a_non_root_user_with_pinned_torch_and_deepspeed_and_launch_scri
     env = " ".join(a for word, a in ins if word == "ENV")
     assert "/opt/lm/launch" in re.search(r"PATH=(\S+)", env).group(1)
     assert "LM_LAUNCH_DIR=/opt/lm/launch" in env  # what launch/slurm.sbatch reads inside the container
-    assert ("launch ./launch" in " ".join(a for word, a in ins if word == "COPY")) and "pip install -e ." in runs
+    assert ("launch ./launch" in " ".join(a for word, a in ins if word == "COPY")) and 'pip install -e ".[all]"' in runs
 
 
 def _cuda_check_command() -> str:
