@@ -61,6 +61,7 @@ def train(cfg: DictConfig, loaders=None):
     from lm.core.objectives import objective_for
     from lm.core.optim import adamw, lr_multiplier
     from lm.core.pretrain_task import PretrainTask
+    from lm.core.resume import check_resume
     from lm.core.tracking import NullTracker, Tracker, device_peak_flops
 
     run = typed_run(cfg)
@@ -98,6 +99,7 @@ def train(cfg: DictConfig, loaders=None):
     task = PretrainTask(train_loader, val_loader, tcfg.grad_accum, tcfg.eval_batches)
     latest = D.broadcast_object(checkpointer.latest() if dist.is_main and run.resume else None)
     if latest:
+        check_resume(latest, config_yaml, tcfg.max_steps, dist)  # a changed model, data, ... is refused here
         trainer, loader_state = checkpointer.load(latest)
         task.load_state_dict(loader_state)
         state = loop.State.from_checkpoint(trainer)

@@ -8,7 +8,10 @@
 The tokenizer is the pretraining run's, `<data.dir>/tokenizer.json` of the checkpoint's config.yaml,
 unless `tokenizer=` names one. A tokenizer whose ids do not index the checkpoint's embedding rows
 (more tokens than rows, or a file other than the one the run was pretrained with) is refused: the
-finetune would train on scrambled embeddings and nothing would say so.
+finetune would train on scrambled embeddings and nothing would say so. "The one the run was
+pretrained with" is the sha256 its data loader recorded in the checkpoint (rank00000.pt), so a data
+directory re-prepared with another vocabulary since is caught too; checkpoints without that record
+(runs on injected loaders) are compared with the data directory's file.
 """
 
 from __future__ import annotations
@@ -74,8 +77,9 @@ def _from_checkpoint(path: Path, tokenizer: Optional[str]) -> Backbone:
         raise InitError(f"init={path}: {e}; or an lm-export directory (model.safetensors + config.json)") from None
     pretrain = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=False)
     cfg = model_from_saved(pretrain["model"])
-    tok = _pretraining_tokenizer(pretrain, tokenizer, ckpt)
-    return Backbone(cfg, consolidated_state_dict(ckpt), tok, str(ckpt), pretrain)
+    weights = consolidated_state_dict(ckpt)  # verifies the checkpoint's files first
+    tok = _pretraining_tokenizer(pretrain, tokenizer, ckpt, _recorded_tokenizer_sha256(ckpt))
+    return Backbone(cfg, weights, tok, str(ckpt), pretrain)
 
 
 def _from_export(path: Path, tokenizer: Optional[str]) -> Backbone:
@@ -90,7 +94,7 @@ def _from_export(path: Path, tokenizer: Optional[str]) -> Backbone:
     parent = path.parent / "config.yaml"  # lm-export's default output is <checkpoint>/export
     pretrain = OmegaConf.to_container(OmegaConf.load(parent), resolve=False) if parent.is_file() else None
     if pretrain is not None:
-        tok = _pretraining_tokenizer(pretrain, tokenizer, path)
+        tok = _pretraining_tokenizer(pretrain, tokenizer, path, _recorded_tokenizer_sha256(path.parent))
     else:
         tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without its checkpoint's config.yaml)")
         _check_vocab(tok, cfg.vocab_size, f"the embedding of {path} ({cfg.vocab_size} rows)",
@@ -98,8 +102,25 @@ def _from_export(path: Path, tokenizer: Optional[str]) -> Backbone:
     return Backbone(cfg, load_file(str(path / "model.safetensors")), tok, str(path), pretrain)
 
 
-def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path):
-    """The run's own tokenizer; a different `tokenizer=` is refused when the run's file can be compared."""
+def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:
+    """The sha256 of the tokenizer.json the run was pretrained with, as its packed loader recorded it in
+    the checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint)."""
+    from lm.core.checkpoint import CheckpointError
+    from lm.core.checkpoint import _load_rank_state as load_rank_state  # weights_only, legacy RNG states allowed
+
+    path = Path(ckpt) / "rank00000.pt"
+    if not path.is_file():
+        return None
+    try:
+        loader = load_rank_state(path).get("loader") or {}
+    except CheckpointError as e:
+        raise InitError(f"init={ckpt}: {e}") from None
+    return loader.get("tokenizer_sha256") if isinstance(loader, dict) else None
+
+
+def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path, recorded: Optional[str] = None):
+    """The run's own tokenizer; one whose file differs from the one it was pretrained with (`recorded`,
+    else the data directory's file) is refused."""
     data_dir = _data_dir(pretrain)
     own = data_dir / "tokenizer.json" if data_dir else None
     vocab = pretrain["model"]["vocab_size"]
@@ -109,9 +130,23 @@ def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path
                             f"which is not there any more; pass tokenizer=<that tokenizer.json> (the same file, or "
                             f"finetuning reads the wrong embedding rows)")
         tok = _load_tokenizer(str(own), what=str(where))
+        if recorded and tok.sha256 != recorded:
+            raise InitError(
+                f"{own} (sha256 {tok.sha256[:12]}, {tok.vocab_size} tokens) is not the tokenizer {where} was "
+                f"pretrained with (sha256 {recorded[:12]}, recorded in its checkpoint's rank00000.pt): {data_dir} was "
+                f"re-prepared since, and its ids would index the wrong embedding rows. Pass tokenizer=<the original "
+                f"tokenizer.json> (a copy of the file with sha256 {recorded}), or re-prepare {data_dir} with the "
+                f"run's original data settings (its config.yaml)")
     else:
         tok = _load_tokenizer(tokenizer, what=str(where))
-        if own is not None and own.is_file():
+        if recorded:
+            if tok.sha256 != recorded:
+                raise InitError(
+                    f"tokenizer={tokenizer} is not the tokenizer {where} was pretrained with (sha256 {tok.sha256[:12]} "
+                    f"vs {recorded[:12]} recorded in its checkpoint's rank00000.pt): its ids would index the wrong "
+                    f"embedding rows. Pass the original tokenizer.json (sha256 {recorded}), or finetune from "
+                    f"scratch with init=none")
+        elif own is not None and own.is_file():
             from lm.data.tokenizer import Tokenizer
 
             expected = Tokenizer.load(own)

@@ -1,0 +1,135 @@
+"""What may change when a run resumes (one list), and the check that refuses everything else.
+
+Resuming continues the checkpoint's weights, and config.yaml, the report and lm-export then describe
+those weights by the new command's config. So every field that changes what is computed (the model,
+the data and objective, the optimizer, precision, seed, ...) must equal the checkpoint's
+config.yaml; only the fields of RESUMABLE may differ, and each difference is logged (train.log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from lm.config import ConfigError
+
+log = logging.getLogger("lm")
+
+# Fields (or whole sections: a prefix matches every key below it) that may change on resume.
+RESUMABLE = (
+    # how long and how often: the run continues to the new max_steps (the LR schedule is a function of
+    # the step and max_steps, so a longer run also stretches the rest of the schedule)
+    "train.max_steps", "train.log_interval", "train.eval_interval", "train.eval_batches",
+    "train.ckpt_interval", "train.keep_last",
+    # where and how fast it runs, not what it computes
+    "train.progress", "train.threads", "train.device", "train.compile", "train.peak_flops", "train.world_size",
+    # recovering from a NaN/inf loss: what lm/core/loop.py's LossDiverged message advises changing
+    "train.on_nonfinite", "train.max_nonfinite", "optim.lr", "sched.warmup_steps",
+    # bookkeeping
+    "run_dir", "resume", "logger",
+    # where the prepared data is found or made; the loader's own state (lm/data/packed.py
+    # load_state_dict) refuses data that would give another sample order
+    "data.dir", "data.mirror", "data.workers",
+    # the engine class and world size are checked by Checkpointer.load (lm/core/checkpoint.py), which
+    # names both; these options change speed and memory, not the maths (engine.config, DeepSpeed's
+    # JSON with its ZeRO stage and offload, and engine.cpu_adam must match)
+    "engine._target_", "engine._partial_", "engine.bucket_cap_mb", "engine.find_unused_parameters",
+    "engine.reshard_after_forward", "engine.shm_comm",
+)
+
+
+def resumable(key: str) -> bool:
+    return any(key == f or key.startswith(f + ".") for f in RESUMABLE)
+
+
+def config_changes(saved: Dict, requested: Dict) -> Tuple[List[str], List[str]]:
+    """(refused, allowed) differences between two plain config dicts, as 'key: old -> new' lines.
+    A key on one side only is skipped: a field added to a schema after the run started (its default
+    keeps the old behaviour), or one of another component class, whose `_target_` differs anyway."""
+    old, new = _flatten(saved), _flatten(requested)
+    refused, allowed = [], []
+    for key in sorted(old.keys() & new.keys()):
+        if old[key] != new[key]:
+            (allowed if resumable(key) else refused).append(f"{key}: {old[key]!r} -> {new[key]!r}")
+    return refused, allowed
+
+
+def _flatten(node, prefix: str = "") -> Dict:
+    if not isinstance(node, dict):
+        return {prefix: node}
+    out = {}
+    for k, v in node.items():
+        out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def check_resume(ckpt: Path, config_yaml: str, max_steps: int, dist) -> None:
+    """Before `ckpt` is loaded: refuse a config that differs from the checkpoint's in a field outside
+    RESUMABLE, or a train.max_steps below the checkpoint's step; say when there is nothing left to
+    train. Rank 0 reads the files, every rank raises the same ConfigError."""
+    from lm.engine import dist as D
+
+    error = None
+    if dist.is_main:
+        try:
+            _check(Path(ckpt), config_yaml, max_steps)
+        except ConfigError as e:
+            error = str(e)
+    error = D.broadcast_object(error)
+    if error:
+        raise ConfigError(error)
+
+
+def _check(ckpt: Path, config_yaml: str, max_steps: int) -> None:
+    from omegaconf import OmegaConf
+
+    saved_yaml = _trusted_file(ckpt, "config.yaml")
+    if saved_yaml is not None:  # None: a damaged checkpoint, which Checkpointer.load names or falls back from
+        saved = OmegaConf.to_container(OmegaConf.create(saved_yaml))
+        refused, allowed = config_changes(saved, OmegaConf.to_container(OmegaConf.create(config_yaml)))
+        if refused:
+            lines = "\n  ".join(refused)
+            raise ConfigError(
+                f"cannot resume {ckpt} with a different config: these fields differ from the run's "
+                f"({ckpt / 'config.yaml'}), old -> new:\n  {lines}\nIts weights were trained with the old values. "
+                f"Start a new run (run_dir=<a new directory>), or restore the old values to continue this one. "
+                f"Only these may change on resume: {', '.join(RESUMABLE)} (lm/core/resume.py)")
+        for line in allowed:
+            log.warning("resuming with a changed setting: %s", line)
+    step = _step(ckpt)
+    if step is None:
+        return
+    if max_steps < step:
+        raise ConfigError(f"train.max_steps={max_steps} is below the step of {ckpt} ({step}): nothing can be "
+                          f"trained. To continue this run set train.max_steps above {step}; to train a shorter "
+                          f"run start a new one (run_dir=<a new directory>)")
+    if max_steps == step:
+        log.warning("%s is at step %d = train.max_steps: the run is complete, nothing to train. To continue it, "
+                    "raise train.max_steps", ckpt, step)
+
+
+def _trusted_file(ckpt: Path, name: str) -> Optional[str]:
+    """The text of ckpt/name when it matches the checkpoint's manifest (or the checkpoint predates
+    manifests); None when it is missing or damaged."""
+    try:
+        trainer = json.loads((ckpt / "trainer.json").read_text())
+        text = (ckpt / name).read_bytes()
+        if "manifest_sha256" in trainer:
+            manifest = (ckpt / "manifest.json").read_bytes()
+            want = json.loads(manifest)["files"][name]["sha256"]
+            if hashlib.sha256(manifest).hexdigest() != trainer["manifest_sha256"] or \
+                    hashlib.sha256(text).hexdigest() != want:
+                return None
+        return text.decode()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _step(ckpt: Path) -> Optional[int]:
+    try:
+        return int(json.loads((ckpt / "trainer.json").read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

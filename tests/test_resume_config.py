@@ -1,0 +1,82 @@
+"""Resuming a run with another config: fields that change the maths are refused before the checkpoint is
+loaded (lm/core/resume.py), the run's files keep describing its weights; RESUMABLE fields continue."""
+
+import logging
+
+import pytest
+
+from lm.config import ConfigError
+from lm.core.resume import RESUMABLE, config_changes, resumable
+from tests.engine_support import train_losses
+from tests.test_train_single import run
+
+
+@pytest.fixture(scope="module")
+def gelu_run(tmp_path_factory):
+    """A 4-step gelu run with its checkpoint at step 4 (copied per test: resuming writes into it)."""
+    root = tmp_path_factory.mktemp("gelu")
+    run(root, steps=4)
+    return root
+
+
+def _copy(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock"))
+    return dst
+
+
+def test_another_ffn_is_refused_naming_the_field_and_the_fix(gelu_run, tmp_path):
+    r = _copy(gelu_run, tmp_path / "r")
+    before = (r / "config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"(?s)model\.ffn\.activation: 'gelu' -> 'relu'.*run_dir=<a new"):
+        run(r, steps=6, extra=["model/ffn=relu"])
+    assert (r / "config.yaml").read_text() == before  # still says gelu, like the weights
+    assert list(train_losses(r)) == [1, 2, 3, 4]  # nothing trained
+
+
+def test_another_shape_is_refused_before_any_size_mismatch(gelu_run, tmp_path):
+    r = _copy(gelu_run, tmp_path / "r")
+    with pytest.raises(ConfigError) as e:
+        run(r, steps=6, extra=["model.dim=32", "model.norm_position=post"])
+    msg = str(e.value)
+    assert "model.dim: 64 -> 32" in msg and "model.norm_position: 'pre' -> 'post'" in msg
+    assert "size mismatch" not in msg
+
+
+def test_a_larger_max_steps_and_other_resumable_fields_continue(gelu_run, tmp_path, caplog):
+    r = _copy(gelu_run, tmp_path / "r")
+    with caplog.at_level(logging.WARNING, logger="lm"):
+        _, result = run(r, steps=7, extra=["train.log_interval=1", "train.keep_last=1"])
+    assert result.state.step == 7
+    assert list(train_losses(r)) == list(range(1, 8))
+    assert "train.max_steps: 4 -> 7" in caplog.text  # an allowed change is still written down
+    assert "max_steps: 7" in (r / "config.yaml").read_text()
+
+
+def test_max_steps_below_the_step_says_so(gelu_run, tmp_path):
+    r = _copy(gelu_run, tmp_path / "r")
+    with pytest.raises(ConfigError, match=r"train\.max_steps=2 is below the step of .*step_00000004 \(4\).*"
+                                          r"set train\.max_steps above 4"):
+        run(r, steps=2)
+
+
+def test_max_steps_equal_to_the_step_logs_that_the_run_is_complete(gelu_run, tmp_path, caplog):
+    r = _copy(gelu_run, tmp_path / "r")
+    with caplog.at_level(logging.WARNING, logger="lm"):
+        _, result = run(r, steps=4)
+    assert result.state.step == 4
+    assert "at step 4 = train.max_steps: the run is complete" in caplog.text
+    assert "raise train.max_steps" in caplog.text
+
+
+def test_the_comparison_itself():
+    saved = {"seed": 1, "model": {"dim": 64, "ffn": {"activation": "gelu"}}, "train": {"max_steps": 4},
+             "logger": {"tags": ["a"]}, "data": {"name": "x"}}
+    new = {"seed": 2, "model": {"dim": 64, "ffn": {"activation": "relu"}, "added_field": 1},
+           "train": {"max_steps": 9}, "logger": {"tags": ["b"]}, "data": {"name": "x"}}
+    refused, allowed = config_changes(saved, new)
+    assert refused == ["model.ffn.activation: 'gelu' -> 'relu'", "seed: 1 -> 2"]
+    assert allowed == ["logger.tags: ['a'] -> ['b']", "train.max_steps: 4 -> 9"]
+    assert resumable("logger.wandb") and resumable("train.max_steps") and not resumable("train.max_steps_x")
+    assert not any(f.startswith("model") for f in RESUMABLE)
