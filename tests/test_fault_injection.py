@@ -1,0 +1,28 @@
+"""benchmarks/fault_injection.py with a small mix: a kill, a kill plus a damaged checkpoint, a concurrent
+second run, a config change on resume (and a full disk where root can mount a tmpfs). Every trial must
+end as an exact resume or a clear refusal: zero silent corruptions, no file outside the run dirs touched."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.engine_support import REPO, subprocess_env
+
+pytestmark = pytest.mark.slow
+
+
+def test_fault_injection_finds_no_silent_corruption(tmp_path):
+    proc = subprocess.run([sys.executable, "benchmarks/fault_injection.py", "--trials", "5", "--seed", "0",
+                           "--out", str(tmp_path / "out")], cwd=REPO, env=subprocess_env(LM_CACHE=str(tmp_path / "cache")),
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "fault_injection.json").read_text())
+    total = summary["total"]
+    assert total["trials"] == 5 and total["silent_corruption"] == 0, summary
+    assert total["exact_resume"] + total["clear_refusal"] + total["skipped"] == 5
+    assert set(summary["by_kind"]) == {"kill", "kill+damage", "concurrent", "config_change", "disk_full"}
+    assert summary["by_kind"]["concurrent"]["clear_refusal"] == 1  # the live holder always refuses a second run
+    assert summary["outside_run_dir_touched"] is False
+    assert "| **all** | 5 |" in (tmp_path / "out" / "fault_injection.md").read_text()
