@@ -91,7 +91,7 @@ def plain_state(state):
     return state
 
 
-def _load_rank_state(path: Path) -> Dict:
+def load_rank_state(path: Path) -> Dict:
     # numpy's array reconstruction is allowed only for rank files written before RNG states were tensors.
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
     legacy = [np.dtype, np.ndarray, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
@@ -226,7 +226,7 @@ class Checkpointer:
                 f"{self.engine.name} on {self.engine.world_size}. Resume with the same engine and world size, "
                 f"or start a new run_dir from the weights (lm-export {path})")
         _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
-        own = _load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
+        own = load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
         set_rng_state(own["rng"])
         return trainer, own["loader"]
 

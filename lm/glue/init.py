@@ -106,7 +106,7 @@ def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:
     """The sha256 of the tokenizer.json the run was pretrained with, as its packed loader recorded it in
     the checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint)."""
     from lm.core.checkpoint import CheckpointError
-    from lm.core.checkpoint import _load_rank_state as load_rank_state  # weights_only, legacy RNG states allowed
+    from lm.core.checkpoint import load_rank_state  # weights_only, legacy RNG states allowed
 
     path = Path(ckpt) / "rank00000.pt"
     if not path.is_file():
