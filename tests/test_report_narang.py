@@ -7,6 +7,7 @@ import math
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from lm.cli.report import main
 from lm.model.config import model_preset
@@ -106,13 +107,16 @@ def test_every_row_composes_and_names_a_paper_row():
         assert cfg.model.arch == "encoder_decoder"
         for o in row.overrides:
             key, value = o.split("=", 1)
-            if "/" in key:
-                assert cfg.model[key.split("/")[1]]["_target_"] == compose_group(key, value)._target_
-            else:  # model.x=1 or model.attn.mix=plus
-                node = cfg.model
-                for part in key.split(".")[1:]:
-                    node = node[part]
-                assert str(node).lower() == value
+            if "/" in key:  # model/ffn=swiglu, or model/ffn@model.ffn.expert=relu (a nested node's package)
+                group, _, package = key.partition("@")
+                node = OmegaConf.select(cfg, package or group.replace("/", "."))
+                assert node["_target_"] == compose_group(group, value)._target_, (row.name, o)
+            else:  # model.x=1, model.attn.mix=plus, model.pkm.layers=[1], model.ut_steps=${model.n_layers}
+                expected = OmegaConf.select(cfg, value[2:-1]) if value.startswith("${") else yaml.safe_load(value)
+                actual = OmegaConf.select(cfg, key)
+                if OmegaConf.is_list(actual):
+                    actual = list(actual)
+                assert str(actual).lower() == str(expected).lower(), (row.name, o)
 
 
 def compose_experiment(row: str):

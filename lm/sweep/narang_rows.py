@@ -15,6 +15,11 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple, Optional
 
 
+# Rank of the factorized-embedding rows: ALBERT's 128 of 768 is 1/6 of the width; 32 of 128 is the
+# nearest power of two at this base's width.
+FACTOR_RANK = 32
+
+
 class Row(NamedTuple):
     name: str  # the option name: experiment/narang_row=<name>
     paper: str  # the row's label in Table 1
@@ -24,12 +29,48 @@ class Row(NamedTuple):
 ROWS: List[Row] = [
     Row("vanilla", "Vanilla Transformer", []),
     Row("gelu", "GeLU", ["model/ffn=gelu"]),
+    Row("swish", "Swish", ["model/ffn=swish"]),
+    Row("elu", "ELU", ["model/ffn=elu"]),
+    Row("glu", "GLU", ["model/ffn=glu"]),
     Row("geglu", "GeGLU", ["model/ffn=geglu"]),
     Row("reglu", "ReGLU", ["model/ffn=reglu"]),
+    Row("selu", "SeLU", ["model/ffn=selu"]),
     Row("swiglu", "SwiGLU", ["model/ffn=swiglu"]),
+    Row("liglu", "LiGLU", ["model/ffn=liglu"]),
+    Row("sigmoid", "Sigmoid", ["model/ffn=sigmoid"]),
+    Row("softplus", "Softplus", ["model/ffn=softplus"]),
     Row("rms_norm", "RMS Norm", ["model/norm=rmsnorm"]),
-    # With one input embedding per model here, untying the output leaves the encoder and decoder inputs tied.
-    Row("tied_encoder_decoder_input", "Tied encoder/decoder input embeddings", ["model.tie_embeddings=false"]),
+    Row("rezero", "Rezero", ["model/norm=rezero"]),
+    Row("rezero_layernorm", "Rezero + LayerNorm", ["model/norm=rezero_layernorm"]),
+    Row("rezero_rmsnorm", "Rezero + RMS Norm", ["model/norm=rezero_rmsnorm"]),
+    Row("fixup", "Fixup", ["model/norm=fixup"]),
+    # Depth against width at equal parameters: H * L and d_ff = 4 * d_kv * H as in the paper (d_kv = 32 here).
+    # At this base's 2 layers per stack only the paper's 2x (24 layers) and 0.5x (6 layers) depths are whole
+    # numbers of layers; the 18- and 8-layer rows need the 12-layer base of experiment=narang_depth. These two
+    # rows hold the CPU base's shapes, so experiment=narang_gpu leaves them out of its sweep.
+    Row("depth_24", "24 layers, d_ff = 1536, H = 6",
+        ["model.n_layers=4", "model.n_decoder_layers=4", "model.n_heads=2", "model.head_dim=32",
+         "model.ffn.hidden_dim=256"]),
+    Row("depth_6", "6 layers, d_ff = 6144, H = 24",
+        ["model.n_layers=1", "model.n_decoder_layers=1", "model.n_heads=8", "model.head_dim=32",
+         "model.ffn.hidden_dim=1024"]),
+    Row("block_sharing", "Block sharing", ["model.share_blocks=all"]),
+    Row("block_sharing_factorized", "+ Factorized embeddings",
+        ["model.share_blocks=all", f"model.factorized_embedding={FACTOR_RANK}", "model.tie_embeddings=none"]),
+    Row("block_sharing_factorized_shared", "+ Factorized & shared embeddings",
+        ["model.share_blocks=all", f"model.factorized_embedding={FACTOR_RANK}"]),
+    Row("encoder_block_sharing", "Encoder only block sharing", ["model.share_blocks=encoder"]),
+    Row("decoder_block_sharing", "Decoder only block sharing", ["model.share_blocks=decoder"]),
+    # Factorized: each table (encoder input, decoder input, output) its own V x r + r x D pair; shared: one
+    # factorized table for all three, as the vanilla base shares its one full table.
+    Row("factorized_embedding", "Factorized Embedding",
+        [f"model.factorized_embedding={FACTOR_RANK}", "model.tie_embeddings=none"]),
+    Row("factorized_shared_embedding", "Factorized & shared embeddings", [f"model.factorized_embedding={FACTOR_RANK}"]),
+    Row("tied_encoder_decoder_input", "Tied encoder/decoder input embeddings",
+        ["model.tie_embeddings=encoder_decoder_inputs"]),
+    Row("tied_decoder_input_output", "Tied decoder input and output embeddings",
+        ["model.tie_embeddings=decoder_input_output"]),
+    Row("untied_embeddings", "Untied embeddings", ["model.tie_embeddings=none"]),
     Row("adaptive_input", "Adaptive input embeddings", ["model.embedding=adaptive", "model.tie_embeddings=false"]),
     Row("adaptive_softmax", "Adaptive softmax", ["model.output=adaptive_softmax", "model.tie_embeddings=false"]),
     Row("adaptive_softmax_no_proj", "Adaptive softmax without projection",
@@ -50,18 +91,18 @@ ROWS: List[Row] = [
     Row("synthesizer_random_plus", "Synthesizer (random plus)", ["model/attn=synthesizer_random", "model.attn.mix=plus"]),
     Row("synthesizer_random_plus_alpha", "Synthesizer (random plus alpha)",
         ["model/attn=synthesizer_random", "model.attn.mix=plus_alpha"]),
+    # One block applied as many times as the base has layers, so Ops equal vanilla's and Params one block's.
+    Row("universal_transformer", "Universal Transformer", ["model.ut_steps=${model.n_layers}"]),
+    # Experts are the base's ReLU FFN; every block's FFN is routed (8 experts).
+    Row("mixture_of_experts", "Mixture of experts", ["model/ffn=moe", "model/ffn@model.ffn.expert=relu"]),
+    Row("switch_transformer", "Switch Transformer", ["model/ffn=switch", "model/ffn@model.ffn.expert=relu"]),
+    # The encoder's two blocks in two groups (length halved between them), one full-length block after
+    # up-sampling for the decoder's memory.
+    Row("funnel_transformer", "Funnel Transformer", ["model.funnel.blocks=[1,1]", "model.funnel.decoder_layers=1"]),
     Row("weighted_transformer", "Weighted Transformer", ["model.block=weighted"]),
+    # The memory replaces the FFN of the second block of each stack.
+    Row("product_key_memory", "Product key memory", ["model.pkm.layers=[1]"]),
 ]
-
-# TODO (rows whose options are not on this branch; add each as one line above, in the paper's order,
-# once merged, and its name to conf/experiment/narang.yaml's sweep list):
-#   narang_a (#19): Swish, ELU, GLU, SeLU, LiGLU, Sigmoid, Softplus (model/ffn=...); ReZero, ReZero +
-#     LayerNorm, ReZero + RMS Norm, Fixup; the four depth/width shapes (24/18/8/6 layers); block sharing
-#     (all, + factorized embeddings, + factorized & shared embeddings, encoder only, decoder only);
-#     factorized embedding; factorized & shared embeddings; tied decoder input and output embeddings;
-#     untied embeddings (model.tie_embeddings extended: then re-express tied_encoder_decoder_input above).
-#   narang_a (#20): Universal Transformer.
-#   moe (#20): Mixture of experts, Switch Transformer, Funnel Transformer, Product key memory.
 
 # The paper's full order (Table 1), so rows added later sort into place and the report can say
 # which rows a sweep lacks.
