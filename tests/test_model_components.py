@@ -164,13 +164,32 @@ def test_saved_config_round_trips_to_the_same_typed_model():
 
 
 def test_every_component_option_has_a_schema_and_a_file():
-    """An option is one dataclass (lm/model/config.py) plus one YAML file listing it as its schema."""
+    """An option is one dataclass (lm/model/options.py) plus one YAML file listing it as its schema."""
     for slot in ("norm", "ffn", "pos"):
         files = {p.stem: p.read_text() for p in (conf_dir() / "model" / slot).glob("*.yaml")}
-        for cls in (c for c in options(slot) if c.__module__ == "lm.model.config"):
+        for cls in (c for c in options(slot) if c.__module__ == "lm.model.options"):
             name = cls.__name__.removesuffix("Config").lower() + "_schema"
             assert any(name in text for text in files.values()), (slot, cls)
         assert all("_schema" in text for text in files.values()), slot
+
+
+def test_lm_model_config_stays_the_one_import_path():
+    """lm/model/config.py re-exports every public name defined in the modules it was split into (choices,
+    options, validate): callers, tests and pickled configs import them from lm.model.config."""
+    import ast
+    import importlib
+
+    import lm.model.config as config
+
+    for part in ("choices", "options", "validate"):
+        module = importlib.import_module(f"lm.model.{part}")
+        tree = ast.parse(Path(module.__file__).read_text())
+        defined = [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))]
+        defined += [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+        public = [name for name in defined if not name.startswith("_")]
+        assert len(public) > 5, part
+        assert [n for n in public if getattr(config, n, None) is not getattr(module, n)] == [], part
 
 
 def test_unknown_component_names_the_slot():
