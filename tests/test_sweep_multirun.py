@@ -76,4 +76,3 @@ def test_local_gpus_launcher_on_a_machine_without_gpus(tmp_path):
     assert last_step(cells[1]) == 4
     assert f"  group: {sweep_dir.name}\n" in (cells[1] / "config.yaml").read_text()
     check_report(tmp_path, ["model.n_heads=4"], sweep_dir)
-
