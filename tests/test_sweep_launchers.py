@@ -107,3 +107,27 @@ def test_a_cell_is_a_wandb_run_in_the_sweeps_group_with_its_overrides_as_tags(tm
                      long_tag[:64].encode()):
         assert expected in data, expected
     assert long_tag[:65].encode() not in data
+
+
+def test_local_gpus_starts_cells_in_waves_of_one_process_per_slot(tmp_path, monkeypatch):
+    """submitit's local executor starts every job it is given at once; the launcher hands it one wave
+    of len(slots) cells at a time, numbered on from the previous wave, and returns every result in order."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra (in dev too)")
+    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
+
+    from lm.sweep.submitit_launchers import LocalGPUs
+
+    waves = []
+
+    def fake_launch(self, job_overrides, initial_job_idx):
+        waves.append((list(job_overrides), initial_job_idx))
+        return [f"result {initial_job_idx + i}" for i in range(len(job_overrides))]
+
+    monkeypatch.setattr(BaseSubmititLauncher, "launch", fake_launch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU: cpu_slots decide
+    launcher = LocalGPUs.__new__(LocalGPUs)
+    launcher.cpu_slots, launcher.poll_s = 2, 0.1
+    launcher.config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    cells = [[f"seed={i}"] for i in range(5)]
+    assert launcher.launch(cells, 10) == [f"result {i}" for i in range(10, 15)]
+    assert waves == [(cells[0:2], 10), (cells[2:4], 12), (cells[4:5], 14)]

@@ -228,6 +228,25 @@ def test_encoder_padding_has_no_influence_on_real_tokens(option):
     assert torch.allclose(a[0], b[0]) and torch.allclose(a[1, :6], b[1, :6], atol=1e-5)
 
 
+@pytest.mark.parametrize("pos", ["t5_bias", "alibi"])
+def test_evolved_decoder_gives_its_2h_narrow_heads_the_per_head_score_bias(pos):
+    """The branched attention's 2H heads take the bias of the H-head scheme, each pair its head's own."""
+    from lm.model.evolved import _per_narrow_head
+
+    model = _model("evolved", [f"model/pos={pos}", "model.arch=encoder_decoder"])
+    x = torch.randint(8, 256, (2, 12))
+    y = x.clone()
+    y[:, 7:] = torch.randint(8, 256, (2, 5))
+    enc = torch.randint(8, 256, (2, 9))
+    out = lambda ids: model(enc, decoder_input_ids=ids).logits  # noqa: E731
+    assert torch.equal(out(x)[:, :7], out(y)[:, :7])  # causal with the bias added
+    bias = torch.arange(2 * 3 * 4 * 5.0).view(2, 3, 4, 5)  # (B, H=3, Tq, Tk)
+    wide = _per_narrow_head(bias, 6)
+    assert wide.shape == (2, 6, 4, 5) and torch.equal(wide[:, 0], bias[:, 0]) and torch.equal(wide[:, 1], bias[:, 0])
+    assert torch.equal(wide[:, 5], bias[:, 2])
+    assert _per_narrow_head(bias[:, :1], 6).shape[1] == 1  # a head-independent mask broadcasts as it is
+
+
 @pytest.mark.parametrize("option", [o for o in OPTIONS if o != "evolved"])
 def test_kv_cached_generation_matches_the_full_forward(option):
     model = _model(option)

@@ -7,12 +7,15 @@ import itertools
 import multiprocessing as mp
 import os
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
 from lm.data.documents import read_task
+from lm.data.errors import DataError
 from lm.data.tasks import ReadOptions, Task
 from lm.data.tokenizer import Tokenizer
 
@@ -73,21 +76,35 @@ def _groups(texts: List[str], max_chars: int) -> Iterator[Tuple[int, int]]:
         yield lo, len(texts)
 
 
-def tokenize_tasks(tasks: Iterable[Task], workers: int, init_args: tuple) -> Iterator[Result]:
-    """Results in task order; at most 2*workers tasks in flight, so memory stays bounded."""
+def tokenize_tasks(tasks: Iterable[Task], workers: int, init_args: tuple, work: Callable[[Task], Result] = None,
+                   init: Callable[..., None] = None) -> Iterator[Result]:
+    """Results in task order; at most 2*workers tasks in flight, so memory stays bounded. `work` and
+    `init` default to the tokenizer's (_work, _init_worker); tests pass others."""
+    work, init = work or _work, init or _init_worker
     if workers <= 1:
-        _init_worker(*init_args)
-        yield from map(_work, tasks)
+        init(*init_args)
+        yield from map(work, tasks)
         return
-    # spawn, not fork: the parent may have used the tokenizers thread pool (training), which a fork would break
-    with mp.get_context("spawn").Pool(workers, _init_worker, init_args) as pool:
-        pending: deque = deque()
-        for task in tasks:
-            pending.append(pool.apply_async(_work, (task,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+    # spawn, not fork: the parent may have used the tokenizers thread pool (training), which a fork would break.
+    # ProcessPoolExecutor, not multiprocessing.Pool: when the system kills a worker (out of memory), Pool
+    # replaces it and the lost task's result never comes, so lm-prepare waited forever; the executor
+    # fails every pending task with BrokenProcessPool instead, which is reported below.
+    pending: deque = deque()  # (task, future), oldest first
+    try:
+        with ProcessPoolExecutor(workers, mp.get_context("spawn"), init, init_args) as pool:
+            for task in tasks:
+                pending.append((task, pool.submit(work, task)))
+                if len(pending) >= 2 * workers:
+                    yield pending[0][1].result()
+                    pending.popleft()
+            while pending:
+                yield pending[0][1].result()
+                pending.popleft()
+    except BrokenProcessPool:  # from result(), or from submit() once the pool is broken
+        where = ", ".join(dict.fromkeys(f"{t.path} (from line {t.first_line})" for t, _ in pending))
+        raise DataError(f"a tokenizer worker process died with these tasks in flight: {where}; killed by the "
+                        f"system, most often for lack of memory. The progress so far is kept and a rerun resumes "
+                        f"it; use fewer workers (data.workers=N, now {workers}) or free memory") from None
 
 
 def token_dtype(vocab_size: int):

@@ -136,6 +136,14 @@ class DecoderConvBranches(nn.Module):
         return self.sep(h)  # (B, T, d)
 
 
+def _per_narrow_head(mask: Optional[torch.Tensor], n_heads: int) -> Optional[torch.Tensor]:
+    """A per-head score bias (T5's relative bias, ALiBi) is built for the model's H heads; the branched
+    attention has 2H heads of Dh/2, so each pair of narrow heads takes the bias of the head it halves."""
+    if mask is None or mask.dim() != 4 or mask.shape[1] in (1, n_heads):
+        return mask
+    return mask.repeat_interleave(n_heads // mask.shape[1], dim=1)  # (B, H, Tq, Tk) -> (B, 2H, Tq, Tk)
+
+
 class BranchedAttention(nn.Module):
     """Decoder step 1: self-attention with 2H heads, plus H-head attention to the encoder memory when
     the block has cross-attention."""
@@ -147,7 +155,7 @@ class BranchedAttention(nn.Module):
     def forward(self, x, causal, mask, pos, memory=None, memory_mask=None, cache=None):
         if cache is not None:
             raise ValueError(NO_CACHE)
-        y = self.self_attn(x, causal, mask, pos)
+        y = self.self_attn(x, causal, _per_narrow_head(mask, self.self_attn.n_heads), pos)
         if self.cross_attn is not None:
             y = y + self.cross_attn(x, memory, memory_mask)
         return y

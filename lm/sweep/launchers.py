@@ -14,9 +14,10 @@ thin subclasses of these.
 2. Cells started as separate processes (submitit) resolve `${lm.stamp:}` (the sweep's wandb
    group and directory) and the lm resolvers like the parent did: the stamp travels with the
    launcher and the resolvers are registered before the cell's config is composed.
-3. LocalGPUs runs one cell per GPU at a time: every cell is started at once, and each takes a
-   free GPU (an flock in <sweep dir>/.gpu_locks, dropped by the kernel when the process ends,
-   crash or not) and holds it until it exits. Without a GPU, `cpu_slots` cells run at a time.
+3. LocalGPUs runs one cell per GPU at a time: cells start in waves of one process per GPU, and each
+   takes a free GPU (an flock in <sweep dir>/.gpu_locks, dropped by the kernel when the process ends,
+   crash or not, so two sweeps on one machine share the GPUs) and holds it until it exits. Without a
+   GPU, `cpu_slots` cells run at a time.
    (claim_slot and visible_gpus are here so they are tested without the plugin.)
 """
 

@@ -97,8 +97,10 @@ ROWS: List[Row] = [
     Row("mixture_of_experts", "Mixture of experts", ["model/ffn=moe", "model/ffn@model.ffn.expert=relu"]),
     Row("switch_transformer", "Switch Transformer", ["model/ffn=switch", "model/ffn@model.ffn.expert=relu"]),
     # The encoder's two blocks in two groups (length halved between them), one full-length block after
-    # up-sampling for the decoder's memory.
-    Row("funnel_transformer", "Funnel Transformer", ["model.funnel.blocks=[1,1]", "model.funnel.decoder_layers=1"]),
+    # up-sampling for the decoder's memory. Pooling needs positions added to the embeddings (the relative
+    # bias acts inside attention, at lengths pooling changes), so this row uses learned absolute positions.
+    Row("funnel_transformer", "Funnel Transformer",
+        ["model.funnel.blocks=[1,1]", "model.funnel.decoder_layers=1", "model/pos=learned"]),
     Row("weighted_transformer", "Weighted Transformer", ["model.block=weighted"]),
     # The memory replaces the FFN of the second block of each stack.
     Row("product_key_memory", "Product key memory", ["model.pkm.layers=[1]"]),

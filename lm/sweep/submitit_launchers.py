@@ -17,8 +17,10 @@ log = logging.getLogger("lm")
 
 
 class LocalGPUs(InCellProcess, KeepGoing, LocalLauncher):
-    """Every cell starts at once as its own process; each runs when it holds a free GPU (or one
-    of `cpu_slots` slots on a machine without GPUs)."""
+    """Each cell is its own process and runs while it holds a free GPU (or one of `cpu_slots` slots on a
+    machine without GPUs). Cells start in waves of one per slot: submitit's local executor starts every
+    job it is given at once, and a 100-cell sweep of processes that each import torch took 9 GB and a
+    load of 40 on a 2-core machine before any of them could run."""
 
     def __init__(self, cpu_slots: int = 1, poll_s: float = 2.0, **params: Any) -> None:
         if int(cpu_slots) < 1:
@@ -35,7 +37,11 @@ class LocalGPUs(InCellProcess, KeepGoing, LocalLauncher):
         self.lock_dir = str(Path(str(self.config.hydra.sweep.dir)) / ".gpu_locks")
         log.info("local_gpus: %s", f"one cell per GPU on {','.join(gpus)}" if gpus
                  else f"no GPU found; {self.cpu_slots} cell(s) at a time on the CPU")
-        return super().launch(job_overrides, initial_job_idx)
+        results: list = []
+        for start in range(0, len(job_overrides), len(self.slots)):  # a wave: one process per slot
+            wave = job_overrides[start:start + len(self.slots)]
+            results.extend(super().launch(wave, initial_job_idx + start))
+        return results
 
     def __call__(self, sweep_overrides: list, job_dir_key: str, job_num: int, job_id: str, singleton_state: Any):
         slot, held = claim_slot(self.slots, Path(self.lock_dir), job_num, self.poll_s)
