@@ -1,9 +1,9 @@
 """The root of the typed config tree: ConfigError, the conf/ directory, resolvers, the RunSchema of
 conf/train.yaml and its registration in Hydra's ConfigStore.
 
-Every section's schema lives with its owner: lm/model/config.py (model, model/norm|ffn|pos),
-lm/data/config.py (data), lm/core/config.py (train, optim, sched, logger), lm/engine/config.py
-(engine). Hydra composes the YAML files on these schemas, so a wrong key, type or choice fails at
+Every section's schema lives with its owner: lm/model/config.py (model) and lm/model/options.py
+(model/norm|ffn|pos|attn), lm/data/config.py (data), lm/core/config.py (train, optim, sched, logger),
+lm/engine/config.py (engine). Hydra composes the YAML files on these schemas, so a wrong key, type or choice fails at
 composition naming the field; `OmegaConf.to_object` then turns the composed tree into dataclasses,
 once, at the entry point (lm.cli.train.train).
 """

@@ -386,7 +386,7 @@ def test_every_option_has_a_schema_a_file_and_every_preset_picks_scaled_dot():
     # synthesizers and convolutions (issue #20) are tested in tests/test_synth_conv.py
     others = {"synthesizer_dense", "synthesizer_random", "synthesizer_factorized", "lightweight_conv", "dynamic_conv"}
     assert set(files) == set(OPTIONS) | others
-    for cls in (c for c in options("attn") if c.__module__ == "lm.model.config"):
+    for cls in (c for c in options("attn") if c.__module__ == "lm.model.options"):
         assert any(schema_name(cls) in text for text in files.values()), cls
     for preset in (conf_dir() / "model").glob("*.yaml"):
         line = "  - attn: null" if preset.stem in RNN_PRESETS else "  - attn: scaled_dot"

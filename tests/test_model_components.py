@@ -164,13 +164,32 @@ def test_saved_config_round_trips_to_the_same_typed_model():
 
 
 def test_every_component_option_has_a_schema_and_a_file():
-    """An option is one dataclass (lm/model/config.py) plus one YAML file listing it as its schema."""
+    """An option is one dataclass (lm/model/options.py) plus one YAML file listing it as its schema."""
     for slot in ("norm", "ffn", "pos"):
         files = {p.stem: p.read_text() for p in (conf_dir() / "model" / slot).glob("*.yaml")}
-        for cls in (c for c in options(slot) if c.__module__ == "lm.model.config"):
+        for cls in (c for c in options(slot) if c.__module__ == "lm.model.options"):
             name = cls.__name__.removesuffix("Config").lower() + "_schema"
             assert any(name in text for text in files.values()), (slot, cls)
         assert all("_schema" in text for text in files.values()), slot
+
+
+def test_lm_model_config_stays_the_one_import_path():
+    """lm/model/config.py re-exports every public name defined in the modules it was split into (choices,
+    options, validate): callers, tests and pickled configs import them from lm.model.config."""
+    import ast
+    import importlib
+
+    import lm.model.config as config
+
+    for part in ("choices", "options", "validate"):
+        module = importlib.import_module(f"lm.model.{part}")
+        tree = ast.parse(Path(module.__file__).read_text())
+        defined = [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))]
+        defined += [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+        public = [name for name in defined if not name.startswith("_")]
+        assert len(public) > 5, part
+        assert [n for n in public if getattr(config, n, None) is not getattr(module, n)] == [], part
 
 
 def test_unknown_component_names_the_slot():
@@ -199,3 +218,43 @@ def test_a_new_option_is_one_dataclass_and_one_yaml_file(tmp_path):
     assert type(cfg.ffn) is WideMLPConfig and build_model(cfg).decoder.blocks[0].ffn.up.out_features == 6 * 64
     with pytest.raises(ConfigError, match="model.ffn.hidden_mult"):  # typed like every other option
         model_preset("tiny", [search, "model/ffn=wide", "model.ffn.hidden_mult=wide"])
+
+
+TENSOR_READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
+
+
+def _count_tensor_reads(monkeypatch) -> list:
+    """Every way the host reads a tensor (waits for the device), as tests/test_loop_syncs.py counts them."""
+    seen = []
+    for name in TENSOR_READS:
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda *a, _n=name, _real=real, **k: seen.append(_n) or _real(*a, **k))
+    return seen
+
+
+def test_dynamic_rope_takes_the_length_from_the_host_and_rotates_as_before(monkeypatch):
+    """model/pos=rope_dynamic: the stack passes the furthest position as a host integer, so the forward reads
+    no tensor; the rotation is the one computed from reading positions[-1] (below, at and past the trained length)."""
+    from lm.model.position import RoPE
+
+    torch.manual_seed(0)
+    rope = RoPE(64, 4, 16, 64, True, theta=100.0, scaling="dynamic", factor=2.0, original_max_seq_len=8)
+    q, k = torch.randn(2, 4, 6, 16), torch.randn(2, 2, 6, 16)
+    plain = RoPE(64, 4, 16, 64, True, theta=100.0).rotary(torch.arange(10, 16))(q, k)
+    for past in (0, 2, 3, 10):  # furthest position + 1 = 6, 8, 9, 16; original_max_seq_len = 8
+        positions = torch.arange(past, past + 6)
+        expected = rope.rotary(positions)(q, k)  # reads positions[-1]
+        got = rope.rotary(positions, length=past + 6)(q, k)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), past
+    assert not torch.allclose(got[0], plain[0])  # past the trained length the dynamic theta is in effect
+
+    cfg = model_preset("tiny", ["model/pos=rope_dynamic", "model.pos.original_max_seq_len=8"])
+    model = build_model(cfg).eval()
+    x = torch.randint(0, cfg.vocab_size, (2, 12))
+    with torch.no_grad():
+        seen = _count_tensor_reads(monkeypatch)
+        logits = model(x).logits
+        assert seen == []
+        monkeypatch.setattr(RoPE, "rotary", lambda self, positions, length=None, _real=RoPE.rotary: _real(self, positions))
+        assert torch.equal(logits, model(x).logits)  # the old path: positions[-1] read from the device
+        assert "__int__" in seen

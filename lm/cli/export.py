@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Optional
 
 from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve, verified
+from lm.core.saved_model import LM_CLASS  # the key of config.json that marks an lm-export output
 from lm.extras import MissingExtra
 
 log = logging.getLogger("lm")
 
 EXPORT_FILES = {"model.safetensors", "config.json", "hf"}  # what export() writes
-LM_CLASS = "_lm_class"  # key of config.json that marks an lm-export output
 
 
 def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = False) -> Path:

@@ -16,16 +16,18 @@ directory re-prepared with another vocabulary since is caught too; checkpoints w
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import torch
 
 from lm.config import ConfigError
+
+if TYPE_CHECKING:
+    from lm.core.saved_model import SavedModel
 
 log = logging.getLogger("lm")
 
@@ -46,6 +48,8 @@ class Backbone:
 
 
 def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -> Backbone:
+    from lm.core.checkpoint import CheckpointError
+    from lm.core.saved_model import find_saved_model
     from lm.model.config import model_from_saved
 
     if init is None or str(init).lower() in ("none", "scratch", ""):
@@ -57,49 +61,37 @@ def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -
                      f"set model.vocab_size={-(-tok.vocab_size // 64) * 64} (or larger)")
         return Backbone(cfg, None, tok, "none (random init)")
     path = Path(init).expanduser()
-    if (path / "model.safetensors").is_file():
-        return _from_export(path, tokenizer)
-    return _from_checkpoint(path, tokenizer)
-
-
-def _from_checkpoint(path: Path, tokenizer: Optional[str]) -> Backbone:
-    from omegaconf import OmegaConf
-
-    from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
-    from lm.model.config import model_from_saved
-
-    if not path.exists():
-        raise InitError(f"init={path}: no such directory; pass an lm-train run directory, one of its "
-                        f"checkpoints/step_* directories, an lm-export directory, or init=none")
     try:
-        ckpt = resolve(path)
+        saved = find_saved_model(path)
+    except FileNotFoundError:
+        raise InitError(f"init={path}: no such directory; pass an lm-train run directory, one of its "
+                        f"checkpoints/step_* directories, an lm-export directory, or init=none") from None
     except CheckpointError as e:
         raise InitError(f"init={path}: {e}; or an lm-export directory (model.safetensors + config.json)") from None
-    pretrain = OmegaConf.to_container(OmegaConf.load(ckpt / "config.yaml"), resolve=False)
+    return _from_export(saved, tokenizer) if saved.export else _from_checkpoint(saved, tokenizer)
+
+
+def _from_checkpoint(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
+    from lm.model.config import model_from_saved
+
+    ckpt, pretrain = saved.path, saved.run_config()
     cfg = model_from_saved(pretrain["model"])
-    weights = consolidated_state_dict(ckpt)  # verifies the checkpoint's files first
+    weights = saved.state_dict()  # verifies the checkpoint's files first
     tok = _pretraining_tokenizer(pretrain, tokenizer, ckpt, _recorded_tokenizer_sha256(ckpt))
     return Backbone(cfg, weights, tok, str(ckpt), pretrain)
 
 
-def _from_export(path: Path, tokenizer: Optional[str]) -> Backbone:
-    from omegaconf import OmegaConf
-    from safetensors.torch import load_file
-
+def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
     from lm.model.config import model_from_saved
 
-    node = json.loads((path / "config.json").read_text())
-    node.pop("_lm_class", None)
-    cfg = model_from_saved(node)
-    parent = path.parent / "config.yaml"  # lm-export's default output is <checkpoint>/export
-    pretrain = OmegaConf.to_container(OmegaConf.load(parent), resolve=False) if parent.is_file() else None
-    if pretrain is not None:
+    path, cfg, pretrain = saved.path, model_from_saved(saved.model_node()), saved.run_config()
+    if pretrain is not None:  # lm-export's default output is <checkpoint>/export
         tok = _pretraining_tokenizer(pretrain, tokenizer, path, _recorded_tokenizer_sha256(path.parent))
     else:
         tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without its checkpoint's config.yaml)")
         _check_vocab(tok, cfg.vocab_size, f"the embedding of {path} ({cfg.vocab_size} rows)",
                      "pass the tokenizer the model was pretrained with")
-    return Backbone(cfg, load_file(str(path / "model.safetensors")), tok, str(path), pretrain)
+    return Backbone(cfg, saved.state_dict(), tok, str(path), pretrain)
 
 
 def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:

@@ -99,6 +99,7 @@ def nll_over_labels(h: torch.Tensor, labels: torch.Tensor, mean_nll) -> torch.Te
     averages: the loop's token weighting of micro-batches (lm/core/objectives.py) relies on that."""
     x, y = h.reshape(-1, h.shape[-1]), labels.reshape(-1)  # (N, D), (N,)
     keep = y != IGNORE_INDEX
+    # This sync stays: x[keep] and torch's adaptive softmax (its per-cluster nonzero) read the device anyway.
     if not bool(keep.any()):
         return (x.sum() * 0.0).float()  # a micro-batch without targets: zero loss, graph intact
     return mean_nll(x[keep], y[keep])

@@ -147,7 +147,7 @@ def _llama_config(hf, tied: bool) -> ModelConfig:
 
 
 def _llama_rope_parameters(cfg: ModelConfig) -> dict:
-    p = cfg.pos  # a RoPEConfig (lm/model/config.py)
+    p = cfg.pos  # a RoPEConfig (lm/model/options.py)
     scaling = str(p.scaling) if p.scaling else None
     params = {"rope_type": scaling or "default", "rope_theta": float(p.theta)}
     if scaling:

@@ -39,7 +39,7 @@ class RMSNorm(nn.Module):
 
 # -- no norm: ReZero and Fixup (model/norm=rezero*, fixup) -----------------------------------------
 # These options change the residual function, not just the norm (lm/model/block.py's RESIDUALS):
-# their schemas in lm/model/config.py name it. The factories below build the norm each branch (and
+# their schemas in lm/model/options.py name it. The factories below build the norm each branch (and
 # the final, embedding and q/k norms) still applies: none, or the LayerNorm/RMSNorm of the
 # ReZero + norm rows of Narang et al. 2021.
 

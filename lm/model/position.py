@@ -34,7 +34,8 @@ class PositionScheme(nn.Module):
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x
 
-    def rotary(self, positions: torch.Tensor) -> Rotate:
+    def rotary(self, positions: torch.Tensor, length: Optional[int] = None) -> Rotate:
+        """length: positions[-1] + 1 as a host integer when the caller knows it (as check_length's n)."""
         return _no_rotation
 
     def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
@@ -140,10 +141,13 @@ class RoPE(PositionScheme):
         theta = self.theta * ((self.factor * seq_len / orig) - (self.factor - 1)) ** (d / (d - 2))
         return rope_inv_freq(theta, d).to(self.inv_freq.device)
 
-    def rotary(self, positions):
+    def rotary(self, positions, length=None):
         inv_freq = self.inv_freq
-        if self.scaling == "dynamic" and positions.numel() and int(positions[-1]) + 1 > self.original_max_seq_len:
-            inv_freq = self._dynamic_inv_freq(int(positions[-1]) + 1)
+        if self.scaling == "dynamic" and positions.numel():
+            # The furthest position: the caller's host integer, else read from the device (a sync).
+            length = length if length is not None else int(positions[-1]) + 1
+            if length > self.original_max_seq_len:
+                inv_freq = self._dynamic_inv_freq(length)
         freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, Dh/2)
         angles = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
         cos, sin = angles.cos(), angles.sin()

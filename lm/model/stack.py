@@ -108,7 +108,7 @@ class Stack(nn.Module):
         if memory is not None and memory_padding is not None:
             m_pos = torch.arange(memory.shape[1], device=x.device)
             memory_mask = build_mask(False, q_pos, m_pos, memory_padding)
-        rotate = self.pos.rotary(q_pos)
+        rotate = self.pos.rotary(q_pos, length=past + x.shape[1])  # host integers again: no device read
         x = self.drop(self.embed_norm(self.pos.embed(x, q_pos)))
         if states is not None:
             states.append(x)

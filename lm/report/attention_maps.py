@@ -18,7 +18,6 @@ axis is its k projected rows (labelled E1..Ek), not tokens.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
@@ -61,24 +60,19 @@ class AttnMap:
 def saved_model_config(path) -> tuple:
     """(ModelConfig, where) of an lm-export directory or a run / checkpoint directory, from its config
     file alone (no weights are read)."""
-    from omegaconf import OmegaConf
-
-    from lm.core.checkpoint import CheckpointError, resolve
+    from lm.core.checkpoint import CheckpointError
+    from lm.core.saved_model import find_saved_model
     from lm.model.config import model_from_saved
 
     path = Path(path).expanduser()
-    if (path / "model.safetensors").is_file() and (path / "config.json").is_file():
-        node = json.loads((path / "config.json").read_text())
-        node.pop("_lm_class", None)
-        return model_from_saved(node), path
-    if not path.exists():
-        raise AttentionMapError(f"{path}: no such directory; pass an lm-train run directory, one of its "
-                                f"checkpoints/step_* directories, or an lm-export directory")
     try:
-        ckpt = resolve(path)
+        saved = find_saved_model(path)
+    except FileNotFoundError:
+        raise AttentionMapError(f"{path}: no such directory; pass an lm-train run directory, one of its "
+                                f"checkpoints/step_* directories, or an lm-export directory") from None
     except CheckpointError as e:
         raise AttentionMapError(f"{path}: {e}; or pass an lm-export directory (model.safetensors + config.json)") from None
-    return model_from_saved(OmegaConf.load(ckpt / "config.yaml").model), ckpt
+    return model_from_saved(saved.model_node()), saved.path
 
 
 def stack_depths(cfg) -> dict:

@@ -1,0 +1,64 @@
+"""A trained model wherever a run left it: an lm-train run directory (its checkpoints/latest), one of its
+checkpoints/step_* directories, or an lm-export directory (model.safetensors + config.json).
+
+lm-finetune's init= (lm/glue/init.py) and lm-attention (lm/report/attention_maps.py) both read through
+`find_saved_model`; each names a path that is neither in its own words (`init=<path>`, `<path>`).
+Like lm/core/checkpoint.py this knows no engine and no model: a checkpoint's weights are consolidated
+by the engine that wrote them, and the model config is returned as a plain node for the caller to type
+(lm.model.config.model_from_saved).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from lm.core.checkpoint import consolidated_state_dict, resolve
+
+EXPORT_FILES = ("model.safetensors", "config.json")  # what lm-export writes (lm/cli/export.py)
+LM_CLASS = "_lm_class"  # the key lm-export adds to config.json to mark its output (lm/cli/export.py)
+
+
+@dataclass(frozen=True)
+class SavedModel:
+    path: Path  # the lm-export directory, or the checkpoint directory the given path resolved to
+    export: bool  # an lm-export directory (else a checkpoint of any engine)
+
+    def run_config(self) -> Optional[Dict]:
+        """The pretraining run's config.yaml as a plain (unresolved) dict: a checkpoint's own; an export's
+        checkpoint's when the export sits where lm-export puts it by default (<checkpoint>/export), else None."""
+        from omegaconf import OmegaConf
+
+        path = (self.path.parent if self.export else self.path) / "config.yaml"
+        if self.export and not path.is_file():
+            return None
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+    def model_node(self) -> Dict:
+        """The saved model config: component slots name their class by `_target_`."""
+        if not self.export:
+            return self.run_config()["model"]
+        node = json.loads((self.path / "config.json").read_text())
+        node.pop(LM_CLASS, None)
+        return node
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        """The full weights; a checkpoint's files are verified against its manifest before any is read."""
+        if not self.export:
+            return consolidated_state_dict(self.path)
+        from safetensors.torch import load_file
+
+        return load_file(str(self.path / "model.safetensors"))
+
+
+def find_saved_model(path) -> SavedModel:
+    """The saved model at `path`. Raises FileNotFoundError when `path` does not exist, and
+    lm.core.checkpoint.CheckpointError (naming what it looked for) when it is neither kind."""
+    path = Path(path).expanduser()
+    if all((path / name).is_file() for name in EXPORT_FILES):
+        return SavedModel(path, export=True)
+    if not path.exists():
+        raise FileNotFoundError(path)
+    return SavedModel(resolve(path), export=False)

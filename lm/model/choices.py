@@ -1,0 +1,84 @@
+"""The choices of ModelConfig's own fields (model.arch, model.block, model.tie_embeddings, ...): `Choice`
+Enums, so a wrong value fails when Hydra composes the config and comparisons with strings keep working.
+
+They live apart from ModelConfig (lm/model/config.py) because the option schemas
+(lm/model/options.py) read some of them too (Activation, Arch, BlockKind).
+"""
+
+from lm.config import Choice
+
+
+class Arch(Choice):
+    decoder = "decoder"
+    encoder = "encoder"
+    encoder_decoder = "encoder_decoder"
+    rnn = "rnn"  # a recurrent baseline (model=lstm|gru|rnn): the `rnn` node (RNNConfig), lm/model/rnn.py
+
+
+class NormPosition(Choice):
+    pre = "pre"
+    post = "post"
+
+
+class Init(Choice):
+    gpt2 = "gpt2"
+    normal = "normal"
+    t5 = "t5"
+    torch = "torch"
+
+
+class LinearKind(Choice):
+    torch = "torch"  # F.linear
+    onednn = "onednn"  # fp32 CPU matmuls on oneDNN: lm/model/linear.py
+
+
+class BlockKind(Choice):
+    """model.block: the sub-layer sequence of every block (lm/model/block.py: prelude, optional FFN)."""
+
+    vanilla = "vanilla"  # self-attention, [cross-attention,] FFN
+    weighted = "weighted"  # branched attention with one FFN per head (Ahmed et al. 2017): lm/model/weighted.py
+    evolved = "evolved"  # the Evolved Transformer's cells (So et al. 2019): lm/model/evolved.py
+
+
+class EmbeddingKind(Choice):
+    standard = "standard"  # one (vocab_size, dim) table
+    adaptive = "adaptive"  # adaptive input (Baevski & Auli 2019): lm/model/adaptive.py
+
+
+class OutputKind(Choice):
+    softmax = "softmax"  # one (dim, vocab_size) projection and a softmax
+    adaptive_softmax = "adaptive_softmax"  # Grave et al. 2017: lm/model/adaptive.py
+    mixture_of_softmaxes = "mixture_of_softmaxes"  # Yang et al. 2018: lm/model/mos.py
+
+
+class Activation(Choice):
+    relu = "relu"
+    gelu = "gelu"
+    gelu_tanh = "gelu_tanh"  # GPT-2's "gelu_new"
+    silu = "silu"  # swish (Ramachandran et al. 2017)
+    elu = "elu"
+    selu = "selu"
+    sigmoid = "sigmoid"  # gates Dauphin et al. 2017's GLU
+    softplus = "softplus"
+    linear = "linear"  # identity: gates the bilinear LiGLU (Shazeer 2020)
+
+
+# -- Narang et al. 2021 (issue #19/#20): sharing and tied embeddings -------------------------------
+
+class ShareBlocks(Choice):
+    none = "none"
+    all = "all"  # every stack reuses one block of its own (an encoder block has no cross-attention)
+    encoder = "encoder"  # the bidirectional stack only
+    decoder = "decoder"  # the causal stack only
+
+
+class StepEmbedding(Choice):
+    sinusoidal = "sinusoidal"  # fixed sinusoids of the step number (Dehghani et al. 2019)
+    learned = "learned"  # one learned vector per step
+
+
+class TieEmbeddings(Choice):
+    none = "none"  # encoder input, decoder input and output: three matrices
+    decoder_input_output = "decoder_input_output"  # output = decoder input; an encoder has its own table
+    encoder_decoder_inputs = "encoder_decoder_inputs"  # one input table for both stacks; output untied
+    all = "all"  # one matrix for every table (Vaswani et al. 2017, T5)
