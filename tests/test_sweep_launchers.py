@@ -113,9 +113,11 @@ def test_local_gpus_starts_cells_in_waves_of_one_process_per_slot(tmp_path, monk
     """submitit's local executor starts every job it is given at once; the launcher hands it one wave
     of len(slots) cells at a time, numbered on from the previous wave, and returns every result in order."""
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the `slurm` extra (in dev too)")
-    from hydra_plugins.hydra_submitit_launcher.submitit_launcher import BaseSubmititLauncher
-
     from lm.sweep.submitit_launchers import LocalGPUs
+
+    # the class LocalGPUs really inherits from: Hydra's plugin discovery may import the plugin module a
+    # second time under another name, so patching an imported name could miss it
+    BaseSubmititLauncher = next(c for c in LocalGPUs.__mro__ if c.__name__ == "BaseSubmititLauncher")
 
     waves = []
 
