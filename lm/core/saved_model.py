@@ -17,7 +17,7 @@ import torch
 
 from lm.core.checkpoint import consolidated_state_dict, resolve
 
-EXPORT_FILES = ("model.safetensors", "config.json")  # what lm-export writes (lm/cli/export.py)
+EXPORT_MARKERS = ("model.safetensors", "config.json")  # the files of an lm-export directory this reads (it may also hold hf/)
 LM_CLASS = "_lm_class"  # the key lm-export adds to config.json to mark its output (lm/cli/export.py)
 
 
@@ -57,7 +57,7 @@ def find_saved_model(path) -> SavedModel:
     """The saved model at `path`. Raises FileNotFoundError when `path` does not exist, and
     lm.core.checkpoint.CheckpointError (naming what it looked for) when it is neither kind."""
     path = Path(path).expanduser()
-    if all((path / name).is_file() for name in EXPORT_FILES):
+    if all((path / name).is_file() for name in EXPORT_MARKERS):
         return SavedModel(path, export=True)
     if not path.exists():
         raise FileNotFoundError(path)
