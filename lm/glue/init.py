@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("lm")
 
 
+PRETRAINING_ONLY = ("head.", "generator.")  # state-dict prefixes a classifier does not load
+
+
 class InitError(ConfigError):
     """The init checkpoint, its tokenizer or the model config cannot be used; the message says why and the fix."""
 
@@ -201,7 +204,8 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
     from lm.model.lm import SequenceClassifier
     from lm.model.rnn import load_unidirectional
 
-    cfg = backbone.model_cfg
+    # An ELECTRA run (model.electra) is finetuned as the plain encoder its discriminator is.
+    cfg = replace(backbone.model_cfg, electra=None)
     if cfg.arch == "rnn" and pooling == "first":
         raise InitError("pooling=first reads the first position, which a recurrent model has read nothing past; "
                         "for an RNN backbone use pooling=last (final states) or pooling=mean (mean over real tokens)")
@@ -213,7 +217,8 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
         cfg = replace(cfg, rnn=replace(cfg.rnn, bidirectional=True))
     model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout)
     if backbone.state_dict is not None:
-        weights = {k: v for k, v in backbone.state_dict.items() if not k.startswith("head.")}  # the LM head is dropped
+        # the pretraining-only parts are dropped: the LM head (ELECTRA: the discriminator's head) and ELECTRA's generator
+        weights = {k: v for k, v in backbone.state_dict.items() if not k.startswith(PRETRAINING_ONLY)}
         if widen:
             try:
                 load_unidirectional(model.backbone, weights)

@@ -1,13 +1,14 @@
 """Model code: single-device PyTorch. `build_model(cfg)` is the only place it meets Hydra (instantiate).
 
 Public API: build_model, ModelConfig / model_preset / model_from_saved (lm.model.config), Block,
-DecoderLM, EncoderLM, EncoderDecoderLM, RNNLM (lm.model.rnn), SequenceClassifier, generate (lm.model.generate),
-from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
+DecoderLM, EncoderLM, EncoderDecoderLM, RNNLM (lm.model.rnn), ElectraLM (lm.model.electra), SequenceClassifier,
+generate (lm.model.generate), from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
 """
 
 from lm.config import ConfigError
 from lm.model.block import Block
 from lm.model.config import ModelConfig, validate_model
+from lm.model.electra import ElectraLM
 from lm.model.init import init_weights
 from lm.model.linear import use_kind
 from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM, SequenceClassifier
@@ -16,7 +17,8 @@ from lm.model.stack import Components
 
 ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM, "rnn": RNNLM}
 
-__all__ = ["build_model", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM", "RNNLM", "SequenceClassifier"]
+__all__ = ["build_model", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM", "RNNLM", "ElectraLM",
+           "SequenceClassifier"]
 
 
 def components(cfg: ModelConfig) -> Components:
@@ -40,7 +42,10 @@ def build_model(cfg: ModelConfig):
         raise TypeError(f"build_model takes a ModelConfig (lm.model.config), not {type(cfg).__name__}; "
                         f"compose one with model_preset(name, overrides) or model_from_saved(node)")
     validate_model(cfg)
-    model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
+    if cfg.electra is not None:  # an encoder pretrained by replaced-token detection: generator + discriminator
+        model = ElectraLM(cfg, components(cfg), components(cfg.electra.generator_config(cfg)))
+    else:
+        model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
     init_weights(model, cfg)
     try:
         return use_kind(model, cfg.linear)

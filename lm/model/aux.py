@@ -50,7 +50,8 @@ def collect(model: nn.Module, out):
     for _, metrics in records:
         for name, value in metrics.items():
             sums.setdefault(name, []).append(value.float())
-    out.metrics = {name: torch.stack(values).mean() for name, values in sums.items()}
+    # merged: a model may report metrics of its own (ELECTRA's two losses, lm/model/electra.py)
+    out.metrics = {**out.metrics, **{name: torch.stack(values).mean() for name, values in sums.items()}}
     return out
 
 

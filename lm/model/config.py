@@ -26,6 +26,7 @@ from lm.model.options import (SLOTS, AdditiveConfig, ALiBiConfig, AttnConfig, Ce
                               RoPEConfig, RopeScaling, ScaledDotConfig, SinusoidalConfig, SwitchConfig,
                               SynthesizerDenseConfig, SynthesizerFactorizedConfig, SynthesizerRandomConfig,
                               SynthMix, T5BiasConfig, linformer_k, options, positive)
+from lm.model.options import ElectraConfig  # noqa: F401 - model.electra (lm/model/electra.py)
 from lm.model.validate import (RNN_FIELDS, check_objective, validate_model, validate_narang_options,  # noqa: F401
                                validate_rnn, validate_sharing_and_tying, validate_sparse)
 
@@ -80,6 +81,8 @@ class ModelConfig:
     funnel: FunnelConfig = field(default_factory=FunnelConfig)  # Funnel encoder (issue #20)
     block: BlockKind = BlockKind.vanilla  # weighted / evolved Transformer blocks (issue #20)
     rnn: Optional[RNNConfig] = None  # arch=rnn only (model=lstm|gru|rnn): RNNConfig, validate_rnn
+    # arch=encoder only: pretrain by ELECTRA's replaced-token detection (lm/model/electra.py); None = MLM
+    electra: Optional[ElectraConfig] = None
     # -- embeddings, output softmax, transparent attention (Narang et al. 2021, Table 1; issue #19) --
     embedding: EmbeddingKind = EmbeddingKind.standard
     output: OutputKind = OutputKind.softmax

@@ -350,6 +350,10 @@ FAMILIES: Dict[str, Tuple[Callable, Callable, Callable, str]] = {
 
 def _family_of(cfg: ModelConfig) -> str:
     """Which Hugging Face family a config's architecture matches, or a clear error."""
+    if cfg.electra is not None:
+        raise ValueError("no Hugging Face family matches an ELECTRA pretraining model (model.electra: generator + "
+                         "discriminator); finetune its discriminator with lm-finetune init=<run> (it loads as a plain "
+                         "encoder), and use model.safetensors of this export for the pretraining model itself")
     if cfg.arch == "rnn":
         raise ValueError(f"no Hugging Face family matches a recurrent model (model.arch=rnn, model.rnn.cell="
                          f"{cfg.rnn.cell.value}); exportable: gpt2, llama, bert, t5 layouts (export safetensors instead)")

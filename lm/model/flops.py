@@ -5,7 +5,9 @@ the code. FLOPs follow the PaLM appendix (Chowdhery et al. 2022): 6 FLOPs per ma
 per token (2 forward, 4 backward), plus attention's 12 * L * H * Dh * T for the score and value
 products. Matmul parameters exclude embedding lookups (a gather, not a matmul) but include the
 output projection, tied or not, since it is a matmul either way. Recurrent models (lm/model/rnn.py)
-count their LSTM/GRU/RNN weights the same way and have no attention term.
+count their LSTM/GRU/RNN weights the same way and have no attention term. ELECTRA (model.electra,
+lm/model/electra.py) counts both of its models: the discriminator and the generator's stack on every
+token, the generator's head on the masked share only.
 
 The attention term is 3x each attention module's own forward count (`Score.forward_flops` in
 lm/model/scores.py), so every model/attn option is counted as built: multiplicative adds q W,
@@ -80,8 +82,10 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     if cfg.arch == "rnn":  # no attention: a recurrent model's cost per token does not grow with seq_len
         return 0
     model, total = _meta_model(cfg), 0.0
-    for name in ("encoder", "decoder"):
-        stack = getattr(model, name, None)
+    generator = getattr(model, "generator", None)  # ELECTRA's (lm/model/electra.py): a plain Stack of its own
+    stacks = {"encoder": getattr(model, "encoder", None), "decoder": getattr(model, "decoder", None),
+              "generator": generator.encoder if generator is not None else None}
+    for name, stack in stacks.items():
         if stack is None:
             continue
         # Layer i runs blocks[i % len(blocks)]: a shared block (model.share_blocks, ut_steps) counts per layer.

@@ -145,12 +145,17 @@ class OutputLinear(Linear):
         return chunked_cross_entropy(h, self.weight, self.bias, labels, chunk_size)
 
 
-def mlm_transform(cfg: ModelConfig, norm: nn.Module) -> nn.Module:
-    """BERT's prediction-head transform: dense, activation (GELU in BERT; HF uses hidden_act), norm."""
+def mlm_transform(cfg: ModelConfig, norm: nn.Module, in_dim: Optional[int] = None) -> nn.Module:
+    """BERT's prediction-head transform: dense, activation (GELU in BERT; HF uses hidden_act), norm.
+    in_dim: the hidden states' width when not model.dim (ELECTRA's narrower generator maps back to dim)."""
+    return nn.Sequential(Linear(in_dim or cfg.dim, cfg.dim), _Lambda(head_activation(cfg)), norm)
+
+
+def head_activation(cfg: ModelConfig):
+    """model.mlm_activation: the activation of the prediction heads (BERT's transform, ELECTRA's discriminator)."""
     if cfg.mlm_activation not in ACTIVATIONS:
         raise ValueError(f"model.mlm_activation={cfg.mlm_activation!r} is not one of {sorted(ACTIVATIONS)}")
-    act = ACTIVATIONS[cfg.mlm_activation]
-    return nn.Sequential(Linear(cfg.dim, cfg.dim), _Lambda(act), norm)
+    return ACTIVATIONS[cfg.mlm_activation]
 
 
 class _Lambda(nn.Module):

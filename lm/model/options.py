@@ -1,5 +1,6 @@
 """The component option schemas: one dataclass per option file of conf/model/<slot>/ (model/norm,
-model/ffn, model/pos, model/attn), and the typed nodes model.pkm, model.funnel and model.rnn.
+model/ffn, model/pos, model/attn), and the typed nodes model.pkm, model.funnel, model.rnn and
+model.electra.
 
 Each option holds its `_target_` and its own hyperparameters; the model (lm/model/config.py's
 ModelConfig) supplies the shapes. A new option is one subclass of its slot's base here and one YAML
@@ -10,7 +11,7 @@ several options live in lm/model/validate.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Type
 
 from lm.config import Choice, ConfigError
@@ -436,6 +437,38 @@ class RNNConfig:
 
     def width(self, dim: int) -> int:
         return self.hidden or dim
+
+
+# -- ELECTRA pretraining (model.electra, arch=encoder only): lm/model/electra.py --------------------
+
+@dataclass
+class ElectraConfig:
+    """model.electra: pretrain the encoder as ELECTRA's discriminator (Clark et al. 2020): a small masked-LM
+    generator, reading the same token embeddings, fills the masked positions with samples; the encoder
+    learns to tell replaced tokens from original ones. Finetuning keeps the discriminator only.
+
+    The defaults are ELECTRA-Small's generator (a quarter of the discriminator's 256 width, one head of 64,
+    as deep as the discriminator) and its loss weight lambda = 50.
+    """
+
+    generator_dim: int = 64
+    generator_heads: int = 1
+    generator_ffn_dim: Optional[int] = None  # None = model/ffn's hidden_mult x generator_dim (4x for an MLP)
+    generator_layers: Optional[int] = None  # None = model.n_layers
+    disc_weight: float = 50.0  # lambda: loss = generator MLM loss + lambda * discriminator BCE
+    temperature: float = 1.0  # replacements are sampled from softmax(generator logits / temperature)
+
+    def generator_config(self, model: "ModelConfig") -> "ModelConfig":
+        """The generator's stack: the model's options at the generator's width, heads and depth. No Funnel
+        pooling, product-key memory or factorized table: ELECTRA's generator is a small BERT, and it reads
+        the discriminator's embeddings through its own projection (lm/model/electra.py)."""
+        hidden = self.generator_ffn_dim  # None: derived from the generator's width by the FFN option
+        ffn = model.ffn
+        ffn = (replace(ffn, expert=replace(ffn.expert, hidden_dim=hidden)) if isinstance(ffn, MoEConfig)
+               else replace(ffn, hidden_dim=hidden))
+        return replace(model, dim=self.generator_dim, n_heads=self.generator_heads, n_kv_heads=None, head_dim=None,
+                       n_layers=self.generator_layers or model.n_layers, ffn=ffn, pkm=PKMConfig(),
+                       funnel=FunnelConfig(), factorized_embedding=0, electra=None)
 
 
 # -- the slots -------------------------------------------------------------------------------------

@@ -28,6 +28,10 @@ RNN_FIELDS = ("arch", "vocab_size", "dim", "n_layers", "max_seq_len", "dropout",
 def validate_model(cfg: ModelConfig) -> None:
     """Fail before building when the values cannot make a model (types and choices are checked by the
     schema already); the message names the field."""
+    if cfg.electra is not None and cfg.arch != Arch.encoder:
+        raise ConfigError(f"model.electra is set but model.arch={cfg.arch.value}: ELECTRA's replaced-token detection "
+                          f"pretrains a bidirectional encoder (its discriminator); set model.arch=encoder (as "
+                          f"experiment=glue_transfer_electra does) or remove model.electra")
     if cfg.arch == Arch.rnn:
         return validate_rnn(cfg)
     if cfg.rnn is not None:
@@ -57,6 +61,7 @@ def validate_model(cfg: ModelConfig) -> None:
     validate_sparse(cfg)
     validate_sharing_and_tying(cfg)  # first: it checks model.tie_embeddings' value, which the next one reads
     validate_narang_options(cfg)
+    validate_electra(cfg)
 
 
 # -- validation of the issue #20 options: refuse undefined combinations before anything is built -------
@@ -149,6 +154,40 @@ def _validate_funnel(cfg: ModelConfig) -> None:
                           f"model.n_layers={cfg.n_layers}")
     if not isinstance(funnel.decoder_layers, int) or funnel.decoder_layers < 0:
         raise ConfigError(f"model.funnel.decoder_layers={funnel.decoder_layers!r} must be >= 0")
+
+
+# -- ELECTRA (model.electra, lm/model/electra.py) ----------------------------------------------------
+
+def validate_electra(cfg: ModelConfig) -> None:
+    """The generator's numbers make a model, and the model's output layer is one the generator can sample."""
+    e = cfg.electra
+    if e is None:
+        return
+    for name in ("generator_dim", "generator_heads"):
+        positive(f"electra.{name}", getattr(e, name))
+    for name in ("generator_ffn_dim", "generator_layers"):
+        if getattr(e, name) is not None:
+            positive(f"electra.{name}", getattr(e, name))
+    if e.generator_dim % e.generator_heads:
+        raise ConfigError(f"model.electra.generator_dim={e.generator_dim} is not divisible by "
+                          f"model.electra.generator_heads={e.generator_heads}; ELECTRA's generators use heads of 64 "
+                          f"(generator_heads={max(1, e.generator_dim // 64)})")
+    if not e.disc_weight > 0:
+        raise ConfigError(f"model.electra.disc_weight={e.disc_weight} must be > 0 (the paper's lambda is 50); "
+                          f"without it the discriminator, the model that is finetuned, learns nothing")
+    if not e.temperature > 0:
+        raise ConfigError(f"model.electra.temperature={e.temperature} must be > 0 (1.0 samples the generator's "
+                          f"softmax as it is)")
+    if cfg.embedding != EmbeddingKind.standard or cfg.output != OutputKind.softmax or cfg.loss_chunk_size:
+        raise ConfigError(f"model.electra with model.embedding={cfg.embedding}, model.output={cfg.output}, "
+                          f"model.loss_chunk_size={cfg.loss_chunk_size}: the generator samples its replacements from "
+                          f"a plain softmax over the token table, so it needs model.embedding=standard, "
+                          f"model.output=softmax and model.loss_chunk_size=0")
+    try:
+        validate_model(e.generator_config(cfg))
+    except ConfigError as err:
+        raise ConfigError(f"model.electra's generator (model.electra.generator_dim={e.generator_dim}, generator_heads="
+                          f"{e.generator_heads}, the model's other options) cannot be built: {err}") from None
 
 
 # -- validation of recurrent models ---------------------------------------------------------------

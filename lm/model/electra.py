@@ -1,0 +1,137 @@
+"""ELECTRA (Clark et al. 2020): pretraining an encoder by replaced-token detection (model.electra).
+
+A small masked-LM generator fills the masked positions of the MLM batch with tokens sampled from its
+softmax; the discriminator, an encoder of the model's full size, predicts for every token whether it
+was replaced. The loss is the generator's MLM loss plus lambda (model.electra.disc_weight, 50 in the
+paper) times the discriminator's binary cross-entropy over the real tokens. Learning from every token
+rather than the 15% masked ones is what makes it pay at small compute (ELECTRA-Small: GLUE dev 79.9
+against 75.1 for a BERT-Small of the same size).
+
+Parameter names: the discriminator's parts are EncoderLM's (`embed.*`, `encoder.*`), so finetuning
+(lm/glue/init.py build_classifier) loads them into a plain EncoderLM; `head.*` (the per-token binary
+head) and `generator.*` are pretraining-only. The generator reads the discriminator's token (and
+segment) embeddings `embed` and predicts through the same table, tied as in the paper. Its stack is a
+Stack at its own width with its own position scheme: here positions live in each Stack
+(lm/model/stack.py), not in the shared embedding module.
+"""
+
+from typing import Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lm.constants import IGNORE_INDEX
+from lm.model import aux
+from lm.model.config import ModelConfig
+from lm.model.funnel import stack_class
+from lm.model.heads import Embedding, LMOutput, head_activation, make_head, mlm_transform
+from lm.model.linear import Linear
+from lm.model.lm import _LanguageModel
+from lm.model.stack import Components, Stack
+
+# The share of tokens the generator's head runs on, for lm/model/flops.py: BERT's masking rate, the default
+# of data.mlm_probability (lm/data/config.py), which model code does not see.
+MASKED_FRACTION = 0.15
+# Evaluation samples replacements from its own generator with this seed: val losses stay comparable
+# across evaluations, and evaluating does not move the global RNG that training samples from.
+EVAL_SEED = 0
+
+
+class DiscriminatorHead(nn.Module):
+    """ELECTRA's discriminator head: dense + activation, then one logit per token (> 0: replaced)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dense = Linear(cfg.dim, cfg.dim)
+        self.act = head_activation(cfg)
+        self.proj = Linear(cfg.dim, 1)  # `proj`: the output layer Fixup starts at 0 (lm/model/init.py)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.act(self.dense(h))).squeeze(-1)  # (B, T, D) -> (B, T, 1) -> (B, T)
+
+
+class Generator(nn.Module):
+    """ELECTRA's generator: a narrow masked LM on the discriminator's embeddings. The paper finds a
+    generator 1/4 to 1/2 of the discriminator's width works best: a stronger one makes the task too hard."""
+
+    def __init__(self, cfg: ModelConfig, c: Components, embed: Embedding):
+        """cfg: the discriminator's (the model's) config; c: the components built for the generator's config."""
+        super().__init__()
+        gen = cfg.electra.generator_config(cfg)
+        self.project = Linear(cfg.dim, gen.dim)  # ELECTRA's embeddings_project: the shared table is model.dim wide
+        self.encoder = Stack(gen, c, gen.n_layers, causal=False)
+        # Back to the table's width (dense + activation + norm), then the tied output: ELECTRA's MLM head.
+        transform = mlm_transform(cfg, c.norm(cfg.dim, eps=cfg.norm_eps), in_dim=gen.dim)
+        tied = cfg.output_tied
+        self.head = make_head(cfg, embed.tok if tied else None, True, transform, embed.proj if tied else None)
+
+    def forward(self, x: torch.Tensor, padding, where: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: the shared embeddings of the masked input (B, T, D); where: the N masked positions (rows,
+        columns). Logits (N, V) at those positions only: the vocabulary projection is the expensive part."""
+        h = self.encoder(self.project(x), padding)  # (B, T, D) -> (B, T, Dg)
+        return self.head(h[where])  # (N, Dg) -> (N, V)
+
+    def active_matmul_params(self, count) -> float:
+        """lm.model.flops: the head runs at the masked positions only."""
+        return count(self.project) + count(self.encoder) + MASKED_FRACTION * count(self.head)
+
+
+class ElectraLM(_LanguageModel):
+    """ELECTRA: a discriminator (EncoderLM's embeddings and stack + a binary head) and a small generator."""
+
+    def __init__(self, cfg: ModelConfig, c: Components, generator_components: Components):
+        super().__init__(cfg)
+        self.encoder = stack_class(cfg)(cfg, c, cfg.n_layers, causal=False)
+        self.head = DiscriminatorHead(cfg)
+        self.generator = Generator(cfg, generator_components, self.embed)
+        self.disc_weight = cfg.electra.disc_weight
+        self.temperature = cfg.electra.temperature
+
+    def features(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        return self.encoder(self.embed(input_ids, token_type_ids), attention_mask)  # (B, T, D)
+
+    def classify_features(self, input_ids, attention_mask=None, token_type_ids=None):
+        return self.encoder.pooled_forward(self.embed(input_ids, token_type_ids), attention_mask)
+
+    @aux.collected
+    def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
+        """labels: the MLM batch's (-100 except at the masked positions; lm.data.packed builds it for
+        arch=encoder). Without labels: the discriminator's logits (B, T) on input_ids as they are."""
+        if labels is None:
+            return LMOutput(logits=self.head(self.features(input_ids, attention_mask, token_type_ids)))
+        masked = labels != IGNORE_INDEX  # (B, T)
+        # The one device sync of the forward: N, the number of masked positions, sets the generator head's shapes.
+        where = masked.nonzero(as_tuple=True)  # rows (N,), columns (N,)
+        gen_logits = self.generator(self.embed(input_ids, token_type_ids), attention_mask, where)  # (N, V)
+        gen_loss = F.cross_entropy(gen_logits.float(), labels[where])
+        # Every masked position gets a sample, [MASK]ed or not; the batch's other tokens are the originals.
+        corrupted = input_ids.index_put(where, self.sample(gen_logits.detach()).to(input_ids.dtype))  # (B, T)
+        original = torch.where(masked, labels, input_ids)  # (B, T)
+        # A sample that equals the original counts as original (the paper's labels), so the target is the comparison.
+        replaced = (corrupted != original).float()  # (B, T)
+        disc_logits = self.head(self.features(corrupted, attention_mask, token_type_ids))  # (B, T)
+        real = attention_mask.float() if attention_mask is not None else torch.ones_like(replaced)  # (B, T)
+        n_real = real.sum().clamp(min=1)
+        bce = F.binary_cross_entropy_with_logits(disc_logits.float(), replaced, reduction="none")  # (B, T)
+        disc_loss = (bce * real).sum() / n_real  # a weighted mean: indexing the real tokens would sync again
+        metrics = {}
+        if self.training:  # evaluation records nothing (lm/model/aux.py): the loop logs training means only
+            correct = ((disc_logits.detach() > 0).float() == replaced).float()
+            metrics = {"electra/gen_loss": gen_loss.detach(), "electra/disc_loss": disc_loss.detach(),
+                       "electra/disc_accuracy": (correct * real).sum() / n_real,
+                       "electra/replaced": (replaced * real).sum() / n_real}
+        return LMOutput(loss=gen_loss + self.disc_weight * disc_loss, logits=disc_logits, metrics=metrics)
+
+    def sample(self, logits: torch.Tensor) -> torch.Tensor:
+        """Replacements (N,) drawn from softmax(logits / temperature) (N, V), as ELECTRA samples them; no
+        gradient flows through a sample. Training draws from torch's global RNG, which checkpoints restore
+        (exact resume); evaluation from a fixed-seed generator of its own (EVAL_SEED)."""
+        probs = F.softmax(logits.float() / self.temperature, dim=-1)  # (N, V)
+        rng = None if self.training else torch.Generator(device=logits.device).manual_seed(EVAL_SEED)
+        return torch.multinomial(probs, 1, generator=rng).squeeze(-1)  # (N, 1) -> (N,)
+
+    def active_matmul_params(self, count) -> float:
+        """lm.model.flops: the discriminator reads every token, the generator's head the masked ones only."""
+        return (sum(count(m) for name, m in self.named_children() if name != "generator")
+                + self.generator.active_matmul_params(count))
