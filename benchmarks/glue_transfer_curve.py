@@ -5,6 +5,7 @@ docs/glue_transfer.md (between its `<!-- curve:begin -->` / `<!-- curve:end -->`
     python benchmarks/glue_transfer_curve.py                        # the measurement (hours on a CPU)
     python benchmarks/glue_transfer_curve.py --tiny                 # end-to-end check in minutes
     python benchmarks/glue_transfer_curve.py --arches decoder --tokens 0,3e6 --root runs/gtc  # a part
+    python benchmarks/glue_transfer_curve.py --arches electra       # the ELECTRA arm (replaced-token detection)
 
 Each (arch, tokens) point is one lm-transfer run in <root>/<arch>/<tokens>; the scratch arm does not
 depend on the tokens, so each arch's runs share one (<root>/<arch>/scratch). Every run resumes: an
@@ -39,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", default=TOKENS, help="comma-separated pretraining token counts (default %(default)s)")
-    p.add_argument("--arches", default="decoder,encoder", help="presets glue_transfer_<arch> (default %(default)s)")
+    p.add_argument("--arches", default="decoder,encoder",
+                   help="presets glue_transfer_<arch>: decoder, encoder, electra (default %(default)s)")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local data)")
     p.add_argument("--root", type=Path, default=Path("runs/glue_transfer"), help="runs go to <root>/<arch>/<tokens>")

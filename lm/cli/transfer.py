@@ -4,16 +4,17 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
 
     lm-transfer --tokens 10000000                              # decoder (causal LM), mean pooling
     lm-transfer --preset glue_transfer_encoder --tokens 10000000   # encoder (MLM), [CLS] pooling
+    lm-transfer --preset glue_transfer_electra --tokens 10000000   # encoder (ELECTRA's discriminator), [CLS]
     lm-transfer --tokens 3000000 --scratch runs/transfer/decoder_scratch   # share the scratch arm across a curve
     lm-transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
     lm-report runs/transfer                                    # every run's table + the curve over tokens
 
-1. Pretraining: `lm-train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder}.yaml:
+1. Pretraining: `lm-train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra}.yaml:
    model, corpus, schedule) with train.max_steps = ceil(--tokens / tokens per step), in <out>/pretrain.
    --tokens 0 pretrains nothing (the curve's origin: the pretrained arm is then the scratch arm).
 2. Finetuning: lm-finetune on each task with the quickstart's budget (lm/cli/quickstart.py:
    3 epochs, lr 5e-4, SST-2's first 5,000 and STS-B's first 2,000 training examples) and the
-   preset's pooling (decoder: mean, encoder: first = [CLS]), from <out>/pretrain and from scratch
+   preset's pooling (decoder: mean, encoder and electra: first = [CLS]), from <out>/pretrain and from scratch
    (init=none, the pretraining run's model config and tokenizer.json).
 3. Tasks: every GLUE task whose train and dev files are in the mirror (--tasks to choose).
 Both arms and the pretraining share one wandb group (--group, default the output directory's name;
@@ -42,8 +43,11 @@ from lm.config import ConfigError
 log = logging.getLogger("lm")
 
 DEFAULT_PRESET = "glue_transfer_decoder"
-POOLING = {"decoder": "mean", "encoder": "first", "encoder_decoder": "last"}  # docs/glue_pretraining.md: mean > last
-OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption"}
+# Keyed by the preset's model family: model.arch, or electra for an encoder pretrained by replaced-token
+# detection (model.electra; its discriminator is finetuned as a plain encoder). Decoders: mean pooling beat
+# the last token (docs/glue_pretraining.md).
+POOLING = {"decoder": "mean", "encoder": "first", "encoder_decoder": "last", "electra": "first"}
+OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption", "electra": "rtd"}
 CANDIDATE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 FIXED = ("tokenizer", "init", "run_dir", "model")  # set by the recipe: the same for both arms and the pretraining
 
@@ -205,7 +209,7 @@ def run_transfer(r: Recipe) -> Dict:
     per_step = tokens_per_step(base)
     steps = math.ceil(r.tokens / per_step)
     cfg = pretrain_config(r, steps) if steps else base
-    arch = str(cfg.model.arch)
+    arch = family(cfg.model)
     pooling = _pooling(r.finetune) or POOLING[arch]
     root = _data_root(r.finetune)
     tasks = r.tasks or present_tasks(root)
@@ -246,6 +250,11 @@ def run_transfer(r: Recipe) -> Dict:
     atomic_write_text(r.out / "transfer.json", json.dumps(summary, indent=2) + "\n")
     atomic_write_text(r.out / "transfer.md", transfer_table(summary))
     return summary
+
+
+def family(model_node) -> str:
+    """The key of POOLING / OBJECTIVE and the report's label: model.arch, or electra (model.electra set)."""
+    return "electra" if model_node.get("electra") is not None else str(model_node.arch)
 
 
 def _cores() -> int:
