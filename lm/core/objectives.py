@@ -6,6 +6,9 @@
 | encoder_decoder | span      | sentinel-replaced spans in, the spans out (Raffel et al. 2020)           |
 | rnn             | clm       | as decoder (a bidirectional RNN is refused: lm.model.config.check_objective) |
 
+An encoder with model.electra (ELECTRA, lm/model/electra.py) reads the mlm batch and returns its own loss:
+the generator's MLM loss + disc_weight x the replaced-token detection loss over every real token.
+
 The model returns the mean cross-entropy over a micro-batch's label tokens. Averaging those means
 over micro-batches and ranks would weight a token by how crowded its micro-batch was, so the loop
 weights each micro-batch by its share of the step's label tokens instead (`weights`): the step's
