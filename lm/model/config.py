@@ -29,6 +29,7 @@ from lm.model.options import (SLOTS, AdditiveConfig, ALiBiConfig, AttnConfig, Ce
 from lm.model.options import ElectraConfig  # noqa: F401 - model.electra (lm/model/electra.py)
 from lm.model.validate import (RNN_FIELDS, check_objective, validate_model, validate_narang_options,  # noqa: F401
                                validate_rnn, validate_sharing_and_tying, validate_sparse)
+from lm.model.validate import validate_electra  # noqa: F401
 
 
 @dataclass
