@@ -241,8 +241,9 @@ def test_a_pretrained_discriminator_finetunes_as_a_plain_encoder(tmp_path):
     register_train_configs()
     overrides = [f"run_dir={tmp_path / 'run'}", "model=tiny", *SMALL, "model.vocab_size=512", "model.max_seq_len=32",
                  "data=tinystories_sample_bpe", f"data.dir={tmp_path / 'data'}", "data.vocab_size=512",
-                 "data.workers=1", "data.tokenizer_train_chars=200000", "train.max_steps=3", "train.seq_len=32", "train.micro_batch_size=4",
-                 "train.eval_interval=0", "train.eval_batches=1", "train.ckpt_interval=3", "train.progress=false"]
+                 "data.workers=1", "data.tokenizer_train_chars=200000", "train.max_steps=3", "train.seq_len=32",
+                 "train.micro_batch_size=4", "train.eval_interval=0", "train.eval_batches=1", "train.ckpt_interval=3",
+                 "train.progress=false"]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         train(hydra_compose(config_name="train", overrides=overrides))
     assert all(math.isfinite(m["electra/disc_loss"]) for m in metrics(tmp_path / "run") if "loss" in m)
