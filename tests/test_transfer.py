@@ -163,3 +163,21 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     text = doc.read_text()
     assert "| decoder (mean) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean) | 20,480 |" in text
     assert (tmp_path / "page.png").is_file() and "lm-transfer --preset glue_transfer_decoder --tokens 20000" in text
+
+
+def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tmp_path):
+    """A scratch arm's transfer_arm.json written before ModelConfig grew a field (model.electra) holds a
+    model node without it; the same model now must match it, and a different model must not."""
+    from dataclasses import asdict
+
+    from lm.cli.transfer import check_scratch_arm
+    from lm.model.config import model_preset
+
+    node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
+    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
+    r.scratch.mkdir()
+    old = {k: v for k, v in node.items() if k != "electra"}
+    (r.scratch / "transfer_arm.json").write_text(json.dumps({"pooling": "mean", "model": old}))
+    check_scratch_arm(r, {"pooling": "mean", "model": node})  # the same model: accepted
+    with pytest.raises(TransferError, match=r"differs in \['model'\]"):
+        check_scratch_arm(r, {"pooling": "mean", "model": {**node, "dim": 64}})

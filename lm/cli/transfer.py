@@ -154,14 +154,24 @@ def check_scratch_arm(r: Recipe, record: Dict) -> None:
     path = r.scratch / "transfer_arm.json"
     if path.is_file():
         old = json.loads(path.read_text())
-        if old != record:
-            diff = sorted(k for k in set(old) | set(record) if old.get(k) != record.get(k))
+        diff = sorted(k for k in set(old) | set(record) if not _same(k, old.get(k), record.get(k)))
+        if diff:
             raise TransferError(f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}, see {path}); "
                                 f"pass another --scratch, or remove it")
     else:
         from lm.core.files import atomic_write_text
 
         atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+
+
+def _same(key: str, old, new) -> bool:
+    """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
+    ModelConfig field existed (say model.electra) equals one that holds that field's default."""
+    if key != "model" or old is None or new is None:
+        return old == new
+    from lm.model.config import model_from_saved
+
+    return model_from_saved(old) == model_from_saved(new)
 
 
 def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Optional[Path], pooling: str,
