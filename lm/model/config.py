@@ -19,17 +19,15 @@ from lm.config import ConfigError
 from lm.model.choices import (Activation, Arch, BlockKind, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401
                               OutputKind, ShareBlocks, StepEmbedding, TieEmbeddings)
 from lm.model.options import (SLOTS, AdditiveConfig, ALiBiConfig, AttnConfig, Cell, Component,  # noqa: F401
-                              DotConfig, DynamicConvConfig, FFNConfig, FixupConfig, FunnelConfig, GLUConfig,
-                              LayerNormConfig, LearnedConfig, LightweightConvConfig, LinformerConfig, MLPConfig,
-                              MoEConfig, MultiplicativeConfig, Nonlinearity, NoPositionConfig, NormConfig,
+                              DotConfig, DynamicConvConfig, ElectraConfig, FFNConfig, FixupConfig, FunnelConfig,
+                              GLUConfig, LayerNormConfig, LearnedConfig, LightweightConvConfig, LinformerConfig,
+                              MLPConfig, MoEConfig, MultiplicativeConfig, Nonlinearity, NoPositionConfig, NormConfig,
                               PKMConfig, PosConfig, ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig,
                               RoPEConfig, RopeScaling, ScaledDotConfig, SinusoidalConfig, SwitchConfig,
                               SynthesizerDenseConfig, SynthesizerFactorizedConfig, SynthesizerRandomConfig,
                               SynthMix, T5BiasConfig, linformer_k, options, positive)
-from lm.model.options import ElectraConfig  # noqa: F401 - model.electra (lm/model/electra.py)
 from lm.model.validate import (RNN_FIELDS, check_objective, validate_model, validate_narang_options,  # noqa: F401
-                               validate_rnn, validate_sharing_and_tying, validate_sparse)
-from lm.model.validate import validate_electra  # noqa: F401
+                               validate_electra, validate_rnn, validate_sharing_and_tying, validate_sparse)
 
 
 @dataclass
