@@ -8,7 +8,8 @@ docs/glue_transfer.md (between its `<!-- curve:begin -->` / `<!-- curve:end -->`
     python benchmarks/glue_transfer_curve.py --arches electra       # the ELECTRA arm (replaced-token detection)
 
 Each (arch, tokens) point is one lm-transfer run in <root>/<arch>/<tokens>; the scratch arm does not
-depend on the tokens, so each arch's runs share one (<root>/<arch>/scratch). Every run resumes: an
+depend on the tokens, so each arch's runs share one (<root>/<arch>/scratch; ELECTRA's is the encoder's,
+<root>/encoder/scratch, since its discriminator is finetuned as that same encoder). Every run resumes: an
 interrupted curve continues where it stopped when the same command runs again (points already done
 are read back, not retrained). --tiny swaps in 0/100k/300k tokens, a 1 x 32 model, the TinyStories slice as corpus, one
 seed, RTE and MRPC with 64 training examples and 1 epoch, and writes to <root>/ and --doc
@@ -29,6 +30,8 @@ from lm.cli.transfer import Recipe, run_transfer
 from lm.report.transfer import curve_table, find_transfers, plot_curve
 
 TOKENS = "0,3e6,1e7,3e7"
+# ELECTRA finetunes its discriminator as the plain encoder, so its scratch arm is the encoder's (shared)
+SCRATCH_OF = {"electra": "encoder"}
 BEGIN, END = "<!-- curve:begin -->", "<!-- curve:end -->"
 TINY_PRETRAIN = ["data=tinystories_sample_bpe", "data.vocab_size=512", "model.vocab_size=512", "model.dim=32",
                  "model.n_layers=1", "model.n_heads=2", "train.progress=false", "train.eval_interval=0",
@@ -86,14 +89,15 @@ def main(argv=None) -> None:
             if not doc.is_file():
                 doc.write_text(f"# tiny check\n\n{BEGIN}\n{END}\n")
     for arch in a.arches.split(","):
+        scratch = a.root / SCRATCH_OF.get(arch, arch) / "scratch"
         for n in tokens:
             out = a.root / arch / str(n)
             command = ("lm-transfer " + " ".join(map(shlex.quote, [
                 "--preset", f"glue_transfer_{arch}", "--tokens", str(n), "--out", str(out), "--scratch",
-                str(a.root / arch / "scratch"), "--seeds", ",".join(map(str, seeds)),
+                str(scratch), "--seeds", ",".join(map(str, seeds)),
                 *(["--tasks", ",".join(tasks)] if tasks else []), "--logger", a.logger,
                 *(["--pretrain", *pretrain] if pretrain else []), *(["--finetune", *finetune] if finetune else [])])))
-            run_transfer(Recipe(preset=f"glue_transfer_{arch}", tokens=n, out=out, scratch=a.root / arch / "scratch",
+            run_transfer(Recipe(preset=f"glue_transfer_{arch}", tokens=n, out=out, scratch=scratch,
                                 seeds=seeds, tasks=tasks, group=f"glue_transfer_{arch}_{n}", logger=a.logger,
                                 pretrain=pretrain, finetune=finetune, command=command))
     summaries = find_transfers([a.root])

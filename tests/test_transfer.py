@@ -57,6 +57,8 @@ def test_one_call_pretrains_finetunes_both_arms_and_writes_the_table(tmp_path, c
     mtime = (tmp_path / "t" / "finetune" / "scratch" / "sst2" / "seed0" / "result.pt").stat().st_mtime_ns
     again = run_transfer(recipe(tmp_path / "t", corpus, easy_glue, group="g1"))
     assert again["comparison"] == s["comparison"]
+    # ... and the record keeps the duration, date and command of the call that did the work, not the read-back's
+    assert again["run"] == s["run"] == json.loads((tmp_path / "t" / "transfer.json").read_text())["run"]
     assert (tmp_path / "t" / "finetune" / "scratch" / "sst2" / "seed0" / "result.pt").stat().st_mtime_ns == mtime
 
 
@@ -70,7 +72,7 @@ def test_zero_tokens_is_the_scratch_arm_and_a_curve_shares_it(tmp_path, corpus, 
     assert one["comparison"]["tasks"]["sst2"]["scratch"] == zero["comparison"]["tasks"]["sst2"]["scratch"]
     page = write_curve_report([tmp_path], tmp_path / "report")
     text = page.read_text()
-    assert "| decoder (mean) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean) | 256 |" in text
+    assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 256 |" in text
     assert (tmp_path / "report" / "transfer_curve.png").stat().st_size > 1000
     assert [s["recipe"]["tokens"] for s in find_transfers([tmp_path])] == [0, 256]
     with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another recipe \(differs in \['seeds'\]"):
@@ -116,7 +118,24 @@ def test_presets_are_one_size_two_objectives():
         sizes[str(model.arch)] = sum(p.numel() for p in build_model(model).parameters())
         assert cfg.data.name == "gutenberg_mix_bpe" and tokens_per_step(cfg) == 16 * 128
         assert (model.dim, model.n_layers, model.vocab_size) == (256, 4, 8192)
+        # the encoder's RoPE: learned absolute positions left MLM at the unigram plateau (conf/experiment/...)
+        assert cfg.model.pos._target_.endswith("RoPE" if preset.endswith("encoder") else "Learned")
     assert abs(sizes["encoder"] - sizes["decoder"]) / sizes["decoder"] < 0.01  # the MLM head's bias only
+
+
+def test_electra_shares_the_encoder_scratch_arm():
+    """ELECTRA's discriminator is finetuned as the plain encoder, so the scratch arm an ELECTRA recipe records
+    (and would train) is the encoder recipe's: the curve shares one instead of training the same arm twice."""
+    from omegaconf import OmegaConf
+
+    from lm.cli.transfer import _same, finetuned_model_node
+
+    nodes = {p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
+             for p in ("encoder", "electra")}
+    assert nodes["electra"].electra is not None and nodes["encoder"].electra is None
+    as_dict = {p: OmegaConf.to_container(finetuned_model_node(n), resolve=True) for p, n in nodes.items()}
+    assert as_dict["electra"] == as_dict["encoder"] and _same("model", as_dict["encoder"], as_dict["electra"])
+    assert nodes["electra"].electra is not None  # the pretraining config itself is left alone
 
 
 def test_the_average_row_and_the_curve_table():
@@ -132,7 +151,10 @@ def test_the_average_row_and_the_curve_table():
     recipe = {"arch": "encoder", "pooling": "first", "tokens": 3_000_000, "val_loss": 4.25}
     table = curve_table([{"recipe": recipe, "comparison": cmp}])
     assert "| SST-2 | RTE | average gain |" in table
-    assert "| encoder (first) | 3,000,000 | 4.250 | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table
+    assert "| encoder (first) | 3,000,000 | 4.250 | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table  # a record without pos
+    table = curve_table([{"recipe": {**recipe, "pos": "rope"}, "comparison": cmp},
+                         {"recipe": {**recipe, "pos": "learned"}, "comparison": cmp}])
+    assert "| encoder (first, rope) | 3,000,000 |" in table and "| encoder (first, learned) | 3,000,000 |" in table
 
 
 def test_the_curve_script_fills_only_its_section():
@@ -161,7 +183,7 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
                          capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr[-3000:]
     text = doc.read_text()
-    assert "| decoder (mean) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean) | 20,480 |" in text
+    assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 20,480 |" in text
     assert (tmp_path / "page.png").is_file() and "lm-transfer --preset glue_transfer_decoder --tokens 20000" in text
 
 

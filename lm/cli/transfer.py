@@ -26,6 +26,7 @@ the two arms and the pretraining must use one tokenizer and one model.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import logging
@@ -195,6 +196,19 @@ def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Opt
     return finetune(cfg)
 
 
+def finetuned_model_node(model_node):
+    """The model node the scratch arm builds: what finetuning makes of the pretrained model. ELECTRA is
+    finetuned as the plain encoder its discriminator is (lm/glue/init.py), so an ELECTRA recipe's scratch arm
+    is the encoder recipe's, and a curve can share it (glue_transfer_curve.py does)."""
+    from omegaconf import open_dict
+
+    node = copy.deepcopy(model_node)
+    if node.get("electra") is not None:
+        with open_dict(node):
+            node.electra = None
+    return node
+
+
 def _val_loss(run_dir: Path) -> Optional[float]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
@@ -227,7 +241,7 @@ def run_transfer(r: Recipe) -> Dict:
         raise TransferError("no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
                             "glue.data_root=<glue_data>)")
     tokenizer = prepared_tokenizer(cfg)
-    model_node = cfg.model
+    model_node = finetuned_model_node(cfg.model)
     check_scratch_arm(r, {"tokenizer_sha256": _sha256(tokenizer), "pooling": pooling, "tasks": tasks, "seeds": r.seeds,
                           "model": OmegaConf.to_container(model_node, resolve=True), "finetune": r.finetune})
     t0 = time.time()
@@ -245,6 +259,7 @@ def run_transfer(r: Recipe) -> Dict:
         finetune_arm(r, pretrained, str(r.out / "pretrain"), model_node, None, pooling, tasks)
     summary = {
         "recipe": {"preset": r.preset, "arch": arch, "objective": OBJECTIVE[arch], "pooling": pooling,
+                   "pos": position_scheme(cfg.model),
                    "tokens": steps * per_step, "tokens_asked": r.tokens, "steps": steps, "tokens_per_step": per_step,
                    "val_loss": _val_loss(r.out / "pretrain") if steps else None, "tasks": tasks, "seeds": r.seeds,
                    "tokenizer": str(tokenizer), "tokenizer_sha256": _sha256(tokenizer), "group": r.group,
@@ -257,9 +272,35 @@ def run_transfer(r: Recipe) -> Dict:
         "run": {"command": r.command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
                 "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(time.time() - t0, 1)},
     }
+    summary["run"] = _kept_run(r.out / "transfer.json", summary)
     atomic_write_text(r.out / "transfer.json", json.dumps(summary, indent=2) + "\n")
     atomic_write_text(r.out / "transfer.md", transfer_table(summary))
     return summary
+
+
+# The recipe fields that decide the work done: equal ones (and equal scores) mean nothing was redone.
+WORK_KEYS = ("preset", "tokens", "seeds", "tasks", "pretrain_overrides", "finetune_overrides")
+
+
+def position_scheme(model_node) -> str:
+    """The model's position scheme as the report names it (model/pos: learned, rope, alibi, ...)."""
+    target = (model_node.get("pos") or {}).get("_target_")
+    return str(target).rsplit(".", 1)[-1].lower() if target else "none"
+
+
+def _kept_run(path: Path, summary: Dict) -> Dict:
+    """This call's run record, or the earlier one where this call only read finished arms back (same recipe,
+    same scores): the record then keeps the command, date and duration of the call that did the work."""
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            return summary["run"]
+        new = json.loads(json.dumps(summary))  # as it would read back (tuples become lists)
+        same = all(old.get("recipe", {}).get(k) == new["recipe"][k] for k in WORK_KEYS)
+        if same and old.get("comparison") == new["comparison"] and "run" in old:
+            return old["run"]
+    return summary["run"]
 
 
 def family(model_node) -> str:

@@ -123,7 +123,13 @@ def find_transfers(paths) -> List[Dict]:
     for p in map(Path, paths):
         dirs = [p] if is_transfer_dir(p) else sorted(q.parent for q in p.rglob(TRANSFER))
         found += [{**load_transfer(d), "dir": str(d)} for d in dirs]
-    return sorted(found, key=lambda s: (s["recipe"]["arch"], s["recipe"]["tokens"]))
+    return sorted(found, key=lambda s: (series(s), s["recipe"]["tokens"]))
+
+
+def series(summary: Mapping) -> str:
+    """One curve's label: the arch, its finetuning pooling and (recorded since 2026-11-25) position scheme."""
+    r = summary["recipe"]
+    return f"{r['arch']} ({r['pooling']}{', ' + r['pos'] if r.get('pos') else ''})"
 
 
 def curve_table(summaries: List[Mapping]) -> str:
@@ -137,7 +143,7 @@ def curve_table(summaries: List[Mapping]) -> str:
         val = "–" if r.get("val_loss") is None else f"{r['val_loss']:.3f}"
         gains = " | ".join(f"{t[c]['gain']:+.1f}" for c in cols)
         avg = fmean(t[c]["gain"] for c in cols)  # over the columns every row has (equals a['gain'] when all do)
-        lines.append(f"| {r['arch']} ({r['pooling']}) | {r['tokens']:,} | {val} | {gains} | **{avg:+.1f}** | "
+        lines.append(f"| {series(s)} | {r['tokens']:,} | {val} | {gains} | **{avg:+.1f}** | "
                      f"{a['scratch']['median']:.1f} / {a['pretrained']['median']:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -153,14 +159,14 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
     panels = ["average", *cols]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), sharex=True, squeeze=False)
     for ax, col in zip(axes[0], panels):
-        for i, arch in enumerate(sorted({s["recipe"]["arch"] for s in summaries})):
-            rows = [s for s in summaries if s["recipe"]["arch"] == arch]
+        for i, label in enumerate(sorted({series(s) for s in summaries})):
+            rows = [s for s in summaries if series(s) == label]
             x = [s["recipe"]["tokens"] / 1e6 for s in rows]
             if col == "average":
                 y = [s["comparison"]["average"]["gain"] for s in rows]
             else:
                 y = [s["comparison"]["tasks"][col]["gain"] for s in rows]
-            ax.plot(x, y, "o-", color=f"C{i}", label=f"{arch} ({rows[0]['recipe']['pooling']})", lw=1.4, ms=4)
+            ax.plot(x, y, "o-", color=f"C{i}", label=label, lw=1.4, ms=4)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_title("GLUE average" if col == "average" else EVALS[col].submission, fontsize=10)
         ax.set_xlabel("pretraining tokens (M)", fontsize=8)
