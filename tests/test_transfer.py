@@ -57,8 +57,11 @@ def test_one_call_pretrains_finetunes_both_arms_and_writes_the_table(tmp_path, c
     mtime = (tmp_path / "t" / "finetune" / "scratch" / "sst2" / "seed0" / "result.pt").stat().st_mtime_ns
     again = run_transfer(recipe(tmp_path / "t", corpus, easy_glue, group="g1"))
     assert again["comparison"] == s["comparison"]
-    # ... and the record keeps the duration, date and command of the call that did the work, not the read-back's
+    # ... and the record keeps the duration, date and command of the call that did the work, not the read-back's;
+    # the point's running total of seconds (every call, interrupted ones too) has grown by the read-back's
     assert again["run"] == s["run"] == json.loads((tmp_path / "t" / "transfer.json").read_text())["run"]
+    total = json.loads((tmp_path / "t" / "transfer_seconds.json").read_text())["seconds"]
+    assert s["run"]["seconds"] > 0 and total >= s["run"]["seconds"]
     assert (tmp_path / "t" / "finetune" / "scratch" / "sst2" / "seed0" / "result.pt").stat().st_mtime_ns == mtime
 
 
@@ -77,6 +80,7 @@ def test_zero_tokens_is_the_scratch_arm_and_a_curve_shares_it(tmp_path, corpus, 
     assert [s["recipe"]["tokens"] for s in find_transfers([tmp_path])] == [0, 256]
     with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another recipe \(differs in \['seeds'\]"):
         run_transfer(recipe(tmp_path / "t2", corpus, easy_glue, tokens=0, scratch=shared, seeds=[0, 1]))
+    assert not (tmp_path / "t2").exists()  # a refused call leaves nothing behind
 
 
 def test_finetuning_with_another_tokenizer_or_model_is_refused():
@@ -121,6 +125,19 @@ def test_presets_are_one_size_two_objectives():
         # the encoder's RoPE: learned absolute positions left MLM at the unigram plateau (conf/experiment/...)
         assert cfg.model.pos._target_.endswith("RoPE" if preset.endswith("encoder") else "Learned")
     assert abs(sizes["encoder"] - sizes["decoder"]) / sizes["decoder"] < 0.01  # the MLM head's bias only
+
+
+def test_the_gpu_preset_is_issue_17s_size():
+    """20-50M parameters, bf16, the encoder arm's model family at 256 x 128 tokens a step."""
+    from omegaconf import OmegaConf
+
+    from lm.model import build_model
+
+    cfg = pretrain_config(Recipe(preset="glue_transfer_gpu", out=Path("/tmp/unused")))
+    n = sum(p.numel() for p in build_model(OmegaConf.to_object(cfg.model)).parameters())
+    assert 20e6 < n < 50e6 and cfg.model.arch == "encoder" and cfg.model.pos._target_.endswith("RoPE")
+    assert tokens_per_step(cfg) == 256 * 128 and cfg.train.precision == "bf16"
+    assert cfg.data.name == "gutenberg_mix_bpe"  # the CPU arms' corpus and tokenizer
 
 
 def test_electra_shares_the_encoder_scratch_arm():
@@ -203,3 +220,22 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
     check_scratch_arm(r, {"pooling": "mean", "model": node})  # the same model: accepted
     with pytest.raises(TransferError, match=r"differs in \['model'\]"):
         check_scratch_arm(r, {"pooling": "mean", "model": {**node, "dim": 64}})
+
+
+def test_an_interrupted_call_still_counts_its_seconds(tmp_path, monkeypatch):
+    """A point finished over several calls (a stop, then the same command) reports their summed time."""
+    import time
+
+    import lm.cli.transfer as transfer
+
+    def stopped(r, t0):
+        r.out.mkdir(parents=True, exist_ok=True)
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transfer, "_transfer", stopped)
+    r = Recipe(out=tmp_path / "point")
+    for calls in (1, 2):
+        with pytest.raises(KeyboardInterrupt):
+            transfer.run_transfer(r)
+        assert json.loads((r.out / "transfer_seconds.json").read_text())["seconds"] >= 0.2 * calls

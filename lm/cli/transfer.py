@@ -219,7 +219,34 @@ def _val_loss(run_dir: Path) -> Optional[float]:
 
 
 def run_transfer(r: Recipe) -> Dict:
-    """The whole recipe; returns the transfer summary (also written to <out>/transfer.json and transfer.md)."""
+    """The whole recipe; returns the transfer summary (also written to <out>/transfer.json and transfer.md).
+    Its run record's seconds add up every call's time on this point (<out>/transfer_seconds.json), an
+    interrupted one's too (a stop by SIGTERM or Ctrl-C; a SIGKILLed call's time is lost)."""
+    t0 = time.time()
+    try:
+        return _transfer(r, t0)
+    except BaseException:
+        if r.out.is_dir():  # a call refused before any work has made no directory to count in
+            _spent(r.out, time.time() - t0)
+        raise
+
+
+def _spent(out: Path, seconds: float) -> float:
+    """Adds a call's seconds to the point's running total and returns the total."""
+    from lm.core.files import atomic_write_text
+
+    path = out / "transfer_seconds.json"
+    try:
+        total = float(json.loads(path.read_text())["seconds"]) if path.is_file() else 0.0
+    except (ValueError, KeyError, TypeError):
+        total = 0.0  # an unreadable counter restarts; the record then undercounts, never fails the run
+    total += seconds
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"seconds": round(total, 1)}) + "\n")
+    return total
+
+
+def _transfer(r: Recipe, t0: float) -> Dict:
     from omegaconf import OmegaConf
 
     from lm.cli.train import train
@@ -244,7 +271,6 @@ def run_transfer(r: Recipe) -> Dict:
     model_node = finetuned_model_node(cfg.model)
     check_scratch_arm(r, {"tokenizer_sha256": _sha256(tokenizer), "pooling": pooling, "tasks": tasks, "seeds": r.seeds,
                           "model": OmegaConf.to_container(model_node, resolve=True), "finetune": r.finetune})
-    t0 = time.time()
     if steps:
         log.info("lm-transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, steps, steps * per_step,
                  r.out / "pretrain")
@@ -270,7 +296,7 @@ def run_transfer(r: Recipe) -> Dict:
         "arms": {"scratch": str(r.scratch), "pretrained": str(pretrained)},
         "comparison": compare(arm_scores(r.scratch / "results.json"), arm_scores(pretrained / "results.json")),
         "run": {"command": r.command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
-                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(time.time() - t0, 1)},
+                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(_spent(r.out, time.time() - t0), 1)},
     }
     summary["run"] = _kept_run(r.out / "transfer.json", summary)
     atomic_write_text(r.out / "transfer.json", json.dumps(summary, indent=2) + "\n")
