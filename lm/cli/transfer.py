@@ -5,11 +5,12 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
     lm-transfer --tokens 10000000                              # decoder (causal LM), mean pooling
     lm-transfer --preset glue_transfer_encoder --tokens 10000000   # encoder (MLM), [CLS] pooling
     lm-transfer --preset glue_transfer_electra --tokens 10000000   # encoder (ELECTRA's discriminator), [CLS]
+    lm-transfer --preset glue_transfer_gpu --tokens 300000000  # the 29M GPU size (finetuning: docs/glue_transfer.md)
     lm-transfer --tokens 3000000 --scratch runs/transfer/decoder_scratch   # share the scratch arm across a curve
     lm-transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
     lm-report runs/transfer                                    # every run's table + the curve over tokens
 
-1. Pretraining: `lm-train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra}.yaml:
+1. Pretraining: `lm-train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra,gpu}.yaml:
    model, corpus, schedule) with train.max_steps = ceil(--tokens / tokens per step), in <out>/pretrain.
    --tokens 0 pretrains nothing (the curve's origin: the pretrained arm is then the scratch arm).
 2. Finetuning: lm-finetune on each task with the quickstart's budget (lm/cli/quickstart.py:
