@@ -133,7 +133,7 @@ def series(summary: Mapping) -> str:
 
 
 def curve_table(summaries: List[Mapping]) -> str:
-    """Markdown: one row per (arch, tokens): each task's gain, the average gain, both arms' averages."""
+    """Markdown: one row per (series, tokens): each task's gain, the average gain, both arms' averages."""
     cols = [c for c in EVALS if all(c in s["comparison"]["tasks"] for s in summaries)]
     head = " | ".join(EVALS[c].submission for c in cols)
     lines = [f"| model | pretraining tokens | val loss | {head} | average gain | average: scratch / pretrained |",
@@ -149,7 +149,7 @@ def curve_table(summaries: List[Mapping]) -> str:
 
 
 def plot_curve(summaries: List[Mapping], path: Path) -> Path:
-    """PNG: the gain against pretraining tokens, one panel per task plus the average, one line per arch."""
+    """PNG: the gain against pretraining tokens, one panel per task plus the average, one line per series (arch, pooling, positions)."""
     import matplotlib
 
     matplotlib.use("Agg")
