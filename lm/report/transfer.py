@@ -149,7 +149,8 @@ def curve_table(summaries: List[Mapping]) -> str:
 
 
 def plot_curve(summaries: List[Mapping], path: Path) -> Path:
-    """PNG: the gain against pretraining tokens, one panel per task plus the average, one line per series (arch, pooling, positions)."""
+    """PNG: the gain against pretraining tokens, one panel per task plus the average, one line per series
+    (arch, pooling, positions)."""
     import matplotlib
 
     matplotlib.use("Agg")
