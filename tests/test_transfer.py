@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
 from lm.cli.transfer import Recipe, TransferError, check_finetune_overrides, pretrain_config, run_transfer, \
     tokens_per_step
@@ -111,8 +112,6 @@ def test_a_pretraining_run_with_another_tokenizer_is_refused(tmp_path, corpus, e
 
 
 def test_presets_are_one_size_two_objectives():
-    from omegaconf import OmegaConf
-
     from lm.model import build_model
 
     sizes = {}
@@ -129,22 +128,37 @@ def test_presets_are_one_size_two_objectives():
 
 def test_the_gpu_preset_is_issue_17s_size():
     """20-50M parameters, bf16, the encoder arm's model family at 256 x 128 tokens a step."""
-    from omegaconf import OmegaConf
-
     from lm.model import build_model
 
     cfg = pretrain_config(Recipe(preset="glue_transfer_gpu", out=Path("/tmp/unused")))
     n = sum(p.numel() for p in build_model(OmegaConf.to_object(cfg.model)).parameters())
     assert 20e6 < n < 50e6 and cfg.model.arch == "encoder" and cfg.model.pos._target_.endswith("RoPE")
     assert tokens_per_step(cfg) == 256 * 128 and cfg.train.precision == "bf16"
-    assert cfg.data.name == "gutenberg_mix_bpe"  # the CPU arms' corpus and tokenizer
+    assert cfg.data.name == "gutenberg_shards_bpe"  # the CPU arms' corpus, from the shards the mirror holds
+
+
+def test_the_shards_corpus_reads_the_gutenberg_shards_present(tmp_path, monkeypatch):
+    """data=gutenberg_shards_bpe globs the mirror's shards (the GPU device carries a subset), and its
+    validation is Gutenberg's own validation file."""
+    from lm.data.prepare import resolve
+
+    books = tmp_path / "text" / "gutenberg"
+    books.mkdir(parents=True)
+    for name in ("train-00000-of-00010.jsonl.zst", "train-00003-of-00010.jsonl.zst",
+                 "validation-00000-of-00001.jsonl.zst"):
+        (books / name).write_bytes(b"")
+    monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path))
+    d = OmegaConf.to_object(pretrain_config(Recipe(preset="glue_transfer_gpu", out=Path("/tmp/unused"))).data)
+    assert d.source[-1] == f"{tmp_path}/text/gutenberg/train-*.jsonl.zst"
+    train = [Path(str(f.path)).name for f in resolve(d.source[-1:], d.format, split="train", mirror=d.mirror,
+                                                      hf_split=d.hf_split)[0]]
+    assert train == ["train-00000-of-00010.jsonl.zst", "train-00003-of-00010.jsonl.zst"]
+    assert Path(d.val_source).name == "validation-00000-of-00001.jsonl.zst"
 
 
 def test_electra_shares_the_encoder_scratch_arm():
     """ELECTRA's discriminator is finetuned as the plain encoder, so the scratch arm an ELECTRA recipe records
     (and would train) is the encoder recipe's: the curve shares one instead of training the same arm twice."""
-    from omegaconf import OmegaConf
-
     from lm.cli.transfer import _same, finetuned_model_node
 
     nodes = {p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
