@@ -253,3 +253,12 @@ def test_an_interrupted_call_still_counts_its_seconds(tmp_path, monkeypatch):
         with pytest.raises(KeyboardInterrupt):
             transfer.run_transfer(r)
         assert json.loads((r.out / "transfer_seconds.json").read_text())["seconds"] >= 0.2 * calls
+
+
+def test_a_finetuning_override_that_does_not_compose_fails_before_pretraining(tmp_path):
+    """An override of a task that is not finetuned is a TransferError at once, naming the tasks: found
+    only when the first arm composed its config, it would come after the whole pretraining run."""
+    r = Recipe(out=tmp_path / "point", tokens=10_000_000, tasks=["rte"], finetune=["tasks.sst2.epochs=1"])
+    with pytest.raises(TransferError, match=r"tasks\.sst2\.epochs=1: .*the tasks finetuned: rte"):
+        run_transfer(r)
+    assert not r.out.exists()

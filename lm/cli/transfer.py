@@ -179,10 +179,23 @@ def _same(key: str, old, new) -> bool:
 def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Optional[Path], pooling: str,
                  tasks: List[str]):
     """One arm: lm-finetune (its Python API, the quickstart's budget) on every task and seed."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import open_dict
 
-    from lm.cli.finetune import finetune, register
+    from lm.cli.finetune import finetune
+
+    cfg = finetune_config(r, run_dir, init, tokenizer, pooling, tasks)
+    with open_dict(cfg):
+        cfg.model = model_node  # init=none builds exactly the pretraining run's model
+    return finetune(cfg)
+
+
+def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Optional[Path], pooling: str, tasks: List[str]):
+    """lm-finetune's composed config for one arm. A --finetune override that does not compose (a task
+    that is not selected, a wrong key) is a TransferError, raised before any pretraining."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from lm.cli.finetune import register
     from lm.cli.quickstart import quick_overrides
     from lm.config import conf_dir
 
@@ -190,11 +203,14 @@ def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Opt
     overrides = [f"init={init}", f"run_dir={run_dir}", *([f"tokenizer={tokenizer}"] if tokenizer else []),
                  *quick_overrides(tasks, r.seeds), f"pooling={pooling}", "predict_test=false", "hf=false",
                  f"logger={r.logger}", f"logger.group={r.group}", *r.finetune]
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        cfg = compose(config_name="finetune", overrides=overrides)
-    with open_dict(cfg):
-        cfg.model = model_node  # init=none builds exactly the pretraining run's model
-    return finetune(cfg)
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return compose(config_name="finetune", overrides=overrides)
+    except HydraException as e:
+        # the first line only: Hydra's second ("use +key=value to append") is wrong advice for a task not selected
+        first = str(e).strip().splitlines()[0]
+        raise TransferError(f"--finetune {' '.join(r.finetune)}: {first} (the tasks finetuned: {', '.join(tasks)}; "
+                            f"a tasks.<task>.* override needs its task among them)") from None
 
 
 def finetuned_model_node(model_node):
@@ -268,6 +284,7 @@ def _transfer(r: Recipe, t0: float) -> Dict:
     if not tasks:
         raise TransferError("no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
                             "glue.data_root=<glue_data>)")
+    finetune_config(r, r.scratch, "none", None, pooling, tasks)  # a bad --finetune fails here, not after hours
     tokenizer = prepared_tokenizer(cfg)
     model_node = finetuned_model_node(cfg.model)
     check_scratch_arm(r, {"tokenizer_sha256": _sha256(tokenizer), "pooling": pooling, "tasks": tasks, "seeds": r.seeds,
