@@ -209,19 +209,21 @@ def test_cli_help_list_and_run(tmp_path, stories, capsys):
         main([str(tmp_path / "nope.txt"), "--out", str(tmp_path / "x")])
 
 
-def test_every_data_preset_composes_with_hydra():
+def test_every_data_preset_composes_with_hydra(monkeypatch, tmp_path):
     from lm.config import ConfigError, conf_dir
     from lm.data.config import DataConfig, data_preset
     from lm.data.corpora import CORPORA
 
     names = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
     assert {"shakespeare_char", "tinystories_bpe", "wikitext2_bpe"} <= set(names)
+    monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path))  # presets may glob the mirror (gutenberg_shards_bpe)
     for name in names:
         cfg = data_preset(name)
         assert isinstance(cfg, DataConfig)
         sources = [cfg.source] if isinstance(cfg.source, str) else cfg.source  # a list: a mixed corpus
         assert cfg.name == name and cfg.dir.endswith(f"/data/{name}")
-        assert sources and all(s in CORPORA or s.startswith("glue:") for s in sources), sources
+        # registry corpora, GLUE sentences, or files under the mirror: never a path of one machine
+        assert sources and all(s in CORPORA or s.startswith(("glue:", f"{tmp_path}/")) for s in sources), sources
     # The schema types every preset: a wrong choice fails at composition, naming the field and the choices.
     with pytest.raises(ConfigError, match=r"data.doc_split: Invalid value 'para', expected one of \[file, line, blank_line, regex\]"):
         data_preset("shakespeare_char", ["data.doc_split=para"])
