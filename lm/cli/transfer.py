@@ -314,7 +314,8 @@ def _transfer(r: Recipe, t0: float) -> Dict:
         "arms": {"scratch": str(r.scratch), "pretrained": str(pretrained)},
         "comparison": compare(arm_scores(r.scratch / "results.json"), arm_scores(pretrained / "results.json")),
         "run": {"command": r.command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
-                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(_spent(r.out, time.time() - t0), 1)},
+                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                "seconds": round(_spent(r.out, time.time() - t0), 1)},
     }
     summary["run"] = _kept_run(r.out / "transfer.json", summary)
     atomic_write_text(r.out / "transfer.json", json.dumps(summary, indent=2) + "\n")
