@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from lm.cli.transfer import Recipe, run_transfer
-from lm.report.transfer import curve_table, find_transfers, plot_curve
+from lm.report.transfer import curve_table, find_transfers, plot_curve, series
 
 TOKENS = "0,3e6,1e7,3e7"
 # ELECTRA finetunes its discriminator as the plain encoder, so its scratch arm is the encoder's (shared)
@@ -64,8 +64,11 @@ def replace_section(text: str, body: str) -> str:
 
 
 def section(summaries, png: Path, command: str) -> str:
-    runs = "\n".join(f"- `{s['run']['command']}`: {s['run']['machine']}, finished {s['run']['finished']}, "
-                     f"{s['run']['seconds']:.0f} s" for s in summaries)
+    # the series and the directory name each run: a preset whose model changed since (the encoder's positions)
+    # ran the same command text into a directory that was moved afterwards (its recipe's note says so)
+    runs = "\n".join(f"- {series(s)}, {s['recipe']['tokens']:,} tokens, in `{s['dir']}`: `{s['run']['command']}`: "
+                     f"{s['run']['machine']}, finished {s['run']['finished']}, {s['run']['seconds']:.0f} s"
+                     + (f" ({s['recipe']['note']})" if s["recipe"].get("note") else "") for s in summaries)
     return (f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{curve_table(summaries)}\n"
             f"![GLUE dev gain over scratch against pretraining tokens]({png.name})\n\nRuns (every one, none dropped):\n\n"
             f"{runs}\n")

@@ -198,6 +198,16 @@ def test_the_curve_script_fills_only_its_section():
     assert curve.replace_section(page, "new $1 \\1") == f"# t\nbefore\n{curve.BEGIN}\nnew $1 \\1\n{curve.END}\nafter\n"
     real = (Path(__file__).parents[1] / "docs" / "glue_transfer.md").read_text()
     assert real.count(curve.BEGIN) == 1 and real.count(curve.END) == 1
+    # the run list names each run's series and directory (two presets' runs can share a command's text)
+    cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+                  {"rte": {"metrics": ["acc"], "seeds": {"0": 53.0}, "median": 53.0}})
+    run = {"command": "lm-transfer --tokens 100", "machine": "m", "finished": "today", "seconds": 12.0}
+    recipe = {"arch": "encoder", "pooling": "first", "tokens": 100, "val_loss": None}
+    rows = [{"recipe": {**recipe, "pos": "learned", "note": "moved"}, "comparison": cmp, "run": run, "dir": "a/0"},
+            {"recipe": {**recipe, "pos": "rope"}, "comparison": cmp, "run": run, "dir": "b/0"}]
+    text = curve.section(rows, Path("x.png"), "cmd")
+    assert "- encoder (first, learned), 100 tokens, in `a/0`: `lm-transfer --tokens 100`: m, finished today, 12 s (moved)" in text
+    assert "- encoder (first, rope), 100 tokens, in `b/0`: `lm-transfer --tokens 100`: m, finished today, 12 s\n" in text
 
 
 @pytest.mark.slow
