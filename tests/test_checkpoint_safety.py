@@ -67,6 +67,7 @@ def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
                                       '"command": "lm-train"}\n' % socket.gethostname())
     run(tmp_path, steps=2)
     assert holder(tmp_path)["pid"] == os.getpid()
+    acquire(tmp_path)  # the run released it on return; hold it again, as a long run would
     # and another process is refused while this one holds it, told who holds it
     second = python(f"""
         from lm.core.lock import acquire
@@ -80,6 +81,34 @@ def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
         acquire({str(tmp_path)!r})
     """)
     assert second.wait(timeout=60) == 0  # released: free again
+
+
+def _free(run_dir) -> bool:
+    """Whether another open file could lock run_dir now (flock locks belong to the open file, so this
+    sees a lock this same process still holds)."""
+    import fcntl
+
+    with open(run_dir / LOCK_NAME, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return True
+
+
+def test_a_run_releases_its_run_dir_when_it_returns_or_raises(tmp_path):
+    """One process may run jobs in turn (lm-transfer's arms; curve points sharing one scratch arm):
+    a finished or failed job must not keep refusing other processes until this one exits."""
+    from lm.core.lock import held_run_dir
+
+    run(tmp_path / "a", steps=2)
+    assert holder(tmp_path / "a")["pid"] == os.getpid() and _free(tmp_path / "a")
+    with pytest.raises(RuntimeError, match="boom"):
+        with held_run_dir(tmp_path / "b"):
+            assert not _free(tmp_path / "b")
+            raise RuntimeError("boom")
+    assert _free(tmp_path / "b")
 
 
 def test_the_same_process_may_lock_its_run_dir_again(tmp_path):

@@ -45,9 +45,6 @@ def interrupted_run(run_dir, easy_glue, pretrained, monkeypatch):
         m.setattr(GlueTask, "evaluate", failing)
         with pytest.raises(Interrupted):
             finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained)))
-    from lm.core.lock import release
-
-    release(run_dir)  # the in-process job ended; a real process would have dropped the lock when it died
     pair = run_dir / "sst2" / "seed0"
     assert (pair / "checkpoints" / "latest").is_file() and not (pair / "result.pt").exists()
     return pair
@@ -57,9 +54,6 @@ def interrupted_run(run_dir, easy_glue, pretrained, monkeypatch):
 def uninterrupted(tmp_path_factory, easy_glue, pretrained):
     run_dir = tmp_path_factory.mktemp("whole") / "ft"
     finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained)))
-    from lm.core.lock import release
-
-    release(run_dir)
     return run_dir
 
 
@@ -133,9 +127,6 @@ def test_a_finished_pair_is_not_reused_with_other_settings(tmp_path, easy_glue, 
     msg = str(e.value)
     assert f"cannot reuse the finished {result}" in msg and "optim.weight_decay: 0.01 -> 0.1" in msg
     assert f"delete {result.parent} to train this task/seed again" in msg
-    from lm.core.lock import release
-
-    release(run_dir)
     with caplog.at_level(logging.INFO, logger="lm"):  # the same settings: skipped, same results
         finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained, "train.log_interval=5")))
     assert "seed 0: done in an earlier run" in caplog.text

@@ -39,7 +39,7 @@ def finetune(cfg: DictConfig):
     import torch
     from hydra.utils import get_class, instantiate
 
-    from lm.core.lock import lock_run_dir
+    from lm.core.lock import held_run_dir
     from lm.core.setup import engine_class, make_engine, quiet_other_ranks
     from lm.engine import dist as D
     from lm.glue.init import load_backbone
@@ -54,12 +54,12 @@ def finetune(cfg: DictConfig):
     quiet_other_ranks(dist)
     backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, cfg.model), dist)
     run_dir = Path(job.run_dir)
-    lock_run_dir(run_dir, dist)  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
-    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    if dist.is_main:
-        atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
-    return finetune_glue(job, backbone, lambda tcfg: make_engine(cfg, instantiate, tcfg, dist), config, dist)
+    with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
+        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        if dist.is_main:
+            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
+        return finetune_glue(job, backbone, lambda tcfg: make_engine(cfg, instantiate, tcfg, dist), config, dist)
 
 
 def _load_in_turn(load, dist):

@@ -1,6 +1,7 @@
 """One writer per run directory: `<run_dir>/.lock`, held by rank 0 for the life of its process.
 
-    lock_run_dir(run_dir, dist)   # lm-train, lm-finetune: before anything in run_dir is read or written
+    with held_run_dir(run_dir, dist):   # lm-train, lm-finetune: before anything in run_dir is read or written
+        ...                              # released on return, so one process can run many jobs in turn
 
 Two runs writing one run_dir delete each other's half-written checkpoints and lose metrics, so the
 second one refuses at once, naming the holder. The lock is `fcntl.flock` on the open file: the kernel
@@ -15,6 +16,7 @@ import json
 import os
 import socket
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Optional, TextIO
 
@@ -59,6 +61,18 @@ def lock_run_dir(run_dir, dist=None) -> None:
             error = RunDirUnwritable(unwritable_message(run_dir, e))
     if D.any_rank(error is not None):
         raise error or CheckpointError(f"rank 0 could not create or lock run_dir {run_dir} (see its error)")
+
+
+@contextmanager
+def held_run_dir(run_dir, dist=None):
+    """lock_run_dir for the duration of a job. The lock is released when the job returns or raises: a
+    process that runs several jobs over one directory in turn (lm-transfer's finetuning arms, a curve of
+    them sharing one scratch arm) must not keep the first job's lock and refuse a second process."""
+    lock_run_dir(run_dir, dist)
+    try:
+        yield
+    finally:
+        release(run_dir)
 
 
 def acquire(run_dir) -> Path:
