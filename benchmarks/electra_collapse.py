@@ -1,0 +1,107 @@
+"""Does ELECTRA's discriminator learn, or go flat? A short diagnostic run (docs/glue_transfer.md, Conclusions).
+
+Trains experiment=glue_transfer_electra's model (or, with --mlm, the same encoder by masked-LM) on
+16 x 128 windows of the prepared pretraining corpus with AdamW at a constant rate, and prints every 25
+steps: the discriminator's accuracy against the base rate (1 - replaced share: what calling every token
+original scores) and the standard deviation over positions of its stack's final hidden states, averaged
+over the batch and features (0.85 at initialisation; near 0 = every position reads the same).
+
+    python benchmarks/electra_collapse.py --steps 100                       # the preset's rate, 2e-3
+    python benchmarks/electra_collapse.py --steps 300 --lr 5e-4
+    python benchmarks/electra_collapse.py --prior-bias                      # output bias at the base-rate logit
+    python benchmarks/electra_collapse.py --generator-warmup 150 --steps 200 # lambda 0 for the first 150 steps
+    python benchmarks/electra_collapse.py --detach-embeddings               # the discriminator cannot move the table
+    python benchmarks/electra_collapse.py --disc-weight 1
+    python benchmarks/electra_collapse.py --accumulate 8 --lr 5e-4          # 128 x 128 tokens a step
+    python benchmarks/electra_collapse.py --mlm                             # the MLM encoder, for reference
+
+The corpus is data=gutenberg_mix_bpe's, prepared first (lm-prepare data=gutenberg_mix_bpe, or any
+lm-transfer run of the encoder presets).
+"""
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from lm.cli.transfer import Recipe, pretrain_config
+from lm.data.packed import make_collator
+from lm.model import build_model
+
+BATCH, SEQ = 16, 128
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--accumulate", type=int, default=1, help="micro-batches of 16 x 128 per optimizer step")
+    p.add_argument("--prior-bias", action="store_true", help="start the output bias at log(0.15 / 0.85)")
+    p.add_argument("--generator-warmup", type=int, default=0, help="steps with lambda = 0 (generator alone)")
+    p.add_argument("--detach-embeddings", action="store_true", help="the discriminator's input embeddings detached")
+    p.add_argument("--disc-weight", type=float, default=None, help="lambda (default the preset's, 50)")
+    p.add_argument("--mlm", action="store_true", help="the same encoder trained by masked-LM (model.electra=null)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def build(a):
+    torch.manual_seed(a.seed)
+    cfg = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/nonexistent"),
+                                 pretrain=["model.electra=null"] if a.mlm else []))
+    model = build_model(OmegaConf.to_object(cfg.model))
+    if a.prior_bias:
+        with torch.no_grad():
+            model.head.proj.bias.fill_(math.log(0.15 / 0.85))
+    if a.detach_embeddings:
+        model.features = lambda ids, mask=None, types=None: model.encoder(model.embed(ids, types).detach(), mask)
+    return cfg, model
+
+
+def windows(cfg, seed):
+    """Endless MLM batches of random 128-token windows of the prepared train split."""
+    root = Path(cfg.data.dir).expanduser()
+    meta = json.loads((root / "meta.json").read_text())
+    tokens = np.memmap(root / "train_00000.bin", dtype=meta["dtype"], mode="r")
+    collate, rng, i = make_collator("mlm", SEQ, meta, seed, 0), np.random.default_rng(seed), 0
+    while True:
+        starts = rng.integers(0, len(tokens) - SEQ - 2, BATCH)
+        batch = collate(np.stack([np.asarray(tokens[s:s + SEQ], dtype=np.int64) for s in starts]),
+                        list(range(i, i + BATCH)))
+        i += BATCH
+        yield torch.from_numpy(batch["input_ids"]), torch.from_numpy(batch["labels"])
+
+
+def main(argv=None):
+    a = parse(argv)
+    cfg, model = build(a)
+    weight = a.disc_weight if a.disc_weight is not None else getattr(model, "disc_weight", 0.0)
+    hidden = {}
+    model.encoder.register_forward_hook(lambda m, i, out: hidden.__setitem__("h", out.detach()))
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    batches = windows(cfg, a.seed)
+    for step in range(a.steps + 1):
+        if not a.mlm:
+            model.disc_weight = 0.0 if step < a.generator_warmup else weight
+        opt.zero_grad()
+        for _ in range(a.accumulate):
+            out = model(*next(batches))
+            (out.loss / a.accumulate).backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 25 == 0:
+            m = {k.split("/")[1]: round(float(v), 3) for k, v in out.metrics.items()}
+            line = f"step {step}: loss {out.loss.item():.3f}, grad_norm {norm:.2f}"
+            if m:
+                line += (f", disc accuracy {m['disc_accuracy']:.3f} (base rate {1 - m['replaced']:.3f}), "
+                         f"disc loss {m['disc_loss']:.3f}, gen loss {m['gen_loss']:.3f}")
+            std = hidden["h"].float().std(1).mean().item()  # (B, T, D) -> std over T -> mean over B, D
+            print(line + f", hidden std over positions {std:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
