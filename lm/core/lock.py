@@ -1,4 +1,4 @@
-"""One writer per run directory: `<run_dir>/.lock`, held by rank 0 for the life of its process.
+"""One writer per run directory: `<run_dir>/.lock`, held by rank 0 while its job runs.
 
     with held_run_dir(run_dir, dist):   # lm-train, lm-finetune: before anything in run_dir is read or written
         ...                              # released on return, so one process can run many jobs in turn
