@@ -84,11 +84,6 @@ class Sinusoidal(_Table):
         return x + self.table[positions].to(x.dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 ROPE_SCALINGS = (None, "linear", "dynamic", "llama3")
 
 
@@ -149,12 +144,18 @@ class RoPE(PositionScheme):
             if length > self.original_max_seq_len:
                 inv_freq = self._dynamic_inv_freq(length)
         freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, Dh/2)
-        angles = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
-        cos, sin = angles.cos(), angles.sin()
+        cos = freqs.cos().repeat(1, 2)  # (T, Dh): the angles of both halves are freqs
+        sin = freqs.sin()
+        # Half-split RoPE is x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1). That
+        # equals roll(x, Dh/2) * cat(-sin, sin): one roll and one fused multiply-add per tensor instead of
+        # a negation, a concatenation, two products and a sum (~1.5x faster forward + backward on a CPU,
+        # where a small model's step is many small elementwise kernels).
+        signed_sin = torch.cat((-sin, sin), dim=-1)  # (T, Dh)
+        half = self.head_dim // 2
 
         def rotate(q, k):  # q (B, H, T, Dh), k (B, KVH, T, Dh)
-            c, s = cos.to(q.dtype), sin.to(q.dtype)
-            return q * c + _rotate_half(q) * s, k * c + _rotate_half(k) * s
+            c, s = cos.to(q.dtype), signed_sin.to(q.dtype)
+            return torch.addcmul(q * c, q.roll(half, -1), s), torch.addcmul(k * c, k.roll(half, -1), s)
 
         return rotate
 
