@@ -1,4 +1,5 @@
-"""experiment=shakespeare_char_cpu is nanoGPT's character-level tiny-Shakespeare CPU recipe, value by value.
+"""experiment=shakespeare_char_nanogpt is nanoGPT's character-level tiny-Shakespeare CPU recipe, value by value;
+experiment=shakespeare_char_cpu (the CPU speedrun) differs from it only where its comments say.
 
 The recipe (nanoGPT README, "baby GPT" on a CPU): 4 layers, width 128, 4 heads, context 64, batch 12,
 2000 iterations, dropout 0, AdamW betas (0.9, 0.99), weight decay 0.1, lr 1e-3 with 100 warmup steps
@@ -12,8 +13,7 @@ from lm.config import ConfigError
 from tests.engine_support import compose
 
 
-@pytest.fixture(scope="module")
-def cfg():
+def _compose(experiment):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -23,7 +23,17 @@ def cfg():
     register_train_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return hydra_compose(config_name="train", overrides=["experiment=shakespeare_char_cpu", "run_dir=/tmp/unused"])
+        return hydra_compose(config_name="train", overrides=[f"experiment={experiment}", "run_dir=/tmp/unused"])
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return _compose("shakespeare_char_nanogpt")
+
+
+@pytest.fixture(scope="module")
+def speedrun():
+    return _compose("shakespeare_char_cpu")
 
 
 def test_model_is_nanogpts_baby_gpt(cfg):
@@ -71,6 +81,21 @@ def test_char_vocabulary_is_the_65_symbols_plus_reserved_ids(cfg, tmp_path):
     assert tok.vocab_size == cfg.model.vocab_size == 72
 
 
+def test_speedrun_differs_from_nanogpt_only_in_lr_schedule_steps_and_positions(cfg, speedrun):
+    """The speedrun trains nanoGPT's model on nanoGPT's data and batch; what it changes is listed in its
+    preset (BENCHMARKS.md has the measurements): lr 3e-3, linear decay to zero after 50 warmup steps,
+    RoPE instead of the learned position table, 1100 steps."""
+    from omegaconf import OmegaConf
+
+    a, b = OmegaConf.to_container(cfg, resolve=True), OmegaConf.to_container(speedrun, resolve=True)
+    assert b["model"]["pos"]["_target_"].endswith("RoPE") and a["model"]["pos"]["_target_"].endswith("Learned")
+    assert (b["optim"]["lr"], b["train"]["max_steps"]) == (3e-3, 1100)
+    assert (b["sched"]["kind"], b["sched"]["warmup_steps"], b["sched"]["min_lr_ratio"]) == ("linear", 50, 0.0)
+    for d in (a, b):  # everything else is nanoGPT's recipe
+        del d["model"]["pos"], d["train"]["max_steps"], d["optim"]["lr"], d["sched"]
+    assert a == b
+
+
 def test_threads_must_be_positive(tmp_path):
     from lm.cli.train import train
     from tests.engine_support import loaders, tiny_overrides
@@ -78,3 +103,21 @@ def test_threads_must_be_positive(tmp_path):
     c = compose(tiny_overrides(tmp_path, 2) + ["train.threads=0"])
     with pytest.raises(ConfigError, match="train.threads=0"):
         train(c, loaders=loaders(c))
+
+
+def test_full_val_scoring_windows_tile_the_split_and_target_the_next_token():
+    """benchmarks/speedrun_full_val.py scores both programs on the same windows: every whole 64-token window
+    from the split's start, each position's target the next token (the last window's target may be the
+    token just past it)."""
+    import importlib.util
+    from pathlib import Path
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("full_val", Path(__file__).parents[1] / "benchmarks" / "speedrun_full_val.py")
+    full_val = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(full_val)
+    x, y = full_val.windows(np.arange(200, dtype=np.uint16))
+    assert x.shape == y.shape == (3, 64)  # (200 - 1) // 64 whole windows
+    assert x[1, 0] == 64 and x[2, -1] == 191 and y[2, -1] == 192
+    assert (y[:, :-1] == x[:, 1:]).all()
