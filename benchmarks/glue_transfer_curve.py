@@ -11,14 +11,19 @@ Each (arch, tokens) point is one lm-transfer run in <root>/<arch>/<tokens>; the 
 depend on the tokens, so each arch's runs share one (<root>/<arch>/scratch; ELECTRA's is the encoder's,
 <root>/encoder/scratch, since its discriminator is finetuned as that same encoder). Every run resumes: an
 interrupted curve continues where it stopped when the same command runs again (points already done
-are read back, not retrained). --tiny swaps in 0/100k/300k tokens, a 1 x 32 model, the TinyStories slice as corpus, one
-seed, RTE and MRPC with 64 training examples and 1 epoch, and writes to <root>/ and --doc
-/tmp/glue_transfer_tiny.md instead of the real page.
+are read back, not retrained). A session's runs/ does not outlive it, so every finished point's
+transfer.json is also copied into the committed archive <archive>/<series>/<tokens>/ (default
+docs/glue_transfer/points): the page is built from the archive, and a point measured by an earlier
+session stays on it (a point run again replaces its archived record). --tiny swaps in 0/100k/300k
+tokens, a 1 x 32 model, the TinyStories slice as corpus, one seed, RTE and MRPC with 64 training
+examples and 1 epoch, and writes to <root>/ and --doc /tmp/glue_transfer_tiny.md instead of the real
+page (and archives under <root>/points).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import shlex
@@ -27,12 +32,14 @@ import time
 from pathlib import Path
 
 from lm.cli.transfer import Recipe, run_transfer
-from lm.report.transfer import curve_table, find_transfers, plot_curve, series
+from lm.core.files import atomic_write_text
+from lm.report.transfer import TRANSFER, curve_table, find_transfers, plot_curve, series
 
 TOKENS = "0,3e6,1e7,3e7"
 # ELECTRA finetunes its discriminator as the plain encoder, so its scratch arm is the encoder's (shared)
 SCRATCH_OF = {"electra": "encoder"}
 BEGIN, END = "<!-- curve:begin -->", "<!-- curve:end -->"
+ARCHIVE = Path("docs/glue_transfer/points")
 TINY_PRETRAIN = ["data=tinystories_sample_bpe", "data.vocab_size=512", "model.vocab_size=512", "model.dim=32",
                  "model.n_layers=1", "model.n_heads=2", "train.progress=false", "train.eval_interval=0",
                  "sched.warmup_steps=5"]
@@ -49,6 +56,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local data)")
     p.add_argument("--root", type=Path, default=Path("runs/glue_transfer"), help="runs go to <root>/<arch>/<tokens>")
     p.add_argument("--doc", type=Path, default=Path("docs/glue_transfer.md"), help="page whose curve section is rewritten")
+    p.add_argument("--archive", type=Path, default=None,
+                   help=f"committed copies of every finished point's {TRANSFER}, from which the page is built "
+                        f"(default {ARCHIVE}; with --tiny <root>/points)")
     p.add_argument("--logger", default="none", choices=["none", "wandb", "tensorboard", "all"])
     p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE", help="lm-train overrides for every run")
     p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE", help="lm-finetune overrides for every run")
@@ -63,10 +73,24 @@ def replace_section(text: str, body: str) -> str:
     return re.sub(re.escape(BEGIN) + r".*?" + re.escape(END), lambda _: f"{BEGIN}\n{body}\n{END}", text, flags=re.S)
 
 
+def archive_point(out: Path, archive: Path) -> Path:
+    """Copy the finished point in `out` to <archive>/<series>/<tokens>/ (its transfer.json, with the run
+    directory it was measured in as `run_dir`, and its transfer.md): the record outlives runs/. Keyed by the
+    series, so a preset whose model changed (the encoder's positions) never overwrites the other series' point."""
+    summary = json.loads((out / TRANSFER).read_text())
+    dest = archive / re.sub(r"[^a-z0-9]+", "-", series(summary).lower()).strip("-") / str(summary["recipe"]["tokens"])
+    dest.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(dest / TRANSFER, json.dumps({**summary, "run_dir": str(out)}, indent=2) + "\n")
+    if (out / "transfer.md").is_file():
+        atomic_write_text(dest / "transfer.md", (out / "transfer.md").read_text())
+    return dest
+
+
 def section(summaries, png: Path, command: str) -> str:
     # the series and the directory name each run: a preset whose model changed since (the encoder's positions)
     # ran the same command text into a directory that was moved afterwards (its recipe's note says so)
-    runs = "\n".join(f"- {series(s)}, {s['recipe']['tokens']:,} tokens, in `{s['dir']}`: `{s['run']['command']}`: "
+    runs = "\n".join(f"- {series(s)}, {s['recipe']['tokens']:,} tokens, in `{s.get('run_dir', s['dir'])}`: "
+                     f"`{s['run']['command']}`: "
                      f"{s['run']['machine']}, finished {s['run']['finished']}, {s['run']['seconds']:.0f} s"
                      + (f" ({s['recipe']['note']})" if s["recipe"].get("note") else "") for s in summaries)
     return (f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{curve_table(summaries)}\n"
@@ -82,6 +106,7 @@ def main(argv=None) -> None:
     seeds = [int(s) for s in a.seeds.split(",")]
     tasks = a.tasks.split(",") if a.tasks else None
     pretrain, finetune, doc = a.pretrain, a.finetune, a.doc
+    archive = a.archive or (a.root / "points" if a.tiny else ARCHIVE)
     if a.tiny:
         tasks, seeds = tasks or ["rte", "mrpc"], [seeds[0]]
         tokens = tokens if a.tokens != TOKENS else [0, 100_000, 300_000]
@@ -103,7 +128,8 @@ def main(argv=None) -> None:
             run_transfer(Recipe(preset=f"glue_transfer_{arch}", tokens=n, out=out, scratch=scratch,
                                 seeds=seeds, tasks=tasks, group=f"glue_transfer_{arch}_{n}", logger=a.logger,
                                 pretrain=pretrain, finetune=finetune, command=command))
-    summaries = find_transfers([a.root])
+            archive_point(out, archive)
+    summaries = find_transfers([archive])  # this call's points and every earlier session's
     png = plot_curve(summaries, doc.with_suffix(".png"))
     command = "python benchmarks/glue_transfer_curve.py " + " ".join(map(shlex.quote, argv))
     doc.write_text(replace_section(doc.read_text(), section(summaries, png, command)))

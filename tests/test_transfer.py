@@ -4,6 +4,7 @@ scratch arm of another recipe)."""
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -208,6 +209,42 @@ def test_the_curve_script_fills_only_its_section():
     text = curve.section(rows, Path("x.png"), "cmd")
     assert "- encoder (first, learned), 100 tokens, in `a/0`: `lm-transfer --tokens 100`: m, finished today, 12 s (moved)" in text
     assert "- encoder (first, rope), 100 tokens, in `b/0`: `lm-transfer --tokens 100`: m, finished today, 12 s\n" in text
+
+
+def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
+    """runs/ does not outlive a session: each finished point is archived (keyed by series and tokens) and the
+    page is built from the archive, so a point whose run directory is gone stays on it; a series whose
+    preset changed (another position scheme) gets its own record, never overwriting the other's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("curve", Path(__file__).parents[1] / "benchmarks" / "glue_transfer_curve.py")
+    curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curve)
+
+    def point(name, tokens, pos, gain):
+        out = tmp_path / "runs" / name
+        out.mkdir(parents=True)
+        cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+                      {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0 + gain}, "median": 50.0 + gain}})
+        summary = {"recipe": {"arch": "encoder", "pooling": "first", "pos": pos, "tokens": tokens, "val_loss": 5.0},
+                   "comparison": cmp, "run": {"command": f"lm-transfer --out {out}", "machine": "m",
+                                              "finished": "today", "seconds": 1.0}}
+        (out / "transfer.json").write_text(json.dumps(summary))
+        (out / "transfer.md").write_text("table\n")
+        return out
+
+    archive = tmp_path / "archive"
+    first = curve.archive_point(point("a", 1000, "learned", 1.0), archive)
+    assert first == archive / "encoder-first-learned" / "1000" and (first / "transfer.md").read_text() == "table\n"
+    curve.archive_point(point("b", 1000, "rope", 2.0), archive)  # same arch and tokens, another series
+    shutil.rmtree(tmp_path / "runs")  # the next session: run directories gone
+    rows = find_transfers([archive])
+    assert [(r["recipe"]["pos"], r["comparison"]["average"]["gain"]) for r in rows] == [("learned", 1.0), ("rope", 2.0)]
+    text = curve.section(rows, Path("x.png"), "cmd")
+    assert f"in `{tmp_path / 'runs' / 'a'}`" in text and f"in `{tmp_path / 'runs' / 'b'}`" in text
+    rerun = curve.archive_point(point("c", 1000, "rope", 3.0), archive)  # the same point measured again replaces it
+    assert json.loads((rerun / "transfer.json").read_text())["comparison"]["average"]["gain"] == 3.0
+    assert len(find_transfers([archive])) == 2
 
 
 @pytest.mark.slow
