@@ -189,12 +189,18 @@ def test_the_average_row_and_the_curve_table():
     assert "| encoder (first, rope) | 3,000,000 |" in table and "| encoder (first, learned) | 3,000,000 |" in table
 
 
-def test_the_curve_script_fills_only_its_section():
+def _curve_script():
+    """benchmarks/glue_transfer_curve.py as a module (benchmarks/ is not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("curve", Path(__file__).parents[1] / "benchmarks" / "glue_transfer_curve.py")
     curve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(curve)
+    return curve
+
+
+def test_the_curve_script_fills_only_its_section():
+    curve = _curve_script()
     page = f"# t\nbefore\n{curve.BEGIN}\nold\n{curve.END}\nafter\n"
     assert curve.replace_section(page, "new $1 \\1") == f"# t\nbefore\n{curve.BEGIN}\nnew $1 \\1\n{curve.END}\nafter\n"
     real = (Path(__file__).parents[1] / "docs" / "glue_transfer.md").read_text()
@@ -215,11 +221,7 @@ def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
     """runs/ does not outlive a session: each finished point is archived (keyed by series and tokens) and the
     page is built from the archive, so a point whose run directory is gone stays on it; a series whose
     preset changed (another position scheme) gets its own record, never overwriting the other's."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("curve", Path(__file__).parents[1] / "benchmarks" / "glue_transfer_curve.py")
-    curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curve)
+    curve = _curve_script()
 
     def point(name, tokens, pos, gain):
         out = tmp_path / "runs" / name
