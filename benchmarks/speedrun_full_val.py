@@ -15,6 +15,7 @@ evaluation in this recipe). lm's are the final checkpoints of the lm_<round> run
 
 import argparse
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def nanogpt_loss(nano_dir: Path) -> float:
     spec = importlib.util.spec_from_file_location("nanogpt_model", nano_dir / "model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    ckpt = torch.load(nano_dir / "out-shakespeare-char" / "ckpt.pt", map_location="cpu", weights_only=False)
+    ckpt = torch.load(nano_dir / "out-shakespeare-char" / "ckpt.pt", map_location="cpu", weights_only=True)
     model = mod.GPT(mod.GPTConfig(**ckpt["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
     model.eval()
@@ -69,8 +70,6 @@ def lm_loss(run_dir: Path):
     model.load_state_dict(saved.state_dict())
     model.eval()
     root = Path(OmegaConf.load(run_dir / "config.yaml").data.dir).expanduser()
-    import json
-
     stream = TokenStream(root, json.loads((root / "meta.json").read_text()), "val")
     val = np.empty(stream.n, dtype=stream.dtype)
     stream.read(0, val)
