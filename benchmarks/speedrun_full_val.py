@@ -43,7 +43,8 @@ def mean_ce(logits_of, x, y, batch: int = 256) -> float:
     return total / y.numel()
 
 
-def nanogpt_loss(nano_dir: Path) -> float:
+def nanogpt_loss(nano_dir: Path):
+    """(whole-split loss, the checkpoint's iteration, number of predictions) of nanoGPT's saved model."""
     spec = importlib.util.spec_from_file_location("nanogpt_model", nano_dir / "model.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -58,6 +59,7 @@ def nanogpt_loss(nano_dir: Path) -> float:
 
 
 def lm_loss(run_dir: Path):
+    """(whole-split loss, checkpoint name, number of predictions) of an lm-train run's final checkpoint."""
     from omegaconf import OmegaConf
 
     from lm.core.saved_model import find_saved_model
