@@ -263,13 +263,22 @@ def _spent(out: Path, seconds: float) -> float:
     return total
 
 
-def _transfer(r: Recipe, t0: float) -> Dict:
-    from omegaconf import OmegaConf
+@dataclass
+class Plan:
+    """What a recipe resolves to before any work: the composed pretraining config and what both arms use."""
+    cfg: object  # lm-train's composed config (train.max_steps = steps, or the preset's when steps is 0)
+    steps: int
+    per_step: int  # tokens a pretraining step
+    arch: str  # family(): the key of POOLING and OBJECTIVE
+    pooling: str
+    tasks: List[str]
+    tokenizer: Path  # the prepared corpus' tokenizer.json: the scratch arm's, and the pretraining run's
+    model_node: object  # the model both arms finetune (finetuned_model_node)
 
-    from lm.cli.train import train
-    from lm.core.files import atomic_write_text
-    from lm.report.transfer import arm_scores, compare, transfer_table
 
+def plan(r: Recipe) -> Plan:
+    """Checks the recipe and resolves it; prepares the corpus (once). A bad --tokens, --finetune or missing
+    GLUE data fails here, before any pretraining."""
     check_finetune_overrides(r.finetune)
     if r.tokens < 0:
         raise TransferError(f"--tokens {r.tokens}: must be >= 0 (0 = no pretraining, the curve's origin)")
@@ -279,37 +288,54 @@ def _transfer(r: Recipe, t0: float) -> Dict:
     cfg = pretrain_config(r, steps) if steps else base
     arch = family(cfg.model)
     pooling = _pooling(r.finetune) or POOLING[arch]
-    root = _data_root(r.finetune)
-    tasks = r.tasks or present_tasks(root)
+    tasks = r.tasks or present_tasks(_data_root(r.finetune))
     if not tasks:
         raise TransferError("no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
                             "glue.data_root=<glue_data>)")
     finetune_config(r, r.scratch, "none", None, pooling, tasks)  # a bad --finetune fails here, not after hours
-    tokenizer = prepared_tokenizer(cfg)
-    model_node = finetuned_model_node(cfg.model)
-    check_scratch_arm(r, {"tokenizer_sha256": _sha256(tokenizer), "pooling": pooling, "tasks": tasks, "seeds": r.seeds,
-                          "model": OmegaConf.to_container(model_node, resolve=True), "finetune": r.finetune})
-    if steps:
-        log.info("lm-transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, steps, steps * per_step,
-                 r.out / "pretrain")
-        train(cfg)
-        check_same_tokenizer(r.out / "pretrain", tokenizer)
-    log.info("lm-transfer: finetuning from scratch on %s (%s)", ", ".join(tasks), r.scratch)
-    finetune_arm(r, r.scratch, "none", model_node, tokenizer, pooling, tasks)
+    return Plan(cfg=cfg, steps=steps, per_step=per_step, arch=arch, pooling=pooling, tasks=tasks,
+                tokenizer=prepared_tokenizer(cfg), model_node=finetuned_model_node(cfg.model))
+
+
+def pretrain(r: Recipe, p: Plan) -> None:
+    """lm-train on the plan's config (resumes from <out>/pretrain's latest checkpoint); then checks that the
+    run's tokenizer is the prepared corpus' one, the scratch arm's."""
+    from lm.cli.train import train
+
+    log.info("lm-transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, p.steps, p.steps * p.per_step,
+             r.out / "pretrain")
+    train(p.cfg)
+    check_same_tokenizer(r.out / "pretrain", p.tokenizer)
+
+
+def _transfer(r: Recipe, t0: float) -> Dict:
+    from omegaconf import OmegaConf
+
+    from lm.core.files import atomic_write_text
+    from lm.report.transfer import arm_scores, compare, transfer_table
+
+    p = plan(r)
+    check_scratch_arm(r, {"tokenizer_sha256": _sha256(p.tokenizer), "pooling": p.pooling, "tasks": p.tasks,
+                          "seeds": r.seeds, "model": OmegaConf.to_container(p.model_node, resolve=True),
+                          "finetune": r.finetune})
+    if p.steps:
+        pretrain(r, p)
+    log.info("lm-transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
+    finetune_arm(r, r.scratch, "none", p.model_node, p.tokenizer, p.pooling, p.tasks)
     pretrained = r.scratch
-    if steps:
+    if p.steps:
         pretrained = r.out / "finetune" / "pretrained"
-        log.info("lm-transfer: finetuning from %s on %s", r.out / "pretrain", ", ".join(tasks))
-        finetune_arm(r, pretrained, str(r.out / "pretrain"), model_node, None, pooling, tasks)
+        log.info("lm-transfer: finetuning from %s on %s", r.out / "pretrain", ", ".join(p.tasks))
+        finetune_arm(r, pretrained, str(r.out / "pretrain"), p.model_node, None, p.pooling, p.tasks)
     summary = {
-        "recipe": {"preset": r.preset, "arch": arch, "objective": OBJECTIVE[arch], "pooling": pooling,
-                   "pos": position_scheme(cfg.model),
-                   "tokens": steps * per_step, "tokens_asked": r.tokens, "steps": steps, "tokens_per_step": per_step,
-                   "val_loss": _val_loss(r.out / "pretrain") if steps else None, "tasks": tasks, "seeds": r.seeds,
-                   "tokenizer": str(tokenizer), "tokenizer_sha256": _sha256(tokenizer), "group": r.group,
+        "recipe": {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
+                   "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
+                   "steps": p.steps, "tokens_per_step": p.per_step,
+                   "val_loss": _val_loss(r.out / "pretrain") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
+                   "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
                    "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
                    "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
-                                    f"2,000 train examples), {pooling} pooling, best dev epoch"
+                                    f"2,000 train examples), {p.pooling} pooling, best dev epoch"
                                     + (f", overrides {' '.join(r.finetune)}" if r.finetune else "")},
         "arms": {"scratch": str(r.scratch), "pretrained": str(pretrained)},
         "comparison": compare(arm_scores(r.scratch / "results.json"), arm_scores(pretrained / "results.json")),
