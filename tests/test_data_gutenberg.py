@@ -212,3 +212,22 @@ def test_the_data_presets(tmp_path):
     assert mix.source == ["wikitext2_heldout", "tinystories_sample", "glue:sst2,cola,mrpc,stsb,rte", "gutenberg"]
     assert mix.vocab_size == books.vocab_size and mix.doc_split == "line"
     assert np.all([s in CORPORA for s in ("gutenberg", "wikitext2_heldout", "tinystories_sample")])
+
+
+def test_the_glue_source_is_train_text_only(tmp_path, data_mirror):
+    from lm.data.glue_text import write_sentences
+    from lm.glue.readers import load_split
+
+    root = data_mirror / "glue_data"
+    path = write_sentences(tmp_path / "s.txt", ["rte", "cola"], root)
+    lines = path.read_text().splitlines()
+    train_rte = load_split("rte", "train", root, hf=False)
+    train_cola = load_split("cola", "train", root, hf=False)
+    assert len(lines) == 2 * len(train_rte) + len(train_cola)  # RTE: both sentences of each pair
+    assert lines[0] == train_rte[0].text_a and lines[1] == train_rte[0].text_b
+    assert lines[-1] == train_cola[-1].text_a
+    text = set(lines)
+    dev_only = [e.text_a for e in load_split("cola", "dev", root, hf=False) if e.text_a not in
+                {t.text_a for t in train_cola}]
+    assert dev_only and not any(s in text for s in dev_only)  # no dev sentence leaks into pretraining
+    assert not any("\t" in line for line in lines)  # text only: no label or source columns (CoLA has both)

@@ -1,5 +1,5 @@
-"""lm-quickstart: the task-adaptive corpus holds only unlabelled TRAIN text, the comparison table, and (slow)
-the whole command end to end on a tiny budget."""
+"""lm-quickstart: lm-transfer's recipe on a budget (the pretrained arm alone, or both arms with --compare),
+the comparison table, and (slow) the whole command end to end on a tiny budget."""
 
 import json
 import os
@@ -9,24 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from lm.glue.readers import load_split
-from lm.cli.quickstart import compare_table, glue_sentences
-
-
-def test_task_adaptive_corpus_is_train_text_only(tmp_path, data_mirror):
-    root = data_mirror / "glue_data"
-    path = glue_sentences(tmp_path, ["rte", "cola"], root)
-    lines = path.read_text().splitlines()
-    train_rte = load_split("rte", "train", root, hf=False)
-    train_cola = load_split("cola", "train", root, hf=False)
-    assert len(lines) == 2 * len(train_rte) + len(train_cola)  # RTE: both sentences of each pair
-    assert lines[0] == train_rte[0].text_a and lines[1] == train_rte[0].text_b
-    assert lines[-1] == train_cola[-1].text_a
-    text = set(lines)
-    dev_only = [e.text_a for e in load_split("cola", "dev", root, hf=False) if e.text_a not in
-                {t.text_a for t in train_cola}]
-    assert dev_only and not any(s in text for s in dev_only)  # no dev sentence leaks into pretraining
-    assert not any("\t" in line for line in lines)  # text only: no label or source columns (CoLA has both)
+from lm.cli.quickstart import compare_table, run
+from tests.test_finetune import easy_glue  # noqa: F401 - the easy SST-2-shaped task (a fixture)
+from tests.test_transfer import corpus, recipe  # noqa: F401 - the tiny corpus (a fixture) and recipe
 
 
 def _results(path: Path, col: str, metrics: list, seeds: dict):
@@ -47,21 +32,49 @@ def test_compare_table_reports_seeds_medians_and_the_gain(tmp_path):
     assert "| stsb | pearson/spearman | 9.5 | 9.5 | 39.0 | 39.0 | +29.5 |" in table
 
 
+def test_the_pretrained_arm_alone_then_both_arms_with_compare(tmp_path, corpus, easy_glue):  # noqa: F811
+    r = recipe(tmp_path / "q", corpus, easy_glue, seeds=[0])
+    arms = run(r, compare=False)
+    assert list(arms) == ["pretrained"] and not (tmp_path / "q" / "finetune" / "scratch").exists()
+    assert (tmp_path / "q" / "pretrain" / "checkpoints" / "latest").read_text() == "step_00000004"
+    cfg = (arms["pretrained"] / "config.yaml").read_text()
+    assert "pooling: mean" in cfg and "epochs: 2" in cfg and str(tmp_path / "q" / "pretrain") in cfg
+    mtime = (arms["pretrained"] / "sst2" / "seed0" / "result.pt").stat().st_mtime_ns
+    arms = run(recipe(tmp_path / "q", corpus, easy_glue, seeds=[0]), compare=True)  # resumes, adds the scratch arm
+    assert list(arms) == ["pretrained", "scratch"]
+    assert (arms["pretrained"] / "sst2" / "seed0" / "result.pt").stat().st_mtime_ns == mtime  # not finetuned again
+    scratch = (arms["scratch"] / "config.yaml").read_text()
+    assert "init: none" in scratch and "dim: 32" in scratch and "tokenizer.json" in scratch
+    table = compare_table(arms["pretrained"], arms["scratch"])
+    assert table.count("| sst2 | acc |") == 1
+
+
+def test_zero_tokens_runs_only_the_scratch_arm(tmp_path, corpus, easy_glue):  # noqa: F811
+    arms = run(recipe(tmp_path / "z", corpus, easy_glue, tokens=0, seeds=[0]), compare=False)
+    assert list(arms) == ["scratch"] and not (tmp_path / "z" / "pretrain").exists()
+
+
 def test_help_describes_the_job():
     out = subprocess.run([sys.executable, "-m", "lm.cli.quickstart", "--help"], capture_output=True, text=True, check=True)
-    assert "--pretrain-steps" in out.stdout and "task-adaptive" in out.stdout and "--compare" in out.stdout
+    assert "--tokens" in out.stdout and "task-adaptive" in out.stdout and "--compare" in out.stdout
+
+
+# The curve script's --tiny pretraining (benchmarks/glue_transfer_curve.py): the TinyStories slice, a 1 x 32 model
+TINY_PRETRAIN = ["data=tinystories_sample_bpe", "data.vocab_size=512", "model.vocab_size=512", "model.dim=32",
+                 "model.n_layers=1", "model.n_heads=2", "train.progress=false", "train.eval_interval=0",
+                 "sched.warmup_steps=1"]
 
 
 @pytest.mark.slow
 def test_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-m", "lm.cli.quickstart", "--out", str(tmp_path / "qs"), "--tasks", "rte",
-                          "--pretrain-steps", "4", "--compare", "--set", "glue.max_train_examples=48",
-                          "tasks.rte.epochs=1", "predict_test=false"],
+                          "--tokens", "8192", "--compare", "--pretrain", *TINY_PRETRAIN, "--set", "glue.max_train_examples=48",
+                          "tasks.rte.epochs=1"],
                          capture_output=True, text=True, env=env, timeout=1200)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| RTE | acc |" in out.stdout and "| rte | acc |" in out.stdout  # both tables and the comparison
     for arm in ("pretrained", "scratch"):
         r = json.loads((tmp_path / "qs" / "finetune" / arm / "results.json").read_text())
         assert 0.0 <= r["columns"]["rte"]["median"]["acc"] <= 100.0
-    assert (tmp_path / "qs" / "pretrain" / "checkpoints" / "latest").read_text() == "step_00000004"
+    assert (tmp_path / "qs" / "pretrain" / "checkpoints" / "latest").read_text() == "step_00000004"  # 8,192 tokens / 2,048
