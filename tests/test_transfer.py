@@ -249,6 +249,50 @@ def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
     assert len(find_transfers([archive])) == 2
 
 
+def test_a_finished_scratch_arm_is_archived_and_restored_by_its_record(tmp_path, monkeypatch):
+    """runs/ does not outlive a session, the scratch arm's ~55 core-minutes should: its record and each
+    pair's sealed result go to <archive>/scratch/<key>/, and the next session's empty scratch directory is
+    filled from the entry whose record equals its own (another record restores nothing)."""
+    curve = _curve_script()
+    record = {"pooling": "first", "seeds": [0, 1], "model": {"dim": 32}}
+    arm = tmp_path / "runs" / "scratch"
+    for task, seed in [("rte", 0), ("rte", 1)]:
+        (arm / task / f"seed{seed}").mkdir(parents=True)
+        (arm / task / f"seed{seed}" / "result.pt").write_bytes(b"result %d" % seed)
+        (arm / task / f"seed{seed}" / "result.sha256").write_text("abc\n")
+    (arm / "rte" / "seed1" / "checkpoints").mkdir()  # an unfinished pair's state is not archived
+    (arm / "transfer_arm.json").write_text(json.dumps(record))
+    archive = tmp_path / "archive"
+    dest = curve.archive_scratch(arm, archive)
+    assert dest == archive / "scratch" / curve.scratch_key(record)
+    assert sorted(str(f.relative_to(dest)) for f in dest.rglob("*") if f.is_file()) == [
+        "archived_arm.json", "rte/seed0/result.pt", "rte/seed0/result.sha256", "rte/seed1/result.pt",
+        "rte/seed1/result.sha256", "transfer_arm.json"]
+    assert json.loads((dest / "archived_arm.json").read_text())["run_dir"] == str(arm)
+
+    shutil.rmtree(tmp_path / "runs")  # the next session
+    monkeypatch.setattr(curve, "plan", lambda r: None)
+    monkeypatch.setattr(curve, "scratch_record", lambda r, p: dict(record, seeds=[0]))  # another recipe
+    r = Recipe(out=tmp_path / "runs" / "0", scratch=arm)
+    assert curve.restore_scratch(r, archive) is None and not arm.exists()
+    monkeypatch.setattr(curve, "scratch_record", lambda r, p: record)
+    assert curve.restore_scratch(r, archive) == dest
+    assert (arm / "rte" / "seed1" / "result.pt").read_bytes() == b"result 1"
+    assert curve.restore_scratch(r, archive) is None  # a live arm is resumed as it is, never overwritten
+    # the point then says its scratch arm was measured elsewhere, and archiving it again keeps that record
+    (r.out).mkdir(parents=True)
+    cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+                  {"rte": {"metrics": ["acc"], "seeds": {"0": 52.0}, "median": 52.0}})
+    summary = {"recipe": {"arch": "encoder", "pooling": "first", "pos": "rope", "tokens": 100, "val_loss": 5.0},
+               "arms": {"scratch": str(arm)}, "comparison": cmp,
+               "run": {"command": "c", "machine": "m", "finished": "today", "seconds": 1.0}}
+    (r.out / "transfer.json").write_text(json.dumps(summary))
+    point = json.loads((curve.archive_point(r.out, archive) / "transfer.json").read_text())
+    assert point["scratch_measured"]["run_dir"] == str(arm)
+    assert "the scratch arm restored from the archive" in curve.section([point], Path("x.png"), "cmd")
+    assert json.loads((curve.archive_scratch(arm, archive) / "archived_arm.json").read_text())["run_dir"] == str(arm)
+
+
 @pytest.mark.slow
 def test_the_curve_script_end_to_end_tiny(tmp_path):
     import os
@@ -265,6 +309,19 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     text = doc.read_text()
     assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 20,480 |" in text
     assert (tmp_path / "page.png").is_file() and "lm-transfer --preset glue_transfer_decoder --tokens 20000" in text
+    # the next session (runs/ gone) restores the archived scratch arm instead of training it again
+    point = tmp_path / "runs" / "points" / "decoder-mean-learned" / "20480" / "transfer.json"
+    first = json.loads(point.read_text())["comparison"]
+    again = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
+                            "--tokens", "20000", "--tasks", "rte", "--root", str(tmp_path / "runs2"),
+                            "--archive", str(tmp_path / "runs" / "points"), "--doc", str(doc)],
+                           capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "finetuning from scratch" in again.stderr and "restored from" in again.stderr
+    assert f"GLUE rte seed 0: done in an earlier run ({tmp_path / 'runs2' / 'decoder' / 'scratch'}" in again.stderr
+    second = json.loads(point.read_text())
+    assert second["comparison"] == first  # the same scratch arm; the pretrained arm reproduces too
+    assert second["scratch_measured"]["run_dir"] == str(tmp_path / "runs" / "decoder" / "scratch")
 
 
 def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tmp_path):

@@ -308,16 +308,21 @@ def pretrain(r: Recipe, p: Plan) -> None:
     check_same_tokenizer(r.out / "pretrain", p.tokenizer)
 
 
-def _transfer(r: Recipe, t0: float) -> Dict:
+def scratch_record(r: Recipe, p: Plan) -> Dict:
+    """What the scratch arm's results depend on besides the code (<scratch>/transfer_arm.json): a curve's runs
+    share the arm only while this is equal, and the curve's archive keys a finished arm by it."""
     from omegaconf import OmegaConf
 
+    return {"tokenizer_sha256": _sha256(p.tokenizer), "pooling": p.pooling, "tasks": p.tasks, "seeds": r.seeds,
+            "model": OmegaConf.to_container(p.model_node, resolve=True), "finetune": r.finetune}
+
+
+def _transfer(r: Recipe, t0: float) -> Dict:
     from lm.core.files import atomic_write_text
     from lm.report.transfer import arm_scores, compare, transfer_table
 
     p = plan(r)
-    check_scratch_arm(r, {"tokenizer_sha256": _sha256(p.tokenizer), "pooling": p.pooling, "tasks": p.tasks,
-                          "seeds": r.seeds, "model": OmegaConf.to_container(p.model_node, resolve=True),
-                          "finetune": r.finetune})
+    check_scratch_arm(r, scratch_record(r, p))
     if p.steps:
         pretrain(r, p)
     log.info("lm-transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
