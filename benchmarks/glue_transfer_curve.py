@@ -11,7 +11,7 @@ Each (arch, tokens) point is one lm-transfer run in <root>/<arch>/<tokens>; the 
 depend on the tokens, so each arch's runs share one (<root>/<arch>/scratch; ELECTRA's is the encoder's,
 <root>/encoder/scratch, since its discriminator is finetuned as that same encoder). Every run resumes: an
 interrupted curve continues where it stopped when the same command runs again (points already done
-are read back, not retrained). A session's runs/ does not outlive it, so every finished point's
+are read back, not retrained). A session's runs/ may not outlive it, so every finished point's
 transfer.json is also copied into the committed archive <archive>/<series>/<tokens>/ (default
 docs/glue_transfer/points): the page is built from the archive, and a point measured by an earlier
 session stays on it (a point run again replaces its archived record). The scratch arm is archived too
@@ -87,7 +87,7 @@ def archive_point(out: Path, archive: Path) -> Path:
     series, so a preset whose model changed (the encoder's positions) never overwrites the other series' point."""
     summary = json.loads((out / TRANSFER).read_text())
     scratch = summary.get("arms", {}).get("scratch")
-    if scratch and (Path(scratch) / PROVENANCE).is_file():  # the scratch arm came from the archive: the record says when it was measured
+    if scratch and (Path(scratch) / PROVENANCE).is_file():  # a restored scratch arm: say when it was measured
         summary["scratch_measured"] = json.loads((Path(scratch) / PROVENANCE).read_text())
     dest = archive / re.sub(r"[^a-z0-9]+", "-", series(summary).lower()).strip("-") / str(summary["recipe"]["tokens"])
     dest.mkdir(parents=True, exist_ok=True)
