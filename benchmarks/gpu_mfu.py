@@ -2,12 +2,15 @@
 
 MFU = tokens/s x training FLOPs per token (lm.model.flops: 6N + 12*L*H*Dh*T, PaLM appendix) /
 the device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 989, A100 312; no sparsity).
-The largest micro-batch that fits is found by doubling until out of memory.
+Each preset is built once, on the device; the largest power-of-two micro-batch that fits is found
+by eager steps of doubling size until out of memory, then the compiled step is timed at that batch
+(halved if the compiled step does not fit) and at any --also-batch (nanoGPT's bench.py uses 12).
 
     python benchmarks/gpu_mfu.py --preset gpt2 --seq 1024            # GPT-2 124M
     python benchmarks/gpu_mfu.py --preset llama --seq 2048           # TinyLlama-shape 1.1B
     python benchmarks/gpu_mfu.py --attention-sweep                   # flash vs math SDPA, T = 512 ... 16384
-    python benchmarks/gpu_mfu.py --all                               # all three, one JSON line each
+    python benchmarks/gpu_mfu.py --all --also-batch 12               # all three, one JSON line each
+    python benchmarks/gpu_mfu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --no-compile  # a smoke run
 """
 
 import argparse
@@ -24,7 +27,10 @@ from lm.model.flops import flops_per_token
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 
 
-def device_peak() -> float:
+def device_peak(device: str):
+    """Dense bf16 peak FLOP/s of this CUDA device; None on a CPU (no MFU is reported there)."""
+    if device == "cpu":
+        return None
     name = torch.cuda.get_device_name()
     for key, peak in PEAK_BF16.items():
         if key in name:
@@ -32,9 +38,14 @@ def device_peak() -> float:
     raise SystemExit(f"unknown peak for {name}; add it to PEAK_BF16")
 
 
-def train_step_fn(model, opt):
+def sync(device: str):
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def train_step_fn(model, opt, device: str):
     def step(x, y):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             loss = model(input_ids=x, labels=y).loss
         loss.backward()
         opt.step()
@@ -44,40 +55,82 @@ def train_step_fn(model, opt):
     return step
 
 
-def measure(preset: str, seq: int, batch: int, steps: int, compile_model: bool, overrides) -> dict:
+def build(preset: str, seq: int, overrides, device: str):
+    """The preset's model, built and initialised directly on the device (no host copy of 1B weights)."""
     cfg = model_preset(preset, [f"model.max_seq_len={max(seq, 1)}", "model.dropout=0.0", *overrides])
-    model = build_model(cfg).cuda()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-    step = train_step_fn(torch.compile(model) if compile_model else model, opt)
-    x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device="cuda")
-    for _ in range(3):  # compile and warm up
+    with torch.device(device):
+        model = build_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device != "cpu")
+    return cfg, model, opt
+
+
+def timed(step, cfg, seq: int, batch: int, steps: int, device: str, warmup: int = 3) -> float:
+    """Tokens/s of `steps` steps after `warmup` (compilation happens there)."""
+    x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
+    for _ in range(warmup):
         step(x[:, :-1], x[:, 1:])
-    torch.cuda.synchronize()
+    sync(device)
     start = time.perf_counter()
     for _ in range(steps):
         step(x[:, :-1], x[:, 1:])
-    torch.cuda.synchronize()
-    tokens_per_s = steps * batch * seq / (time.perf_counter() - start)
-    fpt = flops_per_token(cfg, seq)
-    return {"preset": preset, "seq": seq, "batch": batch, "tokens_per_s": round(tokens_per_s),
-            "flops_per_token": fpt, "mfu": round(tokens_per_s * fpt / device_peak(), 4),
-            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2), "device": torch.cuda.get_device_name()}
+    sync(device)
+    return steps * batch * seq / (time.perf_counter() - start)
 
 
-def largest_batch(preset, seq, compile_model, overrides, start=4) -> int:
-    batch, best = start, None
-    while batch <= 512:
+def free(device: str, opt=None):
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+    if device != "cpu":
+        torch.cuda.empty_cache()
+
+
+def largest_batch(model, opt, cfg, seq: int, device: str, start: int = 4, limit: int = 512) -> int:
+    """The largest power of two (from `start`) whose eager step, optimizer state included, fits."""
+    step, batch, best = train_step_fn(model, opt, device), start, None
+    while batch <= limit:
         try:
-            measure(preset, seq, batch, 1, False, overrides)
+            timed(step, cfg, seq, batch, 0, device, warmup=1)
             best = batch
             batch *= 2
         except torch.OutOfMemoryError:
             break
         finally:
-            torch.cuda.empty_cache()
+            free(device, opt)
     if best is None:
         raise SystemExit(f"even micro-batch {start} does not fit")
     return best
+
+
+def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda"):
+    """One JSON-able row per micro-batch in `batches` (0 = the largest that fits), from one built model."""
+    cfg, model, opt = build(preset, seq, overrides, device)
+    fpt, peak, rows = flops_per_token(cfg, seq), device_peak(device), []
+    for batch in batches:
+        if batch == 0:
+            batch = largest_batch(model, opt, cfg, seq, device)
+        # dynamic=False: each batch gets its own static graph, as a training run of one shape would
+        run = torch.compile(model, dynamic=False) if compile_model else model
+        while True:
+            try:
+                if device != "cpu":
+                    torch.cuda.reset_peak_memory_stats()
+                tokens_per_s = timed(train_step_fn(run, opt, device), cfg, seq, batch, steps, device)
+                break
+            except torch.OutOfMemoryError:
+                free(device, opt)
+                if batch == 1:
+                    raise
+                batch //= 2
+        rows.append({"preset": preset, "seq": seq, "batch": batch, "compiled": compile_model,
+                     "tokens_per_s": round(tokens_per_s), "flops_per_token": fpt,
+                     "mfu": round(tokens_per_s * fpt / peak, 4) if peak else None,
+                     "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
+                     "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
+                     "torch": torch.__version__})
+        free(device, opt)
+    del model, opt
+    free(device)
+    return rows
 
 
 def attention_sweep(heads=12, head_dim=64, batch=1) -> list:
@@ -111,24 +164,29 @@ def main():
     p.add_argument("--preset", default="gpt2")
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=0, help="0 = the largest power of two that fits")
+    p.add_argument("--also-batch", type=int, action="append", default=[],
+                   help="also time this micro-batch (GPT-2 in --all; repeatable), e.g. 12 to match nanoGPT's bench.py")
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no MFU: no peak is known)")
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--attention-sweep", action="store_true")
     p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
     p.add_argument("overrides", nargs="*", help="model overrides, e.g. model.loss_chunk_size=4096 model/ffn=swiglu")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    compile_model = not args.no_compile
     if args.all:
-        for preset, seq in (("gpt2", 1024), ("llama", 2048)):
-            batch = largest_batch(preset, seq, not args.no_compile, args.overrides)
-            print(json.dumps(measure(preset, seq, batch, args.steps, not args.no_compile, args.overrides)), flush=True)
+        for preset, seq, also in (("gpt2", 1024, args.also_batch), ("llama", 2048, [])):
+            for row in measure(preset, seq, [0, *also], args.steps, compile_model, args.overrides, args.device):
+                print(json.dumps(row), flush=True)
         args.attention_sweep = True
     if args.attention_sweep:
         for row in attention_sweep():
-            print(json.dumps(row))
+            print(json.dumps(row), flush=True)
         return
-    batch = args.batch or largest_batch(args.preset, args.seq, not args.no_compile, args.overrides)
-    print(json.dumps(measure(args.preset, args.seq, batch, args.steps, not args.no_compile, args.overrides)))
+    for row in measure(args.preset, args.seq, [args.batch, *args.also_batch], args.steps, compile_model,
+                       args.overrides, args.device):
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

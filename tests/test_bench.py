@@ -76,3 +76,25 @@ def test_kernel_floor_replays_every_matmul_of_the_hf_model(layout, capsys):
     kernel_floor.main(TINY[:-4] + ["--layout", layout, "--vocab", "65", "--steps", "1"])
     out = capsys.readouterr().out
     assert "floor fraction" in out and "ceiling" in out
+
+
+def _gpu_mfu():
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("gpu_mfu", Path(__file__).parents[1] / "benchmarks" / "gpu_mfu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_mfu_times_each_batch_from_one_model_on_cpu():
+    """benchmarks/gpu_mfu.py's measuring path runs (CPU, tiny, eager): one row per batch, FLOPs from lm.model.flops."""
+    from lm.model.config import model_preset
+    from lm.model.flops import flops_per_token
+
+    gpu_mfu = _gpu_mfu()
+    overrides = ["model.n_layers=1", "model.dim=32", "model.n_heads=2", "model.vocab_size=64"]
+    rows = gpu_mfu.measure("tiny", 16, [2, 3], 2, False, overrides, device="cpu")
+    assert [r["batch"] for r in rows] == [2, 3]
+    expected = flops_per_token(model_preset("tiny", ["model.max_seq_len=16", "model.dropout=0.0", *overrides]), 16)
+    assert all(r["flops_per_token"] == expected and r["tokens_per_s"] > 0 and r["mfu"] is None for r in rows)
