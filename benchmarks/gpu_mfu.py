@@ -101,8 +101,28 @@ def largest_batch(model, opt, cfg, seq: int, device: str, start: int = 4, limit:
     return best
 
 
-def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda"):
-    """One JSON-able row per micro-batch in `batches` (0 = the largest that fits), from one built model."""
+def profile_table(step, cfg, seq: int, batch: int, device: str, rows: int = 25) -> str:
+    """torch.profiler's table of 3 (already compiled) steps, by self time on the device: where a step goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            step(x[:, :-1], x[:, 1:])
+        sync(device)
+    if device == "cpu":
+        return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    try:
+        return prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows)
+    except (KeyError, AttributeError):  # an older torch names it after CUDA
+        return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows)
+
+
+def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda",
+            profile: bool = False):
+    """One JSON-able row per micro-batch in `batches` (0 = the largest that fits), from one built model;
+    `profile` prints the profiler's table of the last batch's step after its row."""
     cfg, model, opt = build(preset, seq, overrides, device)
     fpt, peak, rows = flops_per_token(cfg, seq), device_peak(device), []
     for batch in batches:
@@ -128,6 +148,9 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
                      "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
                      "torch": torch.__version__})
         free(device, opt)
+    if profile:
+        print(f"profile: {preset}, batch {batch}, T={seq}", profile_table(train_step_fn(run, opt, device), cfg, seq, batch, device),
+              sep="\n", flush=True)
     del model, opt
     free(device)
     return rows
@@ -169,6 +192,7 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no MFU: no peak is known)")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--profile", action="store_true", help="print torch.profiler's table of the last batch's step")
     p.add_argument("--attention-sweep", action="store_true")
     p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
     p.add_argument("overrides", nargs="*", help="model overrides, e.g. model.loss_chunk_size=4096 model/ffn=swiglu")
@@ -185,7 +209,7 @@ def main():
             print(json.dumps(row), flush=True)
         return
     for row in measure(args.preset, args.seq, [args.batch, *args.also_batch], args.steps, compile_model,
-                       args.overrides, args.device):
+                       args.overrides, args.device, args.profile):
         print(json.dumps(row), flush=True)
 
 
