@@ -4,7 +4,8 @@ MFU = tokens/s x training FLOPs per token (lm.model.flops: 6N + 12*L*H*Dh*T, PaL
 the device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 989, A100 312; no sparsity).
 Each preset is built once, on the device; the largest power-of-two micro-batch that fits is found
 by eager steps of doubling size until out of memory, then the compiled step is timed at that batch
-(halved if the compiled step does not fit) and at any --also-batch (nanoGPT's bench.py uses 12).
+(halved if the compiled step does not fit), at twice it if the compiled step fits there, and at any
+--also-batch (nanoGPT's bench.py uses 12).
 
     python benchmarks/gpu_mfu.py --preset gpt2 --seq 1024            # GPT-2 124M
     python benchmarks/gpu_mfu.py --preset llama --seq 2048           # TinyLlama-shape 1.1B
@@ -15,6 +16,7 @@ by eager steps of doubling size until out of memory, then the compiled step is t
 
 import argparse
 import json
+import sys
 import time
 
 import torch
@@ -119,17 +121,31 @@ def profile_table(step, cfg, seq: int, batch: int, device: str, rows: int = 25) 
         return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows)
 
 
+def plan_batches(batches, model, opt, cfg, seq: int, device: str, compile_model: bool):
+    """(batch, optional) pairs: 0 becomes the largest eager batch and, compiled on a GPU, twice it as an
+    optional try (a compiled step holds fewer activations: the eager search can stop one doubling short)."""
+    plan = []
+    for batch in batches:
+        if batch:
+            plan.append((batch, False))
+            continue
+        batch = largest_batch(model, opt, cfg, seq, device)
+        plan.append((batch, False))
+        if compile_model and device != "cpu":
+            plan.append((2 * batch, True))
+    return plan
+
+
 def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda",
             profile: bool = False):
-    """One JSON-able row per micro-batch in `batches` (0 = the largest that fits), from one built model;
-    `profile` prints the profiler's table of the last batch's step after its row."""
+    """One JSON-able row per micro-batch in `batches` (0 = the largest that fits: plan_batches), from one
+    built model; `profile` prints the profiler's table of the last timed batch's step."""
     cfg, model, opt = build(preset, seq, overrides, device)
     fpt, peak, rows = flops_per_token(cfg, seq), device_peak(device), []
-    for batch in batches:
-        if batch == 0:
-            batch = largest_batch(model, opt, cfg, seq, device)
+    for batch, optional in plan_batches(batches, model, opt, cfg, seq, device, compile_model):
         # dynamic=False: each batch gets its own static graph, as a training run of one shape would
         run = torch.compile(model, dynamic=False) if compile_model else model
+        tokens_per_s = None
         while True:
             try:
                 if device != "cpu":
@@ -138,17 +154,24 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
                 break
             except torch.OutOfMemoryError:
                 free(device, opt)
+                if optional:
+                    break
                 if batch == 1:
                     raise
                 batch //= 2
+        if optional and tokens_per_s is None:
+            print(f"{preset}: micro-batch {batch} does not fit compiled either", file=sys.stderr, flush=True)
+            continue
         rows.append({"preset": preset, "seq": seq, "batch": batch, "compiled": compile_model,
                      "tokens_per_s": round(tokens_per_s), "flops_per_token": fpt,
                      "mfu": round(tokens_per_s * fpt / peak, 4) if peak else None,
                      "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
                      "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
                      "torch": torch.__version__})
+        last = run, batch
         free(device, opt)
     if profile:
+        run, batch = last
         print(f"profile: {preset}, batch {batch}, T={seq}", profile_table(train_step_fn(run, opt, device), cfg, seq, batch, device),
               sep="\n", flush=True)
     del model, opt

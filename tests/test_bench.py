@@ -98,3 +98,12 @@ def test_gpu_mfu_times_each_batch_from_one_model_on_cpu():
     assert [r["batch"] for r in rows] == [2, 3]
     expected = flops_per_token(model_preset("tiny", ["model.max_seq_len=16", "model.dropout=0.0", *overrides]), 16)
     assert all(r["flops_per_token"] == expected and r["tokens_per_s"] > 0 and r["mfu"] is None for r in rows)
+
+
+def test_gpu_mfu_also_tries_twice_the_eager_batch_when_compiled(monkeypatch):
+    """0 = the largest eager batch, then twice it as an optional compiled try (GPU only), then the fixed ones."""
+    gpu_mfu = _gpu_mfu()
+    monkeypatch.setattr(gpu_mfu, "largest_batch", lambda *a, **k: 8)
+    assert gpu_mfu.plan_batches([0, 12], None, None, None, 1024, "cuda", True) == [(8, False), (16, True), (12, False)]
+    assert gpu_mfu.plan_batches([0, 12], None, None, None, 1024, "cuda", False) == [(8, False), (12, False)]
+    assert gpu_mfu.plan_batches([0], None, None, None, 1024, "cpu", True) == [(8, False)]
