@@ -1,4 +1,4 @@
-"""MFU of a training step on one GPU: bf16 autocast, flash SDPA, torch.compile, fused AdamW.
+"""MFU of a training step on one GPU: bf16 autocast, SDPA (torch picks cuDNN or flash), torch.compile, fused AdamW.
 
 MFU = tokens/s x training FLOPs per token (lm.model.flops: 6N + 12*L*H*Dh*T, PaLM appendix) /
 the device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 989, A100 312; no sparsity).
