@@ -9,6 +9,7 @@ import json
 import pytest
 
 from lm.cli import bench
+from tests.benchmark_scripts import load
 
 TINY = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--threads", "1",
         "--steps", "2", "--warmup", "1"]
@@ -52,19 +53,10 @@ def test_bad_arguments_name_the_flag(bad, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def _kernel_floor():
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("kernel_floor", Path(__file__).parents[1] / "benchmarks" / "kernel_floor.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
 def test_kernel_floor_replays_every_matmul_of_the_hf_model(layout, capsys):
     """benchmarks/kernel_floor.py: its replay covers each weight matrix once (the tied LM head too)."""
-    kernel_floor = _kernel_floor()
+    kernel_floor = load("kernel_floor")
     args = bench.parse(TINY + ["--layout", layout, "--vocab", "65"])
     hf = bench.build(args)["hf"]
     shapes = kernel_floor.linear_shapes(hf)
@@ -78,21 +70,12 @@ def test_kernel_floor_replays_every_matmul_of_the_hf_model(layout, capsys):
     assert "floor fraction" in out and "ceiling" in out
 
 
-def _gpu_mfu():
-    import importlib.util
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location("gpu_mfu", Path(__file__).parents[1] / "benchmarks" / "gpu_mfu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_gpu_mfu_times_each_batch_from_one_model_on_cpu():
     """benchmarks/gpu_mfu.py's measuring path runs (CPU, tiny, eager): one row per batch, FLOPs from lm.model.flops."""
     from lm.model.config import model_preset
     from lm.model.flops import flops_per_token
 
-    gpu_mfu = _gpu_mfu()
+    gpu_mfu = load("gpu_mfu")
     overrides = ["model.n_layers=1", "model.dim=32", "model.n_heads=2", "model.vocab_size=64"]
     rows = gpu_mfu.measure("tiny", 16, [2, 3], 2, False, overrides, device="cpu")
     assert [r["batch"] for r in rows] == [2, 3]
@@ -102,7 +85,7 @@ def test_gpu_mfu_times_each_batch_from_one_model_on_cpu():
 
 def test_gpu_mfu_also_tries_twice_the_eager_batch_when_compiled(monkeypatch):
     """0 = the largest eager batch, then twice it as an optional compiled try (GPU only), then the fixed ones."""
-    gpu_mfu = _gpu_mfu()
+    gpu_mfu = load("gpu_mfu")
     monkeypatch.setattr(gpu_mfu, "largest_batch", lambda *a, **k: 8)
     assert gpu_mfu.plan_batches([0, 12], None, None, None, 1024, "cuda", True) == [(8, False), (16, True), (12, False)]
     assert gpu_mfu.plan_batches([0, 12], None, None, None, 1024, "cuda", False) == [(8, False), (12, False)]

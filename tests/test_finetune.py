@@ -8,7 +8,6 @@ filler; a bag-of-words model separates it, so a tiny decoder reaches far above c
 """
 
 import csv
-import importlib.util
 import json
 import random
 from pathlib import Path
@@ -21,6 +20,7 @@ from lm.cli.finetune import finetune, register
 from lm.glue.init import InitError, load_backbone
 from lm.glue.readers import GlueDataMissing
 from lm.glue.submission import check_submission
+from tests.benchmark_scripts import load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 POS, NEG = ["great", "lovely", "superb", "wonderful"], ["awful", "boring", "dreadful", "terrible"]
@@ -299,9 +299,7 @@ def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pr
 
 def test_linear_probe_of_frozen_features(pretrained, easy_glue):
     """benchmarks/glue_probe.py: logistic regression on pooled frozen features, pretrained and random init."""
-    spec = importlib.util.spec_from_file_location("glue_probe", Path(__file__).parents[1] / "benchmarks" / "glue_probe.py")
-    glue_probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(glue_probe)
+    glue_probe = load("glue_probe")
     rows = glue_probe.probe(str(pretrained / "run"), "sst2", 0, 24, str(easy_glue))
     assert set(rows) == {(w, p) for w in ("pretrained", "random init") for p in ("mean", "last")}
     # One sentiment word among fillers: its embedding moves the mean, so even random features separate

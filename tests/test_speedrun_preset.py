@@ -10,6 +10,7 @@ Its speed is measured by the command in BENCHMARKS.md, not here.
 import pytest
 
 from lm.config import ConfigError
+from tests.benchmark_scripts import load
 from tests.engine_support import compose
 
 
@@ -109,14 +110,9 @@ def test_full_val_scoring_windows_tile_the_split_and_target_the_next_token():
     """benchmarks/speedrun_full_val.py scores both programs on the same windows: every whole 64-token window
     from the split's start, each position's target the next token (the last window's target may be the
     token just past it)."""
-    import importlib.util
-    from pathlib import Path
-
     import numpy as np
 
-    spec = importlib.util.spec_from_file_location("full_val", Path(__file__).parents[1] / "benchmarks" / "speedrun_full_val.py")
-    full_val = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(full_val)
+    full_val = load("speedrun_full_val")
     x, y = full_val.windows(np.arange(200, dtype=np.uint16))
     assert x.shape == y.shape == (3, 64)  # (200 - 1) // 64 whole windows
     assert x[1, 0] == 64 and x[2, -1] == 191 and y[2, -1] == 192

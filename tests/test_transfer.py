@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from lm.cli.transfer import Recipe, TransferError, check_finetune_overrides, pretrain_config, run_transfer, \
     tokens_per_step
 from lm.report.transfer import compare, curve_table, find_transfers, transfer_table, write_curve_report
+from tests.benchmark_scripts import load
 from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 
 TINY_MODEL = ["model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32"]
@@ -190,13 +191,7 @@ def test_the_average_row_and_the_curve_table():
 
 
 def _curve_script():
-    """benchmarks/glue_transfer_curve.py as a module (benchmarks/ is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("curve", Path(__file__).parents[1] / "benchmarks" / "glue_transfer_curve.py")
-    curve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(curve)
-    return curve
+    return load("glue_transfer_curve")
 
 
 def test_the_curve_script_fills_only_its_section():
