@@ -14,6 +14,7 @@ over the batch and features (0.85 at initialisation; near 0 = every position rea
     python benchmarks/electra_collapse.py --disc-weight 1
     python benchmarks/electra_collapse.py --accumulate 8 --lr 5e-4          # 128 x 128 tokens a step
     python benchmarks/electra_collapse.py --mlm                             # the MLM encoder, for reference
+    python benchmarks/electra_collapse.py --hf                              # Hugging Face's ELECTRA, same sizes
 
 The corpus is data=gutenberg_mix_bpe's, prepared first (lm-prepare data=gutenberg_mix_bpe, or any
 lm-transfer run of the encoder presets).
@@ -45,6 +46,9 @@ def parse(argv=None):
     p.add_argument("--detach-embeddings", action="store_true", help="the discriminator's input embeddings detached")
     p.add_argument("--disc-weight", type=float, default=None, help="lambda (default the preset's, 50)")
     p.add_argument("--mlm", action="store_true", help="the same encoder trained by masked-LM (model.electra=null)")
+    p.add_argument("--hf", action="store_true",
+                   help="transformers' ElectraForPreTraining + ElectraForMaskedLM at the preset's sizes (a reference "
+                        "implementation: post-norm, learned positions, dropout off), on the same batches")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -53,13 +57,56 @@ def build(a):
     torch.manual_seed(a.seed)
     cfg = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/nonexistent"),
                                  pretrain=["model.electra=null"] if a.mlm else []))
-    model = build_model(OmegaConf.to_object(cfg.model))
+    model = HFElectra(cfg.model) if a.hf else build_model(OmegaConf.to_object(cfg.model))
     if a.prior_bias:
         with torch.no_grad():
             model.head.proj.bias.fill_(math.log(0.15 / 0.85))
     if a.detach_embeddings:
         model.features = lambda ids, mask=None, types=None: model.encoder(model.embed(ids, types).detach(), mask)
     return cfg, model
+
+
+class HFElectra(torch.nn.Module):
+    """transformers' ELECTRA at the preset's sizes, with this script's interface: forward(input_ids, labels)
+    returns the same loss and metrics as lm.model.ElectraLM; `encoder` is the discriminator's stack; `head`
+    its per-token head (`head.proj`: the output layer). Generator and discriminator share the embeddings
+    (and the generator's output is tied to them), as in the paper and in lm.model.electra."""
+
+    def __init__(self, m):
+        super().__init__()
+        from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
+
+        def config(dim, heads, ffn):
+            return ElectraConfig(vocab_size=m.vocab_size, embedding_size=m.dim, hidden_size=dim, num_hidden_layers=m.n_layers,
+                                 num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=m.max_seq_len,
+                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=1)
+
+        e = m.electra
+        self.disc = ElectraForPreTraining(config(m.dim, m.n_heads, 4 * m.dim))
+        self.gen = ElectraForMaskedLM(config(e.generator_dim, e.generator_heads, 4 * e.generator_dim))
+        self.gen.electra.embeddings = self.disc.electra.embeddings
+        self.gen.generator_lm_head.weight = self.disc.electra.embeddings.word_embeddings.weight
+        self.encoder, self.head = self.disc.electra.encoder, self.disc.discriminator_predictions
+        self.head.proj = self.head.dense_prediction
+        self.disc_weight = e.disc_weight
+
+    def forward(self, input_ids, labels):
+        from types import SimpleNamespace
+
+        import torch.nn.functional as F
+
+        masked = labels != -100
+        gen_logits = self.gen(input_ids).logits[masked]  # (N, V)
+        gen_loss = F.cross_entropy(gen_logits, labels[masked])
+        sample = torch.multinomial(F.softmax(gen_logits.detach(), -1), 1).squeeze(-1)
+        corrupted = input_ids.masked_scatter(masked, sample)
+        replaced = (corrupted != torch.where(masked, labels, input_ids)).float()
+        disc_logits = self.disc(corrupted).logits  # (B, T)
+        disc_loss = F.binary_cross_entropy_with_logits(disc_logits, replaced)
+        accuracy = ((disc_logits > 0).float() == replaced).float().mean()
+        metrics = {"electra/gen_loss": gen_loss, "electra/disc_loss": disc_loss,
+                   "electra/disc_accuracy": accuracy, "electra/replaced": replaced.mean()}
+        return SimpleNamespace(loss=gen_loss + self.disc_weight * disc_loss, metrics=metrics)
 
 
 def windows(cfg, seed):
@@ -81,7 +128,8 @@ def main(argv=None):
     cfg, model = build(a)
     weight = a.disc_weight if a.disc_weight is not None else getattr(model, "disc_weight", 0.0)
     hidden = {}
-    model.encoder.register_forward_hook(lambda m, i, out: hidden.__setitem__("h", out.detach()))
+    # (ElectraEncoder returns an output object whose first field is the hidden states)
+    model.encoder.register_forward_hook(lambda m, i, out: hidden.__setitem__("h", (out[0] if a.hf else out).detach()))
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     batches = windows(cfg, a.seed)
     for step in range(a.steps + 1):
