@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from lm.cli.transfer import Recipe, plan, run_transfer, scratch_record
+from lm.cli.transfer_lane import recipe_argv
 from lm.core.files import atomic_write_text
 from lm.report.transfer import TRANSFER, curve_table, find_transfers, plot_curve, series
 
@@ -70,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--logger", default="none", choices=["none", "wandb", "tensorboard", "all"])
     p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE", help="lm-train overrides for every run")
     p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE", help="lm-finetune overrides for every run")
+    p.add_argument("--parallel", action="store_true",
+                   help="lm-transfer --parallel: each point's scratch arm beside its pretraining (the first point that "
+                        "finetunes it; the others read it back)")
     p.add_argument("--tiny", action="store_true", help="a few-minute end-to-end check (see above)")
     return p
 
@@ -183,14 +187,11 @@ def main(argv=None) -> None:
         scratch = a.root / SCRATCH_OF.get(arch, arch) / "scratch"
         for n in tokens:
             out = a.root / arch / str(n)
-            command = ("lm-transfer " + " ".join(map(shlex.quote, [
-                "--preset", f"glue_transfer_{arch}", "--tokens", str(n), "--out", str(out), "--scratch",
-                str(scratch), "--seeds", ",".join(map(str, seeds)),
-                *(["--tasks", ",".join(tasks)] if tasks else []), "--logger", a.logger,
-                *(["--pretrain", *pretrain] if pretrain else []), *(["--finetune", *finetune] if finetune else [])])))
             recipe = Recipe(preset=f"glue_transfer_{arch}", tokens=n, out=out, scratch=scratch, seeds=seeds,
                             tasks=tasks, group=f"glue_transfer_{arch}_{n}", logger=a.logger, pretrain=pretrain,
-                            finetune=finetune, command=command)
+                            finetune=finetune, parallel=a.parallel and n > 0)
+            recipe.command = "lm-transfer " + " ".join(map(shlex.quote, recipe_argv(recipe)))
+            recipe.command += " --parallel" if recipe.parallel else ""
             restore_scratch(recipe, archive)
             run_transfer(recipe)
             archive_point(out, archive)

@@ -363,3 +363,60 @@ def test_a_finetuning_override_that_does_not_compose_fails_before_pretraining(tm
     with pytest.raises(TransferError, match=r"tasks\.sst2\.epochs=1: .*the tasks finetuned: rte"):
         run_transfer(r)
     assert not r.out.exists()
+
+
+def test_parallel_runs_the_scratch_arm_beside_the_pretraining(tmp_path, corpus, easy_glue):  # noqa: F811
+    """--parallel: the scratch arm is a second process (lm-transfer --arm scratch --lane) logging to
+    <scratch>/lane.log; the table is the same kind as a sequential call's, and the time is counted once."""
+    r = recipe(tmp_path / "t", corpus, easy_glue, parallel=True)
+    s = run_transfer(r)
+    lane_log = (r.scratch / "lane.log").read_text()
+    assert "finetuning from scratch on sst2" in lane_log and "pretraining" not in lane_log
+    for arm in ("scratch", "pretrained"):
+        seeds = json.loads((tmp_path / "t" / "finetune" / arm / "results.json").read_text())["columns"]["sst2"]["seeds"]
+        assert s["comparison"]["tasks"]["sst2"][arm]["seeds"] == {k: v["acc"] for k, v in seeds.items()}
+    assert (tmp_path / "t" / "pretrain" / "checkpoints" / "latest").read_text() == "step_00000004"
+    # the lane's time is inside the parent's: the point's total is the one call's seconds, not twice them
+    total = json.loads((tmp_path / "t" / "transfer_seconds.json").read_text())["seconds"]
+    assert total == pytest.approx(s["run"]["seconds"], abs=0.11)
+
+
+def test_one_arm_at_a_time_then_the_table(tmp_path, corpus, easy_glue):  # noqa: F811
+    """--arm scratch / --arm pretrained run one arm (the second with the pretraining) and write no table; a
+    call with --arm all then reads both back without retraining anything."""
+    assert run_transfer(recipe(tmp_path / "t", corpus, easy_glue, arm="scratch", seeds=[0])) is None
+    assert (tmp_path / "t" / "finetune" / "scratch" / "results.json").is_file()
+    assert not (tmp_path / "t" / "pretrain").exists() and not (tmp_path / "t" / "transfer.json").exists()
+    assert run_transfer(recipe(tmp_path / "t", corpus, easy_glue, arm="pretrained", seeds=[0])) is None
+    done = tmp_path / "t" / "finetune" / "pretrained" / "sst2" / "seed0" / "result.pt"
+    mtime = done.stat().st_mtime_ns
+    s = run_transfer(recipe(tmp_path / "t", corpus, easy_glue, seeds=[0]))
+    assert set(s["comparison"]["tasks"]["sst2"]) >= {"scratch", "pretrained", "gain"} and done.stat().st_mtime_ns == mtime
+
+
+def test_a_failed_lane_is_an_error_naming_its_log(tmp_path, corpus, easy_glue, monkeypatch):  # noqa: F811
+    import lm.cli.transfer_lane as lane
+
+    monkeypatch.setattr(lane, "recipe_argv", lambda r: ["--no-such-flag"])  # the lane exits at once (status 2)
+    r = recipe(tmp_path / "t", corpus, easy_glue, parallel=True, seeds=[0])
+    with pytest.raises(TransferError, match=r"(?s)scratch arm, run beside the pretraining, did not finish \(exit "
+                                            r"status 2; the last lines of .*lane\.log.*unrecognized arguments"):
+        run_transfer(r)
+    assert (tmp_path / "t" / "finetune" / "pretrained" / "results.json").is_file()  # the other arm's work is kept
+
+
+def test_the_lane_command_rebuilds_the_recipe(tmp_path):
+    from lm.cli.transfer import _parser
+    from lm.cli.transfer_lane import recipe_argv
+
+    r = Recipe(preset="glue_transfer_encoder", tokens=3000, out=tmp_path / "o", scratch=tmp_path / "s", seeds=[1, 2],
+               tasks=["rte", "cola"], group="g", pretrain=["model.dim=64", "train.lr=1e-3"],
+               finetune=["pooling=first", "tasks.rte.epochs=1"])
+    a = _parser().parse_args(recipe_argv(r))
+    assert (a.preset, int(a.tokens), a.out, a.scratch, a.seeds, a.tasks, a.group, a.pretrain, a.finetune) == (
+        r.preset, r.tokens, r.out, r.scratch, "1,2", "rte,cola", "g", r.pretrain, r.finetune)
+    assert _parser().parse_args(recipe_argv(Recipe(out=tmp_path / "o"))).pretrain == []
+    with pytest.raises(TransferError, match="--arm both: must be one of all, scratch, pretrained"):
+        Recipe(arm="both")
+    with pytest.raises(TransferError, match="--parallel runs the scratch arm beside the pretraining"):
+        Recipe(arm="scratch", parallel=True)

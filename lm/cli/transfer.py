@@ -8,6 +8,8 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
     lm-transfer --preset glue_transfer_gpu --tokens 300000000  # the 29M GPU size (finetuning: docs/glue_transfer.md)
     lm-transfer --tokens 3000000 --scratch runs/transfer/decoder_scratch   # share the scratch arm across a curve
     lm-transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
+    lm-transfer --tokens 30000000 --parallel                  # the scratch arm beside the pretraining
+    lm-transfer --tokens 30000000 --arm scratch               # one arm alone; --arm all then writes the table
     lm-report runs/transfer                                    # every run's table + the curve over tokens
 
 1. Pretraining: `lm-train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra,gpu}.yaml:
@@ -52,7 +54,9 @@ DEFAULT_PRESET = "glue_transfer_decoder"
 POOLING = {"decoder": "mean", "encoder": "mean", "encoder_decoder": "last", "electra": "first"}
 OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption", "electra": "rtd"}
 CANDIDATE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-FIXED = ("tokenizer", "init", "run_dir", "model")  # set by the recipe: the same for both arms and the pretraining
+FIXED = ("tokenizer", "init", "run_dir", "model")
+# --arm: the whole recipe, or one arm (the table is written by a call with --arm all once both are done)
+ARMS = ("all", "scratch", "pretrained")  # set by the recipe: the same for both arms and the pretraining
 
 
 class TransferError(ConfigError):
@@ -73,8 +77,17 @@ class Recipe:
     pretrain: List[str] = field(default_factory=list)  # lm-train overrides
     finetune: List[str] = field(default_factory=list)  # lm-finetune overrides (both arms)
     command: str = ""
+    arm: str = "all"  # all; scratch: that arm alone; pretrained: the pretraining and that arm (ARMS)
+    parallel: bool = False  # the scratch arm in a second process beside the pretraining (lm/cli/transfer_lane.py)
+    lane: bool = False  # this call is that second process: the parent counts the time
 
     def __post_init__(self):
+        if self.arm not in ARMS:
+            raise TransferError(f"--arm {self.arm}: must be one of {', '.join(ARMS)}")
+        if self.parallel and self.arm != "all":
+            raise TransferError(f"--parallel runs the scratch arm beside the pretraining, which --arm {self.arm} "
+                                f"leaves out; use --arm all (the default)")
+
         self.out = Path(self.out or f"runs/transfer/{self.preset}_{self.tokens}")
         self.scratch = Path(self.scratch or self.out / "finetune" / "scratch")
         self.group = self.group or self.out.name
@@ -236,15 +249,16 @@ def _val_loss(run_dir: Path) -> Optional[float]:
     return values[-1] if values else None
 
 
-def run_transfer(r: Recipe) -> Dict:
-    """The whole recipe; returns the transfer summary (also written to <out>/transfer.json and transfer.md).
-    Its run record's seconds add up every call's time on this point (<out>/transfer_seconds.json), an
-    interrupted one's too (a stop by SIGTERM or Ctrl-C; a SIGKILLed call's time is lost)."""
+def run_transfer(r: Recipe) -> Optional[Dict]:
+    """The whole recipe; returns the transfer summary (also written to <out>/transfer.json and transfer.md),
+    or None for one arm alone (--arm). Its run record's seconds add up every call's time on this point
+    (<out>/transfer_seconds.json), an interrupted one's too (a stop by SIGTERM or Ctrl-C; a SIGKILLed call's
+    time is lost); a --parallel call's scratch lane runs inside the parent's time and is not added again."""
     t0 = time.time()
     try:
         return _transfer(r, t0)
     except BaseException:
-        if r.out.is_dir():  # a call refused before any work has made no directory to count in
+        if r.out.is_dir() and not r.lane:  # a call refused before any work has made no directory to count in
             _spent(r.out, time.time() - t0)
         raise
 
@@ -324,15 +338,28 @@ def _transfer(r: Recipe, t0: float) -> Dict:
 
     p = plan(r)
     check_scratch_arm(r, scratch_record(r, p))
-    if p.steps:
-        pretrain(r, p)
-    log.info("lm-transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
-    finetune_arm(r, r.scratch, "none", p.model_node, p.tokenizer, p.pooling, p.tasks)
-    pretrained = r.scratch
-    if p.steps:
-        pretrained = r.out / "finetune" / "pretrained"
-        log.info("lm-transfer: finetuning from %s on %s", r.out / "pretrain", ", ".join(p.tasks))
-        finetune_arm(r, pretrained, str(r.out / "pretrain"), p.model_node, None, p.pooling, p.tasks)
+    pretrained = r.out / "finetune" / "pretrained" if p.steps else r.scratch
+    lane = _start_lane(r) if r.parallel and p.steps else None
+    try:
+        if r.arm in ("all", "scratch") and lane is None:
+            log.info("lm-transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
+            finetune_arm(r, r.scratch, "none", p.model_node, p.tokenizer, p.pooling, p.tasks)
+        if r.arm in ("all", "pretrained") and p.steps:
+            pretrain(r, p)
+            log.info("lm-transfer: finetuning from %s on %s", r.out / "pretrain", ", ".join(p.tasks))
+            finetune_arm(r, pretrained, str(r.out / "pretrain"), p.model_node, None, p.pooling, p.tasks)
+    except BaseException:
+        if lane is not None:
+            lane.stop()
+        raise
+    failed = lane.wait() if lane is not None else None
+    if failed:
+        raise TransferError(f"the scratch arm, run beside the pretraining, did not finish ({failed})\nThe same "
+                            f"command resumes it (and reads the pretrained arm back)")
+    if r.arm != "all":
+        log.info("lm-transfer: the %s arm is done; a call with --arm all (the same command without --arm) writes "
+                 "the table once both arms are", r.arm)
+        return None
     summary = {
         "recipe": {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
                    "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
@@ -357,6 +384,17 @@ def _transfer(r: Recipe, t0: float) -> Dict:
 
 # The recipe fields that decide the work done: equal ones (and equal scores) mean nothing was redone.
 WORK_KEYS = ("preset", "tokens", "seeds", "tasks", "pretrain_overrides", "finetune_overrides")
+
+
+def _start_lane(r: Recipe):
+    """--parallel: the scratch arm in a second process; this one keeps the other half of the CPU threads."""
+    import torch
+
+    from lm.cli.transfer_lane import split_threads, start_scratch_lane
+
+    threads = split_threads(_cores())
+    torch.set_num_threads(threads)  # train.threads, when set, still decides the pretraining's
+    return start_scratch_lane(r, threads)
 
 
 def position_scheme(model_node) -> str:
@@ -425,6 +463,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE", help="lm-train overrides")
     p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE",
                    help="lm-finetune overrides for both arms, e.g. tasks.sst2.max_train_examples=null pooling=last")
+    p.add_argument("--arm", default="all", choices=ARMS,
+                   help="all (default): pretrain, both arms, the table; scratch or pretrained: that arm alone (the "
+                        "pretrained one with the pretraining), e.g. on separate cores or machines; then a call "
+                        "with --arm all reads both back and writes the table")
+    p.add_argument("--parallel", action="store_true",
+                   help="run the scratch arm in a second process beside the pretraining (half of the CPU threads "
+                        "each; on a GPU both share the device); its log: <scratch>/lane.log")
+    p.add_argument("--lane", action="store_true", help=argparse.SUPPRESS)  # the --parallel call's second process
     return p
 
 
@@ -438,14 +484,18 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
-    recipe = Recipe(preset=a.preset, tokens=int(a.tokens), out=a.out, scratch=a.scratch, group=a.group,
-                    logger=a.logger, seeds=[int(s) for s in a.seeds.split(",")], pretrain=a.pretrain,
-                    finetune=a.finetune, tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
-                    command="lm-transfer " + " ".join(map(shlex.quote, argv)))
     try:
+        recipe = Recipe(preset=a.preset, tokens=int(a.tokens), out=a.out, scratch=a.scratch, group=a.group,
+                        logger=a.logger, seeds=[int(s) for s in a.seeds.split(",")], pretrain=a.pretrain,
+                        finetune=a.finetune,
+                        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
+                        command="lm-transfer " + " ".join(map(shlex.quote, argv)), arm=a.arm, parallel=a.parallel,
+                        lane=a.lane)
         summary = run_transfer(recipe)
     except (ConfigError, DataError, GlueDataError, CheckpointError, TableError, LossDiverged, Preempted) as e:
         sys.exit(f"lm-transfer: {type(e).__name__}: {e}")
+    if summary is None:  # one arm alone (--arm): no table yet
+        return
     from lm.report.transfer import transfer_table
 
     print(transfer_table(summary))
