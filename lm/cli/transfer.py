@@ -357,8 +357,9 @@ def _transfer(r: Recipe, t0: float) -> Dict:
         raise TransferError(f"the scratch arm, run beside the pretraining, did not finish ({failed})\nThe same "
                             f"command resumes it (and reads the pretrained arm back)")
     if r.arm != "all":
-        log.info("lm-transfer: the %s arm is done; a call with --arm all (the same command without --arm) writes "
-                 "the table once both arms are", r.arm)
+        if not r.lane:  # a lane's parent writes the table itself
+            log.info("lm-transfer: the %s arm is done; a call with --arm all (the same command without --arm) "
+                     "writes the table once both arms are", r.arm)
         return None
     summary = {
         "recipe": {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
