@@ -137,14 +137,14 @@ def plan_batches(batches, model, opt, cfg, seq: int, device: str, compile_model:
 
 
 def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda",
-            profile: bool = False):
+            profile: bool = False, compile_mode: str = "default"):
     """One JSON-able row per micro-batch in `batches` (0 = the largest that fits: plan_batches), from one
     built model; `profile` prints the profiler's table of the last timed batch's step."""
     cfg, model, opt = build(preset, seq, overrides, device)
     fpt, peak, rows = flops_per_token(cfg, seq), device_peak(device), []
     for batch, optional in plan_batches(batches, model, opt, cfg, seq, device, compile_model):
         # dynamic=False: each batch gets its own static graph, as a training run of one shape would
-        run = torch.compile(model, dynamic=False) if compile_model else model
+        run = torch.compile(model, dynamic=False, mode=compile_mode) if compile_model else model
         tokens_per_s = None
         while True:
             try:
@@ -162,7 +162,7 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
         if optional and tokens_per_s is None:
             print(f"{preset}: micro-batch {batch} does not fit compiled either", file=sys.stderr, flush=True)
             continue
-        rows.append({"preset": preset, "seq": seq, "batch": batch, "compiled": compile_model,
+        rows.append({"preset": preset, "seq": seq, "batch": batch, "compiled": compile_mode if compile_model else False,
                      "tokens_per_s": round(tokens_per_s), "flops_per_token": fpt,
                      "mfu": round(tokens_per_s * fpt / peak, 4) if peak else None,
                      "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
@@ -215,6 +215,9 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no MFU: no peak is known)")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--compile-mode", default="default",
+                   help="torch.compile mode: default, max-autotune-no-cudagraphs (Triton autotunes matmuls and fusions; "
+                        "minutes of compiling), reduce-overhead, max-autotune")
     p.add_argument("--profile", action="store_true", help="print torch.profiler's table of the last batch's step")
     p.add_argument("--attention-sweep", action="store_true")
     p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
@@ -224,7 +227,8 @@ def main():
     compile_model = not args.no_compile
     if args.all:
         for preset, seq, also in (("gpt2", 1024, args.also_batch), ("llama", 2048, [])):
-            for row in measure(preset, seq, [0, *also], args.steps, compile_model, args.overrides, args.device):
+            for row in measure(preset, seq, [0, *also], args.steps, compile_model, args.overrides, args.device,
+                               compile_mode=args.compile_mode):
                 print(json.dumps(row), flush=True)
         args.attention_sweep = True
     if args.attention_sweep:
@@ -232,7 +236,7 @@ def main():
             print(json.dumps(row), flush=True)
         return
     for row in measure(args.preset, args.seq, [args.batch, *args.also_batch], args.steps, compile_model,
-                       args.overrides, args.device, args.profile):
+                       args.overrides, args.device, args.profile, args.compile_mode):
         print(json.dumps(row), flush=True)
 
 
