@@ -54,9 +54,9 @@ DEFAULT_PRESET = "glue_transfer_decoder"
 POOLING = {"decoder": "mean", "encoder": "mean", "encoder_decoder": "last", "electra": "first"}
 OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption", "electra": "rtd"}
 CANDIDATE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-FIXED = ("tokenizer", "init", "run_dir", "model")
+FIXED = ("tokenizer", "init", "run_dir", "model")  # set by the recipe: the same for both arms and the pretraining
 # --arm: the whole recipe, or one arm (the table is written by a call with --arm all once both are done)
-ARMS = ("all", "scratch", "pretrained")  # set by the recipe: the same for both arms and the pretraining
+ARMS = ("all", "scratch", "pretrained")
 
 
 class TransferError(ConfigError):
@@ -87,7 +87,6 @@ class Recipe:
         if self.parallel and self.arm != "all":
             raise TransferError(f"--parallel runs the scratch arm beside the pretraining, which --arm {self.arm} "
                                 f"leaves out; use --arm all (the default)")
-
         self.out = Path(self.out or f"runs/transfer/{self.preset}_{self.tokens}")
         self.scratch = Path(self.scratch or self.out / "finetune" / "scratch")
         self.group = self.group or self.out.name
