@@ -12,6 +12,7 @@ over the batch and features (0.85 at initialisation; near 0 = every position rea
     python benchmarks/electra_collapse.py --generator-warmup 150 --steps 200 # lambda 0 for the first 150 steps
     python benchmarks/electra_collapse.py --detach-embeddings               # the discriminator cannot move the table
     python benchmarks/electra_collapse.py --disc-weight 1
+    python benchmarks/electra_collapse.py --temperature 2 --lr 2e-4         # flatter generator samples
     python benchmarks/electra_collapse.py --accumulate 8 --lr 5e-4          # 128 x 128 tokens a step
     python benchmarks/electra_collapse.py --mlm                             # the MLM encoder, for reference
     python benchmarks/electra_collapse.py --hf                              # Hugging Face's ELECTRA, same sizes
@@ -45,6 +46,8 @@ def parse(argv=None):
     p.add_argument("--generator-warmup", type=int, default=0, help="steps with lambda = 0 (generator alone)")
     p.add_argument("--detach-embeddings", action="store_true", help="the discriminator's input embeddings detached")
     p.add_argument("--disc-weight", type=float, default=None, help="lambda (default the preset's, 50)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="the generator's sampling temperature (default the preset's, 1): above 1, easier replacements")
     p.add_argument("--mlm", action="store_true", help="the same encoder trained by masked-LM (model.electra=null)")
     p.add_argument("--hf", action="store_true",
                    help="transformers' ElectraForPreTraining + ElectraForMaskedLM at the preset's sizes (a reference "
@@ -58,6 +61,8 @@ def build(a):
     cfg = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/nonexistent"),
                                  pretrain=["model.electra=null"] if a.mlm else []))
     model = HFElectra(cfg.model) if a.hf else build_model(OmegaConf.to_object(cfg.model))
+    if a.temperature is not None:
+        model.temperature = a.temperature
     if a.prior_bias:
         with torch.no_grad():
             model.head.proj.bias.fill_(math.log(0.15 / 0.85))
@@ -88,7 +93,7 @@ class HFElectra(torch.nn.Module):
         self.gen.generator_lm_head.weight = self.disc.electra.embeddings.word_embeddings.weight
         self.encoder, self.head = self.disc.electra.encoder, self.disc.discriminator_predictions
         self.head.proj = self.head.dense_prediction
-        self.disc_weight = e.disc_weight
+        self.disc_weight, self.temperature = e.disc_weight, e.temperature
 
     def forward(self, input_ids, labels):
         from types import SimpleNamespace
@@ -98,7 +103,7 @@ class HFElectra(torch.nn.Module):
         masked = labels != -100
         gen_logits = self.gen(input_ids).logits[masked]  # (N, V)
         gen_loss = F.cross_entropy(gen_logits, labels[masked])
-        sample = torch.multinomial(F.softmax(gen_logits.detach(), -1), 1).squeeze(-1)
+        sample = torch.multinomial(F.softmax(gen_logits.detach() / self.temperature, -1), 1).squeeze(-1)
         corrupted = input_ids.masked_scatter(masked, sample)
         replaced = (corrupted != torch.where(masked, labels, input_ids)).float()
         disc_logits = self.disc(corrupted).logits  # (B, T)
