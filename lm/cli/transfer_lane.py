@@ -1,9 +1,9 @@
 """`lm-transfer --parallel`: the scratch arm in a second process, beside the pretraining.
 
 The scratch arm does not depend on the pretraining, so the two can overlap: on a CPU each process gets
-half of the cores (a 4 x 256 model trains about as fast on one core as on two: docs/glue_transfer.md ran its
-curve this way, by hand), on a GPU the finetuning (launch-bound small batches) leaves most of the device to
-the pretraining. The lane is the same recipe run as `lm-transfer ... --arm scratch`; it logs to
+half of the cores (a small model's ops gain less than 2x from a second thread, so two one-thread processes
+do more work than one two-thread process; docs/glue_transfer.md ran its curve this way, by hand), and on a
+GPU the finetuning's small batches leave most of the device to the pretraining. The lane is the same recipe run as `lm-transfer ... --arm scratch`; it logs to
 <scratch>/lane.log (appended: a curve's points share one scratch arm) and resumes like any call.
 """
 
