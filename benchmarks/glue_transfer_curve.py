@@ -12,7 +12,7 @@ depend on the tokens, so each arch's runs share one (<root>/<arch>/scratch; ELEC
 <root>/encoder/scratch, since its discriminator is finetuned as that same encoder). Every run resumes: an
 interrupted curve continues where it stopped when the same command runs again (points already done
 are read back, not retrained). A session's runs/ may not outlive it, so every finished point's
-transfer.json is also copied into the committed archive <archive>/<series>/<tokens>/ (default
+transfer.json is also copied into the committed archive <archive>/<series>[-<overrides digest>]/<tokens>/ (default
 docs/glue_transfer/points): the page is built from the archive, and a point measured by an earlier
 session stays on it (a point run again replaces its archived record). The scratch arm is archived too
 (<archive>/scratch/<key>/: each task/seed pair's result.pt, keyed by the arm's transfer_arm.json record), and
@@ -42,7 +42,7 @@ from typing import Optional
 from lm.cli.transfer import Recipe, plan, run_transfer, scratch_record
 from lm.cli.transfer_lane import recipe_argv
 from lm.core.files import atomic_write_text
-from lm.report.transfer import TRANSFER, curve_table, find_transfers, plot_curve, series
+from lm.report.transfer import TRANSFER, curve_table, find_transfers, overrides, plot_curve, series, series_labels
 
 TOKENS = "0,3e6,1e7,3e7"
 # ELECTRA finetunes its discriminator as the plain encoder, so its scratch arm is the encoder's (shared)
@@ -86,19 +86,28 @@ def replace_section(text: str, body: str) -> str:
 
 
 def archive_point(out: Path, archive: Path) -> Path:
-    """Copy the finished point in `out` to <archive>/<series>/<tokens>/ (its transfer.json, with the run
-    directory it was measured in as `run_dir`, and its transfer.md): the record outlives runs/. Keyed by the
-    series, so a preset whose model changed (the encoder's positions) never overwrites the other series' point."""
+    """Copy the finished point in `out` to <archive>/<series>[-<overrides digest>]/<tokens>/ (its transfer.json,
+    with the run directory it was measured in as `run_dir`, and its transfer.md): the record outlives runs/.
+    Keyed by the series and the recipe's overrides, so neither a preset whose model changed (the encoder's
+    positions) nor a recipe with other overrides (SST-2's training examples) overwrites another curve's point."""
     summary = json.loads((out / TRANSFER).read_text())
     scratch = summary.get("arms", {}).get("scratch")
     if scratch and (Path(scratch) / PROVENANCE).is_file():  # a restored scratch arm: say when it was measured
         summary["scratch_measured"] = json.loads((Path(scratch) / PROVENANCE).read_text())
-    dest = archive / re.sub(r"[^a-z0-9]+", "-", series(summary).lower()).strip("-") / str(summary["recipe"]["tokens"])
+    dest = archive / series_key(summary) / str(summary["recipe"]["tokens"])
     dest.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest / TRANSFER, json.dumps({**summary, "run_dir": str(out)}, indent=2) + "\n")
     if (out / "transfer.md").is_file():
         atomic_write_text(dest / "transfer.md", (out / "transfer.md").read_text())
     return dest
+
+
+def series_key(summary) -> str:
+    """The archive's folder for a curve: series() as a slug, then a digest of the overrides when there are any
+    (the points archived before overrides were part of the key had none besides pooling)."""
+    key = re.sub(r"[^a-z0-9]+", "-", series(summary).lower()).strip("-")
+    extra = overrides(summary)
+    return key + ("-" + hashlib.sha256(json.dumps(extra).encode()).hexdigest()[:8] if extra else "")
 
 
 PROVENANCE = "archived_arm.json"  # in an archived (and a restored) scratch arm: where and when it was measured
@@ -153,13 +162,13 @@ def restore_scratch(r: Recipe, archive: Path) -> Optional[Path]:
 def section(summaries, png: Path, command: str) -> str:
     # the series and the directory name each run: a preset whose model changed since (the encoder's positions)
     # ran the same command text into a directory that was moved afterwards (its recipe's note says so)
-    runs = "\n".join(f"- {series(s)}, {s['recipe']['tokens']:,} tokens, in `{s.get('run_dir') or s['dir']}`: "
+    runs = "\n".join(f"- {label}, {s['recipe']['tokens']:,} tokens, in `{s.get('run_dir') or s['dir']}`: "
                      f"`{s['run']['command']}`: "
                      f"{s['run']['machine']}, finished {s['run']['finished']}, {s['run']['seconds']:.0f} s"
                      + (f" ({s['recipe']['note']})" if s["recipe"].get("note") else "")
                      + (f" (the scratch arm restored from the archive: measured in `{s['scratch_measured']['run_dir']}`, "
                         f"finished {s['scratch_measured']['finished']}; the seconds are this point's own work)"
-                        if s.get("scratch_measured") else "") for s in summaries)
+                        if s.get("scratch_measured") else "") for s, label in zip(summaries, series_labels(summaries)))
     return (f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{curve_table(summaries)}\n"
             f"![GLUE dev gain over scratch against pretraining tokens]({png.name})\n\nRuns (every one, none dropped):\n\n"
             f"{runs}\n")

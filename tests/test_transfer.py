@@ -305,7 +305,8 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 20,480 |" in text
     assert (tmp_path / "page.png").is_file() and "lm-transfer --preset glue_transfer_decoder --tokens 20000" in text
     # the next session (runs/ gone) restores the archived scratch arm instead of training it again
-    point = tmp_path / "runs" / "points" / "decoder-mean-learned" / "20480" / "transfer.json"
+    # (the --tiny overrides are part of the archive's key: decoder-mean-learned-<their digest>)
+    [point] = (tmp_path / "runs" / "points").glob("decoder-mean-learned-*/20480/transfer.json")
     first = json.loads(point.read_text())["comparison"]
     again = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
                             "--tokens", "20000", "--tasks", "rte", "--root", str(tmp_path / "runs2"),
@@ -420,3 +421,35 @@ def test_the_lane_command_rebuilds_the_recipe(tmp_path):
         Recipe(arm="both")
     with pytest.raises(TransferError, match="--parallel runs the scratch arm beside the pretraining"):
         Recipe(arm="scratch", parallel=True)
+
+
+def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
+    """A recipe with other finetuning (or pretraining) overrides is its own curve: archived apart, never over
+    the other's point, and labelled by the overrides the curves do not share."""
+    from lm.report.transfer import series_labels
+
+    curve = _curve_script()
+    cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+                  {"rte": {"metrics": ["acc"], "seeds": {"0": 52.0}, "median": 52.0}})
+
+    def point(name, finetune, pretrain=()):
+        out = tmp_path / name
+        out.mkdir()
+        recipe = {"arch": "encoder", "pooling": "mean", "pos": "rope", "tokens": 1000, "val_loss": 5.0,
+                  "finetune_overrides": list(finetune), "pretrain_overrides": list(pretrain)}
+        run = {"command": "c", "machine": "m", "finished": "today", "seconds": 1.0}
+        (out / "transfer.json").write_text(json.dumps({"recipe": recipe, "comparison": cmp, "run": run}))
+        return out
+
+    archive = tmp_path / "archive"
+    base = curve.archive_point(point("a", ["pooling=mean"]), archive)
+    more = curve.archive_point(point("b", ["pooling=mean", "tasks.sst2.max_train_examples=10000"]), archive)
+    hot = curve.archive_point(point("c", ["pooling=mean"], ["model.electra.temperature=2"]), archive)
+    assert base == archive / "encoder-mean-rope" / "1000" and len({base, more, hot}) == 3
+    assert more.parent.name.startswith("encoder-mean-rope-") and hot.parent.name.startswith("encoder-mean-rope-")
+    rows = find_transfers([archive])
+    assert sorted(series_labels(rows)) == ["encoder (mean, rope)",
+                                           "encoder (mean, rope; pretrain model.electra.temperature=2)",
+                                           "encoder (mean, rope; tasks.sst2.max_train_examples=10000)"]
+    assert series_labels(rows[:1]) == ["encoder (mean, rope)"]  # one recipe alone: the plain label
+    assert "| encoder (mean, rope; tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)

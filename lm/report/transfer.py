@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from statistics import fmean
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from lm.glue.tasks import EVALS
 
@@ -123,7 +123,7 @@ def find_transfers(paths) -> List[Dict]:
     for p in map(Path, paths):
         dirs = [p] if is_transfer_dir(p) else sorted(q.parent for q in p.rglob(TRANSFER))
         found += [{**load_transfer(d), "dir": str(d)} for d in dirs]
-    return sorted(found, key=lambda s: (series(s), s["recipe"]["tokens"]))
+    return sorted(found, key=lambda s: (series(s), overrides(s), s["recipe"]["tokens"]))
 
 
 def series(summary: Mapping) -> str:
@@ -132,18 +132,44 @@ def series(summary: Mapping) -> str:
     return f"{r['arch']} ({r['pooling']}{', ' + r['pos'] if r.get('pos') else ''})"
 
 
+def overrides(summary: Mapping) -> Tuple[str, ...]:
+    """What a run set beyond its preset: its --pretrain overrides (marked `pretrain`) and --finetune overrides,
+    pooling aside (series() shows it). Two runs of one series with other overrides are two curves."""
+    r = summary["recipe"]
+    return (tuple(f"pretrain {o}" for o in r.get("pretrain_overrides") or [])
+            + tuple(o for o in r.get("finetune_overrides") or [] if not o.startswith("pooling=")))
+
+
+def series_labels(summaries: List[Mapping]) -> List[str]:
+    """Each summary's curve label: series(), plus, where runs of that series differ in their overrides, the
+    overrides that not all of them share (so the curves stay apart and the labels stay short)."""
+    groups: Dict[str, List[Tuple[str, ...]]] = {}
+    for s in summaries:
+        groups.setdefault(series(s), []).append(overrides(s))
+    labels = []
+    for s in summaries:
+        variants = groups[series(s)]
+        if len(set(variants)) == 1:
+            labels.append(series(s))
+            continue
+        common = set.intersection(*map(set, variants))
+        extra = " ".join(o for o in overrides(s) if o not in common)
+        labels.append(series(s)[:-1] + (f"; {extra})" if extra else ")"))
+    return labels
+
+
 def curve_table(summaries: List[Mapping]) -> str:
     """Markdown: one row per (series, tokens): each task's gain, the average gain, both arms' averages."""
     cols = [c for c in EVALS if all(c in s["comparison"]["tasks"] for s in summaries)]
     head = " | ".join(EVALS[c].submission for c in cols)
     lines = [f"| model | pretraining tokens | val loss | {head} | average gain | average: scratch / pretrained |",
              "|---|---:|---:|" + "---:|" * len(cols) + "---:|---|"]
-    for s in summaries:
+    for s, label in zip(summaries, series_labels(summaries)):
         r, t, a = s["recipe"], s["comparison"]["tasks"], s["comparison"]["average"]
         val = "–" if r.get("val_loss") is None else f"{r['val_loss']:.3f}"
         gains = " | ".join(f"{t[c]['gain']:+.1f}" for c in cols)
         avg = fmean(t[c]["gain"] for c in cols)  # over the columns every row has (equals a['gain'] when all do)
-        lines.append(f"| {series(s)} | {r['tokens']:,} | {val} | {gains} | **{avg:+.1f}** | "
+        lines.append(f"| {label} | {r['tokens']:,} | {val} | {gains} | **{avg:+.1f}** | "
                      f"{a['scratch']['median']:.1f} / {a['pretrained']['median']:.1f} |")
     return "\n".join(lines) + "\n"
 
@@ -160,8 +186,9 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
     panels = ["average", *cols]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), sharex=True, squeeze=False)
     for ax, col in zip(axes[0], panels):
-        for i, label in enumerate(sorted({series(s) for s in summaries})):
-            rows = [s for s in summaries if series(s) == label]
+        labels = series_labels(summaries)
+        for i, label in enumerate(sorted(set(labels))):
+            rows = [s for s, l in zip(summaries, labels) if l == label]
             x = [s["recipe"]["tokens"] / 1e6 for s in rows]
             if col == "average":
                 y = [s["comparison"]["average"]["gain"] for s in rows]
