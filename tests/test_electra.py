@@ -196,7 +196,9 @@ def test_the_transfer_preset_pretrains_the_encoder_presets_model():
     model = OmegaConf.to_object(electra.model)
     assert replace(model, electra=None) == OmegaConf.to_object(encoder.model)  # the discriminator is that encoder
     assert (model.electra.generator_dim, model.electra.generator_heads, model.electra.disc_weight) == (64, 1, 50.0)
-    assert tokens_per_step(electra) == tokens_per_step(encoder) and electra.optim == encoder.optim
+    assert tokens_per_step(electra) == tokens_per_step(encoder) and electra.sched == encoder.sched
+    # its own rate and sampling temperature: the encoder's 2e-3 flattens the discriminator (docs/glue_transfer.md)
+    assert (electra.optim.lr, model.electra.temperature) == (2e-4, 2.0) and encoder.optim.lr == 2e-3
     assert POOLING[family(electra.model)] == "first" and OBJECTIVE[family(electra.model)] == "rtd"
     assert family(encoder.model) == "encoder"
     other = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/tmp/unused"),
