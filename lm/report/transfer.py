@@ -185,8 +185,8 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
     cols = [c for c in EVALS if all(c in s["comparison"]["tasks"] for s in summaries)]
     panels = ["average", *cols]
     fig, axes = plt.subplots(1, len(panels), figsize=(2.6 * len(panels), 2.8), sharex=True, squeeze=False)
+    labels = series_labels(summaries)
     for ax, col in zip(axes[0], panels):
-        labels = series_labels(summaries)
         for i, label in enumerate(sorted(set(labels))):
             rows = [s for s, l in zip(summaries, labels) if l == label]
             x = [s["recipe"]["tokens"] / 1e6 for s in rows]
