@@ -16,6 +16,7 @@ from lm.model.config import (AttnConfig, LinformerConfig, ModelConfig, model_fro
                              schema_name)
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
 from lm.model.generate import generate
+from tests.model_support import greedy_by_recompute
 from lm.model.scores import Additive, Dot, Linformer, Multiplicative, ScaledDot, Score
 
 OPTIONS = ["scaled_dot", "dot", "multiplicative", "additive", "linformer"]
@@ -275,18 +276,7 @@ def test_kv_cache_generation_equals_full_recompute(option, arch):
     assert model.cfg.kv_heads == 2
     prompt = ids(2, 5)
     cached = generate(model, prompt, max_new_tokens=8)
-    with torch.no_grad():
-        if arch == "decoder":
-            seq = prompt
-            for _ in range(8):
-                seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], dim=1)
-            full = seq[:, 5:]
-        else:
-            dec = torch.zeros(2, 1, dtype=torch.long)
-            for _ in range(8):
-                dec = torch.cat([dec, model(prompt, decoder_input_ids=dec).logits[:, -1:].argmax(-1)], dim=1)
-            full = dec[:, 1:]
-    assert torch.equal(cached, full)
+    assert torch.equal(cached, greedy_by_recompute(model, prompt, arch, 8))
 
 
 def test_encoder_decoder_linformer_keeps_scaled_dot_in_the_decoder_self_attention():

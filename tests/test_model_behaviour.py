@@ -7,6 +7,7 @@ from lm.model.config import (ALiBiConfig, LearnedConfig, ModelConfig, NoPosition
                              SinusoidalConfig, T5BiasConfig)
 from lm.model import build_model
 from lm.model.generate import generate
+from tests.model_support import greedy_by_recompute
 
 POSITIONS = {
     "none": NoPositionConfig(),
@@ -90,18 +91,7 @@ def test_kv_cache_generation_equals_full_recompute(arch, pos):
     model = _model(tiny(arch, pos=pos, n_kv_heads=2))
     prompt = ids(2, 5)
     cached = generate(model, prompt, max_new_tokens=8)
-    with torch.no_grad():
-        if arch == "decoder":
-            seq = prompt
-            for _ in range(8):
-                seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], dim=1)
-            full = seq[:, 5:]
-        else:
-            dec = torch.zeros(2, 1, dtype=torch.long)
-            for _ in range(8):
-                dec = torch.cat([dec, model(prompt, decoder_input_ids=dec).logits[:, -1:].argmax(-1)], dim=1)
-            full = dec[:, 1:]
-    assert torch.equal(cached, full)
+    assert torch.equal(cached, greedy_by_recompute(model, prompt, arch, 8))
 
 
 def test_sampling_controls():
