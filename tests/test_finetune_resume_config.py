@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 
 from lm.cli.finetune import finetune
 from lm.config import ConfigError
+from lm.glue.run import _checkpoint_digest, _with_moved_init
 from lm.glue.trainer import GlueTask
 from tests.test_finetune import TINY, easy_glue, easy_task, finetune_cfg, pretrained  # noqa: F401 - fixtures
 
@@ -150,3 +151,31 @@ def test_a_damaged_result_is_named_and_its_pair_trained_again(tmp_path, easy_glu
     assert got["columns"] == want["columns"]
     assert got["tasks"]["sst2"]["runs"]["0"]["history"] == want["tasks"]["sst2"]["runs"]["0"]["history"]
     assert (run_dir / "sst2" / "seed0" / "result.sha256").read_text().strip() != ""
+
+
+def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damaged_copy(tmp_path, easy_glue,
+                                                                                       pretrained, caplog):
+    import shutil
+
+    def from_init(init):
+        return ["init=" + str(init), *overrides(easy_glue, pretrained)[1:]]
+
+    run_dir = tmp_path / "ft"
+    finetune(finetune_cfg(run_dir, from_init(pretrained / "run")))
+    want = json.loads((run_dir / "results.json").read_text())["columns"]
+    moved = tmp_path / "moved_run"
+    shutil.copytree(pretrained / "run", moved, ignore=shutil.ignore_patterns(".lock"))
+    with caplog.at_level(logging.INFO, logger="lm"):  # the same weights at a new path: read back
+        finetune(finetune_cfg(run_dir, from_init(moved)))
+    assert "holds the same checkpoint as the recorded" in caplog.text and "seed 0: done in an earlier run" in caplog.text
+    assert json.loads((run_dir / "results.json").read_text())["columns"] == want
+
+    weights = next(moved.glob("checkpoints/step_*/model_optim.pt"))
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(data)  # no longer the recorded checkpoint, whatever its path says
+    _checkpoint_digest.cache_clear()
+    result = run_dir / "sst2" / "seed0" / "result.pt"
+    saved = torch.load(result, weights_only=True)["config_yaml"]
+    new = saved.replace(str(pretrained / "run"), str(moved))
+    assert new != saved and _with_moved_init(saved, new, result) == new  # so the pair is refused on init

@@ -17,6 +17,7 @@ median over seeds on dev and submitting the best dev run, e.g. RoBERTa, Liu et a
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -24,7 +25,7 @@ import time
 import zipfile
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional
 
 from lm.core.config import LoggerConfig
 from lm.core.files import atomic_write_text
@@ -241,10 +242,41 @@ def _load_result(path: Path, config_yaml: str) -> SeedResult:
     fields = torch.load(path, weights_only=True)  # a result.pt from elsewhere cannot run code
     saved_yaml = fields.pop("config_yaml", None)  # None: written before result.pt recorded it
     if saved_yaml is not None:
+        config_yaml = _with_moved_init(saved_yaml, config_yaml, path)
         refuse_changes(saved_yaml, config_yaml, FINETUNE_RESUMABLE, f"reuse the finished {path}", path,
                        f"delete {path.parent} to train this task/seed again with the new values")
     fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
     return SeedResult(**fields)
+
+
+def _with_moved_init(saved_yaml: str, config_yaml: str, path: Path) -> str:
+    """config_yaml with the pair's recorded init when the two init paths hold the same checkpoint (a
+    pretraining run copied or moved: the same manifest digest, both verified), so that a finished pair is
+    not trained again for a new path to the same weights; config_yaml unchanged otherwise."""
+    import yaml
+
+    saved, new = yaml.safe_load(saved_yaml), yaml.safe_load(config_yaml)
+    old_init, new_init = saved.get("init"), new.get("init")
+    if old_init == new_init or _checkpoint_digest(old_init) is None \
+            or _checkpoint_digest(old_init) != _checkpoint_digest(new_init):
+        return config_yaml
+    log.info("GLUE %s: init %s holds the same checkpoint as the recorded %s (manifest sha256 %s)",
+             path.parent, new_init, old_init, _checkpoint_digest(new_init)[:12])
+    return yaml.safe_dump({**new, "init": old_init})
+
+
+@functools.lru_cache(maxsize=8)
+def _checkpoint_digest(init) -> Optional[str]:
+    """The manifest sha256 of the verified checkpoint an init= path resolves to; None for init=none, an
+    export, a missing path or a damaged or manifest-less checkpoint."""
+    from lm.core.checkpoint import CheckpointError, read_trainer, resolve, verified
+
+    if init is None or str(init).lower() in ("none", "scratch", ""):
+        return None
+    try:
+        return read_trainer(verified(resolve(Path(init).expanduser()))).get("manifest_sha256")
+    except (CheckpointError, OSError):
+        return None
 
 
 def _pair_yaml(config: Dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -> str:
