@@ -200,12 +200,14 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
         ax.set_xlabel("pretraining tokens (M)", fontsize=8)
         ax.tick_params(labelsize=8)
     axes[0][0].set_ylabel("gain over scratch (points)", fontsize=8)
-    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
+    # below the panels, not inside one: a series' label can name its overrides and be wider than a panel
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=7, frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
+    fig.savefig(tmp, dpi=90, bbox_inches="tight")
     plt.close(fig)
     tmp.replace(path)
     return path
