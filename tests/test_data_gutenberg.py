@@ -199,6 +199,11 @@ def test_glue_source_is_the_train_sentences_and_mixes_with_books(tmp_path, monke
     meta = open_prepared(out)
     docs = meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"]
     assert docs == 2 * len(train) + 34  # every sentence and every book, once
+    out = run(tmp_path, name="twice", source=["glue:rte", "gutenberg", "glue:rte"], mirror=str(mirror),
+              doc_split="line", val_fraction=0.05)
+    meta = open_prepared(out)
+    docs = meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"]
+    assert docs == 2 * 2 * len(train) + 34  # a source listed twice counts twice (the tapt mix's weighting)
     with pytest.raises(DataError, match=r"glue:rte,nope.*unknown GLUE task\(s\) \['nope'\]"):
         resolve("glue:rte,nope", mirror=str(mirror))
 
@@ -211,6 +216,11 @@ def test_the_data_presets(tmp_path):
     mix = data_preset("gutenberg_mix_bpe")
     assert mix.source == ["wikitext2_heldout", "tinystories_sample", "glue:sst2,cola,mrpc,stsb,rte", "gutenberg"]
     assert mix.vocab_size == books.vocab_size and mix.doc_split == "line"
+    tapt = data_preset("gutenberg_mix_tapt_bpe")
+    # the same first four sources (so the same tokenizer: it trains on the stream's first characters),
+    # then the GLUE sentences nine more times: 10x in all
+    assert tapt.source[:4] == mix.source and tapt.source[4:] == [mix.source[2]] * 9
+    assert tapt.name != mix.name and tapt.tokenizer_train_chars == mix.tokenizer_train_chars
     assert np.all([s in CORPORA for s in ("gutenberg", "wikitext2_heldout", "tinystories_sample")])
 
 
