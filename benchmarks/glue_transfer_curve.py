@@ -127,8 +127,12 @@ def _arm_files(scratch: Path):
 
 def archive_scratch(scratch: Path, archive: Path) -> Path:
     """Copy the scratch arm's record and finished pairs to <archive>/scratch/<key>/ (small files: the pairs'
-    dev metrics and history, no weights), with where and when they were measured (kept from a restored arm)."""
+    dev metrics and history, no weights), with where and when they were measured (kept from a restored arm).
+    An entry already there stays: it is the arm restored into this run, or an earlier measurement that a new
+    one (another machine's, say) must not replace; the new arm's scores are in its point's transfer.json."""
     dest = archive / "scratch" / scratch_key(json.loads((scratch / "transfer_arm.json").read_text()))
+    if (dest / "transfer_arm.json").is_file():
+        return dest
     for f in _arm_files(scratch):
         target = dest / f.relative_to(scratch)
         target.parent.mkdir(parents=True, exist_ok=True)

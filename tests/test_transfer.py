@@ -286,6 +286,14 @@ def test_a_finished_scratch_arm_is_archived_and_restored_by_its_record(tmp_path,
     assert point["scratch_measured"]["run_dir"] == str(arm)
     assert "the scratch arm restored from the archive" in curve.section([point], Path("x.png"), "cmd")
     assert json.loads((curve.archive_scratch(arm, archive) / "archived_arm.json").read_text())["run_dir"] == str(arm)
+    # the same recipe's arm measured again elsewhere (not restored): the first measurement stays archived
+    again = tmp_path / "runs2" / "scratch"
+    shutil.copytree(arm, again)
+    (again / "archived_arm.json").unlink()
+    (again / "rte" / "seed0" / "result.pt").write_bytes(b"remeasured")
+    assert curve.archive_scratch(again, archive) == dest
+    assert (dest / "rte" / "seed0" / "result.pt").read_bytes() == b"result 0"
+    assert json.loads((dest / "archived_arm.json").read_text())["run_dir"] == str(arm)
 
 
 @pytest.mark.slow
