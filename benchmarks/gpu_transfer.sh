@@ -1,16 +1,30 @@
 #!/usr/bin/env bash
 # Issue 17's GPU run in one device call (a call may last 10 minutes, and a fresh machine keeps nothing of
-# the last one, so the whole recipe must fit in one): lm-transfer --preset glue_transfer_gpu --parallel on the
-# mirror .gpu_data (benchmarks/gpu_transfer_data.sh 5), the scratch arm beside the pretraining, then the
-# pretrained arm. The run itself goes to /tmp (its checkpoints are far over what a call brings back); OUT
-# gets the table, both arms' results.json, the logs and the pretraining's metrics. lm-transfer stops at
-# LIMIT seconds (SIGTERM: the parts done so far are still copied).
-#   benchmarks/gpu_transfer.sh OUT [extra lm-transfer arguments, not --finetune]
-#   TOKENS=150000000 LIMIT=540 FINETUNE="tasks.sst2.epochs=3" benchmarks/gpu_transfer.sh "$OUT"
-# FINETUNE: more lm-finetune overrides, after (so over) the ones below; a second --finetune would replace them.
+# the last one, so the whole recipe must fit in one): lm-transfer --preset glue_transfer_gpu on the mirror
+# .gpu_data (benchmarks/gpu_transfer_data.sh 5), run as four lm-transfer processes that share the GPU, then one
+# that reads them back and writes the table. The run itself goes to /tmp (its checkpoints are far over what a
+# call brings back); OUT gets the table, both arms' results.json, the logs and the pretraining's metrics.
+#   benchmarks/gpu_transfer.sh OUT [extra lm-transfer arguments for every process, not --finetune/--tasks]
+#   TOKENS=150000000 LIMIT=540 FINETUNE="train.log_interval=100" benchmarks/gpu_transfer.sh "$OUT"
+# FINETUNE: lm-finetune overrides for every process, after (so over) the ones below; none may name a task
+# (tasks.<t>.* is refused by a process that does not finetune t). FINETUNE_SST2: more for the SST-2 lanes,
+# FINETUNE_OTHER for the cola,mrpc,stsb,rte lanes (both also go to the table's call).
+#
+# Why four processes: finetuning a 29M model at batch 32 ran at ~37 steps/s on the H200 (2026-11-26), far below
+# what the device can do (bound by kernel launches and Python, not the GPU), and sequentially it was 4/5 of the
+# recipe's time. So each arm runs as two lanes, SST-2 (3 seeds) and the other four tasks, in their own processes:
+#   1. scratch SST-2 lane (--arm scratch --tasks sst2); it prepares the corpus first, the others wait for that
+#   2. scratch lane of cola,mrpc,stsb,rte (its own --out and --scratch), and the pretraining, which then
+#      finetunes SST-2 (--arm pretrained --tasks sst2)
+#   3. once the pretraining is done: a copy of it in the second lane's --out, and the pretrained lane of the other
+#      four tasks
+#   4. the second lanes' task directories are copied into the first lanes' arms, and lm-transfer (all tasks, both
+#      arms) finds every task/seed finished (lm-finetune skips a pair with result.pt) and writes the table.
 # The finetuning is issue 17's recipe for a GPU (docs/glue_transfer.md, "GPU preset"): every SST-2 and STS-B
 # training example, lr 1e-4; SST-2 in batches of 128 at lr 2e-4 for 2 epochs (its 67k examples were 3/4 of
 # the finetuning time at batch 32, and its dev accuracy peaked at epoch 2 of 3 on the H200).
+# LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 70 s
+# before it, to leave the table's call its time. Whatever finished is copied to OUT either way.
 set -uo pipefail
 out="${1:?usage: gpu_transfer.sh OUT [lm-transfer arguments]}"
 shift
@@ -18,22 +32,81 @@ tokens="${TOKENS:-150000000}"
 limit="${LIMIT:-540}"
 run="${RUN_DIR:-/tmp/gpu_transfer}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
+t0=$(date +%s)
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline LM_DATA_MIRROR="${LM_DATA_MIRROR:-$PWD/.gpu_data}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # the device's Python lacks hydra, omegaconf and zstandard: .devsite holds copies (see docs/glue_transfer.md)
 python3 -c "import hydra, omegaconf, zstandard" 2>/dev/null || export PYTHONPATH="$PWD/.devsite:$PYTHONPATH"
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"; } 2>&1 | tee "$out/env.txt"
-timeout -s TERM -k 30 "$limit" python3 -m lm.cli.transfer --preset glue_transfer_gpu --tokens "$tokens" --parallel \
-  --out "$run" --finetune optim.lr=1e-4 train.micro_batch_size=128 \
-    tasks.sst2.max_train_examples=null tasks.stsb.max_train_examples=null \
-    tasks.sst2.batch_size=128 tasks.sst2.lr=2e-4 tasks.sst2.epochs=2 ${FINETUNE:-} "$@" 2>&1 | tee "$out/log.txt"
-echo "lm-transfer exit status ${PIPESTATUS[0]}" | tee -a "$out/log.txt"
+
+say() { echo "[gpu_transfer $(date -u +%T) +$(($(date +%s) - t0))s] $*" | tee -a "$out/log.txt"; }
+common=(--preset glue_transfer_gpu --tokens "$tokens" --group gpu_transfer "$@")
+base=(optim.lr=1e-4 train.micro_batch_size=128)
+sst2=(tasks.sst2.max_train_examples=null tasks.sst2.batch_size=128 tasks.sst2.lr=2e-4 tasks.sst2.epochs=2)
+other=(tasks.stsb.max_train_examples=null)
+# shellcheck disable=SC2206  # the FINETUNE* variables are lists of overrides, split on spaces on purpose
+extra=(${FINETUNE:-})
+sst2+=(${FINETUNE_SST2:-})
+other+=(${FINETUNE_OTHER:-})
+other_tasks=cola,mrpc,stsb,rte
+b="$run/b"  # the second lanes' --out: their pretraining copy and their scratch arm
+pids=()
+lane() {  # lane LOG ARGS...: one lm-transfer process in the background, its output in OUT/LOG; its pid: $last
+  python3 -m lm.cli.transfer "${common[@]}" "${@:2}" > "$out/$1" 2>&1 &
+  last=$!
+  pids+=("$last")
+}
+wait_for() {  # wait_for PID LOG PATTERN: until LOG shows PATTERN (0) or PID ends without it (1)
+  while ! grep -q "$3" "$out/$2" 2>/dev/null; do
+    kill -0 "$1" 2>/dev/null || { grep -q "$3" "$out/$2" 2>/dev/null; return; }
+    sleep 2
+  done
+}
+stop_lanes() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done; }
+# the watchdog polls (no long sleep outlives the script holding its output open)
+( while [ "$(date +%s)" -lt $((t0 + limit - 70)) ]; do sleep 1; done
+  say "time limit: SIGTERM to the lanes"; kill -TERM "$$" ) > /dev/null 2>&1 &
+watchdog=$!
+trap 'stop_lanes' TERM
+
+say "1. the scratch arm's SST-2 lane (it prepares the corpus)"
+lane scratch_sst2.log --out "$run" --arm scratch --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
+if wait_for "$last" scratch_sst2.log "finetuning from scratch"; then
+  say "2. the scratch arm's $other_tasks lane, and the pretraining (then its SST-2 lane)"
+  lane scratch_other.log --out "$b" --scratch "$b/scratch" --arm scratch --tasks "$other_tasks" \
+    --finetune "${base[@]}" "${other[@]}" "${extra[@]}"
+  lane pretrained_sst2.log --out "$run" --arm pretrained --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
+  if wait_for "$last" pretrained_sst2.log "finetuning from"; then
+    say "3. pretraining done: the pretrained arm's $other_tasks lane, on a copy of it"
+    rm -rf "$b/pretrain" && cp -r "$run/pretrain" "$b/pretrain"
+    lane pretrained_other.log --out "$b" --scratch "$b/scratch" --arm pretrained --tasks "$other_tasks" \
+      --finetune "${base[@]}" "${other[@]}" "${extra[@]}"
+  fi
+fi
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
+# a TERM that arrived while waiting interrupts `wait`: wait again for the lanes to save their place
+for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 1; done; done
+kill "$watchdog" 2>/dev/null
+say "lanes finished (any failed or stopped: $failed)"
+if [ "$failed" = 0 ] && [ "${#pids[@]}" = 4 ]; then
+  say "4. the second lanes' tasks into the first lanes' arms; the table"
+  for t in ${other_tasks//,/ }; do
+    cp -r "$b/scratch/$t" "$run/finetune/scratch/" && cp -r "$b/finetune/pretrained/$t" "$run/finetune/pretrained/"
+  done
+  rm -f "$run/finetune/scratch/transfer_arm.json"  # the SST-2 lane's record: the table's call writes the whole arm's
+  timeout -s TERM 60 python3 -m lm.cli.transfer "${common[@]}" --out "$run" \
+    --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$out/table.log" 2>&1
+  say "lm-transfer (the table) exit status $?"
+fi
 # what a call can bring back: the tables, results and logs, never the checkpoints
-cp "$run"/transfer.json "$run"/transfer.md "$run"/transfer_seconds.json "$out/" 2>/dev/null
+cp "$run"/transfer.json "$run"/transfer.md "$out/" 2>/dev/null
 cp "$run"/pretrain/metrics.jsonl "$out/pretrain_metrics.jsonl" 2>/dev/null
-for arm in scratch pretrained; do
-  cp "$run/finetune/$arm/results.json" "$out/${arm}_results.json" 2>/dev/null
-  cp "$run/finetune/$arm/lane.log" "$out/${arm}_lane.log" 2>/dev/null
+for arm in scratch pretrained; do cp "$run/finetune/$arm/results.json" "$out/${arm}_results.json" 2>/dev/null; done
+for arm in scratch finetune/pretrained; do  # the second lanes' own results, in case the table's call did not run
+  cp "$b/$arm/results.json" "$out/$(basename "$arm")_other_results.json" 2>/dev/null
 done
+say "done"
 date -u | tee -a "$out/env.txt"
