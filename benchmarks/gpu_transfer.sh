@@ -3,7 +3,9 @@
 # the last one, so the whole recipe must fit in one): lm-transfer --preset glue_transfer_gpu on the mirror
 # .gpu_data (benchmarks/gpu_transfer_data.sh 5), run as four lm-transfer processes that share the GPU, then one
 # that reads them back and writes the table. The run itself goes to /tmp (its checkpoints are far over what a
-# call brings back); OUT gets the table, both arms' results.json, the logs and the pretraining's metrics.
+# call brings back); OUT gets five files (a call brings back at most 8): env.txt, log.txt, transfer.md,
+# transfer.json, and details.tgz with every process' log, each arm's and lane's results.json and the
+# pretraining's metrics.
 #   benchmarks/gpu_transfer.sh OUT [extra lm-transfer arguments for every process, not --finetune/--tasks]
 #   TOKENS=150000000 LIMIT=540 FINETUNE="train.log_interval=100" benchmarks/gpu_transfer.sh "$OUT"
 # FINETUNE: lm-finetune overrides for every process, after (so over) the ones below; none may name a task
@@ -31,8 +33,9 @@ shift
 tokens="${TOKENS:-150000000}"
 limit="${LIMIT:-540}"
 run="${RUN_DIR:-/tmp/gpu_transfer}"
-mkdir -p "$out"
+mkdir -p "$out/details"
 out="$(cd "$out" && pwd)"
+det="$out/details"  # packed into details.tgz at the end
 t0=$(date +%s)
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline LM_DATA_MIRROR="${LM_DATA_MIRROR:-$PWD/.gpu_data}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -54,13 +57,13 @@ other_tasks=cola,mrpc,stsb,rte
 b="$run/b"  # the second lanes' --out: their pretraining copy and their scratch arm
 pids=()
 lane() {  # lane LOG ARGS...: one lm-transfer process in the background, its output in OUT/LOG; its pid: $last
-  python3 -m lm.cli.transfer "${common[@]}" "${@:2}" > "$out/$1" 2>&1 &
+  python3 -m lm.cli.transfer "${common[@]}" "${@:2}" > "$det/$1" 2>&1 &
   last=$!
   pids+=("$last")
 }
 wait_for() {  # wait_for PID LOG PATTERN: until LOG shows PATTERN (0) or PID ends without it (1)
-  while ! grep -q "$3" "$out/$2" 2>/dev/null; do
-    kill -0 "$1" 2>/dev/null || { grep -q "$3" "$out/$2" 2>/dev/null; return; }
+  while ! grep -q "$3" "$det/$2" 2>/dev/null; do
+    kill -0 "$1" 2>/dev/null || { grep -q "$3" "$det/$2" 2>/dev/null; return; }
     sleep 2
   done
 }
@@ -98,15 +101,16 @@ if [ "$failed" = 0 ] && [ "${#pids[@]}" = 4 ]; then
   done
   rm -f "$run/finetune/scratch/transfer_arm.json"  # the SST-2 lane's record: the table's call writes the whole arm's
   timeout -s TERM 60 python3 -m lm.cli.transfer "${common[@]}" --out "$run" \
-    --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$out/table.log" 2>&1
+    --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$det/table.log" 2>&1
   say "lm-transfer (the table) exit status $?"
 fi
 # what a call can bring back: the tables, results and logs, never the checkpoints
 cp "$run"/transfer.json "$run"/transfer.md "$out/" 2>/dev/null
-cp "$run"/pretrain/metrics.jsonl "$out/pretrain_metrics.jsonl" 2>/dev/null
-for arm in scratch pretrained; do cp "$run/finetune/$arm/results.json" "$out/${arm}_results.json" 2>/dev/null; done
+cp "$run"/pretrain/metrics.jsonl "$det/pretrain_metrics.jsonl" 2>/dev/null
+for arm in scratch pretrained; do cp "$run/finetune/$arm/results.json" "$det/${arm}_results.json" 2>/dev/null; done
 for arm in scratch finetune/pretrained; do  # the second lanes' own results, in case the table's call did not run
-  cp "$b/$arm/results.json" "$out/$(basename "$arm")_other_results.json" 2>/dev/null
+  cp "$b/$arm/results.json" "$det/$(basename "$arm")_other_results.json" 2>/dev/null
 done
+tar czf "$out/details.tgz" -C "$out" details && rm -rf "$det"
 say "done"
 date -u | tee -a "$out/env.txt"

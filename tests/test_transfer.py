@@ -461,3 +461,41 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
                                            "encoder (mean, rope; tasks.sst2.max_train_examples=10000)"]
     assert series_labels(rows[:1]) == ["encoder (mean, rope)"]  # one recipe alone: the plain label
     assert "| encoder (mean, rope; tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)
+
+
+@pytest.mark.slow
+def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_path, data_mirror):
+    """benchmarks/gpu_transfer.sh on the CPU with a tiny model: the four lanes run, the second lanes' task
+    directories merge into the first lanes' arms, and the table's call finds every task/seed pair finished
+    (nothing is trained twice); OUT holds five files (a device call brings back at most 8)."""
+    import os
+    import subprocess
+    import tarfile
+
+    repo = Path(__file__).parents[1]
+    mirror_home = tmp_path / "mirror"
+    mirror_home.mkdir()
+    subprocess.run(["bash", str(repo / "benchmarks" / "gpu_transfer_data.sh"), "1", str(data_mirror)],
+                   cwd=mirror_home, check=True, capture_output=True, timeout=300)
+    few = {t: "100" for t in ("cola", "mrpc", "stsb", "rte")}
+    env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "LM_DATA_MIRROR": str(mirror_home / ".gpu_data"),
+           "RUN_DIR": str(tmp_path / "run"), "TOKENS": "20000", "LIMIT": "900",
+           "FINETUNE_SST2": "tasks.sst2.max_train_examples=200 tasks.sst2.epochs=1",
+           "FINETUNE_OTHER": " ".join(f"tasks.{t}.max_train_examples={n} tasks.{t}.epochs=1" for t, n in few.items())}
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", "benchmarks/gpu_transfer.sh", str(out), "--seeds", "0", "--pretrain",
+                           "model.dim=32", "model.n_layers=1", "model.n_heads=2", "train.micro_batch_size=8",
+                           "train.precision=fp32", "train.eval_batches=2"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer.json",
+                                                     "transfer.md"]
+    summary = json.loads((out / "transfer.json").read_text())
+    rows = summary["comparison"]["tasks"]
+    assert sorted(rows) == ["cola", "mrpc", "rte", "sst2", "stsb"]
+    with tarfile.open(out / "details.tgz") as tar:
+        table_log = tar.extractfile("details/table.log").read().decode()
+        names = set(tar.getnames())
+    assert {"details/scratch_sst2.log", "details/pretrained_other.log", "details/pretrain_metrics.jsonl"} <= names
+    assert table_log.count("done in an earlier run") == 10  # 5 tasks x 2 arms x 1 seed, none trained again
+    assert "lm-transfer (the table) exit status 0" in (out / "log.txt").read_text()
