@@ -13,8 +13,11 @@
 # FINETUNE_OTHER for the cola,mrpc,stsb,rte lanes (both also go to the table's call).
 #
 # Why four processes: finetuning a 29M model at batch 32 ran at ~37 steps/s on the H200 (2026-11-26), far below
-# what the device can do (bound by kernel launches and Python, not the GPU), and sequentially it was 4/5 of the
-# recipe's time. So each arm runs as two lanes, SST-2 (3 seeds) and the other four tasks, in their own processes:
+# what the device can do, so lanes were meant to fill it. Measured on an H100 (2026-11-26, docs/glue_transfer.md):
+# they do not; processes time-slice the GPU (the pretraining ran at ~265k tokens/s beside two lanes, ~760k
+# alone), so the lanes cost about what running them in turn would. The whole recipe took 12.3 minutes: two
+# calls on one warm machine, the second the same script resuming every lane (~20 s lost to the stop and resume).
+# Each arm runs as two lanes, SST-2 (3 seeds) and the other four tasks:
 #   1. scratch SST-2 lane (--arm scratch --tasks sst2); it prepares the corpus first, the others wait for that
 #   2. scratch lane of cola,mrpc,stsb,rte (its own --out and --scratch), and the pretraining, which then
 #      finetunes SST-2 (--arm pretrained --tasks sst2)

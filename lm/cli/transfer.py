@@ -469,7 +469,8 @@ def _parser() -> argparse.ArgumentParser:
                         "with --arm all reads both back and writes the table")
     p.add_argument("--parallel", action="store_true",
                    help="run the scratch arm in a second process beside the pretraining (half of the CPU threads "
-                        "each; on one GPU both time-slice the device: no time saved on an H100); its log: <scratch>/lane.log")
+                        "each; on one GPU both time-slice the device: no time saved on an H100); its log: "
+                        "<scratch>/lane.log")
     p.add_argument("--lane", action="store_true", help=argparse.SUPPRESS)  # the --parallel call's second process
     return p
 
