@@ -28,6 +28,11 @@
 # The finetuning is issue 17's recipe for a GPU (docs/glue_transfer.md, "GPU preset"): every SST-2 and STS-B
 # training example, lr 1e-4; SST-2 in batches of 128 at lr 2e-4 for 2 epochs (its 67k examples were 3/4 of
 # the finetuning time at batch 32, and its dev accuracy peaked at epoch 2 of 3 on the H200).
+# SCRATCH_SST2=0: no scratch SST-2 lane, and SCRATCH_TASKS (default cola,mrpc,stsb,rte) narrows the scratch lane
+# of the other tasks: for a rerun that changes only some tasks' recipe, when the device's budget does not hold the
+# whole run again (the scratch arm does not depend on the pretraining; lm-transfer --scratch shares it the same
+# way). The pretraining's lane then prepares the corpus; no table is written (it needs every task in both arms),
+# and the lanes' results.json files in details.tgz are put together with the earlier run's scratch results.
 # LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 70 s
 # before it, to leave the table's call its time. Whatever finished is copied to OUT either way.
 set -uo pipefail
@@ -57,6 +62,8 @@ extra=(${FINETUNE:-})
 sst2+=(${FINETUNE_SST2:-})
 other+=(${FINETUNE_OTHER:-})
 other_tasks=cola,mrpc,stsb,rte
+scratch_sst2="${SCRATCH_SST2:-1}"
+scratch_tasks="${SCRATCH_TASKS:-$other_tasks}"
 b="$run/b"  # the second lanes' --out: their pretraining copy and their scratch arm
 pids=()
 lane() {  # lane LOG ARGS...: one lm-transfer process in the background, its output in OUT/LOG; its pid: $last
@@ -77,19 +84,47 @@ stop_lanes() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done; }
 watchdog=$!
 trap 'stop_lanes' TERM
 
-say "1. the scratch arm's SST-2 lane (it prepares the corpus)"
-lane scratch_sst2.log --out "$run" --arm scratch --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
-if wait_for "$last" scratch_sst2.log "finetuning from scratch"; then
-  say "2. the scratch arm's $other_tasks lane, and the pretraining (then its SST-2 lane)"
-  lane scratch_other.log --out "$b" --scratch "$b/scratch" --arm scratch --tasks "$other_tasks" \
-    --finetune "${base[@]}" "${other[@]}" "${extra[@]}"
+scratch_lane() {  # the scratch arm's lane of the tasks other than SST-2
+  local o t keep=()
+  for o in "${other[@]}"; do  # a narrowed lane would refuse the overrides of tasks it does not finetune
+    t="${o#tasks.}"; t="${t%%.*}"
+    [[ "$o" != tasks.* || ",$scratch_tasks," == *",$t,"* ]] && keep+=("$o")
+  done
+  lane scratch_other.log --out "$b" --scratch "$b/scratch" --arm scratch --tasks "$scratch_tasks" \
+    --finetune "${base[@]}" "${keep[@]}" "${extra[@]}"
+}
+pretrained_lane() {  # the pretraining, then its SST-2 finetuning; its pid: $pre
   lane pretrained_sst2.log --out "$run" --arm pretrained --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
-  if wait_for "$last" pretrained_sst2.log "finetuning from"; then
-    say "3. pretraining done: the pretrained arm's $other_tasks lane, on a copy of it"
-    rm -rf "$b/pretrain" && cp -r "$run/pretrain" "$b/pretrain"
-    lane pretrained_other.log --out "$b" --scratch "$b/scratch" --arm pretrained --tasks "$other_tasks" \
-      --finetune "${base[@]}" "${other[@]}" "${extra[@]}"
+  pre=$last
+}
+ready=1
+if [ "$scratch_sst2" = 1 ]; then
+  say "1. the scratch arm's SST-2 lane (it prepares the corpus)"
+  lane scratch_sst2.log --out "$run" --arm scratch --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
+  if wait_for "$last" scratch_sst2.log "finetuning from scratch"; then
+    say "2. the scratch arm's $scratch_tasks lane, and the pretraining (then its SST-2 lane)"
+    scratch_lane
+    pretrained_lane
+    ready=0
   fi
+else
+  say "1. the pretraining (it prepares the corpus; then its SST-2 lane); no scratch SST-2 lane (SCRATCH_SST2=0)"
+  pretrained_lane
+  if wait_for "$pre" pretrained_sst2.log "lm-transfer: pretraining"; then
+    say "2. the scratch arm's $scratch_tasks lane"
+    scratch_lane
+    ready=0
+  fi
+fi
+if [ "$ready" = 0 ] && wait_for "$pre" pretrained_sst2.log "finetuning from"; then
+  say "3. pretraining done: the pretrained arm's $other_tasks lane, on a copy of it"
+  rm -rf "$b/pretrain"; mkdir -p "$b" && cp -r "$run/pretrain" "$b/pretrain"
+  # --scratch: the arm whose recipe record (transfer_arm.json, tasks included) this lane checks against its own;
+  # a narrowed scratch lane's record names fewer tasks, so this lane then keeps its record apart
+  pre_scratch="$b/scratch"
+  [ "$scratch_tasks" = "$other_tasks" ] || pre_scratch="$b/scratch_record_of_the_pretrained_lane"
+  lane pretrained_other.log --out "$b" --scratch "$pre_scratch" --arm pretrained --tasks "$other_tasks" \
+    --finetune "${base[@]}" "${other[@]}" "${extra[@]}"
 fi
 failed=0
 for p in "${pids[@]}"; do wait "$p" || failed=1; done
@@ -97,7 +132,7 @@ for p in "${pids[@]}"; do wait "$p" || failed=1; done
 for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 1; done; done
 kill "$watchdog" 2>/dev/null
 say "lanes finished (any failed or stopped: $failed)"
-if [ "$failed" = 0 ] && [ "${#pids[@]}" = 4 ]; then
+if [ "$failed" = 0 ] && [ "${#pids[@]}" = 4 ] && [ "$scratch_tasks" = "$other_tasks" ]; then
   say "4. the second lanes' tasks into the first lanes' arms; the table"
   for t in ${other_tasks//,/ }; do
     cp -r "$b/scratch/$t" "$run/finetune/scratch/" && cp -r "$b/finetune/pretrained/$t" "$run/finetune/pretrained/"
