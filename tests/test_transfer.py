@@ -463,14 +463,10 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
     assert "| encoder (mean, rope; tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)
 
 
-@pytest.mark.slow
-def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_path, data_mirror):
-    """benchmarks/gpu_transfer.sh on the CPU with a tiny model: the four lanes run, the second lanes' task
-    directories merge into the first lanes' arms, and the table's call finds every task/seed pair finished
-    (nothing is trained twice); OUT holds five files (a device call brings back at most 8)."""
+def _gpu_transfer_tiny(tmp_path, data_mirror, **env_extra):
+    """benchmarks/gpu_transfer.sh on the CPU with a tiny model and 1 seed; returns OUT."""
     import os
     import subprocess
-    import tarfile
 
     repo = Path(__file__).parents[1]
     mirror_home = tmp_path / "mirror"
@@ -481,13 +477,25 @@ def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_pa
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "LM_DATA_MIRROR": str(mirror_home / ".gpu_data"),
            "RUN_DIR": str(tmp_path / "run"), "TOKENS": "20000", "LIMIT": "900",
            "FINETUNE_SST2": "tasks.sst2.max_train_examples=200 tasks.sst2.epochs=1",
-           "FINETUNE_OTHER": " ".join(f"tasks.{t}.max_train_examples={n} tasks.{t}.epochs=1" for t, n in few.items())}
+           "FINETUNE_OTHER": " ".join(f"tasks.{t}.max_train_examples={n} tasks.{t}.epochs=1" for t, n in few.items()),
+           **env_extra}
     out = tmp_path / "out"
     done = subprocess.run(["bash", "benchmarks/gpu_transfer.sh", str(out), "--seeds", "0", "--pretrain",
                            "model.dim=32", "model.n_layers=1", "model.n_heads=2", "train.micro_batch_size=8",
                            "train.precision=fp32", "train.eval_batches=2"],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_path, data_mirror):
+    """benchmarks/gpu_transfer.sh on the CPU with a tiny model: the four lanes run, the second lanes' task
+    directories merge into the first lanes' arms, and the table's call finds every task/seed pair finished
+    (nothing is trained twice); OUT holds five files (a device call brings back at most 8)."""
+    import tarfile
+
+    out = _gpu_transfer_tiny(tmp_path, data_mirror)
     assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer.json",
                                                      "transfer.md"]
     summary = json.loads((out / "transfer.json").read_text())
@@ -499,3 +507,24 @@ def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_pa
     assert {"details/scratch_sst2.log", "details/pretrained_other.log", "details/pretrain_metrics.jsonl"} <= names
     assert table_log.count("done in an earlier run") == 10  # 5 tasks x 2 arms x 1 seed, none trained again
     assert "lm-transfer (the table) exit status 0" in (out / "log.txt").read_text()
+
+
+@pytest.mark.slow
+def test_the_gpu_transfer_script_narrowed_to_some_scratch_tasks_tiny(tmp_path, data_mirror):
+    """SCRATCH_SST2=0 SCRATCH_TASKS=cola,stsb: the scratch arm finetunes only CoLA and STS-B (the other tasks'
+    overrides are dropped from its lane, which would refuse them), the pretrained arm all five, and no table is
+    written (it needs every task in both arms): the lanes' results come back in details.tgz."""
+    import tarfile
+
+    out = _gpu_transfer_tiny(tmp_path, data_mirror, SCRATCH_SST2="0", SCRATCH_TASKS="cola,stsb")
+    assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt"]
+    with tarfile.open(out / "details.tgz") as tar:
+        results = {n: json.loads(tar.extractfile(f"details/{n}_results.json").read())["columns"]
+                   for n in ("scratch_other", "pretrained_other", "pretrained")}
+        names = set(tar.getnames())
+    assert "details/scratch_sst2.log" not in names
+    assert sorted(results["scratch_other"]) == ["cola", "stsb"]
+    assert sorted(results["pretrained_other"]) == ["cola", "mrpc", "rte", "stsb"]
+    assert sorted(results["pretrained"]) == ["sst2"]
+    log = (out / "log.txt").read_text()
+    assert "lanes finished (any failed or stopped: 0)" in log and "the table" not in log
