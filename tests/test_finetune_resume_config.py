@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from lm.cli.finetune import finetune
 from lm.config import ConfigError
-from lm.glue.run import _checkpoint_digest, _with_moved_init
+from lm.glue.run import _checkpoint_digest, _with_moved_paths
 from lm.glue.trainer import GlueTask
 from tests.test_finetune import TINY, easy_glue, easy_task, finetune_cfg, pretrained  # noqa: F401 - fixtures
 
@@ -178,4 +178,33 @@ def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damage
     result = run_dir / "sst2" / "seed0" / "result.pt"
     saved = torch.load(result, weights_only=True)["config_yaml"]
     new = saved.replace(str(pretrained / "run"), str(moved))
-    assert new != saved and _with_moved_init(saved, new, result) == new  # so the pair is refused on init
+    assert new != saved and _with_moved_paths(saved, new, result) == new  # so the pair is refused on init
+
+
+def test_a_finished_pair_is_reused_with_a_moved_copy_of_its_tokenizer_but_not_another(tmp_path, easy_glue,
+                                                                                      pretrained, uninterrupted,
+                                                                                      caplog):
+    """lm-transfer shares a scratch arm between corpus configs that share a tokenizer: the path differs
+    (another prepared data dir), the file's sha256 does not."""
+    import shutil
+
+    def with_tokenizer(path):
+        return [o if not o.startswith("tokenizer=") else f"tokenizer={path}" for o in overrides(easy_glue, pretrained)]
+
+    run_dir = tmp_path / "ft"
+    shutil.copytree(uninterrupted, run_dir, ignore=shutil.ignore_patterns(".lock"))
+    original = pretrained / "data" / "tokenizer.json"
+    copy = tmp_path / "other_data" / "tokenizer.json"
+    copy.parent.mkdir()
+    shutil.copyfile(original, copy)
+    with caplog.at_level(logging.INFO, logger="lm"):
+        finetune(finetune_cfg(run_dir, with_tokenizer(copy)))
+    assert f"tokenizer {copy} holds the same tokenizer as the recorded {pretrained / 'data'}" in caplog.text
+    assert "seed 0: done in an earlier run" in caplog.text
+    got, want = (json.loads((d / "results.json").read_text())["columns"] for d in (run_dir, uninterrupted))
+    assert got == want
+
+    copy.write_bytes(original.read_bytes() + b"\n")  # another file, whatever it decodes to
+    with pytest.raises(ConfigError) as e:
+        finetune(finetune_cfg(run_dir, with_tokenizer(copy)))
+    assert f"tokenizer: '{pretrained / 'data'}' -> '{copy}'" in str(e.value)

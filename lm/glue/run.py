@@ -242,27 +242,42 @@ def _load_result(path: Path, config_yaml: str) -> SeedResult:
     fields = torch.load(path, weights_only=True)  # a result.pt from elsewhere cannot run code
     saved_yaml = fields.pop("config_yaml", None)  # None: written before result.pt recorded it
     if saved_yaml is not None:
-        config_yaml = _with_moved_init(saved_yaml, config_yaml, path)
+        config_yaml = _with_moved_paths(saved_yaml, config_yaml, path)
         refuse_changes(saved_yaml, config_yaml, FINETUNE_RESUMABLE, f"reuse the finished {path}", path,
                        f"delete {path.parent} to train this task/seed again with the new values")
     fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
     return SeedResult(**fields)
 
 
-def _with_moved_init(saved_yaml: str, config_yaml: str, path: Path) -> str:
-    """config_yaml with the pair's recorded init when the two init paths hold the same checkpoint (a
-    pretraining run copied or moved: the same manifest digest, both verified), so that a finished pair is
-    not trained again for a new path to the same weights; config_yaml unchanged otherwise."""
+def _with_moved_paths(saved_yaml: str, config_yaml: str, path: Path) -> str:
+    """config_yaml with the pair's recorded init and tokenizer paths where the new path holds the same thing:
+    init the same checkpoint (a pretraining run copied or moved: the same manifest digest, both verified),
+    tokenizer one with the same sha256 (a corpus prepared again, or another corpus config that shares its
+    tokenizer). So a finished pair is not trained again for a new path to the same weights or vocabulary;
+    config_yaml is unchanged otherwise, and the resume check refuses the paths' difference."""
     import yaml
 
     saved, new = yaml.safe_load(saved_yaml), yaml.safe_load(config_yaml)
-    old_init, new_init = saved.get("init"), new.get("init")
-    if old_init == new_init or _checkpoint_digest(old_init) is None \
-            or _checkpoint_digest(old_init) != _checkpoint_digest(new_init):
-        return config_yaml
-    log.info("GLUE %s: init %s holds the same checkpoint as the recorded %s (manifest sha256 %s)",
-             path.parent, new_init, old_init, _checkpoint_digest(new_init)[:12])
-    return yaml.safe_dump({**new, "init": old_init})
+    moved = {}
+    for key, digest in (("init", _checkpoint_digest), ("tokenizer", _tokenizer_digest)):
+        old, cur = saved.get(key), new.get(key)
+        same = old != cur and digest(old)
+        if same and same == digest(cur):
+            log.info("GLUE %s: %s %s holds the same %s as the recorded %s (sha256 %s)", path.parent, key, cur,
+                     "checkpoint" if key == "init" else "tokenizer", old, same[:12])
+            moved[key] = old
+    return yaml.safe_dump({**new, **moved}) if moved else config_yaml
+
+
+def _tokenizer_digest(tokenizer) -> Optional[str]:
+    """The sha256 of the tokenizer a tokenizer= path (a tokenizer.json or a prepared data dir) loads; None for
+    null or a path without a loadable tokenizer."""
+    from lm.data.tokenizer import Tokenizer, TokenizerError
+
+    try:
+        return Tokenizer.load(tokenizer).sha256 if tokenizer else None
+    except (TokenizerError, OSError):
+        return None
 
 
 @functools.lru_cache(maxsize=8)
