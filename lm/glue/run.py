@@ -261,10 +261,10 @@ def _with_moved_paths(saved_yaml: str, config_yaml: str, path: Path) -> str:
     moved = {}
     for key, digest in (("init", _checkpoint_digest), ("tokenizer", _tokenizer_digest)):
         old, cur = saved.get(key), new.get(key)
-        same = old != cur and digest(old)
-        if same and same == digest(cur):
+        recorded = old != cur and digest(old)  # the recorded path's digest, when the paths differ
+        if recorded and recorded == digest(cur):
             log.info("GLUE %s: %s %s holds the same %s as the recorded %s (sha256 %s)", path.parent, key, cur,
-                     "checkpoint" if key == "init" else "tokenizer", old, same[:12])
+                     "checkpoint" if key == "init" else "tokenizer", old, recorded[:12])
             moved[key] = old
     return yaml.safe_dump({**new, **moved}) if moved else config_yaml
 
