@@ -297,6 +297,14 @@ def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pr
     assert dev_acc(run_dir) > 80.0
 
 
+def test_a_decoder_finetunes_with_position_weighted_mean_pooling(tmp_path, easy_glue, pretrained):
+    """pooling=weighted_mean (SGPT's position weights) from the lm-train checkpoint learns the easy task."""
+    run_dir = tmp_path / "wmean"
+    finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "pooling=weighted_mean", *easy_task(easy_glue)]))
+    assert "pooling: weighted_mean" in (run_dir / "config.yaml").read_text()
+    assert dev_acc(run_dir) > 80.0
+
+
 def test_linear_probe_of_frozen_features(pretrained, easy_glue):
     """benchmarks/glue_probe.py: logistic regression on pooled frozen features, pretrained and random init."""
     glue_probe = load("glue_probe")

@@ -409,8 +409,9 @@ def test_finetune_refuses_first_pooling_for_rnns_and_bidirectional_transformers(
     from lm.glue.init import InitError, build_classifier, load_backbone
 
     backbone = load_backbone(str(lstm_run / "run"))
-    with pytest.raises(InitError, match="pooling=first .* use pooling=last .* or pooling=mean"):
-        build_classifier(backbone, 2, 0.1, pooling="first")
+    for how in ("first", "weighted_mean"):
+        with pytest.raises(InitError, match=f"pooling={how} is for Transformer .* use pooling=last .* or pooling=mean"):
+            build_classifier(backbone, 2, 0.1, pooling=how)
     tiny = load_backbone("none", str(lstm_run / "data"), OmegaConf.structured(model_preset("tiny", ["model.vocab_size=320"])))
     with pytest.raises(InitError, match="bidirectional=true widens a recurrent backbone"):
         build_classifier(tiny, 2, 0.1, bidirectional=True)

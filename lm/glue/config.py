@@ -33,6 +33,7 @@ class Pooling(Choice):
     first = "first"  # the [CLS] token (encoders)
     last = "last"  # the last real token (decoders, encoder-decoders)
     mean = "mean"  # the mean over real tokens
+    weighted_mean = "weighted_mean"  # real token i weighted by i (SGPT, Muennighoff 2022): for causal decoders
 
 
 @dataclass
@@ -125,7 +126,7 @@ class FinetuneSchema:
     save_best: bool = False  # also save the best-dev weights under <run_dir>/<task>/seed<k>/best
     hf: bool = True  # read the Hugging Face copy of a split that is not on disk
     skip_missing: bool = False  # run only tasks whose data is local (the GLUE score is then partial)
-    pooling: Optional[Pooling] = None  # None = first for encoders, last otherwise (RNNs: last or mean)
+    pooling: Optional[Pooling] = None  # None = first for encoders, last otherwise (RNNs: last or mean only)
     bidirectional: bool = False  # RNN backbones: a bidirectional classifier, forward direction from init (lm/glue/init.py)
     eval_batch_size: int = 128
 

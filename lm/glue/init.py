@@ -206,9 +206,9 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
 
     # An ELECTRA run (model.electra) is finetuned as the plain encoder its discriminator is.
     cfg = replace(backbone.model_cfg, electra=None)
-    if cfg.arch == "rnn" and pooling == "first":
-        raise InitError("pooling=first reads the first position, which a recurrent model has read nothing past; "
-                        "for an RNN backbone use pooling=last (final states) or pooling=mean (mean over real tokens)")
+    if cfg.arch == "rnn" and pooling not in (None, "last", "mean"):
+        raise InitError(f"pooling={pooling} is for Transformer backbones; for an RNN backbone use pooling=last "
+                        "(final states) or pooling=mean (mean over real tokens)")
     if bidirectional and cfg.arch != "rnn":
         raise InitError(f"bidirectional=true widens a recurrent backbone (model=lstm|gru|rnn), but {backbone.source} "
                         f"is a Transformer ({cfg.arch.value}); drop bidirectional=true")

@@ -168,9 +168,12 @@ class _Lambda(nn.Module):
 
 
 def pool(h: torch.Tensor, padding: Optional[torch.Tensor], how: str) -> torch.Tensor:
-    """(B, T, D) -> (B, D). first: the [CLS] position; mean: over real tokens; last: last real token.
+    """(B, T, D) -> (B, D). first: the [CLS] position; mean: over real tokens; last: last real token;
+    weighted_mean: real token i (from 1) weighted i / sum of 1..L (SGPT's position-weighted mean,
+    Muennighoff 2022).
 
-    Decoders pool the last real token because only it has seen the whole (causal) input.
+    Decoders pool the last real token because only it has seen the whole (causal) input; the weighted
+    mean keeps every position but trusts the later ones, which have read more of it, in proportion.
     Assumes right padding.
     """
     if how == "first":
@@ -183,4 +186,8 @@ def pool(h: torch.Tensor, padding: Optional[torch.Tensor], how: str) -> torch.Te
     if how == "last":
         last = padding.long().sum(1).clamp(min=1) - 1  # (B,)
         return h[torch.arange(h.shape[0], device=h.device), last]
-    raise ValueError(f"unknown pooling {how!r}; allowed: first, mean, last")
+    if how == "weighted_mean":
+        real = padding.to(h.dtype)
+        w = (real.cumsum(1) * real)[..., None]  # (B, T, 1): 1, 2, ..., L on the real tokens, 0 on padding
+        return (h * w).sum(1) / w.sum(1).clamp(min=1)
+    raise ValueError(f"unknown pooling {how!r}; allowed: first, mean, last, weighted_mean")
