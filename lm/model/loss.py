@@ -6,6 +6,11 @@ computes the loss and its gradients chunk by chunk in the forward pass (the appr
 Liger-Kernel's fused linear cross-entropy and of Wijmans et al. 2024, "Cut your losses"):
 per chunk, logits -> softmax - onehot -> grad_h = g W and grad_W += g^T h, then drops the chunk.
 Backward only scales the stored gradients.
+
+Under autocast every matmul here runs in autocast's dtype, as an autocast nn.Linear's would: the final
+norm hands over fp32 activations (norms run in fp32 under autocast) and the master weight is fp32, and
+a custom autograd.Function gets no autocast casts of its own. Only the softmax and the weight-gradient
+accumulator stay fp32, so no GEMM falls off the GPU's bf16 path.
 """
 
 from typing import Optional
@@ -21,6 +26,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         """h: (N, D), weight: (V, D), bias: (V,) or None, labels: (N,) -> mean loss over valid labels."""
         n_valid = (labels != IGNORE_INDEX).sum().clamp(min=1)
         need_grad = any(ctx.needs_input_grad[:3])
+        ctx.dtypes = (h.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        device = h.device.type
+        compute = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else h.dtype
+        low = compute != torch.float32
+        h, weight = h.to(compute), weight.to(compute)
+        bias = bias.to(compute) if bias is not None else None
         grad_h = torch.zeros_like(h) if need_grad else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
         grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device) if need_grad and bias is not None else None
@@ -47,20 +58,23 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 row_scale = valid.float() / n_valid  # d(mean loss)/d(row loss)
                 g = e.mul_((row_scale / sum_e)[:, None])  # softmax, scaled
                 g[rows, target] -= row_scale  # minus the one-hot target
-                torch.mm(g.to(h.dtype), weight, out=grad_h[start:start + chunk_size])
-                grad_w.addmm_(g.t(), hc.float())
+                torch.mm(g.to(compute), weight, out=grad_h[start:start + chunk_size])
+                if low:  # a bf16 GEMM (fp32 accumulation inside), summed over chunks in fp32
+                    grad_w += torch.mm(g.to(compute).t(), hc)
+                else:
+                    grad_w.addmm_(g.t(), hc)
                 if grad_b is not None:
                     grad_b += g.sum(0)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
-        ctx.dtypes = (weight.dtype, bias.dtype if bias is not None else None)
         return total / n_valid
 
     @staticmethod
     def backward(ctx, grad_out):
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        w_dtype, b_dtype = ctx.dtypes
+        h_dtype, w_dtype, b_dtype = ctx.dtypes
         gb = (grad_b * grad_out).to(b_dtype) if grad_b is not None else None
-        return grad_h * grad_out.to(grad_h.dtype), (grad_w * grad_out).to(w_dtype), gb, None, None
+        gh = (grad_h * grad_out.to(grad_h.dtype)).to(h_dtype)
+        return gh, (grad_w * grad_out).to(w_dtype), gb, None, None
 
 
 def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], labels: torch.Tensor,
