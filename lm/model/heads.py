@@ -180,14 +180,15 @@ def pool(h: torch.Tensor, padding: Optional[torch.Tensor], how: str) -> torch.Te
         return h[:, 0]
     if padding is None:
         padding = torch.ones(h.shape[:2], dtype=torch.long, device=h.device)
-    if how == "mean":
-        w = padding.to(h.dtype)[..., None]
-        return (h * w).sum(1) / w.sum(1).clamp(min=1)
     if how == "last":
         last = padding.long().sum(1).clamp(min=1) - 1  # (B,)
         return h[torch.arange(h.shape[0], device=h.device), last]
-    if how == "weighted_mean":
-        real = padding.to(h.dtype)
-        w = (real.cumsum(1) * real)[..., None]  # (B, T, 1): 1, 2, ..., L on the real tokens, 0 on padding
-        return (h * w).sum(1) / w.sum(1).clamp(min=1)
-    raise ValueError(f"unknown pooling {how!r}; allowed: first, mean, last, weighted_mean")
+    real = padding.to(h.dtype)  # (B, T)
+    if how == "mean":
+        w = real
+    elif how == "weighted_mean":
+        w = real.cumsum(1) * real  # 1, 2, ..., L on the real tokens, 0 on padding
+    else:
+        raise ValueError(f"unknown pooling {how!r}; allowed: first, mean, last, weighted_mean")
+    w = w[..., None]  # (B, T, 1)
+    return (h * w).sum(1) / w.sum(1).clamp(min=1)

@@ -58,9 +58,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 row_scale = valid.float() / n_valid  # d(mean loss)/d(row loss)
                 g = e.mul_((row_scale / sum_e)[:, None])  # softmax, scaled
                 g[rows, target] -= row_scale  # minus the one-hot target
-                torch.mm(g.to(compute), weight, out=grad_h[start:start + chunk_size])
+                gc = g.to(compute)  # one cast of the (n, V) chunk serves both GEMMs (a no-op in fp32)
+                torch.mm(gc, weight, out=grad_h[start:start + chunk_size])
                 if low:  # a bf16 GEMM (fp32 accumulation inside), summed over chunks in fp32
-                    grad_w += torch.mm(g.to(compute).t(), hc)
+                    grad_w += torch.mm(gc.t(), hc)
                 else:
                     grad_w.addmm_(g.t(), hc)
                 if grad_b is not None:
