@@ -455,12 +455,20 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
     hot = curve.archive_point(point("c", ["pooling=mean"], ["model.electra.temperature=2"]), archive)
     assert base == archive / "encoder-mean-rope" / "1000" and len({base, more, hot}) == 3
     assert more.parent.name.startswith("encoder-mean-rope-") and hot.parent.name.startswith("encoder-mean-rope-")
+    # The folder is a digest of the overrides; the committed archive's names depend on it not changing.
+    assert more.parent.name == "encoder-mean-rope-d4a2b4a8"  # docs/glue_transfer/points/ has this folder
+    both = curve.archive_point(point("d", ["pooling=mean", "tasks.rte.epochs=10"],
+                                     ["model.electra.temperature=2", "train.threads=1"]), archive)
+    assert len({base, more, hot, both}) == 4
     rows = find_transfers([archive])
-    assert sorted(series_labels(rows)) == ["encoder (mean, rope)",
-                                           "encoder (mean, rope; pretrain model.electra.temperature=2)",
-                                           "encoder (mean, rope; tasks.sst2.max_train_examples=10000)"]
+    # Each side is named once, so a finetuning override never reads as a pretraining one.
+    assert sorted(series_labels(rows)) == [
+        "encoder (mean, rope)",
+        "encoder (mean, rope; finetune tasks.sst2.max_train_examples=10000)",
+        "encoder (mean, rope; pretrain model.electra.temperature=2 train.threads=1; finetune tasks.rte.epochs=10)",
+        "encoder (mean, rope; pretrain model.electra.temperature=2)"]
     assert series_labels(rows[:1]) == ["encoder (mean, rope)"]  # one recipe alone: the plain label
-    assert "| encoder (mean, rope; tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)
+    assert "| encoder (mean, rope; finetune tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)
 
 
 def _gpu_transfer_tiny(tmp_path, data_mirror, **env_extra):

@@ -134,10 +134,25 @@ def series(summary: Mapping) -> str:
 
 def overrides(summary: Mapping) -> Tuple[str, ...]:
     """What a run set beyond its preset: its --pretrain overrides (marked `pretrain`) and --finetune overrides,
-    pooling aside (series() shows it). Two runs of one series with other overrides are two curves."""
+    pooling aside (series() shows it). Two runs of one series with other overrides are two curves. (The
+    curve archive's folder names digest this tuple as it is: keep its form.)"""
+    return tuple(o if side == "finetune" else f"pretrain {o}" for side, o in sided_overrides(summary))
+
+
+SIDES = ("pretrain", "finetune")
+
+
+def sided_overrides(summary: Mapping) -> Tuple[Tuple[str, str], ...]:
+    """overrides() as (side, override) pairs, side `pretrain` or `finetune`."""
     r = summary["recipe"]
-    return (tuple(f"pretrain {o}" for o in r.get("pretrain_overrides") or [])
-            + tuple(o for o in r.get("finetune_overrides") or [] if not o.startswith("pooling=")))
+    return (tuple(("pretrain", o) for o in r.get("pretrain_overrides") or [])
+            + tuple(("finetune", o) for o in r.get("finetune_overrides") or [] if not o.startswith("pooling=")))
+
+
+def _said(extra: List[Tuple[str, str]]) -> str:
+    """(side, override) pairs as `pretrain a b; finetune c`: each side named once, so neither reads as the other."""
+    return "; ".join(f"{side} " + " ".join(o for sd, o in extra if sd == side)
+                     for side in SIDES if any(sd == side for sd, _ in extra))
 
 
 def series_labels(summaries: List[Mapping]) -> List[str]:
@@ -145,7 +160,7 @@ def series_labels(summaries: List[Mapping]) -> List[str]:
     overrides that not all of them share (so the curves stay apart and the labels stay short)."""
     groups: Dict[str, List[Tuple[str, ...]]] = {}
     for s in summaries:
-        groups.setdefault(series(s), []).append(overrides(s))
+        groups.setdefault(series(s), []).append(sided_overrides(s))
     labels = []
     for s in summaries:
         variants = groups[series(s)]
@@ -153,7 +168,7 @@ def series_labels(summaries: List[Mapping]) -> List[str]:
             labels.append(series(s))
             continue
         common = set.intersection(*map(set, variants))
-        extra = " ".join(o for o in overrides(s) if o not in common)
+        extra = _said([o for o in sided_overrides(s) if o not in common])
         labels.append(series(s)[:-1] + (f"; {extra})" if extra else ")"))
     return labels
 
