@@ -209,7 +209,8 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
                 y = [s["comparison"]["average"]["gain"] for s in rows]
             else:
                 y = [s["comparison"]["tasks"][col]["gain"] for s in rows]
-            ax.plot(x, y, "o-", color=f"C{i}", label=label, lw=1.4, ms=4)
+            # tab20: the archive holds more than the default cycle's 10 curves, and two must not share a colour
+            ax.plot(x, y, "o-", color=plt.get_cmap("tab20")(i % 20), label=label, lw=1.4, ms=4)
         ax.axhline(0, color="grey", lw=0.8)
         ax.set_title("GLUE average" if col == "average" else EVALS[col].submission, fontsize=10)
         ax.set_xlabel("pretraining tokens (M)", fontsize=8)
