@@ -149,7 +149,7 @@ def sided_overrides(summary: Mapping) -> Tuple[Tuple[str, str], ...]:
             + tuple(("finetune", o) for o in r.get("finetune_overrides") or [] if not o.startswith("pooling=")))
 
 
-def _said(extra: List[Tuple[str, str]]) -> str:
+def _by_side(extra: List[Tuple[str, str]]) -> str:
     """(side, override) pairs as `pretrain a b; finetune c`: each side named once, so neither reads as the other."""
     return "; ".join(f"{side} " + " ".join(o for sd, o in extra if sd == side)
                      for side in SIDES if any(sd == side for sd, _ in extra))
@@ -158,7 +158,7 @@ def _said(extra: List[Tuple[str, str]]) -> str:
 def series_labels(summaries: List[Mapping]) -> List[str]:
     """Each summary's curve label: series(), plus, where runs of that series differ in their overrides, the
     overrides that not all of them share (so the curves stay apart and the labels stay short)."""
-    groups: Dict[str, List[Tuple[str, ...]]] = {}
+    groups: Dict[str, List[Tuple[Tuple[str, str], ...]]] = {}
     for s in summaries:
         groups.setdefault(series(s), []).append(sided_overrides(s))
     labels = []
@@ -168,7 +168,7 @@ def series_labels(summaries: List[Mapping]) -> List[str]:
             labels.append(series(s))
             continue
         common = set.intersection(*map(set, variants))
-        extra = _said([o for o in sided_overrides(s) if o not in common])
+        extra = _by_side([o for o in sided_overrides(s) if o not in common])
         labels.append(series(s)[:-1] + (f"; {extra})" if extra else ")"))
     return labels
 
