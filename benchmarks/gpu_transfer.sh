@@ -35,6 +35,12 @@
 # whole run again (the scratch arm does not depend on the pretraining; lm-transfer --scratch shares it the same
 # way). The pretraining's lane then prepares the corpus; no table is written (it needs every task in both arms),
 # and the lanes' results.json files in details.tgz are put together with the earlier run's scratch results.
+# ARMS=pretrained | scratch (default all): one arm per call, for a device budget that does not hold the whole
+# recipe in one call (~14 minutes): the pretraining and the pretrained arm (SST-2 lane, then the other four tasks'
+# lane once the pretraining is done; ~8 minutes on an H100, estimated from the 2026-11-26 runs), or the scratch arm
+# (its two lanes; ~4.5 minutes). Each writes its arm's record, transfer_<arm>.json, into OUT; when the other arm
+# finished in an earlier call on the same machine (the same RUN_DIR) the table is written as well. From two
+# machines: lm-transfer --join OUT1/transfer_pretrained.json OUT2/transfer_scratch.json --out DIR.
 # LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 70 s
 # before it, to leave the table's call its time. Whatever finished is copied to OUT either way.
 set -uo pipefail
@@ -64,6 +70,8 @@ extra=(${FINETUNE:-})
 sst2+=(${FINETUNE_SST2:-})
 other+=(${FINETUNE_OTHER:-})
 other_tasks=cola,mrpc,stsb,rte
+arms="${ARMS:-all}"
+case "$arms" in all | pretrained | scratch) ;; *) echo "gpu_transfer.sh: ARMS=$arms: all, pretrained or scratch" >&2; exit 2 ;; esac
 scratch_sst2="${SCRATCH_SST2:-1}"
 scratch_tasks="${SCRATCH_TASKS:-$other_tasks}"
 b="$run/b"  # the second lanes' --out: their pretraining copy and their scratch arm
@@ -96,11 +104,23 @@ scratch_lane() {  # the scratch arm's lane of the tasks other than SST-2
     --finetune "${base[@]}" "${keep[@]}" "${extra[@]}"
 }
 pretrained_lane() {  # the pretraining, then its SST-2 finetuning; its pid: $pre
-  lane pretrained_sst2.log --out "$run" --arm pretrained --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
+  # --scratch: only where this lane keeps its recipe record (the arm is the scratch lanes'); apart from theirs, as
+  # the scratch arm's whole-arm record (step 5 of an ARMS=scratch call) names every task
+  lane pretrained_sst2.log --out "$run" --scratch "$run/record_of_the_pretrained_sst2_lane" --arm pretrained \
+    --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
   pre=$last
 }
-ready=1
-if [ "$scratch_sst2" = 1 ]; then
+ready=1  # 0: the pretraining lane started and its arm's second lane may follow
+if [ "$arms" = scratch ]; then
+  if [ "$scratch_sst2" = 1 ]; then
+    say "1. the scratch arm's SST-2 lane (it prepares the corpus); no pretraining (ARMS=scratch)"
+    lane scratch_sst2.log --out "$run" --arm scratch --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
+    wait_for "$last" scratch_sst2.log "finetuning from scratch" && { say "2. the scratch arm's $scratch_tasks lane"; scratch_lane; }
+  else
+    say "1. the scratch arm's $scratch_tasks lane (it prepares the corpus); no pretraining (ARMS=scratch)"
+    scratch_lane
+  fi
+elif [ "$scratch_sst2" = 1 ] && [ "$arms" = all ]; then
   say "1. the scratch arm's SST-2 lane (it prepares the corpus)"
   lane scratch_sst2.log --out "$run" --arm scratch --tasks sst2 --finetune "${base[@]}" "${sst2[@]}" "${extra[@]}"
   if wait_for "$last" scratch_sst2.log "finetuning from scratch"; then
@@ -110,12 +130,12 @@ if [ "$scratch_sst2" = 1 ]; then
     ready=0
   fi
 else
-  say "1. the pretraining (it prepares the corpus; then its SST-2 lane); no scratch SST-2 lane (SCRATCH_SST2=0)"
+  say "1. the pretraining (it prepares the corpus; then its SST-2 lane); no scratch SST-2 lane (ARMS=$arms, SCRATCH_SST2=$scratch_sst2)"
   pretrained_lane
-  if wait_for "$pre" pretrained_sst2.log "lm-transfer: pretraining"; then
+  ready=0
+  if [ "$arms" = all ] && wait_for "$pre" pretrained_sst2.log "lm-transfer: pretraining"; then
     say "2. the scratch arm's $scratch_tasks lane"
     scratch_lane
-    ready=0
   fi
 fi
 if [ "$ready" = 0 ] && wait_for "$pre" pretrained_sst2.log "finetuning from"; then
@@ -134,18 +154,42 @@ for p in "${pids[@]}"; do wait "$p" || failed=1; done
 for p in "${pids[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 1; done; done
 kill "$watchdog" 2>/dev/null
 say "lanes finished (any failed or stopped: $failed)"
-if [ "$failed" = 0 ] && [ "${#pids[@]}" = 4 ] && [ "$scratch_tasks" = "$other_tasks" ]; then
-  say "4. the second lanes' tasks into the first lanes' arms; the table"
+# Which arms this call finished whole: each of its lanes ended well, and they covered every task
+whole=()
+if [ "$failed" = 0 ] && [ "$arms" != pretrained ] && [ -f "$det/scratch_sst2.log" ] && [ -f "$det/scratch_other.log" ] \
+  && [ "$scratch_tasks" = "$other_tasks" ]; then whole+=(scratch); fi
+if [ "$failed" = 0 ] && [ "$arms" != scratch ] && [ -f "$det/pretrained_other.log" ]; then whole+=(pretrained); fi
+for arm in "${whole[@]}"; do
+  say "4. the $arm arm's second lane's tasks into its first lane's arm"
   for t in ${other_tasks//,/ }; do
-    cp -r "$b/scratch/$t" "$run/finetune/scratch/" && cp -r "$b/finetune/pretrained/$t" "$run/finetune/pretrained/"
+    if [ "$arm" = scratch ]; then cp -r "$b/scratch/$t" "$run/finetune/scratch/"
+    else cp -r "$b/finetune/pretrained/$t" "$run/finetune/pretrained/"; fi
   done
+  touch "$run/arm_$arm.done"  # a later call on this machine (ARMS=the other arm) finds it whole
+done
+record=""  # the arm whose whole-arm record (transfer_<arm>.json) step 5 wrote
+both=$([ -f "$run/arm_scratch.done" ] && [ -f "$run/arm_pretrained.done" ] && echo 1)
+if [ "${#whole[@]}" -gt 0 ] && [ -n "$both" ]; then
+  say "5. the table (both arms are whole)"
   rm -f "$run/finetune/scratch/transfer_arm.json"  # the SST-2 lane's record: the table's call writes the whole arm's
   timeout -s TERM 60 python3 -m lm.cli.transfer "${common[@]}" --out "$run" \
     --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$det/table.log" 2>&1
   say "lm-transfer (the table) exit status $?"
+elif [ "${#whole[@]}" = 1 ]; then
+  arm="${whole[0]}"
+  say "5. the $arm arm's record (the other arm is not whole on this machine: join the two records later)"
+  # its recipe record apart from the lanes' (they name fewer tasks), so a later call's lanes still match theirs
+  [ "$arm" = scratch ] && rm -f "$run/finetune/scratch/transfer_arm.json"
+  rec=(--scratch "$run/finetune/scratch"); [ "$arm" = pretrained ] && rec=(--scratch "$run/record_of_the_pretrained_arm")
+  timeout -s TERM 60 python3 -m lm.cli.transfer "${common[@]}" --out "$run" --arm "$arm" "${rec[@]}" \
+    --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$det/${arm}_arm.log" 2>&1
+  status=$?
+  say "lm-transfer --arm $arm exit status $status"
+  [ "$status" = 0 ] && record="$arm"
 fi
 # what a call can bring back: the tables, results and logs, never the checkpoints
 cp "$run"/transfer.json "$run"/transfer.md "$out/" 2>/dev/null
+[ -n "$record" ] && cp "$run/transfer_$record.json" "$out/" 2>/dev/null  # (the lanes' own records name fewer tasks)
 cp "$run"/pretrain/metrics.jsonl "$det/pretrain_metrics.jsonl" 2>/dev/null
 for arm in scratch pretrained; do cp "$run/finetune/$arm/results.json" "$det/${arm}_results.json" 2>/dev/null; done
 for arm in scratch finetune/pretrained; do  # the second lanes' own results, in case the table's call did not run

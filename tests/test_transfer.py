@@ -403,6 +403,37 @@ def test_one_arm_at_a_time_then_the_table(tmp_path, corpus, easy_glue):  # noqa:
     assert set(s["comparison"]["tasks"]["sst2"]) >= {"scratch", "pretrained", "gain"} and done.stat().st_mtime_ns == mtime
 
 
+def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, corpus, easy_glue):  # noqa: F811
+    """Each arm in its own output directory (as on two machines) writes transfer_<arm>.json; --join makes the
+    same comparison as the call that runs both arms, and refuses two records of one arm or of two recipes."""
+    from lm.cli.transfer import join_arms, main
+
+    run_transfer(recipe(tmp_path / "a", corpus, easy_glue, arm="scratch", seeds=[0]))
+    run_transfer(recipe(tmp_path / "b", corpus, easy_glue, arm="pretrained", seeds=[0]))
+    scratch, pretrained = tmp_path / "a" / "transfer_scratch.json", tmp_path / "b" / "transfer_pretrained.json"
+    assert json.loads(scratch.read_text())["recipe"]["val_loss"] is None  # only the pretraining's call knows it
+    main(["--join", str(pretrained), str(scratch), "--out", str(tmp_path / "j")])
+    joined = json.loads((tmp_path / "j" / "transfer.json").read_text())
+    whole = run_transfer(recipe(tmp_path / "w", corpus, easy_glue, seeds=[0]))
+    assert joined["comparison"] == json.loads(json.dumps(whole["comparison"]))  # the same training, the same numbers
+    assert joined["recipe"]["val_loss"] == pytest.approx(whole["recipe"]["val_loss"])
+    assert joined["arms"]["scratch"].startswith(str(tmp_path / "a" / "finetune" / "scratch"))
+    assert joined["run"]["seconds"] == pytest.approx(sum(joined["run"]["arms"][a]["seconds"]
+                                                         for a in ("scratch", "pretrained")), abs=0.11)
+    assert (tmp_path / "j" / "transfer.md").read_text() == transfer_table(joined)
+    with pytest.raises(TransferError, match="are both the scratch arm"):
+        join_arms([scratch, scratch], tmp_path / "x", "")
+    other = json.loads(pretrained.read_text())
+    other["recipe"]["seeds"] = [0, 1]
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(TransferError, match=r"different recipes \(seeds: \[0\] vs \[0, 1\]\)"):
+        join_arms([scratch, tmp_path / "other.json"], tmp_path / "x", "")
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(TransferError, match="bad.json: not an lm-transfer arm record"):
+        join_arms([scratch, tmp_path / "bad.json"], tmp_path / "x", "")
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_failed_lane_is_an_error_naming_its_log(tmp_path, corpus, easy_glue, monkeypatch):  # noqa: F811
     import lm.cli.transfer_lane as lane
 
@@ -471,23 +502,25 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
     assert "| encoder (mean, rope; finetune tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)
 
 
-def _gpu_transfer_tiny(tmp_path, data_mirror, **env_extra):
-    """benchmarks/gpu_transfer.sh on the CPU with a tiny model and 1 seed; returns OUT."""
+def _gpu_transfer_tiny(tmp_path, data_mirror, out_name="out", **env_extra):
+    """benchmarks/gpu_transfer.sh on the CPU with a tiny model and 1 seed; returns OUT (tmp_path/out_name).
+    Calls in one tmp_path share the mirror, the cache and (unless RUN_DIR is given) the run directory."""
     import os
     import subprocess
 
     repo = Path(__file__).parents[1]
     mirror_home = tmp_path / "mirror"
-    mirror_home.mkdir()
-    subprocess.run(["bash", str(repo / "benchmarks" / "gpu_transfer_data.sh"), "1", str(data_mirror)],
-                   cwd=mirror_home, check=True, capture_output=True, timeout=300)
+    if not mirror_home.is_dir():
+        mirror_home.mkdir()
+        subprocess.run(["bash", str(repo / "benchmarks" / "gpu_transfer_data.sh"), "1", str(data_mirror)],
+                       cwd=mirror_home, check=True, capture_output=True, timeout=300)
     few = {t: "100" for t in ("cola", "mrpc", "stsb", "rte")}
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "LM_DATA_MIRROR": str(mirror_home / ".gpu_data"),
            "RUN_DIR": str(tmp_path / "run"), "TOKENS": "20000", "LIMIT": "900",
            "FINETUNE_SST2": "tasks.sst2.max_train_examples=200 tasks.sst2.epochs=1",
            "FINETUNE_OTHER": " ".join(f"tasks.{t}.max_train_examples={n} tasks.{t}.epochs=1" for t, n in few.items()),
            **env_extra}
-    out = tmp_path / "out"
+    out = tmp_path / out_name
     done = subprocess.run(["bash", "benchmarks/gpu_transfer.sh", str(out), "--seeds", "0", "--pretrain",
                            "model.dim=32", "model.n_layers=1", "model.n_heads=2", "train.micro_batch_size=8",
                            "train.precision=fp32", "train.eval_batches=2"],
@@ -521,11 +554,12 @@ def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_pa
 def test_the_gpu_transfer_script_narrowed_to_some_scratch_tasks_tiny(tmp_path, data_mirror):
     """SCRATCH_SST2=0 SCRATCH_TASKS=cola,stsb: the scratch arm finetunes only CoLA and STS-B (the other tasks'
     overrides are dropped from its lane, which would refuse them), the pretrained arm all five, and no table is
-    written (it needs every task in both arms): the lanes' results come back in details.tgz."""
+    written (it needs every task in both arms): the lanes' results come back in details.tgz, and the pretrained
+    arm's record, whole, in OUT."""
     import tarfile
 
     out = _gpu_transfer_tiny(tmp_path, data_mirror, SCRATCH_SST2="0", SCRATCH_TASKS="cola,stsb")
-    assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer_pretrained.json"]
     with tarfile.open(out / "details.tgz") as tar:
         results = {n: json.loads(tar.extractfile(f"details/{n}_results.json").read())["columns"]
                    for n in ("scratch_other", "pretrained_other", "pretrained")}
@@ -533,6 +567,36 @@ def test_the_gpu_transfer_script_narrowed_to_some_scratch_tasks_tiny(tmp_path, d
     assert "details/scratch_sst2.log" not in names
     assert sorted(results["scratch_other"]) == ["cola", "stsb"]
     assert sorted(results["pretrained_other"]) == ["cola", "mrpc", "rte", "stsb"]
-    assert sorted(results["pretrained"]) == ["sst2"]
+    assert sorted(results["pretrained"]) == ["cola", "mrpc", "rte", "sst2", "stsb"]  # the arm, whole
     log = (out / "log.txt").read_text()
     assert "lanes finished (any failed or stopped: 0)" in log and "the table" not in log
+    assert sorted(json.loads((out / "transfer_pretrained.json").read_text())["results"]["columns"]) == \
+        ["cola", "mrpc", "rte", "sst2", "stsb"]  # the pretrained arm is whole: its record, for lm-transfer --join
+
+
+@pytest.mark.slow
+def test_the_gpu_transfer_script_one_arm_per_call_tiny(tmp_path, data_mirror):
+    """ARMS=pretrained, then ARMS=scratch on the same machine (RUN_DIR): the second call finds the first's arm
+    whole and writes the table, training nothing twice. ARMS=scratch on another machine (a fresh RUN_DIR) brings
+    back its arm's record instead, which lm-transfer --join puts together with the first call's into the same
+    table."""
+    import tarfile
+
+    from lm.cli.transfer import join_arms
+
+    first = _gpu_transfer_tiny(tmp_path, data_mirror, "first", ARMS="pretrained")
+    assert sorted(p.name for p in first.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer_pretrained.json"]
+    with tarfile.open(first / "details.tgz") as tar:
+        assert not any("scratch_" in n for n in tar.getnames())  # no scratch lane ran
+    second = _gpu_transfer_tiny(tmp_path, data_mirror, "second", ARMS="scratch")
+    assert sorted(p.name for p in second.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer.json",
+                                                        "transfer.md"]
+    with tarfile.open(second / "details.tgz") as tar:
+        assert tar.extractfile("details/table.log").read().decode().count("done in an earlier run") == 10
+        assert not {"details/pretrained_sst2.log", "details/pretrained_other.log"} & set(tar.getnames())  # no lane
+    elsewhere = _gpu_transfer_tiny(tmp_path, data_mirror, "elsewhere", ARMS="scratch", RUN_DIR=str(tmp_path / "run2"))
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer_scratch.json"]
+    joined = join_arms([first / "transfer_pretrained.json", elsewhere / "transfer_scratch.json"], tmp_path / "j", "")
+    table = json.loads((second / "transfer.json").read_text())
+    assert joined["comparison"] == table["comparison"]
+    assert joined["recipe"]["val_loss"] == table["recipe"]["val_loss"] is not None

@@ -12,6 +12,7 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
     lm-transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
     lm-transfer --tokens 30000000 --parallel                  # the scratch arm beside the pretraining
     lm-transfer --tokens 30000000 --arm scratch               # one arm alone; --arm all then writes the table
+    lm-transfer --join a/transfer_scratch.json b/transfer_pretrained.json --out c   # or the table from two calls
     lm-report runs/transfer                                    # every run's table + the curve over tokens
 
 1. Pretraining: `lm-train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra,gpu}.yaml:
@@ -334,8 +335,7 @@ def scratch_record(r: Recipe, p: Plan) -> Dict:
 
 
 def _transfer(r: Recipe, t0: float) -> Dict:
-    from lm.core.files import atomic_write_text
-    from lm.report.transfer import arm_scores, compare, transfer_table
+    from lm.report.transfer import arm_scores, compare
 
     p = plan(r)
     check_scratch_arm(r, scratch_record(r, p))
@@ -359,29 +359,109 @@ def _transfer(r: Recipe, t0: float) -> Dict:
                             f"command resumes it (and reads the pretrained arm back)")
     if r.arm != "all":
         if not r.lane:  # a lane's parent writes the table itself
-            log.info("lm-transfer: the %s arm is done; a call with --arm all (the same command without --arm) "
-                     "writes the table once both arms are", r.arm)
+            write_arm_record(r, p, pretrained if r.arm == "pretrained" else r.scratch, t0)
+            log.info("lm-transfer: the %s arm is done (%s); a call with --arm all (the same command without "
+                     "--arm) writes the table once both arms are, or lm-transfer --join with the other arm's "
+                     "record", r.arm, r.out / arm_record_name(r.arm))
         return None
     summary = {
-        "recipe": {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
-                   "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
-                   "steps": p.steps, "tokens_per_step": p.per_step,
-                   "val_loss": _val_loss(r.out / "pretrain") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
-                   "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
-                   "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
-                   "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
-                                    f"2,000 train examples), {p.pooling} pooling, best dev epoch"
-                                    + (f", overrides {' '.join(r.finetune)}" if r.finetune else "")},
+        "recipe": recipe_record(r, p),
         "arms": {"scratch": str(r.scratch), "pretrained": str(pretrained)},
         "comparison": compare(arm_scores(r.scratch / "results.json"), arm_scores(pretrained / "results.json")),
-        "run": {"command": r.command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
-                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-                "seconds": round(_spent(r.out, time.time() - t0), 1)},
+        "run": _run_record(r.command, _spent(r.out, time.time() - t0)),
     }
-    summary["run"] = _kept_run(r.out / "transfer.json", summary)
-    atomic_write_text(r.out / "transfer.json", json.dumps(summary, indent=2) + "\n")
-    atomic_write_text(r.out / "transfer.md", transfer_table(summary))
+    return _write_table(r.out, summary)
+
+
+def recipe_record(r: Recipe, p: Plan) -> Dict:
+    """What the table says of the recipe (transfer.json's "recipe")."""
+    return {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
+            "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
+            "steps": p.steps, "tokens_per_step": p.per_step,
+            "val_loss": _val_loss(r.out / "pretrain") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
+            "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
+            "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
+            "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
+                             f"2,000 train examples), {p.pooling} pooling, best dev epoch"
+                             + (f", overrides {' '.join(r.finetune)}" if r.finetune else "")}
+
+
+def _run_record(command: str, seconds: float) -> Dict:
+    return {"command": command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(seconds, 1)}
+
+
+def _write_table(out: Path, summary: Dict) -> Dict:
+    from lm.core.files import atomic_write_text
+    from lm.report.transfer import transfer_table
+
+    summary["run"] = _kept_run(out / "transfer.json", summary)
+    atomic_write_text(out / "transfer.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "transfer.md", transfer_table(summary))
     return summary
+
+
+# -- one arm per call, joined later (e.g. two machines, or two device calls) --------------------------
+
+
+def arm_record_name(arm: str) -> str:
+    return f"transfer_{arm}.json"
+
+
+def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Optional[Path]:
+    """<out>/transfer_<arm>.json: the recipe, this arm's results.json and the call's run record; lm-transfer
+    --join reads two of them (one per arm), so the arms may finish on different machines."""
+    from lm.core.files import atomic_write_text
+
+    if not (arm_dir / "results.json").is_file():  # --tokens 0 --arm pretrained: no arm of its own
+        return None
+    record = {"arm": r.arm, "recipe": recipe_record(r, p), "dir": str(arm_dir),
+              "results": json.loads((arm_dir / "results.json").read_text()),
+              "run": _run_record(r.command, _spent(r.out, time.time() - t0))}
+    path = r.out / arm_record_name(r.arm)
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+    return path
+
+
+# The recipe fields two arm records must share to be compared (paths, the wandb group and the pretraining's
+# validation loss, which only the pretrained arm's call knows, may differ).
+JOIN_KEYS = ("preset", "arch", "objective", "pooling", "pos", "tokens", "tokens_asked", "steps", "tokens_per_step",
+             "tasks", "seeds", "tokenizer_sha256", "pretrain_overrides", "finetune_overrides")
+
+
+def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
+    """The table from two arm records (write_arm_record), one per arm, of the same recipe: <out>/transfer.{json,md}."""
+    from lm.report.transfer import compare, scores_of
+
+    records = {}
+    for path in paths:
+        try:
+            record = json.loads(Path(path).read_text())
+            arm = record["arm"]
+            record["recipe"], record["results"], record["run"]  # noqa: B018 - every field is there
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise TransferError(f"{path}: not an lm-transfer arm record ({type(e).__name__}: {e}); a call with "
+                                f"--arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json") from e
+        if arm in records:
+            raise TransferError(f"{paths[0]} and {paths[1]} are both the {arm} arm; --join takes one scratch and "
+                                f"one pretrained arm record")
+        records[arm] = record
+    scratch, pretrained = records["scratch"], records["pretrained"]
+    diff = [k for k in JOIN_KEYS if scratch["recipe"].get(k) != pretrained["recipe"].get(k)]
+    if diff:
+        detail = "; ".join(f"{k}: {scratch['recipe'].get(k)!r} vs {pretrained['recipe'].get(k)!r}" for k in diff)
+        raise TransferError(f"the two arms are of different recipes ({detail}); rerun one arm with the other's "
+                            f"settings")
+    summary = {
+        "recipe": pretrained["recipe"],
+        "arms": {a: f"{records[a]['dir']} ({records[a]['run']['machine']})" for a in ("scratch", "pretrained")},
+        "comparison": compare(scores_of(scratch["results"]), scores_of(pretrained["results"])),
+        "run": {**_run_record(command, 0.0), "seconds": round(scratch["run"]["seconds"]
+                                                               + pretrained["run"]["seconds"], 1),
+                "arms": {a: records[a]["run"] for a in ("scratch", "pretrained")}},
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    return _write_table(out, summary)
 
 
 # The recipe fields that decide the work done: equal ones (and equal scores) mean nothing was redone.
@@ -473,6 +553,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="run the scratch arm in a second process beside the pretraining (half of the CPU threads "
                         "each; on one GPU both time-slice the device: no time saved on an H100); its log: "
                         "<scratch>/lane.log")
+    p.add_argument("--join", nargs=2, type=Path, metavar="ARM_JSON",
+                   help="write the table (in --out) from two one-arm calls' records, <out>/transfer_scratch.json "
+                        "and <out>/transfer_pretrained.json, e.g. from two machines; runs nothing")
     p.add_argument("--lane", action="store_true", help=argparse.SUPPRESS)  # the --parallel call's second process
     return p
 
@@ -487,6 +570,9 @@ def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    if a.join:
+        _join_main(a, argv)
+        return
     try:
         recipe = Recipe(preset=a.preset, tokens=int(a.tokens), out=a.out, scratch=a.scratch, group=a.group,
                         logger=a.logger, seeds=[int(s) for s in a.seeds.split(",")], pretrain=a.pretrain,
@@ -503,6 +589,19 @@ def main(argv=None) -> None:
 
     print(transfer_table(summary))
     print(f"results: {recipe.out / 'transfer.json'}, {recipe.out / 'transfer.md'}")
+
+
+def _join_main(a, argv: List[str]) -> None:
+    from lm.report.transfer import transfer_table
+
+    if a.out is None:
+        sys.exit("lm-transfer: --join writes its table in --out DIR; name the directory")
+    try:
+        summary = join_arms(a.join, a.out, "lm-transfer " + " ".join(map(shlex.quote, argv)))
+    except TransferError as e:
+        sys.exit(f"lm-transfer: {type(e).__name__}: {e}")
+    print(transfer_table(summary))
+    print(f"results: {a.out / 'transfer.json'}, {a.out / 'transfer.md'}")
 
 
 if __name__ == "__main__":

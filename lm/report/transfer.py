@@ -7,6 +7,8 @@ A transfer run directory (what `lm-transfer` writes) holds
     pretrain/        the lm-train run (absent at 0 tokens)
     finetune/pretrained/results.json, and the scratch arm's results.json (finetune/scratch/, or a
                      directory shared by every run of a curve: the scratch arm does not depend on tokens)
+    transfer_<arm>.json  written by a one-arm call (--arm scratch|pretrained): the recipe and that arm's
+                     results; `lm-transfer --join` makes the table from two of them, e.g. from two machines
 
 Scores are lm-finetune's task scores in points (a task's score is the mean of its metrics, e.g. MRPC
 F1/acc). Per task: each seed, the median over seeds (of the per-metric medians, as results.json
@@ -40,9 +42,13 @@ def arm_scores(results_json: Path) -> Dict[str, Dict]:
     if not Path(results_json).is_file():
         raise TransferError(f"{results_json}: no such file; the finetuning of this arm has not finished "
                             f"(run the same lm-transfer command again to resume it)")
-    cols = json.loads(Path(results_json).read_text())["columns"]
+    return scores_of(json.loads(Path(results_json).read_text()))
+
+
+def scores_of(results: Mapping) -> Dict[str, Dict]:
+    """arm_scores of an lm-finetune results.json already read (an arm record carries one: lm-transfer --join)."""
     return {c: {"metrics": r["metrics"], "seeds": {str(s): _score(m, r["metrics"]) for s, m in r["seeds"].items()},
-                "median": _score(r["median"], r["metrics"])} for c, r in cols.items()}
+                "median": _score(r["median"], r["metrics"])} for c, r in results["columns"].items()}
 
 
 def compare(scratch: Mapping[str, Dict], pretrained: Mapping[str, Dict]) -> Dict:
