@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 17's GPU run in one device call (a call may last 10 minutes, and a fresh machine keeps nothing of
-# the last one, so the whole recipe must fit in one): lm-transfer --preset glue_transfer_gpu on the mirror
-# .gpu_data (benchmarks/gpu_transfer_data.sh 5), run as four lm-transfer processes that share the GPU, then one
-# that reads them back and writes the table. The run itself goes to /tmp (its checkpoints are far over what a
-# call brings back); OUT gets five files (a call brings back at most 8): env.txt, log.txt, transfer.md,
-# transfer.json, and details.tgz with every process' log, each arm's and lane's results.json and the
-# pretraining's metrics.
+# Issue 17's GPU run in device calls (a call may last 10 minutes, and a fresh machine keeps nothing of the last
+# one): lm-transfer --preset glue_transfer_gpu on the mirror .gpu_data (benchmarks/gpu_transfer_data.sh 5), run as
+# lm-transfer processes (lanes) that share the GPU, then one that reads them back and writes the table; or, with
+# ARMS (below), one arm per call. The run itself goes to /tmp (its checkpoints are far over what a call brings
+# back); OUT gets at most six files (a call brings back at most 8): env.txt, log.txt, details.tgz with every
+# process' log, each arm's and lane's results.json and the pretraining's metrics; transfer.md and transfer.json
+# when the table was written, transfer_<arm>.json when only that arm is whole.
 #   benchmarks/gpu_transfer.sh OUT [extra lm-transfer arguments for every process, not --finetune/--tasks]
-#   TOKENS=150000000 LIMIT=540 FINETUNE="train.log_interval=100" benchmarks/gpu_transfer.sh "$OUT"
+#   ARMS=pretrained TOKENS=150000000 LIMIT=590 FINETUNE="train.log_interval=100" benchmarks/gpu_transfer.sh "$OUT"
 # FINETUNE: lm-finetune overrides for every process, after (so over) the ones below; none may name a task
 # (tasks.<t>.* is refused by a process that does not finetune t). FINETUNE_SST2: more for the SST-2 lanes,
 # FINETUNE_OTHER for the cola,mrpc,stsb,rte lanes (both also go to the table's call).
@@ -41,13 +41,19 @@
 # (its two lanes; ~4.5 minutes). Each writes its arm's record, transfer_<arm>.json, into OUT; when the other arm
 # finished in an earlier call on the same machine (the same RUN_DIR) the table is written as well. From two
 # machines: lm-transfer --join OUT1/transfer_pretrained.json OUT2/transfer_scratch.json --out DIR.
-# LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 70 s
-# before it, to leave the table's call its time. Whatever finished is copied to OUT either way.
+# COMPILE (default 1): the pretraining runs under torch.compile (train.compile=true; COMPILE=0: eager, as the
+# 2026-11-26 runs). Eager it ran at ~750k tokens/s (~14% MFU) alone on an H100: ~200 s of the ~8 minutes of
+# ARMS=pretrained. Compiled it was 1.47x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
+# not yet measured on a GPU, where the first step also pays the compile.
+# LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 25 s
+# before it. The table's (or the arm record's) call then gets up to 60 s, ending 15 s before LIMIT, and is skipped
+# with less than 20 s left (the same command on the same machine writes it: every pair is found finished).
+# Whatever finished is copied to OUT either way.
 set -uo pipefail
 out="${1:?usage: gpu_transfer.sh OUT [lm-transfer arguments]}"
 shift
 tokens="${TOKENS:-150000000}"
-limit="${LIMIT:-540}"
+limit="${LIMIT:-590}"  # a device call lasts at most 600 s
 run="${RUN_DIR:-/tmp/gpu_transfer}"
 mkdir -p "$out/details"
 out="$(cd "$out" && pwd)"
@@ -60,8 +66,13 @@ python3 -c "import hydra, omegaconf, zstandard" 2>/dev/null || export PYTHONPATH
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"; } 2>&1 | tee "$out/env.txt"
 
+left() {  # seconds the table's or the arm record's call may take: up to 60, ending 15 s before LIMIT
+  local s=$((t0 + limit - 15 - $(date +%s)))
+  echo $((s > 60 ? 60 : s))
+}
 say() { echo "[gpu_transfer $(date -u +%T) +$(($(date +%s) - t0))s] $*" | tee -a "$out/log.txt"; }
 common=(--preset glue_transfer_gpu --tokens "$tokens" --group gpu_transfer "$@")
+[ "${COMPILE:-1}" = 1 ] && common+=(--pretrain train.compile=true)  # after "$@": lm-transfer adds both lists
 base=(optim.lr=1e-4 train.micro_batch_size=128)
 sst2=(tasks.sst2.max_train_examples=null tasks.sst2.batch_size=128 tasks.sst2.lr=2e-4 tasks.sst2.epochs=2)
 other=(tasks.stsb.max_train_examples=null tasks.cola.epochs=4 tasks.stsb.epochs=4)
@@ -89,7 +100,7 @@ wait_for() {  # wait_for PID LOG PATTERN: until LOG shows PATTERN (0) or PID end
 }
 stop_lanes() { for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done; }
 # the watchdog polls (no long sleep outlives the script holding its output open)
-( while [ "$(date +%s)" -lt $((t0 + limit - 70)) ]; do sleep 1; done
+( while [ "$(date +%s)" -lt $((t0 + limit - 25)) ]; do sleep 1; done
   say "time limit: SIGTERM to the lanes"; kill -TERM "$$" ) > /dev/null 2>&1 &
 watchdog=$!
 trap 'stop_lanes' TERM
@@ -169,10 +180,12 @@ for arm in "${whole[@]}"; do
 done
 record=""  # the arm whose whole-arm record (transfer_<arm>.json) step 5 wrote
 both=$([ -f "$run/arm_scratch.done" ] && [ -f "$run/arm_pretrained.done" ] && echo 1)
-if [ "${#whole[@]}" -gt 0 ] && [ -n "$both" ]; then
+if [ "${#whole[@]}" -gt 0 ] && [ "$(left)" -lt 20 ]; then
+  say "no time left for the table or the arm's record ($(left) s): the same command on this machine writes it"
+elif [ "${#whole[@]}" -gt 0 ] && [ -n "$both" ]; then
   say "5. the table (both arms are whole)"
   rm -f "$run/finetune/scratch/transfer_arm.json"  # the SST-2 lane's record: the table's call writes the whole arm's
-  timeout -s TERM 60 python3 -m lm.cli.transfer "${common[@]}" --out "$run" \
+  timeout -s TERM "$(left)" python3 -m lm.cli.transfer "${common[@]}" --out "$run" \
     --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$det/table.log" 2>&1
   say "lm-transfer (the table) exit status $?"
 elif [ "${#whole[@]}" = 1 ]; then
@@ -181,7 +194,7 @@ elif [ "${#whole[@]}" = 1 ]; then
   # its recipe record apart from the lanes' (they name fewer tasks), so a later call's lanes still match theirs
   [ "$arm" = scratch ] && rm -f "$run/finetune/scratch/transfer_arm.json"
   rec=(--scratch "$run/finetune/scratch"); [ "$arm" = pretrained ] && rec=(--scratch "$run/record_of_the_pretrained_arm")
-  timeout -s TERM 60 python3 -m lm.cli.transfer "${common[@]}" --out "$run" --arm "$arm" "${rec[@]}" \
+  timeout -s TERM "$(left)" python3 -m lm.cli.transfer "${common[@]}" --out "$run" --arm "$arm" "${rec[@]}" \
     --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$det/${arm}_arm.log" 2>&1
   status=$?
   say "lm-transfer --arm $arm exit status $status"

@@ -516,7 +516,7 @@ def _gpu_transfer_tiny(tmp_path, data_mirror, out_name="out", **env_extra):
                        cwd=mirror_home, check=True, capture_output=True, timeout=300)
     few = {t: "100" for t in ("cola", "mrpc", "stsb", "rte")}
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "LM_DATA_MIRROR": str(mirror_home / ".gpu_data"),
-           "RUN_DIR": str(tmp_path / "run"), "TOKENS": "20000", "LIMIT": "900",
+           "RUN_DIR": str(tmp_path / "run"), "TOKENS": "20000", "LIMIT": "900", "COMPILE": "0",
            "FINETUNE_SST2": "tasks.sst2.max_train_examples=200 tasks.sst2.epochs=1",
            "FINETUNE_OTHER": " ".join(f"tasks.{t}.max_train_examples={n} tasks.{t}.epochs=1" for t, n in few.items()),
            **env_extra}
@@ -558,7 +558,7 @@ def test_the_gpu_transfer_script_narrowed_to_some_scratch_tasks_tiny(tmp_path, d
     arm's record, whole, in OUT."""
     import tarfile
 
-    out = _gpu_transfer_tiny(tmp_path, data_mirror, SCRATCH_SST2="0", SCRATCH_TASKS="cola,stsb")
+    out = _gpu_transfer_tiny(tmp_path, data_mirror, SCRATCH_SST2="0", SCRATCH_TASKS="cola,stsb", COMPILE="1")
     assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer_pretrained.json"]
     with tarfile.open(out / "details.tgz") as tar:
         results = {n: json.loads(tar.extractfile(f"details/{n}_results.json").read())["columns"]
@@ -570,8 +570,10 @@ def test_the_gpu_transfer_script_narrowed_to_some_scratch_tasks_tiny(tmp_path, d
     assert sorted(results["pretrained"]) == ["cola", "mrpc", "rte", "sst2", "stsb"]  # the arm, whole
     log = (out / "log.txt").read_text()
     assert "lanes finished (any failed or stopped: 0)" in log and "the table" not in log
-    assert sorted(json.loads((out / "transfer_pretrained.json").read_text())["results"]["columns"]) == \
-        ["cola", "mrpc", "rte", "sst2", "stsb"]  # the pretrained arm is whole: its record, for lm-transfer --join
+    record = json.loads((out / "transfer_pretrained.json").read_text())
+    assert sorted(record["results"]["columns"]) == ["cola", "mrpc", "rte", "sst2", "stsb"]  # whole: for --join
+    # COMPILE=1: the pretraining compiled, after the call's own --pretrain overrides
+    assert record["recipe"]["pretrain_overrides"][-2:] == ["train.eval_batches=2", "train.compile=true"]
 
 
 @pytest.mark.slow

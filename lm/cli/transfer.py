@@ -542,8 +542,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--group", help="wandb group of the pretraining and both arms (default: the --out name)")
     p.add_argument("--logger", default="none", choices=["none", "wandb", "tensorboard", "all"],
                    help="conf/logger option for every run (default %(default)s)")
-    p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE", help="lm-train overrides")
-    p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE",
+    p.add_argument("--pretrain", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
+                   help="lm-train overrides (given twice: both lists, in order)")
+    p.add_argument("--finetune", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
                    help="lm-finetune overrides for both arms, e.g. tasks.sst2.max_train_examples=null pooling=last")
     p.add_argument("--arm", default="all", choices=ARMS,
                    help="all (default): pretrain, both arms, the table; scratch or pretrained: that arm alone (the "
