@@ -429,8 +429,11 @@ def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, c
     with pytest.raises(TransferError, match=r"different recipes \(seeds: \[0\] vs \[0, 1\]\)"):
         join_arms([scratch, tmp_path / "other.json"], tmp_path / "x", "")
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(TransferError, match="bad.json: not an lm-transfer arm record"):
+    with pytest.raises(TransferError, match=r"bad.json: not an lm-transfer arm record \(no arm, recipe, results, run"):
         join_arms([scratch, tmp_path / "bad.json"], tmp_path / "x", "")
+    (tmp_path / "cut.json").write_text(scratch.read_text()[:100])  # a half-copied record
+    with pytest.raises(TransferError, match="cut.json: cannot be read as JSON"):
+        join_arms([tmp_path / "cut.json", pretrained], tmp_path / "x", "")
     assert not (tmp_path / "x").exists()
 
 

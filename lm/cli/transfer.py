@@ -437,11 +437,13 @@ def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
     for path in paths:
         try:
             record = json.loads(Path(path).read_text())
-            arm = record["arm"]
-            record["recipe"], record["results"], record["run"]  # noqa: B018 - every field is there
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise TransferError(f"{path}: not an lm-transfer arm record ({type(e).__name__}: {e}); a call with "
-                                f"--arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json") from e
+        except (OSError, ValueError) as e:
+            raise TransferError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e})") from e
+        missing = [k for k in ("arm", "recipe", "results", "run") if not isinstance(record, dict) or k not in record]
+        if missing or record["arm"] not in ("scratch", "pretrained"):
+            raise TransferError(f"{path}: not an lm-transfer arm record (no {', '.join(missing) or 'known arm'}); a "
+                                f"call with --arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json")
+        arm = record["arm"]
         if arm in records:
             raise TransferError(f"{paths[0]} and {paths[1]} are both the {arm} arm; --join takes one scratch and "
                                 f"one pretrained arm record")
@@ -597,9 +599,11 @@ def _join_main(a, argv: List[str]) -> None:
 
     if a.out is None:
         sys.exit("lm-transfer: --join writes its table in --out DIR; name the directory")
+    from lm.report.transfer import TransferError as TableError
+
     try:
         summary = join_arms(a.join, a.out, "lm-transfer " + " ".join(map(shlex.quote, argv)))
-    except TransferError as e:
+    except (TransferError, TableError) as e:
         sys.exit(f"lm-transfer: {type(e).__name__}: {e}")
     print(transfer_table(summary))
     print(f"results: {a.out / 'transfer.json'}, {a.out / 'transfer.md'}")
