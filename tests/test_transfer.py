@@ -424,12 +424,18 @@ def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, c
     with pytest.raises(TransferError, match="are both the scratch arm"):
         join_arms([scratch, scratch], tmp_path / "x", "")
     other = json.loads(pretrained.read_text())
-    other["recipe"]["seeds"] = [0, 1]
+    other["shared"]["seeds"] = [0, 1]
+    other["shared"]["model"]["dim"] = 64
     (tmp_path / "other.json").write_text(json.dumps(other))
-    with pytest.raises(TransferError, match=r"different recipes \(seeds: \[0\] vs \[0, 1\]\)"):
+    with pytest.raises(TransferError, match=r"different recipes \(they differ in \['model', 'seeds'\]: seeds: \[0\] "
+                                            r"vs \[0, 1\]\)"):
         join_arms([scratch, tmp_path / "other.json"], tmp_path / "x", "")
+    other = json.loads(pretrained.read_text())
+    other["recipe"]["pretrain_overrides"] += ["train.compile=true"]  # the pretraining's alone: no matter
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    assert join_arms([scratch, tmp_path / "other.json"], tmp_path / "y", "")["comparison"] == joined["comparison"]
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(TransferError, match=r"bad.json: not an lm-transfer arm record \(no arm, recipe, results, run"):
+    with pytest.raises(TransferError, match=r"bad.json: not an lm-transfer arm record \(no arm, recipe, shared, "):
         join_arms([scratch, tmp_path / "bad.json"], tmp_path / "x", "")
     (tmp_path / "cut.json").write_text(scratch.read_text()[:100])  # a half-copied record
     with pytest.raises(TransferError, match="cut.json: cannot be read as JSON"):

@@ -415,7 +415,7 @@ def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Optional[P
 
     if not (arm_dir / "results.json").is_file():  # --tokens 0 --arm pretrained: no arm of its own
         return None
-    record = {"arm": r.arm, "recipe": recipe_record(r, p), "dir": str(arm_dir),
+    record = {"arm": r.arm, "recipe": recipe_record(r, p), "shared": scratch_record(r, p), "dir": str(arm_dir),
               "results": json.loads((arm_dir / "results.json").read_text()),
               "run": _run_record(r.command, _spent(r.out, time.time() - t0))}
     path = r.out / arm_record_name(r.arm)
@@ -423,14 +423,10 @@ def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Optional[P
     return path
 
 
-# The recipe fields two arm records must share to be compared (paths, the wandb group and the pretraining's
-# validation loss, which only the pretrained arm's call knows, may differ).
-JOIN_KEYS = ("preset", "arch", "objective", "pooling", "pos", "tokens", "tokens_asked", "steps", "tokens_per_step",
-             "tasks", "seeds", "tokenizer_sha256", "pretrain_overrides", "finetune_overrides")
-
-
 def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
-    """The table from two arm records (write_arm_record), one per arm, of the same recipe: <out>/transfer.{json,md}."""
+    """The table from two arm records (write_arm_record), one per arm: <out>/transfer.{json,md}. The arms must
+    agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, finetuning), as a
+    curve's runs must to share a scratch arm; the pretraining's settings are the pretrained arm's alone."""
     from lm.report.transfer import compare, scores_of
 
     records = {}
@@ -439,7 +435,8 @@ def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
             record = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise TransferError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e})") from e
-        missing = [k for k in ("arm", "recipe", "results", "run") if not isinstance(record, dict) or k not in record]
+        missing = [k for k in ("arm", "recipe", "shared", "results", "run")
+                   if not isinstance(record, dict) or k not in record]
         if missing or record["arm"] not in ("scratch", "pretrained"):
             raise TransferError(f"{path}: not an lm-transfer arm record (no {', '.join(missing) or 'known arm'}); a "
                                 f"call with --arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json")
@@ -449,11 +446,12 @@ def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
                                 f"one pretrained arm record")
         records[arm] = record
     scratch, pretrained = records["scratch"], records["pretrained"]
-    diff = [k for k in JOIN_KEYS if scratch["recipe"].get(k) != pretrained["recipe"].get(k)]
+    old, new = scratch["shared"], pretrained["shared"]
+    diff = sorted(k for k in set(old) | set(new) if not _same(k, old.get(k), new.get(k)))
     if diff:
-        detail = "; ".join(f"{k}: {scratch['recipe'].get(k)!r} vs {pretrained['recipe'].get(k)!r}" for k in diff)
-        raise TransferError(f"the two arms are of different recipes ({detail}); rerun one arm with the other's "
-                            f"settings")
+        detail = "; ".join(f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in diff if k != "model")
+        raise TransferError(f"the two arms are of different recipes (they differ in {diff}"
+                            f"{': ' + detail if detail else ''}); rerun one arm with the other's settings")
     summary = {
         "recipe": pretrained["recipe"],
         "arms": {a: f"{records[a]['dir']} ({records[a]['run']['machine']})" for a in ("scratch", "pretrained")},
