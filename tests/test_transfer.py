@@ -161,13 +161,13 @@ def test_the_shards_corpus_reads_the_gutenberg_shards_present(tmp_path, monkeypa
 def test_electra_shares_the_encoder_scratch_arm():
     """ELECTRA's discriminator is finetuned as the plain encoder, so the scratch arm an ELECTRA recipe records
     (and would train) is the encoder recipe's: the curve shares one instead of training the same arm twice."""
-    from lm.cli.transfer import _same, finetuned_model_node
+    from lm.cli.transfer import finetuned_model_node, same_value
 
     nodes = {p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
              for p in ("encoder", "electra")}
     assert nodes["electra"].electra is not None and nodes["encoder"].electra is None
     as_dict = {p: OmegaConf.to_container(finetuned_model_node(n), resolve=True) for p, n in nodes.items()}
-    assert as_dict["electra"] == as_dict["encoder"] and _same("model", as_dict["encoder"], as_dict["electra"])
+    assert as_dict["electra"] == as_dict["encoder"] and same_value("model", as_dict["encoder"], as_dict["electra"])
     assert nodes["electra"].electra is not None  # the pretraining config itself is left alone
 
 
@@ -406,7 +406,8 @@ def test_one_arm_at_a_time_then_the_table(tmp_path, corpus, easy_glue):  # noqa:
 def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, corpus, easy_glue):  # noqa: F811
     """Each arm in its own output directory (as on two machines) writes transfer_<arm>.json; --join makes the
     same comparison as the call that runs both arms, and refuses two records of one arm or of two recipes."""
-    from lm.cli.transfer import join_arms, main
+    from lm.cli.transfer import main
+    from lm.cli.transfer_join import join_arms
 
     run_transfer(recipe(tmp_path / "a", corpus, easy_glue, arm="scratch", seeds=[0]))
     run_transfer(recipe(tmp_path / "b", corpus, easy_glue, arm="pretrained", seeds=[0]))
@@ -593,7 +594,7 @@ def test_the_gpu_transfer_script_one_arm_per_call_tiny(tmp_path, data_mirror):
     table."""
     import tarfile
 
-    from lm.cli.transfer import join_arms
+    from lm.cli.transfer_join import join_arms
 
     first = _gpu_transfer_tiny(tmp_path, data_mirror, "first", ARMS="pretrained")
     assert sorted(p.name for p in first.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer_pretrained.json"]

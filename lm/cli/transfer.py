@@ -172,7 +172,7 @@ def check_scratch_arm(r: Recipe, record: Dict) -> None:
     path = r.scratch / "transfer_arm.json"
     if path.is_file():
         old = json.loads(path.read_text())
-        diff = sorted(k for k in set(old) | set(record) if not _same(k, old.get(k), record.get(k)))
+        diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
         if diff:
             raise TransferError(f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}, see {path}); "
                                 f"pass another --scratch, or remove it")
@@ -182,7 +182,7 @@ def check_scratch_arm(r: Recipe, record: Dict) -> None:
         atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
-def _same(key: str, old, new) -> bool:
+def same_value(key: str, old, new) -> bool:
     """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
     ModelConfig field existed (say model.electra) equals one that holds that field's default."""
     if key != "model" or old is None or new is None:
@@ -261,11 +261,11 @@ def run_transfer(r: Recipe) -> Optional[Dict]:
         return _transfer(r, t0)
     except BaseException:
         if r.out.is_dir() and not r.lane:  # a call refused before any work has made no directory to count in
-            _spent(r.out, time.time() - t0)
+            spent(r.out, time.time() - t0)
         raise
 
 
-def _spent(out: Path, seconds: float) -> float:
+def spent(out: Path, seconds: float) -> float:
     """Adds a call's seconds to the point's running total and returns the total."""
     from lm.core.files import atomic_write_text
 
@@ -359,6 +359,8 @@ def _transfer(r: Recipe, t0: float) -> Dict:
                             f"command resumes it (and reads the pretrained arm back)")
     if r.arm != "all":
         if not r.lane:  # a lane's parent writes the table itself
+            from lm.cli.transfer_join import arm_record_name, write_arm_record
+
             write_arm_record(r, p, pretrained if r.arm == "pretrained" else r.scratch, t0)
             log.info("lm-transfer: the %s arm is done (%s); a call with --arm all (the same command without "
                      "--arm) writes the table once both arms are, or lm-transfer --join with the other arm's "
@@ -368,9 +370,9 @@ def _transfer(r: Recipe, t0: float) -> Dict:
         "recipe": recipe_record(r, p),
         "arms": {"scratch": str(r.scratch), "pretrained": str(pretrained)},
         "comparison": compare(arm_scores(r.scratch / "results.json"), arm_scores(pretrained / "results.json")),
-        "run": _run_record(r.command, _spent(r.out, time.time() - t0)),
+        "run": run_record(r.command, spent(r.out, time.time() - t0)),
     }
-    return _write_table(r.out, summary)
+    return write_table(r.out, summary)
 
 
 def recipe_record(r: Recipe, p: Plan) -> Dict:
@@ -386,12 +388,12 @@ def recipe_record(r: Recipe, p: Plan) -> Dict:
                              + (f", overrides {' '.join(r.finetune)}" if r.finetune else "")}
 
 
-def _run_record(command: str, seconds: float) -> Dict:
+def run_record(command: str, seconds: float) -> Dict:
     return {"command": command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
             "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(seconds, 1)}
 
 
-def _write_table(out: Path, summary: Dict) -> Dict:
+def write_table(out: Path, summary: Dict) -> Dict:
     from lm.core.files import atomic_write_text
     from lm.report.transfer import transfer_table
 
@@ -399,69 +401,6 @@ def _write_table(out: Path, summary: Dict) -> Dict:
     atomic_write_text(out / "transfer.json", json.dumps(summary, indent=2) + "\n")
     atomic_write_text(out / "transfer.md", transfer_table(summary))
     return summary
-
-
-# -- one arm per call, joined later (e.g. two machines, or two device calls) --------------------------
-
-
-def arm_record_name(arm: str) -> str:
-    return f"transfer_{arm}.json"
-
-
-def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Optional[Path]:
-    """<out>/transfer_<arm>.json: the recipe, this arm's results.json and the call's run record; lm-transfer
-    --join reads two of them (one per arm), so the arms may finish on different machines."""
-    from lm.core.files import atomic_write_text
-
-    if not (arm_dir / "results.json").is_file():  # --tokens 0 --arm pretrained: no arm of its own
-        return None
-    record = {"arm": r.arm, "recipe": recipe_record(r, p), "shared": scratch_record(r, p), "dir": str(arm_dir),
-              "results": json.loads((arm_dir / "results.json").read_text()),
-              "run": _run_record(r.command, _spent(r.out, time.time() - t0))}
-    path = r.out / arm_record_name(r.arm)
-    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
-    return path
-
-
-def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
-    """The table from two arm records (write_arm_record), one per arm: <out>/transfer.{json,md}. The arms must
-    agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, finetuning), as a
-    curve's runs must to share a scratch arm; the pretraining's settings are the pretrained arm's alone."""
-    from lm.report.transfer import compare, scores_of
-
-    records = {}
-    for path in paths:
-        try:
-            record = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as e:
-            raise TransferError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e})") from e
-        missing = [k for k in ("arm", "recipe", "shared", "results", "run")
-                   if not isinstance(record, dict) or k not in record]
-        if missing or record["arm"] not in ("scratch", "pretrained"):
-            raise TransferError(f"{path}: not an lm-transfer arm record (no {', '.join(missing) or 'known arm'}); a "
-                                f"call with --arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json")
-        arm = record["arm"]
-        if arm in records:
-            raise TransferError(f"{paths[0]} and {paths[1]} are both the {arm} arm; --join takes one scratch and "
-                                f"one pretrained arm record")
-        records[arm] = record
-    scratch, pretrained = records["scratch"], records["pretrained"]
-    old, new = scratch["shared"], pretrained["shared"]
-    diff = sorted(k for k in set(old) | set(new) if not _same(k, old.get(k), new.get(k)))
-    if diff:
-        detail = "; ".join(f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in diff if k != "model")
-        raise TransferError(f"the two arms are of different recipes (they differ in {diff}"
-                            f"{': ' + detail if detail else ''}); rerun one arm with the other's settings")
-    summary = {
-        "recipe": pretrained["recipe"],
-        "arms": {a: f"{records[a]['dir']} ({records[a]['run']['machine']})" for a in ("scratch", "pretrained")},
-        "comparison": compare(scores_of(scratch["results"]), scores_of(pretrained["results"])),
-        "run": {**_run_record(command, 0.0), "seconds": round(scratch["run"]["seconds"]
-                                                               + pretrained["run"]["seconds"], 1),
-                "arms": {a: records[a]["run"] for a in ("scratch", "pretrained")}},
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    return _write_table(out, summary)
 
 
 # The recipe fields that decide the work done: equal ones (and equal scores) mean nothing was redone.
@@ -572,7 +511,9 @@ def main(argv=None) -> None:
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
     if a.join:
-        _join_main(a, argv)
+        from lm.cli.transfer_join import join_main
+
+        join_main(a.join, a.out, argv)
         return
     try:
         recipe = Recipe(preset=a.preset, tokens=int(a.tokens), out=a.out, scratch=a.scratch, group=a.group,
@@ -590,21 +531,6 @@ def main(argv=None) -> None:
 
     print(transfer_table(summary))
     print(f"results: {recipe.out / 'transfer.json'}, {recipe.out / 'transfer.md'}")
-
-
-def _join_main(a, argv: List[str]) -> None:
-    from lm.report.transfer import transfer_table
-
-    if a.out is None:
-        sys.exit("lm-transfer: --join writes its table in --out DIR; name the directory")
-    from lm.report.transfer import TransferError as TableError
-
-    try:
-        summary = join_arms(a.join, a.out, "lm-transfer " + " ".join(map(shlex.quote, argv)))
-    except (TransferError, TableError) as e:
-        sys.exit(f"lm-transfer: {type(e).__name__}: {e}")
-    print(transfer_table(summary))
-    print(f"results: {a.out / 'transfer.json'}, {a.out / 'transfer.md'}")
 
 
 if __name__ == "__main__":
