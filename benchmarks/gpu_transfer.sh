@@ -43,7 +43,7 @@
 # machines: lm-transfer --join OUT1/transfer_pretrained.json OUT2/transfer_scratch.json --out DIR.
 # COMPILE (default 1): the pretraining runs under torch.compile (train.compile=true; COMPILE=0: eager, as the
 # 2026-11-26 runs). Eager it ran at ~750k tokens/s (~14% MFU) alone on an H100: ~200 s of the ~8 minutes of
-# ARMS=pretrained. Compiled it was 1.47x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
+# ARMS=pretrained. Compiled it was 1.54x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
 # not yet measured on a GPU, where the first step also pays the compile.
 # LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 25 s
 # before it. The table's (or the arm record's) call then gets up to 60 s, ending 15 s before LIMIT, and is skipped
