@@ -22,8 +22,8 @@ def arm_record_name(arm: str) -> str:
 
 
 def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Optional[Path]:
-    """<out>/transfer_<arm>.json: the recipe, this arm's results.json and the call's run record; lm-transfer
-    --join reads two of them (one per arm), so the arms may finish on different machines."""
+    """<out>/transfer_<arm>.json: the recipe, what both arms depend on, this arm's results.json and the call's run
+    record; lm-transfer --join reads two of them (one per arm), so the arms may finish on different machines."""
     from lm.core.files import atomic_write_text
 
     if not (arm_dir / "results.json").is_file():  # --tokens 0 --arm pretrained: no arm of its own
@@ -69,8 +69,7 @@ def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
         "recipe": pretrained["recipe"],
         "arms": {a: f"{records[a]['dir']} ({records[a]['run']['machine']})" for a in ("scratch", "pretrained")},
         "comparison": compare(scores_of(scratch["results"]), scores_of(pretrained["results"])),
-        "run": {**run_record(command, 0.0), "seconds": round(scratch["run"]["seconds"]
-                                                               + pretrained["run"]["seconds"], 1),
+        "run": {**run_record(command, scratch["run"]["seconds"] + pretrained["run"]["seconds"]),
                 "arms": {a: records[a]["run"] for a in ("scratch", "pretrained")}},
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -78,12 +77,11 @@ def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
 
 
 def join_main(paths: List[Path], out: Optional[Path], argv: List[str]) -> None:
+    from lm.report.transfer import TransferError as TableError
     from lm.report.transfer import transfer_table
 
     if out is None:
         sys.exit("lm-transfer: --join writes its table in --out DIR; name the directory")
-    from lm.report.transfer import TransferError as TableError
-
     try:
         summary = join_arms(paths, out, "lm-transfer " + " ".join(map(shlex.quote, argv)))
     except (TransferError, TableError) as e:
