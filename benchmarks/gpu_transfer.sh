@@ -37,14 +37,14 @@
 # and the lanes' results.json files in details.tgz are put together with the earlier run's scratch results.
 # ARMS=pretrained | scratch (default all): one arm per call, for a device budget that does not hold the whole
 # recipe in one call (~14 minutes): the pretraining and the pretrained arm (SST-2 lane, then the other four tasks'
-# lane once the pretraining is done; ~8 minutes on an H100, estimated from the 2026-11-26 runs), or the scratch arm
-# (its two lanes; ~4.5 minutes). Each writes its arm's record, transfer_<arm>.json, into OUT; when the other arm
+# lane once the pretraining is done; 526 s on an H100 on 2026-11-27), or the scratch arm (its two lanes and the
+# table; 298 s). Each writes its arm's record, transfer_<arm>.json, into OUT; when the other arm
 # finished in an earlier call on the same machine (the same RUN_DIR) the table is written as well. From two
 # machines: lm-transfer --join OUT1/transfer_pretrained.json OUT2/transfer_scratch.json --out DIR.
 # COMPILE (default 1): the pretraining runs under torch.compile (train.compile=true; COMPILE=0: eager, as the
 # 2026-11-26 runs). Eager it ran at ~750k tokens/s (~14% MFU) alone on an H100: ~200 s of the ~8 minutes of
 # ARMS=pretrained. Compiled it was 1.54x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
-# not yet measured on a GPU, where the first step also pays the compile.
+# on an H100 (2026-11-27) ~936k tokens/s after a ~24 s compile, so 150M tokens took about as long as eager.
 # LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 25 s
 # before it. The table's (or the arm record's) call then gets up to 60 s, ending 15 s before LIMIT, and is skipped
 # with less than 20 s left (the same command on the same machine writes it: every pair is found finished).

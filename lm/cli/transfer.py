@@ -384,8 +384,8 @@ def recipe_record(r: Recipe, p: Plan) -> Dict:
             "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
             "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
             "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
-                             f"2,000 train examples), {p.pooling} pooling, best dev epoch"
-                             + (f", overrides {' '.join(r.finetune)}" if r.finetune else "")}
+                             f"2,000 train examples) unless overridden, {p.pooling} pooling, "
+                             "best dev epoch" + (f"; overrides: {' '.join(r.finetune)}" if r.finetune else "")}
 
 
 def run_record(command: str, seconds: float) -> Dict:
