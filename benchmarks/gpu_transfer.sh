@@ -42,8 +42,8 @@
 # finished in an earlier call on the same machine (the same RUN_DIR) the table is written as well. From two
 # machines: lm-transfer --join OUT1/transfer_pretrained.json OUT2/transfer_scratch.json --out DIR.
 # COMPILE (default 1): the pretraining runs under torch.compile (train.compile=true; COMPILE=0: eager, as the
-# 2026-11-26 runs). Eager it ran at ~750k tokens/s (~14% MFU) alone on an H100: ~200 s of the 526 s of
-# ARMS=pretrained. Compiled it was 1.54x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
+# 2026-11-26 runs). Eager it ran at ~750k tokens/s (~14% MFU) alone on an H100 (2026-11-26): ~200 s for 150M
+# tokens. Compiled it was 1.54x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
 # on an H100 (2026-11-27) ~936k tokens/s after a ~24 s compile, so 150M tokens took about as long as eager.
 # LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 25 s
 # before it. The table's (or the arm record's) call then gets up to 60 s, ending 15 s before LIMIT, and is skipped
