@@ -44,7 +44,8 @@
 # COMPILE (default 1): the pretraining runs under torch.compile (train.compile=true; COMPILE=0: eager, as the
 # 2026-11-26 runs). Eager it ran at ~750k tokens/s (~14% MFU) alone on an H100 (2026-11-26): ~200 s for 150M
 # tokens. Compiled it was 1.54x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
-# on an H100 (2026-11-27) ~936k tokens/s after a ~24 s compile, so 150M tokens took about as long as eager.
+# on an H100 (2026-11-27) ~936k tokens/s after a ~24 s compile: 199 s for 150M tokens (eager's ~200 s is from
+# 2026-11-26, another machine: no same-run comparison was made).
 # LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 25 s
 # before it. The table's (or the arm record's) call then gets up to 60 s, ending 15 s before LIMIT, and is skipped
 # with less than 20 s left (the same command on the same machine writes it: every pair is found finished).
