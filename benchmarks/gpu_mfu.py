@@ -12,6 +12,10 @@ by eager steps of doubling size until out of memory, then the compiled step is t
     python benchmarks/gpu_mfu.py --attention-sweep                   # flash vs math SDPA, T = 512 ... 16384
     python benchmarks/gpu_mfu.py --all --also-batch 12               # all three, one JSON line each
     python benchmarks/gpu_mfu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --no-compile  # a smoke run
+
+A/B switches, so both sides of a comparison run in one call: --ce aten puts F.cross_entropy back in place of
+lm.model.loss.cross_entropy's compiled form; --inductor KEY=VALUE sets a torch._inductor.config field
+(e.g. coordinate_descent_tuning=True). Each row records both.
 """
 
 import argparse
@@ -22,6 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from lm.constants import IGNORE_INDEX
 from lm.model import build_model
 from lm.model.config import model_preset
 from lm.model.flops import flops_per_token
@@ -58,7 +63,9 @@ def train_step_fn(model, opt, device: str):
 
 
 def build(preset: str, seq: int, overrides, device: str):
-    """The preset's model, built and initialised directly on the device (no host copy of 1B weights)."""
+    """The preset's model, built and initialised directly on the device (no host copy of 1B weights), from seed 0:
+    two runs of one preset start from the same weights and see the same tokens, so their losses compare."""
+    torch.manual_seed(0)
     cfg = model_preset(preset, [f"model.max_seq_len={max(seq, 1)}", "model.dropout=0.0", *overrides])
     with torch.device(device):
         model = build_model(cfg)
@@ -66,17 +73,17 @@ def build(preset: str, seq: int, overrides, device: str):
     return cfg, model, opt
 
 
-def timed(step, cfg, seq: int, batch: int, steps: int, device: str, warmup: int = 3) -> float:
-    """Tokens/s of `steps` steps after `warmup` (compilation happens there)."""
+def timed(step, cfg, seq: int, batch: int, steps: int, device: str, warmup: int = 3):
+    """(tokens/s of `steps` steps after `warmup` (compilation happens there), the last step's loss)."""
     x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
     for _ in range(warmup):
-        step(x[:, :-1], x[:, 1:])
+        loss = step(x[:, :-1], x[:, 1:])
     sync(device)
     start = time.perf_counter()
     for _ in range(steps):
-        step(x[:, :-1], x[:, 1:])
+        loss = step(x[:, :-1], x[:, 1:])
     sync(device)
-    return steps * batch * seq / (time.perf_counter() - start)
+    return steps * batch * seq / (time.perf_counter() - start), loss.item()
 
 
 def free(device: str, opt=None):
@@ -103,7 +110,7 @@ def largest_batch(model, opt, cfg, seq: int, device: str, start: int = 4, limit:
     return best
 
 
-def profile_table(step, cfg, seq: int, batch: int, device: str, rows: int = 25) -> str:
+def profile_table(step, cfg, seq: int, batch: int, device: str, rows: int) -> str:
     """torch.profiler's table of 3 (already compiled) steps, by self time on the device: where a step goes."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -137,9 +144,10 @@ def plan_batches(batches, model, opt, cfg, seq: int, device: str, compile_model:
 
 
 def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda",
-            profile: bool = False, compile_mode: str = "default"):
+            profile: int = 0, compile_mode: str = "default", tags=None):
     """One JSON-able row per micro-batch in `batches` (0 = the largest that fits: plan_batches), from one
-    built model; `profile` prints the profiler's table of the last timed batch's step."""
+    built model; `profile` > 0 prints that many rows of the profiler's table of the last timed batch's step;
+    `tags` are added to every row."""
     cfg, model, opt = build(preset, seq, overrides, device)
     fpt, peak, rows = flops_per_token(cfg, seq), device_peak(device), []
     for batch, optional in plan_batches(batches, model, opt, cfg, seq, device, compile_model):
@@ -150,7 +158,7 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
             try:
                 if device != "cpu":
                     torch.cuda.reset_peak_memory_stats()
-                tokens_per_s = timed(train_step_fn(run, opt, device), cfg, seq, batch, steps, device)
+                tokens_per_s, loss = timed(train_step_fn(run, opt, device), cfg, seq, batch, steps, device)
                 break
             except torch.OutOfMemoryError:
                 free(device, opt)
@@ -163,20 +171,42 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
             print(f"{preset}: micro-batch {batch} does not fit compiled either", file=sys.stderr, flush=True)
             continue
         rows.append({"preset": preset, "seq": seq, "batch": batch, "compiled": compile_mode if compile_model else False,
-                     "tokens_per_s": round(tokens_per_s), "flops_per_token": fpt,
+                     "tokens_per_s": round(tokens_per_s), "loss": round(loss, 4), "flops_per_token": fpt,
                      "mfu": round(tokens_per_s * fpt / peak, 4) if peak else None,
                      "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
                      "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
-                     "torch": torch.__version__})
+                     "torch": torch.__version__, **(tags or {})})
         last = run, batch
         free(device, opt)
     if profile:
         run, batch = last
-        print(f"profile: {preset}, batch {batch}, T={seq}", profile_table(train_step_fn(run, opt, device), cfg, seq, batch, device),
-              sep="\n", flush=True)
+        table = profile_table(train_step_fn(run, opt, device), cfg, seq, batch, device, profile)
+        print(f"profile: {preset}, batch {batch}, T={seq}", table, sep="\n", flush=True)
     del model, opt
     free(device)
     return rows
+
+
+def use_aten_cross_entropy():
+    """The A/B baseline: the output head's loss as F.cross_entropy, compiled or not."""
+    import lm.model.heads
+
+    lm.model.heads.cross_entropy = lambda logits, labels: F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
+
+
+def apply_inductor_config(settings) -> dict:
+    """KEY=VALUE strings -> torch._inductor.config fields (VALUE: True, False, an int, or a string)."""
+    import torch._inductor.config as inductor
+
+    applied = {}
+    for item in settings:
+        key, sep, raw = item.partition("=")
+        if not sep or not hasattr(inductor, key):
+            raise SystemExit(f"--inductor {item!r}: expected KEY=VALUE with KEY a torch._inductor.config field")
+        value = {"True": True, "False": False}.get(raw, int(raw) if raw.lstrip("-").isdigit() else raw)
+        setattr(inductor, key, value)
+        applied[f"inductor.{key}"] = value
+    return applied
 
 
 def attention_sweep(heads=12, head_dim=64, batch=1) -> list:
@@ -218,17 +248,25 @@ def main():
     p.add_argument("--compile-mode", default="default",
                    help="torch.compile mode: default, max-autotune-no-cudagraphs (Triton autotunes matmuls and fusions; "
                         "minutes of compiling), reduce-overhead, max-autotune")
-    p.add_argument("--profile", action="store_true", help="print torch.profiler's table of the last batch's step")
+    p.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="ROWS",
+                   help="print torch.profiler's table (25 rows, or ROWS) of the last batch's step")
+    p.add_argument("--ce", choices=["ours", "aten"], default="ours",
+                   help="aten: F.cross_entropy instead of lm.model.loss.cross_entropy (the A/B baseline)")
+    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
+                   help="set torch._inductor.config.KEY (repeatable), e.g. coordinate_descent_tuning=True")
     p.add_argument("--attention-sweep", action="store_true")
     p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
     p.add_argument("overrides", nargs="*", help="model overrides, e.g. model.loss_chunk_size=4096 model/ffn=swiglu")
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     compile_model = not args.no_compile
+    tags = {"ce": args.ce, **apply_inductor_config(args.inductor)}
+    if args.ce == "aten":
+        use_aten_cross_entropy()
     if args.all:
         for preset, seq, also in (("gpt2", 1024, args.also_batch), ("llama", 2048, [])):
             for row in measure(preset, seq, [0, *also], args.steps, compile_model, args.overrides, args.device,
-                               compile_mode=args.compile_mode):
+                               compile_mode=args.compile_mode, tags=tags):
                 print(json.dumps(row), flush=True)
         args.attention_sweep = True
     if args.attention_sweep:
@@ -236,7 +274,7 @@ def main():
             print(json.dumps(row), flush=True)
         return
     for row in measure(args.preset, args.seq, [args.batch, *args.also_batch], args.steps, compile_model,
-                       args.overrides, args.device, args.profile, args.compile_mode):
+                       args.overrides, args.device, args.profile, args.compile_mode, tags):
         print(json.dumps(row), flush=True)
 
 

@@ -9,14 +9,12 @@ from typing import Dict, Optional
 
 import math
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from lm.constants import IGNORE_INDEX
 from lm.model.config import ModelConfig
 from lm.model.ffn import ACTIVATIONS
 from lm.model.linear import Linear
-from lm.model.loss import chunked_cross_entropy
+from lm.model.loss import chunked_cross_entropy, cross_entropy
 
 
 @dataclass
@@ -113,7 +111,7 @@ class LMHead(nn.Module):
         if labels is None:
             return LMOutput(logits=logits)
         # fp32 loss: log-softmax over a large vocabulary loses precision in half precision.
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+        loss = cross_entropy(logits.flatten(0, 1), labels.flatten())
         return LMOutput(loss=loss, logits=logits)
 
 
