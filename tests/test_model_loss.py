@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from lm.model.config import ModelConfig
 from lm.model import build_model
 from lm.model.loss import chunked_cross_entropy, cross_entropy
+from tests.benchmark_scripts import load
 
 
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -118,26 +119,6 @@ def test_compiled_cross_entropy_is_nan_without_a_valid_label_like_f_cross_entrop
     assert torch.compile(cross_entropy, backend="aot_eager", fullgraph=True)(logits, labels).isnan()
 
 
-def _saved_for_backward(fn, *args):
-    """(shape, dtype) of every tensor the compiled forward saves for backward, after inductor's partitioner."""
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-    saved = []
-
-    def forward_compiler(gm, _):
-        outputs = next(n for n in gm.graph.nodes if n.op == "output").args[0]
-        saved.extend((tuple(o.meta["val"].shape), o.meta["val"].dtype) for o in outputs[1:])
-        return make_boxed_func(gm)
-
-    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda gm, _: make_boxed_func(gm),
-                           partition_fn=min_cut_rematerialization_partition)
-    torch._dynamo.reset()
-    torch.compile(fn, backend=backend)(*args).backward()
-    return saved
-
-
 def test_compiled_cross_entropy_keeps_bf16_logits_for_backward_not_fp32_log_probs():
     """What the GPU's memory bandwidth pays for: F.cross_entropy's decomposition saves the fp32 log-softmax
     (N, V); the compiled form saves the bf16 logits and an (N,) log-sum-exp."""
@@ -145,8 +126,9 @@ def test_compiled_cross_entropy_keeps_bf16_logits_for_backward_not_fp32_log_prob
     h = torch.randn(64, 16, generator=g, dtype=torch.bfloat16, requires_grad=True)
     w = torch.randn(1000, 16, generator=g, dtype=torch.bfloat16, requires_grad=True)
     labels = torch.randint(0, 1000, (64,), generator=g)
-    plain = _saved_for_backward(lambda h, w, y: F.cross_entropy(F.linear(h, w).float(), y), h, w, labels)
-    ours = _saved_for_backward(lambda h, w, y: cross_entropy(F.linear(h, w), y), h, w, labels)
+    saved_for_backward = load("loss_saved_probe").saved_for_backward
+    plain = saved_for_backward(lambda h, w, y: F.cross_entropy(F.linear(h, w).float(), y), h, w, labels)
+    ours = saved_for_backward(lambda h, w, y: cross_entropy(F.linear(h, w), y), h, w, labels)
     assert ((64, 1000), torch.float32) in plain  # the baseline this test is about
     assert ((64, 1000), torch.float32) not in ours
     assert ((64, 1000), torch.bfloat16) in ours
