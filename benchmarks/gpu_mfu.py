@@ -13,9 +13,9 @@ by eager steps of doubling size until out of memory, then the compiled step is t
     python benchmarks/gpu_mfu.py --all --also-batch 12               # all three, one JSON line each
     python benchmarks/gpu_mfu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --no-compile  # a smoke run
 
-A/B switches, so both sides of a comparison run in one call: --ce aten puts F.cross_entropy back in place of
-lm.model.loss.cross_entropy's compiled form; --inductor KEY=VALUE sets a torch._inductor.config field
-(e.g. coordinate_descent_tuning=True). Each row records both.
+--inductor KEY=VALUE sets a torch._inductor.config field (e.g. coordinate_descent_tuning=True); each row
+records it. The model starts from seed 0 and each row gives its last step's loss, so two runs of one preset
+can be checked to compute the same thing.
 """
 
 import argparse
@@ -26,7 +26,6 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lm.constants import IGNORE_INDEX
 from lm.model import build_model
 from lm.model.config import model_preset
 from lm.model.flops import flops_per_token
@@ -187,13 +186,6 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
     return rows
 
 
-def use_aten_cross_entropy():
-    """The A/B baseline: the output head's loss as F.cross_entropy, compiled or not."""
-    import lm.model.heads
-
-    lm.model.heads.cross_entropy = lambda logits, labels: F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
-
-
 def apply_inductor_config(settings) -> dict:
     """KEY=VALUE strings -> torch._inductor.config fields (VALUE: True, False, an int, or a string)."""
     import torch._inductor.config as inductor
@@ -250,8 +242,6 @@ def main():
                         "minutes of compiling), reduce-overhead, max-autotune")
     p.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="ROWS",
                    help="print torch.profiler's table (25 rows, or ROWS) of the last batch's step")
-    p.add_argument("--ce", choices=["ours", "aten"], default="ours",
-                   help="aten: F.cross_entropy instead of lm.model.loss.cross_entropy (the A/B baseline)")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="set torch._inductor.config.KEY (repeatable), e.g. coordinate_descent_tuning=True")
     p.add_argument("--attention-sweep", action="store_true")
@@ -260,9 +250,7 @@ def main():
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     compile_model = not args.no_compile
-    tags = {"ce": args.ce, **apply_inductor_config(args.inductor)}
-    if args.ce == "aten":
-        use_aten_cross_entropy()
+    tags = apply_inductor_config(args.inductor)
     if args.all:
         for preset, seq, also in (("gpt2", 1024, args.also_batch), ("llama", 2048, [])):
             for row in measure(preset, seq, [0, *also], args.steps, compile_model, args.overrides, args.device,

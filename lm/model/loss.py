@@ -16,50 +16,8 @@ accumulator stay fp32, so no GEMM falls off the GPU's bf16 path.
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from lm.constants import IGNORE_INDEX
-
-
-def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean fp32 cross-entropy of logits (N, V) against labels (N,), ignoring IGNORE_INDEX, as
-    F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX), NaN on no valid label included.
-
-    Eagerly it is F.cross_entropy. Under torch.compile it is _LogSumExpCrossEntropy, whose backward saves
-    the (N, V) logits in their own (bf16) dtype and an (N,) log-sum-exp: F.cross_entropy's decomposition
-    saves its fp32 log-softmax output instead, twice the bytes written, kept and re-read (26 GB at GPT-2's
-    50,304 words and 128 x 1024 tokens), which the GPU's memory bandwidth pays for.
-    """
-    if not torch.compiler.is_compiling():
-        return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
-    return _LogSumExpCrossEntropy.apply(logits, labels)
-
-
-class _LogSumExpCrossEntropy(torch.autograd.Function):
-    """loss = mean(lse(x) - x[target]); d loss / dx = (softmax(x) - onehot(target)) / n_valid.
-
-    An explicit backward, so what is kept for it is fixed here (the logits as they came, lse, labels)
-    rather than left to the partitioner, which may store the fp32 cast instead. The one-hot is an iota
-    comparison, which inductor fuses into the pointwise backward kernel.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, labels):
-        x = logits.float()  # (N, V)
-        valid = labels != IGNORE_INDEX
-        lse = torch.logsumexp(x, dim=-1)  # (N,)
-        target_logit = x.gather(1, labels.clamp(min=0)[:, None])[:, 0]  # (N,)
-        n_valid = valid.sum()
-        ctx.save_for_backward(logits, lse, labels, n_valid)
-        return torch.where(valid, lse - target_logit, 0.0).sum() / n_valid
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        logits, lse, labels, n_valid = ctx.saved_tensors
-        row_scale = torch.where(labels != IGNORE_INDEX, grad_out / n_valid, 0.0)  # (N,)
-        is_target = torch.arange(logits.shape[-1], device=logits.device) == labels[:, None]  # (N, V)
-        softmax = torch.exp(logits.float() - lse[:, None])
-        return ((softmax - is_target.float()) * row_scale[:, None]).to(logits.dtype), None
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
