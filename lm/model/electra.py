@@ -121,7 +121,7 @@ class ElectraLM(_LanguageModel):
             metrics = {"electra/gen_loss": gen_loss.detach(), "electra/disc_loss": disc_loss.detach(),
                        "electra/disc_accuracy": (correct * real).sum() / n_real,
                        "electra/replaced": (replaced * real).sum() / n_real}
-        return LMOutput(loss=gen_loss + self.disc_weight * disc_loss, logits=disc_logits, metrics=metrics)
+        return LMOutput(loss=gen_loss + self.disc_weight * disc_loss, logits=disc_logits.detach(), metrics=metrics)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
         """Replacements (N,) drawn from softmax(logits / temperature) (N, V), as ELECTRA samples them; no

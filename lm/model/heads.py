@@ -22,7 +22,7 @@ from lm.model.loss import chunked_cross_entropy
 @dataclass
 class LMOutput:
     loss: Optional[torch.Tensor] = None
-    logits: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None  # detached whenever `loss` is given (LMHead.output says why)
     # Training-only extras of the model's components (lm/model/aux.py): the weighted auxiliary loss the
     # objective adds to `loss` (MoE load balancing), and detached scalars the loop logs (per-expert load).
     aux_loss: Optional[torch.Tensor] = None

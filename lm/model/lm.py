@@ -185,4 +185,4 @@ class SequenceClassifier(nn.Module):
             loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
         else:
             loss = F.cross_entropy(logits.float(), labels.long())
-        return LMOutput(loss=loss, logits=logits)
+        return LMOutput(loss=loss, logits=logits.detach())

@@ -45,7 +45,7 @@ class MixtureOfSoftmaxes(nn.Module):
         if labels is None:
             return LMOutput(logits=log_probs)
         loss = F.nll_loss(log_probs.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
-        return LMOutput(loss=loss, logits=log_probs)
+        return LMOutput(loss=loss, logits=log_probs.detach())
 
     def active_matmul_params(self, count) -> float:
         """For lm.model.flops: the prior, the K latent matrices, and the output matrix once per component."""
