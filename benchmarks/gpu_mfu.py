@@ -241,7 +241,8 @@ def main():
                    help="torch.compile mode: default, max-autotune-no-cudagraphs (Triton autotunes matmuls and fusions; "
                         "minutes of compiling), reduce-overhead, max-autotune")
     p.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="ROWS",
-                   help="print torch.profiler's table (25 rows, or ROWS) of the last batch's step")
+                   help="print torch.profiler's table (25 rows, or ROWS) of the last batch's step; before a model override "
+                        "give ROWS (--profile 25 model.x=...), or the override is read as ROWS")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="set torch._inductor.config.KEY (repeatable), e.g. coordinate_descent_tuning=True")
     p.add_argument("--attention-sweep", action="store_true")
