@@ -320,3 +320,85 @@ def test_task_state_with_numpy_values_is_stored_as_plain_types(tmp_path):
     back = torch.load(path, weights_only=True)
     assert back["history"] == [{"acc": 0.75}] and back["step"] == 5 and back["best"][0] == 3
     assert torch.equal(back["best"][1], torch.arange(3))
+
+
+# -- issue 49 items 1, 2, 8: the checkpoint resumed is the one checked, found by scanning if need be ------
+
+def _sealed(ckpts):
+    """Every file of every checkpoint, as bytes (trainer.json holds its write time: a rewrite shows)."""
+    return {str(f.relative_to(ckpts)): f.read_bytes() for f in sorted(ckpts.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("damage, change, field", [
+    ("truncate manifest.json", "model/ffn=relu", r"model\.ffn\.activation: 'gelu' -> 'relu'"),
+    ("flip config.yaml", "model/norm=rmsnorm", r"model\.norm\._target_: 'lm\.model\.norms\.LayerNorm' -> "),
+])
+def test_a_damaged_latest_checks_the_config_of_the_checkpoint_actually_loaded(tmp_path, damage, change, field):
+    """Resuming falls back from a damaged step 8 to step 4: step 4's config is the one compared, so a changed
+    model is refused (it trained on with relu, or ended in a state_dict traceback, when step 8's was skipped)."""
+    from lm.config import ConfigError
+
+    run(tmp_path, steps=8, ckpt_interval=4)
+    ckpt = tmp_path / "checkpoints" / "step_00000008"
+    if damage.startswith("truncate"):
+        os.truncate(ckpt / "manifest.json", 10)
+    else:
+        data = bytearray((ckpt / "config.yaml").read_bytes())
+        data[5] ^= 1
+        (ckpt / "config.yaml").write_bytes(bytes(data))
+    losses = train_losses(tmp_path)
+    with pytest.raises(ConfigError, match=rf"(?s)cannot resume {tmp_path / 'checkpoints' / 'step_00000004'} with a "
+                                          rf"different config.*{field}"):
+        run(tmp_path, steps=10, ckpt_interval=4, extra=[change])
+    assert train_losses(tmp_path) == losses  # nothing trained
+
+
+def test_a_deleted_latest_resumes_from_the_newest_intact_checkpoint(tmp_path, caplog):
+    constant = ["sched=constant", "model.dropout=0.1"]
+    run(tmp_path / "whole", steps=10, extra=constant, ckpt_interval=4)
+    run(tmp_path / "run", steps=8, extra=constant, ckpt_interval=4, keep_last=3)
+    ckpts = tmp_path / "run" / "checkpoints"
+    (ckpts / "latest").unlink()
+    before = _sealed(ckpts)
+    with caplog.at_level("WARNING", logger="lm"):
+        assert run(tmp_path / "run", steps=10, extra=constant, ckpt_interval=4, keep_last=3).state.step == 10
+    assert f"{ckpts / 'latest'} is missing; resuming from {ckpts / 'step_00000008'}" in caplog.text, caplog.text
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")  # steps 1-8 kept, 9-10 exact
+    after = _sealed(ckpts)
+    assert {k: v for k, v in after.items() if k in before} == before  # steps 4 and 8 neither pruned nor rewritten
+    assert (ckpts / "latest").read_text() == "step_00000010"
+
+
+def test_a_deleted_latest_with_no_intact_checkpoint_refuses_and_keeps_everything(tmp_path):
+    run(tmp_path, steps=4, ckpt_interval=2)
+    ckpts = tmp_path / "checkpoints"
+    (ckpts / "latest").unlink()
+    for step in ("step_00000002", "step_00000004"):
+        (ckpts / step / "rank00000.pt").unlink()
+    before, metrics_before = _sealed(ckpts), (tmp_path / "metrics.jsonl").read_bytes()
+    with pytest.raises(CheckpointError, match=rf"{ckpts / 'latest'} is missing and no checkpoint in {ckpts} is "
+                                              rf"intact. Options: restore"):
+        run(tmp_path, steps=6, ckpt_interval=2)
+    assert _sealed(ckpts) == before and (tmp_path / "metrics.jsonl").read_bytes() == metrics_before
+
+
+@pytest.mark.parametrize("pointer", ["../../other/checkpoints/step_00000004", "{other}/checkpoints/step_00000004",
+                                     "step_00000009", "step_00000004/../step_00000002"])
+def test_latest_must_name_a_checkpoint_directory_of_this_run(tmp_path, caplog, pointer):
+    """`latest` naming another run's checkpoint (by a relative or absolute path, or through a step_* symlink)
+    is damaged: this run resumes from its own newest intact checkpoint, never from the other run's."""
+    constant = ["sched=constant"]
+    run(tmp_path / "other", steps=4, extra=[*constant, "seed=7"], ckpt_interval=2)
+    run(tmp_path / "whole", steps=6, extra=constant, ckpt_interval=2)
+    run(tmp_path / "run", steps=4, extra=constant, ckpt_interval=2)
+    ckpts = tmp_path / "run" / "checkpoints"
+    (ckpts / "step_00000009").symlink_to(tmp_path / "other" / "checkpoints" / "step_00000004")
+    (ckpts / "latest").write_text(pointer.format(other=tmp_path / "other"))
+    with caplog.at_level("WARNING", logger="lm"):
+        run(tmp_path / "run", steps=6, extra=constant, ckpt_interval=2)
+    assert (f"{ckpts / 'latest'} names {pointer.format(other=tmp_path / 'other')!r}, which is not a step_NNNNNNNN "
+            f"directory in {ckpts} (treated as damaged); resuming from {ckpts / 'step_00000004'}") in caplog.text
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")
+    (ckpts / "latest").write_text(pointer.format(other=tmp_path / "other"))
+    with pytest.raises(CheckpointError, match="which is not a step_NNNNNNNN directory"):
+        resolve(tmp_path / "run")  # lm-export and lm-finetune init= refuse it too

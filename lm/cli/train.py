@@ -99,7 +99,7 @@ def train(cfg: DictConfig, loaders=None):
         state = loop.State()
         file_log = log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
         task = PretrainTask(train_loader, val_loader, tcfg.grad_accum, tcfg.eval_batches)
-        latest = D.broadcast_object(checkpointer.latest() if dist.is_main and run.resume else None)
+        latest = checkpointer.resume_point() if run.resume else None  # verified; the newest intact one, if need be
         if latest:
             check_resume(latest, config_yaml, tcfg.max_steps, dist)  # a changed model, data, ... is refused here
             trainer, loader_state = checkpointer.load(latest)

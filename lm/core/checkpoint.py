@@ -15,8 +15,12 @@ half-written one is only ever a .tmp-* directory, removed when the write fails o
 This file never reads an engine's files itself: trainer.json records the engine's format and the
 engine class of that format loads or consolidates them (lm.engine.engine_for_format). Everything is
 read with torch.load(weights_only=True): a checkpoint from elsewhere cannot run pickled code, and only
-after its files match manifest.json: resuming from a damaged `latest` names it and falls back to the
-newest intact checkpoint; lm-export and lm-finetune init= refuse a damaged one.
+after its files match manifest.json. `latest` must name a direct child step_NNNNNNNN of checkpoints/ (never
+a path: `../../other/checkpoints/step_...` would resume another run). A resume whose `latest` is missing,
+names anything else or a damaged checkpoint resumes from the newest intact step_* directory, saying so, or
+refuses when none is intact: a run never starts over (pruning and overwriting its checkpoints) while any
+are there. The resume config check reads the checkpoint chosen here, the one loaded (lm/core/resume.py).
+lm-export and lm-finetune init= refuse a damaged checkpoint.
 Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm-export` (lm/cli/export.py).
 """
 
@@ -26,6 +30,7 @@ import logging
 import os
 import pickle
 import random
+import re
 import shutil
 import time
 from pathlib import Path
@@ -42,6 +47,7 @@ LATEST = "latest"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
 UNSEALED = (MANIFEST, "trainer.json")  # the checkpoint files the manifest does not list (it is in trainer.json)
+STEP_DIR = re.compile(r"step_\d{8}")  # the only names `latest` may hold
 
 
 class CheckpointError(RuntimeError):
@@ -126,16 +132,30 @@ class Checkpointer:
         self.engine = engine
         self.keep_last = keep_last
         self.config_yaml = config_yaml  # the run's resolved config, copied into every checkpoint
+        self._verified: Optional[Path] = None  # what resume_point checked against its manifest (not hashed twice)
 
     def latest(self) -> Optional[Path]:
-        pointer = self.root / LATEST
-        if not pointer.exists():
-            return None
-        path = self.root / pointer.read_text().strip()
-        if not (path / "trainer.json").exists():
-            raise CheckpointError(f"{pointer} names {path.name}, which is not a complete checkpoint "
-                                  f"(no trainer.json); point it at another step_* directory or delete it")
-        return path
+        """The complete checkpoint of this run that `latest` names, else None (for messages: what is intact;
+        a resume asks resume_point, which verifies and falls back)."""
+        name, _ = _read_pointer(self.root)
+        path = self.root / name if name is not None and _own_step_dir(self.root, name) else None
+        return path if path is not None and (path / "trainer.json").is_file() else None
+
+    def resume_point(self) -> Optional[Path]:
+        """The verified checkpoint a resume loads (None: nothing to resume, start fresh), decided on rank 0 and
+        the same on every rank (collective). Load and config-check this one (lm/core/resume.py check_resume)."""
+        chosen, error = None, None
+        if self.engine.is_main:
+            try:
+                chosen = resume_point(self.root)
+            except CheckpointError as e:
+                error = str(e)
+        chosen, error = D.broadcast_object((chosen, error))
+        if error:
+            raise CheckpointError(error)
+        if chosen is not None:
+            self._verified = chosen
+        return chosen
 
     def save(self, trainer: Dict, loader_state: Dict) -> Path:
         """Write step `trainer['step']` atomically on every rank; raise (all ranks) if any rank failed."""
@@ -170,6 +190,7 @@ class Checkpointer:
                     shutil.rmtree(final)
                 os.replace(tmp, final)
                 _fault_point("latest")  # renamed, `latest` still names the previous checkpoint
+                (self.root / (LATEST + ".tmp")).unlink(missing_ok=True)  # never write through a planted symlink
                 _write_durably(self.root / (LATEST + ".tmp"), name)
                 os.replace(self.root / (LATEST + ".tmp"), self.root / LATEST)
                 _fsync_dir(self.root)
@@ -202,28 +223,28 @@ class Checkpointer:
 
     def _prune(self) -> None:
         keep = self.latest()
-        done = sorted(p for p in self.root.glob("step_*") if (p / "trainer.json").exists())
+        done = sorted(p for p in step_dirs(self.root) if (p / "trainer.json").exists())
         for old in done[:-self.keep_last]:
             if old != keep:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def _intact(self, path: Path) -> Path:
-        """`path` if its files match its manifest, else the newest older intact checkpoint (saying so);
-        rank 0 checks, every rank gets its answer."""
-        chosen, error = None, None
-        if self.engine.is_main:
+    def _check_intact(self, path: Path) -> None:
+        """Raise (every rank) unless `path` matches its manifest; rank 0 checks. No fallback here: the
+        checkpoint loaded must be the one whose config was compared (resume_point chose it)."""
+        error = None
+        if self.engine.is_main and path != self._verified:
             try:
-                chosen = newest_intact(path)
+                verified(path)
             except CheckpointError as e:
                 error = str(e)
-        chosen, error = D.broadcast_object((chosen, error))
+        error = D.broadcast_object(error)
         if error:
             raise CheckpointError(error)
-        return chosen
 
     def load(self, path: Path) -> Tuple[Dict, Dict]:
-        """Restore the engine's model and optimizer; returns (trainer.json, this rank's loader state)."""
-        path = self._intact(path)
+        """Restore the engine's model and optimizer from checkpoint `path` (as resume_point returned it);
+        returns (trainer.json, this rank's loader state)."""
+        self._check_intact(path)
         trainer = read_trainer(path)
         saved_world = trainer["engine"]["world_size"]
         if saved_world != self.engine.world_size or trainer["engine"]["engine"] != self.engine.name:
@@ -303,22 +324,59 @@ def damage(ckpt: Path) -> Optional[str]:
     return None
 
 
-def newest_intact(ckpt: Path) -> Path:
-    """`ckpt` if intact; else the newest intact older checkpoint of the same run (logged), else a
-    CheckpointError naming the damage and the options."""
-    why = damage(ckpt)
-    if why is None:
-        return ckpt
-    older = sorted((p for p in ckpt.parent.glob("step_*") if p.name < ckpt.name), reverse=True)
-    for candidate in older:
+def _read_pointer(root: Path) -> Tuple[Optional[str], Optional[str]]:
+    """(the name `latest` holds, None) or (None, why there is none usable: missing, unreadable)."""
+    pointer = root / LATEST
+    if not pointer.exists() and not pointer.is_symlink():
+        return None, f"{pointer} is missing"
+    try:
+        return pointer.read_text().strip(), None
+    except (OSError, UnicodeDecodeError) as e:
+        return None, f"{pointer} cannot be read ({e})"
+
+
+def _own_step_dir(root: Path, name: str) -> bool:
+    """Whether `name` is a step_NNNNNNNN directory directly in `root` (not a path, not a symlink elsewhere)."""
+    path = root / name
+    return bool(STEP_DIR.fullmatch(name)) and path.is_dir() and not path.is_symlink()
+
+
+def step_dirs(root: Path):
+    """This run's checkpoint directories under `root` (checkpoints/), newest first."""
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if _own_step_dir(root, p.name)), reverse=True)
+
+
+def resume_point(root: Path) -> Optional[Path]:
+    """The checkpoint under `root` (a run's checkpoints/) to resume from: the one `latest` names when it is
+    intact; else the newest intact step_* directory (older than a damaged one `latest` names), logged in one
+    line; None when there is no checkpoint at all. A CheckpointError naming the damage and the options when
+    checkpoints exist and none is intact: starting over would prune and overwrite them."""
+    root = Path(root)
+    name, problem = _read_pointer(root)
+    candidates = step_dirs(root)
+    if name is not None and _own_step_dir(root, name):
+        ckpt = root / name
+        why = damage(ckpt)
+        if why is None:
+            return ckpt
+        problem = f"checkpoint {ckpt} is damaged ({why})"
+        candidates, others = [p for p in candidates if p.name < name], "older checkpoint"
+    elif name is not None:
+        problem, others = (f"{root / LATEST} names {name!r}, which is not a step_NNNNNNNN directory in {root} "
+                           f"(treated as damaged)"), "checkpoint"
+    elif not candidates:
+        return None  # a new run (at most .tmp-* debris of a first save that never completed)
+    else:
+        others = "checkpoint"
+    for candidate in candidates:
         if damage(candidate) is None:
-            log.warning("checkpoint %s is damaged (%s); resuming from %s, the newest intact checkpoint",
-                        ckpt, why, candidate)
+            log.warning("%s; resuming from %s, the newest intact checkpoint", problem, candidate)
             return candidate
     raise CheckpointError(
-        f"checkpoint {ckpt} is damaged ({why}) and no older checkpoint in {ckpt.parent} is intact. Options: "
-        f"restore the file from a copy; or start from scratch in a new run_dir (or with resume=false); or "
-        f"move {ckpt.parent} away and rerun")
+        f"{problem} and no {others} in {root} is intact. Options: restore the file from a copy; or start from "
+        f"scratch in a new run_dir (or with resume=false); or move {root} away and rerun")
 
 
 def verified(ckpt: Path) -> Path:
@@ -363,7 +421,11 @@ def resolve(path) -> Path:
     path = Path(path)
     for candidate in (path / "checkpoints", path):
         if (candidate / LATEST).exists():
-            return candidate / (candidate / LATEST).read_text().strip()
+            name, why = _read_pointer(candidate)
+            if name is None or not _own_step_dir(candidate, name):
+                raise CheckpointError(why or f"{candidate / LATEST} names {name!r}, which is not a step_NNNNNNNN "
+                                             f"directory in {candidate}; pass one of its step_* directories instead")
+            return candidate / name
     if (path / "trainer.json").exists():
         return path
     raise CheckpointError(f"{path} is neither a run directory with checkpoints/latest nor a checkpoint "

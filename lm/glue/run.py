@@ -154,7 +154,6 @@ def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema,
     from lm.core.optim import adamw, lr_multiplier
     from lm.core.resume import FINETUNE_RESUMABLE, check_resume
     from lm.core.tracking import NullTracker, Tracker
-    from lm.engine import dist as D
 
     is_main, pad_id = dist.is_main, backbone.tokenizer.pad_id
     task = GlueTask(t, data, seed, dist.rank, dist.world_size, job.train.micro_batch_size, pad_id, job.eval_batch_size)
@@ -177,8 +176,8 @@ def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema,
             {"model": _plain(model.cfg), "task": _plain(t), "seed": seed}))
         task.save_best = lambda step, record: best.save({"step": step, "tokens": 0, **record}, {})
     state = loop.State()
-    latest = D.broadcast_object(checkpointer.latest() if is_main and job.resume else None)
-    if latest:  # a changed setting that matters is refused before anything is loaded
+    latest = checkpointer.resume_point() if job.resume else None  # verified; the newest intact one, if need be
+    if latest:  # a changed setting that matters is refused before anything is loaded (the one loaded)
         check_resume(latest, config_yaml, None, dist, FINETUNE_RESUMABLE,
                      start_over=f"delete {out} to train {t.name} seed {seed} again with the new values")
         trainer, task_state = checkpointer.load(latest)
