@@ -116,6 +116,33 @@ def test_the_same_process_may_lock_its_run_dir_again(tmp_path):
     release(tmp_path)
 
 
+def test_a_lock_file_planted_as_a_symlink_is_refused_and_its_target_left_alone(tmp_path):
+    """Issue 49 item 6: `<run_dir>/.lock -> victim.txt` made lm-train truncate and overwrite victim.txt."""
+    from lm.core.lock import RunDirUnwritable
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOCK_NAME).symlink_to(victim)
+    with pytest.raises(RunDirUnwritable, match=rf"the lock file {tmp_path / 'run' / LOCK_NAME} is a symbolic link; "
+                                               rf"lm never writes through it. Remove it \(rm "):
+        run(tmp_path / "run", steps=2)
+    assert victim.read_text() == "precious\n" and (tmp_path / "run" / LOCK_NAME).is_symlink()
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_NAME]  # nothing written
+
+
+def test_a_lock_path_that_is_not_a_regular_file_is_refused(tmp_path):
+    from lm.core.lock import RunDirUnwritable, lock_run_dir
+
+    os.mkfifo(tmp_path / LOCK_NAME)  # opening a FIFO for writing could block
+    with pytest.raises(RunDirUnwritable, match=r"\.lock is not a regular file; lm never writes through it"):
+        lock_run_dir(tmp_path)
+    (tmp_path / LOCK_NAME).unlink()
+    lock_run_dir(tmp_path)  # a plain file again: locked
+    assert holder(tmp_path)["pid"] == os.getpid()
+    release(tmp_path)
+
+
 # -- item 3: a full disk -------------------------------------------------------------------------------
 
 def test_torch_save_failing_mid_write_removes_the_partial_checkpoint(tmp_path, monkeypatch):

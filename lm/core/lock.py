@@ -6,7 +6,9 @@
 Two runs writing one run_dir delete each other's half-written checkpoints and lose metrics, so the
 second one refuses at once, naming the holder. The lock is `fcntl.flock` on the open file: the kernel
 drops it when the holding process dies (however it dies), so a lock file left by a killed run never
-blocks the next resume. The file's text (pid, host, start time, command) only names the holder.
+blocks the next resume. The file's text (pid, host, start time, command) only names the holder. It is
+opened with O_NOFOLLOW and must be a regular file: a `.lock` planted as a symlink would otherwise have
+its target truncated and overwritten.
 """
 
 import datetime
@@ -15,6 +17,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,7 +57,7 @@ def lock_run_dir(run_dir, dist=None) -> None:
             acquire(run_dir)
             if not os.access(run_dir, os.W_OK | os.X_OK):  # the lock file may be writable in a read-only dir
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(run_dir))
-        except RunDirLocked as e:
+        except (RunDirLocked, RunDirUnwritable) as e:  # held, or a .lock lm will not write through
             error = e
         except OSError as e:  # PermissionError, EROFS, ENOSPC, NotADirectoryError: the user picks another
             release(run_dir)
@@ -81,7 +84,7 @@ def acquire(run_dir) -> Path:
     path = run_dir / LOCK_NAME
     if run_dir in _held:
         return path
-    f = open(path, "a+")  # not "w": the holder's text must survive until we hold the lock
+    f = _open_lock_file(path)
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -97,6 +100,27 @@ def acquire(run_dir) -> Path:
     f.flush()
     _held[run_dir] = f
     return path
+
+
+def _open_lock_file(path: Path) -> TextIO:
+    """`path` opened for reading and writing, created if missing, never truncated here (the holder's text must
+    survive until we hold the lock); RunDirUnwritable if it is a symlink or not a regular file."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # NONBLOCK: a FIFO never hangs
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise RunDirUnwritable(_not_a_lock_file(path, "a symbolic link")) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunDirUnwritable(_not_a_lock_file(path, "not a regular file"))
+    return os.fdopen(fd, "r+")
+
+
+def _not_a_lock_file(path: Path, what: str) -> str:
+    return (f"the lock file {path} is {what}; lm never writes through it. Remove it (rm {path}; its target is "
+            f"left alone) and run again")
 
 
 def release(run_dir) -> None:
