@@ -50,9 +50,30 @@ def finetune(args, **env):
     return proc
 
 
-def test_sigkill_mid_seed_then_same_command_gives_the_uninterrupted_results(files, tmp_path, monkeypatch):
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    finetune(overrides(files, whole))
+@pytest.fixture(scope="module")
+def whole(files, tmp_path_factory):
+    """The uninterrupted job."""
+    run_dir = tmp_path_factory.mktemp("whole") / "run"
+    finetune(overrides(files, run_dir))
+    return run_dir
+
+
+def same_results(whole, killed):
+    expected, got = (json.loads((d / "results.json").read_text()) for d in (whole, killed))
+    assert got["columns"] == expected["columns"]  # dev metrics of both seeds, and their medians
+    for seed in ("0", "1"):
+        runs = (r["tasks"]["sst2"]["runs"][seed] for r in (expected, got))
+        a, b = next(runs), next(runs)
+        assert (a["history"], a["best_epoch"], a["main"]) == (b["history"], b["best_epoch"], b["main"])
+    for seed in ("seed0", "seed1"):  # every step's loss logged once, and the same as without the kill
+        losses = train_losses(killed / "sst2" / seed)
+        assert list(losses) == list(range(1, PER_EPOCH * EPOCHS + 1))
+        assert losses == train_losses(whole / "sst2" / seed)
+    assert (killed / "submission" / "SST-2.tsv").read_text() == (whole / "submission" / "SST-2.tsv").read_text()
+
+
+def test_sigkill_mid_seed_then_same_command_gives_the_uninterrupted_results(files, whole, tmp_path, monkeypatch):
+    killed = tmp_path / "killed"
 
     import tests.test_train_kill_resume as kr
     monkeypatch.setattr(kr, "KILL_AT", KILL_AT)
@@ -67,17 +88,28 @@ def test_sigkill_mid_seed_then_same_command_gives_the_uninterrupted_results(file
     proc = finetune(overrides(files, killed))
     log = proc.stdout + proc.stderr
     assert "seed 0: done in an earlier run" in log and f"resumed from {ckpts / f'step_{2 * PER_EPOCH:08d}'}" in log
-    expected, got = (json.loads((d / "results.json").read_text()) for d in (whole, killed))
-    assert got["columns"] == expected["columns"]  # dev metrics of both seeds, and their medians
-    for seed in ("0", "1"):
-        runs = (r["tasks"]["sst2"]["runs"][seed] for r in (expected, got))
-        a, b = next(runs), next(runs)
-        assert (a["history"], a["best_epoch"], a["main"]) == (b["history"], b["best_epoch"], b["main"])
-    for seed in ("seed0", "seed1"):  # every step's loss logged once, and the same as without the kill
-        losses = train_losses(killed / "sst2" / seed)
-        assert list(losses) == list(range(1, PER_EPOCH * EPOCHS + 1))
-        assert losses == train_losses(whole / "sst2" / seed)
+    same_results(whole, killed)
     dev = [m["dev/main"] for m in metrics(killed / "sst2" / "seed1") if "dev/main" in m]
     assert len(dev) == EPOCHS
-    assert (killed / "submission" / "SST-2.tsv").read_text() == (whole / "submission" / "SST-2.tsv").read_text()
     assert not ckpts.exists()  # a finished seed keeps result.pt, not its checkpoints
+
+
+def test_ctrl_c_mid_seed_stops_with_a_checkpoint_and_the_same_command_resumes(files, whole, tmp_path, monkeypatch):
+    """Issue 49 item 10 for lm-finetune: Ctrl-C inside seed 1's step 25 stops after that step with its checkpoint
+    (one line, exit status 1, as SIGTERM), and the same command gives the uninterrupted results."""
+    import signal
+
+    import tests.test_train_kill_resume as kr
+
+    stopped = tmp_path / "stopped"
+    monkeypatch.setattr(kr, "KILL_AT", KILL_AT)
+    monkeypatch.setattr(kr, "command", lambda world: [sys.executable, "-m", "lm.cli.finetune"])
+    proc = kr.start_paused(1, overrides(files, stopped), files, tmp_path, stdout=subprocess.PIPE)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
+    ckpt = stopped / "sst2" / "seed1" / "checkpoints" / f"step_{KILL_AT - PER_EPOCH * EPOCHS:08d}"
+    assert f"SIGINT (Ctrl-C) received: stopped after step {KILL_AT - PER_EPOCH * EPOCHS} with checkpoint {ckpt}" in out
+    log = "".join(finetune(overrides(files, stopped)).stdout)
+    assert f"resumed from {ckpt}" in log
+    same_results(whole, stopped)

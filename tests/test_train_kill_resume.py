@@ -47,19 +47,27 @@ def run(world, args, cache, cwd=REPO, **env):
     return proc
 
 
-def run_and_kill(world, args, cache, tmp_path):
-    """Start the run, wait until it is parked inside step KILL_AT, SIGKILL its whole process group."""
+def start_paused(world, args, cache, tmp_path, stdout=subprocess.DEVNULL, **pause):
+    """Start the run and wait until it is parked (by default inside step KILL_AT; `pause`: another hook's
+    LM_FAULT_PAUSE_* variable)."""
     flag = tmp_path / "paused"
-    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_AT_STEP=str(KILL_AT), LM_FAULT_PAUSE_FILE=str(flag))
+    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_FILE=str(flag),
+                         **(pause or {"LM_FAULT_PAUSE_AT_STEP": str(KILL_AT)}))
     proc = subprocess.Popen(command(world) + args, cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=stdout, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 600
     while not flag.exists():
         if proc.poll() is not None:
-            pytest.fail(f"the run ended before step {KILL_AT}: {proc.stderr.read()[-3000:]}")
+            pytest.fail(f"the run ended before its pause: {proc.stderr.read()[-3000:]}")
         assert time.time() < deadline, "the run never reached the fault step"
         time.sleep(0.2)
     time.sleep(0.5 if world == 1 else 2.0)  # let every rank reach the pause
+    return proc
+
+
+def run_and_kill(world, args, cache, tmp_path):
+    """Start the run, wait until it is parked inside step KILL_AT, SIGKILL its whole process group."""
+    proc = start_paused(world, args, cache, tmp_path)
     victims = [proc.pid, *descendants(proc.pid)]  # torchrun starts each rank in a session of its own
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
@@ -130,3 +138,40 @@ def test_hydra_under_torchrun_makes_one_run_directory(cache, tmp_path):
     assert files == [".lock", "checkpoints", "config.yaml", "metrics.jsonl", "train.log"], files
     assert [m["step"] for m in metrics(runs[0]) if "loss" in m] == [1, 2, 3]  # rank 0 alone writes
     assert not (tmp_path / "outputs").exists() and not list(tmp_path.glob("**/.hydra"))
+
+
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_same_command_resumes(cache, tmp_path):
+    """Issue 49 item 10: Ctrl-C (SIGINT) in the middle of step 7 printed a KeyboardInterrupt traceback and wrote
+    no checkpoint; now it stops like SIGTERM: step 7 finishes, is checkpointed, one line, exit status 1."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    run(1, overrides(whole), cache)
+    proc = start_paused(1, overrides(stopped), cache, tmp_path, stdout=subprocess.PIPE)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
+    assert (f"SIGINT (Ctrl-C) received: stopped after step {KILL_AT} with checkpoint "
+            f"{stopped / 'checkpoints' / f'step_{KILL_AT:08d}'}; run the same command to resume") in out + err
+    assert "Ctrl-C: stopping after the step in flight with a checkpoint" in err
+    assert "resumed from" in "".join(run(1, overrides(stopped), cache).stdout)
+    assert train_losses(stopped) == train_losses(whole)  # bit-identical, step 7 not redone
+
+
+def test_a_second_ctrl_c_aborts_at_once_in_one_line(cache, tmp_path):
+    """The run is parked inside its second checkpoint write (step 8): the first Ctrl-C asks for a stop, which
+    waits for that write; the second aborts at once, with one line and exit status 130, no traceback. The
+    half-written checkpoint is never `latest`, and the same command resumes from step 4 exactly."""
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    run(1, overrides(whole), cache)
+    proc = start_paused(1, overrides(stopped), cache, tmp_path, stdout=subprocess.PIPE,
+                        LM_FAULT_PAUSE_IN_SAVE="files:2")
+    proc.send_signal(signal.SIGINT)
+    while not proc.stderr.readline().startswith("Ctrl-C: stopping after the step in flight"):  # handled: a stop
+        assert proc.poll() is None, "the run ended at the first Ctrl-C"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
+    assert err.strip().splitlines()[-1] == ("lm-train: aborted by Ctrl-C; the checkpoints already written are "
+                                            "intact: run the same command to resume from the last one")
+    assert (stopped / "checkpoints" / "latest").read_text() == "step_00000004"
+    run(1, overrides(stopped), cache)
+    assert train_losses(stopped) == train_losses(whole)

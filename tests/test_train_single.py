@@ -98,6 +98,78 @@ def test_nan_loss_skip_drops_the_step_and_goes_on(tmp_path, monkeypatch):
     assert result.state.step == 6
 
 
+class _InfGradient(torch.autograd.Function):
+    """The identity forward; an infinite gradient backward: a finite loss whose gradient norm is inf (what
+    optim.lr=1e3 reaches after a few steps)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * math.inf
+
+
+def _inf_gradient_at(monkeypatch, step_calls):
+    """Make the training loss's gradient inf on the given forward calls (1-based); the loss stays finite."""
+    from lm.core import objectives
+
+    real, calls = objectives.loss, {"n": 0}
+
+    def loss(model, batch):
+        calls["n"] += 1
+        out = real(model, batch)
+        return _InfGradient.apply(out) if calls["n"] in step_calls and model.training else out
+
+    monkeypatch.setattr(objectives, "loss", loss)
+
+
+def test_an_infinite_gradient_norm_with_a_finite_loss_stops_the_run(tmp_path, monkeypatch):
+    """Issue 49 item 3: every update skipped on the device while the loss stayed finite, and the run exited 0."""
+    _inf_gradient_at(monkeypatch, {7})
+    with pytest.raises(LossDiverged, match=r"gradient norm is (inf|nan) with a finite loss \(\d.*\) at step 7; no "
+                                           r"update was applied and the last good checkpoint .*step_00000004 is intact"
+                                           r".*set train.on_nonfinite=skip"):
+        run(tmp_path, steps=10, ckpt_interval=4, log_interval=2)
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000004"
+    losses = train_losses(tmp_path)
+    assert max(losses) == 6 and all(math.isfinite(v) for v in losses.values())
+
+
+def test_an_infinite_gradient_norm_under_skip_is_logged_counted_and_limited(tmp_path, monkeypatch, caplog):
+    _inf_gradient_at(monkeypatch, {3})
+    with caplog.at_level("WARNING", logger="lm"):
+        _, result = run(tmp_path / "one", steps=6, on_nonfinite="skip")
+    assert result.state.step == 6
+    assert re.search(r"step 3: gradient norm is (inf|nan) with a finite loss \(.*\), update skipped \(1/10 in a row\)",
+                     caplog.text), caplog.text
+    grad_norms = {m["step"]: m["grad_norm"] for m in metrics(tmp_path / "one") if "grad_norm" in m}
+    assert not math.isfinite(grad_norms[3]) and all(math.isfinite(v) for s, v in grad_norms.items() if s != 3)
+    _inf_gradient_at(monkeypatch, {2, 3, 4})
+    with pytest.raises(LossDiverged, match=r"at step 4; .*\(3 consecutive non-finite steps\).*raise "
+                                           r"train.max_nonfinite"):
+        run(tmp_path / "three", steps=8, on_nonfinite="skip", max_nonfinite=2)
+
+
+def test_an_infinite_gradient_norm_under_fp16_loss_scaling_is_the_scalers_overflow():
+    """fp16's GradScaler skips an overflowing step and lowers its scale: not a divergence for the policy."""
+    from types import SimpleNamespace
+
+    from lm.core.config import TrainConfig
+    from lm.core.loop import State, _policy
+
+    state = State(step=5)
+    for scales, expected in ((True, 0), (False, 1)):
+        engine = SimpleNamespace(scales_loss=scales, skips_nonfinite_updates=True, is_main=True)
+        state.nonfinite = 0
+        _policy(TrainConfig(on_nonfinite="skip"), engine, state, 5, 2.5, math.inf, None)
+        assert state.nonfinite == expected
+    with pytest.raises(LossDiverged, match="loss is nan at step 5"):  # a NaN loss counts under fp16 too
+        _policy(TrainConfig(), SimpleNamespace(scales_loss=True, skips_nonfinite_updates=True, is_main=False),
+                state, 5, math.nan, math.nan, None)
+
+
 def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     from lm.engine.base import Engine
 
@@ -192,8 +264,9 @@ def test_tensorboard_and_offline_wandb_sinks(tmp_path, monkeypatch):
     assert len(offline) == 1 and (tmp_path / "run" / "wandb_id").read_text().strip() in offline[0].name
 
 
-def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_path, monkeypatch, caplog):
-    """A scheduler's SIGTERM (or SIGUSR1) mid-step: the step completes, is checkpointed (although
+@pytest.mark.parametrize("sig, name", [("SIGTERM", "SIGTERM"), ("SIGINT", r"SIGINT \(Ctrl-C\)")])
+def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_path, monkeypatch, caplog, sig, name):
+    """A scheduler's SIGTERM (or SIGUSR1), or Ctrl-C, mid-step: the step completes, is checkpointed (although
     ckpt_interval=0 would write only at the end), the run stops, and running again loses nothing."""
     import os
     import signal
@@ -203,19 +276,46 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_
 
     run(tmp_path / "whole", steps=8, extra=["model.dropout=0.1"])
     real, calls = objectives.loss, {"n": 0}
+    before = signal.getsignal(getattr(signal, sig))
 
     def loss(model, batch):
         calls["n"] += 1
         if calls["n"] == 5 and model.training:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), getattr(signal, sig))
         return real(model, batch)
 
     monkeypatch.setattr(objectives, "loss", loss)
-    with pytest.raises(Preempted, match=r"SIGTERM received: stopped after step 5 with checkpoint .*step_00000005"):
+    with pytest.raises(Preempted, match=rf"{name} received: stopped after step 5 with checkpoint .*step_00000005; "
+                                        rf"run the same command to resume"):
         run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the loop put the default handler back
+    assert signal.getsignal(getattr(signal, sig)) is before  # the loop put the previous handler back
     monkeypatch.setattr(objectives, "loss", real)
     with caplog.at_level("INFO", logger="lm"):  # lm-train's Hydra logging config sets INFO
         run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
     assert train_losses(tmp_path / "stopped") == train_losses(tmp_path / "whole")
     assert "resumed from" in (tmp_path / "stopped" / "train.log").read_text()
+
+
+def test_a_second_ctrl_c_aborts_at_once_without_a_checkpoint(tmp_path, monkeypatch):
+    """Issue 49 item 10: the first Ctrl-C asks for a checkpointed stop; a second one does not wait for it."""
+    import os
+    import signal
+
+    from lm.core import objectives
+
+    real, calls = objectives.loss, {"n": 0}
+    before = signal.getsignal(signal.SIGINT)
+
+    def loss(model, batch):
+        calls["n"] += 1
+        if calls["n"] == 5 and model.training:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(model, batch)
+
+    monkeypatch.setattr(objectives, "loss", loss)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, steps=8, ckpt_interval=4)
+    assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000004"  # step 5 was not checkpointed
+    assert max(train_losses(tmp_path)) == 4
+    assert signal.getsignal(signal.SIGINT) is before

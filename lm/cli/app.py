@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple, Type
+from typing import Callable, List, NoReturn, Optional, Tuple, Type
 
 from omegaconf import DictConfig
 
@@ -61,9 +61,19 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
 
     try:
         app()
+    except KeyboardInterrupt:  # a second Ctrl-C inside the loop, or one before it started
+        exit_interrupted(prog)
     finally:
         D.shutdown()
     D.exit_after_success()
+
+
+def exit_interrupted(prog: str) -> NoReturn:
+    """One line for a KeyboardInterrupt (Ctrl-C outside the loop, or a second one inside it, which aborts without
+    a checkpoint of the step in flight), not Python's traceback; exit status 130 as for SIGINT."""
+    sys.stderr.write(f"\n{prog}: aborted by Ctrl-C; the checkpoints already written are intact: run the same "
+                     f"command to resume from the last one\n")
+    sys.exit(130)
 
 
 def _agree_on_run_stamp() -> None:

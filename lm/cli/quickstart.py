@@ -141,6 +141,10 @@ def main(argv=None) -> None:
         arms = run(recipe, args.compare)
     except (ConfigError, DataError, GlueDataError, CheckpointError, LossDiverged, Preempted) as e:
         sys.exit(f"lm-quickstart: {type(e).__name__}: {e}")
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop, or a second one inside it
+        from lm.cli.app import exit_interrupted
+
+        exit_interrupted("lm-quickstart")
     for name, title in (("pretrained", "Finetuned from the pretrained checkpoint"),
                         ("scratch", "From scratch (same model, random init)")):
         if name in arms:

@@ -525,6 +525,10 @@ def main(argv=None) -> None:
         summary = run_transfer(recipe)
     except (ConfigError, DataError, GlueDataError, CheckpointError, TableError, LossDiverged, Preempted) as e:
         sys.exit(f"lm-transfer: {type(e).__name__}: {e}")
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop, or a second one inside it
+        from lm.cli.app import exit_interrupted
+
+        exit_interrupted("lm-transfer")
     if summary is None:  # one arm alone (--arm): no table yet
         return
     from lm.report.transfer import transfer_table

@@ -55,7 +55,9 @@ class TrainConfig:
     eval_batches: int = 20  # micro-batches per validation pass (per rank)
     ckpt_interval: int = 100  # steps between checkpoints; 0 = only at the end
     keep_last: int = 3  # checkpoints kept (older ones are deleted once a newer one is complete)
-    on_nonfinite: OnNonfinite = OnNonfinite.stop  # what a NaN/inf loss does
+    # What a NaN/inf loss or gradient norm does (its update is skipped either way): stop, or skip (each logged).
+    # Under fp16's loss scaler an inf gradient norm with a finite loss is an overflow the scaler handles instead.
+    on_nonfinite: OnNonfinite = OnNonfinite.stop
     max_nonfinite: int = 10  # consecutive skipped steps before `skip` stops anyway
     peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; None = look the GPU up
     world_size: Optional[int] = None  # expected number of processes (asserted); None = what the launcher says

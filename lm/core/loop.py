@@ -6,19 +6,27 @@
         forward + backward each, weighted by its share of the step's label tokens over all ranks
             (lm/core/objectives.py says why); a NaN/inf loss poisons the step's gradients
         engine.step(): clip, update unless the gradient norm is NaN/inf (decided on the device), zero gradients
-        at sync points only: apply the NaN/inf policy, log, evaluate (and keep the best), checkpoint
+        at sync points only: apply the NaN/inf policy (to each step's loss and gradient norm), log, evaluate
+            (and keep the best), checkpoint
 
-No host sync per step. Each step leaves its loss on the device; the host reads the losses (one
-all-reduce and one copy) only at sync points: log steps, evaluations, checkpoints, the last step, and a
-preemption stop. The NaN/inf guarantee (a non-finite loss never updates the weights) holds without a
+No host sync per step. Each step leaves its loss and gradient norm on the device; the host reads them
+(one all-reduce of the losses and one copy) only at sync points: log steps, evaluations, checkpoints, the
+last step, and a preemption stop. The NaN/inf guarantee (a non-finite loss never updates the weights) holds without a
 per-step check: a rank whose loss is non-finite multiplies its backward by NaN, so every gradient, and
 after the engine's reduction every rank's gradient norm, is NaN, and the engine skips the update on the
-device (fused AdamW's `found_inf`, as torch's GradScaler drives it: lm/engine/base.py). The policy
-(stop, or skip up to max_nonfinite in a row) is then applied at the next sync point, step by step, as it
-would have been at each step; the steps in between trained on with their own (finite) updates. Engines
-that cannot skip on the device (DeepSpeed) check each step's loss on the host before their update.
+device (fused AdamW's `found_inf`, as torch's GradScaler drives it: lm/engine/base.py). A finite loss
+can still give a NaN/inf gradient norm (a too-high learning rate overflows the gradients): that update
+is skipped on the device too, and the policy treats the step like a non-finite loss, since a run whose
+every update is skipped would otherwise finish with frozen weights and exit 0 (under fp16's loss scaler
+such a step is an overflow the scaler handles, not counted). The policy (stop, or skip up to
+max_nonfinite in a row, each logged) is then applied at the next sync point, step by step, as it would
+have been at each step; the steps in between trained on with their own (finite) updates. Engines that
+cannot skip on the device (DeepSpeed) check each step's loss on the host before their update, and its
+gradient norm at the next sync.
 The preemption flag is checked every train.stop_check_interval steps (a collective), and at every sync
 point on the same all-reduce; every rank checks at the same steps, so every rank stops at the same step.
+Ctrl-C (SIGINT) is a stop request like SIGTERM; a second Ctrl-C aborts at once (KeyboardInterrupt, which
+the apps turn into one line: lm/cli/app.py exit_interrupted).
 
 What is trained is a `lm.core.task.Task` (pretraining: lm/core/pretrain_task.py; GLUE: lm/glue/trainer.py).
 Everything engine-specific (no_sync, accumulation boundaries, loss scaling, sharding) is behind
@@ -49,19 +57,19 @@ log = logging.getLogger("lm")
 
 
 class LossDiverged(RuntimeError):
-    """The loss became NaN/inf; no update was applied and the last checkpoint is intact."""
+    """The loss or the gradient norm became NaN/inf; no update was applied and the last checkpoint is intact."""
 
 
 class Preempted(RuntimeError):
-    """SIGTERM or SIGUSR1 arrived (a scheduler's preemption or time-limit warning); the step in flight
-    finished and was checkpointed, so the same command resumes without losing it."""
+    """SIGTERM or SIGUSR1 (a scheduler's preemption or time-limit warning) or SIGINT (Ctrl-C) arrived; the step
+    in flight finished and was checkpointed, so the same command resumes without losing it."""
 
 
 @dataclass
 class State:
     step: int = 0  # optimizer steps done
     tokens: int = 0  # input tokens seen, all ranks
-    nonfinite: int = 0  # consecutive steps skipped for a NaN/inf loss
+    nonfinite: int = 0  # consecutive steps skipped for a NaN/inf loss or gradient norm
     best: Optional[float] = None  # the task's best_metric so far (None: no evaluation yet, or no best_metric)
 
     @classmethod
@@ -91,6 +99,7 @@ class _Pending:
     losses: List[torch.Tensor] = field(default_factory=list)  # each step's local share of its global loss
     tokens: int = 0  # this rank's input tokens since the last sync point
     grad_norm: Optional[torch.Tensor] = None  # the last step's (device tensor)
+    norms: List[Tuple[int, torch.Tensor]] = field(default_factory=list)  # (1-based step, its gradient norm)
     last_loss: float = math.nan  # the last synced step's global loss
 
 
@@ -122,10 +131,15 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         pending.losses.append(loss)
         pending.tokens += tokens
         if engine.skips_nonfinite_updates:
-            pending.grad_norm = engine.step()
+            pending.grad_norm = norm = engine.step()
+            pending.norms.append((step + 1, norm))
         else:  # the engine cannot skip on the device: the policy acts on the host before the update (a sync)
             meter.tokens += _sync(cfg, engine, state, pending, checkpointer)[0]
-            pending.grad_norm = engine.step() if math.isfinite(pending.last_loss) else engine.skip_step()
+            if math.isfinite(pending.last_loss):
+                pending.grad_norm = norm = engine.step()
+                pending.norms.append((step + 1, norm))  # checked at the next sync
+            else:
+                pending.grad_norm = engine.skip_step()
         state.step = step + 1
 
         last = state.step == cfg.max_steps
@@ -165,41 +179,58 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
 
 def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointer, stop=None,
           check_stop: bool = False) -> Tuple[int, bool]:
-    """The host catches up with the device: each pending step's global loss (one all-reduce, one copy), the
-    NaN/inf policy applied to each in order, state.tokens; with check_stop, the stop flag rides on the
-    same all-reduce. Returns (the global input tokens of the pending steps, whether the ranks agreed to stop)."""
+    """The host catches up with the device: each pending step's global loss (one all-reduce) and gradient norm
+    (global already: every rank computed it from the reduced gradients), read in one copy; the NaN/inf policy
+    applied to each step in order; state.tokens. With check_stop, the stop flag rides on the same all-reduce.
+    Returns (the global input tokens of the pending steps, whether the ranks agreed to stop)."""
     losses = D.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
     flags = torch.tensor([pending.tokens, float(check_stop and stop.name is not None)], dtype=torch.float64)
     D.all_reduce_sum(flags)
     tokens, stopping = int(flags[0]), bool(check_stop and stop.agree(float(flags[1]) > 0))
-    values = losses.tolist() if losses is not None else []
-    for i, loss in enumerate(values):
-        _policy(cfg, engine, state, pending.first_step + i, loss, checkpointer)
+    parts = [] if losses is None else [losses.float()]
+    parts += [torch.stack([n.detach().float().to(engine.device) for _, n in pending.norms])] if pending.norms else []
+    read = torch.cat(parts).tolist() if parts else []  # one device-to-host copy
+    values, norm_values = read[:len(pending.losses)], read[len(pending.losses):]
+    by_step = {pending.first_step + i: [loss, None] for i, loss in enumerate(values)}
+    for (step, _), norm in zip(pending.norms, norm_values):
+        by_step.setdefault(step, [None, None])[1] = norm
+    for step in sorted(by_step):
+        loss, norm = by_step[step]
+        _policy(cfg, engine, state, step, loss, norm, checkpointer)
     if values:
         pending.last_loss = values[-1]
     state.tokens += tokens
     pending.losses, pending.tokens, pending.first_step = [], 0, pending.first_step + len(values)
+    pending.norms = []
     return tokens, stopping
 
 
-def _policy(cfg: TrainConfig, engine, state: State, step: int, loss: float, checkpointer) -> None:
-    """What a NaN/inf loss at `step` does (its update was already skipped): stop, or skip while allowed."""
-    if math.isfinite(loss):
+def _policy(cfg: TrainConfig, engine, state: State, step: int, loss: Optional[float], norm: Optional[float],
+            checkpointer) -> None:
+    """What a NaN/inf loss or gradient norm at `step` does (its update was already skipped): stop, or skip while
+    allowed. None: not read at this sync (DeepSpeed reads a step's loss before its update, its norm after)."""
+    bad_loss = loss is not None and not math.isfinite(loss)
+    bad_norm = norm is not None and not math.isfinite(norm) and not engine.scales_loss  # fp16: the scaler's
+    if not (bad_loss or bad_norm):
         state.nonfinite = 0
         return
     state.nonfinite += 1
+    what = (f"loss is {loss}" if bad_loss else
+            f"gradient norm is {norm} with a finite loss" + (f" ({loss:.4g})" if loss is not None else ""))
+    applied = ("no update was applied" if bad_loss or engine.skips_nonfinite_updates
+               else "its update may have reached the weights")
     if cfg.on_nonfinite == "stop" or state.nonfinite > cfg.max_nonfinite:
         latest = checkpointer.latest() if engine.is_main else None
         seen = (f" (seen at the sync point after step {state.step}; the steps between trained on, skipping "
                 f"non-finite updates, in memory only)" if state.step > step else "")
         raise LossDiverged(
-            f"loss is {loss} at step {step}; no update was applied"
+            f"{what} at step {step}; {applied}"
             + (f" and the last good checkpoint {latest} is intact" if latest else "")
             + (f" ({state.nonfinite} consecutive non-finite steps)" if state.nonfinite > 1 else "")
-            + seen + ". Lower optim.lr, lengthen sched.warmup_steps, or set train.on_nonfinite=skip")
+            + seen + ". Lower optim.lr, lengthen sched.warmup_steps, or "
+            + ("set train.on_nonfinite=skip" if cfg.on_nonfinite == "stop" else "raise train.max_nonfinite"))
     if engine.is_main:
-        log.warning("step %d: loss is %s, update skipped (%d/%d in a row)", step, loss, state.nonfinite,
-                    cfg.max_nonfinite)
+        log.warning("step %d: %s, update skipped (%d/%d in a row)", step, what, state.nonfinite, cfg.max_nonfinite)
 
 
 def _evaluate(engine, task, tracker, state: State) -> None:
@@ -316,24 +347,38 @@ def _show(bar, record: Dict, engine) -> None:
 
 
 class _StopSignals:
-    """SIGTERM/SIGUSR1 set a flag that the loop reads every train.stop_check_interval steps and at sync
+    """SIGTERM/SIGUSR1/SIGINT set a flag that the loop reads every train.stop_check_interval steps and at sync
     points, so a preempted job writes a checkpoint instead of losing up to ckpt_interval steps (SLURM sends
-    SIGTERM, then SIGKILL after KillWait; launch/slurm.sbatch asks for USR1 before the time limit). Every
-    rank stops at the same step: the flag is OR-reduced over ranks at steps every rank checks."""
+    SIGTERM, then SIGKILL after KillWait; launch/slurm.sbatch asks for USR1 before the time limit). Ctrl-C
+    stops the same way (Python's KeyboardInterrupt would leave a traceback and no checkpoint); a second
+    Ctrl-C raises KeyboardInterrupt at once. Every rank stops at the same step: the flag is OR-reduced over
+    ranks at steps every rank checks."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
         self.name: Optional[str] = None
+        self.interrupted = False  # a first Ctrl-C arrived
         self.previous = {}
 
     def __enter__(self):
+        global _signals
         if threading.current_thread() is threading.main_thread():  # signal.signal works only there
             for sig in self.SIGNALS:
                 self.previous[sig] = signal.signal(sig, self._handle)
+        _signals = self
         return self
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            if self.interrupted:
+                raise KeyboardInterrupt  # the second Ctrl-C: abort now (the apps print one line)
+            self.interrupted = True
+            if os.environ.get("RANK", "0") == "0":  # os.write: unbuffered, safe inside a signal handler
+                os.write(2, b"\nCtrl-C: stopping after the step in flight with a checkpoint (Ctrl-C again aborts "
+                            b"at once, without it)\n")
+            self.name = "SIGINT (Ctrl-C)"
+            return
         self.name = signal.Signals(signum).name
 
     def requested(self) -> bool:
@@ -346,10 +391,13 @@ class _StopSignals:
         return stop
 
     def __exit__(self, *exc) -> None:
+        global _signals
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
+        _signals = None
 
 
+_signals: Optional[_StopSignals] = None  # the running loop's (the fault hook's way out of its pause)
 _steps_this_process = 0
 
 
@@ -365,11 +413,12 @@ def _fault_hook(step: int) -> None:
     """Test hook: LM_FAULT_PAUSE_AT_STEP=N parks the process in the middle of the N-th optimizer step it runs
     (after a backward, before the update; counted over every loop.run of the process, so a fresh lm-train
     parks in step N and lm-finetune in the task/seed where its steps reach N) and touches
-    LM_FAULT_PAUSE_FILE, so a test can SIGKILL it there."""
+    LM_FAULT_PAUSE_FILE, so a test can SIGKILL it there, or send a stop signal (SIGTERM, Ctrl-C), which lets
+    the step go on: the loop then stops as it would for a signal arriving in that step."""
     at = os.environ.get("LM_FAULT_PAUSE_AT_STEP")
     if at is None or int(at) != step + 1:
         return
     if os.environ.get("LM_FAULT_PAUSE_FILE"):
         Path(os.environ["LM_FAULT_PAUSE_FILE"]).touch()
-    while True:
-        time.sleep(1)
+    while _signals is None or _signals.name is None:
+        time.sleep(0.1)

@@ -57,6 +57,12 @@ class Engine:
         return self.dist.rank
 
     @property
+    def scales_loss(self) -> bool:
+        """fp16's dynamic loss scaling is on (here and in DeepSpeed): a NaN/inf gradient norm with a finite loss
+        is then an overflow that the scaler skips and answers by lowering the scale, not a divergence."""
+        return self.train.precision == "fp16"
+
+    @property
     def world_size(self) -> int:
         return self.dist.world_size
 
