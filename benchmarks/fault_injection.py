@@ -8,7 +8,11 @@ and silent corruptions (which must be 0).
 
 --trials N takes the first N single-process trials of the issue's mix (interleaved so a small N covers every
 kind): 20 kills (5 of them also damage a random checkpoint file), 3 concurrent second runs, 3 config changes,
-2 full disks (a small tmpfs mounted on the run dir: needs root, else those trials are "skipped").
+2 full disks (a small tmpfs mounted on the run dir: needs root, else those trials are "skipped"), and issue
+49's: 2 damaged `latest` plus a config change (the checkpoint actually resumed must be the one compared), 2
+deleted `latest` (resume from the newest intact step_*), 1 `.lock` planted as a symlink to a user file, 1
+infinite gradient norm (optim.lr=1e3: the run must stop, not finish with frozen weights), 2 `latest` naming
+another run's checkpoint. --kinds a,b keeps only those kinds of the single-process mix.
 --ddp-trials / --zero2-trials: the same kinds under `torchrun --nproc_per_node 2` (gloo; full disks excluded).
 --finetune-trials: SIGKILL `lm-finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
 lm-train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
@@ -42,7 +46,10 @@ BASE = ["model=tiny", "model.vocab_size=128", "model.max_seq_len=64", "data=shak
         "train.seq_len=64", "train.micro_batch_size=4", "train.ckpt_interval=5", f"train.max_steps={STEPS}",
         "train.log_interval=1", "train.eval_interval=0"]
 CHANGED = "model/ffn=relu"  # the config change tried on resume; the refusal must name the ffn field
-KINDS = ["kill"] * 15 + ["kill+damage"] * 5 + ["concurrent"] * 3 + ["config_change"] * 3 + ["disk_full"] * 2
+KINDS = (["kill"] * 15 + ["kill+damage"] * 5 + ["concurrent"] * 3 + ["config_change"] * 3 + ["disk_full"] * 2
+         + ["damage+config_change"] * 2 + ["deleted_latest"] * 2 + ["symlinked_lock"] + ["inf_grad"]
+         + ["latest_outside"] * 2)
+ISSUE49_KINDS = ["damage+config_change", "deleted_latest", "symlinked_lock", "inf_grad", "latest_outside"]
 DDP_KINDS = ["kill"] * 6 + ["kill+damage"] * 2 + ["concurrent"] + ["config_change"]
 ZERO2_KINDS = ["kill"] * 3 + ["kill+damage"]
 FINETUNE_KINDS = ["kill"] * 4 + ["kill+damage"] + ["config_change"]
@@ -75,7 +82,7 @@ def mix(n: int, kinds: List[str] = KINDS) -> List[str]:
     queues = {k: [k] * kinds.count(k) for k in dict.fromkeys(kinds)}
     order = []
     while any(queues.values()):
-        for k in ["kill", "kill+damage", "concurrent", "config_change", "disk_full", "kill", "kill"]:
+        for k in ["kill", "kill+damage", "concurrent", "config_change", "disk_full", *ISSUE49_KINDS, "kill", "kill"]:
             if queues.get(k):
                 order.append(queues[k].pop())
     return order[:n]
@@ -234,7 +241,7 @@ def same_result(suite: Suite, run_dir: Path) -> Optional[str]:
 def message(proc: subprocess.CompletedProcess) -> str:
     """The error message the app ended with: from its last `SomethingError: ` line (stdout) to the end."""
     lines = proc.stdout.strip().splitlines()
-    starts = [i for i, line in enumerate(lines) if re.match(r"^\w+(Error|Locked|Unwritable): ", line)]
+    starts = [i for i, line in enumerate(lines) if re.match(r"^\w+(Error|Locked|Unwritable|Diverged): ", line)]
     return "\n".join(lines[starts[-1]:]) if starts else ""
 
 
@@ -355,9 +362,137 @@ def resumable_state(run_dir: Path) -> bool:
     return any((d / "latest").exists() for d in checkpoint_dirs(run_dir)) or any(run_dir.glob("*/seed*/result.pt"))
 
 
+# -- issue 49: the checkpoint resumed is the one checked; a lock that is a symlink; an infinite gradient --------
+
+def killed_after_checkpoints(suite: Suite, run_dir: Path, rng: random.Random) -> str:
+    """SIGKILL the run inside a random step after its second checkpoint (so an older intact one exists)."""
+    flag = run_dir.parent / f"{run_dir.name}.paused"
+    step = rng.randint(11, suite.steps - 1)
+    proc = start(suite, run_dir, {"LM_FAULT_PAUSE_AT_STEP": str(step)}, flag)
+    paused = wait_paused(proc, flag, suite.world)
+    kill(proc)
+    flag.unlink(missing_ok=True)
+    return f"SIGKILL inside step {step}" + ("" if paused else " (never reached: the job ended first)")
+
+
+def pointed(run_dir: Path) -> Optional[Path]:
+    pointer = run_dir / "checkpoints" / "latest"
+    return run_dir / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
+
+
+def resumed_from(proc: subprocess.CompletedProcess) -> List[str]:
+    return re.findall(r"resumed from (\S+) \(step", proc.stdout + proc.stderr)
+
+
+def finish(suite: Suite, run_dir: Path, kind: str, notes: List[str], problems: List[str], refused: bool) -> Dict:
+    """The same command as the reference, to the end: it must give the reference's losses."""
+    final = run(suite, run_dir)
+    if final.returncode != 0:
+        problems.append(f"rerun failed: {(final.stdout + final.stderr)[-400:]}")
+    else:
+        problems += [why for why in [same_result(suite, run_dir)] if why]
+        outside = [p for p in resumed_from(final) if not Path(p).resolve().is_relative_to(run_dir.resolve())]
+        problems += [f"resumed another run's checkpoint: {outside}"] if outside else []
+    problems += [why for why in [latest_damage(run_dir)] if why]
+    outcome = "silent_corruption" if problems else ("clear_refusal" if refused else "exact_resume")
+    return {"kind": suite.kind(kind), "outcome": outcome, "notes": notes, "problems": problems}
+
+
+def damage_config_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+    """Damage the checkpoint `latest` names (the issue's repros: manifest.json cut to 10 bytes, or one byte of
+    config.yaml flipped), then resume with a changed model: the fallback checkpoint's config must refuse it.
+    Then the unchanged command resumes from that fallback, exactly."""
+    notes, problems = [killed_after_checkpoints(suite, run_dir, rng)], []
+    ckpt = pointed(run_dir)
+    if ckpt is None:
+        return finish(suite, run_dir, "damage+config_change", notes + ["no checkpoint to damage"], problems, False)
+    if rng.random() < 0.5:
+        os.truncate(ckpt / "manifest.json", 10)
+        notes.append(f"truncated {ckpt.name}/manifest.json to 10 bytes")
+    else:
+        data = bytearray((ckpt / "config.yaml").read_bytes())
+        data[rng.randrange(len(data))] ^= 1
+        (ckpt / "config.yaml").write_bytes(bytes(data))
+        notes.append(f"flipped a bit of {ckpt.name}/config.yaml")
+    changed = run(suite, run_dir, suite.changed)
+    why = refusal(changed, suite.changed_names)
+    problems += [f"resume with {suite.changed} after the damage: {why}"] if why else []
+    return finish(suite, run_dir, "damage+config_change", notes, problems, why is None)
+
+
+def deleted_latest_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+    """Delete checkpoints/latest of a killed run: the same command must resume from the newest intact step_*
+    (saying so), not start over on top of the checkpoints (which gives the same losses, so the log is checked)."""
+    notes, problems = [killed_after_checkpoints(suite, run_dir, rng)], []
+    newest = pointed(run_dir)
+    (run_dir / "checkpoints" / "latest").unlink(missing_ok=True)
+    final = run(suite, run_dir)
+    if final.returncode == 0 and newest is not None and resumed_from(final) != [str(newest)]:
+        problems.append(f"did not resume from {newest.name} (resumed from: {resumed_from(final)}): started over")
+    notes.append(f"deleted latest ({newest.name if newest else 'none'})")
+    if final.returncode != 0:
+        problems.append(f"rerun failed: {(final.stdout + final.stderr)[-400:]}")
+    else:
+        problems += [why for why in [same_result(suite, run_dir), latest_damage(run_dir)] if why]
+    outcome = "silent_corruption" if problems else "exact_resume"
+    return {"kind": suite.kind("deleted_latest"), "outcome": outcome, "notes": notes, "problems": problems}
+
+
+def symlinked_lock_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+    """Replace <run_dir>/.lock of a killed run by a symlink to a user file outside it: the run must refuse in one
+    line, leaving the file as it was; without the symlink, the same command resumes exactly."""
+    notes = [interrupt(suite, run_dir, rng, run_dir.parent / f"{run_dir.name}.paused")]
+    victim = run_dir.parent / f"{run_dir.name}.victim.txt"
+    victim.write_text("user data, not the run's\n")
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / ".lock").unlink(missing_ok=True)
+    (run_dir / ".lock").symlink_to(victim)
+    first = run(suite, run_dir)
+    why = refusal(first, "symbolic link")
+    problems = [f"with .lock -> {victim.name}: {why}"] if why else []
+    if victim.read_text() != "user data, not the run's\n":
+        problems.append(f"{victim.name}, the target of the planted .lock, was overwritten")
+    (run_dir / ".lock").unlink()
+    return finish(suite, run_dir, "symlinked_lock", notes, problems, why is None)
+
+
+def inf_grad_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+    """optim.lr=1e3 (constant schedule): the gradient norm becomes inf while the loss stays finite. Under
+    on_nonfinite=stop, or skip (after max_nonfinite in a row), the run must stop with a clear message, leaving an
+    intact `latest`, instead of finishing (exit 0) with every later update skipped."""
+    policy = rng.choice(["stop", "skip"])
+    proc = run(suite, run_dir, "sched=constant", "optim.lr=1e3", f"train.on_nonfinite={policy}")
+    why = refusal(proc, "Lower optim.lr")
+    problems = [f"optim.lr=1e3 train.on_nonfinite={policy}: {why}"] if why else []
+    problems += [why for why in [latest_damage(run_dir)] if why]
+    notes = [f"on_nonfinite={policy}"] + ([f"stopped: {message(proc).splitlines()[0][:110]}..."] if not why else [])
+    outcome = "silent_corruption" if problems else "clear_refusal"
+    return {"kind": suite.kind("inf_grad"), "outcome": outcome, "notes": notes, "problems": problems}
+
+
+def latest_outside_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+    """Point `latest` of a killed run at a checkpoint of the reference run (by a relative or an absolute path):
+    the run must never resume it; it resumes from its own newest intact checkpoint."""
+    notes, problems = [killed_after_checkpoints(suite, run_dir, rng)], []
+    other = rng.choice(sorted((suite.ref_dir / "checkpoints").glob("step_*")))
+    ckpts = run_dir / "checkpoints"
+    ckpts.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(other, ckpts) if rng.random() < 0.5 else str(other)
+    (ckpts / "latest").write_text(target)
+    notes.append(f"latest -> {target}")
+    return finish(suite, run_dir, "latest_outside", notes, problems, False)
+
+
+ISSUE49_TRIALS = {"damage+config_change": damage_config_trial, "deleted_latest": deleted_latest_trial,
+                  "symlinked_lock": symlinked_lock_trial, "inf_grad": inf_grad_trial,
+                  "latest_outside": latest_outside_trial}
+
+
 def trial(suite: Suite, kind: str, run_dir: Path, rng: random.Random) -> Dict:
     if kind == "disk_full":
         return disk_full(suite, run_dir, rng)
+    if kind in ISSUE49_TRIALS:
+        return ISSUE49_TRIALS[kind](suite, run_dir, rng)
     flag = run_dir.parent / f"{run_dir.name}.paused"
     notes, problems, refused = [], [], False
     if kind == "concurrent":
@@ -465,9 +600,15 @@ def main(argv=None) -> int:
     p.add_argument("--ddp-trials", type=int, default=0, help=f"2-rank DDP trials (of {len(DDP_KINDS)})")
     p.add_argument("--zero2-trials", type=int, default=0, help=f"2-rank ZeRO-2 trials (of {len(ZERO2_KINDS)})")
     p.add_argument("--finetune-trials", type=int, default=0, help=f"lm-finetune trials (of {len(FINETUNE_KINDS)})")
+    p.add_argument("--kinds", default="", help="comma-separated: keep only these kinds of the single-process mix "
+                                                 f"(of {', '.join(dict.fromkeys(KINDS))})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
+    unknown = set(args.kinds.split(",")) - set(KINDS) if args.kinds else set()
+    if unknown:
+        p.error(f"--kinds: unknown {sorted(unknown)}; the kinds: {', '.join(dict.fromkeys(KINDS))}")
+    kinds = [k for k in KINDS if k in args.kinds.split(",")] if args.kinds else KINDS
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
@@ -477,7 +618,7 @@ def main(argv=None) -> int:
 
     single = Suite("", 1, "train", BASE, CHANGED, "ffn")
     reference(single, args.out / "reference")  # also the init of the finetuning suite
-    plan = [(single, "trial", mix(args.trials))]
+    plan = [(single, "trial", mix(args.trials, kinds))]
     for name, n, kinds in (("ddp", args.ddp_trials, DDP_KINDS), ("zero2", args.zero2_trials, ZERO2_KINDS)):
         if n:
             plan.append((Suite(name, 2, "train", [*BASE, f"engine={name}"], CHANGED, "ffn"), name, mix(n, kinds)))

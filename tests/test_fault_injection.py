@@ -1,7 +1,8 @@
 """benchmarks/fault_injection.py with small mixes. Single process: a kill, a kill plus a damaged checkpoint, a
 concurrent second run, a config change on resume (and a full disk where root can mount a tmpfs). Two ranks
-(DDP under torchrun) and lm-finetune task=glue/all: a kill and a kill plus damage each. Every trial must end
-as an exact resume or a clear refusal: zero silent corruptions, no file outside the run dirs touched."""
+(DDP under torchrun) and lm-finetune task=glue/all: a kill and a kill plus damage each. Issue 49's kinds, one
+each. Every trial must end as an exact resume or a clear refusal: zero silent corruptions, no file outside the
+run dirs touched."""
 
 import json
 import subprocess
@@ -42,4 +43,23 @@ def test_two_ranks_and_finetuning_find_no_silent_corruption(tmp_path):
     total = summary["total"]
     assert total["trials"] == 4 and total["silent_corruption"] == 0 and total["skipped"] == 0, summary
     assert total["exact_resume"] + total["clear_refusal"] == 4
+    assert summary["outside_run_dir_touched"] is False
+
+
+def test_issue_49_trials_find_no_silent_corruption(tmp_path):
+    """One trial of each of issue 49's kinds: a damaged `latest` plus a changed model (refused by the config of the
+    checkpoint resumed), a deleted `latest` (resumed from the newest intact step_*), a `.lock` planted as a symlink
+    (refused, its target untouched), an infinite gradient norm (stopped), `latest` naming another run's checkpoint
+    (this run's own newest intact one resumed)."""
+    kinds = ["damage+config_change", "deleted_latest", "symlinked_lock", "inf_grad", "latest_outside"]
+    proc = subprocess.run([sys.executable, "benchmarks/fault_injection.py", "--trials", "5", "--kinds", ",".join(kinds),
+                           "--seed", "0", "--out", str(tmp_path / "out")], cwd=REPO,
+                          env=subprocess_env(LM_CACHE=str(tmp_path / "cache")), capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "fault_injection.json").read_text())
+    outcomes = {kind: [o for o, n in c.items() if o != "trials" and n] for kind, c in summary["by_kind"].items()}
+    assert outcomes == {"damage+config_change": ["clear_refusal"], "deleted_latest": ["exact_resume"],
+                        "symlinked_lock": ["clear_refusal"], "inf_grad": ["clear_refusal"],
+                        "latest_outside": ["exact_resume"]}, summary
     assert summary["outside_run_dir_touched"] is False
