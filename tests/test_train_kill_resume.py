@@ -146,8 +146,12 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_same_command_resu
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     run(1, overrides(whole), cache)
     proc = start_paused(1, overrides(stopped), cache, tmp_path, stdout=subprocess.PIPE)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    try:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+        proc.wait()
     assert proc.returncode == 1 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
     assert (f"SIGINT (Ctrl-C) received: stopped after step {KILL_AT} with checkpoint "
             f"{stopped / 'checkpoints' / f'step_{KILL_AT:08d}'}; run the same command to resume") in out + err
@@ -164,11 +168,15 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(cache, tmp_path):
     run(1, overrides(whole), cache)
     proc = start_paused(1, overrides(stopped), cache, tmp_path, stdout=subprocess.PIPE,
                         LM_FAULT_PAUSE_IN_SAVE="files:2")
-    proc.send_signal(signal.SIGINT)
-    while not proc.stderr.readline().startswith("Ctrl-C: stopping after the step in flight"):  # handled: a stop
-        assert proc.poll() is None, "the run ended at the first Ctrl-C"
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=300)
+    try:
+        proc.send_signal(signal.SIGINT)
+        while not proc.stderr.readline().startswith("Ctrl-C: stopping after the step in flight"):  # handled
+            assert proc.poll() is None, "the run ended at the first Ctrl-C"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()  # parked in the save hook forever if the test failed before the second Ctrl-C
+        proc.wait()
     assert proc.returncode == 130 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
     assert err.strip().splitlines()[-1] == ("lm-train: aborted by Ctrl-C; the checkpoints already written are "
                                             "intact: run the same command to resume from the last one")
