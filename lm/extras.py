@@ -13,6 +13,7 @@ EXTRAS = {
     "hf": ("transformers",),  # lm-export's Hugging Face directory, lm-bench's reference models
     "data": ("zstandard", "pyarrow", "datasets"),  # .zst, Parquet and hf:<dataset> sources
     "tensorboard": ("tensorboard",),  # logger.tensorboard=true
+    "eval": ("lm_eval", "sklearn"),  # python -m lm.cli.eval (the LM Evaluation Harness), train.probe_interval
 }
 
 

@@ -117,10 +117,11 @@ def train(cfg: DictConfig, loaders=None):
                      dist.world_size, device, sum(p.numel() for p in model.parameters()),
                      tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
         speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
+        evals = _probes(tcfg, model_cfg, run.data, engine)  # [] with train.probe_interval=0: nothing is read
         try:
             state = loop.run(tcfg, engine, task,
                              lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps),
-                             tracker, checkpointer, state, speed)
+                             tracker, checkpointer, state, speed, evals)
             D.barrier()  # every rank done before any tears down its process group (gloo aborts on exit races)
             return Trained(state=state, engine=engine, run_dir=run_dir)
         finally:
@@ -158,6 +159,24 @@ def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, object
                             noise_density=data.noise_density, mean_span_length=data.mean_span_length,
                             train_stride=data.train_stride)
     return loader("train"), loader("val")
+
+
+def _probes(tcfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:
+    """The GLUE probes of train.probe_interval (lm/eval/probe.py), with the run's tokenizer. Every rank gets
+    one (their steps are sync points on every rank); rank 0 reads the data and probes."""
+    if not tcfg.probe_interval:
+        return []
+    from lm.engine import dist as D
+    from lm.eval.probe import probe_callbacks
+
+    probes, error = [], None
+    try:
+        probes = probe_callbacks(tcfg, model_cfg, os.path.expanduser(data.dir), engine)
+    except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
+        error = e
+    if D.any_rank(error is not None):
+        raise error if error else ConfigError("rank 0 could not set up train.probe_interval (see its error)")
+    return probes
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -95,19 +95,20 @@ class _Pending:
 
 
 def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, checkpointer, state: State,
-        speed: Speed = Speed()) -> State:
-    """Train `task` (lm.core.task.Task) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy."""
+        speed: Speed = Speed(), evals: Sequence = ()) -> State:
+    """Train `task` (lm.core.task.Task) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy.
+    evals: extra evaluations at their own intervals (lm.core.task.EvalCallback: the GLUE probes)."""
     source = task.batches
     task.batches = Prefetcher(source, engine.device, cfg.prefetch)  # task.state_dict() reads the consumed position
     try:
         with _StopSignals() as stop:
-            return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop)
+            return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop, evals)
     finally:
         task.batches.close()
         task.batches = source
 
 
-def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop) -> State:
+def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop, evals) -> State:
     bar = _progress_bar(cfg, engine, state.step)
     meter = _Meter()
     pending = _Pending(first_step=state.step + 1)
@@ -132,8 +133,9 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         log_now = state.step % cfg.log_interval == 0 or last
         eval_now = (cfg.eval_interval and state.step % cfg.eval_interval == 0) or last
         saved = (cfg.ckpt_interval and state.step % cfg.ckpt_interval == 0) or last
+        extra = [e for e in evals if e.due(state.step, last)]  # a sync point too: their records carry the tokens
         stopping = False
-        if log_now or eval_now or saved:
+        if log_now or eval_now or saved or extra:
             tokens, stopping = _sync(cfg, engine, state, pending, checkpointer, stop, check_stop=not last)
             meter.tokens += tokens
         elif state.step % cfg.stop_check_interval == 0 and stop.requested():
@@ -150,6 +152,8 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
             _show(bar, record, engine)
         if eval_now:
             _evaluate(engine, task, tracker, state)
+        for e in extra:
+            tracker.log({"step": state.step, "tokens": state.tokens, **e(engine, state.step)})
         if saved:
             checkpointer.save(state.to_checkpoint(), task.state_dict())
         if stopping:  # a signal during the last step: the run is complete anyway
