@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> Dict:
         from lm.eval.probe import load_probe_sets, probe_model
 
         limit = int(args.limit) if args.limit and args.limit >= 1 else None
-        sets = load_probe_sets(tokenizer, model.cfg.arch, train_examples=limit or 1000, dev_examples=limit or 500)
+        sets = load_probe_sets(tokenizer, model.cfg.arch, train_examples=limit or 1000, dev_examples=limit or 500,
+                               max_len=min(128, model.cfg.max_seq_len))
         results["probe"] = {k[len("probe/"):]: v for k, v in probe_model(model.to(args.device), sets,
                                                                           tokenizer.pad_id).items()}
     harness_tasks = [t for t in tasks if t != "probe"]

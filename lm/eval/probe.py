@@ -105,6 +105,9 @@ def fit_and_score(task: str, x_train: np.ndarray, y_train, x_dev: np.ndarray, y_
     from lm.glue.metrics import compute_metrics
     from lm.glue.tasks import scored_evals
 
+    if not regression and len(set(y_train)) < 2:
+        raise ConfigError(f"the {task} probe's train rows hold one class only; probe more of them "
+                          f"(train.probe_train_examples, or --limit)")
     head = Ridge(alpha=1.0) if regression else LogisticRegression(max_iter=1000)
     probe = make_pipeline(StandardScaler(), head).fit(x_train, y_train)
     return compute_metrics(scored_evals(task)[0], probe.predict(x_dev), y_dev)["score"]
@@ -163,7 +166,7 @@ def probe_callbacks(tcfg, model_cfg, data_dir, engine) -> List[GlueProbe]:
         return [GlueProbe([], 0, tcfg.probe_interval)]
     tokenizer = _tokenizer(data_dir)
     sets = load_probe_sets(tokenizer, model_cfg.arch, tcfg.probe_tasks, tcfg.probe_train_examples,
-                           tcfg.probe_dev_examples, tcfg.probe_max_len)
+                           tcfg.probe_dev_examples, min(tcfg.probe_max_len, model_cfg.max_seq_len))
     return [GlueProbe(sets, tokenizer.pad_id, tcfg.probe_interval)]
 
 
@@ -177,16 +180,3 @@ def _tokenizer(data_dir):
         raise ConfigError(f"train.probe_interval needs the run's tokenizer, {path}, which is not there; "
                           f"prepare the data first (lm-prepare) or set train.probe_interval=0")
     return Tokenizer.load(path.parent)
-
-
-def probe_saved(path, tasks: Sequence[str] = DEFAULT_TASKS, train_examples: int = 1000, dev_examples: int = 500,
-                max_len: int = 128, tokenizer=None) -> Dict[str, float]:
-    """The probe scores of a run dir / checkpoint / lm-export dir (lm/core/saved_model.py finds the model)."""
-    from lm.glue.init import load_backbone
-    from lm.model import build_model
-
-    bb = load_backbone(str(path), tokenizer)
-    model = build_model(bb.model_cfg)
-    model.load_state_dict(bb.state_dict, strict=False)
-    sets = load_probe_sets(bb.tokenizer, bb.model_cfg.arch, tasks, train_examples, dev_examples, max_len)
-    return probe_model(model, sets, bb.tokenizer.pad_id)
