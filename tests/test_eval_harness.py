@@ -106,13 +106,17 @@ def test_an_encoder_is_refused_naming_what_works(adapter):
         LMAdapter(bert, adapter.tokenizer)
 
 
-def test_the_harness_hf_backend_on_the_export_gives_the_same_numbers(exported, adapter):
-    """The outside check: lm_eval's own Hugging Face backend (`hf`) on lm-export's hf/ directory gives the
-    same per-document log-likelihoods (1e-4, fp32), rolling log-likelihoods and task scores."""
+@pytest.fixture(scope="module")
+def hf(exported):
+    """The harness's own Hugging Face backend on lm-export's hf/ directory, fp32."""
     from lm_eval.models.huggingface import HFLM
 
-    _, export_dir = exported
-    hf = HFLM(pretrained=str(export_dir / "hf"), device="cpu", batch_size=3, dtype="float32")
+    return HFLM(pretrained=str(exported[1] / "hf"), device="cpu", batch_size=3, dtype="float32")
+
+
+def test_the_harness_hf_backend_on_the_export_gives_the_same_loglikelihoods(adapter, hf):
+    """The outside check: lm_eval's own Hugging Face backend (`hf`) on lm-export's hf/ directory gives the
+    same per-document log-likelihoods (1e-4, fp32) and rolling log-likelihoods over several windows."""
     assert (hf.prefix_token_id, hf.eot_token_id, hf.max_length) == (adapter.prefix_token_id, adapter.eot_token_id,
                                                                     adapter.max_length)
     ours = adapter.loglikelihood(requests("loglikelihood", PAIRS))
@@ -123,6 +127,10 @@ def test_the_harness_hf_backend_on_the_export_gives_the_same_numbers(exported, a
     assert min(len(adapter.tok_encode(d)) for d, in docs) > adapter.max_length  # several windows each
     assert adapter.loglikelihood_rolling(requests("loglikelihood_rolling", docs)) == pytest.approx(
         hf.loglikelihood_rolling(requests("loglikelihood_rolling", docs)), abs=1e-4)
+
+
+@pytest.mark.slow  # two harness runs of two tasks each (about a minute on a busy CPU)
+def test_the_harness_hf_backend_on_the_export_gives_the_same_task_scores(adapter, hf):
     for task, limit, metric in (("local_sst2", 16, "acc,none"), ("local_wikitext2", 1, "word_perplexity,none")):
         a, b = (evaluate(model, [task], limit=limit)["results"][task][metric] for model in (adapter, hf))
         assert a == pytest.approx(b, rel=1e-4), task

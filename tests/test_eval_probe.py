@@ -2,6 +2,7 @@
 and in the loop: logged like val loss, training bit-identical with probes off or on, resume exact."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -88,7 +89,7 @@ def tokenizer_dir(tmp_path_factory):
     from lm.data.tokenizer import train as train_tokenizer
 
     path = tmp_path_factory.mktemp("data")
-    text = open(__file__).read() + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+    text = Path(__file__).read_text() + "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
     train_tokenizer("char", [text], n_sentinels=0).save(path / "tokenizer.json")
     return path
 

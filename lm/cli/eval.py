@@ -26,8 +26,9 @@ log = logging.getLogger("lm")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="lm eval", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    doc = __doc__ or ""
+    p = argparse.ArgumentParser(prog="lm eval", description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("path", help="an lm-train run directory, one of its checkpoints/step_* (any engine), or an "
                                 "lm-export directory")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated harness tasks and/or `probe` "
