@@ -21,13 +21,16 @@ floor leaves out: the part an implementation can make cheaper.
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.cli import bench
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
+import hf_step as bench  # noqa: E402
 
 
 def linear_shapes(model: nn.Module) -> list:

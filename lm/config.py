@@ -59,8 +59,8 @@ def explain(e: Exception, prefix: str = "") -> str:
 
 
 def compose_group(group: str, option: str, overrides: Optional[List[str]] = None):
-    """One config group option plus overrides in lm-train's own grammar (`model/ffn=swiglu`,
-    `model.dim=128`), composed by Hydra exactly as `lm-train <group>=<option> ...` would compose that
+    """One config group option plus overrides in lm train's own grammar (`model/ffn=swiglu`,
+    `model.dim=128`), composed by Hydra exactly as `lm train <group>=<option> ...` would compose that
     section, and returned typed (the section's dataclass)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -141,7 +141,7 @@ def register_train_configs() -> None:
 
 
 def sweep_cell() -> str:
-    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm-train -m ...` gets its own
+    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm train -m ...` gets its own
     run directory under runs/<stamp>/ instead of resuming the previous cell's checkpoints."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode

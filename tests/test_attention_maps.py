@@ -1,7 +1,7 @@
-"""lm-attention (issue 18, "Attention maps"): heatmaps of tiny trained runs for a decoder with its own
+"""lm attention (issue 18, "Attention maps"): heatmaps of tiny trained runs for a decoder with its own
 tokenizer, an encoder-decoder with Linformer, and an additive-attention decoder; the matrices drawn are
 probabilities (rows sum to 1, causal maps zero above the diagonal); the refusals name the value and the
-allowed range before any weight is read; lm-report's run card carries the grid (a note for an RNN)."""
+allowed range before any weight is read; lm report's run card carries the grid (a note for an RNN)."""
 
 import json
 
@@ -21,7 +21,7 @@ TEXT = "the cat sat on the mat"
 
 @pytest.fixture(scope="module")
 def decoder_run(tmp_path_factory):
-    """A 2-step lm-train run of model=tiny on a prepared corpus (char tokenizer): the run's own tokenizer."""
+    """A 2-step lm train run of model=tiny on a prepared corpus (char tokenizer): the run's own tokenizer."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -77,7 +77,7 @@ def additive_run(tmp_path_factory):
 def _error(argv, capsys) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("lm-attention: error: ") and "\n" not in err, err
+    assert err.startswith("lm attention: error: ") and "\n" not in err, err
     return err
 
 
@@ -211,7 +211,7 @@ def test_an_export_directory_is_read_and_left_replaceable(decoder_run, tmp_path,
     maps = out.with_name("export-attention")
     assert {"grid_decoder_self.png", "decoder_self_layer0_head1.png", "decoder_self_layer1_head1.png"} <= \
         {p.name for p in maps.iterdir()}
-    assert is_export(out)  # nothing was written into the export: lm-export --force can still replace it
+    assert is_export(out)  # nothing was written into the export: lm export --force can still replace it
     alone = export(decoder_run, tmp_path / "alone", hf=False)  # no config.yaml beside it: no tokenizer known
     assert "needs --tokenizer <path to tokenizer.json" in _error([str(alone), "--text", TEXT], capsys)
 

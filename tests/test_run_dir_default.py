@@ -1,5 +1,5 @@
 """An unwritable default run_dir (no run_dir= given; the current directory is read-only, or a file named
-`runs` is in the way) and an unwritable hydra.run.dir= are refused by lm-train and lm-finetune in one
+`runs` is in the way) and an unwritable hydra.run.dir= are refused by lm train and lm finetune in one
 paragraph naming the path and the fix, before Hydra tries to create the directory (issue 22, item d)."""
 
 import os
@@ -19,23 +19,23 @@ def test_the_default_prefixes_come_from_the_configs():
 def test_a_read_only_current_directory_is_refused_naming_it(tmp_path, monkeypatch):
     ro = read_only_dir(tmp_path / "ro", monkeypatch)
     monkeypatch.chdir(ro)
-    monkeypatch.setattr(sys, "argv", ["lm-train", "model=tiny"])
+    monkeypatch.setattr(sys, "argv", ["lm train", "model=tiny"])
     with pytest.raises(SystemExit) as e:
-        _check_run_dir_arg("lm-train", "train")
-    assert str(e.value) == (f"lm-train: the default run_dir (runs/<date>_<time>, under the current directory {ro}) is "
+        _check_run_dir_arg("lm train", "train")
+    assert str(e.value) == (f"lm train: the default run_dir (runs/<date>_<time>, under the current directory {ro}) is "
                             f"not writable: Permission denied ({ro}). Pass run_dir=<a writable directory>, or run "
-                            f"lm-train from a directory you can write to")
-    monkeypatch.setattr(sys, "argv", ["lm-train", f"run_dir={tmp_path / 'elsewhere'}"])
-    _check_run_dir_arg("lm-train", "train")  # the fix the message names works
+                            f"lm train from a directory you can write to")
+    monkeypatch.setattr(sys, "argv", ["lm train", f"run_dir={tmp_path / 'elsewhere'}"])
+    _check_run_dir_arg("lm train", "train")  # the fix the message names works
     ro.chmod(0o700)
 
 
 def test_an_unwritable_hydra_run_dir_is_refused(tmp_path, monkeypatch):
     ro = read_only_dir(tmp_path / "ro", monkeypatch)
-    monkeypatch.setattr(sys, "argv", ["lm-finetune", f"hydra.run.dir={ro / 'x'}"])
-    with pytest.raises(SystemExit, match=rf"^lm-finetune: hydra.run.dir={ro / 'x'} is not writable: Permission "
+    monkeypatch.setattr(sys, "argv", ["lm finetune", f"hydra.run.dir={ro / 'x'}"])
+    with pytest.raises(SystemExit, match=rf"^lm finetune: hydra.run.dir={ro / 'x'} is not writable: Permission "
                                          rf"denied \({ro}\); pick another hydra.run.dir$"):
-        _check_run_dir_arg("lm-finetune", "finetune")
+        _check_run_dir_arg("lm finetune", "finetune")
     ro.chmod(0o700)
 
 
@@ -50,7 +50,7 @@ def test_cli_default_run_dir_blocked_by_a_file_is_one_paragraph(tmp_path, module
     assert "Traceback" not in p.stderr + p.stdout and "Error executing job" not in p.stderr
     err = p.stderr.strip()
     assert len(err.splitlines()) == 1, err
-    prog = module.replace("lm.cli.", "lm-")
+    prog = module.replace("lm.cli.", "lm ")
     assert err == (f"{prog}: the default run_dir ({prefix}<date>_<time>, under the current directory {tmp_path}) is "
                    f"not writable: Not a directory ({tmp_path / 'runs'}). Pass run_dir=<a writable directory>, or run "
                    f"{prog} from a directory you can write to")

@@ -72,7 +72,7 @@ def test_char_vocabulary_is_the_65_symbols_plus_reserved_ids(cfg, tmp_path):
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
 
-    data = OmegaConf.to_object(cfg.data)  # the typed DataConfig lm-train passes down
+    data = OmegaConf.to_object(cfg.data)  # the typed DataConfig lm train passes down
     data.dir = str(tmp_path / "data")
     root = ensure_prepared(data)
     tok = Tokenizer.load(root)

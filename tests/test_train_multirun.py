@@ -1,4 +1,4 @@
-"""`lm-train -m` without an experiment: one run directory per cell, and a failing cell does not end the
+"""`lm train -m` without an experiment: one run directory per cell, and a failing cell does not end the
 sweep (the next cells still train)."""
 
 import subprocess

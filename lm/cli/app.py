@@ -1,4 +1,4 @@
-"""The Hydra entry point shared by lm-train and lm-finetune.
+"""The Hydra entry point shared by lm train and lm finetune.
 
 Both apps run the same way under every launcher (python, torchrun, accelerate, deepspeed, srun):
 drop the launcher's `--local_rank` argument, agree on one run stamp across ranks, run the job,
@@ -34,7 +34,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     from lm.engine import dist as D
     from lm.engine.dist import EngineError
 
-    # bad input data (lm-train prepares it on first use) is the user's to fix, in every app
+    # bad input data (lm train prepares it on first use) is the user's to fix, in every app
     user_errors = (*user_errors, DataError, TokenizerError)
     _strip_launcher_args()
     _check_run_dir_arg(prog, config_name)

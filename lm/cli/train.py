@@ -1,6 +1,6 @@
-"""`lm-train`: compose the config, build model, data and engine, resume if possible, run the loop.
+"""`lm train`: compose the config, build model, data and engine, resume if possible, run the loop.
 
-    lm-train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
+    lm train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
     torchrun --nproc_per_node 2 -m lm.cli.train engine=zero2 run_dir=runs/z2
     accelerate launch --multi_gpu --num_processes 2 -m lm.cli.train engine=ddp run_dir=runs/ddp
     deepspeed --num_gpus 2 --module lm.cli.train engine=zero3 run_dir=runs/z3
@@ -171,7 +171,7 @@ def main() -> None:
     from lm.core.loop import LossDiverged, Preempted
 
     register_train_configs()
-    run_app("lm-train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
+    run_app("lm train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ class BadRecords(Choice):
 class DataConfig:
     """One prepared dataset: where its text comes from, how it is tokenized, where it is written.
 
-    `lm-train data=<name>` selects conf/data/<name>.yaml; `lm.data.prepare.ensure_prepared(cfg)`
+    `lm train data=<name>` selects conf/data/<name>.yaml; `lm.data.prepare.ensure_prepared(cfg)`
     builds `dir` on first use. Fields left None take the registry corpus' own choice (tiny
     Shakespeare is one document split 90/10 by characters, TinyStories splits on its separator).
     """
@@ -90,7 +90,7 @@ def register_data_configs() -> None:
 
 
 def data_preset(name: str, overrides: Optional[List[str]] = None) -> DataConfig:
-    """conf/data/<name>.yaml plus overrides (`data.vocab_size=512`), composed as `lm-train data=<name>` does."""
+    """conf/data/<name>.yaml plus overrides (`data.vocab_size=512`), composed as `lm train data=<name>` does."""
     from lm.config import compose_group, conf_dir
 
     if not (conf_dir() / "data" / f"{name}.yaml").is_file():

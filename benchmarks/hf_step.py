@@ -1,4 +1,4 @@
-"""lm-bench: our training step against the Hugging Face implementation of the same model, side by side.
+"""benchmarks/hf_step.py: our training step against the Hugging Face implementation of the same model, side by side.
 
 Both models hold the same weights (ours is exported with lm.model.convert.to_hf), see the same
 batches with the same targets, use the same AdamW settings, dtype and thread count, and are timed
@@ -7,8 +7,8 @@ for each (median step), the ratio ours/theirs (median of the per-pair ratios), t
 counts (equal by construction) and the first-step losses (equal up to float rounding: the same
 model and the same targets).
 
-    lm-bench --layout gpt2 --vocab 50304          # GPT-2 layout, 6 layers, width 384, context 256
-    lm-bench --layout llama --vocab 65 --steps 20
+    python benchmarks/hf_step.py --layout gpt2 --vocab 50304          # GPT-2 layout, 6 layers, width 384, context 256
+    python benchmarks/hf_step.py --layout llama --vocab 65 --steps 20
 
 `--loss-chunk auto` uses our chunked output projection + cross-entropy (lm/model/loss.py) at large
 vocabularies (>= 8192), where the B*T*V logits dominate the step, and the plain one below.
@@ -124,7 +124,7 @@ def run(args) -> dict:
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="lm-bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="benchmarks/hf_step.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="gpt2")
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--layers", type=int, default=6)
@@ -140,7 +140,7 @@ def parse(argv=None):
                    help="our output+loss chunk in tokens: 0 = plain logits + cross-entropy; auto = "
                         f"{AUTO_CHUNK} when --vocab >= {AUTO_CHUNK_VOCAB}, else 0")
     p.add_argument("--linear", choices=["torch", "onednn"], default="torch",
-                   help="our Linear layers (model.linear): torch = F.linear, as lm-train by default; onednn = the "
+                   help="our Linear layers (model.linear): torch = F.linear, as lm train by default; onednn = the "
                         "oneDNN fp32 CPU path (lm/model/linear.py)")
     p.add_argument("--json", action="store_true", help="print one JSON line")
     args = p.parse_args(argv)
@@ -152,7 +152,7 @@ def parse(argv=None):
 
 
 def main(argv=None):
-    exit_if_missing("lm-bench", "hf")  # the reference models are transformers'
+    exit_if_missing("benchmarks/hf_step.py", "hf")  # the reference models are transformers'
     args = parse(argv)
     r = run(args)
     if args.json:
