@@ -119,7 +119,7 @@ class FinetuneSchema:
     train: FinetuneTrain = field(default_factory=FinetuneTrain)
     init: str = MISSING  # lm train run dir | checkpoint dir | lm export dir | none
     tokenizer: Optional[str] = None  # tokenizer.json or a prepared data dir; default: the checkpoint's own
-    run_dir: str = "runs/finetune/${lm.stamp:}"
+    run_dir: str = "runs/finetune/${lm.run_name:}"  # named by the overrides: rerun = resume
     seed: int = 0  # unused by the tasks (tasks.<name>.seeds are the seeds); kept for sweeps that tag runs
     resume: bool = True  # continue each unfinished task/seed from its checkpoint; skip the finished ones
     predict_test: bool = True  # write the leaderboard's submission files
