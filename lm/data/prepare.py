@@ -60,7 +60,8 @@ import numpy as np
 from lm.config import to_typed
 from lm.data.config import DataConfig, validate_data
 from lm.data.errors import DataError
-from lm.data.manifest import FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, read_json, write_json
+from lm.data.manifest import (FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, open_prepared, read_json,
+                              write_json)
 from lm.data.shards import CannotResume, ShardWriter
 from lm.data.sources import SourceFile, resolve
 from lm.data.tasks import Planner, ReadOptions, contiguous_cut
@@ -164,7 +165,14 @@ def _sources(cfg: DataConfig):
     return files, corpus
 
 
-def _check_out(out: Path, content: dict, force: bool) -> bool:
+# How to resolve prepared data that differs from the settings asked for: lm prepare can rebuild (--force);
+# lm train must not touch the directory, and gives the new settings a directory of their own instead.
+REBUILD_HINT = "Pass --force to rebuild it (the old data stays until the new data is complete), or choose another --out"
+TRAIN_HINT = ("Give these settings a directory of their own (data.name=<new name> or data.dir=<new dir>), or train on "
+              "that directory as it is: data=<dir>")
+
+
+def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) -> bool:
     """True when `out` is already complete for these settings; raise when it must not be touched."""
     if not out.exists():
         return False
@@ -181,8 +189,7 @@ def _check_out(out: Path, content: dict, force: bool) -> bool:
         return True
     if not force:
         diff = sorted(k for k in content if stored.get(k) != content[k])
-        raise DataError(f"{out} holds data prepared with other settings (differs in: {diff}). Pass --force to "
-                        f"rebuild it (the old data stays until the new data is complete), or choose another --out")
+        raise DataError(f"{out} holds data prepared with other settings (differs in: {diff}). {hint}")
     return False
 
 
@@ -219,7 +226,8 @@ def _tokenizer(cfg: DataConfig, files, opts, cut, partial: Path, progress: Optio
     return tok
 
 
-def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True) -> Path:
+def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True,
+            hint: str = REBUILD_HINT) -> Path:
     """Build (or resume, or find complete) the prepared directory of a data config. See the module doc."""
     cfg = data_config(cfg)
     out = Path(out or cfg.dir).expanduser().absolute()
@@ -228,7 +236,7 @@ def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progre
     validate_data(cfg)
     content = content_config(cfg)
     with _lock(out):
-        if _check_out(out, content, force):
+        if _check_out(out, content, force, hint):
             say(f"{out} is already prepared with these settings; nothing to do")
             return out
         partial = out.with_name(f".{out.name}.partial")
@@ -339,8 +347,12 @@ def _publish(partial: Path, out: Path) -> None:
 def ensure_prepared(data_cfg) -> Path:
     """The prepared directory of `data_cfg` (lm train calls this on rank 0): prepare it on first use.
 
-    Raises DataError when the directory was prepared from different data settings, naming them.
+    Raises DataError when the directory was prepared from different data settings, naming them. With no
+    data.source (data=<dir>, conf/data/prepared.yaml) the directory is lm prepare's output, read as it is.
     """
     cfg = data_config(data_cfg)
     out = Path(cfg.dir).expanduser()
-    return prepare(cfg, out, progress=sys.stderr.isatty())
+    if cfg.source is None:
+        open_prepared(out)
+        return out
+    return prepare(cfg, out, progress=sys.stderr.isatty(), hint=TRAIN_HINT)
