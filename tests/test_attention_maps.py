@@ -98,10 +98,14 @@ def test_decoder_run_writes_grid_single_and_page(decoder_run, tmp_path, capsys):
     md, html = (out / "attention.md").read_text(), (out / "attention.html").read_text()
     assert "| token | `t` | `h` | `e` | `·` | `c` |" in md  # the run's char tokenizer; spaces shown as '·'
     assert html.count("data:image/png;base64,") == 2  # self-contained: both figures embedded
-    # --layer alone: every head of that layer; the default out sits in the checkpoint
+    # --layer alone: every head of that layer; the default out is <run_dir>/attention/<step_N>, outside
+    # checkpoints/, whose rotation would delete it with the checkpoint (issue 48 item 5)
+    before = sorted(p.relative_to(decoder_run) for p in (decoder_run / "checkpoints").rglob("*"))
     assert main([str(decoder_run), "--text", TEXT, "--layer", "0"]) == 0
-    default = sorted(p.name for p in (decoder_run / "checkpoints").glob("step_*/attention/decoder_self_*"))
-    assert default == [f"decoder_self_layer0_head{h}.png" for h in range(4)]
+    default = sorted(p.relative_to(decoder_run).as_posix() for p in decoder_run.glob("attention/*/decoder_self_*"))
+    step = (decoder_run / "checkpoints" / "latest").read_text().strip()  # the checkpoint drawn: step_<N>
+    assert default == [f"attention/{step}/decoder_self_layer0_head{h}.png" for h in range(4)]
+    assert sorted(p.relative_to(decoder_run) for p in (decoder_run / "checkpoints").rglob("*")) == before
 
 
 def test_decoder_grid_is_layers_by_heads_of_causal_probabilities(decoder_run):

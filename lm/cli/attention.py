@@ -4,7 +4,7 @@
     lm attention runs/pretrain --text "..." --layer 3 --head 5 --out maps  # plus that head, tokens as labels
     lm attention runs/t5/checkpoints/step_00001000/export --text "..." --tokenizer data/tokenizer.json
 
-Writes to --out (default <checkpoint>/attention, or <export>-attention beside an export): grid_<stack>_<self|cross>.png per attention
+Writes to --out (default <run_dir>/attention/<step_N>, or <export>-attention beside an export): grid_<stack>_<self|cross>.png per attention
 stack (rows: layers, columns: heads), one PNG per requested layer/head, and attention.md / attention.html
 listing the tokens. --layer alone draws every head of that layer, --head alone that head in every layer.
 Loading, checks and the maps are lm/report/attention_maps.py; drawing is lm/report/attention_plots.py.
@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--text", required=True, help="the text the model reads (at most model.max_seq_len tokens)")
     p.add_argument("--layer", type=int, help="draw this layer's heads on their own (0-based, per stack)")
     p.add_argument("--head", type=int, help="draw this head on its own (0-based)")
-    p.add_argument("--out", type=Path, help="output directory (default: <checkpoint>/attention, or <export>-attention)")
+    p.add_argument("--out", type=Path, help="output directory (default: <run_dir>/attention/<step_N>, or <export>-attention)")
     p.add_argument("--tokenizer", help="tokenizer.json (or a prepared data directory) when the run's own is "
                                        "not where its config says, or for an export without its checkpoint")
     p.add_argument("--decoder-text", help="encoder-decoders: what the decoder reads (default: the text shifted "
@@ -50,9 +50,12 @@ def requested(maps, layer: Optional[int], head: Optional[int]) -> List[tuple]:
 
 
 def default_out(source: Path) -> Path:
-    """<checkpoint>/attention, or <export>-attention beside an export (whose directory holds only
-    lm export's files, so that `lm export --force` can still replace it)."""
-    return source.with_name(f"{source.name}-attention") if (source / "model.safetensors").is_file() else source / "attention"
+    """<run_dir>/attention/<step_N> for a checkpoint of a run, <export>-attention beside an export: never inside
+    checkpoints/ (the run's keep-last rotation would delete the pictures with the checkpoint) or inside an export
+    (which holds only lm export's files, so that `lm export --force` can still replace it)."""
+    if source.parent.name == "checkpoints" and not (source / "model.safetensors").is_file():
+        return source.parent.parent / "attention" / source.name
+    return source.with_name(f"{source.name}-attention")
 
 
 def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tokenizer=None,
