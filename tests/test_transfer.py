@@ -306,7 +306,8 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     doc.write_text("# page\n<!-- curve:begin -->\n<!-- curve:end -->\n")
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
-                          "--tokens", "0,20000", "--tasks", "rte", "--root", str(tmp_path / "runs"), "--doc", str(doc)],
+                          "--tokens", "0,20000", "--tasks", "rte", "--root", str(tmp_path / "runs"), "--doc", str(doc),
+                          "--scratch-archive", str(tmp_path / "scratch_archive")],
                          capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr[-3000:]
     text = doc.read_text()
@@ -318,7 +319,8 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     first = json.loads(point.read_text())["comparison"]
     again = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
                             "--tokens", "20000", "--tasks", "rte", "--root", str(tmp_path / "runs2"),
-                            "--archive", str(tmp_path / "runs" / "points"), "--doc", str(doc)],
+                            "--archive", str(tmp_path / "runs" / "points"), "--doc", str(doc),
+                            "--scratch-archive", str(tmp_path / "scratch_archive")],
                            capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "finetuning from scratch" in again.stderr and "restored from" in again.stderr
