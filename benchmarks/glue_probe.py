@@ -5,7 +5,7 @@ Each example is encoded as lm finetune encodes it, run through the backbone once
 pooled (mean over real tokens, and the last real token), and a logistic regression
 (scikit-learn) is fit on the training features and scored on dev. If the pretrained features
 probe barely above random ones, finetuning from them cannot be expected to beat training from
-scratch (docs/glue_pretraining.md uses it that way).
+scratch.
 
     python benchmarks/glue_probe.py runs/quickstart/pretrain                 # SST-2, first 5000 train rows
     python benchmarks/glue_probe.py runs/quickstart/pretrain --task cola --train-examples 0   # all rows

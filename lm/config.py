@@ -161,7 +161,7 @@ RUN_NAME_MAX = 96
 
 
 def run_name() -> str:
-    """The default run directory's name: the command line's overrides (`model=tiny,train.seq_len=32`; "default"
+    """The default run directory's name: the command line's overrides (`model-tiny+train.seq_len-32`; "default"
     without any), so running the same command again resumes the same run. Inside a multirun it is the sweep's
     stamp (each cell adds its job number, lm.cell); outside Hydra, a stamp."""
     import hashlib
@@ -176,8 +176,9 @@ def run_name() -> str:
     for override in HydraConfig.get().overrides.task:
         key = override.lstrip("+~").split("=", 1)[0].replace("/", ".")
         if not any(key == k or key.startswith(k + ".") for k in NOT_IN_RUN_NAME):
-            keep.append(override)
-    name = re.sub(r"[^A-Za-z0-9._,=+-]+", "_", ",".join(sorted(keep))) or "default"
+            keep.append(override.lstrip("+~").replace("=", "-", 1))
+    # no `=` or `,` in the name: it must work unquoted as a value on a command line (init=runs/<name>)
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", "+".join(sorted(keep))) or "default"
     if len(name) > RUN_NAME_MAX:  # file names have limits; the digest keeps long ones apart
         name = f"{name[:RUN_NAME_MAX - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
     return name

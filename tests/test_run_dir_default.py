@@ -76,17 +76,17 @@ def test_the_default_run_dir_is_named_by_the_overrides_so_the_same_command_resum
     """Issue 48 item 5: no timestamp in the default run_dir. The same overrides (in any order, and with another
     length or log interval, which resume may change) name the same directory; another model names another."""
     a = _resolved_run_dir(tmp_path, "lm.cli.train", "model=tiny", "model/ffn=swiglu", "train.max_steps=10")
-    assert a == "runs/model_ffn=swiglu,model=tiny"
+    assert a == "runs/model-tiny+model_ffn-swiglu"
     assert _resolved_run_dir(tmp_path, "lm.cli.train", "train.log_interval=1", "model/ffn=swiglu", "model=tiny",
                              "train.max_steps=20") == a
-    assert _resolved_run_dir(tmp_path, "lm.cli.train", "model=tiny") == "runs/model=tiny"
+    assert _resolved_run_dir(tmp_path, "lm.cli.train", "model=tiny") == "runs/model-tiny"
     assert _resolved_run_dir(tmp_path, "lm.cli.train") == "runs/default"
     assert _resolved_run_dir(tmp_path, "lm.cli.train", f"data.source={tmp_path}/my text.txt").startswith(
-        "runs/data.source=_")  # a path's slashes and spaces do not make nested or odd directories
+        "runs/data.source-_")  # a path's slashes and spaces do not make nested or odd directories
     long = _resolved_run_dir(tmp_path, "lm.cli.train", *[f"+x{i}=aaaaaaaaaa" for i in range(12)], "--cfg", "job")
     assert len(long) <= len("runs/") + 96
     assert _resolved_run_dir(tmp_path, "lm.cli.finetune", "task=glue/rte", "init=none") == \
-        "runs/finetune/init=none,task=glue_rte"
+        "runs/finetune/init-none+task-glue_rte"
 
 
 def test_a_sweep_with_one_run_dir_gives_each_cell_its_own_directory():

@@ -38,8 +38,8 @@ log = logging.getLogger("lm")
 
 DEFAULT_TASKS = ("sst2", "cola", "stsb")
 PRESET = "glue_transfer_decoder"
-# Pretraining tokens: the whole default job took 11.5 min on the 2-core AMD EPYC (README: timing), leaving
-# room for slower CPUs within the ~15-minute budget.
+# Pretraining tokens: the most that leaves the whole default job (corpus, pretraining, three finetunes) inside
+# a ~15-minute budget on a 2-core CPU, with room for slower ones (docs/results.md has the timings).
 TOKENS = 2_000_000
 # The quickstart's finetuning budget, the same for every task and for both inits (conf/task/glue/ holds
 # the full recipes): 3 epochs at lr 5e-4 (tiny models want more than BERT's 2e-5..1e-4, Turc et al.

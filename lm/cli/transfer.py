@@ -51,9 +51,9 @@ log = logging.getLogger("lm")
 
 DEFAULT_PRESET = "glue_transfer_decoder"
 # Keyed by the preset's model family: model.arch, or electra for an encoder pretrained by replaced-token
-# detection (model.electra; its discriminator is finetuned as a plain encoder). Decoders: mean pooling beat
-# the last token (docs/glue_pretraining.md). Masked-LM encoders: mean pooling beat [CLS] at 30M tokens (average
-# gain +1.8 against +0.7, SST-2 +1.5 against +0.3; docs/glue_transfer.md): MLM trains no [CLS] objective.
+# detection (model.electra; its discriminator is finetuned as a plain encoder). Mean pooling for decoders
+# (a causal model's last token has seen the text, but one position carries less than the average of all) and
+# for masked-LM encoders (MLM trains no [CLS] objective); ELECTRA's [CLS]; docs/glue_transfer.md, "Pooling".
 POOLING = {"decoder": "mean", "encoder": "mean", "encoder_decoder": "last", "electra": "first"}
 OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption", "electra": "rtd"}
 CANDIDATE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")

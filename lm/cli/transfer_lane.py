@@ -2,9 +2,8 @@
 
 The scratch arm does not depend on the pretraining, so the two can overlap: on a CPU each process gets
 half of the cores (a small model's ops gain less than 2x from a second thread, so two one-thread processes
-do more work than one two-thread process; docs/glue_transfer.md ran its curve this way, by hand). On one GPU
-it buys no time: processes time-slice the device, so the pretraining slows by what the lane uses (measured on
-an H100 with the GPU preset: ~265k tokens/s beside the finetuning, ~760k alone; docs/glue_transfer.md).
+do more work than one two-thread process). On one GPU it buys no time: processes time-slice the device, so the
+pretraining slows by what the lane uses.
 The lane is the same recipe run as `lm transfer ... --arm scratch`; it logs to <scratch>/lane.log (appended:
 a curve's points share one scratch arm) and resumes like any call.
 """
