@@ -1,6 +1,6 @@
 """benchmarks/hf_step.py: our model and Hugging Face's in one process, same weights, same batches, same optimizer.
 
-No timing is asserted (speed is measured by running benchmarks/hf_step.py, see BENCHMARKS.md); these tests check
+No timing is asserted (speed is measured by running benchmarks/hf_step.py, see docs/results.md); these tests check
 that the two sides of the comparison are the same model doing the same work.
 """
 
