@@ -1,4 +1,4 @@
-"""Fault injection for `lm-train` (one process, DDP and ZeRO-2 on 2 ranks) and `lm-finetune task=glue/all`:
+"""Fault injection for `lm train` (one process, DDP and ZeRO-2 on 2 ranks) and `lm finetune task=glue/all`:
 kill runs at random moments (inside steps, inside checkpoint writes, after random delays), damage
 checkpoints, start concurrent runs, change the config on resume; then count exact resumes, clear refusals
 and silent corruptions (which must be 0).
@@ -10,8 +10,8 @@ and silent corruptions (which must be 0).
 kind): 20 kills (5 of them also damage a random checkpoint file), 3 concurrent second runs, 3 config changes,
 2 full disks (a small tmpfs mounted on the run dir: needs root, else those trials are "skipped").
 --ddp-trials / --zero2-trials: the same kinds under `torchrun --nproc_per_node 2` (gloo; full disks excluded).
---finetune-trials: SIGKILL `lm-finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
-lm-train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
+--finetune-trials: SIGKILL `lm finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
+lm train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
 uninterrupted results.json (timings aside), submission files and per-step losses.
 Needs LM_DATA_MIRROR (tiny Shakespeare is prepared once into LM_CACHE; GLUE TSVs from <mirror>/glue_data).
 """
@@ -54,7 +54,7 @@ FINETUNE_CHANGED = "optim.weight_decay=0.05"
 class Suite:
     """One kind of job under test: how to start it, its uninterrupted reference, how to compare."""
 
-    name: str  # prefix of its trial kinds in the summary ("" for single-process lm-train)
+    name: str  # prefix of its trial kinds in the summary ("" for single-process lm train)
     world: int
     app: str  # "train" | "finetune"
     args: List[str]
@@ -272,7 +272,7 @@ def latest_damage(run_dir: Path) -> Optional[str]:
 def damage_random_checkpoint(run_dir: Path, rng: random.Random) -> str:
     ckpts = [c for d in checkpoint_dirs(run_dir) for c in sorted(d.glob("step_*"))]
     files = [f for c in ckpts for f in sorted(c.rglob("*")) if f.is_file() and f.stat().st_size > 0]
-    files += sorted(run_dir.glob("*/seed*/result.pt"))  # a finished task/seed of lm-finetune
+    files += sorted(run_dir.glob("*/seed*/result.pt"))  # a finished task/seed of lm finetune
     if not files:
         return "no checkpoint to damage"
     target = rng.choice(files)
@@ -450,7 +450,7 @@ def reference(suite: Suite, run_dir: Path) -> None:
 
 
 def finetune_suite(init: Path) -> Suite:
-    """Tiny lm-finetune task=glue/all: 48 train examples per task, 2 epochs of 3 steps, rte with 2 seeds."""
+    """Tiny lm finetune task=glue/all: 48 train examples per task, 2 epochs of 3 steps, rte with 2 seeds."""
     per_task = [f"tasks.{t}.{k}" for t in GLUE_TASKS for k in
                 ("epochs=2", "batch_size=16", "max_len=32", "seeds=[0]")]
     per_task[per_task.index("tasks.rte.seeds=[0]")] = "tasks.rte.seeds=[0,1]"
@@ -461,10 +461,10 @@ def finetune_suite(init: Path) -> Suite:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=len(KINDS), help="single-process lm-train trials")
+    p.add_argument("--trials", type=int, default=len(KINDS), help="single-process lm train trials")
     p.add_argument("--ddp-trials", type=int, default=0, help=f"2-rank DDP trials (of {len(DDP_KINDS)})")
     p.add_argument("--zero2-trials", type=int, default=0, help=f"2-rank ZeRO-2 trials (of {len(ZERO2_KINDS)})")
-    p.add_argument("--finetune-trials", type=int, default=0, help=f"lm-finetune trials (of {len(FINETUNE_KINDS)})")
+    p.add_argument("--finetune-trials", type=int, default=0, help=f"lm finetune trials (of {len(FINETUNE_KINDS)})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)

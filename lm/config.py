@@ -59,8 +59,8 @@ def explain(e: Exception, prefix: str = "") -> str:
 
 
 def compose_group(group: str, option: str, overrides: Optional[List[str]] = None):
-    """One config group option plus overrides in lm-train's own grammar (`model/ffn=swiglu`,
-    `model.dim=128`), composed by Hydra exactly as `lm-train <group>=<option> ...` would compose that
+    """One config group option plus overrides in lm train's own grammar (`model/ffn=swiglu`,
+    `model.dim=128`), composed by Hydra exactly as `lm train <group>=<option> ...` would compose that
     section, and returned typed (the section's dataclass)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -79,7 +79,7 @@ def compose_group(group: str, option: str, overrides: Optional[List[str]] = None
 class RunFields:
     """The run-level keys at the top of conf/train.yaml (the sections are added by run_schema())."""
 
-    run_dir: str = "runs/${lm.stamp:}${lm.cell:}"  # one per run (per cell of a -m sweep); the same run_dir resumes
+    run_dir: str = "runs/${lm.run_name:}${lm.cell:}"  # named by the overrides (a sweep: its stamp + cell): rerun = resume
     seed: int = 1337
     resume: bool = True  # continue from <run_dir>/checkpoints/latest when it exists
 
@@ -138,10 +138,11 @@ def register_train_configs() -> None:
     if not OmegaConf.has_resolver("lm.stamp"):
         OmegaConf.register_new_resolver("lm.stamp", run_stamp)
         OmegaConf.register_new_resolver("lm.cell", sweep_cell)
+        OmegaConf.register_new_resolver("lm.run_name", run_name)
 
 
 def sweep_cell() -> str:
-    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm-train -m ...` gets its own
+    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm train -m ...` gets its own
     run directory under runs/<stamp>/ instead of resuming the previous cell's checkpoints."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -149,6 +150,38 @@ def sweep_cell() -> str:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return ""
     return f"/{HydraConfig.get().job.num}"
+
+
+# Keys that say how long, how often or how a run is watched, not what it computes: left out of the default
+# run directory's name, so `train.max_steps=2000` continues the run that `train.max_steps=1000` started.
+NOT_IN_RUN_NAME = ("run_dir", "resume", "logger", "hydra", "train.max_steps", "train.log_interval",
+                   "train.eval_interval", "train.eval_batches", "train.ckpt_interval", "train.keep_last",
+                   "train.progress", "train.threads", "skip_missing")
+RUN_NAME_MAX = 96
+
+
+def run_name() -> str:
+    """The default run directory's name: the command line's overrides (`model-tiny+train.seq_len-32`; "default"
+    without any), so running the same command again resumes the same run. Inside a multirun it is the sweep's
+    stamp (each cell adds its job number, lm.cell); outside Hydra, a stamp."""
+    import hashlib
+    import re
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode == RunMode.MULTIRUN:
+        return run_stamp()
+    keep = []
+    for override in HydraConfig.get().overrides.task:
+        key = override.lstrip("+~").split("=", 1)[0].replace("/", ".")
+        if not any(key == k or key.startswith(k + ".") for k in NOT_IN_RUN_NAME):
+            keep.append(override.lstrip("+~").replace("=", "-", 1))
+    # no `=` or `,` in the name: it must work unquoted as a value on a command line (init=runs/<name>)
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", "+".join(sorted(keep))) or "default"
+    if len(name) > RUN_NAME_MAX:  # file names have limits; the digest keeps long ones apart
+        name = f"{name[:RUN_NAME_MAX - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
 
 
 def run_stamp() -> str:

@@ -1,5 +1,5 @@
 """Shared helpers of the engine/train/checkpoint tests: a synthetic loader with the PackedLoader
-interface, config composition as `lm-train` does it, and metrics reading.
+interface, config composition as `lm train` does it, and metrics reading.
 
 The synthetic stream is defined per global sample index, and rank r's micro-batch i holds samples
 [(i * world + r) * b, ... + b): the union over ranks of one micro-step is exactly the micro-batch
@@ -79,7 +79,7 @@ def loaders(cfg, rank: int = 0, world_size: int = 1, objective: str = "clm"):
 
 
 def compose(overrides: List[str]):
-    """The config `lm-train <overrides>` would run, without the data group (tests inject loaders)."""
+    """The config `lm train <overrides>` would run, without the data group (tests inject loaders)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

@@ -1,6 +1,6 @@
-"""lm-bench: our model and Hugging Face's in one process, same weights, same batches, same optimizer.
+"""benchmarks/hf_step.py: our model and Hugging Face's in one process, same weights, same batches, same optimizer.
 
-No timing is asserted (speed is measured by running lm-bench, see BENCHMARKS.md); these tests check
+No timing is asserted (speed is measured by running benchmarks/hf_step.py, see docs/results.md); these tests check
 that the two sides of the comparison are the same model doing the same work.
 """
 
@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from lm.cli import bench
 from tests.benchmark_scripts import load
+
+bench = load("hf_step")
 
 TINY = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--threads", "1",
         "--steps", "2", "--warmup", "1"]

@@ -1,4 +1,4 @@
-"""lm-prepare: nanoGPT's Shakespeare split, formats, determinism across workers, resume, atomic output."""
+"""lm prepare: nanoGPT's Shakespeare split, formats, determinism across workers, resume, atomic output."""
 
 import gzip
 import hashlib

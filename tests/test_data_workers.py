@@ -1,4 +1,4 @@
-"""lm-prepare's worker pool: results in task order, and a worker the system kills (out of memory) is an
+"""lm prepare's worker pool: results in task order, and a worker the system kills (out of memory) is an
 error that names the task, not a wait that never ends (multiprocessing.Pool's behaviour)."""
 
 import os

@@ -1,5 +1,5 @@
 """The LM Evaluation Harness adapter (lm/eval/harness.py, issue 52 item 3): its scores against direct
-computation on the model, against the harness's own Hugging Face backend on the lm-export directory (the
+computation on the model, against the harness's own Hugging Face backend on the lm export directory (the
 outside check), and `python -m lm.cli.eval`."""
 
 import json
@@ -25,7 +25,7 @@ PAIRS = [("The cat sat on", " the mat"), ("it was", " really good."), ("", "a fi
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """A tiny GPT-2 trained 3 steps on a 320-token BPE tokenizer, and its lm-export directory (with hf/)."""
+    """A tiny GPT-2 trained 3 steps on a 320-token BPE tokenizer, and its lm export directory (with hf/)."""
     from lm.cli.export import export
     from lm.cli.train import train
 
@@ -108,14 +108,14 @@ def test_an_encoder_is_refused_naming_what_works(adapter):
 
 @pytest.fixture(scope="module")
 def hf(exported):
-    """The harness's own Hugging Face backend on lm-export's hf/ directory, fp32."""
+    """The harness's own Hugging Face backend on lm export's hf/ directory, fp32."""
     from lm_eval.models.huggingface import HFLM
 
     return HFLM(pretrained=str(exported[1] / "hf"), device="cpu", batch_size=3, dtype="float32")
 
 
 def test_the_harness_hf_backend_on_the_export_gives_the_same_loglikelihoods(adapter, hf):
-    """The outside check: lm_eval's own Hugging Face backend (`hf`) on lm-export's hf/ directory gives the
+    """The outside check: lm_eval's own Hugging Face backend (`hf`) on lm export's hf/ directory gives the
     same per-document log-likelihoods (1e-4, fp32) and rolling log-likelihoods over several windows."""
     assert (hf.prefix_token_id, hf.eot_token_id, hf.max_length) == (adapter.prefix_token_id, adapter.eot_token_id,
                                                                     adapter.max_length)

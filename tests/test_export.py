@@ -1,4 +1,4 @@
-"""lm-export never deletes what it did not write (issue 22 item 1): --out must be new, empty, or a
+"""lm export never deletes what it did not write (issue 22 item 1): --out must be new, empty, or a
 previous export (replaced only with --force, atomically); the run directory, a directory holding it,
 the current directory and files are refused with a message, not a traceback."""
 
@@ -43,7 +43,7 @@ def test_a_directory_with_user_files_is_refused_even_with_force(run_dir, tmp_pat
     (tmp_path / "d" / "thesis.txt").write_text("x")
     for force in ([], ["--force"]):
         message = exit_message([str(run_dir), "--out", str(tmp_path / "d"), "--no-hf", *force])
-        assert "non-empty directory that is not an lm-export output (it holds thesis.txt)" in message
+        assert "non-empty directory that is not an lm export output (it holds thesis.txt)" in message
     assert (tmp_path / "d" / "thesis.txt").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 

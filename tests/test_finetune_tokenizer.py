@@ -1,4 +1,4 @@
-"""lm-finetune init=RUN checks the tokenizer against the sha256 the pretraining loader recorded in the
+"""lm finetune init=RUN checks the tokenizer against the sha256 the pretraining loader recorded in the
 checkpoint: a data directory re-prepared with another vocabulary after pretraining is refused (naming
 both files and hashes and the fix), and the original tokenizer.json passed as tokenizer= is accepted."""
 

@@ -1,6 +1,6 @@
 """No host sync in the training hot path between sync points (lm/core/loop.py), single process and DDP.
 
-Every way the host can wait for the device or for other ranks is counted while lm-train runs: reading a
+Every way the host can wait for the device or for other ranks is counted while lm train runs: reading a
 tensor (`item`, `tolist`, `cpu`, `numpy`, `float()`, `int()`, `bool()`, indexing with a tensor) and the
 torch.distributed collectives the Python side calls (DDP's gradient all-reduce inside backward is
 C++ and is the step's own work). Each call is attributed to the step in flight (the loop asks for the
@@ -22,7 +22,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 
 def count_syncs(overrides, rank=0, world=1, objective="clm"):
-    """Run lm-train with every read and collective counted; returns {0-based step: [call names]}."""
+    """Run lm train with every read and collective counted; returns {0-based step: [call names]}."""
     import torch.distributed as dist
 
     from lm.cli.train import train

@@ -207,7 +207,7 @@ def test_flops_count_only_the_active_experts():
         assert num_params(cfg) > num_params(dense) + 2 * 7 * per_expert  # but all 8 experts are parameters
 
 
-# -- lm-train: checkpoint/resume and engines ------------------------------------------------------------
+# -- lm train: checkpoint/resume and engines ------------------------------------------------------------
 
 def _train(run_dir, steps, extra=()):
     from lm.cli.train import train

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lm.extras import EXTRAS, MissingExtra, require
+from tests.benchmark_scripts import load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,20 +33,20 @@ def test_lm_report_without_matplotlib_says_which_extra(monkeypatch, tmp_path):
     block(monkeypatch, "matplotlib")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
-    assert one_line_exit(e, "report") == "lm-report: error: lm-report needs matplotlib (not installed): " \
+    assert one_line_exit(e, "report") == "lm report: error: lm report needs matplotlib (not installed): " \
                                          "pip install 'lm[report]'"
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     one_line_exit(e, "report")
 
 
-def test_lm_bench_without_transformers_says_which_extra(monkeypatch):
-    from lm.cli.bench import main
+def test_hf_step_benchmark_without_transformers_says_which_extra(monkeypatch):
+    main = load("hf_step").main
 
     block(monkeypatch, "transformers")
     with pytest.raises(SystemExit) as e:
         main(["--steps", "1"])
-    assert "lm-bench needs transformers" in one_line_exit(e, "hf")
+    assert "benchmarks/hf_step.py needs transformers" in one_line_exit(e, "hf")
 
 
 def test_hf_export_without_transformers_raises_missing_extra(monkeypatch):
@@ -67,7 +68,7 @@ def test_lm_prepare_without_a_reader_says_which_extra(monkeypatch, tmp_path, nam
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / name), "--out", str(tmp_path / "out"), "--tokenizer", "char", "--no-progress"])
     msg = one_line_exit(e, "data")
-    assert msg.startswith(f"lm-prepare: error: {tmp_path / name}: reading ") and blocked in msg
+    assert msg.startswith(f"lm prepare: error: {tmp_path / name}: reading ") and blocked in msg
 
 
 def test_lm_prepare_text_needs_no_extra(monkeypatch, tmp_path):

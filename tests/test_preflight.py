@@ -1,4 +1,4 @@
-"""lm-preflight: one process here, 2 gloo ranks under torchrun and under the multi-node launch
+"""lm preflight: one process here, 2 gloo ranks under torchrun and under the multi-node launch
 script, and the verdict logic on rank layouts this machine cannot have (GPUs, several hosts)."""
 
 import json

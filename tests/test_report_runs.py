@@ -1,4 +1,4 @@
-"""lm-report's reading side: failed and partial runs, corrupt files, unfair comparisons, run cards."""
+"""lm report's reading side: failed and partial runs, corrupt files, unfair comparisons, run cards."""
 
 import csv
 import json

@@ -1,4 +1,4 @@
-"""lm-report on a synthetic ffn x norm sweep: the table's numbers, the seed-noise rule, the files."""
+"""lm report on a synthetic ffn x norm sweep: the table's numbers, the seed-noise rule, the files."""
 
 import csv
 import math

@@ -1,5 +1,5 @@
 """SIGKILL in the middle of a step, then the same command again: the loss trajectory continues as if
-nothing happened. Real `lm-train` processes (single, and torchrun with 2 ranks), real data (tiny
+nothing happened. Real `lm train` processes (single, and torchrun with 2 ranks), real data (tiny
 Shakespeare, prepared once per module from $LM_DATA_MIRROR). Also: Hydra under torchrun makes one
 run directory with one resolved config.
 """

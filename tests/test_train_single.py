@@ -1,4 +1,4 @@
-"""lm-train in one process: run directory contents, exact resume, NaN/inf losses, full disks, bad configs.
+"""lm train in one process: run directory contents, exact resume, NaN/inf losses, full disks, bad configs.
 
 Runs in-process on the synthetic loader of engine_support (a learnable random walk), tiny model.
 """
@@ -215,7 +215,7 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_
         run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the loop put the default handler back
     monkeypatch.setattr(objectives, "loss", real)
-    with caplog.at_level("INFO", logger="lm"):  # lm-train's Hydra logging config sets INFO
+    with caplog.at_level("INFO", logger="lm"):  # lm train's Hydra logging config sets INFO
         run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
     assert train_losses(tmp_path / "stopped") == train_losses(tmp_path / "whole")
     assert "resumed from" in (tmp_path / "stopped" / "train.log").read_text()

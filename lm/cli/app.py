@@ -1,4 +1,4 @@
-"""The Hydra entry point shared by lm-train and lm-finetune.
+"""The Hydra entry point shared by lm train and lm finetune.
 
 Both apps run the same way under every launcher (python, torchrun, accelerate, deepspeed, srun):
 drop the launcher's `--local_rank` argument, agree on one run stamp across ranks, run the job,
@@ -34,10 +34,11 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     from lm.engine import dist as D
     from lm.engine.dist import EngineError
 
-    # bad input data (lm-train prepares it on first use) is the user's to fix, in every app
+    # bad input data (lm train prepares it on first use) is the user's to fix, in every app
     user_errors = (*user_errors, DataError, TokenizerError)
     _strip_launcher_args()
     _check_run_dir_arg(prog, config_name)
+    sys.argv = [sys.argv[0], *cells_apart(sys.argv[1:])]
     if check_args is not None:
         try:
             check_args(sys.argv[1:])
@@ -67,7 +68,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
 
 
 def _agree_on_run_stamp() -> None:
-    """Rank 0's clock names the run: `run_dir: runs/${lm.stamp:}` is then one directory for all ranks."""
+    """Rank 0's clock names a sweep (`runs/${lm.stamp:}/<cell>`, `logger.group: ..._${lm.stamp:}`): one name for all ranks."""
     from lm.engine import dist as D
 
     if "LM_RUN_STAMP" in os.environ:
@@ -107,9 +108,27 @@ def _check_run_dir_arg(prog: str, config_name: str = "") -> None:
         default = _default_run_dir_prefix(config_name)
         error = _unwritable(Path(default)) if default else None
         if error is not None:
-            sys.exit(f"{prog}: the default run_dir ({default}<date>_<time>, under the current directory "
+            sys.exit(f"{prog}: the default run_dir ({default}<overrides>, under the current directory "
                      f"{Path.cwd()}) is not writable: {_reason(error)}. Pass run_dir=<a writable directory>, "
                      f"or run {prog} from a directory you can write to")
+
+
+def cells_apart(args: List[str]) -> List[str]:
+    """Under -m, a `run_dir=X` given once would put every cell in X (each later cell resuming the first, or
+    refused by the resume check): X becomes the sweep's directory instead, and each cell X/<job number>.
+    A run_dir that is swept (`a,b`) or interpolated is the user's own plan and is left as it is."""
+    if not any(a in ("-m", "--multirun") for a in args):
+        return args
+    at = [i for i, a in enumerate(args) if a.lstrip("+").startswith("run_dir=")]
+    if not at:
+        return args
+    value = args[at[-1]].split("=", 1)[1]
+    if "${" in value or "," in value:
+        return args
+    out = [a for i, a in enumerate(args) if i not in at] + [f"run_dir={value}/${{hydra:job.num}}"]
+    if not any(a.lstrip("+").startswith("hydra.sweep.dir=") for a in args):
+        out.append(f"hydra.sweep.dir={value}")  # Hydra's multirun.yaml goes beside the cells, not to runs/<stamp>
+    return out
 
 
 def _reason(error: OSError) -> str:
@@ -117,7 +136,7 @@ def _reason(error: OSError) -> str:
 
 
 def _default_run_dir_prefix(config_name: str) -> str:
-    """The literal start of conf/<config_name>.yaml's run_dir (`runs/` of `runs/${lm.stamp:}`): where Hydra
+    """The literal start of conf/<config_name>.yaml's run_dir (`runs/` of `runs/${lm.run_name:}`): where Hydra
     will create the default one. Empty when it is not a plain relative path."""
     import yaml
 

@@ -1,10 +1,10 @@
-"""`lm-attention RUN_OR_EXPORT --text "..."`: heatmaps of a trained model's attention probabilities.
+"""`lm attention RUN_OR_EXPORT --text "..."`: heatmaps of a trained model's attention probabilities.
 
-    lm-attention runs/pretrain --text "The cat sat on the mat."            # grids of all layers x heads
-    lm-attention runs/pretrain --text "..." --layer 3 --head 5 --out maps  # plus that head, tokens as labels
-    lm-attention runs/t5/checkpoints/step_00001000/export --text "..." --tokenizer data/tokenizer.json
+    lm attention runs/pretrain --text "The cat sat on the mat."            # grids of all layers x heads
+    lm attention runs/pretrain --text "..." --layer 3 --head 5 --out maps  # plus that head, tokens as labels
+    lm attention runs/t5/checkpoints/step_00001000/export --text "..." --tokenizer data/tokenizer.json
 
-Writes to --out (default <checkpoint>/attention, or <export>-attention beside an export): grid_<stack>_<self|cross>.png per attention
+Writes to --out (default <run_dir>/attention/<step_N>, or <export>-attention beside an export): grid_<stack>_<self|cross>.png per attention
 stack (rows: layers, columns: heads), one PNG per requested layer/head, and attention.md / attention.html
 listing the tokens. --layer alone draws every head of that layer, --head alone that head in every layer.
 Loading, checks and the maps are lm/report/attention_maps.py; drawing is lm/report/attention_plots.py.
@@ -23,17 +23,17 @@ from lm.extras import exit_if_missing
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="lm-attention",
+        prog="lm attention",
         description="Draw a trained model's attention probabilities on a text: every layer x head as one grid "
                     "per attention stack (encoder-decoders: encoder self, decoder self, decoder cross), chosen "
                     "layers/heads with tokens as axis labels, and an HTML page.",
         epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="an lm-train run directory, one of its checkpoints/step_* (any engine), "
-                                "or an lm-export directory")
+    p.add_argument("path", help="an lm train run directory, one of its checkpoints/step_* (any engine), "
+                                "or an lm export directory")
     p.add_argument("--text", required=True, help="the text the model reads (at most model.max_seq_len tokens)")
     p.add_argument("--layer", type=int, help="draw this layer's heads on their own (0-based, per stack)")
     p.add_argument("--head", type=int, help="draw this head on its own (0-based)")
-    p.add_argument("--out", type=Path, help="output directory (default: <checkpoint>/attention, or <export>-attention)")
+    p.add_argument("--out", type=Path, help="output directory (default: <run_dir>/attention/<step_N>, or <export>-attention)")
     p.add_argument("--tokenizer", help="tokenizer.json (or a prepared data directory) when the run's own is "
                                        "not where its config says, or for an export without its checkpoint")
     p.add_argument("--decoder-text", help="encoder-decoders: what the decoder reads (default: the text shifted "
@@ -50,9 +50,12 @@ def requested(maps, layer: Optional[int], head: Optional[int]) -> List[tuple]:
 
 
 def default_out(source: Path) -> Path:
-    """<checkpoint>/attention, or <export>-attention beside an export (whose directory holds only
-    lm-export's files, so that `lm-export --force` can still replace it)."""
-    return source.with_name(f"{source.name}-attention") if (source / "model.safetensors").is_file() else source / "attention"
+    """<run_dir>/attention/<step_N> for a checkpoint of a run, <export>-attention beside an export: never inside
+    checkpoints/ (the run's keep-last rotation would delete the pictures with the checkpoint) or inside an export
+    (which holds only lm export's files, so that `lm export --force` can still replace it)."""
+    if source.parent.name == "checkpoints" and not (source / "model.safetensors").is_file():
+        return source.parent.parent / "attention" / source.name
+    return source.with_name(f"{source.name}-attention")
 
 
 def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tokenizer=None,
@@ -93,7 +96,7 @@ def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tok
 
 
 def main(argv=None) -> int:
-    exit_if_missing("lm-attention", "report")
+    exit_if_missing("lm attention", "report")
     from lm.config import ConfigError
     from lm.core.checkpoint import CheckpointError
     from lm.report.runs import ReportError
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
     try:
         page = draw(args.path, args.text, args.layer, args.head, args.out, args.tokenizer, args.decoder_text)
     except (ReportError, ConfigError, CheckpointError) as e:
-        print(f"lm-attention: error: {e}", file=sys.stderr)
+        print(f"lm attention: error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {page.parent}/ ({', '.join(sorted(p.name for p in page.parent.iterdir()))})")
     return 0

@@ -1,4 +1,4 @@
-"""Evaluate a run, checkpoint or lm-export directory: the LM Evaluation Harness and the GLUE probes.
+"""Evaluate a run, checkpoint or lm export directory: the LM Evaluation Harness and the GLUE probes.
 
     python -m lm.cli.eval runs/pretrain                                      # local GLUE zero-shot + WikiText-2
     python -m lm.cli.eval runs/pretrain --tasks local_sst2,local_wikitext2 --limit 200
@@ -29,8 +29,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     doc = __doc__ or ""
     p = argparse.ArgumentParser(prog="lm eval", description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="an lm-train run directory, one of its checkpoints/step_* (any engine), or an "
-                                "lm-export directory")
+    p.add_argument("path", help="an lm train run directory, one of its checkpoints/step_* (any engine), or an "
+                                "lm export directory")
     p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated harness tasks and/or `probe` "
                                                           f"(default {DEFAULT_TASKS})")
     p.add_argument("--limit", type=float, help="at most this many documents per task (a fraction if < 1)")

@@ -1,7 +1,7 @@
-"""`lm-export`: a checkpoint of any engine -> model.safetensors + config.json (+ hf/ for Hugging Face families).
+"""`lm export`: a checkpoint of any engine -> model.safetensors + config.json (+ hf/ for Hugging Face families).
 
-    lm-export runs/pretrain                      # checkpoints/latest -> <checkpoint>/export
-    lm-export runs/pretrain --out exports/gpt    # a new or empty directory, or a previous export with --force
+    lm export runs/pretrain                      # checkpoints/latest -> <checkpoint>/export
+    lm export runs/pretrain --out exports/gpt    # a new or empty directory, or a previous export with --force
 
 The engine that wrote the checkpoint consolidates it (lm.core.checkpoint.consolidated_state_dict).
 The output is written to a temporary sibling directory and swapped in at the end, so an interrupted
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve, verified
-from lm.core.saved_model import LM_CLASS  # the key of config.json that marks an lm-export output
+from lm.core.saved_model import LM_CLASS  # the key of config.json that marks an lm export output
 from lm.extras import MissingExtra
 
 log = logging.getLogger("lm")
@@ -79,8 +79,8 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
     if not is_export(out):
-        raise CheckpointError(f"--out {out} is a non-empty directory that is not an lm-export output "
-                              f"(it holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}); lm-export "
+        raise CheckpointError(f"--out {out} is a non-empty directory that is not an lm export output "
+                              f"(it holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}); lm export "
                               f"replaces its --out, so name a new or empty directory")
     if not force:
         raise CheckpointError(f"--out {out} holds a previous export; pass --force to replace it, or name "
@@ -88,7 +88,7 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
 
 
 def is_export(path: Path) -> bool:
-    """A directory written by lm-export: its files only, and a config.json with lm's class marker."""
+    """A directory written by lm export: its files only, and a config.json with lm's class marker."""
     names = {p.name for p in path.iterdir()}
     if not names <= EXPORT_FILES or "config.json" not in names:
         return False
@@ -136,21 +136,21 @@ def _export_hf(model, out: Path, cfg) -> None:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="lm-export", description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
+        prog="lm export", description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
                                       "model.safetensors + config.json, and a Hugging Face directory when the "
                                       "architecture matches GPT-2, Llama, BERT or T5.")
     parser.add_argument("path", help="run directory (uses checkpoints/latest) or a checkpoint directory")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory: new, empty, or a previous export (with --force); default "
                              "<checkpoint>/export")
-    parser.add_argument("--force", action="store_true", help="replace a previous lm-export output at --out")
+    parser.add_argument("--force", action="store_true", help="replace a previous lm export output at --out")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face directory")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         out = export(args.path, args.out, hf=not args.no_hf, force=args.force)
     except (CheckpointError, FileNotFoundError, MissingExtra) as e:  # MissingExtra: the hf/ part needs lm[hf]
-        sys.exit(f"lm-export: {e}")
+        sys.exit(f"lm export: {e}")
     print(f"exported {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
 
 

@@ -1,11 +1,11 @@
-"""`lm-finetune`: finetune a pretrained (or a fresh) model on GLUE tasks; the loop and engines are lm-train's.
+"""`lm finetune`: finetune a pretrained (or a fresh) model on GLUE tasks; the loop and engines are lm train's.
 
-    lm-finetune task=glue/sst2 init=runs/pretrain                  # checkpoints/latest of an lm-train run
-    lm-finetune task=glue/all init=runs/pretrain skip_missing=true  # every task whose data is local
-    lm-finetune task=glue/rte init=runs/pretrain/checkpoints/step_00000500/export   # an lm-export directory
-    lm-finetune task=glue/mrpc init=none model=tiny model.vocab_size=4096 tokenizer=<data dir>  # baseline
-    lm-finetune task=glue/cola init=runs/pretrain tasks.cola.seeds=[0,1,2,3,4] tasks.cola.lr=3e-4 logger=wandb
-    lm-finetune 'task=[glue/rte,glue/mrpc]' init=runs/pretrain optim.lr=3e-4   # two tasks, one lr for both
+    lm finetune task=glue/sst2 init=runs/pretrain                  # checkpoints/latest of an lm train run
+    lm finetune task=glue/all init=runs/pretrain skip_missing=true  # every task whose data is local
+    lm finetune task=glue/rte init=runs/pretrain/checkpoints/step_00000500/export   # an lm export directory
+    lm finetune task=glue/mrpc init=none model=tiny model.vocab_size=4096 tokenizer=<data dir>  # baseline
+    lm finetune task=glue/cola init=runs/pretrain tasks.cola.seeds=[0,1,2,3,4] tasks.cola.lr=3e-4 logger=wandb
+    lm finetune 'task=[glue/rte,glue/mrpc]' init=runs/pretrain optim.lr=3e-4   # two tasks, one lr for both
 
 Writes <run_dir>/results.json, results.md (printed at the end) and submission/*.tsv; see lm/glue/run.py.
 The config grammar is in lm/glue/config.py. The same command (same run_dir) resumes an interrupted job.
@@ -35,7 +35,7 @@ def register() -> None:
 
 
 def finetune(cfg: DictConfig):
-    """One lm-finetune job (also the Python API: compose conf/finetune.yaml, then call this)."""
+    """One lm finetune job (also the Python API: compose conf/finetune.yaml, then call this)."""
     import torch
     from hydra.utils import get_class, instantiate
 
@@ -104,7 +104,7 @@ def main() -> None:
             print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
 
     register()
-    run_app("lm-finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, Preempted, GlueDataError,
+    run_app("lm finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, Preempted, GlueDataError,
                                                  TokenizerError), check_args=check_task_args)
 
 

@@ -1,4 +1,4 @@
-"""`lm-preflight`: check a cluster before a long run, started by the same launcher as the run.
+"""`lm preflight`: check a cluster before a long run, started by the same launcher as the run.
 
     torchrun --nproc_per_node 8 -m lm.cli.preflight --ckpt-dir /shared/runs --model gpt2
     LM_ENTRY=lm.cli.preflight NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 launch/torchrun_multinode.sh --ckpt-dir /shared/runs
@@ -59,7 +59,7 @@ class RankInfo:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="lm-preflight", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="lm preflight", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check a cluster before a long run: world size, devices, rendezvous, all-reduce "
                     "bandwidth, free disk for checkpoints. Start it with the launcher of the run "
                     "(torchrun, launch/*.sh, srun); alone it checks this machine.",
@@ -84,7 +84,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     run_dirs = [o.split("=", 1)[1] for o in args.overrides if o.lstrip("+").startswith("run_dir=")]
     unknown = [o for o in args.overrides if not o.lstrip("+").startswith("run_dir=")]
     if unknown:
-        p.error(f"unknown argument(s) {unknown}: lm-preflight takes only run_dir=PATH besides its --options")
+        p.error(f"unknown argument(s) {unknown}: lm preflight takes only run_dir=PATH besides its --options")
     args.ckpt_dir = args.ckpt_dir or (run_dirs[-1] if run_dirs else "runs")
     return args
 
@@ -94,7 +94,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         need_bytes, need_why = _needed_bytes(args)
     except Exception as e:  # noqa: BLE001 - a bad --model preset: say so before any rendezvous
-        print(f"lm-preflight: --model {args.model}: {e}", file=sys.stderr)
+        print(f"lm preflight: --model {args.model}: {e}", file=sys.stderr)
         return 2
     checks: List[Check] = []
     joined = _rendezvous(args, checks)
@@ -308,7 +308,7 @@ def _shared_directory(ckpt: Path, infos: List[RankInfo]):
     """Rank 0 writes a marker; every rank looks for it (a node-local path fails this on a multi-node job)."""
     marker = ckpt / f".lm-preflight-shared-{_broadcast(uuid.uuid4().hex)}"
     if _rank() == 0:
-        marker.write_text("lm-preflight")
+        marker.write_text("lm preflight")
     if dist.is_initialized():
         dist.barrier()
     seen = _gather_flags(marker.exists())
@@ -347,7 +347,7 @@ def _report(args, checks: List[Check], world: int, nodes: int) -> bool:
     """Print the table and the verdict (rank 0); True when something failed."""
     failed = [c for c in checks if c.status == FAIL]
     warned = [c for c in checks if c.status == WARN]
-    lines = [f"lm-preflight: {world} rank(s) on {nodes or '?'} node(s)"]
+    lines = [f"lm preflight: {world} rank(s) on {nodes or '?'} node(s)"]
     lines += [f"  {c.status:<5} {c.name:<11} {c.detail}" for c in checks]
     if failed:
         verdict = f"NOT READY: {', '.join(c.name for c in failed)} failed"

@@ -1,4 +1,4 @@
-"""`lm-prepare`: the command line of lm.data.prepare (raw text -> tokenizer.json + token shards + meta.json)."""
+"""`lm prepare`: the command line of lm.data.prepare (raw text -> tokenizer.json + token shards + meta.json)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ HELP = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="lm-prepare", description=P.__doc__.split("\n\n")[0] + "\n\n" + P.__doc__.split("\n\n")[1],
+        prog="lm prepare", description=P.__doc__.split("\n\n")[0] + "\n\n" + P.__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Registry corpora (lm-prepare --list for details): " + ", ".join(CORPORA))
+        epilog="Registry corpora (lm prepare --list for details): " + ", ".join(CORPORA))
     p.add_argument("sources", nargs="*", help=HELP["source"])
     p.add_argument("--data", metavar="PRESET", help="start from conf/data/PRESET.yaml (flags override it)")
     p.add_argument("--out", help="output directory (default: the preset's dir)")
@@ -94,7 +94,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         cfg = data_config({**base, **given})
         prepare(cfg, args.out, force=args.force, restart=args.restart, progress=not args.no_progress)
     except (DataError, ConfigError, TokenizerError, MissingExtra) as e:
-        sys.exit(f"lm-prepare: error: {e}")
+        sys.exit(f"lm prepare: error: {e}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""`lm-train`: compose the config, build model, data and engine, resume if possible, run the loop.
+"""`lm train`: compose the config, build model, data and engine, resume if possible, run the loop.
 
-    lm-train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
+    lm train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
     torchrun --nproc_per_node 2 -m lm.cli.train engine=zero2 run_dir=runs/z2
     accelerate launch --multi_gpu --num_processes 2 -m lm.cli.train engine=ddp run_dir=runs/ddp
     deepspeed --num_gpus 2 --module lm.cli.train engine=zero3 run_dir=runs/z3
@@ -10,6 +10,7 @@ Run the same command again (same run_dir) and it continues from <run_dir>/checkp
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,8 +87,12 @@ def train(cfg: DictConfig, loaders=None):
 
     run_dir = Path(run.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
-        train_loader, val_loader = loaders or _packed_loaders(run.data, tcfg, model_cfg, dist,
-                                                              objective_for(model_cfg.arch), run.seed)
+        if loaders is None:
+            train_loader, val_loader, vocab = _packed_loaders(run.data, tcfg, dist, objective_for(model_cfg.arch),
+                                                              run.seed)
+            model_cfg = _vocab_follows_tokenizer(cfg, model_cfg, vocab, dist.is_main)
+        else:
+            train_loader, val_loader = loaders
 
         torch.manual_seed(run.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
         model = build_model(model_cfg)
@@ -132,8 +137,29 @@ def train(cfg: DictConfig, loaders=None):
                 file_log.close()
 
 
-def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, objective: str, seed: int):
-    """Prepare the data once (rank 0; the others wait), then one packed loader per split."""
+def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bool):
+    """A model whose vocabulary is smaller than the data's tokenizer grows to it (rounded up to a multiple of
+    64), in the typed config and in the composed one that config.yaml records, so export, finetuning and
+    resume see the model as built. A larger vocabulary is kept: presets pad theirs for speed (GPT-2's 50304)."""
+    from dataclasses import replace
+
+    from lm.model import validate_model
+
+    if vocab <= model_cfg.vocab_size:
+        return model_cfg
+    size = _round_up(vocab, 64)
+    if is_main:
+        log.info("model.vocab_size=%d: the data's tokenizer has %d tokens (model.vocab_size was %d)", size, vocab,
+                 model_cfg.vocab_size)
+    cfg.model.vocab_size = size
+    model_cfg = replace(model_cfg, vocab_size=size)
+    validate_model(model_cfg)
+    return model_cfg
+
+
+def _packed_loaders(data: DataConfig, tcfg: TrainConfig, dist, objective: str, seed: int):
+    """Prepare the data once (rank 0; the others wait), then one packed loader per split, and the vocabulary
+    size of the data's tokenizer."""
     from lm.data.packed import PackedLoader
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
@@ -149,16 +175,13 @@ def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, object
         raise error if error else ConfigError("rank 0 could not prepare the data (see its error)")
     data_dir = Path(os.path.expanduser(data.dir))
     vocab = Tokenizer.load(data_dir).vocab_size
-    if vocab > model_cfg.vocab_size:
-        raise ConfigError(f"the tokenizer of {data_dir} has {vocab} tokens but model.vocab_size="
-                          f"{model_cfg.vocab_size}; set model.vocab_size={_round_up(vocab, 64)} (or larger)")
 
     def loader(split):
         return PackedLoader(data_dir, split, tcfg.seq_len, tcfg.micro_batch_size, objective, rank=dist.rank,
                             world_size=dist.world_size, seed=seed, mlm_probability=data.mlm_probability,
                             noise_density=data.noise_density, mean_span_length=data.mean_span_length,
                             train_stride=data.train_stride)
-    return loader("train"), loader("val")
+    return loader("train"), loader("val"), vocab
 
 
 def _probes(tcfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:
@@ -186,11 +209,16 @@ def _round_up(n: int, multiple: int) -> int:
 
 def main() -> None:
     from lm.cli.app import run_app
+    from lm.cli.own_data import own_data_args
     from lm.core.checkpoint import CheckpointError
     from lm.core.loop import LossDiverged, Preempted
 
     register_train_configs()
-    run_app("lm-train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
+    try:
+        sys.argv = [sys.argv[0], *own_data_args(sys.argv[1:])]  # data.source=<file>, data=<prepared dir>
+    except ConfigError as e:
+        sys.exit(f"lm train: {e}")
+    run_app("lm train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
-"""Atomic checkpoints that continue a run exactly: keep-last-K, checksums, reading them back (lm-export).
+"""Atomic checkpoints that continue a run exactly: keep-last-K, checksums, reading them back (lm export).
 
     <run_dir>/checkpoints/
         step_00000100/            complete checkpoints only (written as .tmp-step_..., then renamed)
             trainer.json          step, tokens, engine layout, manifest's sha256 (written last, before the rename)
             manifest.json         sha256 and size of every file above and below (verified before reading)
-            config.yaml           the run's resolved config (lm-export rebuilds the model from it)
+            config.yaml           the run's resolved config (lm export rebuilds the model from it)
             rank00000.pt ...      per rank: data-loader position and RNG states (tensors and plain types)
             model_optim.pt        the engine's own files (engine.save_state): single/ddp model_optim.pt,
             dcp/ | deepspeed/     fsdp2 torch.distributed.checkpoint shards, zero* DeepSpeed's files
@@ -16,8 +16,8 @@ This file never reads an engine's files itself: trainer.json records the engine'
 engine class of that format loads or consolidates them (lm.engine.engine_for_format). Everything is
 read with torch.load(weights_only=True): a checkpoint from elsewhere cannot run pickled code, and only
 after its files match manifest.json: resuming from a damaged `latest` names it and falls back to the
-newest intact checkpoint; lm-export and lm-finetune init= refuse a damaged one.
-Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm-export` (lm/cli/export.py).
+newest intact checkpoint; lm export and lm finetune init= refuse a damaged one.
+Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm export` (lm/cli/export.py).
 """
 
 import hashlib
@@ -107,7 +107,7 @@ def _weights_only(read, what):
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{what} holds pickled objects other than tensors and plain containers, which lm refuses to load "
-            f"(they could run code: {_unpickler_reason(e)}). Use a checkpoint written by lm-train, or convert "
+            f"(they could run code: {_unpickler_reason(e)}). Use a checkpoint written by lm train, or convert "
             f"it where you trust it") from None
 
 
@@ -230,7 +230,7 @@ class Checkpointer:
             raise CheckpointError(
                 f"{path} was written by {trainer['engine']['engine']} on {saved_world} rank(s); this run is "
                 f"{self.engine.name} on {self.engine.world_size}. Resume with the same engine and world size, "
-                f"or start a new run_dir from the weights (lm-export {path})")
+                f"or start a new run_dir from the weights (lm export {path})")
         _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
         own = load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
         set_rng_state(own["rng"])
@@ -281,7 +281,7 @@ def _write_manifest(ckpt: Path) -> str:
 
 def damage(ckpt: Path) -> Optional[str]:
     """Why checkpoint `ckpt` cannot be trusted (a missing, truncated or changed file), or None.
-    Files added later (an lm-export into <checkpoint>/export) are not part of it."""
+    Files added later (an lm export into <checkpoint>/export) are not part of it."""
     ckpt = Path(ckpt)
     try:
         trainer = json.loads((ckpt / "trainer.json").read_text())
@@ -322,7 +322,7 @@ def newest_intact(ckpt: Path) -> Path:
 
 
 def verified(ckpt: Path) -> Path:
-    """`ckpt` if its files match its manifest (lm-export, lm-finetune init=), else a CheckpointError
+    """`ckpt` if its files match its manifest (lm export, lm finetune init=), else a CheckpointError
     naming the damage and the intact checkpoints of the same run."""
     why = damage(ckpt)
     if why is None:
@@ -356,7 +356,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# -- reading a checkpoint outside training (lm-export, lm-finetune init=) ----------------------------
+# -- reading a checkpoint outside training (lm export, lm finetune init=) ----------------------------
 
 def resolve(path) -> Path:
     """A checkpoint directory from a run directory (its latest), a checkpoints/ dir, or itself."""

@@ -74,7 +74,7 @@ class TrainConfig:
     probe_tasks: List[str] = field(default_factory=lambda: ["sst2", "mrpc", "stsb", "cola"])
     probe_train_examples: int = 1000
     probe_dev_examples: int = 500
-    probe_max_len: int = 128  # tokens per example (longest-first truncation, as lm-finetune)
+    probe_max_len: int = 128  # tokens per example (longest-first truncation, as lm finetune)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """One writer per run directory: `<run_dir>/.lock`, held by rank 0 while its job runs.
 
-    with held_run_dir(run_dir, dist):   # lm-train, lm-finetune: before anything in run_dir is read or written
+    with held_run_dir(run_dir, dist):   # lm train, lm finetune: before anything in run_dir is read or written
         ...                              # released on return, so one process can run many jobs in turn
 
 Two runs writing one run_dir delete each other's half-written checkpoints and lose metrics, so the
@@ -66,7 +66,7 @@ def lock_run_dir(run_dir, dist=None) -> None:
 @contextmanager
 def held_run_dir(run_dir, dist=None):
     """lock_run_dir for the duration of a job. The lock is released when the job returns or raises: a
-    process that runs several jobs over one directory in turn (lm-transfer's finetuning arms, a curve of
+    process that runs several jobs over one directory in turn (lm transfer's finetuning arms, a curve of
     them sharing one scratch arm) must not keep the first job's lock and refuse a second process."""
     lock_run_dir(run_dir, dist)
     try:

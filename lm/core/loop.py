@@ -367,8 +367,8 @@ def _count_step() -> int:
 
 def _fault_hook(step: int) -> None:
     """Test hook: LM_FAULT_PAUSE_AT_STEP=N parks the process in the middle of the N-th optimizer step it runs
-    (after a backward, before the update; counted over every loop.run of the process, so a fresh lm-train
-    parks in step N and lm-finetune in the task/seed where its steps reach N) and touches
+    (after a backward, before the update; counted over every loop.run of the process, so a fresh lm train
+    parks in step N and lm finetune in the task/seed where its steps reach N) and touches
     LM_FAULT_PAUSE_FILE, so a test can SIGKILL it there."""
     at = os.environ.get("LM_FAULT_PAUSE_AT_STEP")
     if at is None or int(at) != step + 1:

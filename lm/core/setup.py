@@ -1,6 +1,6 @@
 """What every app does before its loop: pick and build the engine, seed, quiet the other ranks, log to a file.
 
-Shared by lm-train and lm-finetune, so neither imports the other.
+Shared by lm train and lm finetune, so neither imports the other.
 """
 
 import logging
@@ -14,7 +14,7 @@ log = logging.getLogger("lm")
 
 
 def engine_class(cfg, get_class):
-    """The class an engine node names; `cfg` is the typed run config (or, for lm-finetune, its DictConfig)."""
+    """The class an engine node names; `cfg` is the typed run config (or, for lm finetune, its DictConfig)."""
     target = getattr(cfg.engine, "_target_", None) if cfg.engine else None
     if not target:
         raise ConfigError("engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2")

@@ -1,7 +1,7 @@
 """Metrics sinks (JSONL always; wandb and TensorBoard when configured), throughput, MFU and memory.
 
 Only rank 0 makes a Tracker that writes; other ranks get one whose methods do nothing. The JSONL
-file is the source of truth for lm-report: one object per logged step ({"step", "tokens", "loss",
+file is the source of truth for lm report: one object per logged step ({"step", "tokens", "loss",
 "lr", "grad_norm", "tokens_per_s", "steps_per_s", "mfu", "memory"}, plus the model's own metrics when
 it has any, e.g. "moe/load_e0": ModelMetrics below), validation passes as {"step", "tokens", "val_loss",
 "val_ppl"}.

@@ -62,7 +62,7 @@ class _Reader:
                 at = f"byte {e.start} of the line" if line else f"byte {self.task.start_byte + e.start} of the file"
                 raise DataError(
                     f"{self.where(e.start, line)}: invalid UTF-8 at {at} ({e.reason}). Convert the file to UTF-8 "
-                    f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm-prepare --encoding-errors "
+                    f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm prepare --encoding-errors "
                     f"replace) to decode bad bytes as U+FFFD and count them") from None
             before = _INVALID[0]
             text = data.decode("utf-8", errors="lm.count")
@@ -71,7 +71,7 @@ class _Reader:
 
     def bad(self, where: str, problem: str, fix: str) -> None:
         if self.opts.bad_records != "skip":
-            raise DataError(f"{where}: {problem}. {fix}, or set bad_records=skip (lm-prepare --bad-records skip) to "
+            raise DataError(f"{where}: {problem}. {fix}, or set bad_records=skip (lm prepare --bad-records skip) to "
                             f"skip and count such records")
         self.out.bad_records += 1
         if len(self.out.examples) < MAX_EXAMPLES:
@@ -171,7 +171,7 @@ def _jsonl_docs(r: _Reader) -> None:
         if not isinstance(value, str):
             keys = list(record)[:10] if isinstance(record, dict) else type(record).__name__
             r.bad(r.where(line=here), f"no string field {field_name!r} (has: {keys})",
-                  "Set text_field to the field that holds the text (lm-prepare --text-field KEY)")
+                  "Set text_field to the field that holds the text (lm prepare --text-field KEY)")
             continue
         if value:
             r.add(value)

@@ -47,18 +47,18 @@ def open_prepared(data_dir, checksums: bool = False) -> dict:
     meta = read_json(root / META)
     if meta is None:
         partial = root.with_name(f".{root.name}.partial")
-        hint = f" (an interrupted run left {partial}; re-run the same lm-prepare command to resume it)" \
+        hint = f" (an interrupted run left {partial}; re-run the same lm prepare command to resume it)" \
             if partial.exists() else ""
-        raise DataError(f"{root}: no readable {META}, so this is not a complete lm-prepare directory{hint}; "
-                        f"run lm-prepare --out {root} (or let lm-train prepare it)")
+        raise DataError(f"{root}: no readable {META}, so this is not a complete lm prepare directory{hint}; "
+                        f"run lm prepare --out {root} (or let lm train prepare it)")
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{root / META}: format version {meta.get('format_version')}, this code reads "
-                        f"{FORMAT_VERSION}; re-run lm-prepare --force --out {root}")
+                        f"{FORMAT_VERSION}; re-run lm prepare --force --out {root}")
     tok = Tokenizer.load(root / meta["tokenizer"]["file"])
     if tok.sha256 != meta["tokenizer"]["sha256"]:
         raise DataError(f"{root / TOKENIZER} does not match the tokenizer the shards were made with (sha256 "
                         f"{tok.sha256[:12]} vs {meta['tokenizer']['sha256'][:12]} in {META}); the directory mixes two "
-                        f"runs: re-run lm-prepare --force --out {root}")
+                        f"runs: re-run lm prepare --force --out {root}")
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in meta["splits"].values():
         for s in split["shards"]:
@@ -67,8 +67,8 @@ def open_prepared(data_dir, checksums: bool = False) -> dict:
             if size != s["tokens"] * itemsize:
                 raise DataError(f"{path}: {'missing' if size is None else f'{size} bytes'}, expected "
                                 f"{s['tokens'] * itemsize} ({s['tokens']} tokens of {meta['dtype']}): the shard is "
-                                f"truncated or corrupt; re-run lm-prepare --force --out {root}")
+                                f"truncated or corrupt; re-run lm prepare --force --out {root}")
             if checksums and file_sha256(path) != s["sha256"]:
-                raise DataError(f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm-prepare --force "
+                raise DataError(f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm prepare --force "
                                 f"--out {root}")
     return meta

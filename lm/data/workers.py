@@ -1,4 +1,4 @@
-"""The tokenizer workers of lm-prepare: task -> documents -> token ids per split, in spawned processes,
+"""The tokenizer workers of lm prepare: task -> documents -> token ids per split, in spawned processes,
 results in task order with at most 2*workers tasks in flight (memory stays bounded)."""
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def tokenize_tasks(tasks: Iterable[Task], workers: int, init_args: tuple, work: 
         return
     # spawn, not fork: the parent may have used the tokenizers thread pool (training), which a fork would break.
     # ProcessPoolExecutor, not multiprocessing.Pool: when the system kills a worker (out of memory), Pool
-    # replaces it and the lost task's result never comes, so lm-prepare waited forever; the executor
+    # replaces it and the lost task's result never comes, so lm prepare waited forever; the executor
     # fails every pending task with BrokenProcessPool instead, which is reported below.
     pending: deque = deque()  # (task, future), oldest first
     try:

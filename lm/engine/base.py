@@ -5,7 +5,7 @@
         engine.backward(share)                # share = this micro-batch's part of the global loss sum
     grad_norm = engine.step()                 # unscale, clip, optimizer step (skipped if the norm is NaN/inf), zero grads
     engine.save_state(dir) / engine.load_state(dir)   # model + optimizer, in the engine's own format
-    Engine.consolidated_state_dict(dir, info)          # offline: the full model state dict (lm-export)
+    Engine.consolidated_state_dict(dir, info)          # offline: the full model state dict (lm export)
 
 `backward` takes a term of the *global* sum (the loop weights each micro-batch by its share of the
 step's label tokens over all ranks), so engines that average gradients over ranks undo that here.
@@ -176,8 +176,8 @@ class Engine:
 
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
-        """The full model state dict of checkpoint `path` in one process, no process group (lm-export,
-        lm-finetune init=). `info` is the `describe()` this engine recorded in trainer.json."""
+        """The full model state dict of checkpoint `path` in one process, no process group (lm export,
+        lm finetune init=). `info` is the `describe()` this engine recorded in trainer.json."""
         return torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)["model"]
 
     def describe(self) -> Dict:

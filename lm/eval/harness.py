@@ -64,7 +64,7 @@ class LMAdapter(TemplateLM):
 
     @classmethod
     def from_saved(cls, path, tokenizer: Optional[str] = None, **kw) -> "LMAdapter":
-        """From a run directory, checkpoint or lm-export directory (lm/eval/saved.py)."""
+        """From a run directory, checkpoint or lm export directory (lm/eval/saved.py)."""
         from lm.eval.saved import load_model
 
         model, tok = load_model(path, tokenizer)

@@ -1,6 +1,6 @@
 """GLUE probes: how much of SST-2, MRPC, STS-B and CoLA the frozen model's features already solve.
 
-Each probed task's first N train rows and first M dev rows are encoded once, as lm-finetune encodes them
+Each probed task's first N train rows and first M dev rows are encoded once, as lm finetune encodes them
 (lm/glue/encode.py). A probe pass runs the model without gradients, mean-pools the last hidden states over
 real tokens (every family: a decoder's or RNN's top layer, an encoder's, an encoder-decoder's encoder), and
 fits a scikit-learn model on the train features, standardized: logistic regression for the classification
@@ -161,7 +161,7 @@ def probe_callbacks(tcfg, model_cfg, data_dir, engine) -> List[GlueProbe]:
     require("eval", "train.probe_interval", "sklearn")
     if engine.format == "dcp" or getattr(engine, "stage", 0) == 3:
         raise ConfigError(f"train.probe_interval probes the whole model on rank 0, and {engine.name} shards it; "
-                          f"set train.probe_interval=0 and probe a checkpoint (python -m lm.cli.eval <run> --tasks probe)")
+                          f"set train.probe_interval=0 and probe a checkpoint (lm eval <run> --tasks probe)")
     if not engine.is_main:  # the other ranks only keep the same sync points
         return [GlueProbe([], 0, tcfg.probe_interval)]
     tokenizer = _tokenizer(data_dir)
@@ -178,5 +178,5 @@ def _tokenizer(data_dir):
     path = Path(data_dir).expanduser() / "tokenizer.json"
     if not path.is_file():
         raise ConfigError(f"train.probe_interval needs the run's tokenizer, {path}, which is not there; "
-                          f"prepare the data first (lm-prepare) or set train.probe_interval=0")
+                          f"prepare the data first (lm prepare) or set train.probe_interval=0")
     return Tokenizer.load(path.parent)

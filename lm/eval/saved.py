@@ -1,7 +1,7 @@
-"""A saved model in eval mode, with its tokenizer, from a run directory, checkpoint or lm-export directory.
+"""A saved model in eval mode, with its tokenizer, from a run directory, checkpoint or lm export directory.
 
 Loading goes through lm.glue.init.load_backbone (lm/core/saved_model.py finds the model; the engine that
-wrote a checkpoint consolidates it), as lm-finetune's init= and lm-attention do.
+wrote a checkpoint consolidates it), as lm finetune's init= and lm attention do.
 """
 
 from typing import Any, Optional, Tuple

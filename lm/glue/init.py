@@ -1,8 +1,8 @@
-"""Where a finetuned model starts: an lm-train checkpoint (any engine), an lm-export directory, or nothing.
+"""Where a finetuned model starts: an lm train checkpoint (any engine), an lm export directory, or nothing.
 
     init=<run_dir>                 the run's checkpoints/latest (single, ddp, zero1-3, fsdp2: all read by
     init=<run_dir>/checkpoints/step_00000500     lm.core.checkpoint.consolidated_state_dict)
-    init=<dir with model.safetensors + config.json>   what lm-export writes
+    init=<dir with model.safetensors + config.json>   what lm export writes
     init=none                      random weights, the model of `model=` (baselines)
 
 The tokenizer is the pretraining run's, `<data.dir>/tokenizer.json` of the checkpoint's config.yaml,
@@ -67,10 +67,10 @@ def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -
     try:
         saved = find_saved_model(path)
     except FileNotFoundError:
-        raise InitError(f"init={path}: no such directory; pass an lm-train run directory, one of its "
-                        f"checkpoints/step_* directories, an lm-export directory, or init=none") from None
+        raise InitError(f"init={path}: no such directory; pass an lm train run directory, one of its "
+                        f"checkpoints/step_* directories, an lm export directory, or init=none") from None
     except CheckpointError as e:
-        raise InitError(f"init={path}: {e}; or an lm-export directory (model.safetensors + config.json)") from None
+        raise InitError(f"init={path}: {e}; or an lm export directory (model.safetensors + config.json)") from None
     return _from_export(saved, tokenizer) if saved.export else _from_checkpoint(saved, tokenizer)
 
 
@@ -88,7 +88,7 @@ def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
     from lm.model.config import model_from_saved
 
     path, cfg, pretrain = saved.path, model_from_saved(saved.model_node()), saved.run_config()
-    if pretrain is not None:  # lm-export's default output is <checkpoint>/export
+    if pretrain is not None:  # lm export's default output is <checkpoint>/export
         tok = _pretraining_tokenizer(pretrain, tokenizer, path, _recorded_tokenizer_sha256(path.parent))
     else:
         tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without its checkpoint's config.yaml)")
@@ -163,7 +163,7 @@ def _data_dir(pretrain: Dict) -> Optional[Path]:
     data = pretrain.get("data") or {}
     if not data.get("dir"):
         return None
-    register_train_configs()  # the ${oc.env:...} / ${lm.*} resolvers of lm-train's config
+    register_train_configs()  # the ${oc.env:...} / ${lm.*} resolvers of lm train's config
     node = OmegaConf.create({"data": data})
     try:
         return Path(os.path.expanduser(str(node.data.dir)))
@@ -176,7 +176,7 @@ def _load_tokenizer(path: Optional[str], what: str):
 
     if not path:
         raise InitError(f"{what} needs tokenizer=<path to tokenizer.json, or a prepared data directory that "
-                        f"holds one> (lm-prepare writes it)")
+                        f"holds one> (lm prepare writes it)")
     try:
         return Tokenizer.load(path)
     except TokenizerError as e:
@@ -193,7 +193,7 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
                      bidirectional: bool = False):
     """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head.
 
-    `bidirectional` (RNN backbones, lm-finetune bidirectional=true) widens a unidirectional recurrent
+    `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
     backbone: its forward direction is the checkpoint's, the backward direction starts from scratch and
     enters through zero weights, so the classifier starts out computing what the LM computed
     (lm.model.rnn.load_unidirectional).

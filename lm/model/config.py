@@ -166,8 +166,8 @@ def schema_name(cls: Type[Component]) -> str:
 
 
 def model_preset(name: str = "tiny", overrides: Optional[List[str]] = None) -> ModelConfig:
-    """conf/model/<name>.yaml plus overrides in lm-train's grammar (`model/ffn=swiglu`, `model.dim=128`),
-    composed by Hydra as `lm-train model=<name> ...` would: a typed ModelConfig."""
+    """conf/model/<name>.yaml plus overrides in lm train's grammar (`model/ffn=swiglu`, `model.dim=128`),
+    composed by Hydra as `lm train model=<name> ...` would: a typed ModelConfig."""
     from lm.config import compose_group
 
     return compose_group("model", name, overrides)

@@ -432,7 +432,7 @@ class RNNConfig:
 
     cell: Cell = Cell.lstm
     hidden: Optional[int] = None  # None = model.dim
-    bidirectional: bool = False  # reads the future: for classification (lm-finetune) only, never for clm
+    bidirectional: bool = False  # reads the future: for classification (lm finetune) only, never for clm
     nonlinearity: Nonlinearity = Nonlinearity.tanh  # cell=rnn only (torch.nn.RNN's nonlinearity)
 
     def width(self, dim: int) -> int:

@@ -246,7 +246,7 @@ def check_objective(cfg: ModelConfig, objective: str) -> None:
     if cfg.rnn.bidirectional:
         raise ConfigError("model.rnn.bidirectional=true reads the tokens it would predict, so it cannot be "
                           "pretrained on clm; pretrain with model.rnn.bidirectional=false and finetune a "
-                          "bidirectional classifier with lm-finetune bidirectional=true (docs/architecture.md)")
+                          "bidirectional classifier with lm finetune bidirectional=true (docs/architecture.md)")
 
 def validate_narang_options(cfg: ModelConfig) -> None:
     """Embedding/output/transparent-attention combinations that the papers do not define, refused
