@@ -75,7 +75,9 @@ def additive_run(tmp_path_factory):
 
 
 def _error(argv, capsys) -> str:
-    assert main(argv) == 2
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("lm-attention: error: ") and "\n" not in err, err
     return err

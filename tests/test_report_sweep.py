@@ -95,7 +95,9 @@ def test_baseline_choice(sweep, tmp_path):
     assert main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu model/norm=layernorm"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "report.csv")))
     assert float(rows[0]["final_loss_delta"]) == pytest.approx(0.1)
-    assert main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu"]) == 2  # ambiguous
+    with pytest.raises(SystemExit) as e:
+        main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu"])  # ambiguous
+    assert e.value.code == 2
 
 
 def test_parameter_mismatch_is_flagged(tmp_path):

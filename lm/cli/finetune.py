@@ -22,6 +22,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from lm.cli.errors import entry
 from lm.config import ConfigError, register_train_configs
 from lm.core.files import atomic_write_text
 from lm.glue.config import check_task_args, finetune_job, register_glue_configs
@@ -88,14 +89,11 @@ def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:
 
 
 
+@entry("lm-finetune")
 def main() -> None:
     from lm.cli.app import run_app
-    from lm.core.checkpoint import CheckpointError
-    from lm.data.tokenizer import TokenizerError
     from lm.engine import dist as D
-    from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
-    from lm.core.loop import LossDiverged, Preempted
 
     def job(cfg: DictConfig) -> None:
         finetune(cfg)
@@ -104,8 +102,7 @@ def main() -> None:
             print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
 
     register()
-    run_app("lm-finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, Preempted, GlueDataError,
-                                                 TokenizerError), check_args=check_task_args)
+    run_app("lm-finetune", "finetune", job, check_args=check_task_args)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from lm.cli.errors import entry
+
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 # Checkpoint bytes per parameter: fp32 weights (4) + Adam's two fp32 moments (8).
 BYTES_PER_PARAM = 12
@@ -89,6 +91,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+@entry("lm-preflight")
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:

@@ -16,7 +16,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lm.config import ConfigError, explain, register_train_configs, run_schema
+from lm.cli.errors import entry
+from lm.config import ConfigError, check_known_keys, explain, register_train_configs, run_schema
 from lm.core.config import TrainConfig, resolve_batch, validate_train
 from lm.core.files import atomic_write_text
 from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
@@ -37,6 +38,7 @@ def typed_run(cfg: DictConfig):
     receives typed sections. Hydra has checked keys, types and choices while composing."""
     from omegaconf.errors import OmegaConfBaseException
 
+    check_known_keys(cfg)  # a `+key=` that no schema field reads
     try:
         run = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:  # e.g. a ??? value left missing
@@ -165,13 +167,12 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 
+@entry("lm-train")
 def main() -> None:
     from lm.cli.app import run_app
-    from lm.core.checkpoint import CheckpointError
-    from lm.core.loop import LossDiverged, Preempted
 
     register_train_configs()
-    run_app("lm-train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
+    run_app("lm-train", "train", train)
 
 
 if __name__ == "__main__":

@@ -98,19 +98,13 @@ def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
 
 
 def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:
-    """The sha256 of the tokenizer.json the run was pretrained with, as its packed loader recorded it in
-    the checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint)."""
     from lm.core.checkpoint import CheckpointError
-    from lm.core.checkpoint import load_rank_state  # weights_only, legacy RNG states allowed
+    from lm.core.saved_model import recorded_tokenizer_sha256
 
-    path = Path(ckpt) / "rank00000.pt"
-    if not path.is_file():
-        return None
     try:
-        loader = load_rank_state(path).get("loader") or {}
+        return recorded_tokenizer_sha256(ckpt)
     except CheckpointError as e:
         raise InitError(f"init={ckpt}: {e}") from None
-    return loader.get("tokenizer_sha256") if isinstance(loader, dict) else None
 
 
 def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path, recorded: Optional[str] = None):
