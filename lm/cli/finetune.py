@@ -47,6 +47,7 @@ def finetune(cfg: DictConfig):
     from lm.glue.run import finetune_glue
 
     job = finetune_job(cfg)  # typed and validated, once
+    check_run_dir(Path(job.run_dir), job.init)  # before anything is loaded or written
     if job.train.threads:
         torch.set_num_threads(job.train.threads)
     engine_cls = engine_class(cfg, get_class)
@@ -61,6 +62,46 @@ def finetune(cfg: DictConfig):
             atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
         return finetune_glue(job, backbone, lambda tcfg: make_engine(cfg, instantiate, tcfg, dist), config, dist)
+
+
+def check_run_dir(run_dir: Path, init: Optional[str]) -> None:
+    """A finetune run_dir is new, an earlier lm-finetune's (resumed), or holds no other command's run: lm-finetune
+    writes its config.yaml, results and task directories into it, which would overwrite a pretraining run's
+    config.yaml (what its resume compares) or mix with another run's files."""
+    def foreign(d: Path) -> Optional[str]:
+        if (d / "checkpoints").is_dir():
+            return "an lm-train run (it holds checkpoints/)"
+        config = d / "config.yaml"
+        if config.is_file() and not _is_finetune_config(config):
+            return "another command's run (its config.yaml is not an lm-finetune config)"
+        return None
+
+    fix = f"pick a new run_dir, e.g. run_dir={run_dir.parent / (run_dir.name + '_finetune')}"
+    if not run_dir.is_dir():
+        return
+    why = foreign(run_dir)
+    if why:
+        raise ConfigError(f"run_dir={run_dir} is {why}; lm-finetune would write its config.yaml and results into "
+                          f"it: {fix}")
+    for child in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        why = foreign(child)
+        if why:
+            raise ConfigError(f"run_dir={run_dir} holds {child.name}/, {why}; lm-finetune would write its "
+                              f"config.yaml and results beside it: {fix}")
+    if init and str(init).lower() not in ("none", "scratch", ""):
+        source = Path(init).expanduser().resolve()
+        if source.is_relative_to(run_dir.resolve()):
+            raise ConfigError(f"run_dir={run_dir} holds init={init}, the model finetuning starts from: {fix}")
+
+
+def _is_finetune_config(path: Path) -> bool:
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(cfg, dict) and "tasks" in cfg and "init" in cfg
 
 
 def _load_in_turn(load, dist):

@@ -183,6 +183,16 @@ def _check_vocab(tok, rows: int, what: str, fix: str) -> None:
                         f"ids >= {rows} have no embedding. {fix}")
 
 
+def _mismatch(source: str, e: RuntimeError) -> str:
+    """One line for torch's multi-line "size mismatch" error: the first differing tensor, the count, the fix."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip().startswith("size mismatch")]
+    first = lines[0].rstrip(".") if lines else str(e).strip().splitlines()[0]
+    config = "config.json" if (Path(source) / "model.safetensors").is_file() else "config.yaml"
+    return (f"{source}: the weights do not fit its {config} ({first}; {len(lines) or 1} tensor(s) differ): the "
+            f"file was edited or belongs to another model; restore it (an lm-export directory: export the "
+            f"checkpoint again)")
+
+
 def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling: Optional[str] = None,
                      bidirectional: bool = False):
     """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head.
@@ -219,7 +229,10 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
             except (KeyError, RuntimeError) as e:
                 raise InitError(f"{backbone.source}: cannot widen to a bidirectional {cfg.rnn.cell.value}: {e}") from None
             return model
-        missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
+        try:
+            missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
+        except RuntimeError as e:  # a shape differs: the weights are not those of the saved model config
+            raise InitError(_mismatch(backbone.source, e)) from None
         if missing or unexpected:
             raise InitError(f"{backbone.source} does not match its model config: missing={sorted(missing)}, "
                             f"unexpected={sorted(unexpected)}")
