@@ -70,8 +70,8 @@ def describe(e: BaseException) -> Optional[str]:
         return f"a file is not one lm wrote and cannot be read safely ({e}) — restore or delete it"
     if _is(e, "safetensors", "SafetensorError"):
         text = str(e)
-        fix = FIXES[errno.ENOSPC] if "os error 28" in text or "No space left" in text else \
-            "restore the file, or write it again"
+        full = any(m in text for m in ("os error 28", "code: 28", "StorageFull", "No space left"))  # Rust's io::Error
+        fix = FIXES[errno.ENOSPC] if full else "restore the file, or write it again"
         return f"a safetensors file cannot be read or written ({text}) — {fix}"
     return None
 

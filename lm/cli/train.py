@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm.cli.errors import entry
 from lm.config import ConfigError, check_known_keys, explain, register_train_configs, run_schema
-from lm.core.config import TrainConfig, resolve_batch, validate_train
+from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_train
 from lm.core.files import atomic_write_text
 from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
 from lm.data.config import DataConfig
@@ -81,6 +81,8 @@ def train(cfg: DictConfig, loaders=None):
     device = D.pick_device(tcfg.device)
     dist = D.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
     quiet_other_ranks(dist)
+    if dist.is_main and short_schedule(tcfg, scfg):
+        log.warning("%s", short_schedule(tcfg, scfg))
     tcfg = resolve_batch(tcfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
     engine = make_engine(run, instantiate, tcfg, dist)
     if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
