@@ -90,7 +90,7 @@ def check_run_dir(run_dir: Path, init: Optional[str]) -> None:
                               f"config.yaml and results beside it: {fix}")
     if init and str(init).lower() not in ("none", "scratch", ""):
         source = Path(init).expanduser().resolve()
-        if source.is_relative_to(run_dir.resolve()):
+        if source.exists() and source.is_relative_to(run_dir.resolve()):
             raise ConfigError(f"run_dir={run_dir} holds init={init}, the model finetuning starts from: {fix}")
 
 
