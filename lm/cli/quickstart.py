@@ -114,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated GLUE tasks with local train/dev data (default %(default)s)")
     p.add_argument("--tokens", type=tokens_arg, default=TOKENS,
                    help="pretraining tokens, rounded up to whole steps of 2,048; 0 = none (default %(default)d)")
-    p.add_argument("--seeds", type=seeds_arg, default="0", help="comma-separated finetuning seeds (default %(default)s)")
+    p.add_argument("--seeds", type=seeds_arg, default="0",
+                   help="comma-separated finetuning seeds (default %(default)s)")
     p.add_argument("--compare", action="store_true", help="also finetune the same model from scratch (init=none)")
     p.add_argument("--preset", default=PRESET, help="the pretraining experiment (default %(default)s; "
                    "glue_transfer_encoder: the masked-LM encoder of the same size)")

@@ -319,7 +319,8 @@ def plan(r: Recipe) -> Plan:
     cfg = pretrain_config(r, steps) if steps else base
     arch = family(cfg.model)
     if arch not in POOLING:
-        raise TransferError(f"{' '.join(r.pretrain) or '--preset ' + r.preset}: model.arch={arch} is not a family the "
+        given = f"--pretrain {' '.join(r.pretrain)}" if r.pretrain else f"--preset {r.preset}"
+        raise TransferError(f"{given}: model.arch={arch} is not a family the "
                             f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm-train and finetune it with "
                             f"lm-finetune init=<run>")
     pooling = _pooling(r.finetune) or POOLING[arch]
