@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from lm.cli.errors import entry
 from lm.constants import IGNORE_INDEX
 from lm.extras import exit_if_missing
 from lm.model.config import (GLUConfig, LayerNormConfig, LearnedConfig, MLPConfig, ModelConfig, RMSNormConfig,
@@ -151,6 +152,7 @@ def parse(argv=None):
     return args
 
 
+@entry("hf_step")
 def main(argv=None):
     exit_if_missing("benchmarks/hf_step.py", "hf")  # the reference models are transformers'
     args = parse(argv)

@@ -58,6 +58,29 @@ def explain(e: Exception, prefix: str = "") -> str:
     return f"{key}: {msg}" if key else msg
 
 
+def check_known_keys(cfg, prefix: str = "") -> None:
+    """Refuse a key that the dataclass typing its node does not have. Hydra appends `+key=value` even under
+    a typed node (its own advice for a mistyped key), and OmegaConf.to_object keeps it as an attribute that
+    nothing reads: `+train.max_step=20` would train the default number of steps without a word."""
+    import difflib
+    from dataclasses import fields as dataclass_fields, is_dataclass
+
+    from omegaconf import DictConfig, OmegaConf
+
+    kind = OmegaConf.get_type(cfg)
+    known = [f.name for f in dataclass_fields(kind)] if is_dataclass(kind) else None
+    for key in cfg.keys():
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            where = prefix.rstrip(".") or "the top level"
+            raise ConfigError(f"{prefix}{key} is not a key of {where} ({kind.__name__}), so nothing would read it"
+                              + (f"; did you mean {prefix}{close[0]}? Set it without the +" if close else
+                                 f"; drop it (the keys there: {', '.join(known)})"))
+        child = cfg._get_node(key)  # the node itself: values are not resolved here
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            check_known_keys(child, f"{prefix}{key}.")
+
+
 def compose_group(group: str, option: str, overrides: Optional[List[str]] = None):
     """One config group option plus overrides in lm train's own grammar (`model/ffn=swiglu`,
     `model.dim=128`), composed by Hydra exactly as `lm train <group>=<option> ...` would compose that

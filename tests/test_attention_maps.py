@@ -75,7 +75,9 @@ def additive_run(tmp_path_factory):
 
 
 def _error(argv, capsys) -> str:
-    assert main(argv) == 2
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("lm attention: error: ") and "\n" not in err, err
     return err
@@ -232,3 +234,22 @@ def test_synthesizer_and_convolution_maps(option, tmp_path, tokenizer_file):
             _assert_probabilities(panel, causal=True)
         else:  # a banded kernel: rows whose window lies inside the text sum to 1
             assert np.allclose(panel[-1].sum(), 1.0, atol=1e-5)
+
+
+def test_the_text_is_escaped_in_the_html_page(decoder_run, tmp_path):
+    """issue 49 item 7: --text '<script>...' landed in attention.html as markup."""
+    out = tmp_path / "maps"
+    assert main([str(decoder_run), "--text", "<script>alert(1)</script> [a](javascript:alert(2))", "--out",
+                 str(out)]) == 0
+    html = (out / "attention.html").read_text()
+    assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert 'href="javascript:' not in html and '<a href="#">a</a>' in html  # a link's script scheme dropped
+
+
+def test_an_out_that_is_a_file_is_one_line(decoder_run, tmp_path, capsys):
+    (tmp_path / "notes.md").write_text("mine")
+    for out in (tmp_path / "notes.md", tmp_path / "notes.md" / "maps"):
+        err = _error([str(decoder_run), "--text", TEXT, "--out", str(out)], capsys)
+        assert err == (f"lm attention: error: --out {out}: {tmp_path / 'notes.md'} is a file, not a directory; name a "
+                       f"directory (new, or one lm attention wrote before)")
+    assert (tmp_path / "notes.md").read_text() == "mine"

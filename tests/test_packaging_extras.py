@@ -68,7 +68,7 @@ def test_lm_prepare_without_a_reader_says_which_extra(monkeypatch, tmp_path, nam
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / name), "--out", str(tmp_path / "out"), "--tokenizer", "char", "--no-progress"])
     msg = one_line_exit(e, "data")
-    assert msg.startswith(f"lm prepare: error: {tmp_path / name}: reading ") and blocked in msg
+    assert msg.startswith(f"lm prepare: {tmp_path / name}: reading ") and blocked in msg
 
 
 def test_lm_prepare_text_needs_no_extra(monkeypatch, tmp_path):

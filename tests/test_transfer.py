@@ -466,7 +466,7 @@ def test_the_lane_command_rebuilds_the_recipe(tmp_path):
                finetune=["pooling=first", "tasks.rte.epochs=1"])
     a = _parser().parse_args(recipe_argv(r))
     assert (a.preset, int(a.tokens), a.out, a.scratch, a.seeds, a.tasks, a.group, a.pretrain, a.finetune) == (
-        r.preset, r.tokens, r.out, r.scratch, "1,2", "rte,cola", "g", r.pretrain, r.finetune)
+        r.preset, r.tokens, r.out, r.scratch, [1, 2], "rte,cola", "g", r.pretrain, r.finetune)
     assert _parser().parse_args(recipe_argv(Recipe(out=tmp_path / "o"))).pretrain == []
     with pytest.raises(TransferError, match="--arm both: must be one of all, scratch, pretrained"):
         Recipe(arm="both")

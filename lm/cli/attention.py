@@ -18,7 +18,11 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from lm.cli.errors import entry
+from lm.config import ConfigError
+from lm.core.checkpoint import CheckpointError
 from lm.extras import exit_if_missing
+from lm.report.runs import ReportError
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,15 +62,26 @@ def default_out(source: Path) -> Path:
     return source.with_name(f"{source.name}-attention")
 
 
+def check_out(out: Path) -> None:
+    """--out must be (or become) a directory: refused before the model is loaded, not at the first write."""
+    above = out.absolute()
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ReportError(f"--out {out}: {above} is a file, not a directory; name a directory (new, or one "
+                          f"lm attention wrote before)")
+
+
 def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tokenizer=None,
          decoder_text: Optional[str] = None) -> Path:
     from lm.report.attention_maps import (attention_maps, check_request, decoder_input_ids, encode_text, groups,
                                           load_model, saved_model_config, token_labels)
     from lm.report.attention_plots import draw_grid, draw_single, grid_name, single_name, write_page
-    from lm.report.runs import ReportError
 
     cfg, where = saved_model_config(path)
     check_request(cfg, layer, head, where=str(where))  # before any weight is read
+    if out is not None:
+        check_out(Path(out))
     if decoder_text is not None and cfg.arch != "encoder_decoder":
         raise ReportError(f"--decoder-text applies to encoder-decoders only; {where} is model.arch={cfg.arch.value}: "
                           f"drop it (the model reads --text alone)")
@@ -95,18 +110,11 @@ def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tok
     return write_page(out, f"Attention maps: {Path(path).name}", lines, inputs, grids, singles)
 
 
+@entry("lm attention", usage=(ReportError, ConfigError, CheckpointError))  # status 2: the request cannot be drawn
 def main(argv=None) -> int:
     exit_if_missing("lm attention", "report")
-    from lm.config import ConfigError
-    from lm.core.checkpoint import CheckpointError
-    from lm.report.runs import ReportError
-
     args = parse_args(argv)
-    try:
-        page = draw(args.path, args.text, args.layer, args.head, args.out, args.tokenizer, args.decoder_text)
-    except (ReportError, ConfigError, CheckpointError) as e:
-        print(f"lm attention: error: {e}", file=sys.stderr)
-        return 2
+    page = draw(args.path, args.text, args.layer, args.head, args.out, args.tokenizer, args.decoder_text)
     print(f"wrote {page.parent}/ ({', '.join(sorted(p.name for p in page.parent.iterdir()))})")
     return 0
 

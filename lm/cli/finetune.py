@@ -22,6 +22,7 @@ from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
+from lm.cli.errors import entry
 from lm.config import ConfigError, register_train_configs
 from lm.core.files import atomic_write_text
 from lm.glue.config import check_task_args, finetune_job, register_glue_configs
@@ -46,6 +47,7 @@ def finetune(cfg: DictConfig):
     from lm.glue.run import finetune_glue
 
     job = finetune_job(cfg)  # typed and validated, once
+    check_run_dir(Path(job.run_dir), job.init)  # before anything is loaded or written
     if job.train.threads:
         torch.set_num_threads(job.train.threads)
     engine_cls = engine_class(cfg, get_class)
@@ -60,6 +62,46 @@ def finetune(cfg: DictConfig):
             atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
         return finetune_glue(job, backbone, lambda tcfg: make_engine(cfg, instantiate, tcfg, dist), config, dist)
+
+
+def check_run_dir(run_dir: Path, init: Optional[str]) -> None:
+    """A finetune run_dir is new, an earlier lm finetune's (resumed), or holds no other command's run: lm finetune
+    writes its config.yaml, results and task directories into it, which would overwrite a pretraining run's
+    config.yaml (what its resume compares) or mix with another run's files."""
+    def foreign(d: Path) -> Optional[str]:
+        if (d / "checkpoints").is_dir():
+            return "an lm train run (it holds checkpoints/)"
+        config = d / "config.yaml"
+        if config.is_file() and not _is_finetune_config(config):
+            return "another command's run (its config.yaml is not an lm finetune config)"
+        return None
+
+    fix = f"pick a new run_dir, e.g. run_dir={run_dir.parent / (run_dir.name + '_finetune')}"
+    if not run_dir.is_dir():
+        return
+    why = foreign(run_dir)
+    if why:
+        raise ConfigError(f"run_dir={run_dir} is {why}; lm finetune would write its config.yaml and results into "
+                          f"it: {fix}")
+    for child in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        why = foreign(child)
+        if why:
+            raise ConfigError(f"run_dir={run_dir} holds {child.name}/, {why}; lm finetune would write its "
+                              f"config.yaml and results beside it: {fix}")
+    if init and str(init).lower() not in ("none", "scratch", ""):
+        source = Path(init).expanduser().resolve()
+        if source.exists() and source.is_relative_to(run_dir.resolve()):
+            raise ConfigError(f"run_dir={run_dir} holds init={init}, the model finetuning starts from: {fix}")
+
+
+def _is_finetune_config(path: Path) -> bool:
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(cfg, dict) and "tasks" in cfg and "init" in cfg
 
 
 def _load_in_turn(load, dist):
@@ -88,14 +130,11 @@ def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:
 
 
 
+@entry("lm finetune")
 def main() -> None:
     from lm.cli.app import run_app
-    from lm.core.checkpoint import CheckpointError
-    from lm.data.tokenizer import TokenizerError
     from lm.engine import dist as D
-    from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
-    from lm.core.loop import LossDiverged, Preempted
 
     def job(cfg: DictConfig) -> None:
         finetune(cfg)
@@ -104,8 +143,7 @@ def main() -> None:
             print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
 
     register()
-    run_app("lm finetune", "finetune", job, (ConfigError, CheckpointError, LossDiverged, Preempted, GlueDataError,
-                                                 TokenizerError), check_args=check_task_args)
+    run_app("lm finetune", "finetune", job, check_args=check_task_args)
 
 
 if __name__ == "__main__":

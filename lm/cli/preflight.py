@@ -32,6 +32,8 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from lm.cli.errors import entry
+
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 # Checkpoint bytes per parameter: fp32 weights (4) + Adam's two fp32 moments (8).
 BYTES_PER_PARAM = 12
@@ -89,6 +91,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return args
 
 
+@entry("lm preflight")
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
@@ -170,7 +173,7 @@ def _try_write(directory: Path) -> str:
     """'' when a file can be written and renamed into `directory` (what a checkpoint does), else why not."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".lm-preflight-{uuid.uuid4().hex}.tmp"
+        tmp = directory / f".lm preflight-{uuid.uuid4().hex}.tmp"
         tmp.write_bytes(b"x" * 4096)
         final = tmp.with_suffix(".done")
         os.replace(tmp, final)
@@ -306,7 +309,7 @@ def _check_disk(args, infos: List[RankInfo], need: int, why: str) -> Check:
 
 def _shared_directory(ckpt: Path, infos: List[RankInfo]):
     """Rank 0 writes a marker; every rank looks for it (a node-local path fails this on a multi-node job)."""
-    marker = ckpt / f".lm-preflight-shared-{_broadcast(uuid.uuid4().hex)}"
+    marker = ckpt / f".lm preflight-shared-{_broadcast(uuid.uuid4().hex)}"
     if _rank() == 0:
         marker.write_text("lm preflight")
     if dist.is_initialized():

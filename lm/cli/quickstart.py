@@ -29,10 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List
+
+from lm.cli.errors import entry
 
 log = logging.getLogger("lm")
 
@@ -104,14 +105,17 @@ def _score(metrics: Dict, keys: List[str]) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from lm.cli.transfer import seeds_arg, tokens_arg
+
     p = argparse.ArgumentParser(prog="lm quickstart", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("runs/quickstart"), help="output directory (default %(default)s)")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help="comma-separated GLUE tasks with local train/dev data (default %(default)s)")
-    p.add_argument("--tokens", type=float, default=TOKENS,
+    p.add_argument("--tokens", type=tokens_arg, default=TOKENS,
                    help="pretraining tokens, rounded up to whole steps of 2,048; 0 = none (default %(default)d)")
-    p.add_argument("--seeds", default="0", help="comma-separated finetuning seeds (default %(default)s)")
+    p.add_argument("--seeds", type=seeds_arg, default="0",
+                   help="comma-separated finetuning seeds (default %(default)s)")
     p.add_argument("--compare", action="store_true", help="also finetune the same model from scratch (init=none)")
     p.add_argument("--preset", default=PRESET, help="the pretraining experiment (default %(default)s; "
                    "glue_transfer_encoder: the masked-LM encoder of the same size)")
@@ -122,25 +126,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry("lm quickstart")
 def main(argv=None) -> None:
     from lm.cli.transfer import Recipe
-    from lm.config import ConfigError
-    from lm.core.checkpoint import CheckpointError
-    from lm.core.loop import LossDiverged, Preempted
-    from lm.data.errors import DataError
-    from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    recipe = Recipe(preset=args.preset, tokens=int(args.tokens), out=args.out, tasks=tasks,
-                    seeds=[int(s) for s in args.seeds.split(",")], pretrain=args.pretrain, finetune=args.set)
+    recipe = Recipe(preset=args.preset, tokens=args.tokens, out=args.out, tasks=tasks, seeds=args.seeds,
+                    pretrain=args.pretrain, finetune=args.set)
     t0 = time.perf_counter()
-    try:
-        arms = run(recipe, args.compare)
-    except (ConfigError, DataError, GlueDataError, CheckpointError, LossDiverged, Preempted) as e:
-        sys.exit(f"lm quickstart: {type(e).__name__}: {e}")
+    arms = run(recipe, args.compare)
     for name, title in (("pretrained", "Finetuned from the pretrained checkpoint"),
                         ("scratch", "From scratch (same model, random init)")):
         if name in arms:

@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from lm.cli.errors import entry
 from lm.extras import exit_if_missing
 from lm.report import narang
 from lm.report.runs import ReportError, load_runs
@@ -84,15 +85,12 @@ def run(args: argparse.Namespace, command: str) -> Path:
     return write_sweep_report(variants, runs, out, title, command, notes, baseline, forced, layout)
 
 
+@entry("lm report", usage=(ReportError, TransferError))  # status 2: the inputs cannot make a report
 def main(argv=None) -> int:
     exit_if_missing("lm report", "report")
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    try:
-        page = run(args, "lm report " + " ".join(map(shlex.quote, argv)))
-    except (ReportError, TransferError) as e:
-        print(f"lm report: error: {e}", file=sys.stderr)
-        return 2
+    page = run(args, "lm report " + " ".join(map(shlex.quote, argv)))
     print(f"wrote {page.parent}/ ({page.name})")
     md = page.with_suffix(".md")
     if page.name == "transfer.md":
@@ -103,3 +101,7 @@ def main(argv=None) -> int:
         start = text.find("## Results")
         print(text[start:text.find("\n## ", start + 1)].strip())
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

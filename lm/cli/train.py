@@ -17,8 +17,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lm.config import ConfigError, explain, register_train_configs, run_schema
-from lm.core.config import TrainConfig, resolve_batch, validate_train
+from lm.cli.errors import entry
+from lm.config import ConfigError, check_known_keys, explain, register_train_configs, run_schema
+from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_train
 from lm.core.files import atomic_write_text
 from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
 from lm.data.config import DataConfig
@@ -38,6 +39,7 @@ def typed_run(cfg: DictConfig):
     receives typed sections. Hydra has checked keys, types and choices while composing."""
     from omegaconf.errors import OmegaConfBaseException
 
+    check_known_keys(cfg)  # a `+key=` that no schema field reads
     try:
         run = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:  # e.g. a ??? value left missing
@@ -80,6 +82,8 @@ def train(cfg: DictConfig, loaders=None):
     device = D.pick_device(tcfg.device)
     dist = D.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
     quiet_other_ranks(dist)
+    if dist.is_main and short_schedule(tcfg, scfg):
+        log.warning("%s", short_schedule(tcfg, scfg))
     tcfg = resolve_batch(tcfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
     engine = make_engine(run, instantiate, tcfg, dist)
     if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
@@ -207,18 +211,17 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 
+@entry("lm train")
 def main() -> None:
     from lm.cli.app import run_app
     from lm.cli.own_data import own_data_args
-    from lm.core.checkpoint import CheckpointError
-    from lm.core.loop import LossDiverged, Preempted
 
     register_train_configs()
     try:
         sys.argv = [sys.argv[0], *own_data_args(sys.argv[1:])]  # data.source=<file>, data=<prepared dir>
     except ConfigError as e:
         sys.exit(f"lm train: {e}")
-    run_app("lm train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
+    run_app("lm train", "train", train)
 
 
 if __name__ == "__main__":

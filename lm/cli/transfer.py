@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from lm.cli.errors import entry
 from lm.config import ConfigError
 
 log = logging.getLogger("lm")
@@ -101,16 +102,29 @@ class Recipe:
 def pretrain_config(r: Recipe, max_steps: Optional[int] = None):
     """lm train's composed config for the recipe (max_steps None: the preset's, to read the batch shape)."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
 
-    from lm.config import conf_dir, register_train_configs
+    from lm.config import check_known_keys, conf_dir, register_train_configs
 
     register_train_configs()
+    presets = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+    if r.preset not in presets:
+        raise TransferError(f"--preset {r.preset}: no such experiment (conf/experiment/{r.preset}.yaml); pick one of "
+                            f"{', '.join(p for p in presets if p.startswith('glue_transfer'))} (or any of "
+                            f"{', '.join(p for p in presets if not p.startswith('glue_transfer'))})")
     overrides = [f"experiment={r.preset}", f"run_dir={r.out / 'pretrain'}", f"logger={r.logger}",
                  f"logger.group={r.group}", *r.pretrain]
     if max_steps is not None:
         overrides.append(f"train.max_steps={max_steps}")
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return compose(config_name="train", overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name="train", overrides=overrides)
+    except HydraException as e:  # the first line: Hydra's second ("use +key=value to append") hides a typo
+        cause = f" ({str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else ""
+        raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {str(e).strip().splitlines()[0]}{cause}; see "
+                            f"lm train --help for the keys and options") from None
+    check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
+    return cfg
 
 
 def tokens_per_step(cfg) -> int:
@@ -304,6 +318,11 @@ def plan(r: Recipe) -> Plan:
     steps = math.ceil(r.tokens / per_step)
     cfg = pretrain_config(r, steps) if steps else base
     arch = family(cfg.model)
+    if arch not in POOLING:
+        given = f"--pretrain {' '.join(r.pretrain)}" if r.pretrain else f"--preset {r.preset}"
+        raise TransferError(f"{given}: model.arch={arch} is not a family the "
+                            f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm train and finetune it with "
+                            f"lm finetune init=<run>")
     pooling = _pooling(r.finetune) or POOLING[arch]
     tasks = r.tasks or present_tasks(_data_root(r.finetune))
     if not tasks:
@@ -466,16 +485,36 @@ def _data_root(overrides: List[str]) -> Optional[str]:
 # -- command line -------------------------------------------------------------------------------------
 
 
+def tokens_arg(text: str) -> int:
+    """--tokens: a finite number >= 0 (2e6 allowed), as an int."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens (e.g. 2e6)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of tokens must be finite and >= 0 (0 = no "
+                                         f"pretraining)")
+    return int(value)
+
+
+def seeds_arg(text: str) -> List[int]:
+    """--seeds: comma-separated integers, at least one."""
+    seeds = [s.strip() for s in text.split(",")]
+    if not all(s.lstrip("-").isdigit() for s in seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integer seeds, e.g. 0,1,2")
+    return [int(s) for s in seeds]
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lm transfer", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help="lm train experiment for the pretraining (conf/experiment/; default %(default)s)")
-    p.add_argument("--tokens", type=float, default=10_000_000,
+    p.add_argument("--tokens", type=tokens_arg, default=10_000_000,
                    help="pretraining tokens, rounded up to whole steps; 0 = none (default %(default).0f)")
     p.add_argument("--out", type=Path, help="output directory (default runs/transfer/<preset>_<tokens>)")
     p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local train/dev data)")
-    p.add_argument("--seeds", default="0,1,2", help="finetuning seeds (default %(default)s)")
+    p.add_argument("--seeds", type=seeds_arg, default="0,1,2", help="finetuning seeds (default %(default)s)")
     p.add_argument("--scratch", type=Path, help="the scratch arm's directory (default <out>/finetune/scratch); "
                                                 "share one across the runs of a curve")
     p.add_argument("--group", help="wandb group of the pretraining and both arms (default: the --out name)")
@@ -500,13 +539,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry("lm transfer")
 def main(argv=None) -> None:
-    from lm.core.checkpoint import CheckpointError
-    from lm.core.loop import LossDiverged, Preempted
-    from lm.data.errors import DataError
-    from lm.glue.readers import GlueDataError
-    from lm.report.transfer import TransferError as TableError
-
     argv = sys.argv[1:] if argv is None else argv
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
@@ -515,16 +549,12 @@ def main(argv=None) -> None:
 
         join_main(a.join, a.out, argv)
         return
-    try:
-        recipe = Recipe(preset=a.preset, tokens=int(a.tokens), out=a.out, scratch=a.scratch, group=a.group,
-                        logger=a.logger, seeds=[int(s) for s in a.seeds.split(",")], pretrain=a.pretrain,
-                        finetune=a.finetune,
-                        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
-                        command="lm transfer " + " ".join(map(shlex.quote, argv)), arm=a.arm, parallel=a.parallel,
-                        lane=a.lane)
-        summary = run_transfer(recipe)
-    except (ConfigError, DataError, GlueDataError, CheckpointError, TableError, LossDiverged, Preempted) as e:
-        sys.exit(f"lm transfer: {type(e).__name__}: {e}")
+    recipe = Recipe(preset=a.preset, tokens=a.tokens, out=a.out, scratch=a.scratch, group=a.group, logger=a.logger,
+                    seeds=a.seeds, pretrain=a.pretrain, finetune=a.finetune,
+                    tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
+                    command="lm transfer " + " ".join(map(shlex.quote, argv)), arm=a.arm, parallel=a.parallel,
+                    lane=a.lane)
+    summary = run_transfer(recipe)
     if summary is None:  # one arm alone (--arm): no table yet
         return
     from lm.report.transfer import transfer_table

@@ -155,6 +155,16 @@ def _validate_probe(cfg: TrainConfig) -> None:
         raise ConfigError(f"train.probe_max_len={cfg.probe_max_len} must be >= 4 (tokens per probed example)")
 
 
+def short_schedule(cfg: TrainConfig, sched: SchedConfig) -> Optional[str]:
+    """A warning when the run ends inside its warmup: it never reaches optim.lr nor decays, so variants of a
+    shrunk sweep train alike (the lr, not the variant, decides). None when the schedule fits."""
+    if sched.warmup_steps and cfg.max_steps <= sched.warmup_steps:
+        return (f"train.max_steps={cfg.max_steps} <= sched.warmup_steps={sched.warmup_steps}: the run ends inside "
+                f"its warmup and never reaches optim.lr; lower sched.warmup_steps (e.g. "
+                f"sched.warmup_steps={cfg.max_steps // 10}) or raise train.max_steps")
+    return None
+
+
 def _finite(x) -> bool:
     # NaN compares False with everything, so `x <= 0` alone lets nan (and inf) through to torch
     return isinstance(x, (int, float)) and math.isfinite(x)

@@ -53,6 +53,20 @@ class SavedModel:
         return load_file(str(self.path / "model.safetensors"))
 
 
+def recorded_tokenizer_sha256(ckpt) -> Optional[str]:
+    """The sha256 of the tokenizer.json a run was pretrained with, as its packed loader recorded it in the
+    checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint). A data
+    directory re-prepared since holds another file: lm finetune, lm attention and lm export refuse it.
+    Raises lm.core.checkpoint.CheckpointError when rank00000.pt cannot be read."""
+    from lm.core.checkpoint import load_rank_state  # weights_only, legacy RNG states allowed
+
+    path = Path(ckpt) / "rank00000.pt"
+    if not path.is_file():
+        return None
+    loader = load_rank_state(path).get("loader") or {}
+    return loader.get("tokenizer_sha256") if isinstance(loader, dict) else None
+
+
 def find_saved_model(path) -> SavedModel:
     """The saved model at `path`. Raises FileNotFoundError when `path` does not exist, and
     lm.core.checkpoint.CheckpointError (naming what it looked for) when it is neither kind."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import List, Optional
 
@@ -27,10 +28,26 @@ def fingerprint(content: dict, files: List[SourceFile]) -> str:
 
 
 def read_json(path: Path) -> Optional[dict]:
+    """The JSON object in `path`; None when it is missing, unreadable or not an object (a list, a number)."""
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
+
+
+def written_by_prepare(root: Path, meta: dict) -> bool:
+    """Whether `root` holds nothing but what lm prepare wrote there, as its meta.json lists it (meta.json,
+    the tokenizer, the shards): only such a directory may be replaced, so a user's directory that merely
+    holds a meta.json keeps its files."""
+    try:
+        listed = {META, meta["tokenizer"]["file"]} | {s["file"] for split in meta["splits"].values()
+                                                      for s in split["shards"]}
+    except (KeyError, TypeError, AttributeError):
+        return False
+    shard = re.compile(r"\w+_\d{5}\.bin")
+    ours = all(name in (META, TOKENIZER) or shard.fullmatch(str(name)) for name in listed)
+    return ours and "format_version" in meta and {p.name for p in root.iterdir()} <= listed
 
 
 def write_json(path: Path, obj: dict) -> None:

@@ -61,7 +61,7 @@ from lm.config import to_typed
 from lm.data.config import DataConfig, validate_data
 from lm.data.errors import DataError
 from lm.data.manifest import (FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, open_prepared, read_json,
-                              write_json)
+                              write_json, written_by_prepare)
 from lm.data.shards import CannotResume, ShardWriter
 from lm.data.sources import SourceFile, resolve
 from lm.data.tasks import Planner, ReadOptions, contiguous_cut
@@ -179,8 +179,8 @@ def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) 
     meta = read_json(out / META)
     if meta is None:
         if any(out.iterdir()):
-            raise DataError(f"{out} exists, is not empty and is not a finished lm prepare directory (no {META}); "
-                            f"refusing to overwrite it: choose another --out, or remove it")
+            raise DataError(f"{out} exists, is not empty and is not a finished lm prepare directory (no readable "
+                            f"{META} object); refusing to overwrite it: choose another --out, or remove it")
         return False
     # Directories prepared before max_doc_chars existed are kept: their long documents were tokenized whole,
     # which cost memory then, not correctness now.
@@ -190,6 +190,11 @@ def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) 
     if not force:
         diff = sorted(k for k in content if stored.get(k) != content[k])
         raise DataError(f"{out} holds data prepared with other settings (differs in: {diff}). {hint}")
+    if not written_by_prepare(out, meta):  # --force replaces the whole directory
+        theirs = sorted(p.name for p in out.iterdir())[:5]
+        raise DataError(f"{out} holds files lm prepare did not write (it holds {', '.join(theirs)}; its {META} does "
+                        f"not list them all), so --force will not replace it: choose another --out, or move the "
+                        f"directory away")
     return False
 
 

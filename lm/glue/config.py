@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from lm.config import Choice, ConfigError
+from lm.config import Choice, ConfigError, check_known_keys
 from lm.core.config import (Device, LoggerConfig, OnNonfinite, OptimConfig, Precision, SchedConfig, TrainConfig,
                             validate_train)
 
@@ -138,6 +138,7 @@ def finetune_job(cfg) -> FinetuneSchema:
     if OmegaConf.is_missing(cfg, "init"):
         raise ConfigError("say where the model starts: init=<lm train run dir or checkpoint dir or lm export dir>, "
                           "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
+    check_known_keys(cfg)  # a `+key=` that no schema field reads
     job = OmegaConf.to_object(cfg)
     validate_finetune(job)
     return job

@@ -98,19 +98,13 @@ def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
 
 
 def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:
-    """The sha256 of the tokenizer.json the run was pretrained with, as its packed loader recorded it in
-    the checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint)."""
     from lm.core.checkpoint import CheckpointError
-    from lm.core.checkpoint import load_rank_state  # weights_only, legacy RNG states allowed
+    from lm.core.saved_model import recorded_tokenizer_sha256
 
-    path = Path(ckpt) / "rank00000.pt"
-    if not path.is_file():
-        return None
     try:
-        loader = load_rank_state(path).get("loader") or {}
+        return recorded_tokenizer_sha256(ckpt)
     except CheckpointError as e:
         raise InitError(f"init={ckpt}: {e}") from None
-    return loader.get("tokenizer_sha256") if isinstance(loader, dict) else None
 
 
 def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path, recorded: Optional[str] = None):
@@ -189,6 +183,16 @@ def _check_vocab(tok, rows: int, what: str, fix: str) -> None:
                         f"ids >= {rows} have no embedding. {fix}")
 
 
+def _mismatch(source: str, e: RuntimeError) -> str:
+    """One line for torch's multi-line "size mismatch" error: the first differing tensor, the count, the fix."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip().startswith("size mismatch")]
+    first = lines[0].rstrip(".") if lines else str(e).strip().splitlines()[0]
+    config = "config.json" if (Path(source) / "model.safetensors").is_file() else "config.yaml"
+    return (f"{source}: the weights do not fit its {config} ({first}; {len(lines) or 1} tensor(s) differ): the "
+            f"file was edited or belongs to another model; restore it (an lm export directory: export the "
+            f"checkpoint again)")
+
+
 def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling: Optional[str] = None,
                      bidirectional: bool = False):
     """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head.
@@ -225,7 +229,10 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
             except (KeyError, RuntimeError) as e:
                 raise InitError(f"{backbone.source}: cannot widen to a bidirectional {cfg.rnn.cell.value}: {e}") from None
             return model
-        missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
+        try:
+            missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
+        except RuntimeError as e:  # a shape differs: the weights are not those of the saved model config
+            raise InitError(_mismatch(backbone.source, e)) from None
         if missing or unexpected:
             raise InitError(f"{backbone.source} does not match its model config: missing={sorted(missing)}, "
                             f"unexpected={sorted(unexpected)}")

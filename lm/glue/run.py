@@ -235,11 +235,9 @@ def _intact_result(path: Path) -> bool:
 def _load_result(path: Path, config_yaml: str) -> SeedResult:
     """The finished pair's result; refused when the job's settings for the pair changed since (a job's
     results.json must not mix results of different settings)."""
-    import torch
-
     from lm.core.resume import FINETUNE_RESUMABLE, refuse_changes
 
-    fields = torch.load(path, weights_only=True)  # a result.pt from elsewhere cannot run code
+    fields = _read_result(path)
     saved_yaml = fields.pop("config_yaml", None)  # None: written before result.pt recorded it
     if saved_yaml is not None:
         config_yaml = _with_moved_paths(saved_yaml, config_yaml, path)
@@ -247,6 +245,27 @@ def _load_result(path: Path, config_yaml: str) -> SeedResult:
                        f"delete {path.parent} to train this task/seed again with the new values")
     fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
     return SeedResult(**fields)
+
+
+def _read_result(path: Path) -> dict:
+    """result.pt's fields; weights_only, so a result.pt from elsewhere cannot run code. One that does not
+    load (crafted, or damaged without a result.sha256 to say so) is refused in one line, kept for inspection."""
+    import pickle
+
+    import torch
+
+    from lm.core.checkpoint import CheckpointError
+
+    try:
+        fields = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path} is not a result lm finetune wrote, or is damaged ({why}); delete "
+                              f"{path.parent} to train this task/seed again") from None
+    if not isinstance(fields, dict) or "test" not in fields:
+        raise CheckpointError(f"{path} is not a result lm finetune wrote (no test predictions in it); delete "
+                              f"{path.parent} to train this task/seed again")
+    return fields
 
 
 def _with_moved_paths(saved_yaml: str, config_yaml: str, path: Path) -> str:

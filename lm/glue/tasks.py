@@ -22,8 +22,9 @@ HF_DATASET = "nyu-mll/glue"  # the Hugging Face hub's GLUE (the old `glue` scrip
 DOWNLOAD_HINT = (
     "download it with the classic script: `python download_glue_data.py --data_dir <root> --tasks all` "
     "(https://gist.github.com/W4ngatang/60c2bdb54d156a41194446737ce03e2e), point LM_DATA_MIRROR at the "
-    "directory that holds glue_data/ (or pass root=...), or `pip install datasets` with network access "
-    f"to use the Hugging Face copy {HF_DATASET}"
+    "directory that holds glue_data/ (or pass lm finetune glue.data_root=<the glue_data directory>), or "
+    f"`pip install datasets` with network access to use the Hugging Face copy {HF_DATASET} (HF_HUB_OFFLINE=1 "
+    f"reads its local cache without network)"
 )
 BINARY = ("0", "1")
 NLI3 = ("entailment", "neutral", "contradiction")
