@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 
 log = logging.getLogger("lm")
 

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.core.config import TrainConfig
 
 log = logging.getLogger("lm")
