@@ -46,20 +46,22 @@ def finetune(cfg: DictConfig):
     from lm.glue.run import finetune_glue
 
     job = finetune_job(cfg)  # typed and validated, once
+    # The job's record, made once here: below this line only typed objects, text and plain dicts travel.
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     if job.train.threads:
         torch.set_num_threads(job.train.threads)
-    engine_cls = engine_class(cfg, get_class)
+    engine_cls = engine_class(job, get_class)
     dist = D.init(D.pick_device(job.train.device), need_group=engine_cls.needs_process_group,
                   expected=job.train.world_size)
     quiet_other_ranks(dist)
-    backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, cfg.model), dist)
+    backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, job.model), dist)
     run_dir = Path(job.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
-        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         if dist.is_main:
-            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            atomic_write_text(run_dir / "config.yaml", config_yaml)
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
-        return finetune_glue(job, backbone, lambda tcfg: make_engine(cfg, instantiate, tcfg, dist), config, dist)
+        return finetune_glue(job, backbone, lambda tcfg: make_engine(job, instantiate, tcfg, dist), config, dist)
 
 
 def _load_in_turn(load, dist):

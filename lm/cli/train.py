@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from lm.config import ConfigError, explain, register_train_configs, run_schema
 from lm.core.config import TrainConfig, resolve_batch, validate_train
 from lm.core.files import atomic_write_text
-from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
+from lm.core.setup import engine_class, make_engine, quiet_other_ranks
 from lm.data.config import DataConfig
 
 log = logging.getLogger("lm")
@@ -53,19 +53,21 @@ def train(cfg: DictConfig, loaders=None):
     from hydra.utils import get_class, instantiate
 
     from lm.core import loop
-    from lm.core.checkpoint import Checkpointer
     from lm.core.lock import held_run_dir
     from lm.engine import dist as D
     from lm.model import build_model, validate_model
     from lm.model.config import check_objective
     from lm.model.flops import flops_per_token
     from lm.core.objectives import objective_for
-    from lm.core.optim import adamw, lr_multiplier
+    from lm.core.optim import lr_multiplier
     from lm.core.pretrain_task import PretrainTask
-    from lm.core.resume import check_resume
-    from lm.core.tracking import NullTracker, Tracker, device_peak_flops
+    from lm.core.session import Session
+    from lm.core.tracking import device_peak_flops
 
     run = typed_run(cfg)
+    # The run's record, made once here: below this line only typed objects, text and plain dicts travel.
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     tcfg, ocfg, scfg, model_cfg = run.train, run.optim, run.sched, run.model
     validate_train(tcfg, ocfg, scfg)
     validate_model(model_cfg)
@@ -81,54 +83,27 @@ def train(cfg: DictConfig, loaders=None):
     quiet_other_ranks(dist)
     tcfg = resolve_batch(tcfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
     engine = make_engine(run, instantiate, tcfg, dist)
-    if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
-        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
 
     run_dir = Path(run.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
         train_loader, val_loader = loaders or _packed_loaders(run.data, tcfg, model_cfg, dist,
                                                               objective_for(model_cfg.arch), run.seed)
 
-        torch.manual_seed(run.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
-        model = build_model(model_cfg)
-        seed_everything(run.seed + dist.rank)  # different dropout per rank
-        engine.wrap(model, lambda m: adamw(m, ocfg))
-
-        config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-        checkpointer = Checkpointer(run_dir, engine, tcfg.keep_last, config_yaml)
-        state = loop.State()
-        file_log = log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
         task = PretrainTask(train_loader, val_loader, tcfg.grad_accum, tcfg.eval_batches)
-        latest = D.broadcast_object(checkpointer.latest() if dist.is_main and run.resume else None)
-        if latest:
-            check_resume(latest, config_yaml, tcfg.max_steps, dist)  # a changed model, data, ... is refused here
-            trainer, loader_state = checkpointer.load(latest)
-            task.load_state_dict(loader_state)
-            state = loop.State.from_checkpoint(trainer)
+        with Session(tcfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
+            model = session.build(lambda: build_model(model_cfg), run.seed, ocfg)
+            latest = session.resume_or_start(run.resume, tcfg.max_steps)  # a changed model, data, ... is refused
+            if latest and dist.is_main:
+                log.info("resumed from %s (step %d)", latest, session.state.step)
             if dist.is_main:
-                log.info("resumed from %s (step %d)", latest, state.step)
-
-        tracker = NullTracker()
-        if dist.is_main:
-            atomic_write_text(run_dir / "config.yaml", config_yaml)
-            tracker = Tracker(run_dir, run.logger, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-                              resume_step=state.step)
-            log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s", engine.name,
-                     dist.world_size, device, sum(p.numel() for p in model.parameters()),
-                     tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
-        speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
-        try:
-            state = loop.run(tcfg, engine, task,
-                             lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps),
-                             tracker, checkpointer, state, speed)
-            D.barrier()  # every rank done before any tears down its process group (gloo aborts on exit races)
+                atomic_write_text(run_dir / "config.yaml", config_yaml)
+                log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
+                         engine.name, dist.world_size, device, sum(p.numel() for p in model.parameters()),
+                         tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
+            session.track(run.logger, config)
+            speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
+            state = session.train(lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps), speed)
             return Trained(state=state, engine=engine, run_dir=run_dir)
-        finally:
-            tracker.close()
-            engine.close()
-            if file_log:
-                log.removeHandler(file_log)
-                file_log.close()
 
 
 def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, objective: str, seed: int):

@@ -25,25 +25,25 @@ Everything engine-specific (no_sync, accumulation boundaries, loss scaling, shar
 `engine`; everything about files is behind `tracker` and `checkpointer`.
 """
 
+import functools
 import logging
 import math
-import os
 import signal
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from lm.constants import IGNORE_INDEX
 from lm.core import objectives
 from lm.core.config import TrainConfig
+from lm.core.hooks import Hooks
 from lm.core.prefetch import Prefetcher
 from lm.engine import dist as D
-from lm.core.tracking import MODEL_METRICS, memory_gib, mfu
+from lm.core.tracking import ModelMetrics, memory_gib, mfu
 
 log = logging.getLogger("lm")
 
@@ -95,30 +95,34 @@ class _Pending:
 
 
 def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, checkpointer, state: State,
-        speed: Speed = Speed()) -> State:
-    """Train `task` (lm.core.task.Task) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy."""
+        speed: Speed = Speed(), hooks: Optional[Hooks] = None) -> State:
+    """Train `task` (lm.core.task.Task) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy;
+    `hooks` (lm.core.hooks) are called at their points."""
     source = task.batches
     task.batches = Prefetcher(source, engine.device, cfg.prefetch)  # task.state_dict() reads the consumed position
     try:
         with _StopSignals() as stop:
-            return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop)
+            return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop, hooks or Hooks())
     finally:
         task.batches.close()
         task.batches = source
 
 
-def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop) -> State:
+def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop, hooks: Hooks) -> State:
     bar = _progress_bar(cfg, engine, state.step)
     meter = _Meter()
     pending = _Pending(first_step=state.step + 1)
     dense = task.batches.dense_labels
-    MODEL_METRICS.clear()  # the model's own metrics (MoE load), logged as means per log interval
+    model_metrics = ModelMetrics()  # the model's own metrics (MoE load), logged as means per log interval
     for step in range(state.step, cfg.max_steps):
+        for hook in hooks.step_begin:
+            hook(step)
         lr = lr_at(step)
         engine.set_lr(lr)
         t0 = time.perf_counter()  # the step's time includes fetching its batches: data is part of the cost
         micro = next(task.batches)
-        loss, tokens = train_step(engine, micro, fault_step=_count_step(), loss_fn=task.loss, dense_labels=dense)
+        loss, tokens = train_step(engine, micro, loss_fn=task.loss, dense_labels=dense, metrics=model_metrics,
+                                  after_backward=[functools.partial(hook, step) for hook in hooks.after_backward])
         pending.losses.append(loss)
         pending.tokens += tokens
         if engine.skips_nonfinite_updates:
@@ -145,7 +149,7 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         if log_now:
             record = {"step": state.step, "tokens": state.tokens, "loss": pending.last_loss, "lr": lr,
                       "grad_norm": float(pending.grad_norm), **meter.rates(speed, engine.world_size),
-                      "memory": round(memory_gib(engine.device), 4), **MODEL_METRICS.pop(D.all_reduce_sum)}
+                      "memory": round(memory_gib(engine.device), 4), **model_metrics.pop(D.all_reduce_sum)}
             tracker.log(record)
             _show(bar, record, engine)
         if eval_now:
@@ -214,10 +218,12 @@ def _evaluate(engine, task, tracker, state: State) -> None:
         task.on_best(engine, state.step, record)
 
 
-def train_step(engine, micro: List[Dict[str, torch.Tensor]], fault_step: int = -1,
-               loss_fn: Callable = objectives.loss, dense_labels: bool = False):
+def train_step(engine, micro: List[Dict[str, torch.Tensor]], loss_fn: Callable = objectives.loss,
+               dense_labels: bool = False, metrics: Optional[ModelMetrics] = None,
+               after_backward: Sequence[Callable[[int], None]] = ()):
     """Forward and backward over one step's micro-batches without a host sync; returns (this rank's share of
-    the step's global token-mean loss, a device tensor; this rank's input tokens).
+    the step's global token-mean loss, a device tensor; this rank's input tokens). `loss_fn(model, batch,
+    metrics)` adds the model's own metrics to `metrics`; each of `after_backward` gets the micro-batch's index.
 
     dense_labels: every label position is a target and every rank's micro-batches have the same shapes
     (packed clm/span batches), so the global label count is known on the host; otherwise the counts are
@@ -228,10 +234,11 @@ def train_step(engine, micro: List[Dict[str, torch.Tensor]], fault_step: int = -
     total = torch.zeros((), device=engine.device)
     for i, batch in enumerate(micro):
         with engine.micro_step(last=i == len(micro) - 1):
-            share = loss_fn(engine.model, batch) * weights[i]
+            share = loss_fn(engine.model, batch, metrics) * weights[i]
             engine.backward(_poison_nonfinite(share))
         total += share.detach().float()
-        _fault_hook(fault_step)
+        for hook in after_backward:
+            hook(i)
     return total, sum(objectives.input_tokens(b) for b in micro)
 
 
@@ -349,27 +356,3 @@ class _StopSignals:
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
-
-_steps_this_process = 0
-
-
-def _count_step() -> int:
-    """0-based index of this optimizer step among all the steps this process ran (every loop.run call:
-    a finetuning job runs one per task and seed), for the fault hook."""
-    global _steps_this_process
-    _steps_this_process += 1
-    return _steps_this_process - 1
-
-
-def _fault_hook(step: int) -> None:
-    """Test hook: LM_FAULT_PAUSE_AT_STEP=N parks the process in the middle of the N-th optimizer step it runs
-    (after a backward, before the update; counted over every loop.run of the process, so a fresh lm-train
-    parks in step N and lm-finetune in the task/seed where its steps reach N) and touches
-    LM_FAULT_PAUSE_FILE, so a test can SIGKILL it there."""
-    at = os.environ.get("LM_FAULT_PAUSE_AT_STEP")
-    if at is None or int(at) != step + 1:
-        return
-    if os.environ.get("LM_FAULT_PAUSE_FILE"):
-        Path(os.environ["LM_FAULT_PAUSE_FILE"]).touch()
-    while True:
-        time.sleep(1)

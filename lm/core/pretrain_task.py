@@ -51,8 +51,8 @@ class PretrainTask:
         self.batches = LoaderSteps(train_loader, grad_accum)
         self.val_loader, self.eval_batches = val_loader, eval_batches
 
-    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return objectives.loss(model, batch)
+    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+        return objectives.loss(model, batch, metrics)
 
     def evaluate(self, engine, step: int) -> Dict:
         from lm.core.loop import evaluate

@@ -35,8 +35,9 @@ class Task(Protocol):
     # The key of evaluate()'s record that model selection maximises; None = no "best" (pretraining).
     best_metric: Optional[str]
 
-    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today."""
+    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+        """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today.
+        The model's own metrics go to `metrics` (a lm.core.tracking.ModelMetrics, or None)."""
 
     def evaluate(self, engine, step: int) -> Dict:
         """Metrics after `step` optimizer steps (every rank calls it; sharded engines need every rank's

@@ -204,8 +204,8 @@ class GlueTask:
         self.best: Optional[Dict] = None  # {"epoch", "main", "dev", "test"} of the best epoch so far
         self.seconds, self._t0 = 0.0, time.perf_counter()  # training time over every process that ran it
 
-    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return objectives.loss(model, batch)
+    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+        return objectives.loss(model, batch, metrics)
 
     def evaluate(self, engine, step: int) -> Dict:
         epoch = math.ceil(step / self.per_epoch)
