@@ -31,7 +31,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
 
     from lm.data.errors import DataError
     from lm.data.tokenizer import TokenizerError
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.engine.dist import EngineError
 
     # bad input data (lm-train prepares it on first use) is the user's to fix, in every app
@@ -54,7 +54,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
             job(cfg)
         except (EngineError, MissingExtra, *user_errors) as e:
             log.error("%s: %s", type(e).__name__, e)
-            D.shutdown()
+            dist_utils.shutdown()
             if _in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
                 raise
             sys.exit(1)
@@ -62,20 +62,20 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     try:
         app()
     finally:
-        D.shutdown()
-    D.exit_after_success()
+        dist_utils.shutdown()
+    dist_utils.exit_after_success()
 
 
 def _agree_on_run_stamp() -> None:
     """Rank 0's clock names the run: `run_dir: runs/${lm.stamp:}` is then one directory for all ranks."""
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     if "LM_RUN_STAMP" in os.environ:
         return
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    if D.launched_world_size() > 1:
-        D.init(D.pick_device("auto"))
-        stamp = D.broadcast_object(stamp)
+    if dist_utils.launched_world_size() > 1:
+        dist_utils.init(dist_utils.pick_device("auto"))
+        stamp = dist_utils.broadcast_object(stamp)
     os.environ["LM_RUN_STAMP"] = stamp
 
 

@@ -41,7 +41,7 @@ def finetune(cfg: DictConfig):
 
     from lm.core.lock import held_run_dir
     from lm.core.setup import engine_class, make_engine, quiet_other_ranks
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.glue.init import load_backbone
     from lm.glue.run import finetune_glue
 
@@ -52,7 +52,7 @@ def finetune(cfg: DictConfig):
     if job.train.threads:
         torch.set_num_threads(job.train.threads)
     engine_cls = engine_class(job, get_class)
-    dist = D.init(D.pick_device(job.train.device), need_group=engine_cls.needs_process_group,
+    dist = dist_utils.init(dist_utils.pick_device(job.train.device), need_group=engine_cls.needs_process_group,
                   expected=job.train.world_size)
     quiet_other_ranks(dist)
     backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, job.model), dist)
@@ -68,7 +68,7 @@ def _load_in_turn(load, dist):
     """Every rank loads the backbone, one rank at a time: consolidating a sharded (FSDP2/DCP) checkpoint
     writes a scratch file next to it, which concurrent readers would delete under each other. A failure
     on any rank stops every rank (no rank is left waiting at a barrier)."""
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     backbone, error = None, None
     for r in range(dist.world_size):
@@ -77,7 +77,7 @@ def _load_in_turn(load, dist):
                 backbone = load()
             except Exception as e:  # noqa: BLE001 - re-raised below on this rank; the others stop too
                 error = e
-        if D.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None):
             raise error if error else ConfigError(f"rank {r} could not load the init checkpoint (see its error)")
     return backbone
 
@@ -94,14 +94,14 @@ def main() -> None:
     from lm.cli.app import run_app
     from lm.core.checkpoint import CheckpointError
     from lm.data.tokenizer import TokenizerError
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
     from lm.core.loop import LossDiverged, Preempted
 
     def job(cfg: DictConfig) -> None:
         finetune(cfg)
-        if D.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
+        if dist_utils.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
             print(print_table(cfg.run_dir))
             print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
 

@@ -54,7 +54,7 @@ def train(cfg: DictConfig, loaders=None):
 
     from lm.core import loop
     from lm.core.lock import held_run_dir
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.model import build_model, validate_model
     from lm.model.config import check_objective
     from lm.model.flops import flops_per_token
@@ -78,8 +78,8 @@ def train(cfg: DictConfig, loaders=None):
         raise ConfigError(f"train.seq_len={tcfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
                           f"lower train.seq_len or raise model.max_seq_len")
     engine_cls = engine_class(run, get_class)
-    device = D.pick_device(tcfg.device)
-    dist = D.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
+    device = dist_utils.pick_device(tcfg.device)
+    dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
     quiet_other_ranks(dist)
     tcfg = resolve_batch(tcfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
     engine = make_engine(run, instantiate, tcfg, dist)
@@ -111,7 +111,7 @@ def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, object
     from lm.data.packed import PackedLoader
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     error = None
     if dist.is_main:
@@ -119,7 +119,7 @@ def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, object
             ensure_prepared(data)
         except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
             error = e
-    if D.any_rank(error is not None):
+    if dist_utils.any_rank(error is not None):
         raise error if error else ConfigError("rank 0 could not prepare the data (see its error)")
     data_dir = Path(os.path.expanduser(data.dir))
     vocab = Tokenizer.load(data_dir).vocab_size

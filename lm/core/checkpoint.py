@@ -34,7 +34,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from lm.engine import dist as D
+from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
 
@@ -151,7 +151,7 @@ class Checkpointer:
             for stale in self.root.glob(TMP_PREFIX + "*"):  # debris of a run killed mid-save
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
-        D.barrier()
+        dist_utils.barrier()
         error = None
         try:
             self.engine.save_state(tmp)
@@ -159,7 +159,7 @@ class Checkpointer:
         except Exception as e:  # noqa: BLE001 - a full disk is OSError from open() but RuntimeError from torch.save
             error = e
         self.on_phase("files")  # every rank's files written, nothing sealed
-        if D.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None):
             self._abort(tmp, name, error)
         if self.engine.is_main:
             try:
@@ -179,12 +179,12 @@ class Checkpointer:
                 _fsync_dir(self.root)
             except Exception as e:  # noqa: BLE001 - as above
                 error = e
-        if D.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None):
             self._abort(tmp, name, error)
         if self.engine.is_main:
             self.on_phase("prune")  # `latest` updated, older checkpoints not yet pruned
             self._prune()
-        D.barrier()
+        dist_utils.barrier()
         return final
 
     def _abort(self, tmp: Path, name: str, error: Optional[Exception]):
@@ -220,7 +220,7 @@ class Checkpointer:
                 chosen = newest_intact(path)
             except CheckpointError as e:
                 error = str(e)
-        chosen, error = D.broadcast_object((chosen, error))
+        chosen, error = dist_utils.broadcast_object((chosen, error))
         if error:
             raise CheckpointError(error)
         return chosen

@@ -42,7 +42,7 @@ from lm.core import objectives
 from lm.core.config import TrainConfig
 from lm.core.hooks import Hooks
 from lm.core.prefetch import Prefetcher
-from lm.engine import dist as D
+from lm.engine import dist as dist_utils
 from lm.core.tracking import ModelMetrics, memory_gib, mfu
 
 log = logging.getLogger("lm")
@@ -149,7 +149,7 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         if log_now:
             record = {"step": state.step, "tokens": state.tokens, "loss": pending.last_loss, "lr": lr,
                       "grad_norm": float(pending.grad_norm), **meter.rates(speed, engine.world_size),
-                      "memory": round(memory_gib(engine.device), 4), **model_metrics.pop(D.all_reduce_sum)}
+                      "memory": round(memory_gib(engine.device), 4), **model_metrics.pop(dist_utils.all_reduce_sum)}
             tracker.log(record)
             _show(bar, record, engine)
         if eval_now:
@@ -172,9 +172,9 @@ def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointe
     """The host catches up with the device: each pending step's global loss (one all-reduce, one copy), the
     NaN/inf policy applied to each in order, state.tokens; with check_stop, the stop flag rides on the
     same all-reduce. Returns (the global input tokens of the pending steps, whether the ranks agreed to stop)."""
-    losses = D.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
+    losses = dist_utils.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
     flags = torch.tensor([pending.tokens, float(check_stop and stop.name is not None)], dtype=torch.float64)
-    D.all_reduce_sum(flags)
+    dist_utils.all_reduce_sum(flags)
     tokens, stopping = int(flags[0]), bool(check_stop and stop.agree(float(flags[1]) > 0))
     values = losses.tolist() if losses is not None else []
     for i, loss in enumerate(values):
@@ -248,7 +248,7 @@ def _weights(micro: List[Dict[str, torch.Tensor]], world_size: int, dense_labels
         local = [b["labels"].numel() for b in micro]
         return objectives.weights(local, sum(local) * world_size)
     counts = torch.stack([(b["labels"] != IGNORE_INDEX).sum() for b in micro]).double()  # (n_micro,)
-    total = D.all_reduce_sum(counts.sum().reshape(1))  # no labels at all gives 0/0 = NaN: the NaN policy
+    total = dist_utils.all_reduce_sum(counts.sum().reshape(1))  # no labels at all gives 0/0 = NaN: the NaN policy
     return list((counts / total).float().unbind())
 
 
@@ -272,7 +272,7 @@ def evaluate(engine, val_loader: Iterable, max_batches: int) -> float:
     batches = iter(val_loader)
     for _ in range(max_batches):
         batch = next(batches, None)
-        if D.any_rank(batch is None):
+        if dist_utils.any_rank(batch is None):
             break
         batch = {k: v.to(engine.device, non_blocking=True) for k, v in batch.items()}
         with engine.autocast():
@@ -281,8 +281,8 @@ def evaluate(engine, val_loader: Iterable, max_batches: int) -> float:
         loss_sum += loss.double() * n
         count += n
     engine.model.train()
-    D.all_reduce_sum(loss_sum)
-    D.all_reduce_sum(count)
+    dist_utils.all_reduce_sum(loss_sum)
+    dist_utils.all_reduce_sum(count)
     if count.item() == 0:
         raise ValueError("the validation split gave no batches; check the data's val split and train.seq_len")
     return float(loss_sum / count)
@@ -344,7 +344,7 @@ class _StopSignals:
         self.name = signal.Signals(signum).name
 
     def requested(self) -> bool:
-        return self.agree(D.any_rank(self.name is not None))
+        return self.agree(dist_utils.any_rank(self.name is not None))
 
     def agree(self, stop: bool) -> bool:
         """Record the ranks' OR-reduced flag."""

@@ -25,7 +25,7 @@ from lm.core.hooks import Hooks, from_env
 from lm.core.resume import RESUMABLE, check_resume
 from lm.core.setup import log_to_file, seed_everything
 from lm.core.tracking import NullTracker, Tracker
-from lm.engine import dist as D
+from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
 
@@ -73,7 +73,7 @@ class Session:
         """Continue from the latest checkpoint when `resume` and rank 0 finds one (every rank gets its answer):
         a config change outside `may_change` (or a max_steps below the checkpoint's step) is refused before
         anything is loaded; then the engine, the task and the loop state are restored. Returns the checkpoint."""
-        latest = D.broadcast_object(self.checkpointer.latest() if self.engine.is_main and resume else None)
+        latest = dist_utils.broadcast_object(self.checkpointer.latest() if self.engine.is_main and resume else None)
         if latest:
             kw = {"start_over": start_over} if start_over else {}
             check_resume(latest, self.config_yaml, max_steps, self.engine.dist, may_change, **kw)
@@ -94,7 +94,7 @@ class Session:
         aborts on exit races when one rank tears down its process group first)."""
         self.state = loop.run(self.train_cfg, self.engine, self.task, lr_at, self.tracker, self.checkpointer,
                               self.state, speed, self.hooks)
-        D.barrier()
+        dist_utils.barrier()
         return self.state
 
     def close(self) -> None:

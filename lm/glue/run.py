@@ -120,7 +120,7 @@ def _on_hub(name: str, tasks: List[GlueTaskConfig]) -> bool:
 
 
 def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_engine, config: Dict, dist):
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     max_len = t.max_len
     if max_len > backbone.model_cfg.max_seq_len:
@@ -140,7 +140,7 @@ def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_e
             log.info("GLUE %s seed %d: done in an earlier run (%s), skipped", t.name, seed, out / RESULT)
         else:
             results.append(_run_one(t, data, seed, out, job, backbone, make_engine, config, dist))
-        D.barrier()
+        dist_utils.barrier()
     return results, data
 
 
