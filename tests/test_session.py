@@ -88,9 +88,9 @@ def test_lm_finetune_hands_only_typed_objects_down(tmp_path, monkeypatch):
         seen["engine_class"] = cfg
         return real_class(cfg, get_class)
 
-    def make_engine(cfg, instantiate, tcfg, dist):
+    def make_engine(cfg, instantiate, train_cfg, dist):
         seen["make_engine"] = cfg
-        return real_engine(cfg, instantiate, tcfg, dist)
+        return real_engine(cfg, instantiate, train_cfg, dist)
 
     def load_backbone(init_, tokenizer, model):
         seen["model"] = model

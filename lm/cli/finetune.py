@@ -61,7 +61,7 @@ def finetune(cfg: DictConfig):
         if dist.is_main:
             atomic_write_text(run_dir / "config.yaml", config_yaml)
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
-        return finetune_glue(job, backbone, lambda tcfg: make_engine(job, instantiate, tcfg, dist), config, dist)
+        return finetune_glue(job, backbone, lambda train_cfg: make_engine(job, instantiate, train_cfg, dist), config, dist)
 
 
 def _load_in_turn(load, dist):

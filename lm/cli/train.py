@@ -68,45 +68,45 @@ def train(cfg: DictConfig, loaders=None):
     # The run's record, made once here: below this line only typed objects, text and plain dicts travel.
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    tcfg, ocfg, scfg, model_cfg = run.train, run.optim, run.sched, run.model
-    validate_train(tcfg, ocfg, scfg)
+    train_cfg, optim_cfg, sched_cfg, model_cfg = run.train, run.optim, run.sched, run.model
+    validate_train(train_cfg, optim_cfg, sched_cfg)
     validate_model(model_cfg)
     check_objective(model_cfg, objective_for(model_cfg.arch))  # e.g. a bidirectional RNN cannot learn clm
-    if tcfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
-        torch.set_num_threads(tcfg.threads)
-    if tcfg.seq_len > model_cfg.max_seq_len:
-        raise ConfigError(f"train.seq_len={tcfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+    if train_cfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
+        torch.set_num_threads(train_cfg.threads)
+    if train_cfg.seq_len > model_cfg.max_seq_len:
+        raise ConfigError(f"train.seq_len={train_cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
                           f"lower train.seq_len or raise model.max_seq_len")
     engine_cls = engine_class(run, get_class)
-    device = dist_utils.pick_device(tcfg.device)
-    dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
+    device = dist_utils.pick_device(train_cfg.device)
+    dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=train_cfg.world_size)
     quiet_other_ranks(dist)
-    tcfg = resolve_batch(tcfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
-    engine = make_engine(run, instantiate, tcfg, dist)
+    train_cfg = resolve_batch(train_cfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
+    engine = make_engine(run, instantiate, train_cfg, dist)
 
     run_dir = Path(run.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
-        train_loader, val_loader = loaders or _packed_loaders(run.data, tcfg, model_cfg, dist,
+        train_loader, val_loader = loaders or _packed_loaders(run.data, train_cfg, model_cfg, dist,
                                                               objective_for(model_cfg.arch), run.seed)
 
-        task = PretrainTask(train_loader, val_loader, tcfg.grad_accum, tcfg.eval_batches)
-        with Session(tcfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
-            model = session.build(lambda: build_model(model_cfg), run.seed, ocfg)
-            latest = session.resume_or_start(run.resume, tcfg.max_steps)  # a changed model, data, ... is refused
+        task = PretrainTask(train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches)
+        with Session(train_cfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
+            model = session.build(lambda: build_model(model_cfg), run.seed, optim_cfg)
+            latest = session.resume_or_start(run.resume, train_cfg.max_steps)  # a changed model, data, ... is refused
             if latest and dist.is_main:
                 log.info("resumed from %s (step %d)", latest, session.state.step)
             if dist.is_main:
                 atomic_write_text(run_dir / "config.yaml", config_yaml)
                 log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
                          engine.name, dist.world_size, device, sum(p.numel() for p in model.parameters()),
-                         tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
+                         train_cfg.micro_batch_size * train_cfg.grad_accum * dist.world_size, train_cfg.seq_len, run_dir)
             session.track(run.logger, config)
-            speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
-            state = session.train(lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps), speed)
+            speed = loop.Speed(flops_per_token(model_cfg, train_cfg.seq_len), device_peak_flops(device, train_cfg.peak_flops))
+            state = session.train(lambda step: optim_cfg.lr * lr_multiplier(step, sched_cfg, train_cfg.max_steps), speed)
             return Trained(state=state, engine=engine, run_dir=run_dir)
 
 
-def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, objective: str, seed: int):
+def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, model_cfg, dist, objective: str, seed: int):
     """Prepare the data once (rank 0; the others wait), then one packed loader per split."""
     from lm.data.packed import PackedLoader
     from lm.data.prepare import ensure_prepared
@@ -128,7 +128,7 @@ def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, object
                           f"{model_cfg.vocab_size}; set model.vocab_size={_round_up(vocab, 64)} (or larger)")
 
     def loader(split):
-        return PackedLoader(data_dir, split, tcfg.seq_len, tcfg.micro_batch_size, objective, rank=dist.rank,
+        return PackedLoader(data_dir, split, train_cfg.seq_len, train_cfg.micro_batch_size, objective, rank=dist.rank,
                             world_size=dist.world_size, seed=seed, mlm_probability=data.mlm_probability,
                             noise_density=data.noise_density, mean_span_length=data.mean_span_length,
                             train_stride=data.train_stride)

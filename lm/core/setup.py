@@ -21,15 +21,15 @@ def engine_class(cfg, get_class):
     return get_class(target)
 
 
-def make_engine(cfg, instantiate, tcfg: TrainConfig, dist):
+def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
     """The engine `cfg.engine` names (`cfg`: the typed run or finetuning job), for the run's train config;
     what it cannot do with that config is refused here, before anything is built."""
     factory = instantiate(cfg.engine)
     try:
-        engine = factory(train=tcfg, dist=dist)
+        engine = factory(train=train_cfg, dist=dist)
     except TypeError as e:  # an option the engine class does not take
         raise ConfigError(f"engine ({cfg.engine._target_}): {e}; see conf/engine/ for its options") from None
-    if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
+    if train_cfg.on_nonfinite == "skip" and engine.format == "deepspeed":
         raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
     return engine
 

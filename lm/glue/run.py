@@ -154,11 +154,11 @@ def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema,
 
     is_main, pad_id = dist.is_main, backbone.tokenizer.pad_id
     task = GlueTask(t, data, seed, dist.rank, dist.world_size, job.train.micro_batch_size, pad_id, job.eval_batch_size)
-    tcfg = job.train.for_task(task.total, task.per_epoch)
+    train_cfg = job.train.for_task(task.total, task.per_epoch)
     optim, sched = t.optim(job.optim), t.sched(job.sched, task.total)
-    engine = make_engine(tcfg)
+    engine = make_engine(train_cfg)
     config_yaml = _pair_yaml(config, backbone, t, seed)
-    with Session(tcfg, engine, task, out, config_yaml) as session:
+    with Session(train_cfg, engine, task, out, config_yaml) as session:
         # the head's init (and a scratch backbone's) from the seed on every rank; dropout then differs per rank
         model = session.build(lambda: build_classifier(backbone, get_task(t.name).n_labels, t.dropout,
                                                        job.pooling and job.pooling.value, job.bidirectional),
