@@ -20,7 +20,7 @@ that cannot skip on the device (DeepSpeed) check each step's loss on the host be
 The preemption flag is checked every train.stop_check_interval steps (a collective), and at every sync
 point on the same all-reduce; every rank checks at the same steps, so every rank stops at the same step.
 
-What is trained is a `lm.core.task.Task` (pretraining: lm/core/pretrain_task.py; GLUE: lm/glue/trainer.py).
+What is trained is a `lm.core.task.TrainTask` (pretraining: lm/core/pretrain_task.py; GLUE: lm/glue/trainer.py).
 Everything engine-specific (no_sync, accumulation boundaries, loss scaling, sharding) is behind
 `engine`; everything about files is behind `tracker` and `checkpointer`.
 """
@@ -96,7 +96,7 @@ class _Pending:
 
 def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, checkpointer, state: State,
         speed: Speed = Speed(), hooks: Optional[Hooks] = None) -> State:
-    """Train `task` (lm.core.task.Task) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy;
+    """Train `task` (lm.core.task.TrainTask) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy;
     `hooks` (lm.core.hooks) are called at their points."""
     source = task.batches
     task.batches = Prefetcher(source, engine.device, cfg.prefetch)  # task.state_dict() reads the consumed position

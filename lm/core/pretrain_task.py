@@ -1,4 +1,4 @@
-"""Pretraining as a `lm.core.task.Task`: packed token windows in, token-mean val loss out.
+"""Pretraining as a `lm.core.task.TrainTask`: packed token windows in, token-mean val loss out.
 
 Each optimizer step takes grad_accum micro-batches of the train loader; evaluation is the token-mean
 loss over at most eval_batches micro-batches of the val loader (lm.core.loop.evaluate). There is

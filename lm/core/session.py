@@ -31,7 +31,7 @@ log = logging.getLogger("lm")
 
 
 class Session:
-    """One run of `task` (lm.core.task.Task) on `engine` (made, not yet wrapped), with its checkpoints under
+    """One run of `task` (lm.core.task.TrainTask) on `engine` (made, not yet wrapped), with its checkpoints under
     run_dir/checkpoints; `config_yaml` is the run's resolved config (copied into checkpoints, compared on resume)."""
 
     def __init__(self, train: TrainConfig, engine, task, run_dir: Path, config_yaml: str,

@@ -30,7 +30,7 @@ class StepBatches(Protocol):
     def load_state_dict(self, state: Dict) -> None: ...
 
 
-class Task(Protocol):
+class TrainTask(Protocol):
     batches: StepBatches
     # The key of evaluate()'s record that model selection maximises; None = no "best" (pretraining).
     best_metric: Optional[str]

@@ -39,7 +39,7 @@ Files (lm.glue.submission, lm.glue.results), written atomically
     write_results({column: {seed: metrics}}, out_dir) -> results.json, results.md
 
 Config (lm.glue.config): GlueTaskConfig (conf/task/glue/*.yaml, composed under tasks.<name>), FinetuneSchema.
-Training (lm.glue.trainer): GlueTask, the lm.core.task.Task that lm.core.loop.run trains.
+Training (lm.glue.trainer): GlueTask, the lm.core.task.TrainTask that lm.core.loop.run trains.
 """
 
 from lm.glue.encode import collate, encode_examples, encode_pair, truncate_longest_first

@@ -1,4 +1,4 @@
-"""One GLUE task, one seed, as a `lm.core.task.Task` that `lm.core.loop.run` trains (on any engine).
+"""One GLUE task, one seed, as a `lm.core.task.TrainTask` that `lm.core.loop.run` trains (on any engine).
 
     steps: epochs x ceil(N / batch_size) (AdamW and the lr schedule of the optim/sched groups, the
         schedule's length computed from the epochs; lm.glue.run builds them)
