@@ -29,7 +29,7 @@ from lm.core import objectives
 from lm.glue.encode import collate, encode_examples
 from lm.glue.metrics import Metrics, compute_metrics, main_metric
 from lm.glue.readers import GlueDataError, GlueDataMissing, load_split
-from lm.glue.tasks import EVALS, Task, get_task
+from lm.glue.tasks import EVALS, GlueTaskSpec, get_task
 
 log = logging.getLogger("lm")
 
@@ -47,7 +47,7 @@ class Split:
 
 @dataclass
 class TaskData:
-    task: Task
+    task: GlueTaskSpec
     train: Split
     dev: Dict[str, Split]  # leaderboard column -> dev split (MNLI: mnli_m, mnli_mm)
     test: Dict[str, Split]  # leaderboard column -> test split (MNLI: mnli_m, mnli_mm, ax)
