@@ -57,3 +57,18 @@ def test_the_config_root_is_in_no_import_cycle():
     graph = import_graph()
     back = sorted(m for m in reachable(graph, "lm.config") if "lm.config" in reachable(graph, m))
     assert back == []
+
+
+def test_names_explain_themselves():
+    """No one-letter aliases of lm's modules (`dist as D`), and no two unrelated classes share the name Task (the loop's
+    TrainTask, GLUE's GlueTaskSpec, lm-prepare's SourcePiece)."""
+    aliases, tasks = [], []
+    for path in LM.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            ours = isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lm") or \
+                isinstance(node, ast.Import) and any(a.name.startswith("lm.") for a in node.names)
+            if ours:  # torch's `functional as F` is the field's idiom; lm's own modules get real names
+                aliases += [f"{path.name}: {a.name} as {a.asname}" for a in node.names if a.asname and len(a.asname) == 1]
+            if isinstance(node, ast.ClassDef) and node.name == "Task":
+                tasks.append(str(path.relative_to(LM.parent)))
+    assert aliases == [] and tasks == []
