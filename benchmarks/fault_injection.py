@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lm.core.checkpoint import FAULT_PHASES, damage  # noqa: E402 - needs the repo on sys.path
+from lm.core.checkpoint import SAVE_PHASES, damage  # noqa: E402 - needs the repo on sys.path
 
 STEPS = 30
 TOL = 1e-5
@@ -117,7 +117,8 @@ def output(run_dir: Path, rank0: bool) -> str:
 
 
 def start(suite: Suite, run_dir: Path, pause: Dict[str, str], flag: Path) -> subprocess.Popen:
-    extra = {**pause, "LM_FAULT_PAUSE_FILE": str(flag)} if pause else {}
+    # benchmarks/fault_pause.py, installed through lm's LM_PLUGINS hook point, reads the LM_FAULT_* variables
+    extra = {**pause, "LM_FAULT_PAUSE_FILE": str(flag), "LM_PLUGINS": str(REPO / "benchmarks" / "fault_pause.py")} if pause else {}
     return subprocess.Popen(command(suite, run_dir), cwd=REPO, env=env(**extra), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -287,14 +288,14 @@ def damage_random_checkpoint(run_dir: Path, rng: random.Random) -> str:
 
 
 def interrupt(suite: Suite, run_dir: Path, rng: random.Random, flag: Path) -> str:
-    """Kill a job at a random moment: parked inside a random step (the loop's hook), parked at a random phase
-    of a random checkpoint write (lm/core/checkpoint.py's hook), or after a random delay (anywhere)."""
+    """Kill a job at a random moment: parked inside a random step, parked at a random phase of a random
+    checkpoint write (both by benchmarks/fault_pause.py on lm's hooks), or after a random delay (anywhere)."""
     how = rng.random()
     if how < 0.4:
         step = rng.randint(2, suite.steps - 1)
         pause, what = {"LM_FAULT_PAUSE_AT_STEP": str(step)}, f"SIGKILL inside step {step}"
     elif how < 0.7:
-        phase, n = rng.choice(FAULT_PHASES), rng.randint(1, suite.saves)
+        phase, n = rng.choice(SAVE_PHASES), rng.randint(1, suite.saves)
         pause, what = {"LM_FAULT_PAUSE_IN_SAVE": f"{phase}:{n}"}, f"SIGKILL in checkpoint write {n} before {phase}"
     else:
         delay = rng.uniform(0.2, 1.0) * suite.seconds

@@ -1,8 +1,11 @@
 """benchmarks/hf_step.py: our training step against the Hugging Face implementation of the same model, side by side.
 
 Both models hold the same weights (ours is exported with lm.model.convert.to_hf), see the same
-batches with the same targets, use the same AdamW settings, dtype and thread count, and are timed
-step by step in alternating order in one process, so machine noise hits both alike. Prints tokens/s
+batches with the same targets, use the same AdamW settings, clipping (1.0), dtype and thread count, and
+are timed step by step in alternating order in one process, so machine noise hits both alike. Ours is
+what lm-train runs: lm's loop and single engine through the run harness (lm/core/session.py; each of our
+steps is timed from its start to the next one's by the loop's step_begin hook, which also runs Hugging
+Face's step of the same index before or after ours); theirs is HF's usual step, written out. Prints tokens/s
 for each (median step), the ratio ours/theirs (median of the per-pair ratios), the parameter
 counts (equal by construction) and the first-step losses (equal up to float rounding: the same
 model and the same targets).
@@ -19,12 +22,14 @@ import json
 import os
 import platform
 import statistics
+import tempfile
 import time
 
 import torch
 
 from lm.cli.errors import entry
 from lm.constants import IGNORE_INDEX
+from lm.core.fixed_task import TimedStepsDone
 from lm.extras import exit_if_missing
 from lm.model.config import (GLUConfig, LayerNormConfig, LearnedConfig, MLPConfig, ModelConfig, RMSNormConfig,
                              RoPEConfig)
@@ -36,6 +41,7 @@ LAYOUTS = {
                   bias=False, tie_embeddings=False, init="normal"),
 }
 AUTO_CHUNK_VOCAB, AUTO_CHUNK = 8192, 256
+LR, WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.1, 1.0
 
 
 def loss_chunk(args) -> int:
@@ -66,9 +72,10 @@ def batches(args) -> dict:
 
 
 def train_step(model, optimizer, x, y) -> float:
-    """One full training step (forward, backward, AdamW); returns the loss."""
+    """One full training step (forward, backward, clipping, AdamW); returns the loss."""
     loss = model(input_ids=x, labels=y).loss
     loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(loss.detach())
@@ -87,23 +94,78 @@ def build(args):
     return {"ours": ours, "hf": theirs}
 
 
+class Pairs:
+    """The loop's step_begin hook: closes the timing of our previous step, runs Hugging Face's step of the same
+    index after ours (even steps) or before ours (odd steps), and starts timing our next step. Steps from
+    `warmup` on are recorded; the run ends when every step is done (TimedStepsDone)."""
+
+    def __init__(self, hf_step, warmup: int, steps: int):
+        self.hf_step, self.warmup, self.total = hf_step, warmup, warmup + steps
+        self.wall, self.cpu = {"ours": [], "hf": []}, {"ours": [], "hf": []}
+        self.first_loss_hf, self.start = None, None
+
+    def __call__(self, step: int) -> None:
+        if self.start is not None:  # our step `step - 1` has just ended
+            self._record("ours", step - 1, *self.start)
+            if (step - 1) % 2 == 0:
+                self._hf(step - 1)
+        if step == self.total:
+            raise TimedStepsDone
+        if step % 2 == 1:
+            self._hf(step)
+        self.start = (time.perf_counter(), time.process_time())
+
+    def _hf(self, i: int) -> None:
+        w0, c0 = time.perf_counter(), time.process_time()
+        loss = self.hf_step(i)
+        self._record("hf", i, w0, c0)
+        if i == 0:
+            self.first_loss_hf = loss
+
+    def _record(self, side: str, i: int, w0: float, c0: float) -> None:
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        if self.warmup <= i < self.total:
+            self.wall[side].append(wall)
+            self.cpu[side].append(cpu)
+
+
+def train_ours(model, batches, pairs: Pairs, threads: int) -> None:
+    """lm-train's loop and single engine on `batches` (one per step), through the run harness (it writes
+    nothing: the run ends before the loop's last step, which would checkpoint)."""
+    from lm.core.config import OptimConfig, TrainConfig
+    from lm.core.fixed_task import FixedTask
+    from lm.core.hooks import Hooks
+    from lm.core.session import Session
+    from lm.engine import Dist, SingleEngine
+
+    steps = len(batches)
+    train = TrainConfig(micro_batch_size=batches[0]["input_ids"].shape[0], seq_len=batches[0]["input_ids"].shape[1],
+                        max_steps=steps + 1, grad_clip=GRAD_CLIP, device="cpu", log_interval=steps, eval_interval=0,
+                        ckpt_interval=0, progress=False, threads=threads)
+    engine = SingleEngine(train, Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
+    with tempfile.TemporaryDirectory(prefix="lm-bench-") as run_dir, \
+            Session(train, engine, FixedTask(batches), run_dir, "", hooks=Hooks(step_begin=[pairs])) as session:
+        session.build(lambda: model, 0, OptimConfig(lr=LR, weight_decay=WEIGHT_DECAY, betas=[0.9, 0.999]))
+        try:
+            session.train(lambda step: LR)
+        except TimedStepsDone:
+            pass
+
+
 def run(args) -> dict:
+    from lm.core import objectives
+
     torch.set_num_threads(args.threads)
     models = build(args)
     data = batches(args)
-    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.1) for k, m in models.items()}
+    hf_opt = torch.optim.AdamW(models["hf"].parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    ours = [{"input_ids": x, "labels": y} for x, y in data["ours"]]
+    with torch.no_grad():  # the first step's loss: the same forward, before any update
+        first_loss_ours = float(objectives.loss(models["ours"], ours[0]))
+    pairs = Pairs(lambda i: train_step(models["hf"], hf_opt, *data["hf"][i]), args.warmup, args.steps)
     load_before = os.getloadavg()[0]
-    first_loss = {k: train_step(models[k], opts[k], *data[k][0]) for k in models}
-    for i in range(1, args.warmup):  # allocator, optimizer state
-        for k in models:
-            train_step(models[k], opts[k], *data[k][i])
-    wall, cpu = {"ours": [], "hf": []}, {"ours": [], "hf": []}
-    for i in range(args.warmup, args.warmup + args.steps):
-        for k in (("ours", "hf") if i % 2 == 0 else ("hf", "ours")):  # alternate who goes first
-            w0, c0 = time.perf_counter(), time.process_time()
-            train_step(models[k], opts[k], *data[k][i])
-            wall[k].append(time.perf_counter() - w0)
-            cpu[k].append(time.process_time() - c0)
+    train_ours(models["ours"], ours, pairs, args.threads)
+    wall, cpu, first_loss = pairs.wall, pairs.cpu, {"ours": first_loss_ours, "hf": pairs.first_loss_hf}
     tokens = args.batch * args.seq
     return {
         "layout": args.layout, "vocab": args.vocab, "layers": args.layers, "dim": args.dim, "heads": args.heads,

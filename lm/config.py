@@ -9,53 +9,12 @@ once, at the entry point (lm.cli.train.train).
 """
 
 
-from dataclasses import dataclass, field, fields
-from enum import Enum
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 
-class ConfigError(ValueError):
-    """A config asks for something impossible; the message names the field and the fix."""
-
-
-class Choice(str, Enum):
-    """A config choice: an Enum (OmegaConf checks values and lists the allowed ones) that is also its
-    string value, so `cfg.arch == "decoder"`, dict lookups and f-strings keep working."""
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
-
-def conf_dir():
-    """The Hydra config directory: lm/conf, a link to the repository's top-level conf/ (a wheel carries
-    a copy), so installed and editable packages find the same configs."""
-    from pathlib import Path
-
-    return Path(__file__).resolve().parent / "conf"
-
-
-def to_typed(schema, data, prefix: str):
-    """A dataclass of `schema` from a plain dict or DictConfig (a saved config, a command-line tool's
-    flags): unknown keys, wrong types and choices fail with a ConfigError naming `prefix.<field>`."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), data))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"bad {prefix} config: {explain(e, prefix)}. Allowed fields: "
-                          f"{sorted(f.name for f in fields(schema))}") from None
-
-
-def explain(e: Exception, prefix: str = "") -> str:
-    """OmegaConf's or Hydra's message on one line, with the full key it names (under `prefix`)."""
-    msg = "; ".join(line.strip() for line in str(getattr(e, "msg", e)).splitlines() if line.strip())
-    key = getattr(e, "full_key", None)
-    if key and prefix:
-        key = f"{prefix}.{key}"
-    return f"{key}: {msg}" if key else msg
+from lm.config_base import Choice, ConfigError, conf_dir, explain, to_typed  # noqa: F401 - the root re-exports the leaf
+from lm.config_base import compose_group as _compose_group
 
 
 def check_known_keys(cfg, prefix: str = "") -> None:
@@ -82,20 +41,8 @@ def check_known_keys(cfg, prefix: str = "") -> None:
 
 
 def compose_group(group: str, option: str, overrides: Optional[List[str]] = None):
-    """One config group option plus overrides in lm train's own grammar (`model/ffn=swiglu`,
-    `model.dim=128`), composed by Hydra exactly as `lm train <group>=<option> ...` would compose that
-    section, and returned typed (the section's dataclass)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-
-    register_train_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        try:
-            cfg = compose(config_name=None, overrides=[f"+{group}={option}", *(overrides or [])])
-        except HydraException as e:
-            raise ConfigError(f"{group}={option} {list(overrides or [])}: {explain(e.__cause__ or e)}") from None
-    return OmegaConf.to_object(OmegaConf.select(cfg, group.replace("/", ".")))
+    """lm.config_base.compose_group with every section's schemas registered (any group of conf/train.yaml)."""
+    return _compose_group(group, option, overrides, register_train_configs)
 
 
 @dataclass

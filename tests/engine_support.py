@@ -126,7 +126,7 @@ def _worker(rank: int, world: int, port: int, overrides: List[str], objective: s
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
                        "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     torch.set_num_threads(1)
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.cli.train import train
 
     try:
@@ -141,7 +141,7 @@ def _worker(rank: int, world: int, port: int, overrides: List[str], objective: s
 
         out.put((rank, "error", traceback.format_exc()))
     finally:
-        D.shutdown()
+        dist_utils.shutdown()
 
 
 def spawn(world: int, overrides: List[str], objective: str = "clm", timeout: float = 300) -> List:

@@ -326,9 +326,9 @@ def test_a_nonfinite_loss_follows_train_on_nonfinite(tmp_path, easy_glue, pretra
 
     calls = []
 
-    def poisoned(self, model, batch):  # the 3rd micro-batch's loss is NaN (one micro-batch per step here)
+    def poisoned(self, model, batch, metrics=None):  # the 3rd micro-batch's loss is NaN (one micro-batch per step here)
         calls.append(1)
-        loss = objectives.loss(model, batch)
+        loss = objectives.loss(model, batch, metrics)
         return loss * math.nan if len(calls) == 3 else loss
 
     monkeypatch.setattr(GlueTask, "loss", poisoned)

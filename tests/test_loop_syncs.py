@@ -91,7 +91,7 @@ def _ddp_worker(rank, world, port, overrides, out):
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
                        "WANDB_MODE": "disabled"})
     torch.set_num_threads(1)
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     try:
         out.put((rank, "ok", count_syncs(overrides, rank, world)))
@@ -100,7 +100,7 @@ def _ddp_worker(rank, world, port, overrides, out):
 
         out.put((rank, "error", traceback.format_exc()))
     finally:
-        D.shutdown()
+        dist_utils.shutdown()
 
 
 @pytest.mark.parametrize("model", [[], ["model=llama", "model.dim=32", "model.n_layers=2", "model.n_heads=4",

@@ -304,7 +304,7 @@ def _ddp_worker(rank, port, overrides, out):
                        "WANDB_MODE": "disabled"})
     torch.set_num_threads(1)
     from lm.cli.train import train
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     try:
         cfg = compose(overrides)
@@ -315,7 +315,7 @@ def _ddp_worker(rank, port, overrides, out):
 
         out.put((rank, "error", traceback.format_exc()))
     finally:
-        D.shutdown()
+        dist_utils.shutdown()
 
 
 @pytest.mark.distributed

@@ -50,7 +50,8 @@ def run(world, args, cache, cwd=REPO, **env):
 def run_and_kill(world, args, cache, tmp_path):
     """Start the run, wait until it is parked inside step KILL_AT, SIGKILL its whole process group."""
     flag = tmp_path / "paused"
-    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_AT_STEP=str(KILL_AT), LM_FAULT_PAUSE_FILE=str(flag))
+    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_AT_STEP=str(KILL_AT), LM_FAULT_PAUSE_FILE=str(flag),
+                         LM_PLUGINS=str(REPO / "benchmarks" / "fault_pause.py"))  # parks it inside step KILL_AT
     proc = subprocess.Popen(command(world) + args, cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 600

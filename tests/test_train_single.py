@@ -74,9 +74,9 @@ def _nan_at(monkeypatch, step_calls):
 
     real, calls = objectives.loss, {"n": 0}
 
-    def loss(model, batch):
+    def loss(model, batch, *metrics):
         calls["n"] += 1
-        out = real(model, batch)
+        out = real(model, batch, *metrics)
         return out * float("nan") if calls["n"] in step_calls and model.training else out
 
     monkeypatch.setattr(objectives, "loss", loss)
@@ -204,11 +204,11 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_
     run(tmp_path / "whole", steps=8, extra=["model.dropout=0.1"])
     real, calls = objectives.loss, {"n": 0}
 
-    def loss(model, batch):
+    def loss(model, batch, *metrics):
         calls["n"] += 1
         if calls["n"] == 5 and model.training:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(model, batch)
+        return real(model, batch, *metrics)
 
     monkeypatch.setattr(objectives, "loss", loss)
     with pytest.raises(Preempted, match=r"SIGTERM received: stopped after step 5 with checkpoint .*step_00000005"):

@@ -31,7 +31,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     import hydra
 
     from lm.cli.errors import describe
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     _strip_launcher_args()
     _check_run_dir_arg(prog, config_name)
@@ -50,7 +50,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
             if line is None:
                 raise
             log.error("%s: %s", type(e).__name__, line)  # sweep reports read this line back (lm/report/runs.py)
-            D.shutdown()
+            dist_utils.shutdown()
             _remove_if_empty(fresh)
             if _in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
                 raise
@@ -59,8 +59,8 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     try:
         app()
     finally:
-        D.shutdown()
-    D.exit_after_success()
+        dist_utils.shutdown()
+    dist_utils.exit_after_success()
 
 
 def _new_run_dirs(config_name: str) -> List[Path]:
@@ -92,14 +92,14 @@ def _remove_if_empty(fresh: List[Path]) -> None:
 
 def _agree_on_run_stamp() -> None:
     """Rank 0's clock names a sweep (`runs/${lm.stamp:}/<cell>`, `logger.group: ..._${lm.stamp:}`): one name for all ranks."""
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     if "LM_RUN_STAMP" in os.environ:
         return
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    if D.launched_world_size() > 1:
-        D.init(D.pick_device("auto"))
-        stamp = D.broadcast_object(stamp)
+    if dist_utils.launched_world_size() > 1:
+        dist_utils.init(dist_utils.pick_device("auto"))
+        stamp = dist_utils.broadcast_object(stamp)
     os.environ["LM_RUN_STAMP"] = stamp
 
 

@@ -42,26 +42,28 @@ def finetune(cfg: DictConfig):
 
     from lm.core.lock import held_run_dir
     from lm.core.setup import engine_class, make_engine, quiet_other_ranks
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.glue.init import load_backbone
     from lm.glue.run import finetune_glue
 
     job = finetune_job(cfg)  # typed and validated, once
     check_run_dir(Path(job.run_dir), job.init)  # before anything is loaded or written
+    # The job's record, made once here: below this line only typed objects, text and plain dicts travel.
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     if job.train.threads:
         torch.set_num_threads(job.train.threads)
-    engine_cls = engine_class(cfg, get_class)
-    dist = D.init(D.pick_device(job.train.device), need_group=engine_cls.needs_process_group,
+    engine_cls = engine_class(job, get_class)
+    dist = dist_utils.init(dist_utils.pick_device(job.train.device), need_group=engine_cls.needs_process_group,
                   expected=job.train.world_size)
     quiet_other_ranks(dist)
-    backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, cfg.model), dist)
+    backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, job.model), dist)
     run_dir = Path(job.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
-        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         if dist.is_main:
-            atomic_write_text(run_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+            atomic_write_text(run_dir / "config.yaml", config_yaml)
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
-        return finetune_glue(job, backbone, lambda tcfg: make_engine(cfg, instantiate, tcfg, dist), config, dist)
+        return finetune_glue(job, backbone, lambda train_cfg: make_engine(job, instantiate, train_cfg, dist), config, dist)
 
 
 def check_run_dir(run_dir: Path, init: Optional[str]) -> None:
@@ -108,7 +110,7 @@ def _load_in_turn(load, dist):
     """Every rank loads the backbone, one rank at a time: consolidating a sharded (FSDP2/DCP) checkpoint
     writes a scratch file next to it, which concurrent readers would delete under each other. A failure
     on any rank stops every rank (no rank is left waiting at a barrier)."""
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     backbone, error = None, None
     for r in range(dist.world_size):
@@ -117,7 +119,7 @@ def _load_in_turn(load, dist):
                 backbone = load()
             except Exception as e:  # noqa: BLE001 - re-raised below on this rank; the others stop too
                 error = e
-        if D.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None):
             raise error if error else ConfigError(f"rank {r} could not load the init checkpoint (see its error)")
     return backbone
 
@@ -133,12 +135,12 @@ def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:
 @entry("lm finetune")
 def main() -> None:
     from lm.cli.app import run_app
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.glue.run import print_table
 
     def job(cfg: DictConfig) -> None:
         finetune(cfg)
-        if D.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
+        if dist_utils.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
             print(print_table(cfg.run_dir))
             print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
 

@@ -9,7 +9,7 @@ from typing import List, Optional
 from lm.cli.errors import entry
 from lm.config import ConfigError
 from lm.data.config import DataConfig, data_preset
-from lm.data import prepare as P
+from lm.data import prepare as data_prepare
 from lm.data.corpora import CORPORA
 from lm.data.manifest import META, open_prepared
 from lm.data.prepare import data_config, prepare
@@ -45,7 +45,7 @@ HELP = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="lm prepare", description=P.__doc__.split("\n\n")[0] + "\n\n" + P.__doc__.split("\n\n")[1],
+        prog="lm prepare", description=data_prepare.__doc__.split("\n\n")[0] + "\n\n" + data_prepare.__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Registry corpora (lm prepare --list for details): " + ", ".join(CORPORA))
     p.add_argument("sources", nargs="*", help=HELP["source"])

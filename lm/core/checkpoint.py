@@ -29,12 +29,12 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
-from lm.engine import dist as D
+from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
 
@@ -42,6 +42,7 @@ LATEST = "latest"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
 UNSEALED = (MANIFEST, "trainer.json")  # the checkpoint files the manifest does not list (it is in trainer.json)
+SAVE_PHASES = ("files", "manifest", "rename", "latest", "prune")  # Checkpointer.save's on_phase points, in order
 
 
 class CheckpointError(RuntimeError):
@@ -121,11 +122,14 @@ def _unpickler_reason(error: Exception) -> str:
 # -- save / resume ---------------------------------------------------------------------------------
 
 class Checkpointer:
-    def __init__(self, run_dir, engine, keep_last: int = 3, config_yaml: str = ""):
+    def __init__(self, run_dir, engine, keep_last: int = 3, config_yaml: str = "",
+                 on_phase: Optional[Callable[[str], None]] = None):
         self.root = Path(run_dir) / "checkpoints"
         self.engine = engine
         self.keep_last = keep_last
         self.config_yaml = config_yaml  # the run's resolved config, copied into every checkpoint
+        # called with "begin" as a save starts (every rank), then each of SAVE_PHASES (lm.core.hooks.Hooks.save_phase)
+        self.on_phase = on_phase or (lambda phase: None)
 
     def latest(self) -> Optional[Path]:
         pointer = self.root / LATEST
@@ -141,21 +145,21 @@ class Checkpointer:
         """Write step `trainer['step']` atomically on every rank; raise (all ranks) if any rank failed."""
         name = step_name(trainer["step"])
         tmp, final = self.root / (TMP_PREFIX + name), self.root / name
-        _count_save()
+        self.on_phase("begin")
         if self.engine.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(TMP_PREFIX + "*"):  # debris of a run killed mid-save
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
-        D.barrier()
+        dist_utils.barrier()
         error = None
         try:
             self.engine.save_state(tmp)
             torch.save({"loader": plain_state(loader_state), "rng": rng_state()}, tmp / f"rank{self.engine.rank:05d}.pt")
         except Exception as e:  # noqa: BLE001 - a full disk is OSError from open() but RuntimeError from torch.save
             error = e
-        _fault_point("files")  # every rank's files written, nothing sealed
-        if D.any_rank(error is not None):
+        self.on_phase("files")  # every rank's files written, nothing sealed
+        if dist_utils.any_rank(error is not None):
             self._abort(tmp, name, error)
         if self.engine.is_main:
             try:
@@ -163,24 +167,24 @@ class Checkpointer:
                 manifest = _write_manifest(tmp)
                 trainer = {**trainer, "engine": self.engine.describe(), "time": time.time(),
                            "manifest_sha256": manifest}
-                _fault_point("manifest")  # manifest written, trainer.json not yet
+                self.on_phase("manifest")  # manifest written, trainer.json not yet
                 _write_durably(tmp / "trainer.json", json.dumps(trainer, indent=1))  # marks completeness
-                _fault_point("rename")  # complete, still under its .tmp- name
+                self.on_phase("rename")  # complete, still under its .tmp- name
                 if final.exists():  # left by a run killed between this rename and the pointer update
                     shutil.rmtree(final)
                 os.replace(tmp, final)
-                _fault_point("latest")  # renamed, `latest` still names the previous checkpoint
+                self.on_phase("latest")  # renamed, `latest` still names the previous checkpoint
                 _write_durably(self.root / (LATEST + ".tmp"), name)
                 os.replace(self.root / (LATEST + ".tmp"), self.root / LATEST)
                 _fsync_dir(self.root)
             except Exception as e:  # noqa: BLE001 - as above
                 error = e
-        if D.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None):
             self._abort(tmp, name, error)
         if self.engine.is_main:
-            _fault_point("prune")  # `latest` updated, older checkpoints not yet pruned
+            self.on_phase("prune")  # `latest` updated, older checkpoints not yet pruned
             self._prune()
-        D.barrier()
+        dist_utils.barrier()
         return final
 
     def _abort(self, tmp: Path, name: str, error: Optional[Exception]):
@@ -216,7 +220,7 @@ class Checkpointer:
                 chosen = newest_intact(path)
             except CheckpointError as e:
                 error = str(e)
-        chosen, error = D.broadcast_object((chosen, error))
+        chosen, error = dist_utils.broadcast_object((chosen, error))
         if error:
             raise CheckpointError(error)
         return chosen
@@ -235,30 +239,6 @@ class Checkpointer:
         own = load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
         set_rng_state(own["rng"])
         return trainer, own["loader"]
-
-
-# -- fault injection (benchmarks/fault_injection.py) ------------------------------------------------
-
-_saves_this_process = 0
-FAULT_PHASES = ("files", "manifest", "rename", "latest", "prune")  # in the order Checkpointer.save reaches them
-
-
-def _count_save() -> None:
-    global _saves_this_process
-    _saves_this_process += 1
-
-
-def _fault_point(phase: str) -> None:
-    """Test hook: LM_FAULT_PAUSE_IN_SAVE=<phase>:<n> parks the process at `phase` (FAULT_PHASES) of the n-th
-    checkpoint it writes and touches LM_FAULT_PAUSE_FILE, so a test can SIGKILL it inside a checkpoint
-    write (the same protocol as the loop's LM_FAULT_PAUSE_AT_STEP)."""
-    at = os.environ.get("LM_FAULT_PAUSE_IN_SAVE")
-    if at is None or at != f"{phase}:{_saves_this_process}":
-        return
-    if os.environ.get("LM_FAULT_PAUSE_FILE"):
-        Path(os.environ["LM_FAULT_PAUSE_FILE"]).touch()
-    while True:
-        time.sleep(1)
 
 
 # -- checksums -------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 
 
 class Precision(Choice):

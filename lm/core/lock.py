@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Dict, Optional, TextIO
 
 from lm.core.checkpoint import CheckpointError
-from lm.engine import dist as D
+from lm.engine import dist as dist_utils
 
 LOCK_NAME = ".lock"
 
@@ -59,7 +59,7 @@ def lock_run_dir(run_dir, dist=None) -> None:
         except OSError as e:  # PermissionError, EROFS, ENOSPC, NotADirectoryError: the user picks another
             release(run_dir)
             error = RunDirUnwritable(unwritable_message(run_dir, e))
-    if D.any_rank(error is not None):
+    if dist_utils.any_rank(error is not None):
         raise error or CheckpointError(f"rank 0 could not create or lock run_dir {run_dir} (see its error)")
 
 

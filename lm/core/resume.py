@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 
 log = logging.getLogger("lm")
 
@@ -94,7 +94,7 @@ def check_resume(ckpt: Path, config_yaml: str, max_steps: Optional[int], dist, m
     train.max_steps below the checkpoint's step; say when there is nothing left to train. `start_over`
     is the advice for training with the new values instead. Rank 0 reads the files, every rank raises
     the same ConfigError."""
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     error = None
     if dist.is_main:
@@ -102,7 +102,7 @@ def check_resume(ckpt: Path, config_yaml: str, max_steps: Optional[int], dist, m
             _check(Path(ckpt), config_yaml, max_steps, may_change, start_over)
         except ConfigError as e:
             error = str(e)
-    error = D.broadcast_object(error)
+    error = dist_utils.broadcast_object(error)
     if error:
         raise ConfigError(error)
 

@@ -30,13 +30,14 @@ class StepBatches(Protocol):
     def load_state_dict(self, state: Dict) -> None: ...
 
 
-class Task(Protocol):
+class TrainTask(Protocol):
     batches: StepBatches
     # The key of evaluate()'s record that model selection maximises; None = no "best" (pretraining).
     best_metric: Optional[str]
 
-    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today."""
+    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+        """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today.
+        The model's own metrics go to `metrics` (a lm.core.tracking.ModelMetrics, or None)."""
 
     def evaluate(self, engine, step: int) -> Dict:
         """Metrics after `step` optimizer steps (every rank calls it; sharded engines need every rank's

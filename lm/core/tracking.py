@@ -75,7 +75,7 @@ def wandb_mode(cfg: LoggerConfig) -> str:
 
 class ModelMetrics:
     """Means of the model's own training metrics (LMOutput.metrics: MoE expert load, dropped tokens) over
-    the forwards since the last pop. Sums stay on the device as tensors: no host sync until the loop logs."""
+    the forwards since the last pop (the loop holds one per run and hands it to the task's loss). Sums stay on the device as tensors: no host sync until the loop logs."""
 
     def __init__(self):
         self.sums: Dict[str, torch.Tensor] = {}
@@ -101,9 +101,6 @@ class ModelMetrics:
         values = (totals[:-1] / totals[-1]).tolist()
         self.clear()
         return {name: round(v, 6) for name, v in zip(names, values)}
-
-
-MODEL_METRICS = ModelMetrics()  # filled by lm.core.objectives.loss, logged by lm.core.loop
 
 
 class Tracker:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 
 
 class Format(Choice):
@@ -108,12 +108,12 @@ def text_name(source: Any) -> str:
 
 def data_preset(name: str, overrides: Optional[List[str]] = None) -> DataConfig:
     """conf/data/<name>.yaml plus overrides (`data.vocab_size=512`), composed as `lm train data=<name>` does."""
-    from lm.config import compose_group, conf_dir
+    from lm.config_base import compose_group, conf_dir
 
     if not (conf_dir() / "data" / f"{name}.yaml").is_file():
         known = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
         raise ConfigError(f"data preset {name!r} not found in {conf_dir() / 'data'}; known presets: {known}")
-    cfg = compose_group("data", name, overrides)
+    cfg = compose_group("data", name, overrides, register_data_configs)
     validate_data(cfg)
     return cfg
 

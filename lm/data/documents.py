@@ -1,4 +1,4 @@
-"""Task -> documents (runs in the worker processes): decode UTF-8, split documents, extract JSON
+"""SourcePiece -> documents (runs in the worker processes): decode UTF-8, split documents, extract JSON
 fields, assign each document to train or val, count or reject bad records.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, List, Optional
 
 from lm.data.errors import DataError
-from lm.data.tasks import ReadOptions, Task, doc_hash
+from lm.data.tasks import ReadOptions, SourcePiece, doc_hash
 
 MAX_EXAMPLES = 5  # bad records quoted in the error summary and meta.json
 
@@ -44,7 +44,7 @@ codecs.register_error("lm.count", _count_invalid)
 class _Reader:
     """Per-task state for read_task: error messages with file and line, bad-record counting."""
 
-    def __init__(self, task: Task, opts: ReadOptions):
+    def __init__(self, task: SourcePiece, opts: ReadOptions):
         self.task, self.opts, self.out = task, opts, Docs(bytes=task.raw_bytes)
 
     def where(self, byte: int = 0, line: Optional[int] = None) -> str:
@@ -129,7 +129,7 @@ def split_long(text: str, limit: int) -> List[str]:
     return pieces
 
 
-def read_task(task: Task, opts: ReadOptions) -> Docs:
+def read_task(task: SourcePiece, opts: ReadOptions) -> Docs:
     """Turn one task into documents (runs in a worker process)."""
     r = _Reader(task, opts)
     if task.format == "text":
@@ -193,7 +193,7 @@ def _value_docs(r: _Reader) -> None:
             r.add(value)
 
 
-def iter_texts(tasks: Iterable[Task], opts: ReadOptions, split: Optional[str] = "train") -> Iterator[str]:
+def iter_texts(tasks: Iterable[SourcePiece], opts: ReadOptions, split: Optional[str] = "train") -> Iterator[str]:
     """Documents of `split` (None = all), read in this process: the stream a tokenizer trains on."""
     for task in tasks:
         docs = read_task(task, opts)

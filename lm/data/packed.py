@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.data.collate import CausalLM, Collator, MaskedLM, SpanCorruption
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared

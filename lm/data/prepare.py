@@ -57,7 +57,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from lm.config import to_typed
+from lm.config_base import to_typed
 from lm.data.config import DataConfig, validate_data
 from lm.data.errors import DataError
 from lm.data.manifest import (FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, open_prepared, read_json,

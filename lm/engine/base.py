@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
-from lm.core.config import TrainConfig
+from lm.engine.config import TrainSettings
 from lm.engine.dist import Dist, EngineError
 
 MODEL_OPTIM = "model_optim.pt"  # the single/DDP checkpoint file (rank 0 writes it)
@@ -40,7 +40,7 @@ class Engine:
     needs_process_group = False
     skips_nonfinite_updates = True  # step() leaves the weights alone when the gradient norm is NaN/inf
 
-    def __init__(self, train: TrainConfig, dist: Dist):
+    def __init__(self, train: TrainSettings, dist: Dist):
         self.train = train
         self.dist = dist
         self.device = dist.device

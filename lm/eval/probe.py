@@ -151,10 +151,10 @@ class GlueProbe:
         return record
 
 
-def probe_callbacks(tcfg, model_cfg, data_dir, engine) -> List[GlueProbe]:
+def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> List[GlueProbe]:
     """[GlueProbe] when train.probe_interval is set (else []), reading the run's tokenizer from data_dir.
     Raises ConfigError naming the fix when the engine shards the weights or the tokenizer is missing."""
-    if not tcfg.probe_interval:
+    if not train_cfg.probe_interval:
         return []
     from lm.extras import require
 
@@ -163,11 +163,11 @@ def probe_callbacks(tcfg, model_cfg, data_dir, engine) -> List[GlueProbe]:
         raise ConfigError(f"train.probe_interval probes the whole model on rank 0, and {engine.name} shards it; "
                           f"set train.probe_interval=0 and probe a checkpoint (lm eval <run> --tasks probe)")
     if not engine.is_main:  # the other ranks only keep the same sync points
-        return [GlueProbe([], 0, tcfg.probe_interval)]
+        return [GlueProbe([], 0, train_cfg.probe_interval)]
     tokenizer = _tokenizer(data_dir)
-    sets = load_probe_sets(tokenizer, model_cfg.arch, tcfg.probe_tasks, tcfg.probe_train_examples,
-                           tcfg.probe_dev_examples, min(tcfg.probe_max_len, model_cfg.max_seq_len))
-    return [GlueProbe(sets, tokenizer.pad_id, tcfg.probe_interval)]
+    sets = load_probe_sets(tokenizer, model_cfg.arch, train_cfg.probe_tasks, train_cfg.probe_train_examples,
+                           train_cfg.probe_dev_examples, min(train_cfg.probe_max_len, model_cfg.max_seq_len))
+    return [GlueProbe(sets, tokenizer.pad_id, train_cfg.probe_interval)]
 
 
 def _tokenizer(data_dir):

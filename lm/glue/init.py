@@ -51,15 +51,16 @@ class Backbone:
 
 
 def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -> Backbone:
+    """`model_node` (init=none only): the typed ModelConfig to build, or a saved model node."""
     from lm.core.checkpoint import CheckpointError
     from lm.core.saved_model import find_saved_model
-    from lm.model.config import model_from_saved
+    from lm.model.config import ModelConfig, model_from_saved
 
     if init is None or str(init).lower() in ("none", "scratch", ""):
         if model_node is None:
             raise InitError("init=none needs a model config (model=<preset>)")
         tok = _load_tokenizer(tokenizer, what="init=none")
-        cfg = model_from_saved(model_node)
+        cfg = model_node if isinstance(model_node, ModelConfig) else model_from_saved(model_node)
         _check_vocab(tok, cfg.vocab_size, f"model.vocab_size={cfg.vocab_size}",
                      f"set model.vocab_size={-(-tok.vocab_size // 64) * 64} (or larger)")
         return Backbone(cfg, None, tok, "none (random init)")

@@ -1,6 +1,6 @@
 """Read GLUE splits from the official TSV layout, or from the Hugging Face copy when none is local.
 
-Layout (what download_glue_data.py writes): `<root>/<Task.dir>/<split file>`, e.g.
+Layout (what download_glue_data.py writes): `<root>/<GlueTaskSpec.dir>/<split file>`, e.g.
 `glue_data/MNLI/dev_matched.tsv`, `glue_data/diagnostic/diagnostic.tsv`. Files are read with
 `csv` (tab, QUOTE_NONE: GLUE text holds unbalanced quotes, so quoting would merge lines) as
 UTF-8 with an optional BOM (MRPC's headers start with one). A file that is not UTF-8 (UTF-16, binary,
@@ -22,14 +22,14 @@ import os
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Union
 
-from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, Task, get_eval, get_task
+from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, GlueTaskSpec, get_eval, get_task
 
 
 MAX_LINE_BYTES = 1 << 20  # far above any GLUE example (the longest are a few kB); a longer line is not GLUE text
 
 
 class Example(NamedTuple):
-    """One row. `label` is the class id (index into Task.labels), a float for STS-B, None on test."""
+    """One row. `label` is the class id (index into GlueTaskSpec.labels), a float for STS-B, None on test."""
 
     index: int  # the file's id column (what submissions are keyed by), else the 0-based row number
     text_a: str
@@ -85,7 +85,7 @@ def load_eval(name: str, kind: str, root=None, hf: bool = True) -> List[Example]
 
 # -- TSV -------------------------------------------------------------------------------------------
 
-def read_tsv(path: Union[str, os.PathLike], task: Union[str, Task], split: str) -> List[Example]:
+def read_tsv(path: Union[str, os.PathLike], task: Union[str, GlueTaskSpec], split: str) -> List[Example]:
     t = get_task(task) if isinstance(task, str) else task
     labelled = not split.startswith("test")
     with open(path, "rb") as f:
@@ -138,7 +138,7 @@ def _next_row(path, rows) -> Optional[List[str]]:
                             f"GLUE file") from None
 
 
-def _columns(path, t: Task, header: List[str], labelled: bool) -> dict:
+def _columns(path, t: GlueTaskSpec, header: List[str], labelled: bool) -> dict:
     """Column positions by name; a missing one is reported with the header that was found."""
     wanted = {"text_a": t.text_a, "text_b": t.text_b, "label": t.label if labelled else None, "index": t.index}
     col = {}
@@ -153,7 +153,7 @@ def _columns(path, t: Task, header: List[str], labelled: bool) -> dict:
     return col
 
 
-def _example(path, line: int, t: Task, row: List[str], col: dict, row_number: int) -> Example:
+def _example(path, line: int, t: GlueTaskSpec, row: List[str], col: dict, row_number: int) -> Example:
     index = row_number
     if "index" in col:
         try:
@@ -166,7 +166,7 @@ def _example(path, line: int, t: Task, row: List[str], col: dict, row_number: in
     return Example(index, row[col["text_a"]], text_b, label)
 
 
-def parse_label(t: Task, value: str, where: str) -> Union[int, float]:
+def parse_label(t: GlueTaskSpec, value: str, where: str) -> Union[int, float]:
     if t.is_regression:
         try:
             score = float(value)
@@ -203,7 +203,7 @@ def hub_unreachable() -> Optional[str]:
     return None
 
 
-def load_hf(t: Task, split: str, where: str) -> List[Example]:
+def load_hf(t: GlueTaskSpec, split: str, where: str) -> List[Example]:
     """The split from the Hugging Face hub (or its local cache); used only when no local file exists."""
     unreachable = hub_unreachable()
     if unreachable:  # fail now: the hub client would retry for half a minute before failing the same way

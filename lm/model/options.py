@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Type
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 from lm.model.choices import Activation, Arch, BlockKind
 
 if TYPE_CHECKING:  # type hints only: lm/model/config.py imports this module for its field defaults

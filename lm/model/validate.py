@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, List
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 from lm.model.choices import Arch, BlockKind, EmbeddingKind, NormPosition, OutputKind, TieEmbeddings
 from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, ReZeroNorm, RNNConfig,
                               SwitchConfig, positive)
