@@ -1,4 +1,4 @@
-"""Data pipeline benchmark: lm-prepare against raw `tokenizers`, the loader against training, memory.
+"""Data pipeline benchmark: lm prepare against raw `tokenizers`, the loader against training, memory.
 
     python benchmarks/data_bench.py                                   # 64 MB and 16 MB corpora
     python benchmarks/data_bench.py --mb 128 --small-mb 32 --skip-gpt2 --json /tmp/data_bench.json
@@ -7,16 +7,16 @@ Everything is measured side by side in one run, as ratios against a peer, on rea
 files under $LM_DATA_MIRROR/text (tiny Shakespeare, WikiText-2, a TinyStories slice) are
 concatenated, repeated, to --mb MB in a temporary directory (never in the repository).
 
-1. Tokenization: a byte-level BPE tokenizer (--vocab-size) is trained once; then `lm-prepare`
+1. Tokenization: a byte-level BPE tokenizer (--vocab-size) is trained once; then `lm prepare`
    (the real command, a subprocess: reading, splitting, hashing, workers, shard writing,
    meta.json) runs with 1 and 2 workers, and the raw `tokenizers` baseline encodes the same
    documents, already in memory, with `encode_batch_fast` (1 thread, then its own 2-thread
    pool). Throughput counts text tokens (EOS excluded) over the wall time of the whole command.
-   Targets: 2 workers >= 1.7x 1 worker; lm-prepare >= 80% of raw at equal parallelism.
+   Targets: 2 workers >= 1.7x 1 worker; lm prepare >= 80% of raw at equal parallelism.
 2. Loader: PackedLoader tokens/s (clm, mlm, span) against the training consumption (tokens/s
    of forward + backward + AdamW, fp32) of the tiny model and a GPT-2-small-width model on
    the same batches. Target: loader >= 100x the model.
-3. Memory: peak RSS of lm-prepare's whole process tree (main + workers, sampled every 50 ms)
+3. Memory: peak RSS of lm prepare's whole process tree (main + workers, sampled every 50 ms)
    for a corpus of --small-mb and of --mb MB. Target: it does not grow with the corpus.
 
 `cat /proc/loadavg` is recorded with every measurement: on a shared machine, a load above the
@@ -44,7 +44,7 @@ import threading
 import time
 from pathlib import Path
 
-BLANK_LINE = r"\n[ \t\r]*\n"  # lm-prepare --doc-split blank_line: paragraph-sized documents
+BLANK_LINE = r"\n[ \t\r]*\n"  # lm prepare --doc-split blank_line: paragraph-sized documents
 
 
 def loadavg() -> str:
@@ -78,7 +78,7 @@ def build_corpus(mirror: Path, mb: float, dest: Path) -> Path:
 
 
 def documents(corpus: Path):
-    """The documents lm-prepare --doc-split blank_line makes of the corpus (same regex, same filter)."""
+    """The documents lm prepare --doc-split blank_line makes of the corpus (same regex, same filter)."""
     return [d for d in re.split(BLANK_LINE, corpus.read_text("utf-8")) if d.strip()]
 
 
@@ -95,7 +95,7 @@ def train_tokenizer(corpus: Path, vocab_size: int, dest: Path) -> float:
 
 
 def raw_encode(tokenizer: str, corpus: str, batch_chars: int) -> dict:
-    """encode_batch_fast over the documents in batches of ~batch_chars (lm-prepare's task size)."""
+    """encode_batch_fast over the documents in batches of ~batch_chars (lm prepare's task size)."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer)
@@ -127,7 +127,7 @@ def run_raw(args, tokenizer: Path, corpus: Path, threads: int) -> dict:
             "threads": threads, "loadavg": load}
 
 
-# -- lm-prepare, with the RSS of its process tree ---------------------------------------------------
+# -- lm prepare, with the RSS of its process tree ---------------------------------------------------
 
 
 class TreeSampler:
@@ -175,7 +175,7 @@ class TreeSampler:
 
 
 def run_prepare(args, tokenizer: Path, corpus: Path, workers: int, out: Path) -> dict:
-    """One `lm-prepare` command, timed end to end, its tree RSS sampled; tokens from its meta.json."""
+    """One `lm prepare` command, timed end to end, its tree RSS sampled; tokens from its meta.json."""
     shutil.rmtree(out, ignore_errors=True)
     cmd = [sys.executable, "-m", "lm.cli.prepare", str(corpus), "--out", str(out), "--tokenizer", str(tokenizer),
            "--doc-split", "blank_line", "--workers", str(workers), "--task-bytes", str(args.task_bytes)]
@@ -190,7 +190,7 @@ def run_prepare(args, tokenizer: Path, corpus: Path, workers: int, out: Path) ->
         wall = time.perf_counter() - t0
         sampler.close()
     if rc:
-        raise SystemExit(f"lm-prepare failed ({rc}); see {out.with_suffix('.log')}:\n"
+        raise SystemExit(f"lm prepare failed ({rc}); see {out.with_suffix('.log')}:\n"
                          + out.with_suffix(".log").read_text()[-2000:])
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its (waited-for) workers
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -205,7 +205,7 @@ def run_prepare(args, tokenizer: Path, corpus: Path, workers: int, out: Path) ->
             "other_cpu_s": sorted((v for k, v in sampler.cpu.items() if k != proc.pid), reverse=True),
             "quiet_wall_s": quiet_wall(cpu_s, max(sampler.cpu.values()), workers),
             "peak_rss_mb": sampler.peak / 2**20, "loadavg": load,
-            "command": "lm-prepare " + " ".join(cmd[3:])}
+            "command": "lm prepare " + " ".join(cmd[3:])}
 
 
 def quiet_wall(cpu_s: float, busiest_s: float, workers: int) -> float:
@@ -289,7 +289,7 @@ def tokenization(args, work: Path, tokenizer: Path, corpus: Path) -> dict:
                 f"per CPU-s   loadavg {res['loadavg']}")
     b = {k: best(v) for k, v in rounds.items()}
     if b["w1"]["text_tokens"] != b["raw1"]["tokens"]:
-        say(f"  note: lm-prepare made {b['w1']['text_tokens']:,} text tokens, raw {b['raw1']['tokens']:,}")
+        say(f"  note: lm prepare made {b['w1']['text_tokens']:,} text tokens, raw {b['raw1']['tokens']:,}")
     c = {k: best(v, "tokens_per_cpu_s") for k, v in rounds.items()}  # the least disturbed CPU accounting
     return {"rounds": rounds, "best": b, "scaling": b["w2"]["tokens_per_s"] / b["w1"]["tokens_per_s"],
             "vs_raw_1": b["w1"]["tokens_per_s"] / b["raw1"]["tokens_per_s"],
@@ -322,17 +322,17 @@ def report(res: dict) -> None:
     say("\n-- tokenization (best of %d rounds, wall time of the whole command; tokens/s) --" % res["rounds"])
     say(f"raw tokenizers encode_batch_fast, 1 thread    {b['raw1']['tokens_per_s']:>12,.0f}   load {b['raw1']['loadavg']}")
     say(f"raw tokenizers encode_batch_fast, 2 threads   {b['raw2']['tokens_per_s']:>12,.0f}   load {b['raw2']['loadavg']}")
-    say(f"lm-prepare --workers 1                        {b['w1']['tokens_per_s']:>12,.0f}   load {b['w1']['loadavg']}")
-    say(f"lm-prepare --workers 2                        {b['w2']['tokens_per_s']:>12,.0f}   load {b['w2']['loadavg']}")
+    say(f"lm prepare --workers 1                        {b['w1']['tokens_per_s']:>12,.0f}   load {b['w1']['loadavg']}")
+    say(f"lm prepare --workers 2                        {b['w2']['tokens_per_s']:>12,.0f}   load {b['w2']['loadavg']}")
     say(f"2 workers / 1 worker         = {tk['scaling']:.2f}x   target >= 1.70x  {verdict(tk['scaling'] >= 1.7)}"
         f"   (raw tokenizers 2 threads / 1 thread = {tk['raw_scaling']:.2f}x)")
-    say(f"lm-prepare / raw, 1 worker   = {tk['vs_raw_1']:.0%}     target >= 80%    {verdict(tk['vs_raw_1'] >= 0.8)}")
-    say(f"lm-prepare / raw, 2 workers  = {tk['vs_raw_2']:.0%}     target >= 80%    {verdict(tk['vs_raw_2'] >= 0.8)}")
+    say(f"lm prepare / raw, 1 worker   = {tk['vs_raw_1']:.0%}     target >= 80%    {verdict(tk['vs_raw_1'] >= 0.8)}")
+    say(f"lm prepare / raw, 2 workers  = {tk['vs_raw_2']:.0%}     target >= 80%    {verdict(tk['vs_raw_2'] >= 0.8)}")
     c = tk["cpu"]
     say("CPU-time accounting (robust to neighbours' load; what a quiet machine would show):")
     for name in ("w1", "w2"):
         r = c["best"][name]
-        say(f"  lm-prepare --workers {name[1]}: {r['cpu_s']:.1f} CPU-s in all, busiest process {r['busiest_process_cpu_s']:.1f}"
+        say(f"  lm prepare --workers {name[1]}: {r['cpu_s']:.1f} CPU-s in all, busiest process {r['busiest_process_cpu_s']:.1f}"
             f" CPU-s, {r['tokens_per_cpu_s']:,.0f} tokens per CPU-s; alone on {min(int(name[1]), os.cpu_count())} "
             f"cores: {r['quiet_wall_s']:.1f}s")
     w2 = c["best"]["w2"]
@@ -341,8 +341,8 @@ def report(res: dict) -> None:
     say(f"  raw tokenizers, 1 thread: {c['best']['raw1']['tokens_per_cpu_s']:,.0f} tokens per CPU-s")
     say(f"  2 workers / 1 worker (quiet-machine estimate)     = {c['scaling']:.2f}x   target >= 1.70x  "
         f"{verdict(c['scaling'] >= 1.7)}")
-    say(f"  lm-prepare / raw per CPU-s, 1 worker  = {c['vs_raw_1']:.0%}    target >= 80%   {verdict(c['vs_raw_1'] >= 0.8)}")
-    say(f"  lm-prepare / raw per CPU-s, 2 workers = {c['vs_raw_2']:.0%}    target >= 80%   {verdict(c['vs_raw_2'] >= 0.8)}")
+    say(f"  lm prepare / raw per CPU-s, 1 worker  = {c['vs_raw_1']:.0%}    target >= 80%   {verdict(c['vs_raw_1'] >= 0.8)}")
+    say(f"  lm prepare / raw per CPU-s, 2 workers = {c['vs_raw_2']:.0%}    target >= 80%   {verdict(c['vs_raw_2'] >= 0.8)}")
     say(f"command: {b['w2']['command']}")
     say("\n-- loader vs training (tokens/s, seq_len %d, micro-batch %d) --" % (ld["seq_len"], ld["batch"]))
     for obj, v in ld["loader"].items():
@@ -355,7 +355,7 @@ def report(res: dict) -> None:
         say(f"loader / {name} training = " + ", ".join(f"{o} {r:,.0f}x" for o, r in ratios.items())
             + f"   target >= 100x  {verdict(worst >= 100)}")
     say(f"load {ld['loadavg']}")
-    say("\n-- lm-prepare peak RSS of the process tree (main + workers), --workers 2 --")
+    say("\n-- lm prepare peak RSS of the process tree (main + workers), --workers 2 --")
     for row in mem["runs"]:
         say(f"corpus {row['corpus_mb']:6.1f} MB: peak {row['peak_rss_mb']:7.1f} MB   load {row['loadavg']}")
     say(f"growth {mem['growth']:.2f}x for {mem['size_ratio']:.1f}x the corpus   target: bounded (< 1.2x)  "
@@ -368,7 +368,7 @@ def main(argv=None) -> None:
     p.add_argument("--mb", type=float, default=64, help="corpus size in MB for throughput and the larger memory run")
     p.add_argument("--small-mb", type=float, default=16, help="corpus size in MB of the smaller memory run")
     p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary trained on the corpus")
-    p.add_argument("--task-bytes", type=int, default=1 << 20, help="lm-prepare --task-bytes, raw batch size in chars")
+    p.add_argument("--task-bytes", type=int, default=1 << 20, help="lm prepare --task-bytes, raw batch size in chars")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the tokenization runs (best kept)")
     p.add_argument("--seq-len", type=int, default=256, help="sequence length of the loader and the models")
     p.add_argument("--batch", type=int, default=8, help="micro-batch size of the loader and the models")

@@ -17,8 +17,8 @@ over the batch and features (0.85 at initialisation; near 0 = every position rea
     python benchmarks/electra_collapse.py --mlm                             # the MLM encoder, for reference
     python benchmarks/electra_collapse.py --hf                              # Hugging Face's ELECTRA, same sizes
 
-The corpus is data=gutenberg_mix_bpe's, prepared first (lm-prepare data=gutenberg_mix_bpe, or any
-lm-transfer run of the encoder presets).
+The corpus is data=gutenberg_mix_bpe's, prepared first (lm prepare data=gutenberg_mix_bpe, or any
+lm transfer run of the encoder presets).
 """
 
 import argparse

@@ -1,6 +1,6 @@
 """Engine benchmarks (issue 4), each a ratio against a peer measured in the same run.
 
-    python benchmarks/engine_bench.py overhead      # lm-train's loop vs a bare fwd+bwd+AdamW loop
+    python benchmarks/engine_bench.py overhead      # lm train's loop vs a bare fwd+bwd+AdamW loop
     python benchmarks/engine_bench.py zero-memory   # bytes per rank, ZeRO-0/1/2/3 on 2 CPU ranks, vs the formula
 
 overhead: the same GPT-2-layout model, the same packed batches of tiny Shakespeare, the same AdamW;
@@ -51,7 +51,7 @@ def run_overrides(run_dir, steps, extra=()):
 # -- overhead ---------------------------------------------------------------------------------------
 
 def lm_train_tokens_per_s(steps):
-    """lm-train's own tokens/s over the second half of the run (the first half warms up)."""
+    """lm train's own tokens/s over the second half of the run (the first half warms up)."""
     from lm.cli.train import train
 
     with tempfile.TemporaryDirectory() as d:
@@ -104,11 +104,11 @@ def overhead(args):
     for r in range(args.rounds):
         bare.append(bare_tokens_per_s(args.steps))
         ours.append(lm_train_tokens_per_s(args.steps))
-        print(f"round {r + 1}: bare {bare[-1]:.0f} tok/s, lm-train {ours[-1]:.0f} tok/s", flush=True)
+        print(f"round {r + 1}: bare {bare[-1]:.0f} tok/s, lm train {ours[-1]:.0f} tok/s", flush=True)
     b, o = statistics.median(bare), statistics.median(ours)
     print(f"\nGPT-2 layout {' '.join(MODEL[1:5])}, seq 256, batch 8, {args.threads} threads, fp32, median of "
           f"{args.rounds} rounds of {args.steps // 2} timed steps")
-    print(f"| bare loop | lm-train (engine=single) | lm-train / bare |\n|---|---|---|\n| {b:.0f} tok/s | {o:.0f} tok/s "
+    print(f"| bare loop | lm train (engine=single) | lm train / bare |\n|---|---|---|\n| {b:.0f} tok/s | {o:.0f} tok/s "
           f"| {o / b:.3f} |")
     print(f"target >= 0.90: {'met' if o / b >= 0.9 else 'NOT met'}")
 
@@ -176,7 +176,7 @@ def zero_memory(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
-    o = sub.add_parser("overhead", help="lm-train's loop vs a bare loop, same model/data/optimizer")
+    o = sub.add_parser("overhead", help="lm train's loop vs a bare loop, same model/data/optimizer")
     o.add_argument("--steps", type=int, default=40, help="steps per run; the second half is timed")
     o.add_argument("--rounds", type=int, default=3)
     o.add_argument("--threads", type=int, default=2)

@@ -1,4 +1,4 @@
-"""Fault injection for `lm-train` (one process, DDP and ZeRO-2 on 2 ranks) and `lm-finetune task=glue/all`:
+"""Fault injection for `lm train` (one process, DDP and ZeRO-2 on 2 ranks) and `lm finetune task=glue/all`:
 kill runs at random moments (inside steps, inside checkpoint writes, after random delays), damage
 checkpoints, start concurrent runs, change the config on resume; then count exact resumes, clear refusals
 and silent corruptions (which must be 0).
@@ -14,8 +14,8 @@ deleted `latest` (resume from the newest intact step_*), 1 `.lock` planted as a 
 infinite gradient norm (optim.lr=1e3: the run must stop, not finish with frozen weights), 2 `latest` naming
 another run's checkpoint. --kinds a,b keeps only those kinds of the single-process mix.
 --ddp-trials / --zero2-trials: the same kinds under `torchrun --nproc_per_node 2` (gloo; full disks excluded).
---finetune-trials: SIGKILL `lm-finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
-lm-train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
+--finetune-trials: SIGKILL `lm finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
+lm train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
 uninterrupted results.json (timings aside), submission files and per-step losses.
 Needs LM_DATA_MIRROR (tiny Shakespeare is prepared once into LM_CACHE; GLUE TSVs from <mirror>/glue_data).
 """
@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lm.core.checkpoint import FAULT_PHASES, damage  # noqa: E402 - needs the repo on sys.path
+from lm.core.checkpoint import SAVE_PHASES, damage  # noqa: E402 - needs the repo on sys.path
 
 STEPS = 30
 TOL = 1e-5
@@ -61,7 +61,7 @@ FINETUNE_CHANGED = "optim.weight_decay=0.05"
 class Suite:
     """One kind of job under test: how to start it, its uninterrupted reference, how to compare."""
 
-    name: str  # prefix of its trial kinds in the summary ("" for single-process lm-train)
+    name: str  # prefix of its trial kinds in the summary ("" for single-process lm train)
     world: int
     app: str  # "train" | "finetune"
     args: List[str]
@@ -124,7 +124,8 @@ def output(run_dir: Path, rank0: bool) -> str:
 
 
 def start(suite: Suite, run_dir: Path, pause: Dict[str, str], flag: Path) -> subprocess.Popen:
-    extra = {**pause, "LM_FAULT_PAUSE_FILE": str(flag)} if pause else {}
+    # benchmarks/fault_pause.py, installed through lm's LM_PLUGINS hook point, reads the LM_FAULT_* variables
+    extra = {**pause, "LM_FAULT_PAUSE_FILE": str(flag), "LM_PLUGINS": str(REPO / "benchmarks" / "fault_pause.py")} if pause else {}
     return subprocess.Popen(command(suite, run_dir), cwd=REPO, env=env(**extra), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -279,7 +280,7 @@ def latest_damage(run_dir: Path) -> Optional[str]:
 def damage_random_checkpoint(run_dir: Path, rng: random.Random) -> str:
     ckpts = [c for d in checkpoint_dirs(run_dir) for c in sorted(d.glob("step_*"))]
     files = [f for c in ckpts for f in sorted(c.rglob("*")) if f.is_file() and f.stat().st_size > 0]
-    files += sorted(run_dir.glob("*/seed*/result.pt"))  # a finished task/seed of lm-finetune
+    files += sorted(run_dir.glob("*/seed*/result.pt"))  # a finished task/seed of lm finetune
     if not files:
         return "no checkpoint to damage"
     target = rng.choice(files)
@@ -294,14 +295,14 @@ def damage_random_checkpoint(run_dir: Path, rng: random.Random) -> str:
 
 
 def interrupt(suite: Suite, run_dir: Path, rng: random.Random, flag: Path) -> str:
-    """Kill a job at a random moment: parked inside a random step (the loop's hook), parked at a random phase
-    of a random checkpoint write (lm/core/checkpoint.py's hook), or after a random delay (anywhere)."""
+    """Kill a job at a random moment: parked inside a random step, parked at a random phase of a random
+    checkpoint write (both by benchmarks/fault_pause.py on lm's hooks), or after a random delay (anywhere)."""
     how = rng.random()
     if how < 0.4:
         step = rng.randint(2, suite.steps - 1)
         pause, what = {"LM_FAULT_PAUSE_AT_STEP": str(step)}, f"SIGKILL inside step {step}"
     elif how < 0.7:
-        phase, n = rng.choice(FAULT_PHASES), rng.randint(1, suite.saves)
+        phase, n = rng.choice(SAVE_PHASES), rng.randint(1, suite.saves)
         pause, what = {"LM_FAULT_PAUSE_IN_SAVE": f"{phase}:{n}"}, f"SIGKILL in checkpoint write {n} before {phase}"
     else:
         delay = rng.uniform(0.2, 1.0) * suite.seconds
@@ -585,7 +586,7 @@ def reference(suite: Suite, run_dir: Path) -> None:
 
 
 def finetune_suite(init: Path) -> Suite:
-    """Tiny lm-finetune task=glue/all: 48 train examples per task, 2 epochs of 3 steps, rte with 2 seeds."""
+    """Tiny lm finetune task=glue/all: 48 train examples per task, 2 epochs of 3 steps, rte with 2 seeds."""
     per_task = [f"tasks.{t}.{k}" for t in GLUE_TASKS for k in
                 ("epochs=2", "batch_size=16", "max_len=32", "seeds=[0]")]
     per_task[per_task.index("tasks.rte.seeds=[0]")] = "tasks.rte.seeds=[0,1]"
@@ -596,10 +597,10 @@ def finetune_suite(init: Path) -> Suite:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trials", type=int, default=len(KINDS), help="single-process lm-train trials")
+    p.add_argument("--trials", type=int, default=len(KINDS), help="single-process lm train trials")
     p.add_argument("--ddp-trials", type=int, default=0, help=f"2-rank DDP trials (of {len(DDP_KINDS)})")
     p.add_argument("--zero2-trials", type=int, default=0, help=f"2-rank ZeRO-2 trials (of {len(ZERO2_KINDS)})")
-    p.add_argument("--finetune-trials", type=int, default=0, help=f"lm-finetune trials (of {len(FINETUNE_KINDS)})")
+    p.add_argument("--finetune-trials", type=int, default=0, help=f"lm finetune trials (of {len(FINETUNE_KINDS)})")
     p.add_argument("--kinds", default="", help="comma-separated: keep only these kinds of the single-process mix "
                                                  f"(of {', '.join(dict.fromkeys(KINDS))})")
     p.add_argument("--seed", type=int, default=0)

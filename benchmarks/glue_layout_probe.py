@@ -1,7 +1,7 @@
-"""Probe (not the recipe): lm-transfer with GLUE inputs laid out as [EOS] a [EOS] b [EOS] instead of
+"""Probe (not the recipe): lm transfer with GLUE inputs laid out as [EOS] a [EOS] b [EOS] instead of
 [CLS] a [SEP] b [SEP]. Masked-LM pretraining on documents never produces [CLS] or [SEP] (documents are
 joined by [EOS]), so this asks whether the pretrained arm loses by meeting them as untrained rows. Both arms
-get the same layout; every argument goes to lm-transfer (docs/glue_transfer.md, 2026-11-26 11:00 UTC):
+get the same layout; every argument goes to lm transfer (docs/glue_transfer.md, 2026-11-26 11:00 UTC):
 
     python benchmarks/glue_layout_probe.py --preset glue_transfer_encoder --tokens 3e7 \\
         --out runs/sep_probe/encoder/30000000 --scratch runs/sep_probe/encoder/scratch \\

@@ -1,16 +1,16 @@
 """Linear probe: how much of a GLUE task a checkpoint's FROZEN features already solve, against the
 same model with random weights.
 
-Each example is encoded as lm-finetune encodes it, run through the backbone once (no training),
+Each example is encoded as lm finetune encodes it, run through the backbone once (no training),
 pooled (mean over real tokens, and the last real token), and a logistic regression
 (scikit-learn) is fit on the training features and scored on dev. If the pretrained features
 probe barely above random ones, finetuning from them cannot be expected to beat training from
-scratch (docs/glue_pretraining.md uses it that way).
+scratch.
 
     python benchmarks/glue_probe.py runs/quickstart/pretrain                 # SST-2, first 5000 train rows
     python benchmarks/glue_probe.py runs/quickstart/pretrain --task cola --train-examples 0   # all rows
 
-Data: $LM_DATA_MIRROR/glue_data (or --data-root), as lm-finetune reads it.
+Data: $LM_DATA_MIRROR/glue_data (or --data-root), as lm finetune reads it.
 """
 
 import argparse
@@ -67,7 +67,7 @@ def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: i
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("init", help="an lm-train run dir (or checkpoint, or lm-export dir)")
+    p.add_argument("init", help="an lm train run dir (or checkpoint, or lm export dir)")
     p.add_argument("--task", default="sst2")
     p.add_argument("--train-examples", type=int, default=5000, help="first N training rows (0 = all)")
     p.add_argument("--max-len", type=int, default=64)

@@ -1,4 +1,4 @@
-"""The GLUE transfer curve: lm-transfer at several pretraining token counts, for the decoder (causal LM)
+"""The GLUE transfer curve: lm transfer at several pretraining token counts, for the decoder (causal LM)
 and the encoder (masked LM) presets of one size; writes the curve table and its PNG into
 docs/glue_transfer.md (between its `<!-- curve:begin -->` / `<!-- curve:end -->` markers).
 
@@ -7,17 +7,17 @@ docs/glue_transfer.md (between its `<!-- curve:begin -->` / `<!-- curve:end -->`
     python benchmarks/glue_transfer_curve.py --arches decoder --tokens 0,3e6 --root runs/gtc  # a part
     python benchmarks/glue_transfer_curve.py --arches electra       # the ELECTRA arm (replaced-token detection)
 
-Each (arch, tokens) point is one lm-transfer run in <root>/<arch>/<tokens>; the scratch arm does not
+Each (arch, tokens) point is one lm transfer run in <root>/<arch>/<tokens>; the scratch arm does not
 depend on the tokens, so each arch's runs share one (<root>/<arch>/scratch; ELECTRA's is the encoder's,
 <root>/encoder/scratch, since its discriminator is finetuned as that same encoder). Every run resumes: an
 interrupted curve continues where it stopped when the same command runs again (points already done
 are read back, not retrained). A session's runs/ may not outlive it, so every finished point's
 transfer.json is also copied into the committed archive <archive>/<series>[-<overrides digest>]/<tokens>/ (default
 docs/glue_transfer/points): the page is built from the archive, and a point measured by an earlier
-session stays on it (a point run again replaces its archived record). The scratch arm is archived too
-(<archive>/scratch/<key>/: each task/seed pair's result.pt, keyed by the arm's transfer_arm.json record), and
-a later session's curve restores it instead of finetuning it again (about 55 core-minutes on the CPU);
-lm-finetune's resume check still refuses a restored pair whose settings differ. --tiny swaps in 0/100k/300k
+session stays on it (a point run again replaces its archived record). The scratch arm is archived too, outside
+git since it holds binaries (--scratch-archive, default <root>/scratch_archive; <it>/scratch/<key>/: each task/seed pair's result.pt, keyed by the
+arm's transfer_arm.json record), and a later curve with the same --scratch-archive restores it instead of finetuning it again;
+lm finetune's resume check still refuses a restored pair whose settings differ. --tiny swaps in 0/100k/300k
 tokens, a 1 x 32 model, the TinyStories slice as corpus, one seed, RTE and MRPC with 64 training
 examples and 1 epoch, and writes to <root>/ and --doc /tmp/glue_transfer_tiny.md instead of the real
 page (and archives under <root>/points).
@@ -68,11 +68,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--archive", type=Path, default=None,
                    help=f"committed copies of every finished point's {TRANSFER}, from which the page is built "
                         f"(default {ARCHIVE}; with --tiny <root>/points)")
+    p.add_argument("--scratch-archive", type=Path, default=None,
+                   help="finished scratch arms (their result.pt files), restored by a later curve instead of "
+                        "finetuned again (default <root>/scratch_archive; outside git)")
     p.add_argument("--logger", default="none", choices=["none", "wandb", "tensorboard", "all"])
-    p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE", help="lm-train overrides for every run")
-    p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE", help="lm-finetune overrides for every run")
+    p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE", help="lm train overrides for every run")
+    p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE", help="lm finetune overrides for every run")
     p.add_argument("--parallel", action="store_true",
-                   help="lm-transfer --parallel: each point's scratch arm beside its pretraining (the first point that "
+                   help="lm transfer --parallel: each point's scratch arm beside its pretraining (the first point that "
                         "finetunes it; the others read it back)")
     p.add_argument("--tiny", action="store_true", help="a few-minute end-to-end check (see above)")
     return p
@@ -151,7 +154,7 @@ def archive_scratch(scratch: Path, archive: Path) -> Path:
 
 def restore_scratch(r: Recipe, archive: Path) -> Optional[Path]:
     """Before a curve's first run of a session: fill an empty scratch directory from the archived arm with the
-    same record, if there is one (lm-transfer then resumes each pair instead of training it)."""
+    same record, if there is one (lm transfer then resumes each pair instead of training it)."""
     if (r.scratch / "transfer_arm.json").is_file():
         return None  # this session's arm (finished or not) is resumed as it is
     src = archive / "scratch" / scratch_key(scratch_record(r, plan(r)))
@@ -187,6 +190,7 @@ def main(argv=None) -> None:
     tasks = a.tasks.split(",") if a.tasks else None
     pretrain, finetune, doc = a.pretrain, a.finetune, a.doc
     archive = a.archive or (a.root / "points" if a.tiny else ARCHIVE)
+    scratch_archive = a.scratch_archive or a.root / "scratch_archive"  # result.pt binaries: never in git
     if a.tiny:
         tasks, seeds = tasks or ["rte", "mrpc"], [seeds[0]]
         tokens = tokens if a.tokens != TOKENS else [0, 100_000, 300_000]
@@ -203,12 +207,12 @@ def main(argv=None) -> None:
             recipe = Recipe(preset=f"glue_transfer_{arch}", tokens=n, out=out, scratch=scratch, seeds=seeds,
                             tasks=tasks, group=f"glue_transfer_{arch}_{n}", logger=a.logger, pretrain=pretrain,
                             finetune=finetune, parallel=a.parallel and n > 0)
-            recipe.command = "lm-transfer " + " ".join(map(shlex.quote, recipe_argv(recipe)))
+            recipe.command = "lm transfer " + " ".join(map(shlex.quote, recipe_argv(recipe)))
             recipe.command += " --parallel" if recipe.parallel else ""
-            restore_scratch(recipe, archive)
+            restore_scratch(recipe, scratch_archive)
             run_transfer(recipe)
             archive_point(out, archive)
-            archive_scratch(scratch, archive)
+            archive_scratch(scratch, scratch_archive)
     summaries = find_transfers([archive])  # this call's points and every earlier session's
     png = plot_curve(summaries, doc.with_suffix(".png"))
     command = "python benchmarks/glue_transfer_curve.py " + " ".join(map(shlex.quote, argv))

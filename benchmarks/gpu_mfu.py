@@ -16,11 +16,18 @@ by eager steps of doubling size until out of memory, then the compiled step is t
 --inductor KEY=VALUE sets a torch._inductor.config field (e.g. coordinate_descent_tuning=True); each row
 records it. The model starts from seed 0 and each row gives its last step's loss, so two runs of one preset
 can be checked to compute the same thing.
+
+What is timed is what lm-train runs: lm's loop and single engine (train.precision=bf16, clipping, lm's fused
+AdamW, the loop's batch prefetch and host-to-device copy) through the run harness (lm/core/session.py), on one
+fixed batch; the engine's model is compiled here with --compile-mode and dynamic=False. Only the search for the
+largest batch that fits uses a hand-written eager step (it times nothing).
 """
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 import time
 
 import torch
@@ -68,57 +75,90 @@ def build(preset: str, seq: int, overrides, device: str):
     cfg = model_preset(preset, [f"model.max_seq_len={max(seq, 1)}", "model.dropout=0.0", *overrides])
     with torch.device(device):
         model = build_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device != "cpu")
-    return cfg, model, opt
+    return cfg, model
 
 
-def timed(step, cfg, seq: int, batch: int, steps: int, device: str, warmup: int = 3):
-    """(tokens/s of `steps` steps after `warmup` (compilation happens there), the last step's loss)."""
-    x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
-    for _ in range(warmup):
-        loss = step(x[:, :-1], x[:, 1:])
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        loss = step(x[:, :-1], x[:, 1:])
-    sync(device)
-    return steps * batch * seq / (time.perf_counter() - start), loss.item()
+def timed(model, cfg, seq: int, batch: int, steps: int, device: str, compile_model: bool = False,
+          compile_mode: str = "default", warmup: int = 3, around=contextlib.nullcontext):
+    """(tokens/s of `steps` steps after `warmup` (compilation happens there), the last step's loss, what `around()`
+    gave): lm's loop and single engine through the run harness on one fixed batch; `around()` is entered and left
+    around the timed steps (a profiler). The run ends after them (the loop's last step would write a checkpoint)."""
+    from lm.core.config import OptimConfig, TrainConfig
+    from lm.core.fixed_task import FixedTask, Records, TimedStepsDone
+    from lm.core.hooks import Hooks
+    from lm.core.session import Session
+    from lm.engine import Dist, SingleEngine
+
+    x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(0))
+    task = FixedTask([{"input_ids": x[:, :-1].contiguous(), "labels": x[:, 1:].contiguous()}])
+    total, clock, inside = warmup + steps, {}, contextlib.ExitStack()
+
+    def step_begin(step: int) -> None:
+        if step in (warmup, total):
+            sync(device)
+            clock[step] = time.perf_counter()
+        if step == warmup:
+            clock["around"] = inside.enter_context(around())
+        if step == total:
+            inside.close()
+            raise TimedStepsDone
+
+    train = TrainConfig(micro_batch_size=batch, seq_len=seq, max_steps=total + 1, precision="bf16", device=device,
+                        log_interval=total, eval_interval=0, ckpt_interval=0, progress=False)
+    engine = SingleEngine(train, Dist(rank=0, world_size=1, local_rank=0, device=torch.device(device)))
+    records = Records()
+    with tempfile.TemporaryDirectory(prefix="gpu-mfu-") as run_dir, inside, \
+            Session(train, engine, task, run_dir, "", hooks=Hooks(step_begin=[step_begin])) as session:
+        session.build(lambda: model, 0, OptimConfig(lr=1e-4))
+        if compile_model:  # dynamic=False: each batch gets its own static graph, as a training run of one shape would
+            engine.model = torch.compile(engine.model, dynamic=False, mode=compile_mode)
+        session.tracker = records
+        try:
+            session.train(lambda step: 1e-4)
+        except TimedStepsDone:
+            pass
+    return steps * batch * seq / (clock[total] - clock[warmup]), records.records[-1]["loss"], clock.get("around")
 
 
-def free(device: str, opt=None):
-    if opt is not None:
-        opt.zero_grad(set_to_none=True)
+def free(device: str, model=None):
+    if model is not None:
+        model.zero_grad(set_to_none=True)
     if device != "cpu":
         torch.cuda.empty_cache()
 
 
-def largest_batch(model, opt, cfg, seq: int, device: str, start: int = 4, limit: int = 512) -> int:
-    """The largest power of two (from `start`) whose eager step, optimizer state included, fits."""
+def largest_batch(model, cfg, seq: int, device: str, start: int = 4, limit: int = 512) -> int:
+    """The largest power of two (from `start`) whose eager step, optimizer state included, fits (a hand-written
+    step: this only probes memory)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device != "cpu")
     step, batch, best = train_step_fn(model, opt, device), start, None
     while batch <= limit:
         try:
-            timed(step, cfg, seq, batch, 0, device, warmup=1)
+            x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
+            step(x[:, :-1], x[:, 1:])
+            sync(device)
             best = batch
             batch *= 2
         except torch.OutOfMemoryError:
             break
         finally:
-            free(device, opt)
+            free(device, model)
+    del opt  # its state: the timed runs build lm's own optimizer
+    free(device)
     if best is None:
         raise SystemExit(f"even micro-batch {start} does not fit")
     return best
 
 
-def profile_table(step, cfg, seq: int, batch: int, device: str, rows: int) -> str:
-    """torch.profiler's table of 3 (already compiled) steps, by self time on the device: where a step goes."""
+def profile_table(model, cfg, seq: int, batch: int, device: str, rows: int, compile_model: bool,
+                  compile_mode: str) -> str:
+    """torch.profiler's table of 3 steps after 3 warm-up steps of lm's loop, by self time on the device: where a
+    step goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    x = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
-    with profile(activities=activities) as prof:
-        for _ in range(3):
-            step(x[:, :-1], x[:, 1:])
-        sync(device)
+    prof = timed(model, cfg, seq, batch, 3, device, compile_model, compile_mode,
+                 around=lambda: profile(activities=activities))[2]
     if device == "cpu":
         return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
     try:
@@ -127,7 +167,7 @@ def profile_table(step, cfg, seq: int, batch: int, device: str, rows: int) -> st
         return prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows)
 
 
-def plan_batches(batches, model, opt, cfg, seq: int, device: str, compile_model: bool):
+def plan_batches(batches, model, cfg, seq: int, device: str, compile_model: bool):
     """(batch, optional) pairs: 0 becomes the largest eager batch and, compiled on a GPU, twice it as an
     optional try (a compiled step holds fewer activations: the eager search can stop one doubling short)."""
     plan = []
@@ -135,7 +175,7 @@ def plan_batches(batches, model, opt, cfg, seq: int, device: str, compile_model:
         if batch:
             plan.append((batch, False))
             continue
-        batch = largest_batch(model, opt, cfg, seq, device)
+        batch = largest_batch(model, cfg, seq, device)
         plan.append((batch, False))
         if compile_model and device != "cpu":
             plan.append((2 * batch, True))
@@ -147,20 +187,18 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
     """One JSON-able row per micro-batch in `batches` (0 = the largest that fits: plan_batches), from one
     built model; `profile` > 0 prints that many rows of the profiler's table of the last timed batch's step;
     `tags` are added to every row."""
-    cfg, model, opt = build(preset, seq, overrides, device)
+    cfg, model = build(preset, seq, overrides, device)
     fpt, peak, rows = flops_per_token(cfg, seq), device_peak(device), []
-    for batch, optional in plan_batches(batches, model, opt, cfg, seq, device, compile_model):
-        # dynamic=False: each batch gets its own static graph, as a training run of one shape would
-        run = torch.compile(model, dynamic=False, mode=compile_mode) if compile_model else model
+    for batch, optional in plan_batches(batches, model, cfg, seq, device, compile_model):
         tokens_per_s = None
         while True:
             try:
                 if device != "cpu":
                     torch.cuda.reset_peak_memory_stats()
-                tokens_per_s, loss = timed(train_step_fn(run, opt, device), cfg, seq, batch, steps, device)
+                tokens_per_s, loss, _ = timed(model, cfg, seq, batch, steps, device, compile_model, compile_mode)
                 break
             except torch.OutOfMemoryError:
-                free(device, opt)
+                free(device, model)
                 if optional:
                     break
                 if batch == 1:
@@ -175,13 +213,12 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
                      "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
                      "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
                      "torch": torch.__version__, **(tags or {})})
-        last = run, batch
-        free(device, opt)
+        last = batch
+        free(device, model)
     if profile:
-        run, batch = last
-        table = profile_table(train_step_fn(run, opt, device), cfg, seq, batch, device, profile)
-        print(f"profile: {preset}, batch {batch}, T={seq}", table, sep="\n", flush=True)
-    del model, opt
+        table = profile_table(model, cfg, seq, last, device, profile, compile_model, compile_mode)
+        print(f"profile: {preset}, batch {last}, T={seq}", table, sep="\n", flush=True)
+    del model
     free(device)
     return rows
 

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Issue 17's GPU run in device calls (a call may last 10 minutes, and a fresh machine keeps nothing of the last
-# one): lm-transfer --preset glue_transfer_gpu on the mirror .gpu_data (benchmarks/gpu_transfer_data.sh 5), run as
-# lm-transfer processes (lanes) that share the GPU, then one that reads them back and writes the table; or, with
+# one): lm transfer --preset glue_transfer_gpu on the mirror .gpu_data (benchmarks/gpu_transfer_data.sh 5), run as
+# lm transfer processes (lanes) that share the GPU, then one that reads them back and writes the table; or, with
 # ARMS (below), one arm per call. The run itself goes to /tmp (its checkpoints are far over what a call brings
 # back); OUT gets at most six files (a call brings back at most 8): env.txt, log.txt, details.tgz with every
 # process' log, each arm's and lane's results.json and the pretraining's metrics; transfer.md and transfer.json
 # when the table was written, transfer_<arm>.json when only that arm is whole.
-#   benchmarks/gpu_transfer.sh OUT [extra lm-transfer arguments for every process, not --finetune/--tasks]
+#   benchmarks/gpu_transfer.sh OUT [extra lm transfer arguments for every process, not --finetune/--tasks]
 #   ARMS=pretrained TOKENS=150000000 LIMIT=590 FINETUNE="train.log_interval=100" benchmarks/gpu_transfer.sh "$OUT"
-# FINETUNE: lm-finetune overrides for every process, after (so over) the ones below; none may name a task
+# FINETUNE: lm finetune overrides for every process, after (so over) the ones below; none may name a task
 # (tasks.<t>.* is refused by a process that does not finetune t). FINETUNE_SST2: more for the SST-2 lanes,
 # FINETUNE_OTHER for the cola,mrpc,stsb,rte lanes (both also go to the table's call).
 #
@@ -23,8 +23,8 @@
 #      finetunes SST-2 (--arm pretrained --tasks sst2)
 #   3. once the pretraining is done: a copy of it in the second lane's --out, and the pretrained lane of the other
 #      four tasks
-#   4. the second lanes' task directories are copied into the first lanes' arms, and lm-transfer (all tasks, both
-#      arms) finds every task/seed finished (lm-finetune skips a pair with result.pt) and writes the table.
+#   4. the second lanes' task directories are copied into the first lanes' arms, and lm transfer (all tasks, both
+#      arms) finds every task/seed finished (lm finetune skips a pair with result.pt) and writes the table.
 # The finetuning is issue 17's recipe for a GPU (docs/glue_transfer.md, "GPU preset"): every SST-2 and STS-B
 # training example, lr 1e-4; SST-2 in batches of 128 at lr 2e-4 for 2 epochs (its 67k examples were 3/4 of
 # the finetuning time at batch 32, and its dev accuracy peaked at epoch 2 of 3 on the H200).
@@ -32,7 +32,7 @@
 # CoLA 25.2 -> 26.8, scratch unmoved; average gain +7.8 -> at least +8.9).
 # SCRATCH_SST2=0: no scratch SST-2 lane, and SCRATCH_TASKS (default cola,mrpc,stsb,rte) narrows the scratch lane
 # of the other tasks: for a rerun that changes only some tasks' recipe, when the device's budget does not hold the
-# whole run again (the scratch arm does not depend on the pretraining; lm-transfer --scratch shares it the same
+# whole run again (the scratch arm does not depend on the pretraining; lm transfer --scratch shares it the same
 # way). The pretraining's lane then prepares the corpus; no table is written (it needs every task in both arms),
 # and the lanes' results.json files in details.tgz are put together with the earlier run's scratch results.
 # ARMS=pretrained | scratch (default all): one arm per call, for a device budget that does not hold the whole
@@ -40,18 +40,18 @@
 # lane once the pretraining is done; 526 s on an H100 on 2026-11-27), or the scratch arm (its two lanes and the
 # table; 298 s). Each writes its arm's record, transfer_<arm>.json, into OUT; when the other arm
 # finished in an earlier call on the same machine (the same RUN_DIR) the table is written as well. From two
-# machines: lm-transfer --join OUT1/transfer_pretrained.json OUT2/transfer_scratch.json --out DIR.
+# machines: lm transfer --join OUT1/transfer_pretrained.json OUT2/transfer_scratch.json --out DIR.
 # COMPILE (default 1): the pretraining runs under torch.compile (train.compile=true; COMPILE=0: eager, as the
 # 2026-11-26 runs). Eager it ran at ~750k tokens/s (~14% MFU) alone on an H100 (2026-11-26): ~200 s for 150M
 # tokens. Compiled it was 1.54x eager on this project's 2-core CPU at 8 x 128 (docs/glue_transfer.md);
 # on an H100 (2026-11-27) ~936k tokens/s after a ~24 s compile: 199 s for 150M tokens (eager's ~200 s is from
 # 2026-11-26, another machine: no same-run comparison was made).
-# LIMIT: seconds for the whole script; the lanes get SIGTERM (lm-train and lm-finetune save their place) 25 s
+# LIMIT: seconds for the whole script; the lanes get SIGTERM (lm train and lm finetune save their place) 25 s
 # before it. The table's (or the arm record's) call then gets up to 60 s, ending 15 s before LIMIT, and is skipped
 # with less than 20 s left (the same command on the same machine writes it: every pair is found finished).
 # Whatever finished is copied to OUT either way.
 set -uo pipefail
-out="${1:?usage: gpu_transfer.sh OUT [lm-transfer arguments]}"
+out="${1:?usage: gpu_transfer.sh OUT [lm transfer arguments]}"
 shift
 tokens="${TOKENS:-150000000}"
 limit="${LIMIT:-590}"  # a device call lasts at most 600 s
@@ -73,7 +73,7 @@ left() {  # seconds the table's or the arm record's call may take: up to 60, end
 }
 say() { echo "[gpu_transfer $(date -u +%T) +$(($(date +%s) - t0))s] $*" | tee -a "$out/log.txt"; }
 common=(--preset glue_transfer_gpu --tokens "$tokens" --group gpu_transfer "$@")
-[ "${COMPILE:-1}" = 1 ] && common+=(--pretrain train.compile=true)  # after "$@": lm-transfer adds both lists
+[ "${COMPILE:-1}" = 1 ] && common+=(--pretrain train.compile=true)  # after "$@": lm transfer adds both lists
 base=(optim.lr=1e-4 train.micro_batch_size=128)
 sst2=(tasks.sst2.max_train_examples=null tasks.sst2.batch_size=128 tasks.sst2.lr=2e-4 tasks.sst2.epochs=2)
 other=(tasks.stsb.max_train_examples=null tasks.cola.epochs=4 tasks.stsb.epochs=4)
@@ -88,7 +88,7 @@ scratch_sst2="${SCRATCH_SST2:-1}"
 scratch_tasks="${SCRATCH_TASKS:-$other_tasks}"
 b="$run/b"  # the second lanes' --out: their pretraining copy and their scratch arm
 pids=()
-lane() {  # lane LOG ARGS...: one lm-transfer process in the background, its output in OUT/LOG; its pid: $last
+lane() {  # lane LOG ARGS...: one lm transfer process in the background, its output in OUT/LOG; its pid: $last
   python3 -m lm.cli.transfer "${common[@]}" "${@:2}" > "$det/$1" 2>&1 &
   last=$!
   pids+=("$last")
@@ -145,7 +145,7 @@ else
   say "1. the pretraining (it prepares the corpus; then its SST-2 lane); no scratch SST-2 lane (ARMS=$arms, SCRATCH_SST2=$scratch_sst2)"
   pretrained_lane
   ready=0
-  if [ "$arms" = all ] && wait_for "$pre" pretrained_sst2.log "lm-transfer: pretraining"; then
+  if [ "$arms" = all ] && wait_for "$pre" pretrained_sst2.log "lm transfer: pretraining"; then
     say "2. the scratch arm's $scratch_tasks lane"
     scratch_lane
   fi
@@ -188,7 +188,7 @@ elif [ "${#whole[@]}" -gt 0 ] && [ -n "$both" ]; then
   rm -f "$run/finetune/scratch/transfer_arm.json"  # the SST-2 lane's record: the table's call writes the whole arm's
   timeout -s TERM "$(left)" python3 -m lm.cli.transfer "${common[@]}" --out "$run" \
     --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$det/table.log" 2>&1
-  say "lm-transfer (the table) exit status $?"
+  say "lm transfer (the table) exit status $?"
 elif [ "${#whole[@]}" = 1 ]; then
   arm="${whole[0]}"
   say "5. the $arm arm's record (the other arm is not whole on this machine: join the two records later)"
@@ -198,7 +198,7 @@ elif [ "${#whole[@]}" = 1 ]; then
   timeout -s TERM "$(left)" python3 -m lm.cli.transfer "${common[@]}" --out "$run" --arm "$arm" "${rec[@]}" \
     --finetune "${base[@]}" "${sst2[@]}" "${other[@]}" "${extra[@]}" > "$det/${arm}_arm.log" 2>&1
   status=$?
-  say "lm-transfer --arm $arm exit status $status"
+  say "lm transfer --arm $arm exit status $status"
   [ "$status" = 0 ] && record="$arm"
 fi
 # what a call can bring back: the tables, results and logs, never the checkpoints

@@ -4,7 +4,7 @@
 # tasks' train/dev files, WikiText-2 raw valid/test, the TinyStories slice, Gutenberg's validation shard and
 # the first N of its ten training shards (~7.7 MB, ~6.5M tokens each).
 #   benchmarks/gpu_transfer_data.sh 5 [../shared/data]     # then: run(carry=[".gpu_data"], command=...)
-# On the device: LM_DATA_MIRROR=.gpu_data lm-transfer --preset glue_transfer_gpu --tokens 300000000 ...
+# On the device: LM_DATA_MIRROR=.gpu_data lm transfer --preset glue_transfer_gpu --tokens 300000000 ...
 set -euo pipefail
 n="${1:?usage: gpu_transfer_data.sh N_SHARDS [MIRROR]}"
 src="${2:-${LM_DATA_MIRROR:-../shared/data}}"

@@ -1,10 +1,10 @@
 """The kernel floor of a Hugging Face training step: its matmuls and attention alone, timed against the full step.
 
-`lm-bench` compares our step with Hugging Face's. Both run the same matmuls (same shapes, same
+`benchmarks/hf_step.py` compares our step with Hugging Face's. Both run the same matmuls (same shapes, same
 MKL/oneDNN kernels) and the same SDPA kernel, so no implementation of the same model can be faster
 than those kernels alone. This replays exactly the matmuls (forward, input gradient, weight
 gradient of every Linear/Conv1D, the LM head included) and the causal SDPA forward+backward of
-every layer of the Hugging Face model that `lm-bench` builds, on random tensors of the same shapes,
+every layer of the Hugging Face model that `benchmarks/hf_step.py` builds, on random tensors of the same shapes,
 alternating with full Hugging Face training steps in one process, and prints
 
     floor fraction = kernel time / full step time       (median over alternating pairs)
@@ -13,7 +13,7 @@ alternating with full Hugging Face training steps in one process, and prints
 
     python benchmarks/kernel_floor.py --layout llama --vocab 65
     python benchmarks/kernel_floor.py --layout gpt2 --vocab 65 --steps 12
-    python benchmarks/kernel_floor.py --layout llama --vocab 65 --dim 768 --heads 12   # lm-bench's shape flags
+    python benchmarks/kernel_floor.py --layout llama --vocab 65 --dim 768 --heads 12   # benchmarks/hf_step.py's shape flags
 
 The AdamW step, norms, activations, RoPE, residual adds, the loss and the embedding are what the
 floor leaves out: the part an implementation can make cheaper.
@@ -21,13 +21,16 @@ floor leaves out: the part an implementation can make cheaper.
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.cli import bench
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/ is not a package
+import hf_step as bench  # noqa: E402
 
 
 def linear_shapes(model: nn.Module) -> list:
@@ -73,7 +76,7 @@ def main(argv=None):
     p.add_argument("--vocab", type=int, default=65)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
-    args, shape = p.parse_known_args(argv)  # the rest are lm-bench's shape flags (--layers, --dim, ...)
+    args, shape = p.parse_known_args(argv)  # the rest are benchmarks/hf_step.py's shape flags (--layers, --dim, ...)
     bargs = bench.parse(["--layout", args.layout, "--vocab", str(args.vocab), "--threads", str(args.threads),
                          "--steps", str(args.steps)] + shape)
     torch.set_num_threads(args.threads)

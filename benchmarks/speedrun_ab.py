@@ -10,8 +10,8 @@ ms/step over the rounds, and each variant's ratio to the first one.
     python benchmarks/speedrun_ab.py 'torch=model.linear=torch' 'onednn=model.linear=onednn'
     python benchmarks/speedrun_ab.py --nanogpt ../shared/peers/nanogpt 'lm='   # nanoGPT's step as a variant
 
-A variant is NAME=OVERRIDES (comma-separated lm-train overrides on top of the experiment; empty = as is).
-Speed only: whether a variant keeps the val loss is the speedrun's to show (`lm-train experiment=...`).
+A variant is NAME=OVERRIDES (comma-separated lm train overrides on top of the experiment; empty = as is).
+Speed only: whether a variant keeps the val loss is the speedrun's to show (`lm train experiment=...`).
 """
 
 import argparse

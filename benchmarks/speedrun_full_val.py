@@ -6,7 +6,7 @@ every non-overlapping 64-character window of the last 10% of tiny Shakespeare (t
 hold out), next-character cross-entropy averaged over all positions:
 
     python benchmarks/speedrun_full_val.py /tmp/tmp.XXXX          # the "logs:" folder the pair run printed
-    python benchmarks/speedrun_full_val.py --runs runs/speedrun_s1 runs/speedrun_s2   # lm-train run dirs only
+    python benchmarks/speedrun_full_val.py --runs runs/speedrun_s1 runs/speedrun_s2   # lm train run dirs only
 
 nanoGPT's model is its own code (model.py of the copy the pair run made) loaded from its ckpt.pt, the
 checkpoint its train.py keeps of the best evaluation (the last one, as its val loss falls at every
@@ -59,7 +59,7 @@ def nanogpt_loss(nano_dir: Path):
 
 
 def lm_loss(run_dir: Path):
-    """(whole-split loss, checkpoint name, number of predictions) of an lm-train run's final checkpoint."""
+    """(whole-split loss, checkpoint name, number of predictions) of an lm train run's final checkpoint."""
     from omegaconf import OmegaConf
 
     from lm.core.saved_model import find_saved_model
@@ -82,10 +82,10 @@ def lm_loss(run_dir: Path):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("logs", type=Path, nargs="?", help="the folder benchmarks/speedrun_pair.sh printed after 'logs:'")
-    p.add_argument("--runs", type=Path, nargs="*", default=[], help="more lm-train run directories to score")
+    p.add_argument("--runs", type=Path, nargs="*", default=[], help="more lm train run directories to score")
     a = p.parse_args(argv)
     if a.logs is None and not a.runs:
-        p.error("give the pair run's logs folder, or --runs with lm-train run directories")
+        p.error("give the pair run's logs folder, or --runs with lm train run directories")
     runs = list(a.runs)
     if a.logs is not None:
         loss, it, n = nanogpt_loss(a.logs / "nanogpt")

@@ -2,7 +2,7 @@
 # The CPU speedrun side by side with nanoGPT (issue 21), and both programs' validation losses.
 #
 # Runs ../shared/peers/speedrun_pair.sh ROUNDS: nanoGPT's own CPU shakespeare-char recipe and
-# `lm-train experiment=shakespeare_char_cpu`, alternated, each timed from process start to exit, and
+# `lm train experiment=shakespeare_char_cpu`, alternated, each timed from process start to exit, and
 # the ratio of the median wall times. That script reads lm's loss at step 2000; the speedrun preset
 # stops at step 1100, so this prints every round's last logged validation loss of both programs from
 # the logs it leaves. Both are the mean over 20 batches of the last 10% of the text (nanoGPT draws

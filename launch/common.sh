@@ -29,7 +29,7 @@ lm_usage() {  # the header comment of a launch script is its help
 }
 
 # Sourced without arguments, this file sees the calling script's own: `launch/X.sh --help` helps
-# (lm-train's Hydra help stays one command away: `lm-train --help`).
+# (lm train's Hydra help stays one command away: `lm train --help`).
 case "${1:-}" in -h | --help) lm_usage "$0"; exit 0 ;; esac
 
 lm_die() {

@@ -9,77 +9,47 @@ once, at the entry point (lm.cli.train.train).
 """
 
 
-from dataclasses import dataclass, field, fields
-from enum import Enum
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 
-class ConfigError(ValueError):
-    """A config asks for something impossible; the message names the field and the fix."""
+from lm.config_base import Choice, ConfigError, conf_dir, explain, to_typed  # noqa: F401 - the root re-exports the leaf
+from lm.config_base import compose_group as _compose_group
 
 
-class Choice(str, Enum):
-    """A config choice: an Enum (OmegaConf checks values and lists the allowed ones) that is also its
-    string value, so `cfg.arch == "decoder"`, dict lookups and f-strings keep working."""
+def check_known_keys(cfg, prefix: str = "") -> None:
+    """Refuse a key that the dataclass typing its node does not have. Hydra appends `+key=value` even under
+    a typed node (its own advice for a mistyped key), and OmegaConf.to_object keeps it as an attribute that
+    nothing reads: `+train.max_step=20` would train the default number of steps without a word."""
+    import difflib
+    from dataclasses import fields as dataclass_fields, is_dataclass
 
-    def __str__(self) -> str:
-        return self.value
+    from omegaconf import DictConfig, OmegaConf
 
-    __format__ = str.__format__
-
-
-def conf_dir():
-    """The Hydra config directory: lm/conf, a link to the repository's top-level conf/ (a wheel carries
-    a copy), so installed and editable packages find the same configs."""
-    from pathlib import Path
-
-    return Path(__file__).resolve().parent / "conf"
-
-
-def to_typed(schema, data, prefix: str):
-    """A dataclass of `schema` from a plain dict or DictConfig (a saved config, a command-line tool's
-    flags): unknown keys, wrong types and choices fail with a ConfigError naming `prefix.<field>`."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), data))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"bad {prefix} config: {explain(e, prefix)}. Allowed fields: "
-                          f"{sorted(f.name for f in fields(schema))}") from None
-
-
-def explain(e: Exception, prefix: str = "") -> str:
-    """OmegaConf's or Hydra's message on one line, with the full key it names (under `prefix`)."""
-    msg = "; ".join(line.strip() for line in str(getattr(e, "msg", e)).splitlines() if line.strip())
-    key = getattr(e, "full_key", None)
-    if key and prefix:
-        key = f"{prefix}.{key}"
-    return f"{key}: {msg}" if key else msg
+    kind = OmegaConf.get_type(cfg)
+    known = [f.name for f in dataclass_fields(kind)] if is_dataclass(kind) else None
+    for key in cfg.keys():
+        if known is not None and key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            where = prefix.rstrip(".") or "the top level"
+            raise ConfigError(f"{prefix}{key} is not a key of {where} ({kind.__name__}), so nothing would read it"
+                              + (f"; did you mean {prefix}{close[0]}? Set it without the +" if close else
+                                 f"; drop it (the keys there: {', '.join(known)})"))
+        child = cfg._get_node(key)  # the node itself: values are not resolved here
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            check_known_keys(child, f"{prefix}{key}.")
 
 
 def compose_group(group: str, option: str, overrides: Optional[List[str]] = None):
-    """One config group option plus overrides in lm-train's own grammar (`model/ffn=swiglu`,
-    `model.dim=128`), composed by Hydra exactly as `lm-train <group>=<option> ...` would compose that
-    section, and returned typed (the section's dataclass)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-
-    register_train_configs()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        try:
-            cfg = compose(config_name=None, overrides=[f"+{group}={option}", *(overrides or [])])
-        except HydraException as e:
-            raise ConfigError(f"{group}={option} {list(overrides or [])}: {explain(e.__cause__ or e)}") from None
-    return OmegaConf.to_object(OmegaConf.select(cfg, group.replace("/", ".")))
+    """lm.config_base.compose_group with every section's schemas registered (any group of conf/train.yaml)."""
+    return _compose_group(group, option, overrides, register_train_configs)
 
 
 @dataclass
 class RunFields:
     """The run-level keys at the top of conf/train.yaml (the sections are added by run_schema())."""
 
-    run_dir: str = "runs/${lm.stamp:}${lm.cell:}"  # one per run (per cell of a -m sweep); the same run_dir resumes
+    run_dir: str = "runs/${lm.run_name:}${lm.cell:}"  # named by the overrides (a sweep: its stamp + cell): rerun = resume
     seed: int = 1337
     resume: bool = True  # continue from <run_dir>/checkpoints/latest when it exists
 
@@ -138,10 +108,11 @@ def register_train_configs() -> None:
     if not OmegaConf.has_resolver("lm.stamp"):
         OmegaConf.register_new_resolver("lm.stamp", run_stamp)
         OmegaConf.register_new_resolver("lm.cell", sweep_cell)
+        OmegaConf.register_new_resolver("lm.run_name", run_name)
 
 
 def sweep_cell() -> str:
-    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm-train -m ...` gets its own
+    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm train -m ...` gets its own
     run directory under runs/<stamp>/ instead of resuming the previous cell's checkpoints."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -149,6 +120,38 @@ def sweep_cell() -> str:
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return ""
     return f"/{HydraConfig.get().job.num}"
+
+
+# Keys that say how long, how often or how a run is watched, not what it computes: left out of the default
+# run directory's name, so `train.max_steps=2000` continues the run that `train.max_steps=1000` started.
+NOT_IN_RUN_NAME = ("run_dir", "resume", "logger", "hydra", "train.max_steps", "train.log_interval",
+                   "train.eval_interval", "train.eval_batches", "train.ckpt_interval", "train.keep_last",
+                   "train.progress", "train.threads", "skip_missing")
+RUN_NAME_MAX = 96
+
+
+def run_name() -> str:
+    """The default run directory's name: the command line's overrides (`model-tiny+train.seq_len-32`; "default"
+    without any), so running the same command again resumes the same run. Inside a multirun it is the sweep's
+    stamp (each cell adds its job number, lm.cell); outside Hydra, a stamp."""
+    import hashlib
+    import re
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if not HydraConfig.initialized() or HydraConfig.get().mode == RunMode.MULTIRUN:
+        return run_stamp()
+    keep = []
+    for override in HydraConfig.get().overrides.task:
+        key = override.lstrip("+~").split("=", 1)[0].replace("/", ".")
+        if not any(key == k or key.startswith(k + ".") for k in NOT_IN_RUN_NAME):
+            keep.append(override.lstrip("+~").replace("=", "-", 1))
+    # no `=` or `,` in the name: it must work unquoted as a value on a command line (init=runs/<name>)
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "_", "+".join(sorted(keep))) or "default"
+    if len(name) > RUN_NAME_MAX:  # file names have limits; the digest keeps long ones apart
+        name = f"{name[:RUN_NAME_MAX - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return name
 
 
 def run_stamp() -> str:

@@ -9,10 +9,11 @@ import importlib.util
 import sys
 
 EXTRAS = {
-    "report": ("matplotlib", "markdown"),  # lm-report: plots and HTML
-    "hf": ("transformers",),  # lm-export's Hugging Face directory, lm-bench's reference models
+    "report": ("matplotlib", "markdown"),  # lm report: plots and HTML
+    "hf": ("transformers",),  # lm export's Hugging Face directory, benchmarks/hf_step.py's reference models
     "data": ("zstandard", "pyarrow", "datasets"),  # .zst, Parquet and hf:<dataset> sources
     "tensorboard": ("tensorboard",),  # logger.tensorboard=true
+    "eval": ("lm_eval", "sklearn"),  # lm eval (the LM Evaluation Harness), train.probe_interval
 }
 
 

@@ -1,5 +1,5 @@
 """Shared helpers of the engine/train/checkpoint tests: a synthetic loader with the PackedLoader
-interface, config composition as `lm-train` does it, and metrics reading.
+interface, config composition as `lm train` does it, and metrics reading.
 
 The synthetic stream is defined per global sample index, and rank r's micro-batch i holds samples
 [(i * world + r) * b, ... + b): the union over ranks of one micro-step is exactly the micro-batch
@@ -79,7 +79,7 @@ def loaders(cfg, rank: int = 0, world_size: int = 1, objective: str = "clm"):
 
 
 def compose(overrides: List[str]):
-    """The config `lm-train <overrides>` would run, without the data group (tests inject loaders)."""
+    """The config `lm train <overrides>` would run, without the data group (tests inject loaders)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -126,7 +126,7 @@ def _worker(rank: int, world: int, port: int, overrides: List[str], objective: s
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
                        "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     torch.set_num_threads(1)
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.cli.train import train
 
     try:
@@ -141,7 +141,7 @@ def _worker(rank: int, world: int, port: int, overrides: List[str], objective: s
 
         out.put((rank, "error", traceback.format_exc()))
     finally:
-        D.shutdown()
+        dist_utils.shutdown()
 
 
 def spawn(world: int, overrides: List[str], objective: str = "clm", timeout: float = 300) -> List:

@@ -1,7 +1,7 @@
-"""lm-attention (issue 18, "Attention maps"): heatmaps of tiny trained runs for a decoder with its own
+"""lm attention (issue 18, "Attention maps"): heatmaps of tiny trained runs for a decoder with its own
 tokenizer, an encoder-decoder with Linformer, and an additive-attention decoder; the matrices drawn are
 probabilities (rows sum to 1, causal maps zero above the diagonal); the refusals name the value and the
-allowed range before any weight is read; lm-report's run card carries the grid (a note for an RNN)."""
+allowed range before any weight is read; lm report's run card carries the grid (a note for an RNN)."""
 
 import json
 
@@ -21,7 +21,7 @@ TEXT = "the cat sat on the mat"
 
 @pytest.fixture(scope="module")
 def decoder_run(tmp_path_factory):
-    """A 2-step lm-train run of model=tiny on a prepared corpus (char tokenizer): the run's own tokenizer."""
+    """A 2-step lm train run of model=tiny on a prepared corpus (char tokenizer): the run's own tokenizer."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -75,9 +75,11 @@ def additive_run(tmp_path_factory):
 
 
 def _error(argv, capsys) -> str:
-    assert main(argv) == 2
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("lm-attention: error: ") and "\n" not in err, err
+    assert err.startswith("lm attention: error: ") and "\n" not in err, err
     return err
 
 
@@ -98,10 +100,14 @@ def test_decoder_run_writes_grid_single_and_page(decoder_run, tmp_path, capsys):
     md, html = (out / "attention.md").read_text(), (out / "attention.html").read_text()
     assert "| token | `t` | `h` | `e` | `·` | `c` |" in md  # the run's char tokenizer; spaces shown as '·'
     assert html.count("data:image/png;base64,") == 2  # self-contained: both figures embedded
-    # --layer alone: every head of that layer; the default out sits in the checkpoint
+    # --layer alone: every head of that layer; the default out is <run_dir>/attention/<step_N>, outside
+    # checkpoints/, whose rotation would delete it with the checkpoint (issue 48 item 5)
+    before = sorted(p.relative_to(decoder_run) for p in (decoder_run / "checkpoints").rglob("*"))
     assert main([str(decoder_run), "--text", TEXT, "--layer", "0"]) == 0
-    default = sorted(p.name for p in (decoder_run / "checkpoints").glob("step_*/attention/decoder_self_*"))
-    assert default == [f"decoder_self_layer0_head{h}.png" for h in range(4)]
+    default = sorted(p.relative_to(decoder_run).as_posix() for p in decoder_run.glob("attention/*/decoder_self_*"))
+    step = (decoder_run / "checkpoints" / "latest").read_text().strip()  # the checkpoint drawn: step_<N>
+    assert default == [f"attention/{step}/decoder_self_layer0_head{h}.png" for h in range(4)]
+    assert sorted(p.relative_to(decoder_run) for p in (decoder_run / "checkpoints").rglob("*")) == before
 
 
 def test_decoder_grid_is_layers_by_heads_of_causal_probabilities(decoder_run):
@@ -211,7 +217,7 @@ def test_an_export_directory_is_read_and_left_replaceable(decoder_run, tmp_path,
     maps = out.with_name("export-attention")
     assert {"grid_decoder_self.png", "decoder_self_layer0_head1.png", "decoder_self_layer1_head1.png"} <= \
         {p.name for p in maps.iterdir()}
-    assert is_export(out)  # nothing was written into the export: lm-export --force can still replace it
+    assert is_export(out)  # nothing was written into the export: lm export --force can still replace it
     alone = export(decoder_run, tmp_path / "alone", hf=False)  # no config.yaml beside it: no tokenizer known
     assert "needs --tokenizer <path to tokenizer.json" in _error([str(alone), "--text", TEXT], capsys)
 
@@ -228,3 +234,22 @@ def test_synthesizer_and_convolution_maps(option, tmp_path, tokenizer_file):
             _assert_probabilities(panel, causal=True)
         else:  # a banded kernel: rows whose window lies inside the text sum to 1
             assert np.allclose(panel[-1].sum(), 1.0, atol=1e-5)
+
+
+def test_the_text_is_escaped_in_the_html_page(decoder_run, tmp_path):
+    """issue 49 item 7: --text '<script>...' landed in attention.html as markup."""
+    out = tmp_path / "maps"
+    assert main([str(decoder_run), "--text", "<script>alert(1)</script> [a](javascript:alert(2))", "--out",
+                 str(out)]) == 0
+    html = (out / "attention.html").read_text()
+    assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert 'href="javascript:' not in html and '<a href="#">a</a>' in html  # a link's script scheme dropped
+
+
+def test_an_out_that_is_a_file_is_one_line(decoder_run, tmp_path, capsys):
+    (tmp_path / "notes.md").write_text("mine")
+    for out in (tmp_path / "notes.md", tmp_path / "notes.md" / "maps"):
+        err = _error([str(decoder_run), "--text", TEXT, "--out", str(out)], capsys)
+        assert err == (f"lm attention: error: --out {out}: {tmp_path / 'notes.md'} is a file, not a directory; name a "
+                       f"directory (new, or one lm attention wrote before)")
+    assert (tmp_path / "notes.md").read_text() == "mine"

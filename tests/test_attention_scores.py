@@ -26,7 +26,7 @@ B, H, KVH, Dh = 2, 4, 2, 8
 
 
 def cfg_of(option, arch="decoder", **over) -> ModelConfig:
-    """A tiny model with a large init (every dependency visible), composed as lm-train would."""
+    """A tiny model with a large init (every dependency visible), composed as lm train would."""
     args = [f"model/attn={option}", f"model.arch={arch}", f"model.vocab_size={V}", "model.dim=32",
             "model.max_seq_len=32", "model.init_std=0.1"]
     return model_preset("tiny", args + [f"model.{k}={v}" for k, v in over.items()])

@@ -1,6 +1,6 @@
-"""lm-bench: our model and Hugging Face's in one process, same weights, same batches, same optimizer.
+"""benchmarks/hf_step.py: our model and Hugging Face's in one process, same weights, same batches, same optimizer.
 
-No timing is asserted (speed is measured by running lm-bench, see BENCHMARKS.md); these tests check
+No timing is asserted (speed is measured by running benchmarks/hf_step.py, see docs/results.md); these tests check
 that the two sides of the comparison are the same model doing the same work.
 """
 
@@ -8,8 +8,9 @@ import json
 
 import pytest
 
-from lm.cli import bench
 from tests.benchmark_scripts import load
+
+bench = load("hf_step")
 
 TINY = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--threads", "1",
         "--steps", "2", "--warmup", "1"]
@@ -87,9 +88,9 @@ def test_gpu_mfu_also_tries_twice_the_eager_batch_when_compiled(monkeypatch):
     """0 = the largest eager batch, then twice it as an optional compiled try (GPU only), then the fixed ones."""
     gpu_mfu = load("gpu_mfu")
     monkeypatch.setattr(gpu_mfu, "largest_batch", lambda *a, **k: 8)
-    assert gpu_mfu.plan_batches([0, 12], None, None, None, 1024, "cuda", True) == [(8, False), (16, True), (12, False)]
-    assert gpu_mfu.plan_batches([0, 12], None, None, None, 1024, "cuda", False) == [(8, False), (12, False)]
-    assert gpu_mfu.plan_batches([0], None, None, None, 1024, "cpu", True) == [(8, False)]
+    assert gpu_mfu.plan_batches([0, 12], None, None, 1024, "cuda", True) == [(8, False), (16, True), (12, False)]
+    assert gpu_mfu.plan_batches([0, 12], None, None, 1024, "cuda", False) == [(8, False), (12, False)]
+    assert gpu_mfu.plan_batches([0], None, None, 1024, "cpu", True) == [(8, False)]
 
 
 def test_gpu_mfu_inductor_settings_apply_and_are_recorded(monkeypatch):
@@ -107,3 +108,20 @@ def test_gpu_mfu_inductor_settings_apply_and_are_recorded(monkeypatch):
                     for _ in range(2))
     assert first["tag"] == 1
     assert first["loss"] == again["loss"]  # seed 0: the same weights and tokens, the same loss
+
+
+def test_both_speed_benchmarks_time_lm_loop_and_engine_through_the_harness(monkeypatch):
+    """lm-bench and gpu_mfu.py time what users run: each measurement is one Session's loop (lm/core/session.py)."""
+    from lm.core import session
+
+    runs, real = [], session.Session.train
+
+    def train(self, lr_at, *rest):
+        runs.append(type(self.engine).__name__)
+        return real(self, lr_at, *rest)
+
+    monkeypatch.setattr(session.Session, "train", train)
+    r = bench.run(bench.parse(TINY + ["--vocab", "65"]))
+    assert runs == ["Engine"] and r["tokens_per_s_ours"] > 0
+    rows = load("gpu_mfu").measure("tiny", 16, [2, 3], 2, False, ["model.n_layers=1", "model.dim=32"], device="cpu")
+    assert runs == ["Engine"] * 3 and len(rows) == 2

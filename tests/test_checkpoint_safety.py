@@ -1,7 +1,7 @@
 """Run directories that stay trustworthy: one writer at a time, a full disk leaves no half-written
 checkpoint behind, and a checkpoint's pickles cannot run code (issue 22 items 2, 3, 7).
 
-In-process lm-train on the synthetic loader of engine_support, tiny model.
+In-process lm train on the synthetic loader of engine_support, tiny model.
 """
 
 import json
@@ -64,7 +64,7 @@ def test_second_run_on_a_held_run_dir_refuses_naming_the_holder(tmp_path):
 
 def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
     (tmp_path / LOCK_NAME).write_text('{"pid": 999999999, "host": "%s", "start": "2026-01-01T00:00:00+00:00", '
-                                      '"command": "lm-train"}\n' % socket.gethostname())
+                                      '"command": "lm train"}\n' % socket.gethostname())
     run(tmp_path, steps=2)
     assert holder(tmp_path)["pid"] == os.getpid()
     acquire(tmp_path)  # the run released it on return; hold it again, as a long run would
@@ -98,7 +98,7 @@ def _free(run_dir) -> bool:
 
 
 def test_a_run_releases_its_run_dir_when_it_returns_or_raises(tmp_path):
-    """One process may run jobs in turn (lm-transfer's arms; curve points sharing one scratch arm):
+    """One process may run jobs in turn (lm transfer's arms; curve points sharing one scratch arm):
     a finished or failed job must not keep refusing other processes until this one exits."""
     from lm.core.lock import held_run_dir
 
@@ -228,7 +228,7 @@ def test_a_crafted_pickle_in_a_checkpoint_is_refused(tmp_path):
     torch.save({**state, "extra": Payload(str(marker))}, ckpt / "model_optim.pt")
     reseal(ckpt)
     with pytest.raises(CheckpointError, match=r"step_00000002 \(Engine's files\) holds pickled objects"):
-        consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
+        consolidated_state_dict(ckpt)  # what lm export and lm finetune init= read
     assert not marker.exists()
 
 
@@ -303,7 +303,7 @@ def test_export_and_finetune_init_refuse_a_damaged_checkpoint(tmp_path, damage, 
         (ckpt / "trainer.json").write_text('{"step": 4, "eng')
     with pytest.raises(CheckpointError, match=rf"step_00000004 is damaged: {reason}.*Intact checkpoints of this "
                                               rf"run: step_00000002 \(pass one of them\)"):
-        consolidated_state_dict(ckpt)  # what lm-export and lm-finetune init= read
+        consolidated_state_dict(ckpt)  # what lm export and lm finetune init= read
     assert consolidated_state_dict(ckpt.parent / "step_00000002")
 
 

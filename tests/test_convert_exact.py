@@ -2,7 +2,7 @@
 
 Every parameter is perturbed first (zero biases and unit norms would hide mapping errors), and
 each case is checked both ways: their model -> ours (from_hf) and ours -> theirs (to_hf), the
-latter also through save_pretrained / from_pretrained as lm-export writes it.
+latter also through save_pretrained / from_pretrained as lm export writes it.
 """
 
 import pytest

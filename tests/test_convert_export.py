@@ -1,4 +1,4 @@
-"""lm-export's Hugging Face directory: the model, the run's tokenizer, and its bos/eos/pad ids.
+"""lm export's Hugging Face directory: the model, the run's tokenizer, and its bos/eos/pad ids.
 
 A checkpoint is written by hand in the single-process layout (trainer.json, model_optim.pt,
 config.yaml), so the test needs no training run.

@@ -106,7 +106,7 @@ def test_single_document_split_by_document_explains_contiguous(tmp_path, good):
 def test_out_dir_that_is_not_ours_is_never_overwritten(tmp_path, good):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
-    with pytest.raises(DataError, match="not a finished lm-prepare directory.*refusing"):
+    with pytest.raises(DataError, match="not a finished lm prepare directory.*refusing"):
         run(tmp_path, source=str(good))
     assert (tmp_path / "out" / "notes.txt").read_text() == "mine"
 

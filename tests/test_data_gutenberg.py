@@ -1,5 +1,5 @@
 """The gutenberg corpus: zstd JSONL shards with their own train/validation split, read streaming by
-lm-prepare; bad shards (truncated, not zstd, a line that is not JSON or has no text) are reported with
+lm prepare; bad shards (truncated, not zstd, a line that is not JSON or has no text) are reported with
 file and line (or byte) and the fix, and never half-written; the mixed corpus and its `glue:` source."""
 
 import json

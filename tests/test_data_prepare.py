@@ -1,4 +1,4 @@
-"""lm-prepare: nanoGPT's Shakespeare split, formats, determinism across workers, resume, atomic output."""
+"""lm prepare: nanoGPT's Shakespeare split, formats, determinism across workers, resume, atomic output."""
 
 import gzip
 import hashlib
@@ -190,6 +190,63 @@ def test_finished_output_is_kept_unless_forced_and_survives_a_failed_rebuild(tmp
     assert open_prepared(out)["config"]["vocab_size"] == 300
 
 
+def _cli_error(argv) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert isinstance(e.value.code, str) and "\n" not in e.value.code, e.value.code  # one line, status 1
+    return e.value.code
+
+
+def test_force_replaces_only_a_directory_lm_prepare_wrote(tmp_path, stories):
+    """issue 49 item 5: a user's directory that merely holds a meta.json was deleted by --force."""
+    out = run(tmp_path, source=str(stories), doc_split="line")
+    argv = [str(stories), "--out", None, "--doc-split", "line", "--vocab-size", "300", "--n-sentinels", "4",
+            "--val-fraction", "0.2", "--workers", "1", "--no-progress", "--force"]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "meta.json").write_text((out / "meta.json").read_text())  # lm prepare's manifest, copied
+    (mine / "precious.txt").write_text("thesis")
+    (out / "precious.txt").write_text("notes")  # a user's file put into a prepared directory
+    for target in (mine, out):
+        argv[2] = str(target)
+        msg = _cli_error(argv)
+        assert msg.startswith(f"lm prepare: {target} holds files lm prepare did not write (it holds ")
+        assert "precious.txt" in msg and "--force will not replace it" in msg
+    assert (mine / "precious.txt").read_text() == "thesis" and (out / "precious.txt").read_text() == "notes"
+    (out / "precious.txt").unlink()
+    main(argv[:2] + [str(out)] + argv[3:])  # only lm prepare's files: replaced
+    assert open_prepared(out)["config"]["vocab_size"] == 300
+
+
+def test_a_meta_json_that_is_not_an_object_is_one_line(tmp_path, stories):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "meta.json").write_text("[1, 2]")
+    msg = _cli_error([str(stories), "--out", str(tmp_path / "out"), "--workers", "1", "--no-progress", "--force"])
+    assert msg.startswith(f"lm prepare: {tmp_path / 'out'} exists, is not empty and is not a finished lm prepare "
+                          f"directory (no readable meta.json object)")
+    assert (tmp_path / "out" / "meta.json").read_text() == "[1, 2]"
+    assert "no readable meta.json" in _cli_error(["--verify", str(tmp_path / "out")])
+
+
+def test_a_full_disk_is_one_line_and_loses_nothing(tmp_path, stories, monkeypatch):
+    import errno
+
+    from lm.data.shards import ShardWriter
+
+    out = run(tmp_path, source=str(stories), doc_split="line")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(self, tokens):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self._tmp))
+
+    monkeypatch.setattr(ShardWriter, "write", full)
+    msg = _cli_error([str(stories), "--out", str(out), "--doc-split", "line", "--vocab-size", "300", "--n-sentinels",
+                      "4", "--workers", "1", "--no-progress", "--force"])
+    assert msg.startswith(f"lm prepare: No space left on device ({tmp_path / '.out.partial'}")
+    assert msg.endswith("— free space on that disk, or write somewhere else")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_cli_help_list_and_run(tmp_path, stories, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
@@ -205,7 +262,7 @@ def test_cli_help_list_and_run(tmp_path, stories, capsys):
     assert meta["config"]["append_eos"] is False and meta["tokenizer"]["vocab_size"] == 300
     main(["--verify", str(tmp_path / "cli")])
     assert "OK" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="error: .*nope.txt: no such file"):
+    with pytest.raises(SystemExit, match="^lm prepare: .*nope.txt: no such file"):
         main([str(tmp_path / "nope.txt"), "--out", str(tmp_path / "x")])
 
 
@@ -217,13 +274,18 @@ def test_every_data_preset_composes_with_hydra(monkeypatch, tmp_path):
     names = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
     assert {"shakespeare_char", "tinystories_bpe", "wikitext2_bpe"} <= set(names)
     monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path))  # presets may glob the mirror (gutenberg_shards_bpe)
-    for name in names:
+    templates = {"text", "prepared"}  # filled by `lm train data.source=<file>` / `data=<dir>` (lm/cli/own_data.py)
+    assert templates <= set(names)
+    for name in sorted(set(names) - templates):
         cfg = data_preset(name)
         assert isinstance(cfg, DataConfig)
         sources = [cfg.source] if isinstance(cfg.source, str) else cfg.source  # a list: a mixed corpus
         assert cfg.name == name and cfg.dir.endswith(f"/data/{name}")
         # registry corpora, GLUE sentences, or files under the mirror: never a path of one machine
         assert sources and all(s in CORPORA or s.startswith(("glue:", f"{tmp_path}/")) for s in sources), sources
+    text = tmp_path / "mine.txt"
+    assert data_preset("text", [f"data.source={text}"]).source == str(text)
+    assert data_preset("prepared", [f"data.dir={tmp_path}"]).dir == str(tmp_path)
     # The schema types every preset: a wrong choice fails at composition, naming the field and the choices.
     with pytest.raises(ConfigError, match=r"data.doc_split: Invalid value 'para', expected one of \[file, line, blank_line, regex\]"):
         data_preset("shakespeare_char", ["data.doc_split=para"])

@@ -1,4 +1,4 @@
-"""Sources and tokenizers through lm-prepare: Hugging Face datasets by name, the registry's local mirror
+"""Sources and tokenizers through lm prepare: Hugging Face datasets by name, the registry's local mirror
 (config key), an existing tokenizer.json, uint32 shards, truncated or corrupt compressed files."""
 
 import gzip

@@ -1,4 +1,4 @@
-"""lm-prepare's worker pool: results in task order, and a worker the system kills (out of memory) is an
+"""lm prepare's worker pool: results in task order, and a worker the system kills (out of memory) is an
 error that names the task, not a wait that never ends (multiprocessing.Pool's behaviour)."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import pytest
 
 from lm.data.errors import DataError
-from lm.data.tasks import Task
+from lm.data.tasks import SourcePiece
 from lm.data.workers import tokenize_tasks
 
 
@@ -14,24 +14,24 @@ def _init(tag: str) -> None:
     os.environ["LM_TEST_WORKER_TAG"] = tag
 
 
-def _double(task: Task) -> tuple:
+def _double(task: SourcePiece) -> tuple:
     return os.environ["LM_TEST_WORKER_TAG"], task.first_line * 2
 
 
-def _die_on_line_1(task: Task) -> int:
+def _die_on_line_1(task: SourcePiece) -> int:
     if task.first_line == 1:
         os._exit(9)  # what the kernel's OOM killer does to a worker: no exception, no cleanup
     return task.first_line
 
 
-def _die_on_line_3(task: Task) -> int:
+def _die_on_line_3(task: SourcePiece) -> int:
     if task.first_line == 3:
         os._exit(9)
     return task.first_line
 
 
 def _tasks(n: int):
-    return [Task(path=f"shard-{i}.jsonl.zst", format="jsonl", payload=b"", first_line=i) for i in range(1, n + 1)]
+    return [SourcePiece(path=f"shard-{i}.jsonl.zst", format="jsonl", payload=b"", first_line=i) for i in range(1, n + 1)]
 
 
 def test_results_come_in_task_order_from_initialised_workers():

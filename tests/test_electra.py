@@ -1,6 +1,6 @@
 """ELECTRA's replaced-token detection (model.electra, lm/model/electra.py): the discriminator's targets on a
 hand-made batch with a forced sampler, what the generator may replace, the loss weighting, gradients, refusals,
-parameter/FLOP counts, exact resume through lm-train, and finetuning the discriminator as a plain encoder."""
+parameter/FLOP counts, exact resume through lm train, and finetuning the discriminator as a plain encoder."""
 
 import math
 from dataclasses import replace
@@ -206,7 +206,7 @@ def test_the_transfer_preset_pretrains_the_encoder_presets_model():
     assert other.model.electra.generator_dim == 128
 
 
-# -- lm-train: exact resume; finetuning the discriminator --------------------------------------------------
+# -- lm train: exact resume; finetuning the discriminator --------------------------------------------------
 
 def _train(run_dir, steps, **train):
     from lm.cli.train import train as lm_train
@@ -251,7 +251,7 @@ def test_a_pretrained_discriminator_finetunes_as_a_plain_encoder(tmp_path):
     assert all(math.isfinite(m["electra/disc_loss"]) for m in metrics(tmp_path / "run") if "loss" in m)
 
     saved = consolidated_state_dict(resolve(tmp_path / "run"))
-    for source in (tmp_path / "run", export(tmp_path / "run", hf=False)):  # a checkpoint, an lm-export directory
+    for source in (tmp_path / "run", export(tmp_path / "run", hf=False)):  # a checkpoint, an lm export directory
         backbone = load_backbone(str(source))
         assert backbone.model_cfg.electra is not None
         classifier = build_classifier(backbone, n_labels=2, dropout=0.1)  # refuses missing/unexpected keys
@@ -264,4 +264,4 @@ def test_a_pretrained_discriminator_finetunes_as_a_plain_encoder(tmp_path):
         out = classifier(torch.randint(8, 512, (2, 12)), labels=torch.tensor([0, 1]))
         assert out.logits.shape == (2, 2) and math.isfinite(out.loss.item())
     with pytest.raises(ValueError, match="ELECTRA pretraining model .* finetune its discriminator"):
-        _family_of(backbone.model_cfg)  # lm-export's Hugging Face directory: refused (a warning there)
+        _family_of(backbone.model_cfg)  # lm export's Hugging Face directory: refused (a warning there)

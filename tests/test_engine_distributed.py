@@ -71,7 +71,7 @@ def test_sharded_checkpoint_resumes_exactly(engine, tmp_path):
 
 @pytest.mark.parametrize("engine", ["zero3", "fsdp2"])
 def test_sharded_checkpoint_exports_the_same_weights(engine, tmp_path):
-    """lm-export consolidates a ZeRO-3 / FSDP2 checkpoint in one process, without a process group;
+    """lm export consolidates a ZeRO-3 / FSDP2 checkpoint in one process, without a process group;
     the weights equal the DDP run's (same data, same updates) to Adam's reduction-order noise."""
     import torch
     from safetensors.torch import load_file

@@ -1,4 +1,4 @@
-"""lm-export never deletes what it did not write (issue 22 item 1): --out must be new, empty, or a
+"""lm export never deletes what it did not write (issue 22 item 1): --out must be new, empty, or a
 previous export (replaced only with --force, atomically); the run directory, a directory holding it,
 the current directory and files are refused with a message, not a traceback."""
 
@@ -43,7 +43,7 @@ def test_a_directory_with_user_files_is_refused_even_with_force(run_dir, tmp_pat
     (tmp_path / "d" / "thesis.txt").write_text("x")
     for force in ([], ["--force"]):
         message = exit_message([str(run_dir), "--out", str(tmp_path / "d"), "--no-hf", *force])
-        assert "non-empty directory that is not an lm-export output (it holds thesis.txt)" in message
+        assert "non-empty directory that is not an lm export output (it holds thesis.txt)" in message
     assert (tmp_path / "d" / "thesis.txt").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
 
@@ -105,3 +105,33 @@ def test_the_default_output_sits_in_the_checkpoint(run_dir):
     with pytest.raises(CheckpointError, match="previous export"):
         export(run_dir, hf=False)
     assert export(run_dir, hf=False, force=True) == out
+
+
+def test_out_below_a_file_is_one_line(run_dir, tmp_path):
+    (tmp_path / "notes.md").write_text("mine")
+    message = exit_message([str(run_dir), "--out", str(tmp_path / "notes.md" / "exp"), "--no-hf"])
+    assert message == (f"lm export: --out {tmp_path / 'notes.md' / 'exp'} lies below {tmp_path / 'notes.md'}, which is "
+                       f"a file, not a directory; name a directory elsewhere")
+    assert (tmp_path / "notes.md").read_text() == "mine"
+
+
+@pytest.mark.parametrize("error", ["safetensors", "oserror"])
+def test_a_full_disk_is_one_line_and_keeps_the_previous_export(run_dir, tmp_path, monkeypatch, error):
+    import errno
+
+    import safetensors.torch
+
+    out = export(run_dir, tmp_path / "exp", hf=False)
+    before = (out / "model.safetensors").read_bytes()
+
+    def full(model, filename, *a, **k):
+        if error == "oserror":
+            raise OSError(errno.ENOSPC, "No space left on device", filename)
+        raise safetensors.SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.torch, "save_model", full)
+    message = exit_message([str(run_dir), "--out", str(out), "--no-hf", "--force"])
+    assert message.startswith("lm export: ") and "\n" not in message
+    assert message.endswith("— free space on that disk, or write somewhere else")
+    assert (out / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no temporary directory left

@@ -1,6 +1,6 @@
 """benchmarks/fault_injection.py with small mixes. Single process: a kill, a kill plus a damaged checkpoint, a
 concurrent second run, a config change on resume (and a full disk where root can mount a tmpfs). Two ranks
-(DDP under torchrun) and lm-finetune task=glue/all: a kill and a kill plus damage each. Issue 49's kinds, one
+(DDP under torchrun) and lm finetune task=glue/all: a kill and a kill plus damage each. Issue 49's kinds, one
 each. Every trial must end as an exact resume or a clear refusal: zero silent corruptions, no file outside the
 run dirs touched."""
 
@@ -32,7 +32,7 @@ def test_fault_injection_finds_no_silent_corruption(tmp_path):
 
 def test_two_ranks_and_finetuning_find_no_silent_corruption(tmp_path):
     """DDP under torchrun (a kill inside a step/checkpoint write/at a random moment, then a damaged checkpoint)
-    and lm-finetune task=glue/all (a kill, a damaged task/seed checkpoint): exact resumes or clear refusals."""
+    and lm finetune task=glue/all (a kill, a damaged task/seed checkpoint): exact resumes or clear refusals."""
     proc = subprocess.run([sys.executable, "benchmarks/fault_injection.py", "--trials", "0", "--ddp-trials", "2",
                            "--finetune-trials", "2", "--seed", "1", "--out", str(tmp_path / "out")], cwd=REPO,
                           env=subprocess_env(LM_CACHE=str(tmp_path / "cache")), capture_output=True, text=True,

@@ -1,4 +1,4 @@
-"""lm-finetune end to end on CPU: it learns an easy task, starts from an lm-train checkpoint or an export,
+"""lm finetune end to end on CPU: it learns an easy task, starts from an lm train checkpoint or an export,
 writes results and the leaderboard's files, runs MNLI/QQP/AX from official-format fixtures, and refuses
 bad input (missing data, a foreign tokenizer, an unknown task field) with messages that name the fix.
 
@@ -55,7 +55,7 @@ def easy_glue(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, easy_glue):
-    """A 3-step lm-train run (single engine) on a BPE tokenizer of 320 tokens; returns its run dir."""
+    """A 3-step lm train run (single engine) on a BPE tokenizer of 320 tokens; returns its run dir."""
     from lm.config import register_train_configs
     from lm.cli.train import train
 
@@ -174,7 +174,7 @@ def test_skip_missing_runs_the_tasks_that_are_there(tmp_path, pretrained):
 
 
 def test_a_second_finetune_on_a_held_run_dir_refuses(tmp_path, pretrained):
-    """lm-finetune takes the same run-dir lock as lm-train: a second job on the directory refuses."""
+    """lm finetune takes the same run-dir lock as lm train: a second job on the directory refuses."""
     import subprocess
     import sys
 
@@ -199,7 +199,7 @@ def test_a_second_finetune_on_a_held_run_dir_refuses(tmp_path, pretrained):
 def test_missing_init_and_unknown_task_field_are_config_errors(tmp_path, pretrained):
     from hydra.errors import ConfigCompositionException
 
-    with pytest.raises(ConfigError, match="init=<lm-train run dir"):
+    with pytest.raises(ConfigError, match="init=<lm train run dir"):
         finetune(finetune_cfg(tmp_path, []))
     with pytest.raises(InitError, match="no such directory"):
         finetune(finetune_cfg(tmp_path, [f"init={tmp_path / 'nope'}"]))
@@ -298,7 +298,7 @@ def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pr
 
 
 def test_a_decoder_finetunes_with_position_weighted_mean_pooling(tmp_path, easy_glue, pretrained):
-    """pooling=weighted_mean (SGPT's position weights) from the lm-train checkpoint learns the easy task."""
+    """pooling=weighted_mean (SGPT's position weights) from the lm train checkpoint learns the easy task."""
     run_dir = tmp_path / "wmean"
     finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "pooling=weighted_mean", *easy_task(easy_glue)]))
     assert "pooling: weighted_mean" in (run_dir / "config.yaml").read_text()
@@ -326,9 +326,9 @@ def test_a_nonfinite_loss_follows_train_on_nonfinite(tmp_path, easy_glue, pretra
 
     calls = []
 
-    def poisoned(self, model, batch):  # the 3rd micro-batch's loss is NaN (one micro-batch per step here)
+    def poisoned(self, model, batch, metrics=None):  # the 3rd micro-batch's loss is NaN (one micro-batch per step here)
         calls.append(1)
-        loss = objectives.loss(model, batch)
+        loss = objectives.loss(model, batch, metrics)
         return loss * math.nan if len(calls) == 3 else loss
 
     monkeypatch.setattr(GlueTask, "loss", poisoned)

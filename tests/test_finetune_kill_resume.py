@@ -1,4 +1,4 @@
-"""SIGKILL a real `lm-finetune` in the middle of its second seed, run the same command again: the finished
+"""SIGKILL a real `lm finetune` in the middle of its second seed, run the same command again: the finished
 seed is skipped, the interrupted one continues from its last epoch-end checkpoint, and results.json and
 every logged loss equal an uninterrupted run's (one CPU process: bit-identical, dropout included).
 """

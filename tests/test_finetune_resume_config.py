@@ -1,4 +1,4 @@
-"""lm-finetune resumes a task/seed pair only with the settings it was trained with (FINETUNE_RESUMABLE in
+"""lm finetune resumes a task/seed pair only with the settings it was trained with (FINETUNE_RESUMABLE in
 lm/core/resume.py): a changed lr, weight decay or model is refused before the checkpoint is loaded, naming
 the fields and the fix; harmless changes (log interval, keep_last) continue to the uninterrupted result.
 Also: save_best=true keeps a loadable best-dev checkpoint with its config.
@@ -184,7 +184,7 @@ def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damage
 def test_a_finished_pair_is_reused_with_a_moved_copy_of_its_tokenizer_but_not_another(tmp_path, easy_glue,
                                                                                       pretrained, uninterrupted,
                                                                                       caplog):
-    """lm-transfer shares a scratch arm between corpus configs that share a tokenizer: the path differs
+    """lm transfer shares a scratch arm between corpus configs that share a tokenizer: the path differs
     (another prepared data dir), the file's sha256 does not."""
     import shutil
 

@@ -146,7 +146,7 @@ def test_there_is_a_preset_per_task_and_all():
 
 
 def compose_tasks(*overrides):
-    """The typed job of `lm-finetune init=none <overrides>` (the presets compose under tasks.<name>)."""
+    """The typed job of `lm finetune init=none <overrides>` (the presets compose under tasks.<name>)."""
     register()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         return finetune_job(compose(config_name="finetune", overrides=["init=none", *overrides]))

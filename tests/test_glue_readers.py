@@ -2,6 +2,7 @@
 and the errors for missing and malformed data."""
 
 import os
+import random
 import sys
 import types
 from collections import Counter
@@ -154,7 +155,15 @@ def test_unknown_task_and_split():
         load_split("mnli", "dev")
 
 
-def test_hf_fallback_only_when_no_local_copy(tmp_path, monkeypatch):
+@pytest.fixture
+def hub_up(monkeypatch):
+    """The hub counts as reachable (the probe is not run): the tests' fake `datasets` answers instead."""
+    import lm.glue.readers as R
+
+    monkeypatch.setattr(R, "hub_unreachable", lambda: None)
+
+
+def test_hf_fallback_only_when_no_local_copy(tmp_path, monkeypatch, hub_up):
     calls = []
 
     def load_dataset(path, name, split):
@@ -172,7 +181,7 @@ def test_hf_fallback_only_when_no_local_copy(tmp_path, monkeypatch):
     assert len(load_split("mnli", "train", root=FIXTURES)) == 5 and len(calls) == 2  # local copy wins
 
 
-def test_hf_failure_names_the_local_path_too(tmp_path, monkeypatch):
+def test_hf_failure_names_the_local_path_too(tmp_path, monkeypatch, hub_up):
     def offline(*a, **k):
         raise ConnectionError("Couldn't reach the Hub (offline)")
 
@@ -183,6 +192,62 @@ def test_hf_failure_names_the_local_path_too(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(GlueDataMissing, match="not installed"):
         load_split("rte", "train", root=tmp_path)
+
+
+def test_an_unreachable_hub_fails_at_once_naming_glue_data_root(tmp_path, monkeypatch):
+    """Offline, the hub client retried for ~30 s before failing; now one TCP probe decides (issue 49)."""
+    import socket
+
+    import lm.glue.readers as R
+
+    def never(*a, **k):
+        raise AssertionError("the hub was tried although it is unreachable")
+
+    def refused(address, timeout=None):
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=never))
+    monkeypatch.setattr(socket, "create_connection", refused)
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    R.hub_unreachable.cache_clear()
+    try:
+        with pytest.raises(GlueDataMissing) as e:
+            load_split("rte", "train", root=tmp_path)
+    finally:
+        R.hub_unreachable.cache_clear()
+    msg = str(e.value)
+    assert str(tmp_path / "RTE" / "train.tsv") in msg and "huggingface.co) is not reachable" in msg
+    assert "glue.data_root=" in msg and "root=..." not in msg
+
+
+ENCODINGS = {  # a two-line SST-2 train file, badly encoded: (bytes, line named, what the message says)
+    "utf16_with_bom": ("sentence\tlabel\na fine film\t1\n".encode("utf-16"), 1, "UTF-16 or binary, not UTF-8"),
+    "utf16_without_bom": ("sentence\tlabel\na fine film\t1\n".encode("utf-16-le"), 1, "UTF-16 or binary"),
+    "random_bytes": (random.Random(0).randbytes(4096), 1, "not UTF-8 text"),
+    "one_bad_byte": (b"sentence\tlabel\na good film\t1\na fine\xff film\t1\n", 3, "not UTF-8 text (byte b'\\xff'"),
+    "long_field": (("sentence\tlabel\n" + "a" * 200_000 + "\t1\n").encode(), 2, "field larger than field limit"),
+    "long_line": (b"sentence\tlabel\n" + b"a" * (3 << 20), 2, "longer than 1,048,576 bytes"),
+}
+
+
+@pytest.mark.parametrize("case", list(ENCODINGS))
+def test_a_file_that_is_not_utf8_text_names_file_and_line(tmp_path, case):
+    data, line, what = ENCODINGS[case]
+    path = tmp_path / "SST-2" / "train.tsv"
+    path.parent.mkdir()
+    path.write_bytes(data)
+    with pytest.raises(GlueDataError) as e:
+        load_split("sst2", "train", root=tmp_path, hf=False)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}:{line}: ") and what in msg and "\n" not in msg, msg
+
+
+def test_a_bom_and_crlf_line_ends_still_read(tmp_path):
+    path = tmp_path / "SST-2" / "train.tsv"
+    path.parent.mkdir()
+    path.write_bytes(b"\xef\xbb\xbfsentence\tlabel\r\na fine film\t1\r\n")
+    assert load_split("sst2", "train", root=tmp_path, hf=False) == [(0, "a fine film", None, 1)]
 
 
 @pytest.mark.parametrize("case,task,split,line,what", [

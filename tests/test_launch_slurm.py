@@ -207,7 +207,7 @@ def test_usr1_requeues_the_job_and_it_resumes_from_its_checkpoint(cluster, tmp_p
     assert len(resumed) == 1, resumed
     resumed_step = int(resumed[0].rsplit("(step ", 1)[1].rstrip(")"))
     assert 0 < resumed_step < steps
-    # The requeue stops the job step with SIGTERM: lm-train finishes the step in flight and checkpoints it
+    # The requeue stops the job step with SIGTERM: lm train finishes the step in flight and checkpoints it
     # (lm/core/loop.py _StopSignals), so the job resumes from where it was stopped, not from the last multiple
     # of ckpt_interval.
     assert f"SIGTERM received: stopped after step {resumed_step} with checkpoint" in out, out[-3000:]

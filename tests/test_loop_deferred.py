@@ -54,11 +54,11 @@ def test_a_signal_is_acted_on_at_the_next_stop_check(tmp_path, monkeypatch):
     run(tmp_path / "whole", **kw)
     real, calls = objectives.loss, {"n": 0}
 
-    def loss(model, batch):
+    def loss(model, batch, *metrics):
         calls["n"] += 1
         if calls["n"] == 5 and model.training:
             os.kill(os.getpid(), signal.SIGTERM)
-        return real(model, batch)
+        return real(model, batch, *metrics)
 
     monkeypatch.setattr(objectives, "loss", loss)
     with pytest.raises(Preempted, match=r"stopped after step 6 with checkpoint .*step_00000006"):

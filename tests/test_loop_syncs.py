@@ -1,6 +1,6 @@
 """No host sync in the training hot path between sync points (lm/core/loop.py), single process and DDP.
 
-Every way the host can wait for the device or for other ranks is counted while lm-train runs: reading a
+Every way the host can wait for the device or for other ranks is counted while lm train runs: reading a
 tensor (`item`, `tolist`, `cpu`, `numpy`, `float()`, `int()`, `bool()`, indexing with a tensor) and the
 torch.distributed collectives the Python side calls (DDP's gradient all-reduce inside backward is
 C++ and is the step's own work). Each call is attributed to the step in flight (the loop asks for the
@@ -22,7 +22,7 @@ COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor"
 
 
 def count_syncs(overrides, rank=0, world=1, objective="clm"):
-    """Run lm-train with every read and collective counted; returns {0-based step: [call names]}."""
+    """Run lm train with every read and collective counted; returns {0-based step: [call names]}."""
     import torch.distributed as dist
 
     from lm.cli.train import train
@@ -91,7 +91,7 @@ def _ddp_worker(rank, world, port, overrides, out):
                        "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
                        "WANDB_MODE": "disabled"})
     torch.set_num_threads(1)
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     try:
         out.put((rank, "ok", count_syncs(overrides, rank, world)))
@@ -100,7 +100,7 @@ def _ddp_worker(rank, world, port, overrides, out):
 
         out.put((rank, "error", traceback.format_exc()))
     finally:
-        D.shutdown()
+        dist_utils.shutdown()
 
 
 @pytest.mark.parametrize("model", [[], ["model=llama", "model.dim=32", "model.n_layers=2", "model.n_heads=4",

@@ -1,6 +1,6 @@
 """Adaptive input, adaptive softmax, mixture of softmaxes and transparent attention (issue #19):
 properties from their papers, the loss path (ignore_index, micro-batch token weighting),
-generation, parameter/FLOP formulas, refusals, and checkpoint/resume through lm-train."""
+generation, parameter/FLOP formulas, refusals, and checkpoint/resume through lm train."""
 
 import math
 
@@ -247,7 +247,7 @@ def test_hugging_face_export_refuses_these_options():
         to_hf(built(**MOS))
 
 
-# -- checkpoint / resume through lm-train ----------------------------------------------------------
+# -- checkpoint / resume through lm train ----------------------------------------------------------
 
 @pytest.mark.parametrize("extra,objective", [
     (["model.output=adaptive_softmax", "model.tie_embeddings=false", "model.adaptive_cutoffs=[64,128]"], "clm"),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from lm.extras import EXTRAS, MissingExtra, require
+from tests.benchmark_scripts import load
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,20 +33,20 @@ def test_lm_report_without_matplotlib_says_which_extra(monkeypatch, tmp_path):
     block(monkeypatch, "matplotlib")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
-    assert one_line_exit(e, "report") == "lm-report: error: lm-report needs matplotlib (not installed): " \
+    assert one_line_exit(e, "report") == "lm report: error: lm report needs matplotlib (not installed): " \
                                          "pip install 'lm[report]'"
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     one_line_exit(e, "report")
 
 
-def test_lm_bench_without_transformers_says_which_extra(monkeypatch):
-    from lm.cli.bench import main
+def test_hf_step_benchmark_without_transformers_says_which_extra(monkeypatch):
+    main = load("hf_step").main
 
     block(monkeypatch, "transformers")
     with pytest.raises(SystemExit) as e:
         main(["--steps", "1"])
-    assert "lm-bench needs transformers" in one_line_exit(e, "hf")
+    assert "benchmarks/hf_step.py needs transformers" in one_line_exit(e, "hf")
 
 
 def test_hf_export_without_transformers_raises_missing_extra(monkeypatch):
@@ -67,7 +68,7 @@ def test_lm_prepare_without_a_reader_says_which_extra(monkeypatch, tmp_path, nam
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path / name), "--out", str(tmp_path / "out"), "--tokenizer", "char", "--no-progress"])
     msg = one_line_exit(e, "data")
-    assert msg.startswith(f"lm-prepare: error: {tmp_path / name}: reading ") and blocked in msg
+    assert msg.startswith(f"lm prepare: {tmp_path / name}: reading ") and blocked in msg
 
 
 def test_lm_prepare_text_needs_no_extra(monkeypatch, tmp_path):
@@ -99,10 +100,10 @@ def test_pyproject_extras_match_lm_extras_and_dev_has_them_all():
     extras = project["optional-dependencies"]
     distribution = {"matplotlib": "matplotlib", "markdown": "markdown", "transformers": "transformers",
                     "zstandard": "zstandard", "pyarrow": "pyarrow", "datasets": "datasets",
-                    "tensorboard": "tensorboard"}
+                    "tensorboard": "tensorboard", "lm_eval": "lm-eval", "sklearn": "scikit-learn"}
     for extra, modules in EXTRAS.items():
         names = {re.split(r"[<>=\[ ]", req)[0] for req in extras[extra]}
         assert {distribution[m] for m in modules} == names, extra
     assert "lm[all]" in extras["dev"] and "accelerate" not in " ".join(project["dependencies"])
     assert set(re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")) == set(extras) - {"all", "dev"}
-    assert {"report", "hf", "data", "tensorboard", "slurm", "launch"} <= set(extras)
+    assert {"report", "hf", "data", "tensorboard", "slurm", "launch", "eval"} <= set(extras)

@@ -1,5 +1,5 @@
 """Product-key memory (model.pkm) and the Funnel encoder (model.funnel): their defining properties,
-refused combinations, Params/Ops, and training through lm-train with resume."""
+refused combinations, Params/Ops, and training through lm train with resume."""
 
 import pytest
 import torch
@@ -184,7 +184,7 @@ def test_funnel_ops_scale_with_the_pooled_lengths():
     assert num_params(cfg) == num_params(vanilla)  # pooling adds no parameters
 
 
-# -- through lm-train: checkpoint/resume --------------------------------------------------------------------
+# -- through lm train: checkpoint/resume --------------------------------------------------------------------
 
 @pytest.mark.parametrize("option", [
     ["model.pkm.layers=[1]", "model.pkm.n_keys=16"],

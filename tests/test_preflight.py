@@ -1,4 +1,4 @@
-"""lm-preflight: one process here, 2 gloo ranks under torchrun and under the multi-node launch
+"""lm preflight: one process here, 2 gloo ranks under torchrun and under the multi-node launch
 script, and the verdict logic on rank layouts this machine cannot have (GPUs, several hosts)."""
 
 import json
@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from lm.cli import preflight as P
+from lm.cli import preflight as preflight_cli
 from tests.engine_support import REPO, free_port
 from tests.test_launch_multinode import launch_env
 
 
 def run_main(capsys, *argv):
-    code = P.main(list(argv))
+    code = preflight_cli.main(list(argv))
     return code, capsys.readouterr().out
 
 
@@ -63,57 +63,57 @@ def test_checkpoint_size_is_estimated_from_the_model_preset(tmp_path, capsys):
 
 def test_bad_arguments_are_rejected(capsys):
     with pytest.raises(SystemExit) as e:
-        P.main(["train.max_steps=3"])
+        preflight_cli.main(["train.max_steps=3"])
     assert e.value.code == 2 and "takes only run_dir=PATH" in capsys.readouterr().err
-    assert P.main(["--model", "no_such_preset"]) == 2
+    assert preflight_cli.main(["--model", "no_such_preset"]) == 2
     assert "--model no_such_preset" in capsys.readouterr().err
 
 
 def info(rank, host, local_rank, gpus=8, name="NVIDIA H100 80GB HBM3", free=500e9, local_world=8):
-    return P.RankInfo(rank=rank, host=host, local_rank=local_rank, local_world_size=local_world, gpus=gpus,
+    return preflight_cli.RankInfo(rank=rank, host=host, local_rank=local_rank, local_world_size=local_world, gpus=gpus,
                       gpu_name=name, free_bytes=int(free), writable="")
 
 
 def args(**kw):
-    return P.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
+    return preflight_cli.parse_args([f"--{k.replace('_', '-')}={v}" for k, v in kw.items()])
 
 
 def test_devices_verdicts_on_gpu_layouts():
     two_nodes = [info(r, f"node{r // 8}", r % 8) for r in range(16)]
-    check = P._check_devices(args(), two_nodes)
+    check = preflight_cli._check_devices(args(), two_nodes)
     assert check.status == "PASS" and "16 rank(s), one GPU each: NVIDIA H100 80GB HBM3" in check.detail
     too_many = two_nodes + [info(16, "node1", 8, local_world=9)]
-    check = P._check_devices(args(), too_many)
+    check = preflight_cli._check_devices(args(), too_many)
     assert check.status == "FAIL" and "node1 local rank 8 (sees 8 GPU(s))" in check.detail
     mixed = [info(0, "a", 0, local_world=1, gpus=1), info(1, "b", 0, local_world=1, gpus=1, name="NVIDIA A100")]
-    assert P._check_devices(args(), mixed).status == "WARN"
+    assert preflight_cli._check_devices(args(), mixed).status == "WARN"
     idle = [info(r, "a", r, local_world=4) for r in range(4)]
-    check = P._check_devices(args(), idle)
+    check = preflight_cli._check_devices(args(), idle)
     assert check.status == "WARN" and "4 GPU(s) per node left idle" in check.detail
     cpu = [info(r, "a", r, gpus=0, name="", local_world=2) for r in range(2)]
-    assert P._check_devices(args(), cpu).status == "PASS"
-    assert P._check_devices(P.parse_args(["--require-gpu"]), cpu).status == "FAIL"
+    assert preflight_cli._check_devices(args(), cpu).status == "PASS"
+    assert preflight_cli._check_devices(preflight_cli.parse_args(["--require-gpu"]), cpu).status == "FAIL"
 
 
 def test_world_size_verdicts(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "16")
     even = [info(r, f"node{r // 8}", r % 8) for r in range(16)]
-    check = P._check_world(args(), even)
+    check = preflight_cli._check_world(args(), even)
     assert check.status == "PASS" and check.detail == "16 rank(s) on 2 node(s): node0 x8, node1 x8"
-    assert P._check_world(args(expect_world_size=32), even).status == "FAIL"
+    assert preflight_cli._check_world(args(expect_world_size=32), even).status == "FAIL"
     monkeypatch.setenv("WORLD_SIZE", "15")
-    assert P._check_world(args(), even[:15]).status == "WARN"  # 8 + 7: uneven
-    assert "WORLD_SIZE=15" in P._check_world(args(), even).detail
+    assert preflight_cli._check_world(args(), even[:15]).status == "WARN"  # 8 + 7: uneven
+    assert "WORLD_SIZE=15" in preflight_cli._check_world(args(), even).detail
 
 
 def test_disk_names_the_fullest_node_and_an_unshared_directory(tmp_path, monkeypatch):
     layout = [info(0, "node0", 0, free=900e9), info(1, "node1", 0, free=40e9)]
-    monkeypatch.setattr(P, "_shared_directory", lambda ckpt, infos: (True, []))
-    check = P._check_disk(args(ckpt_dir=tmp_path), layout, need=int(50e9), why="--need-gb")
+    monkeypatch.setattr(preflight_cli, "_shared_directory", lambda ckpt, infos: (True, []))
+    check = preflight_cli._check_disk(args(ckpt_dir=tmp_path), layout, need=int(50e9), why="--need-gb")
     assert check.status == "FAIL" and "40.0 GB free (least: node1), 50.0 GB needed" in check.detail
-    assert P._check_disk(args(ckpt_dir=tmp_path), layout, need=int(30e9), why="x").status == "PASS"
-    monkeypatch.setattr(P, "_shared_directory", lambda ckpt, infos: (False, ["node1"]))
-    check = P._check_disk(args(ckpt_dir=tmp_path), layout, need=int(30e9), why="x")
+    assert preflight_cli._check_disk(args(ckpt_dir=tmp_path), layout, need=int(30e9), why="x").status == "PASS"
+    monkeypatch.setattr(preflight_cli, "_shared_directory", lambda ckpt, infos: (False, ["node1"]))
+    check = preflight_cli._check_disk(args(ckpt_dir=tmp_path), layout, need=int(30e9), why="x")
     assert check.status == "FAIL" and "node1 do(es) not see rank 0's files" in check.detail
 
 

@@ -1,4 +1,4 @@
-"""lm-quickstart: lm-transfer's recipe on a budget (the pretrained arm alone, or both arms with --compare),
+"""lm quickstart: lm transfer's recipe on a budget (the pretrained arm alone, or both arms with --compare),
 the comparison table, and (slow) the whole command end to end on a tiny budget."""
 
 import json

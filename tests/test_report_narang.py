@@ -1,4 +1,4 @@
-"""lm-report on a synthetic experiment=narang sweep: Table 1's layout (paper order and labels, the
+"""lm report on a synthetic experiment=narang sweep: Table 1's layout (paper order and labels, the
 paper's columns, deltas against the vanilla row, early loss at 1/4 of the steps), and the rows
 module as data that Hydra composes."""
 
@@ -102,7 +102,7 @@ def test_every_row_composes_and_names_a_paper_row():
     assert node == {"defaults": ["_self_"], "model": {"output": "adaptive_softmax", "tie_embeddings": False,
                                                       "adaptive_tail_projection": False}}
     assert row_node(by_name()["swiglu"])["defaults"] == [{"override /model/ffn": "swiglu"}, "_self_"]
-    for row in ROWS:  # each row through lm-train's composition of experiment=narang
+    for row in ROWS:  # each row through lm train's composition of experiment=narang
         cfg = compose_experiment(row.name)
         assert cfg.model.arch == "encoder_decoder"
         for o in row.overrides:

@@ -1,4 +1,4 @@
-"""lm-report's reading side: failed and partial runs, corrupt files, unfair comparisons, run cards."""
+"""lm report's reading side: failed and partial runs, corrupt files, unfair comparisons, run cards."""
 
 import csv
 import json
@@ -79,7 +79,9 @@ def test_different_budget_or_data_is_refused_unless_forced(tmp_path):
     make_run(tmp_path / "b", ffn="swiglu", max_steps=100)
     with pytest.raises(ReportError, match=r"(?s)train\.max_steps: 100 .*b\) vs 200 .*a\).*--force"):
         check_comparable(load_runs([tmp_path]))
-    assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "-o", str(tmp_path / "out")])
+    assert e.value.code == 2
     assert not (tmp_path / "out" / "report.html").exists()
     assert main([str(tmp_path), "-o", str(tmp_path / "out"), "--force"]) == 0
     assert "**forced**" in (tmp_path / "out" / "report.md").read_text()

@@ -1,4 +1,4 @@
-"""lm-report on a synthetic ffn x norm sweep: the table's numbers, the seed-noise rule, the files."""
+"""lm report on a synthetic ffn x norm sweep: the table's numbers, the seed-noise rule, the files."""
 
 import csv
 import math
@@ -95,7 +95,9 @@ def test_baseline_choice(sweep, tmp_path):
     assert main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu model/norm=layernorm"]) == 0
     rows = list(csv.DictReader(open(tmp_path / "report.csv")))
     assert float(rows[0]["final_loss_delta"]) == pytest.approx(0.1)
-    assert main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu"]) == 2  # ambiguous
+    with pytest.raises(SystemExit) as e:
+        main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu"])  # ambiguous
+    assert e.value.code == 2
 
 
 def test_parameter_mismatch_is_flagged(tmp_path):
@@ -107,3 +109,21 @@ def test_parameter_mismatch_is_flagged(tmp_path):
     flagged = [l for l in md.splitlines() if "⚠" in l and l.startswith("| `")]
     # a third matrix at 4x width: +2 * 64 * 256 weights (2 layers) on ~133k, about +25%
     assert len(flagged) == 1 and "swiglu" in flagged[0] and "(+25.0% ⚠)" in flagged[0]
+
+
+def test_user_strings_reach_the_html_page_as_text(tmp_path):
+    """issue 49 item 7: run names, overrides, titles and notes are the user's; none may become markup."""
+    pytest.importorskip("markdown")
+    from lm.report.html import to_html
+
+    (tmp_path / "grid.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    md = ("# Report <img src=x onerror=alert(1)>\n\n| run | loss |\n|---|---|\n| <script>alert(2)</script> | 1.0 |\n\n"
+          "[home](javascript:alert(3)) [doc](docs/a.md) [web](https://example.org)\n\n"
+          '<div onclick="alert(4)">notes</div>\n\n![grid](grid.png) ![secret](/etc/secret.png) src="grid.png"\n')
+    page = to_html(md, "<script>alert(5)</script>", tmp_path)
+    for markup in ("<script", "<img src=x", "<div", "javascript:"):
+        assert markup not in page, markup
+    assert "<title>&lt;script&gt;alert(5)&lt;/script&gt;</title>" in page
+    assert "<td>&lt;script&gt;alert(2)&lt;/script&gt;</td>" in page
+    assert '<a href="docs/a.md">doc</a>' in page and '<a href="https://example.org">web</a>' in page
+    assert page.count('src="data:image/png;base64,') == 1  # our figure is embedded, not a file outside the report

@@ -1,7 +1,7 @@
 """RNN baselines (model=lstm|gru|rnn, lm/model/rnn.py): the model against hand-written cell equations,
-causality, generation, padding, FLOPs, refusals of Transformer options; lm-train (single, DDP on 2 gloo
-ranks, exact resume), lm-finetune (pooling, a bidirectional classifier from a unidirectional LM), and the
-ablate_seq_model sweep through lm-report."""
+causality, generation, padding, FLOPs, refusals of Transformer options; lm train (single, DDP on 2 gloo
+ranks, exact resume), lm finetune (pooling, a bidirectional classifier from a unidirectional LM), and the
+ablate_seq_model sweep through lm report."""
 
 import json
 import multiprocessing as mp
@@ -225,7 +225,7 @@ def test_bidirectional_classifier_from_a_unidirectional_lm_starts_where_it_was(h
     assert bi.proj.weight.grad[:, hidden:].abs().sum() > 0
 
 
-# -- lm-train: single process, exact resume, DDP on 2 gloo ranks -------------------------------------
+# -- lm train: single process, exact resume, DDP on 2 gloo ranks -------------------------------------
 
 def rnn_overrides(run_dir, steps, cell="lstm", **train):
     return tiny_overrides(run_dir, steps, **train) + [f"model={cell}", "model.vocab_size=64", "model.dim=32",
@@ -304,7 +304,7 @@ def _ddp_worker(rank, port, overrides, out):
                        "WANDB_MODE": "disabled"})
     torch.set_num_threads(1)
     from lm.cli.train import train
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     try:
         cfg = compose(overrides)
@@ -315,7 +315,7 @@ def _ddp_worker(rank, port, overrides, out):
 
         out.put((rank, "error", traceback.format_exc()))
     finally:
-        D.shutdown()
+        dist_utils.shutdown()
 
 
 @pytest.mark.distributed
@@ -343,14 +343,14 @@ def test_two_gloo_ranks_match_one_process(tmp_path, engine):
     assert [ddp[s] for s in ddp] == pytest.approx([single[s] for s in single], rel=1e-5)
 
 
-# -- lm-finetune ----------------------------------------------------------------------------------------
+# -- lm finetune ----------------------------------------------------------------------------------------
 
 LSTM_TINY = ["model=lstm", "model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.rnn.hidden=48"]
 
 
 @pytest.fixture(scope="module")
 def lstm_run(tmp_path_factory, easy_glue):
-    """A short lm-train run of a tiny LSTM on the easy task's sentences (BPE, 320 tokens); its work dir."""
+    """A short lm train run of a tiny LSTM on the easy task's sentences (BPE, 320 tokens); its work dir."""
     import random
 
     from hydra import compose as hydra_compose
@@ -444,7 +444,7 @@ def test_ablate_seq_model_cells_are_parameter_matched():
 
 @pytest.mark.slow
 def test_ablate_seq_model_sweep_through_lm_report(tmp_path):
-    """The real sweep at a tiny size (1 seed, 6 steps), on the char-level tiny Shakespeare, then lm-report:
+    """The real sweep at a tiny size (1 seed, 6 steps), on the char-level tiny Shakespeare, then lm report:
     one row per cell with validation loss and tokens/s."""
     import os
     import subprocess

@@ -1,5 +1,5 @@
-"""lm/core/saved_model.py: a run directory, a checkpoint or an lm-export directory, resolved once for
-lm-finetune's init= and lm-attention, each refusing a wrong path in its own words."""
+"""lm/core/saved_model.py: a run directory, a checkpoint or an lm export directory, resolved once for
+lm finetune's init= and lm attention, each refusing a wrong path in its own words."""
 
 import json
 
@@ -67,11 +67,11 @@ def test_each_caller_keeps_its_own_messages(tmp_path):
 
     nowhere, empty = tmp_path / "nowhere", tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(InitError, match=rf"^init={nowhere}: no such directory; .*an lm-export directory, or init=none$"):
+    with pytest.raises(InitError, match=rf"^init={nowhere}: no such directory; .*an lm export directory, or init=none$"):
         load_backbone(str(nowhere))
-    with pytest.raises(InitError, match=rf"^init={empty}: {empty} is neither .*; or an lm-export directory \("):
+    with pytest.raises(InitError, match=rf"^init={empty}: {empty} is neither .*; or an lm export directory \("):
         load_backbone(str(empty))
-    with pytest.raises(AttentionMapError, match=rf"^{nowhere}: no such directory; .*, or an lm-export directory$"):
+    with pytest.raises(AttentionMapError, match=rf"^{nowhere}: no such directory; .*, or an lm export directory$"):
         saved_model_config(nowhere)
-    with pytest.raises(AttentionMapError, match=rf"^{empty}: {empty} is neither .*; or pass an lm-export directory \("):
+    with pytest.raises(AttentionMapError, match=rf"^{empty}: {empty} is neither .*; or pass an lm export directory \("):
         saved_model_config(empty)

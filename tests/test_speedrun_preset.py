@@ -4,7 +4,7 @@ experiment=shakespeare_char_cpu (the CPU speedrun) differs from it only where it
 The recipe (nanoGPT README, "baby GPT" on a CPU): 4 layers, width 128, 4 heads, context 64, batch 12,
 2000 iterations, dropout 0, AdamW betas (0.9, 0.99), weight decay 0.1, lr 1e-3 with 100 warmup steps
 and cosine decay to 1e-4, validation loss over 20 batches, the first 90% of the text to train on.
-Its speed is measured by the command in BENCHMARKS.md, not here.
+Its speed is measured by the command in docs/results.md, not here.
 """
 
 import pytest
@@ -72,7 +72,7 @@ def test_char_vocabulary_is_the_65_symbols_plus_reserved_ids(cfg, tmp_path):
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
 
-    data = OmegaConf.to_object(cfg.data)  # the typed DataConfig lm-train passes down
+    data = OmegaConf.to_object(cfg.data)  # the typed DataConfig lm train passes down
     data.dir = str(tmp_path / "data")
     root = ensure_prepared(data)
     tok = Tokenizer.load(root)
@@ -84,7 +84,7 @@ def test_char_vocabulary_is_the_65_symbols_plus_reserved_ids(cfg, tmp_path):
 
 def test_speedrun_differs_from_nanogpt_only_in_lr_schedule_steps_and_positions(cfg, speedrun):
     """The speedrun trains nanoGPT's model on nanoGPT's data and batch; what it changes is listed in its
-    preset (BENCHMARKS.md has the measurements): lr 3e-3, linear decay to zero after 50 warmup steps,
+    preset (docs/results.md has the measurements): lr 3e-3, linear decay to zero after 50 warmup steps,
     RoPE instead of the learned position table, 1100 steps."""
     from omegaconf import OmegaConf
 

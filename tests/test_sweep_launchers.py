@@ -1,5 +1,5 @@
 """The sweep machinery in one process: a failing cell's exit becomes its failure, its logged reason
-lands in error.txt (and in lm-report), GPU slots are exclusive, a cell is a wandb run of the sweep's
+lands in error.txt (and in lm report), GPU slots are exclusive, a cell is a wandb run of the sweep's
 group with its overrides as tags."""
 
 import logging

@@ -1,5 +1,5 @@
-"""Real `lm-train -m` sweeps on the tiny model and real data, with one impossible cell: the other
-cells still run, and lm-report marks the bad cell failed and says why. Slow (a few tiny trainings,
+"""Real `lm train -m` sweeps on the tiny model and real data, with one impossible cell: the other
+cells still run, and lm report marks the bad cell failed and says why. Slow (a few tiny trainings,
 and the local_gpus launcher starts a Python process per cell)."""
 
 import csv
@@ -51,7 +51,7 @@ def check_report(tmp_path, ok_labels, sweep_dir=None):
 def test_sequential_sweep_goes_on_past_a_failed_cell(tmp_path):
     out = sweep(tmp_path, "model.n_heads=3,4,2")
     assert out.returncode != 0, "Hydra raises the failed cell's error once every cell has run"
-    assert BAD_REASON in out.stderr  # lm-train re-raises a cell's error under -m; Hydra raises it at the end
+    assert BAD_REASON in out.stderr  # lm train re-raises a cell's error under -m; Hydra raises it at the end
     cells = [tmp_path / "sweep" / str(i) for i in range(3)]
     assert (cells[0] / "error.txt").read_text().rstrip().endswith(BAD_REASON + "; choose n_heads among "
                                                                    "[1, 2, 4, 8, 16, 32, 64] or set model.head_dim")

@@ -1,6 +1,6 @@
 """Synthesizer, lightweight/dynamic convolutions, the weighted and the Evolved Transformer (#20):
 each module against its formula written out, its defining property (causality, padding, learned
-branch weights), then through the model: options, capture(), KV cache, Params/Ops, lm-train resume,
+branch weights), then through the model: options, capture(), KV cache, Params/Ops, lm train resume,
 DDP."""
 
 import pytest
@@ -363,11 +363,11 @@ def test_undefined_combinations_are_refused_before_building(overrides, field):
         build_model(model_preset("tiny", SMALL + overrides))
 
 
-# -- through lm-train: checkpoint/resume, and DDP like one process --------------------------------------------
+# -- through lm train: checkpoint/resume, and DDP like one process --------------------------------------------
 
 from tests.engine_support import compose, loaders, spawn, tiny_overrides, train_losses  # noqa: E402
 
-TRAIN = {  # lm-train overrides (model=tiny at max_seq_len 64)
+TRAIN = {  # lm train overrides (model=tiny at max_seq_len 64)
     "synth_random_plus_alpha": ["model/attn=synthesizer_random", "model.attn.mix=plus_alpha"],
     "synth_dense": ["model/attn=synthesizer_dense"],
     "dynamic_conv": ["model/attn=dynamic_conv", "model.attn.kernel_size=3"],

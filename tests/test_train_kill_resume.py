@@ -1,5 +1,5 @@
 """SIGKILL in the middle of a step, then the same command again: the loss trajectory continues as if
-nothing happened. Real `lm-train` processes (single, and torchrun with 2 ranks), real data (tiny
+nothing happened. Real `lm train` processes (single, and torchrun with 2 ranks), real data (tiny
 Shakespeare, prepared once per module from $LM_DATA_MIRROR). Also: Hydra under torchrun makes one
 run directory with one resolved config.
 """
@@ -51,7 +51,8 @@ def start_paused(world, args, cache, tmp_path, stdout=subprocess.DEVNULL, **paus
     """Start the run and wait until it is parked (by default inside step KILL_AT; `pause`: another hook's
     LM_FAULT_PAUSE_* variable)."""
     flag = tmp_path / "paused"
-    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_FILE=str(flag),
+    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_FILE=str(flag),  # benchmarks/fault_pause.py parks it
+                         LM_PLUGINS=str(REPO / "benchmarks" / "fault_pause.py"),
                          **(pause or {"LM_FAULT_PAUSE_AT_STEP": str(KILL_AT)}))
     proc = subprocess.Popen(command(world) + args, cwd=REPO, env=env, start_new_session=True,
                             stdout=stdout, stderr=subprocess.PIPE, text=True)
@@ -178,8 +179,7 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(cache, tmp_path):
         proc.kill()  # parked in the save hook forever if the test failed before the second Ctrl-C
         proc.wait()
     assert proc.returncode == 130 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
-    assert err.strip().splitlines()[-1] == ("lm-train: aborted by Ctrl-C; the checkpoints already written are "
-                                            "intact: run the same command to resume from the last one")
+    assert err.strip().splitlines()[-1] == "lm train: interrupted"  # lm/cli/errors.py entry: one line
     assert (stopped / "checkpoints" / "latest").read_text() == "step_00000004"
     run(1, overrides(stopped), cache)
     assert train_losses(stopped) == train_losses(whole)

@@ -1,4 +1,4 @@
-"""lm-train in one process: run directory contents, exact resume, NaN/inf losses, full disks, bad configs.
+"""lm train in one process: run directory contents, exact resume, NaN/inf losses, full disks, bad configs.
 
 Runs in-process on the synthetic loader of engine_support (a learnable random walk), tiny model.
 """
@@ -74,9 +74,9 @@ def _nan_at(monkeypatch, step_calls):
 
     real, calls = objectives.loss, {"n": 0}
 
-    def loss(model, batch):
+    def loss(model, batch, *metrics):
         calls["n"] += 1
-        out = real(model, batch)
+        out = real(model, batch, *metrics)
         return out * float("nan") if calls["n"] in step_calls and model.training else out
 
     monkeypatch.setattr(objectives, "loss", loss)
@@ -117,9 +117,9 @@ def _inf_gradient_at(monkeypatch, step_calls):
 
     real, calls = objectives.loss, {"n": 0}
 
-    def loss(model, batch):
+    def loss(model, batch, *metrics):
         calls["n"] += 1
-        out = real(model, batch)
+        out = real(model, batch, *metrics)
         return _InfGradient.apply(out) if calls["n"] in step_calls and model.training else out
 
     monkeypatch.setattr(objectives, "loss", loss)
@@ -278,11 +278,11 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_
     real, calls = objectives.loss, {"n": 0}
     before = signal.getsignal(getattr(signal, sig))
 
-    def loss(model, batch):
+    def loss(model, batch, *metrics):
         calls["n"] += 1
         if calls["n"] == 5 and model.training:
             os.kill(os.getpid(), getattr(signal, sig))
-        return real(model, batch)
+        return real(model, batch, *metrics)
 
     monkeypatch.setattr(objectives, "loss", loss)
     with pytest.raises(Preempted, match=rf"{name} received: stopped after step 5 with checkpoint .*step_00000005; "
@@ -290,7 +290,7 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_
         run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
     assert signal.getsignal(getattr(signal, sig)) is before  # the loop put the previous handler back
     monkeypatch.setattr(objectives, "loss", real)
-    with caplog.at_level("INFO", logger="lm"):  # lm-train's Hydra logging config sets INFO
+    with caplog.at_level("INFO", logger="lm"):  # lm train's Hydra logging config sets INFO
         run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
     assert train_losses(tmp_path / "stopped") == train_losses(tmp_path / "whole")
     assert "resumed from" in (tmp_path / "stopped" / "train.log").read_text()
@@ -306,12 +306,12 @@ def test_a_second_ctrl_c_aborts_at_once_without_a_checkpoint(tmp_path, monkeypat
     real, calls = objectives.loss, {"n": 0}
     before = signal.getsignal(signal.SIGINT)
 
-    def loss(model, batch):
+    def loss(model, batch, *metrics):
         calls["n"] += 1
         if calls["n"] == 5 and model.training:
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
-        return real(model, batch)
+        return real(model, batch, *metrics)
 
     monkeypatch.setattr(objectives, "loss", loss)
     with pytest.raises(KeyboardInterrupt):

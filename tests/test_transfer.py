@@ -1,4 +1,4 @@
-"""lm-transfer: pretraining then both finetuning arms in one call on a tiny budget, the table's numbers,
+"""lm transfer: pretraining then both finetuning arms in one call on a tiny budget, the table's numbers,
 the curve report, the presets, and the refusals (another tokenizer or model for finetuning, a shared
 scratch arm of another recipe)."""
 
@@ -203,13 +203,13 @@ def test_the_curve_script_fills_only_its_section():
     # the run list names each run's series and directory (two presets' runs can share a command's text)
     cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
                   {"rte": {"metrics": ["acc"], "seeds": {"0": 53.0}, "median": 53.0}})
-    run = {"command": "lm-transfer --tokens 100", "machine": "m", "finished": "today", "seconds": 12.0}
+    run = {"command": "lm transfer --tokens 100", "machine": "m", "finished": "today", "seconds": 12.0}
     recipe = {"arch": "encoder", "pooling": "first", "tokens": 100, "val_loss": None}
     rows = [{"recipe": {**recipe, "pos": "learned", "note": "moved"}, "comparison": cmp, "run": run, "dir": "a/0"},
             {"recipe": {**recipe, "pos": "rope"}, "comparison": cmp, "run": run, "dir": "b/0"}]
     text = curve.section(rows, Path("x.png"), "cmd")
-    assert "- encoder (first, learned), 100 tokens, in `a/0`: `lm-transfer --tokens 100`: m, finished today, 12 s (moved)" in text
-    assert "- encoder (first, rope), 100 tokens, in `b/0`: `lm-transfer --tokens 100`: m, finished today, 12 s\n" in text
+    assert "- encoder (first, learned), 100 tokens, in `a/0`: `lm transfer --tokens 100`: m, finished today, 12 s (moved)" in text
+    assert "- encoder (first, rope), 100 tokens, in `b/0`: `lm transfer --tokens 100`: m, finished today, 12 s\n" in text
 
 
 def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
@@ -224,7 +224,7 @@ def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
         cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
                       {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0 + gain}, "median": 50.0 + gain}})
         summary = {"recipe": {"arch": "encoder", "pooling": "first", "pos": pos, "tokens": tokens, "val_loss": 5.0},
-                   "comparison": cmp, "run": {"command": f"lm-transfer --out {out}", "machine": "m",
+                   "comparison": cmp, "run": {"command": f"lm transfer --out {out}", "machine": "m",
                                               "finished": "today", "seconds": 1.0}}
         (out / "transfer.json").write_text(json.dumps(summary))
         (out / "transfer.md").write_text("table\n")
@@ -306,19 +306,21 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     doc.write_text("# page\n<!-- curve:begin -->\n<!-- curve:end -->\n")
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
-                          "--tokens", "0,20000", "--tasks", "rte", "--root", str(tmp_path / "runs"), "--doc", str(doc)],
+                          "--tokens", "0,20000", "--tasks", "rte", "--root", str(tmp_path / "runs"), "--doc", str(doc),
+                          "--scratch-archive", str(tmp_path / "scratch_archive")],
                          capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr[-3000:]
     text = doc.read_text()
     assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 20,480 |" in text
-    assert (tmp_path / "page.png").is_file() and "lm-transfer --preset glue_transfer_decoder --tokens 20000" in text
+    assert (tmp_path / "page.png").is_file() and "lm transfer --preset glue_transfer_decoder --tokens 20000" in text
     # the next session (runs/ gone) restores the archived scratch arm instead of training it again
     # (the --tiny overrides are part of the archive's key: decoder-mean-learned-<their digest>)
     [point] = (tmp_path / "runs" / "points").glob("decoder-mean-learned-*/20480/transfer.json")
     first = json.loads(point.read_text())["comparison"]
     again = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
                             "--tokens", "20000", "--tasks", "rte", "--root", str(tmp_path / "runs2"),
-                            "--archive", str(tmp_path / "runs" / "points"), "--doc", str(doc)],
+                            "--archive", str(tmp_path / "runs" / "points"), "--doc", str(doc),
+                            "--scratch-archive", str(tmp_path / "scratch_archive")],
                            capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
     assert again.returncode == 0, again.stderr[-3000:]
     assert "finetuning from scratch" in again.stderr and "restored from" in again.stderr
@@ -375,7 +377,7 @@ def test_a_finetuning_override_that_does_not_compose_fails_before_pretraining(tm
 
 
 def test_parallel_runs_the_scratch_arm_beside_the_pretraining(tmp_path, corpus, easy_glue):  # noqa: F811
-    """--parallel: the scratch arm is a second process (lm-transfer --arm scratch --lane) logging to
+    """--parallel: the scratch arm is a second process (lm transfer --arm scratch --lane) logging to
     <scratch>/lane.log; the table is the same kind as a sequential call's, and the time is counted once."""
     r = recipe(tmp_path / "t", corpus, easy_glue, parallel=True)
     s = run_transfer(r)
@@ -436,7 +438,7 @@ def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, c
     (tmp_path / "other.json").write_text(json.dumps(other))
     assert join_arms([scratch, tmp_path / "other.json"], tmp_path / "y", "")["comparison"] == joined["comparison"]
     (tmp_path / "bad.json").write_text("{}")
-    with pytest.raises(TransferError, match=r"bad.json: not an lm-transfer arm record \(no arm, recipe, shared, "):
+    with pytest.raises(TransferError, match=r"bad.json: not an lm transfer arm record \(no arm, recipe, shared, "):
         join_arms([scratch, tmp_path / "bad.json"], tmp_path / "x", "")
     (tmp_path / "cut.json").write_text(scratch.read_text()[:100])  # a half-copied record
     with pytest.raises(TransferError, match="cut.json: cannot be read as JSON"):
@@ -464,7 +466,7 @@ def test_the_lane_command_rebuilds_the_recipe(tmp_path):
                finetune=["pooling=first", "tasks.rte.epochs=1"])
     a = _parser().parse_args(recipe_argv(r))
     assert (a.preset, int(a.tokens), a.out, a.scratch, a.seeds, a.tasks, a.group, a.pretrain, a.finetune) == (
-        r.preset, r.tokens, r.out, r.scratch, "1,2", "rte,cola", "g", r.pretrain, r.finetune)
+        r.preset, r.tokens, r.out, r.scratch, [1, 2], "rte,cola", "g", r.pretrain, r.finetune)
     assert _parser().parse_args(recipe_argv(Recipe(out=tmp_path / "o"))).pretrain == []
     with pytest.raises(TransferError, match="--arm both: must be one of all, scratch, pretrained"):
         Recipe(arm="both")
@@ -557,7 +559,7 @@ def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_pa
         names = set(tar.getnames())
     assert {"details/scratch_sst2.log", "details/pretrained_other.log", "details/pretrain_metrics.jsonl"} <= names
     assert table_log.count("done in an earlier run") == 10  # 5 tasks x 2 arms x 1 seed, none trained again
-    assert "lm-transfer (the table) exit status 0" in (out / "log.txt").read_text()
+    assert "lm transfer (the table) exit status 0" in (out / "log.txt").read_text()
 
 
 @pytest.mark.slow
@@ -590,7 +592,7 @@ def test_the_gpu_transfer_script_narrowed_to_some_scratch_tasks_tiny(tmp_path, d
 def test_the_gpu_transfer_script_one_arm_per_call_tiny(tmp_path, data_mirror):
     """ARMS=pretrained, then ARMS=scratch on the same machine (RUN_DIR): the second call finds the first's arm
     whole and writes the table, training nothing twice. ARMS=scratch on another machine (a fresh RUN_DIR) brings
-    back its arm's record instead, which lm-transfer --join puts together with the first call's into the same
+    back its arm's record instead, which lm transfer --join puts together with the first call's into the same
     table."""
     import tarfile
 

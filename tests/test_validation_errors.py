@@ -128,7 +128,7 @@ def test_lock_run_dir_names_an_unwritable_run_dir(ro, where):
                                                rf"pick another run_dir$"):
         lock_run_dir(run_dir)
     release(run_dir)
-    assert issubclass(RunDirUnwritable, CheckpointError)  # lm-train and lm-finetune print it in one line
+    assert issubclass(RunDirUnwritable, CheckpointError)  # lm train and lm finetune print it in one line
 
 
 def test_lock_run_dir_names_a_file_in_the_way(tmp_path):
@@ -151,14 +151,14 @@ def test_lm_train_refuses_a_read_only_run_dir_before_training(ro):
 def test_the_apps_check_run_dir_before_hydra_creates_it(ro, monkeypatch):
     from lm.cli.app import _check_run_dir_arg
 
-    monkeypatch.setattr(sys, "argv", ["lm-train", "model=tiny", f"run_dir={ro / 'a' / 'b'}"])
-    with pytest.raises(SystemExit, match=rf"^lm-train: run_dir {ro / 'a' / 'b'} is not writable: Permission denied "
+    monkeypatch.setattr(sys, "argv", ["lm train", "model=tiny", f"run_dir={ro / 'a' / 'b'}"])
+    with pytest.raises(SystemExit, match=rf"^lm train: run_dir {ro / 'a' / 'b'} is not writable: Permission denied "
                                          rf"\({ro}\); pick another run_dir$"):
-        _check_run_dir_arg("lm-train")
-    monkeypatch.setattr(sys, "argv", ["lm-train", f"run_dir={ro.parent / 'fine' / 'run'}"])
-    _check_run_dir_arg("lm-train")  # a writable parent: nothing to say
-    monkeypatch.setattr(sys, "argv", ["lm-train", "-m", f"run_dir={ro / 'a'},{ro / 'b'}"])
-    _check_run_dir_arg("lm-train")  # a sweep: each cell's run_dir is checked by lock_run_dir
+        _check_run_dir_arg("lm train")
+    monkeypatch.setattr(sys, "argv", ["lm train", f"run_dir={ro.parent / 'fine' / 'run'}"])
+    _check_run_dir_arg("lm train")  # a writable parent: nothing to say
+    monkeypatch.setattr(sys, "argv", ["lm train", "-m", f"run_dir={ro / 'a'},{ro / 'b'}"])
+    _check_run_dir_arg("lm train")  # a sweep: each cell's run_dir is checked by lock_run_dir
 
 
 def run_cli(module, *args, cwd):
@@ -228,5 +228,5 @@ def test_known_tasks_and_other_args_pass(arg):
 def test_cli_lists_the_tasks_for_an_unknown_one(tmp_path):
     p = run_cli("lm.cli.finetune", "task=glue/foo", "init=none", cwd=tmp_path)
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert p.stderr.strip() == (f"lm-finetune: task=glue/foo is not a task; pick task=glue/<name> with <name> one of "
+    assert p.stderr.strip() == (f"lm finetune: task=glue/foo is not a task; pick task=glue/<name> with <name> one of "
                                 f"{ALLOWED} (several: 'task=[glue/rte,glue/mrpc]')")

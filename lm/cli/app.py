@@ -1,9 +1,10 @@
-"""The Hydra entry point shared by lm-train and lm-finetune.
+"""The Hydra entry point shared by lm train and lm finetune.
 
 Both apps run the same way under every launcher (python, torchrun, accelerate, deepspeed, srun):
 drop the launcher's `--local_rank` argument, agree on one run stamp across ranks, run the job,
-turn the errors a user can fix into one log line and exit status 1 (or, inside a Hydra multirun,
-re-raise so the sweep records the cell and goes on), and always tear the process group down.
+turn the errors a user can fix (lm/cli/errors.py) into one log line and exit status 1 (or, inside a Hydra
+multirun, re-raise so the sweep records the cell and goes on), remove the run directory Hydra created when the
+job was refused before writing into it, and always tear the process group down.
 """
 
 import errno
@@ -12,80 +13,93 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, List, NoReturn, Optional, Tuple, Type
+from typing import Callable, List, Optional, Tuple, Type
 
 from omegaconf import DictConfig
 
 from lm.config import conf_dir
-from lm.extras import MissingExtra
 
 log = logging.getLogger("lm")
 
 
 def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
-            user_errors: Tuple[Type[BaseException], ...],
+            user_errors: Tuple[Type[BaseException], ...] = (),
             check_args: Optional[Callable[[List[str]], None]] = None) -> None:
     """Compose `conf/<config_name>.yaml` with the command line and run `job(cfg)` on every rank.
-    `check_args(argv)` refuses, with one of `user_errors`, what Hydra would only report with a traceback."""
+    `check_args(argv)` refuses what Hydra would only report with a traceback. What a user can fix
+    (lm/cli/errors.py's `describe`, plus `user_errors`) is logged as one line and ends the job with status 1."""
     import hydra
 
-    from lm.data.errors import DataError
-    from lm.data.tokenizer import TokenizerError
-    from lm.engine import dist as D
-    from lm.engine.dist import EngineError
+    from lm.cli.errors import describe
+    from lm.engine import dist as dist_utils
 
-    # bad input data (lm-train prepares it on first use) is the user's to fix, in every app
-    user_errors = (*user_errors, DataError, TokenizerError)
     _strip_launcher_args()
     _check_run_dir_arg(prog, config_name)
+    sys.argv = [sys.argv[0], *cells_apart(sys.argv[1:])]
     if check_args is not None:
-        try:
-            check_args(sys.argv[1:])
-        except user_errors as e:
-            sys.exit(f"{prog}: {e}")
-    try:
-        _agree_on_run_stamp()
-    except EngineError as e:
-        sys.exit(f"{prog}: {e}")
+        check_args(sys.argv[1:])  # its errors reach main()'s lm.cli.errors.entry: one line
+    _agree_on_run_stamp()
+    fresh = _new_run_dirs(config_name)
 
     @hydra.main(config_path=str(conf_dir()), config_name=config_name, version_base=None)
     def app(cfg: DictConfig) -> None:
         try:
             job(cfg)
-        except (EngineError, MissingExtra, *user_errors) as e:
-            log.error("%s: %s", type(e).__name__, e)
-            D.shutdown()
+        except Exception as e:  # noqa: BLE001 - a bug (no line to say) is re-raised with its traceback
+            line = describe(e) or (str(e) if isinstance(e, user_errors) else None)
+            if line is None:
+                raise
+            log.error("%s: %s", type(e).__name__, line)  # sweep reports read this line back (lm/report/runs.py)
+            dist_utils.shutdown()
+            _remove_if_empty(fresh)
             if _in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
                 raise
             sys.exit(1)
 
     try:
         app()
-    except KeyboardInterrupt:  # a second Ctrl-C inside the loop, or one before it started
-        exit_interrupted(prog)
     finally:
-        D.shutdown()
-    D.exit_after_success()
+        dist_utils.shutdown()
+    dist_utils.exit_after_success()
 
 
-def exit_interrupted(prog: str) -> NoReturn:
-    """One line for a KeyboardInterrupt (Ctrl-C outside the loop, or a second one inside it, which aborts without
-    a checkpoint of the step in flight), not Python's traceback; exit status 130 as for SIGINT."""
-    sys.stderr.write(f"\n{prog}: aborted by Ctrl-C; the checkpoints already written are intact: run the same "
-                     f"command to resume from the last one\n")
-    sys.exit(130)
+def _new_run_dirs(config_name: str) -> List[Path]:
+    """The run directory Hydra is about to create, and each of its parents it will create with it, when
+    they do not exist yet: a job refused before writing anything removes them again (they are empty)."""
+    args = [a.lstrip("+") for a in sys.argv[1:]]
+    values = [a.split("=", 1)[1] for a in args if a.startswith(("run_dir=", "hydra.run.dir="))]
+    if values:
+        run_dir = values[-1]
+    else:
+        prefix = _default_run_dir_prefix(config_name)
+        run_dir = prefix + os.environ.get("LM_RUN_STAMP", "") if prefix else ""
+    if not run_dir or "${" in run_dir or "," in run_dir or "-m" in sys.argv[1:] or "--multirun" in sys.argv[1:]:
+        return []
+    path, fresh = Path(run_dir).expanduser().absolute(), []
+    while not path.exists() and not path.is_symlink() and path != path.parent:
+        fresh.append(path)
+        path = path.parent
+    return fresh
+
+
+def _remove_if_empty(fresh: List[Path]) -> None:
+    for path in fresh:  # deepest first
+        try:
+            path.rmdir()  # only an empty directory: anything written into it stays
+        except OSError:
+            return
 
 
 def _agree_on_run_stamp() -> None:
-    """Rank 0's clock names the run: `run_dir: runs/${lm.stamp:}` is then one directory for all ranks."""
-    from lm.engine import dist as D
+    """Rank 0's clock names a sweep (`runs/${lm.stamp:}/<cell>`, `logger.group: ..._${lm.stamp:}`): one name for all ranks."""
+    from lm.engine import dist as dist_utils
 
     if "LM_RUN_STAMP" in os.environ:
         return
     stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
-    if D.launched_world_size() > 1:
-        D.init(D.pick_device("auto"))
-        stamp = D.broadcast_object(stamp)
+    if dist_utils.launched_world_size() > 1:
+        dist_utils.init(dist_utils.pick_device("auto"))
+        stamp = dist_utils.broadcast_object(stamp)
     os.environ["LM_RUN_STAMP"] = stamp
 
 
@@ -117,9 +131,27 @@ def _check_run_dir_arg(prog: str, config_name: str = "") -> None:
         default = _default_run_dir_prefix(config_name)
         error = _unwritable(Path(default)) if default else None
         if error is not None:
-            sys.exit(f"{prog}: the default run_dir ({default}<date>_<time>, under the current directory "
+            sys.exit(f"{prog}: the default run_dir ({default}<overrides>, under the current directory "
                      f"{Path.cwd()}) is not writable: {_reason(error)}. Pass run_dir=<a writable directory>, "
                      f"or run {prog} from a directory you can write to")
+
+
+def cells_apart(args: List[str]) -> List[str]:
+    """Under -m, a `run_dir=X` given once would put every cell in X (each later cell resuming the first, or
+    refused by the resume check): X becomes the sweep's directory instead, and each cell X/<job number>.
+    A run_dir that is swept (`a,b`) or interpolated is the user's own plan and is left as it is."""
+    if not any(a in ("-m", "--multirun") for a in args):
+        return args
+    at = [i for i, a in enumerate(args) if a.lstrip("+").startswith("run_dir=")]
+    if not at:
+        return args
+    value = args[at[-1]].split("=", 1)[1]
+    if "${" in value or "," in value:
+        return args
+    out = [a for i, a in enumerate(args) if i not in at] + [f"run_dir={value}/${{hydra:job.num}}"]
+    if not any(a.lstrip("+").startswith("hydra.sweep.dir=") for a in args):
+        out.append(f"hydra.sweep.dir={value}")  # Hydra's multirun.yaml goes beside the cells, not to runs/<stamp>
+    return out
 
 
 def _reason(error: OSError) -> str:
@@ -127,7 +159,7 @@ def _reason(error: OSError) -> str:
 
 
 def _default_run_dir_prefix(config_name: str) -> str:
-    """The literal start of conf/<config_name>.yaml's run_dir (`runs/` of `runs/${lm.stamp:}`): where Hydra
+    """The literal start of conf/<config_name>.yaml's run_dir (`runs/` of `runs/${lm.run_name:}`): where Hydra
     will create the default one. Empty when it is not a plain relative path."""
     import yaml
 

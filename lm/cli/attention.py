@@ -1,10 +1,10 @@
-"""`lm-attention RUN_OR_EXPORT --text "..."`: heatmaps of a trained model's attention probabilities.
+"""`lm attention RUN_OR_EXPORT --text "..."`: heatmaps of a trained model's attention probabilities.
 
-    lm-attention runs/pretrain --text "The cat sat on the mat."            # grids of all layers x heads
-    lm-attention runs/pretrain --text "..." --layer 3 --head 5 --out maps  # plus that head, tokens as labels
-    lm-attention runs/t5/checkpoints/step_00001000/export --text "..." --tokenizer data/tokenizer.json
+    lm attention runs/pretrain --text "The cat sat on the mat."            # grids of all layers x heads
+    lm attention runs/pretrain --text "..." --layer 3 --head 5 --out maps  # plus that head, tokens as labels
+    lm attention runs/t5/checkpoints/step_00001000/export --text "..." --tokenizer data/tokenizer.json
 
-Writes to --out (default <checkpoint>/attention, or <export>-attention beside an export): grid_<stack>_<self|cross>.png per attention
+Writes to --out (default <run_dir>/attention/<step_N>, or <export>-attention beside an export): grid_<stack>_<self|cross>.png per attention
 stack (rows: layers, columns: heads), one PNG per requested layer/head, and attention.md / attention.html
 listing the tokens. --layer alone draws every head of that layer, --head alone that head in every layer.
 Loading, checks and the maps are lm/report/attention_maps.py; drawing is lm/report/attention_plots.py.
@@ -18,22 +18,26 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from lm.cli.errors import entry
+from lm.config import ConfigError
+from lm.core.checkpoint import CheckpointError
 from lm.extras import exit_if_missing
+from lm.report.runs import ReportError
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="lm-attention",
+        prog="lm attention",
         description="Draw a trained model's attention probabilities on a text: every layer x head as one grid "
                     "per attention stack (encoder-decoders: encoder self, decoder self, decoder cross), chosen "
                     "layers/heads with tokens as axis labels, and an HTML page.",
         epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="an lm-train run directory, one of its checkpoints/step_* (any engine), "
-                                "or an lm-export directory")
+    p.add_argument("path", help="an lm train run directory, one of its checkpoints/step_* (any engine), "
+                                "or an lm export directory")
     p.add_argument("--text", required=True, help="the text the model reads (at most model.max_seq_len tokens)")
     p.add_argument("--layer", type=int, help="draw this layer's heads on their own (0-based, per stack)")
     p.add_argument("--head", type=int, help="draw this head on its own (0-based)")
-    p.add_argument("--out", type=Path, help="output directory (default: <checkpoint>/attention, or <export>-attention)")
+    p.add_argument("--out", type=Path, help="output directory (default: <run_dir>/attention/<step_N>, or <export>-attention)")
     p.add_argument("--tokenizer", help="tokenizer.json (or a prepared data directory) when the run's own is "
                                        "not where its config says, or for an export without its checkpoint")
     p.add_argument("--decoder-text", help="encoder-decoders: what the decoder reads (default: the text shifted "
@@ -50,9 +54,22 @@ def requested(maps, layer: Optional[int], head: Optional[int]) -> List[tuple]:
 
 
 def default_out(source: Path) -> Path:
-    """<checkpoint>/attention, or <export>-attention beside an export (whose directory holds only
-    lm-export's files, so that `lm-export --force` can still replace it)."""
-    return source.with_name(f"{source.name}-attention") if (source / "model.safetensors").is_file() else source / "attention"
+    """<run_dir>/attention/<step_N> for a checkpoint of a run, <export>-attention beside an export: never inside
+    checkpoints/ (the run's keep-last rotation would delete the pictures with the checkpoint) or inside an export
+    (which holds only lm export's files, so that `lm export --force` can still replace it)."""
+    if source.parent.name == "checkpoints" and not (source / "model.safetensors").is_file():
+        return source.parent.parent / "attention" / source.name
+    return source.with_name(f"{source.name}-attention")
+
+
+def check_out(out: Path) -> None:
+    """--out must be (or become) a directory: refused before the model is loaded, not at the first write."""
+    above = out.absolute()
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ReportError(f"--out {out}: {above} is a file, not a directory; name a directory (new, or one "
+                          f"lm attention wrote before)")
 
 
 def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tokenizer=None,
@@ -60,10 +77,11 @@ def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tok
     from lm.report.attention_maps import (attention_maps, check_request, decoder_input_ids, encode_text, groups,
                                           load_model, saved_model_config, token_labels)
     from lm.report.attention_plots import draw_grid, draw_single, grid_name, single_name, write_page
-    from lm.report.runs import ReportError
 
     cfg, where = saved_model_config(path)
     check_request(cfg, layer, head, where=str(where))  # before any weight is read
+    if out is not None:
+        check_out(Path(out))
     if decoder_text is not None and cfg.arch != "encoder_decoder":
         raise ReportError(f"--decoder-text applies to encoder-decoders only; {where} is model.arch={cfg.arch.value}: "
                           f"drop it (the model reads --text alone)")
@@ -92,18 +110,11 @@ def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tok
     return write_page(out, f"Attention maps: {Path(path).name}", lines, inputs, grids, singles)
 
 
+@entry("lm attention", usage=(ReportError, ConfigError, CheckpointError))  # status 2: the request cannot be drawn
 def main(argv=None) -> int:
-    exit_if_missing("lm-attention", "report")
-    from lm.config import ConfigError
-    from lm.core.checkpoint import CheckpointError
-    from lm.report.runs import ReportError
-
+    exit_if_missing("lm attention", "report")
     args = parse_args(argv)
-    try:
-        page = draw(args.path, args.text, args.layer, args.head, args.out, args.tokenizer, args.decoder_text)
-    except (ReportError, ConfigError, CheckpointError) as e:
-        print(f"lm-attention: error: {e}", file=sys.stderr)
-        return 2
+    page = draw(args.path, args.text, args.layer, args.head, args.out, args.tokenizer, args.decoder_text)
     print(f"wrote {page.parent}/ ({', '.join(sorted(p.name for p in page.parent.iterdir()))})")
     return 0
 

@@ -1,13 +1,14 @@
-"""`lm-export`: a checkpoint of any engine -> model.safetensors + config.json (+ hf/ for Hugging Face families).
+"""`lm export`: a checkpoint of any engine -> model.safetensors + config.json (+ hf/ for Hugging Face families).
 
-    lm-export runs/pretrain                      # checkpoints/latest -> <checkpoint>/export
-    lm-export runs/pretrain --out exports/gpt    # a new or empty directory, or a previous export with --force
+    lm export runs/pretrain                      # checkpoints/latest -> <checkpoint>/export
+    lm export runs/pretrain --out exports/gpt    # a new or empty directory, or a previous export with --force
 
 The engine that wrote the checkpoint consolidates it (lm.core.checkpoint.consolidated_state_dict).
 The output is written to a temporary sibling directory and swapped in at the end, so an interrupted
 export leaves the previous one (or nothing) in place. `--out` never replaces user files: a non-empty
 directory that is not a previous export, the run directory, a directory holding it, or the current
-directory are refused; a previous export is replaced only with --force.
+directory are refused; a previous export is replaced only with --force. hf/ gets the tokenizer the run was
+pretrained with (the sha256 its checkpoint recorded), never a data directory's newer one.
 """
 
 import argparse
@@ -16,21 +17,21 @@ import json
 import logging
 import os
 import shutil
-import sys
 from pathlib import Path
 from typing import Optional
 
+from lm.cli.errors import entry
 from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve, verified
-from lm.core.saved_model import LM_CLASS  # the key of config.json that marks an lm-export output
-from lm.extras import MissingExtra
+from lm.core.saved_model import LM_CLASS  # the key of config.json that marks an lm export output
 
 log = logging.getLogger("lm")
 
 EXPORT_FILES = {"model.safetensors", "config.json", "hf"}  # what export() writes
 
 
-def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = False) -> Path:
-    """Write model.safetensors + config.json (+ hf/) from checkpoint `path`; returns the output directory."""
+def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = False, tokenizer=None) -> Path:
+    """Write model.safetensors + config.json (+ hf/) from checkpoint `path`; returns the output directory.
+    `tokenizer` (a tokenizer.json or a prepared data directory) replaces the run's own in hf/."""
     from omegaconf import OmegaConf
     from safetensors.torch import save_model
 
@@ -41,6 +42,7 @@ def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = Fals
     out = Path(out) if out else ckpt / "export"
     check_output(out, ckpt, force)
     cfg = OmegaConf.load(ckpt / "config.yaml")
+    tokenizer_file = run_tokenizer(cfg, ckpt, tokenizer) if hf else None  # refused before anything is written
     model = build_model(model_from_saved(cfg.model))
     missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
     tied = {"head.proj.weight", "head.unfactor.weight"} if model.cfg.output_tied else set()
@@ -57,7 +59,7 @@ def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = Fals
         config[LM_CLASS] = type(model).__name__
         (tmp / "config.json").write_text(json.dumps(config, indent=1))
         if hf:
-            _export_hf(model, tmp / "hf", cfg)
+            _export_hf(model, tmp / "hf", tokenizer_file)
         _swap_in(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -76,11 +78,17 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
                               f"the export. Name a new directory, e.g. --out ./export")
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise CheckpointError(f"--out {out} is a file, not a directory; remove it or name a new directory")
+    above = out.absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise CheckpointError(f"--out {out} lies below {above}, which is a file, not a directory; name a "
+                              f"directory elsewhere")
     if not out.exists() or not any(out.iterdir()):
         return
     if not is_export(out):
-        raise CheckpointError(f"--out {out} is a non-empty directory that is not an lm-export output "
-                              f"(it holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}); lm-export "
+        raise CheckpointError(f"--out {out} is a non-empty directory that is not an lm export output "
+                              f"(it holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}); lm export "
                               f"replaces its --out, so name a new or empty directory")
     if not force:
         raise CheckpointError(f"--out {out} holds a previous export; pass --force to replace it, or name "
@@ -88,7 +96,7 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
 
 
 def is_export(path: Path) -> bool:
-    """A directory written by lm-export: its files only, and a config.json with lm's class marker."""
+    """A directory written by lm export: its files only, and a config.json with lm's class marker."""
     names = {p.name for p in path.iterdir()}
     if not names <= EXPORT_FILES or "config.json" not in names:
         return False
@@ -125,32 +133,59 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
-def _export_hf(model, out: Path, cfg) -> None:
-    from lm.model.hf_export import run_tokenizer_file, write_hf_dir
+def run_tokenizer(cfg, ckpt: Path, given=None) -> Optional[Path]:
+    """The tokenizer.json for hf/: `given`, else the run's <data.dir>/tokenizer.json; refused when it is not
+    the file the run was pretrained with (the sha256 its checkpoint recorded): a data directory re-prepared
+    since holds another vocabulary, whose ids would index the wrong embedding rows."""
+    from lm.core.saved_model import recorded_tokenizer_sha256
+    from lm.data.tokenizer import FILE_NAME, Tokenizer
+    from lm.model.hf_export import run_tokenizer_file
+
+    path = Path(given).expanduser() if given else run_tokenizer_file(cfg)
+    if path is not None and path.is_dir():
+        path = path / FILE_NAME
+    recorded = recorded_tokenizer_sha256(ckpt)
+    if path is None or not recorded:
+        return path
+    sha256 = Tokenizer.load(path).sha256
+    if sha256 != recorded:
+        where = "--tokenizer" if given else "the run's data directory"
+        raise CheckpointError(
+            f"{path} ({where}, sha256 {sha256[:12]}) is not the tokenizer {ckpt} was pretrained with (sha256 "
+            f"{recorded[:12]}, recorded in its rank00000.pt)" + ("" if given else ": the data directory was "
+            "re-prepared since") + f", so hf/ would pair the weights with the wrong vocabulary. Pass --tokenizer "
+            f"<the original tokenizer.json> (sha256 {recorded}), re-prepare the data with the run's own settings "
+            f"(its config.yaml), or --no-hf to export the weights alone")
+    return path
+
+
+def _export_hf(model, out: Path, tokenizer_file: Optional[Path]) -> None:
+    from lm.model.hf_export import write_hf_dir
 
     try:
-        write_hf_dir(model, out, run_tokenizer_file(cfg))  # the model, the run's tokenizer, bos/eos/pad ids
+        write_hf_dir(model, out, tokenizer_file)  # the model, the run's tokenizer, bos/eos/pad ids
     except ValueError as e:  # no Hugging Face family matches this architecture
         log.warning("no Hugging Face export: %s", e)
 
 
+@entry("lm export")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="lm-export", description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
+        prog="lm export", description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
                                       "model.safetensors + config.json, and a Hugging Face directory when the "
                                       "architecture matches GPT-2, Llama, BERT or T5.")
     parser.add_argument("path", help="run directory (uses checkpoints/latest) or a checkpoint directory")
     parser.add_argument("--out", type=Path, default=None,
                         help="output directory: new, empty, or a previous export (with --force); default "
                              "<checkpoint>/export")
-    parser.add_argument("--force", action="store_true", help="replace a previous lm-export output at --out")
+    parser.add_argument("--force", action="store_true", help="replace a previous lm export output at --out")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face directory")
+    parser.add_argument("--tokenizer", help="tokenizer.json (or a prepared data directory) for hf/ when the run's "
+                                            "own is not where its config says; it must be the file the run was "
+                                            "pretrained with")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    try:
-        out = export(args.path, args.out, hf=not args.no_hf, force=args.force)
-    except (CheckpointError, FileNotFoundError, MissingExtra) as e:  # MissingExtra: the hf/ part needs lm[hf]
-        sys.exit(f"lm-export: {e}")
+    out = export(args.path, args.out, hf=not args.no_hf, force=args.force, tokenizer=args.tokenizer)
     print(f"exported {out}: " + ", ".join(sorted(p.name for p in out.iterdir())))
 
 

@@ -1,4 +1,4 @@
-"""`lm-preflight`: check a cluster before a long run, started by the same launcher as the run.
+"""`lm preflight`: check a cluster before a long run, started by the same launcher as the run.
 
     torchrun --nproc_per_node 8 -m lm.cli.preflight --ckpt-dir /shared/runs --model gpt2
     LM_ENTRY=lm.cli.preflight NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 launch/torchrun_multinode.sh --ckpt-dir /shared/runs
@@ -32,6 +32,8 @@ from typing import Dict, List, Optional
 import torch
 import torch.distributed as dist
 
+from lm.cli.errors import entry
+
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 # Checkpoint bytes per parameter: fp32 weights (4) + Adam's two fp32 moments (8).
 BYTES_PER_PARAM = 12
@@ -59,7 +61,7 @@ class RankInfo:
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="lm-preflight", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="lm preflight", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check a cluster before a long run: world size, devices, rendezvous, all-reduce "
                     "bandwidth, free disk for checkpoints. Start it with the launcher of the run "
                     "(torchrun, launch/*.sh, srun); alone it checks this machine.",
@@ -84,17 +86,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     run_dirs = [o.split("=", 1)[1] for o in args.overrides if o.lstrip("+").startswith("run_dir=")]
     unknown = [o for o in args.overrides if not o.lstrip("+").startswith("run_dir=")]
     if unknown:
-        p.error(f"unknown argument(s) {unknown}: lm-preflight takes only run_dir=PATH besides its --options")
+        p.error(f"unknown argument(s) {unknown}: lm preflight takes only run_dir=PATH besides its --options")
     args.ckpt_dir = args.ckpt_dir or (run_dirs[-1] if run_dirs else "runs")
     return args
 
 
+@entry("lm preflight")
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     try:
         need_bytes, need_why = _needed_bytes(args)
     except Exception as e:  # noqa: BLE001 - a bad --model preset: say so before any rendezvous
-        print(f"lm-preflight: --model {args.model}: {e}", file=sys.stderr)
+        print(f"lm preflight: --model {args.model}: {e}", file=sys.stderr)
         return 2
     checks: List[Check] = []
     joined = _rendezvous(args, checks)
@@ -170,7 +173,7 @@ def _try_write(directory: Path) -> str:
     """'' when a file can be written and renamed into `directory` (what a checkpoint does), else why not."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".lm-preflight-{uuid.uuid4().hex}.tmp"
+        tmp = directory / f".lm preflight-{uuid.uuid4().hex}.tmp"
         tmp.write_bytes(b"x" * 4096)
         final = tmp.with_suffix(".done")
         os.replace(tmp, final)
@@ -306,9 +309,9 @@ def _check_disk(args, infos: List[RankInfo], need: int, why: str) -> Check:
 
 def _shared_directory(ckpt: Path, infos: List[RankInfo]):
     """Rank 0 writes a marker; every rank looks for it (a node-local path fails this on a multi-node job)."""
-    marker = ckpt / f".lm-preflight-shared-{_broadcast(uuid.uuid4().hex)}"
+    marker = ckpt / f".lm preflight-shared-{_broadcast(uuid.uuid4().hex)}"
     if _rank() == 0:
-        marker.write_text("lm-preflight")
+        marker.write_text("lm preflight")
     if dist.is_initialized():
         dist.barrier()
     seen = _gather_flags(marker.exists())
@@ -347,7 +350,7 @@ def _report(args, checks: List[Check], world: int, nodes: int) -> bool:
     """Print the table and the verdict (rank 0); True when something failed."""
     failed = [c for c in checks if c.status == FAIL]
     warned = [c for c in checks if c.status == WARN]
-    lines = [f"lm-preflight: {world} rank(s) on {nodes or '?'} node(s)"]
+    lines = [f"lm preflight: {world} rank(s) on {nodes or '?'} node(s)"]
     lines += [f"  {c.status:<5} {c.name:<11} {c.detail}" for c in checks]
     if failed:
         verdict = f"NOT READY: {', '.join(c.name for c in failed)} failed"

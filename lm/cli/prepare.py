@@ -1,21 +1,18 @@
-"""`lm-prepare`: the command line of lm.data.prepare (raw text -> tokenizer.json + token shards + meta.json)."""
+"""`lm prepare`: the command line of lm.data.prepare (raw text -> tokenizer.json + token shards + meta.json)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import asdict
 from typing import List, Optional
 
+from lm.cli.errors import entry
 from lm.config import ConfigError
 from lm.data.config import DataConfig, data_preset
-from lm.data import prepare as P
+from lm.data import prepare as data_prepare
 from lm.data.corpora import CORPORA
-from lm.data.errors import DataError
 from lm.data.manifest import META, open_prepared
 from lm.data.prepare import data_config, prepare
-from lm.data.tokenizer import TokenizerError
-from lm.extras import MissingExtra
 
 HELP = {
     "source": "registry corpus, file, directory, glob or hf:<dataset>[:<config>] (several allowed)",
@@ -48,9 +45,9 @@ HELP = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="lm-prepare", description=P.__doc__.split("\n\n")[0] + "\n\n" + P.__doc__.split("\n\n")[1],
+        prog="lm prepare", description=data_prepare.__doc__.split("\n\n")[0] + "\n\n" + data_prepare.__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Registry corpora (lm-prepare --list for details): " + ", ".join(CORPORA))
+        epilog="Registry corpora (lm prepare --list for details): " + ", ".join(CORPORA))
     p.add_argument("sources", nargs="*", help=HELP["source"])
     p.add_argument("--data", metavar="PRESET", help="start from conf/data/PRESET.yaml (flags override it)")
     p.add_argument("--out", help="output directory (default: the preset's dir)")
@@ -73,28 +70,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry("lm prepare")
 def main(argv: Optional[List[str]] = None) -> None:
     args = _parser().parse_args(argv)
-    try:
-        if args.list:
-            for name, c in CORPORA.items():
-                print(f"{name:20s} {c.description}")
-            return
-        if args.verify:
-            meta = open_prepared(args.verify, checksums=True)
-            n = sum(len(s["shards"]) for s in meta["splits"].values())
-            print(f"{args.verify}: OK ({n} shards, sizes and sha256 match {META})")
-            return
-        base = asdict(data_preset(args.data)) if args.data else {}
-        given = {k: v for k, v in vars(args).items() if k in HELP and v is not None}
-        if args.sources:
-            given["source"] = args.sources if len(args.sources) > 1 else args.sources[0]
-        if not args.out and not args.data:
-            raise ConfigError("say where to write: --out DIR (or --data PRESET, whose dir is used)")
-        cfg = data_config({**base, **given})
-        prepare(cfg, args.out, force=args.force, restart=args.restart, progress=not args.no_progress)
-    except (DataError, ConfigError, TokenizerError, MissingExtra) as e:
-        sys.exit(f"lm-prepare: error: {e}")
+    if args.list:
+        for name, c in CORPORA.items():
+            print(f"{name:20s} {c.description}")
+        return
+    if args.verify:
+        meta = open_prepared(args.verify, checksums=True)
+        n = sum(len(s["shards"]) for s in meta["splits"].values())
+        print(f"{args.verify}: OK ({n} shards, sizes and sha256 match {META})")
+        return
+    base = asdict(data_preset(args.data)) if args.data else {}
+    given = {k: v for k, v in vars(args).items() if k in HELP and v is not None}
+    if args.sources:
+        given["source"] = args.sources if len(args.sources) > 1 else args.sources[0]
+    if not args.out and not args.data:
+        raise ConfigError("say where to write: --out DIR (or --data PRESET, whose dir is used)")
+    cfg = data_config({**base, **given})
+    prepare(cfg, args.out, force=args.force, restart=args.restart, progress=not args.no_progress)
 
 
 if __name__ == "__main__":

@@ -1,26 +1,26 @@
-"""`lm-quickstart`: the README's main job. Pretrain a small decoder on books, finetune it on GLUE, print the table.
+"""`lm quickstart`: the README's main job. Pretrain a small decoder on books, finetune it on GLUE, print the table.
 
-    lm-quickstart                          # pretrain 2M tokens, finetune on SST-2, CoLA and STS-B (README: timing)
-    lm-quickstart --compare                # also finetune the same model from random weights: both tables + the gain
-    lm-quickstart --compare --seeds 0,1,2  # with three finetuning seeds (3x the finetuning time)
-    lm-quickstart --tokens 300000 --tasks sst2,rte --out runs/qs-small
-    lm-quickstart --pretrain train.precision=fp32   # a CPU without bf16 units (see below)
+    lm quickstart                          # pretrain 2M tokens, finetune on SST-2, CoLA and STS-B (README: timing)
+    lm quickstart --compare                # also finetune the same model from random weights: both tables + the gain
+    lm quickstart --compare --seeds 0,1,2  # with three finetuning seeds (3x the finetuning time)
+    lm quickstart --tokens 300000 --tasks sst2,rte --out runs/qs-small
+    lm quickstart --pretrain train.precision=fp32   # a CPU without bf16 units (see below)
 
-It is lm-transfer's recipe (lm/cli/transfer.py, docs/glue_transfer.md) cut to a ~15-minute CPU budget:
+It is lm transfer's recipe (lm/cli/transfer.py, docs/glue_transfer.md) cut to a ~15-minute CPU budget:
 
 1. Corpus: `data=gutenberg_mix_bpe`, prepared once into the cache (~1 min on 2 cores): 724 Project Gutenberg
    books, WikiText-2 raw valid + test, the TinyStories slice and the UNLABELLED training sentences of SST-2,
    CoLA, MRPC, STS-B and RTE (task-adaptive pretraining, Gururangan et al. 2020; labels, dev and test text
    are never used); a byte-level BPE of 8,192 tokens. Files come from $LM_DATA_MIRROR, else the download
    cache, else are downloaded (lm.data.corpora).
-2. Pretraining: `lm-train experiment=glue_transfer_decoder` (a GPT-style decoder of 4 layers x 256, 5.3M
+2. Pretraining: `lm train experiment=glue_transfer_decoder` (a GPT-style decoder of 4 layers x 256, 5.3M
    parameters; bf16 autocast, which a CPU without bf16 units runs slower than fp32) for --tokens tokens,
    batches of 16 x 128.
-3. lm-finetune on each task from the checkpoint (mean pooling; 3 epochs, lr 5e-4, SST-2's first 5,000 and
+3. lm finetune on each task from the checkpoint (mean pooling; 3 epochs, lr 5e-4, SST-2's first 5,000 and
    STS-B's first 2,000 training examples, best dev epoch); with --compare also from scratch (init=none: the
    same model and tokenizer, random weights, the same finetuning settings).
 
-Everything lands under --out (default runs/quickstart): pretrain/ (an lm-train run dir), finetune/pretrained/
+Everything lands under --out (default runs/quickstart): pretrain/ (an lm train run dir), finetune/pretrained/
 (and finetune/scratch/), each with results.json / results.md. The same command resumes an interrupted run.
 """
 
@@ -29,17 +29,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List
+
+from lm.cli.errors import entry
 
 log = logging.getLogger("lm")
 
 DEFAULT_TASKS = ("sst2", "cola", "stsb")
 PRESET = "glue_transfer_decoder"
-# Pretraining tokens: the whole default job took 11.5 min on the 2-core AMD EPYC (README: timing), leaving
-# room for slower CPUs within the ~15-minute budget.
+# Pretraining tokens: the most that leaves the whole default job (corpus, pretraining, three finetunes) inside
+# a ~15-minute budget on a 2-core CPU, with room for slower ones (docs/results.md has the timings).
 TOKENS = 2_000_000
 # The quickstart's finetuning budget, the same for every task and for both inits (conf/task/glue/ holds
 # the full recipes): 3 epochs at lr 5e-4 (tiny models want more than BERT's 2e-5..1e-4, Turc et al.
@@ -48,7 +49,7 @@ QUICK_EXAMPLES = {"sst2": 5000, "stsb": 2000}
 
 
 def quick_overrides(tasks: List[str], seeds: List[int]) -> List[str]:
-    """The quickstart budget as lm-finetune overrides of the selected tasks (tasks.<task>.<field>)."""
+    """The quickstart budget as lm finetune overrides of the selected tasks (tasks.<task>.<field>)."""
     out = [f"task=[{','.join(f'glue/{t}' for t in tasks)}]", "optim.lr=5e-4"]
     for t in tasks:
         out += [f"tasks.{t}.epochs=3", f"tasks.{t}.seeds=[{','.join(map(str, seeds))}]"]
@@ -68,7 +69,7 @@ def run(recipe, compare: bool) -> Dict[str, Path]:
     if compare or not p.steps:  # --tokens 0 pretrains nothing: only the scratch arm is left to run
         arms["scratch"] = (recipe.scratch, "none", p.tokenizer)
     for name, (run_dir, init, tokenizer) in arms.items():
-        log.info("lm-quickstart: finetuning the %s model on %s", name, ", ".join(p.tasks))
+        log.info("lm quickstart: finetuning the %s model on %s", name, ", ".join(p.tasks))
         finetune_arm(recipe, run_dir, init, p.model_node, tokenizer, p.pooling, p.tasks)
     return {name: run_dir for name, (run_dir, _, _) in arms.items()}
 
@@ -104,47 +105,39 @@ def _score(metrics: Dict, keys: List[str]) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lm-quickstart", description=__doc__.split("\n\n")[0],
+    from lm.cli.transfer import seeds_arg, tokens_arg
+
+    p = argparse.ArgumentParser(prog="lm quickstart", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=Path("runs/quickstart"), help="output directory (default %(default)s)")
     p.add_argument("--tasks", default=",".join(DEFAULT_TASKS),
                    help="comma-separated GLUE tasks with local train/dev data (default %(default)s)")
-    p.add_argument("--tokens", type=float, default=TOKENS,
+    p.add_argument("--tokens", type=tokens_arg, default=TOKENS,
                    help="pretraining tokens, rounded up to whole steps of 2,048; 0 = none (default %(default)d)")
-    p.add_argument("--seeds", default="0", help="comma-separated finetuning seeds (default %(default)s)")
+    p.add_argument("--seeds", type=seeds_arg, default="0",
+                   help="comma-separated finetuning seeds (default %(default)s)")
     p.add_argument("--compare", action="store_true", help="also finetune the same model from scratch (init=none)")
     p.add_argument("--preset", default=PRESET, help="the pretraining experiment (default %(default)s; "
                    "glue_transfer_encoder: the masked-LM encoder of the same size)")
     p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="lm-train overrides, e.g. train.precision=fp32 model.n_layers=2")
+                   help="lm train overrides, e.g. train.precision=fp32 model.n_layers=2")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="lm-finetune overrides for both arms, e.g. optim.lr=3e-4 tasks.sst2.epochs=1")
+                   help="lm finetune overrides for both arms, e.g. optim.lr=3e-4 tasks.sst2.epochs=1")
     return p
 
 
+@entry("lm quickstart")
 def main(argv=None) -> None:
     from lm.cli.transfer import Recipe
-    from lm.config import ConfigError
-    from lm.core.checkpoint import CheckpointError
-    from lm.core.loop import LossDiverged, Preempted
-    from lm.data.errors import DataError
-    from lm.glue.readers import GlueDataError
     from lm.glue.run import print_table
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    recipe = Recipe(preset=args.preset, tokens=int(args.tokens), out=args.out, tasks=tasks,
-                    seeds=[int(s) for s in args.seeds.split(",")], pretrain=args.pretrain, finetune=args.set)
+    recipe = Recipe(preset=args.preset, tokens=args.tokens, out=args.out, tasks=tasks, seeds=args.seeds,
+                    pretrain=args.pretrain, finetune=args.set)
     t0 = time.perf_counter()
-    try:
-        arms = run(recipe, args.compare)
-    except (ConfigError, DataError, GlueDataError, CheckpointError, LossDiverged, Preempted) as e:
-        sys.exit(f"lm-quickstart: {type(e).__name__}: {e}")
-    except KeyboardInterrupt:  # Ctrl-C outside a training loop, or a second one inside it
-        from lm.cli.app import exit_interrupted
-
-        exit_interrupted("lm-quickstart")
+    arms = run(recipe, args.compare)
     for name, title in (("pretrained", "Finetuned from the pretrained checkpoint"),
                         ("scratch", "From scratch (same model, random init)")):
         if name in arms:

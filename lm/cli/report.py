@@ -1,4 +1,4 @@
-"""`lm-report <sweep or run dirs>`: a comparison report for a sweep, or a run card for one run."""
+"""`lm report <sweep or run dirs>`: a comparison report for a sweep, or a run card for one run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from lm.cli.errors import entry
 from lm.extras import exit_if_missing
 from lm.report import narang
 from lm.report.runs import ReportError, load_runs
@@ -16,15 +17,15 @@ from lm.report.variants import check_comparable, group_variants
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="lm-report",
+        prog="lm report",
         description="Compare runs of a sweep (table as Markdown + CSV, plots, one HTML page), "
                     "or write a run card when given a single run.",
         epilog="examples:\n"
-               "  lm-train -m experiment=ablate_ffn_norm logger.group=ffn_norm   # the sweep: runs/ffn_norm/<cell>\n"
-               "  lm-report runs/ffn_norm                   # runs/ffn_norm/report/report.{md,csv,html} + PNGs\n"
-               "  lm-report runs/ffn_norm --baseline swiglu --notes conclusions.md -o docs/ffn_norm\n"
-               "  lm-report runs/smoke                      # one run: a run card (config, curves, throughput, MFU)\n"
-               "  lm-report runs/transfer                   # lm-transfer runs: their tables + the gain over tokens\n"
+               "  lm train -m experiment=ablate_ffn_norm logger.group=ffn_norm   # the sweep: runs/ffn_norm/<cell>\n"
+               "  lm report runs/ffn_norm                   # runs/ffn_norm/report/report.{md,csv,html} + PNGs\n"
+               "  lm report runs/ffn_norm --baseline swiglu --notes conclusions.md -o docs/ffn_norm\n"
+               "  lm report runs/smoke                      # one run: a run card (config, curves, throughput, MFU)\n"
+               "  lm report runs/transfer                   # lm transfer runs: their tables + the gain over tokens\n"
                "Variants are named by the overrides that differ between runs (seeds excluded); a failed cell\n"
                "is a row marked FAILED with its reason. Exit status 2 when the inputs cannot make a report.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace, command: str) -> Path:
     from lm.report.sweep import write_sweep_report
     from lm.report.transfer import find_transfers, write_curve_report
 
-    if find_transfers(args.paths):  # lm-transfer directories: their tables and the curve over tokens
+    if find_transfers(args.paths):  # lm transfer directories: their tables and the curve over tokens
         out = args.out or (Path(args.paths[0]) / "report" if len(args.paths) == 1 else Path("report"))
         return write_curve_report(args.paths, out, args.title)
     runs = load_runs(args.paths)
@@ -84,15 +85,12 @@ def run(args: argparse.Namespace, command: str) -> Path:
     return write_sweep_report(variants, runs, out, title, command, notes, baseline, forced, layout)
 
 
+@entry("lm report", usage=(ReportError, TransferError))  # status 2: the inputs cannot make a report
 def main(argv=None) -> int:
-    exit_if_missing("lm-report", "report")
+    exit_if_missing("lm report", "report")
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    try:
-        page = run(args, "lm-report " + " ".join(map(shlex.quote, argv)))
-    except (ReportError, TransferError) as e:
-        print(f"lm-report: error: {e}", file=sys.stderr)
-        return 2
+    page = run(args, "lm report " + " ".join(map(shlex.quote, argv)))
     print(f"wrote {page.parent}/ ({page.name})")
     md = page.with_suffix(".md")
     if page.name == "transfer.md":
@@ -103,3 +101,7 @@ def main(argv=None) -> int:
         start = text.find("## Results")
         print(text[start:text.find("\n## ", start + 1)].strip())
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

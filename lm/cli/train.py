@@ -1,6 +1,6 @@
-"""`lm-train`: compose the config, build model, data and engine, resume if possible, run the loop.
+"""`lm train`: compose the config, build model, data and engine, resume if possible, run the loop.
 
-    lm-train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
+    lm train model=tiny data=shakespeare_char train.max_steps=200 run_dir=runs/smoke
     torchrun --nproc_per_node 2 -m lm.cli.train engine=zero2 run_dir=runs/z2
     accelerate launch --multi_gpu --num_processes 2 -m lm.cli.train engine=ddp run_dir=runs/ddp
     deepspeed --num_gpus 2 --module lm.cli.train engine=zero3 run_dir=runs/z3
@@ -10,16 +10,18 @@ Run the same command again (same run_dir) and it continues from <run_dir>/checkp
 
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from lm.config import ConfigError, explain, register_train_configs, run_schema
-from lm.core.config import TrainConfig, resolve_batch, validate_train
+from lm.cli.errors import entry
+from lm.config import ConfigError, check_known_keys, explain, register_train_configs, run_schema
+from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_train
 from lm.core.files import atomic_write_text
-from lm.core.setup import engine_class, log_to_file, make_engine, quiet_other_ranks, seed_everything
+from lm.core.setup import engine_class, make_engine, quiet_other_ranks
 from lm.data.config import DataConfig
 
 log = logging.getLogger("lm")
@@ -37,6 +39,7 @@ def typed_run(cfg: DictConfig):
     receives typed sections. Hydra has checked keys, types and choices while composing."""
     from omegaconf.errors import OmegaConfBaseException
 
+    check_known_keys(cfg)  # a `+key=` that no schema field reads
     try:
         run = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:  # e.g. a ??? value left missing
@@ -53,90 +56,96 @@ def train(cfg: DictConfig, loaders=None):
     from hydra.utils import get_class, instantiate
 
     from lm.core import loop
-    from lm.core.checkpoint import Checkpointer
     from lm.core.lock import held_run_dir
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
     from lm.model import build_model, validate_model
     from lm.model.config import check_objective
     from lm.model.flops import flops_per_token
     from lm.core.objectives import objective_for
-    from lm.core.optim import adamw, lr_multiplier
+    from lm.core.optim import lr_multiplier
     from lm.core.pretrain_task import PretrainTask
-    from lm.core.resume import check_resume
-    from lm.core.tracking import NullTracker, Tracker, device_peak_flops
+    from lm.core.session import Session
+    from lm.core.tracking import device_peak_flops
 
     run = typed_run(cfg)
-    tcfg, ocfg, scfg, model_cfg = run.train, run.optim, run.sched, run.model
-    validate_train(tcfg, ocfg, scfg)
+    # The run's record, made once here: below this line only typed objects, text and plain dicts travel.
+    config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+    config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    train_cfg, optim_cfg, sched_cfg, model_cfg = run.train, run.optim, run.sched, run.model
+    validate_train(train_cfg, optim_cfg, sched_cfg)
     validate_model(model_cfg)
     check_objective(model_cfg, objective_for(model_cfg.arch))  # e.g. a bidirectional RNN cannot learn clm
-    if tcfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
-        torch.set_num_threads(tcfg.threads)
-    if tcfg.seq_len > model_cfg.max_seq_len:
-        raise ConfigError(f"train.seq_len={tcfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+    if train_cfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
+        torch.set_num_threads(train_cfg.threads)
+    if train_cfg.seq_len > model_cfg.max_seq_len:
+        raise ConfigError(f"train.seq_len={train_cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
                           f"lower train.seq_len or raise model.max_seq_len")
     engine_cls = engine_class(run, get_class)
-    device = D.pick_device(tcfg.device)
-    dist = D.init(device, need_group=engine_cls.needs_process_group, expected=tcfg.world_size)
+    device = dist_utils.pick_device(train_cfg.device)
+    dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=train_cfg.world_size)
     quiet_other_ranks(dist)
-    tcfg = resolve_batch(tcfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
-    engine = make_engine(run, instantiate, tcfg, dist)
-    if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
-        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
+    if dist.is_main and short_schedule(train_cfg, sched_cfg):
+        log.warning("%s", short_schedule(train_cfg, sched_cfg))
+    train_cfg = resolve_batch(train_cfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
+    engine = make_engine(run, instantiate, train_cfg, dist)
 
     run_dir = Path(run.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
-        train_loader, val_loader = loaders or _packed_loaders(run.data, tcfg, model_cfg, dist,
-                                                              objective_for(model_cfg.arch), run.seed)
+        if loaders is None:
+            train_loader, val_loader, vocab = _packed_loaders(run.data, train_cfg, dist, objective_for(model_cfg.arch),
+                                                              run.seed)
+            if vocab > model_cfg.vocab_size:  # the record says what was built: export and resume read it
+                model_cfg = _vocab_follows_tokenizer(cfg, model_cfg, vocab, dist.is_main)
+                config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
+                config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+        else:
+            train_loader, val_loader = loaders
 
-        torch.manual_seed(run.seed)  # identical initial weights on every rank (FSDP2/ZeRO-3 shard each rank's copy)
-        model = build_model(model_cfg)
-        seed_everything(run.seed + dist.rank)  # different dropout per rank
-        engine.wrap(model, lambda m: adamw(m, ocfg))
-
-        config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
-        checkpointer = Checkpointer(run_dir, engine, tcfg.keep_last, config_yaml)
-        state = loop.State()
-        file_log = log_to_file(run_dir / "train.log") if dist.is_main else None  # before resuming: it says so
-        task = PretrainTask(train_loader, val_loader, tcfg.grad_accum, tcfg.eval_batches)
-        latest = checkpointer.resume_point() if run.resume else None  # verified; the newest intact one, if need be
-        if latest:
-            check_resume(latest, config_yaml, tcfg.max_steps, dist)  # a changed model, data, ... is refused here
-            trainer, loader_state = checkpointer.load(latest)
-            task.load_state_dict(loader_state)
-            state = loop.State.from_checkpoint(trainer)
+        task = PretrainTask(train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches)
+        with Session(train_cfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
+            model = session.build(lambda: build_model(model_cfg), run.seed, optim_cfg)
+            latest = session.resume_or_start(run.resume, train_cfg.max_steps)  # a changed model, data, ... is refused
+            if latest and dist.is_main:
+                log.info("resumed from %s (step %d)", latest, session.state.step)
             if dist.is_main:
-                log.info("resumed from %s (step %d)", latest, state.step)
-
-        tracker = NullTracker()
-        if dist.is_main:
-            atomic_write_text(run_dir / "config.yaml", config_yaml)
-            tracker = Tracker(run_dir, run.logger, OmegaConf.to_container(cfg, resolve=True, enum_to_str=True),
-                              resume_step=state.step)
-            log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s", engine.name,
-                     dist.world_size, device, sum(p.numel() for p in model.parameters()),
-                     tcfg.micro_batch_size * tcfg.grad_accum * dist.world_size, tcfg.seq_len, run_dir)
-        speed = loop.Speed(flops_per_token(model_cfg, tcfg.seq_len), device_peak_flops(device, tcfg.peak_flops))
-        try:
-            state = loop.run(tcfg, engine, task,
-                             lambda step: ocfg.lr * lr_multiplier(step, scfg, tcfg.max_steps),
-                             tracker, checkpointer, state, speed)
-            D.barrier()  # every rank done before any tears down its process group (gloo aborts on exit races)
+                atomic_write_text(run_dir / "config.yaml", config_yaml)
+                log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
+                         engine.name, dist.world_size, device, sum(p.numel() for p in model.parameters()),
+                         train_cfg.micro_batch_size * train_cfg.grad_accum * dist.world_size, train_cfg.seq_len, run_dir)
+            session.track(run.logger, config)
+            speed = loop.Speed(flops_per_token(model_cfg, train_cfg.seq_len), device_peak_flops(device, train_cfg.peak_flops))
+            state = session.train(lambda step: optim_cfg.lr * lr_multiplier(step, sched_cfg, train_cfg.max_steps), speed,
+                                  _probes(train_cfg, model_cfg, run.data, engine))  # [] with probe_interval=0
             return Trained(state=state, engine=engine, run_dir=run_dir)
-        finally:
-            tracker.close()
-            engine.close()
-            if file_log:
-                log.removeHandler(file_log)
-                file_log.close()
 
 
-def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, objective: str, seed: int):
-    """Prepare the data once (rank 0; the others wait), then one packed loader per split."""
+def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bool):
+    """A model whose vocabulary is smaller than the data's tokenizer grows to it (rounded up to a multiple of
+    64), in the typed config and in the composed one that config.yaml records, so export, finetuning and
+    resume see the model as built. A larger vocabulary is kept: presets pad theirs for speed (GPT-2's 50304)."""
+    from dataclasses import replace
+
+    from lm.model import validate_model
+
+    if vocab <= model_cfg.vocab_size:
+        return model_cfg
+    size = _round_up(vocab, 64)
+    if is_main:
+        log.info("model.vocab_size=%d: the data's tokenizer has %d tokens (model.vocab_size was %d)", size, vocab,
+                 model_cfg.vocab_size)
+    cfg.model.vocab_size = size
+    model_cfg = replace(model_cfg, vocab_size=size)
+    validate_model(model_cfg)
+    return model_cfg
+
+
+def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, dist, objective: str, seed: int):
+    """Prepare the data once (rank 0; the others wait), then one packed loader per split, and the vocabulary
+    size of the data's tokenizer."""
     from lm.data.packed import PackedLoader
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     error = None
     if dist.is_main:
@@ -144,20 +153,35 @@ def _packed_loaders(data: DataConfig, tcfg: TrainConfig, model_cfg, dist, object
             ensure_prepared(data)
         except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
             error = e
-    if D.any_rank(error is not None):
+    if dist_utils.any_rank(error is not None):
         raise error if error else ConfigError("rank 0 could not prepare the data (see its error)")
     data_dir = Path(os.path.expanduser(data.dir))
     vocab = Tokenizer.load(data_dir).vocab_size
-    if vocab > model_cfg.vocab_size:
-        raise ConfigError(f"the tokenizer of {data_dir} has {vocab} tokens but model.vocab_size="
-                          f"{model_cfg.vocab_size}; set model.vocab_size={_round_up(vocab, 64)} (or larger)")
 
     def loader(split):
-        return PackedLoader(data_dir, split, tcfg.seq_len, tcfg.micro_batch_size, objective, rank=dist.rank,
+        return PackedLoader(data_dir, split, train_cfg.seq_len, train_cfg.micro_batch_size, objective, rank=dist.rank,
                             world_size=dist.world_size, seed=seed, mlm_probability=data.mlm_probability,
                             noise_density=data.noise_density, mean_span_length=data.mean_span_length,
                             train_stride=data.train_stride)
-    return loader("train"), loader("val")
+    return loader("train"), loader("val"), vocab
+
+
+def _probes(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:
+    """The GLUE probes of train.probe_interval (lm/eval/probe.py), with the run's tokenizer. Every rank gets
+    one (their steps are sync points on every rank); rank 0 reads the data and probes."""
+    if not train_cfg.probe_interval:
+        return []
+    from lm.engine import dist as dist_utils
+    from lm.eval.probe import probe_callbacks
+
+    probes, error = [], None
+    try:
+        probes = probe_callbacks(train_cfg, model_cfg, os.path.expanduser(data.dir), engine)
+    except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
+        error = e
+    if dist_utils.any_rank(error is not None):
+        raise error if error else ConfigError("rank 0 could not set up train.probe_interval (see its error)")
+    return probes
 
 
 def _round_up(n: int, multiple: int) -> int:
@@ -165,13 +189,17 @@ def _round_up(n: int, multiple: int) -> int:
 
 
 
+@entry("lm train")
 def main() -> None:
     from lm.cli.app import run_app
-    from lm.core.checkpoint import CheckpointError
-    from lm.core.loop import LossDiverged, Preempted
+    from lm.cli.own_data import own_data_args
 
     register_train_configs()
-    run_app("lm-train", "train", train, (ConfigError, CheckpointError, LossDiverged, Preempted))
+    try:
+        sys.argv = [sys.argv[0], *own_data_args(sys.argv[1:])]  # data.source=<file>, data=<prepared dir>
+    except ConfigError as e:
+        sys.exit(f"lm train: {e}")
+    run_app("lm train", "train", train)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,31 @@
-"""`lm-transfer`: the GLUE transfer recipe in one command. Pretrain, then finetune every GLUE task from the
+"""`lm transfer`: the GLUE transfer recipe in one command. Pretrain, then finetune every GLUE task from the
 pretrained checkpoint AND from scratch (same model, tokenizer and finetuning settings, 3 seeds each),
 and write one table (transfer.md / transfer.json: per task and seed, medians, average, gain).
 
-    lm-transfer --tokens 10000000                              # decoder (causal LM), mean pooling
-    lm-transfer --preset glue_transfer_encoder --tokens 10000000   # encoder (MLM), mean pooling
-    lm-transfer --preset glue_transfer_electra --tokens 10000000   # encoder (ELECTRA's discriminator), [CLS]
-    lm-transfer --preset glue_transfer_gpu --tokens 300000000  # the 29M GPU size (finetuning: docs/glue_transfer.md)
-    lm-transfer --tokens 30000000 --pretrain data=gutenberg_mix_tapt_bpe \
+    lm transfer --tokens 10000000                              # decoder (causal LM), mean pooling
+    lm transfer --preset glue_transfer_encoder --tokens 10000000   # encoder (MLM), mean pooling
+    lm transfer --preset glue_transfer_electra --tokens 10000000   # encoder (ELECTRA's discriminator), [CLS]
+    lm transfer --preset glue_transfer_gpu --tokens 300000000  # the 29M GPU size (finetuning: docs/glue_transfer.md)
+    lm transfer --tokens 30000000 --pretrain data=gutenberg_mix_tapt_bpe \
       --finetune pooling=weighted_mean tasks.rte.epochs=10 tasks.stsb.epochs=10   # the best CPU recipe: +3.9 (doc)
-    lm-transfer --tokens 3000000 --scratch runs/transfer/decoder_scratch   # share the scratch arm across a curve
-    lm-transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
-    lm-transfer --tokens 30000000 --parallel                  # the scratch arm beside the pretraining
-    lm-transfer --tokens 30000000 --arm scratch               # one arm alone; --arm all then writes the table
-    lm-transfer --join a/transfer_scratch.json b/transfer_pretrained.json --out c   # or the table from two calls
-    lm-report runs/transfer                                    # every run's table + the curve over tokens
+    lm transfer --tokens 3000000 --scratch runs/transfer/decoder_scratch   # share the scratch arm across a curve
+    lm transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
+    lm transfer --tokens 30000000 --parallel                  # the scratch arm beside the pretraining
+    lm transfer --tokens 30000000 --arm scratch               # one arm alone; --arm all then writes the table
+    lm transfer --join a/transfer_scratch.json b/transfer_pretrained.json --out c   # or the table from two calls
+    lm report runs/transfer                                    # every run's table + the curve over tokens
 
-1. Pretraining: `lm-train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra,gpu}.yaml:
+1. Pretraining: `lm train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra,gpu}.yaml:
    model, corpus, schedule) with train.max_steps = ceil(--tokens / tokens per step), in <out>/pretrain.
    --tokens 0 pretrains nothing (the curve's origin: the pretrained arm is then the scratch arm).
-2. Finetuning: lm-finetune on each task with the quickstart's budget (lm/cli/quickstart.py:
+2. Finetuning: lm finetune on each task with the quickstart's budget (lm/cli/quickstart.py:
    3 epochs, lr 5e-4, SST-2's first 5,000 and STS-B's first 2,000 training examples) and the
    preset's pooling (decoder and encoder: mean, electra: first = [CLS]), from <out>/pretrain and from scratch
    (init=none, the pretraining run's model config and tokenizer.json).
 3. Tasks: every GLUE task whose train and dev files are in the mirror (--tasks to choose).
 Both arms and the pretraining share one wandb group (--group, default the output directory's name;
---logger wandb turns wandb on). The same command resumes: lm-train from its latest checkpoint,
-lm-finetune skipping finished task/seed pairs. A tokenizer= or model.* finetuning override is refused:
+--logger wandb turns wandb on). The same command resumes: lm train from its latest checkpoint,
+lm finetune skipping finished task/seed pairs. A tokenizer= or model.* finetuning override is refused:
 the two arms and the pretraining must use one tokenizer and one model.
 """
 
@@ -45,15 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from lm.cli.errors import entry
 from lm.config import ConfigError
 
 log = logging.getLogger("lm")
 
 DEFAULT_PRESET = "glue_transfer_decoder"
 # Keyed by the preset's model family: model.arch, or electra for an encoder pretrained by replaced-token
-# detection (model.electra; its discriminator is finetuned as a plain encoder). Decoders: mean pooling beat
-# the last token (docs/glue_pretraining.md). Masked-LM encoders: mean pooling beat [CLS] at 30M tokens (average
-# gain +1.8 against +0.7, SST-2 +1.5 against +0.3; docs/glue_transfer.md): MLM trains no [CLS] objective.
+# detection (model.electra; its discriminator is finetuned as a plain encoder). Mean pooling for decoders
+# (a causal model's last token has seen the text, but one position carries less than the average of all) and
+# for masked-LM encoders (MLM trains no [CLS] objective); ELECTRA's [CLS]; docs/glue_transfer.md, "Pooling".
 POOLING = {"decoder": "mean", "encoder": "mean", "encoder_decoder": "last", "electra": "first"}
 OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption", "electra": "rtd"}
 CANDIDATE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
@@ -77,8 +78,8 @@ class Recipe:
     scratch: Optional[Path] = None  # default <out>/finetune/scratch
     group: Optional[str] = None  # wandb group; default the output directory's name
     logger: str = "none"
-    pretrain: List[str] = field(default_factory=list)  # lm-train overrides
-    finetune: List[str] = field(default_factory=list)  # lm-finetune overrides (both arms)
+    pretrain: List[str] = field(default_factory=list)  # lm train overrides
+    finetune: List[str] = field(default_factory=list)  # lm finetune overrides (both arms)
     command: str = ""
     arm: str = "all"  # all; scratch: that arm alone; pretrained: the pretraining and that arm (ARMS)
     parallel: bool = False  # the scratch arm in a second process beside the pretraining (lm/cli/transfer_lane.py)
@@ -99,18 +100,31 @@ class Recipe:
 
 
 def pretrain_config(r: Recipe, max_steps: Optional[int] = None):
-    """lm-train's composed config for the recipe (max_steps None: the preset's, to read the batch shape)."""
+    """lm train's composed config for the recipe (max_steps None: the preset's, to read the batch shape)."""
     from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
 
-    from lm.config import conf_dir, register_train_configs
+    from lm.config import check_known_keys, conf_dir, register_train_configs
 
     register_train_configs()
+    presets = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+    if r.preset not in presets:
+        raise TransferError(f"--preset {r.preset}: no such experiment (conf/experiment/{r.preset}.yaml); pick one of "
+                            f"{', '.join(p for p in presets if p.startswith('glue_transfer'))} (or any of "
+                            f"{', '.join(p for p in presets if not p.startswith('glue_transfer'))})")
     overrides = [f"experiment={r.preset}", f"run_dir={r.out / 'pretrain'}", f"logger={r.logger}",
                  f"logger.group={r.group}", *r.pretrain]
     if max_steps is not None:
         overrides.append(f"train.max_steps={max_steps}")
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return compose(config_name="train", overrides=overrides)
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name="train", overrides=overrides)
+    except HydraException as e:  # the first line: Hydra's second ("use +key=value to append") hides a typo
+        cause = f" ({str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else ""
+        raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {str(e).strip().splitlines()[0]}{cause}; see "
+                            f"lm train --help for the keys and options") from None
+    check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
+    return cfg
 
 
 def tokens_per_step(cfg) -> int:
@@ -140,7 +154,7 @@ def present_tasks(data_root: Optional[str] = None) -> List[str]:
 
 
 def prepared_tokenizer(cfg) -> Path:
-    """Prepare the pretraining corpus (once; lm-train finds it done) and return its tokenizer.json."""
+    """Prepare the pretraining corpus (once; lm train finds it done) and return its tokenizer.json."""
     from omegaconf import OmegaConf
 
     from lm.data.config import DataConfig
@@ -159,7 +173,7 @@ def check_same_tokenizer(init_dir: Path, tokenizer: Path) -> None:
     """The pretrained arm reads its run's tokenizer, the scratch arm `tokenizer`: they must be one file."""
     from lm.glue.init import load_backbone
 
-    used = load_backbone(str(init_dir)).tokenizer.sha256  # what lm-finetune init=<run> will use (checked there too)
+    used = load_backbone(str(init_dir)).tokenizer.sha256  # what lm finetune init=<run> will use (checked there too)
     if used != _sha256(tokenizer):
         raise TransferError(
             f"the pretraining run {init_dir} was trained with a tokenizer (sha256 {used[:12]}) other than the one the "
@@ -194,7 +208,7 @@ def same_value(key: str, old, new) -> bool:
 
 def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Optional[Path], pooling: str,
                  tasks: List[str]):
-    """One arm: lm-finetune (its Python API, the quickstart's budget) on every task and seed."""
+    """One arm: lm finetune (its Python API, the quickstart's budget) on every task and seed."""
     from omegaconf import open_dict
 
     from lm.cli.finetune import finetune
@@ -206,7 +220,7 @@ def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Opt
 
 
 def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Optional[Path], pooling: str, tasks: List[str]):
-    """lm-finetune's composed config for one arm. A --finetune override that does not compose (a task
+    """lm finetune's composed config for one arm. A --finetune override that does not compose (a task
     that is not selected, a wrong key) is a TransferError, raised before any pretraining."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -283,7 +297,7 @@ def spent(out: Path, seconds: float) -> float:
 @dataclass
 class Plan:
     """What a recipe resolves to before any work: the composed pretraining config and what both arms use."""
-    cfg: object  # lm-train's composed config (train.max_steps = steps, or the preset's when steps is 0)
+    cfg: object  # lm train's composed config (train.max_steps = steps, or the preset's when steps is 0)
     steps: int
     per_step: int  # tokens a pretraining step
     arch: str  # family(): the key of POOLING and OBJECTIVE
@@ -304,6 +318,11 @@ def plan(r: Recipe) -> Plan:
     steps = math.ceil(r.tokens / per_step)
     cfg = pretrain_config(r, steps) if steps else base
     arch = family(cfg.model)
+    if arch not in POOLING:
+        given = f"--pretrain {' '.join(r.pretrain)}" if r.pretrain else f"--preset {r.preset}"
+        raise TransferError(f"{given}: model.arch={arch} is not a family the "
+                            f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm train and finetune it with "
+                            f"lm finetune init=<run>")
     pooling = _pooling(r.finetune) or POOLING[arch]
     tasks = r.tasks or present_tasks(_data_root(r.finetune))
     if not tasks:
@@ -315,11 +334,11 @@ def plan(r: Recipe) -> Plan:
 
 
 def pretrain(r: Recipe, p: Plan) -> None:
-    """lm-train on the plan's config (resumes from <out>/pretrain's latest checkpoint); then checks that the
+    """lm train on the plan's config (resumes from <out>/pretrain's latest checkpoint); then checks that the
     run's tokenizer is the prepared corpus' one, the scratch arm's."""
     from lm.cli.train import train
 
-    log.info("lm-transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, p.steps, p.steps * p.per_step,
+    log.info("lm transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, p.steps, p.steps * p.per_step,
              r.out / "pretrain")
     train(p.cfg)
     check_same_tokenizer(r.out / "pretrain", p.tokenizer)
@@ -343,11 +362,11 @@ def _transfer(r: Recipe, t0: float) -> Dict:
     lane = _start_lane(r) if r.parallel and p.steps else None
     try:
         if r.arm in ("all", "scratch") and lane is None:
-            log.info("lm-transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
+            log.info("lm transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
             finetune_arm(r, r.scratch, "none", p.model_node, p.tokenizer, p.pooling, p.tasks)
         if r.arm in ("all", "pretrained") and p.steps:
             pretrain(r, p)
-            log.info("lm-transfer: finetuning from %s on %s", r.out / "pretrain", ", ".join(p.tasks))
+            log.info("lm transfer: finetuning from %s on %s", r.out / "pretrain", ", ".join(p.tasks))
             finetune_arm(r, pretrained, str(r.out / "pretrain"), p.model_node, None, p.pooling, p.tasks)
     except BaseException:
         if lane is not None:
@@ -362,8 +381,8 @@ def _transfer(r: Recipe, t0: float) -> Dict:
             from lm.cli.transfer_join import arm_record_name, write_arm_record
 
             write_arm_record(r, p, pretrained if r.arm == "pretrained" else r.scratch, t0)
-            log.info("lm-transfer: the %s arm is done (%s); a call with --arm all (the same command without "
-                     "--arm) writes the table once both arms are, or lm-transfer --join with the other arm's "
+            log.info("lm transfer: the %s arm is done (%s); a call with --arm all (the same command without "
+                     "--arm) writes the table once both arms are, or lm transfer --join with the other arm's "
                      "record", r.arm, r.out / arm_record_name(r.arm))
         return None
     summary = {
@@ -466,25 +485,45 @@ def _data_root(overrides: List[str]) -> Optional[str]:
 # -- command line -------------------------------------------------------------------------------------
 
 
+def tokens_arg(text: str) -> int:
+    """--tokens: a finite number >= 0 (2e6 allowed), as an int."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens (e.g. 2e6)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of tokens must be finite and >= 0 (0 = no "
+                                         f"pretraining)")
+    return int(value)
+
+
+def seeds_arg(text: str) -> List[int]:
+    """--seeds: comma-separated integers, at least one."""
+    seeds = [s.strip() for s in text.split(",")]
+    if not all(s.lstrip("-").isdigit() for s in seeds):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integer seeds, e.g. 0,1,2")
+    return [int(s) for s in seeds]
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lm-transfer", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="lm transfer", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default=DEFAULT_PRESET,
-                   help="lm-train experiment for the pretraining (conf/experiment/; default %(default)s)")
-    p.add_argument("--tokens", type=float, default=10_000_000,
+                   help="lm train experiment for the pretraining (conf/experiment/; default %(default)s)")
+    p.add_argument("--tokens", type=tokens_arg, default=10_000_000,
                    help="pretraining tokens, rounded up to whole steps; 0 = none (default %(default).0f)")
     p.add_argument("--out", type=Path, help="output directory (default runs/transfer/<preset>_<tokens>)")
     p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local train/dev data)")
-    p.add_argument("--seeds", default="0,1,2", help="finetuning seeds (default %(default)s)")
+    p.add_argument("--seeds", type=seeds_arg, default="0,1,2", help="finetuning seeds (default %(default)s)")
     p.add_argument("--scratch", type=Path, help="the scratch arm's directory (default <out>/finetune/scratch); "
                                                 "share one across the runs of a curve")
     p.add_argument("--group", help="wandb group of the pretraining and both arms (default: the --out name)")
     p.add_argument("--logger", default="none", choices=["none", "wandb", "tensorboard", "all"],
                    help="conf/logger option for every run (default %(default)s)")
     p.add_argument("--pretrain", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                   help="lm-train overrides (given twice: both lists, in order)")
+                   help="lm train overrides (given twice: both lists, in order)")
     p.add_argument("--finetune", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                   help="lm-finetune overrides for both arms, e.g. tasks.sst2.max_train_examples=null pooling=last")
+                   help="lm finetune overrides for both arms, e.g. tasks.sst2.max_train_examples=null pooling=last")
     p.add_argument("--arm", default="all", choices=ARMS,
                    help="all (default): pretrain, both arms, the table; scratch or pretrained: that arm alone (the "
                         "pretrained one with the pretraining), e.g. on separate cores or machines; then a call "
@@ -500,13 +539,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@entry("lm transfer")
 def main(argv=None) -> None:
-    from lm.core.checkpoint import CheckpointError
-    from lm.core.loop import LossDiverged, Preempted
-    from lm.data.errors import DataError
-    from lm.glue.readers import GlueDataError
-    from lm.report.transfer import TransferError as TableError
-
     argv = sys.argv[1:] if argv is None else argv
     a = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
@@ -515,20 +549,12 @@ def main(argv=None) -> None:
 
         join_main(a.join, a.out, argv)
         return
-    try:
-        recipe = Recipe(preset=a.preset, tokens=int(a.tokens), out=a.out, scratch=a.scratch, group=a.group,
-                        logger=a.logger, seeds=[int(s) for s in a.seeds.split(",")], pretrain=a.pretrain,
-                        finetune=a.finetune,
-                        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
-                        command="lm-transfer " + " ".join(map(shlex.quote, argv)), arm=a.arm, parallel=a.parallel,
-                        lane=a.lane)
-        summary = run_transfer(recipe)
-    except (ConfigError, DataError, GlueDataError, CheckpointError, TableError, LossDiverged, Preempted) as e:
-        sys.exit(f"lm-transfer: {type(e).__name__}: {e}")
-    except KeyboardInterrupt:  # Ctrl-C outside a training loop, or a second one inside it
-        from lm.cli.app import exit_interrupted
-
-        exit_interrupted("lm-transfer")
+    recipe = Recipe(preset=a.preset, tokens=a.tokens, out=a.out, scratch=a.scratch, group=a.group, logger=a.logger,
+                    seeds=a.seeds, pretrain=a.pretrain, finetune=a.finetune,
+                    tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
+                    command="lm transfer " + " ".join(map(shlex.quote, argv)), arm=a.arm, parallel=a.parallel,
+                    lane=a.lane)
+    summary = run_transfer(recipe)
     if summary is None:  # one arm alone (--arm): no table yet
         return
     from lm.report.transfer import transfer_table

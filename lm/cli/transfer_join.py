@@ -1,6 +1,6 @@
-"""lm-transfer's arms from separate calls: a one-arm call (--arm scratch|pretrained) writes its arm's record,
+"""lm transfer's arms from separate calls: a one-arm call (--arm scratch|pretrained) writes its arm's record,
 <out>/transfer_<arm>.json (the recipe, what both arms depend on, the arm's results.json, the call's run record);
-`lm-transfer --join A B --out DIR` writes the table from two records, one per arm, e.g. from two machines or two
+`lm transfer --join A B --out DIR` writes the table from two records, one per arm, e.g. from two machines or two
 device calls (benchmarks/gpu_transfer.sh ARMS=pretrained|scratch).
 """
 
@@ -23,7 +23,7 @@ def arm_record_name(arm: str) -> str:
 
 def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Optional[Path]:
     """<out>/transfer_<arm>.json: the recipe, what both arms depend on, this arm's results.json and the call's run
-    record; lm-transfer --join reads two of them (one per arm), so the arms may finish on different machines."""
+    record; lm transfer --join reads two of them (one per arm), so the arms may finish on different machines."""
     from lm.core.files import atomic_write_text
 
     if not (arm_dir / "results.json").is_file():  # --tokens 0 --arm pretrained: no arm of its own
@@ -51,7 +51,7 @@ def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
         missing = [k for k in ("arm", "recipe", "shared", "results", "run")
                    if not isinstance(record, dict) or k not in record]
         if missing or record["arm"] not in ("scratch", "pretrained"):
-            raise TransferError(f"{path}: not an lm-transfer arm record (no {', '.join(missing) or 'known arm'}); a "
+            raise TransferError(f"{path}: not an lm transfer arm record (no {', '.join(missing) or 'known arm'}); a "
                                 f"call with --arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json")
         arm = record["arm"]
         if arm in records:
@@ -81,10 +81,10 @@ def join_main(paths: List[Path], out: Optional[Path], argv: List[str]) -> None:
     from lm.report.transfer import transfer_table
 
     if out is None:
-        sys.exit("lm-transfer: --join writes its table in --out DIR; name the directory")
+        sys.exit("lm transfer: --join writes its table in --out DIR; name the directory")
     try:
-        summary = join_arms(paths, out, "lm-transfer " + " ".join(map(shlex.quote, argv)))
+        summary = join_arms(paths, out, "lm transfer " + " ".join(map(shlex.quote, argv)))
     except (TransferError, TableError) as e:
-        sys.exit(f"lm-transfer: {type(e).__name__}: {e}")
+        sys.exit(f"lm transfer: {type(e).__name__}: {e}")
     print(transfer_table(summary))
     print(f"results: {out / 'transfer.json'}, {out / 'transfer.md'}")

@@ -1,11 +1,10 @@
-"""`lm-transfer --parallel`: the scratch arm in a second process, beside the pretraining.
+"""`lm transfer --parallel`: the scratch arm in a second process, beside the pretraining.
 
 The scratch arm does not depend on the pretraining, so the two can overlap: on a CPU each process gets
 half of the cores (a small model's ops gain less than 2x from a second thread, so two one-thread processes
-do more work than one two-thread process; docs/glue_transfer.md ran its curve this way, by hand). On one GPU
-it buys no time: processes time-slice the device, so the pretraining slows by what the lane uses (measured on
-an H100 with the GPU preset: ~265k tokens/s beside the finetuning, ~760k alone; docs/glue_transfer.md).
-The lane is the same recipe run as `lm-transfer ... --arm scratch`; it logs to <scratch>/lane.log (appended:
+do more work than one two-thread process). On one GPU it buys no time: processes time-slice the device, so the
+pretraining slows by what the lane uses.
+The lane is the same recipe run as `lm transfer ... --arm scratch`; it logs to <scratch>/lane.log (appended:
 a curve's points share one scratch arm) and resumes like any call.
 """
 
@@ -24,7 +23,7 @@ LOG_NAME = "lane.log"
 
 
 def recipe_argv(r) -> List[str]:
-    """The lm-transfer arguments that rebuild recipe `r` (lm.cli.transfer.Recipe), as the lane's command line."""
+    """The lm transfer arguments that rebuild recipe `r` (lm.cli.transfer.Recipe), as the lane's command line."""
     argv = ["--preset", r.preset, "--tokens", str(r.tokens), "--out", str(r.out), "--scratch", str(r.scratch),
             "--seeds", ",".join(map(str, r.seeds)), "--group", r.group, "--logger", r.logger]
     if r.tasks:
@@ -49,13 +48,13 @@ def start_scratch_lane(r, threads: int) -> "Lane":
     cmd = [sys.executable, "-m", "lm.cli.transfer", *recipe_argv(r), "--arm", "scratch", "--lane"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     out = open(path, "a")
-    log.info("lm-transfer: the scratch arm runs beside the pretraining (%d CPU threads each); its log: %s",
+    log.info("lm transfer: the scratch arm runs beside the pretraining (%d CPU threads each); its log: %s",
              threads, path)
     return Lane(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env), path, out)
 
 
 class Lane:
-    """A running scratch arm: wait() for it, or stop() it (SIGTERM: lm-finetune saves its place)."""
+    """A running scratch arm: wait() for it, or stop() it (SIGTERM: lm finetune saves its place)."""
 
     def __init__(self, proc: subprocess.Popen, path: Path, out):
         self.proc, self.path, self._out = proc, path, out
@@ -63,7 +62,7 @@ class Lane:
     def wait(self) -> Optional[str]:
         """Waits for the lane; None when it finished its work, else why not (with the log's last lines)."""
         if self.proc.poll() is None:
-            log.info("lm-transfer: waiting for the scratch arm (%s)", self.path)
+            log.info("lm transfer: waiting for the scratch arm (%s)", self.path)
         rc = self.proc.wait()
         self._out.close()
         if rc == 0:

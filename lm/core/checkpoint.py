@@ -1,10 +1,10 @@
-"""Atomic checkpoints that continue a run exactly: keep-last-K, checksums, reading them back (lm-export).
+"""Atomic checkpoints that continue a run exactly: keep-last-K, checksums, reading them back (lm export).
 
     <run_dir>/checkpoints/
         step_00000100/            complete checkpoints only (written as .tmp-step_..., then renamed)
             trainer.json          step, tokens, engine layout, manifest's sha256 (written last, before the rename)
             manifest.json         sha256 and size of every file above and below (verified before reading)
-            config.yaml           the run's resolved config (lm-export rebuilds the model from it)
+            config.yaml           the run's resolved config (lm export rebuilds the model from it)
             rank00000.pt ...      per rank: data-loader position and RNG states (tensors and plain types)
             model_optim.pt        the engine's own files (engine.save_state): single/ddp model_optim.pt,
             dcp/ | deepspeed/     fsdp2 torch.distributed.checkpoint shards, zero* DeepSpeed's files
@@ -20,8 +20,8 @@ a path: `../../other/checkpoints/step_...` would resume another run). A resume w
 names anything else or a damaged checkpoint resumes from the newest intact step_* directory, saying so, or
 refuses when none is intact: a run never starts over (pruning and overwriting its checkpoints) while any
 are there. The resume config check reads the checkpoint chosen here, the one loaded (lm/core/resume.py).
-lm-export and lm-finetune init= refuse a damaged checkpoint.
-Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm-export` (lm/cli/export.py).
+lm export and lm finetune init= refuse a damaged checkpoint.
+Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm export` (lm/cli/export.py).
 """
 
 import hashlib
@@ -34,12 +34,12 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
-from lm.engine import dist as D
+from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
 
@@ -48,6 +48,7 @@ TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
 UNSEALED = (MANIFEST, "trainer.json")  # the checkpoint files the manifest does not list (it is in trainer.json)
 STEP_DIR = re.compile(r"step_\d{8}")  # the only names `latest` may hold
+SAVE_PHASES = ("files", "manifest", "rename", "latest", "prune")  # Checkpointer.save's on_phase points, in order
 
 
 class CheckpointError(RuntimeError):
@@ -113,7 +114,7 @@ def _weights_only(read, what):
     except pickle.UnpicklingError as e:
         raise CheckpointError(
             f"{what} holds pickled objects other than tensors and plain containers, which lm refuses to load "
-            f"(they could run code: {_unpickler_reason(e)}). Use a checkpoint written by lm-train, or convert "
+            f"(they could run code: {_unpickler_reason(e)}). Use a checkpoint written by lm train, or convert "
             f"it where you trust it") from None
 
 
@@ -127,12 +128,15 @@ def _unpickler_reason(error: Exception) -> str:
 # -- save / resume ---------------------------------------------------------------------------------
 
 class Checkpointer:
-    def __init__(self, run_dir, engine, keep_last: int = 3, config_yaml: str = ""):
+    def __init__(self, run_dir, engine, keep_last: int = 3, config_yaml: str = "",
+                 on_phase: Optional[Callable[[str], None]] = None):
         self.root = Path(run_dir) / "checkpoints"
         self.engine = engine
         self.keep_last = keep_last
         self.config_yaml = config_yaml  # the run's resolved config, copied into every checkpoint
         self._verified: Optional[Path] = None  # what resume_point checked against its manifest (not hashed twice)
+        # called with "begin" as a save starts (every rank), then each of SAVE_PHASES (lm.core.hooks.Hooks.save_phase)
+        self.on_phase = on_phase or (lambda phase: None)
 
     def latest(self) -> Optional[Path]:
         """The complete checkpoint of this run that `latest` names, else None (for messages: what is intact;
@@ -150,7 +154,7 @@ class Checkpointer:
                 chosen = resume_point(self.root)
             except CheckpointError as e:
                 error = str(e)
-        chosen, error = D.broadcast_object((chosen, error))
+        chosen, error = dist_utils.broadcast_object((chosen, error))
         if error:
             raise CheckpointError(error)
         if chosen is not None:
@@ -161,21 +165,21 @@ class Checkpointer:
         """Write step `trainer['step']` atomically on every rank; raise (all ranks) if any rank failed."""
         name = step_name(trainer["step"])
         tmp, final = self.root / (TMP_PREFIX + name), self.root / name
-        _count_save()
+        self.on_phase("begin")
         if self.engine.is_main:
             self.root.mkdir(parents=True, exist_ok=True)
             for stale in self.root.glob(TMP_PREFIX + "*"):  # debris of a run killed mid-save
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
-        D.barrier()
+        dist_utils.barrier()
         error = None
         try:
             self.engine.save_state(tmp)
             torch.save({"loader": plain_state(loader_state), "rng": rng_state()}, tmp / f"rank{self.engine.rank:05d}.pt")
         except Exception as e:  # noqa: BLE001 - a full disk is OSError from open() but RuntimeError from torch.save
             error = e
-        _fault_point("files")  # every rank's files written, nothing sealed
-        if D.any_rank(error is not None):
+        self.on_phase("files")  # every rank's files written, nothing sealed
+        if dist_utils.any_rank(error is not None):
             self._abort(tmp, name, error)
         if self.engine.is_main:
             try:
@@ -183,25 +187,25 @@ class Checkpointer:
                 manifest = _write_manifest(tmp)
                 trainer = {**trainer, "engine": self.engine.describe(), "time": time.time(),
                            "manifest_sha256": manifest}
-                _fault_point("manifest")  # manifest written, trainer.json not yet
+                self.on_phase("manifest")  # manifest written, trainer.json not yet
                 _write_durably(tmp / "trainer.json", json.dumps(trainer, indent=1))  # marks completeness
-                _fault_point("rename")  # complete, still under its .tmp- name
+                self.on_phase("rename")  # complete, still under its .tmp- name
                 if final.exists():  # left by a run killed between this rename and the pointer update
                     shutil.rmtree(final)
                 os.replace(tmp, final)
-                _fault_point("latest")  # renamed, `latest` still names the previous checkpoint
+                self.on_phase("latest")  # renamed, `latest` still names the previous checkpoint
                 (self.root / (LATEST + ".tmp")).unlink(missing_ok=True)  # never write through a planted symlink
                 _write_durably(self.root / (LATEST + ".tmp"), name)
                 os.replace(self.root / (LATEST + ".tmp"), self.root / LATEST)
                 _fsync_dir(self.root)
             except Exception as e:  # noqa: BLE001 - as above
                 error = e
-        if D.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None):
             self._abort(tmp, name, error)
         if self.engine.is_main:
-            _fault_point("prune")  # `latest` updated, older checkpoints not yet pruned
+            self.on_phase("prune")  # `latest` updated, older checkpoints not yet pruned
             self._prune()
-        D.barrier()
+        dist_utils.barrier()
         return final
 
     def _abort(self, tmp: Path, name: str, error: Optional[Exception]):
@@ -237,7 +241,7 @@ class Checkpointer:
                 verified(path)
             except CheckpointError as e:
                 error = str(e)
-        error = D.broadcast_object(error)
+        error = dist_utils.broadcast_object(error)
         if error:
             raise CheckpointError(error)
 
@@ -251,35 +255,11 @@ class Checkpointer:
             raise CheckpointError(
                 f"{path} was written by {trainer['engine']['engine']} on {saved_world} rank(s); this run is "
                 f"{self.engine.name} on {self.engine.world_size}. Resume with the same engine and world size, "
-                f"or start a new run_dir from the weights (lm-export {path})")
+                f"or start a new run_dir from the weights (lm export {path})")
         _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
         own = load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
         set_rng_state(own["rng"])
         return trainer, own["loader"]
-
-
-# -- fault injection (benchmarks/fault_injection.py) ------------------------------------------------
-
-_saves_this_process = 0
-FAULT_PHASES = ("files", "manifest", "rename", "latest", "prune")  # in the order Checkpointer.save reaches them
-
-
-def _count_save() -> None:
-    global _saves_this_process
-    _saves_this_process += 1
-
-
-def _fault_point(phase: str) -> None:
-    """Test hook: LM_FAULT_PAUSE_IN_SAVE=<phase>:<n> parks the process at `phase` (FAULT_PHASES) of the n-th
-    checkpoint it writes and touches LM_FAULT_PAUSE_FILE, so a test can SIGKILL it inside a checkpoint
-    write (the same protocol as the loop's LM_FAULT_PAUSE_AT_STEP)."""
-    at = os.environ.get("LM_FAULT_PAUSE_IN_SAVE")
-    if at is None or at != f"{phase}:{_saves_this_process}":
-        return
-    if os.environ.get("LM_FAULT_PAUSE_FILE"):
-        Path(os.environ["LM_FAULT_PAUSE_FILE"]).touch()
-    while True:
-        time.sleep(1)
 
 
 # -- checksums -------------------------------------------------------------------------------------
@@ -302,7 +282,7 @@ def _write_manifest(ckpt: Path) -> str:
 
 def damage(ckpt: Path) -> Optional[str]:
     """Why checkpoint `ckpt` cannot be trusted (a missing, truncated or changed file), or None.
-    Files added later (an lm-export into <checkpoint>/export) are not part of it."""
+    Files added later (an lm export into <checkpoint>/export) are not part of it."""
     ckpt = Path(ckpt)
     try:
         trainer = json.loads((ckpt / "trainer.json").read_text())
@@ -380,7 +360,7 @@ def resume_point(root: Path) -> Optional[Path]:
 
 
 def verified(ckpt: Path) -> Path:
-    """`ckpt` if its files match its manifest (lm-export, lm-finetune init=), else a CheckpointError
+    """`ckpt` if its files match its manifest (lm export, lm finetune init=), else a CheckpointError
     naming the damage and the intact checkpoints of the same run."""
     why = damage(ckpt)
     if why is None:
@@ -414,7 +394,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-# -- reading a checkpoint outside training (lm-export, lm-finetune init=) ----------------------------
+# -- reading a checkpoint outside training (lm export, lm finetune init=) ----------------------------
 
 def resolve(path) -> Path:
     """A checkpoint directory from a run directory (its latest), a checkpoints/ dir, or itself."""

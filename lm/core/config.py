@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 
 
 class Precision(Choice):
@@ -69,6 +69,14 @@ class TrainConfig:
     stop_check_interval: int = 10
     # Steps whose batches a background thread prepares ahead (pinned memory on CUDA); 0 = fetch in the loop.
     prefetch: int = 1
+    # GLUE probes in the loop (lm/eval/probe.py): every probe_interval steps and at the end, a linear probe on
+    # the frozen model's pooled features of the first probe_train_examples train rows of each task, scored
+    # on its first probe_dev_examples dev rows (0 = all) with the task's official metric. 0 = off.
+    probe_interval: int = 0
+    probe_tasks: List[str] = field(default_factory=lambda: ["sst2", "mrpc", "stsb", "cola"])
+    probe_train_examples: int = 1000
+    probe_dev_examples: int = 500
+    probe_max_len: int = 128  # tokens per example (longest-first truncation, as lm finetune)
 
 
 @dataclass
@@ -127,10 +135,36 @@ def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> 
         bad("peak_flops", "must be a finite number > 0 (FLOP/s per device), or null to look the GPU up")
     if cfg.prefetch < 0:
         bad("prefetch", "must be >= 0 (steps prepared ahead; 0 = none)")
+    if cfg.probe_interval < 0:
+        bad("probe_interval", "must be >= 0 (0 = no GLUE probes)")
+    if cfg.probe_interval:
+        _validate_probe(cfg)
     if cfg.threads is not None and cfg.threads < 1:
         bad("threads", "must be a positive integer, or null for torch's default")
     _validate_sched(sched)
     _validate_optim(optim)
+
+
+def _validate_probe(cfg: TrainConfig) -> None:
+    """The numbers; lm/eval/probe.py checks the task names (lm.core knows no GLUE)."""
+    if cfg.probe_train_examples < 2:
+        raise ConfigError(f"train.probe_train_examples={cfg.probe_train_examples} must be >= 2 (train rows per "
+                          f"probed task)")
+    if cfg.probe_dev_examples < 0:
+        raise ConfigError(f"train.probe_dev_examples={cfg.probe_dev_examples} must be >= 0 (dev rows per probed "
+                          f"task; 0 = all)")
+    if cfg.probe_max_len < 4:
+        raise ConfigError(f"train.probe_max_len={cfg.probe_max_len} must be >= 4 (tokens per probed example)")
+
+
+def short_schedule(cfg: TrainConfig, sched: SchedConfig) -> Optional[str]:
+    """A warning when the run ends inside its warmup: it never reaches optim.lr nor decays, so variants of a
+    shrunk sweep train alike (the lr, not the variant, decides). None when the schedule fits."""
+    if sched.warmup_steps and cfg.max_steps <= sched.warmup_steps:
+        return (f"train.max_steps={cfg.max_steps} <= sched.warmup_steps={sched.warmup_steps}: the run ends inside "
+                f"its warmup and never reaches optim.lr; lower sched.warmup_steps (e.g. "
+                f"sched.warmup_steps={cfg.max_steps // 10}) or raise train.max_steps")
+    return None
 
 
 def _finite(x) -> bool:

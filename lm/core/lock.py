@@ -1,6 +1,6 @@
 """One writer per run directory: `<run_dir>/.lock`, held by rank 0 while its job runs.
 
-    with held_run_dir(run_dir, dist):   # lm-train, lm-finetune: before anything in run_dir is read or written
+    with held_run_dir(run_dir, dist):   # lm train, lm finetune: before anything in run_dir is read or written
         ...                              # released on return, so one process can run many jobs in turn
 
 Two runs writing one run_dir delete each other's half-written checkpoints and lose metrics, so the
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Dict, Optional, TextIO
 
 from lm.core.checkpoint import CheckpointError
-from lm.engine import dist as D
+from lm.engine import dist as dist_utils
 
 LOCK_NAME = ".lock"
 
@@ -62,14 +62,14 @@ def lock_run_dir(run_dir, dist=None) -> None:
         except OSError as e:  # PermissionError, EROFS, ENOSPC, NotADirectoryError: the user picks another
             release(run_dir)
             error = RunDirUnwritable(unwritable_message(run_dir, e))
-    if D.any_rank(error is not None):
+    if dist_utils.any_rank(error is not None):
         raise error or CheckpointError(f"rank 0 could not create or lock run_dir {run_dir} (see its error)")
 
 
 @contextmanager
 def held_run_dir(run_dir, dist=None):
     """lock_run_dir for the duration of a job. The lock is released when the job returns or raises: a
-    process that runs several jobs over one directory in turn (lm-transfer's finetuning arms, a curve of
+    process that runs several jobs over one directory in turn (lm transfer's finetuning arms, a curve of
     them sharing one scratch arm) must not keep the first job's lock and refuse a second process."""
     lock_run_dir(run_dir, dist)
     try:

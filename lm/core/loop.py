@@ -26,13 +26,14 @@ gradient norm at the next sync.
 The preemption flag is checked every train.stop_check_interval steps (a collective), and at every sync
 point on the same all-reduce; every rank checks at the same steps, so every rank stops at the same step.
 Ctrl-C (SIGINT) is a stop request like SIGTERM; a second Ctrl-C aborts at once (KeyboardInterrupt, which
-the apps turn into one line: lm/cli/app.py exit_interrupted).
+the console scripts turn into one line: lm/cli/errors.py entry).
 
-What is trained is a `lm.core.task.Task` (pretraining: lm/core/pretrain_task.py; GLUE: lm/glue/trainer.py).
+What is trained is a `lm.core.task.TrainTask` (pretraining: lm/core/pretrain_task.py; GLUE: lm/glue/trainer.py).
 Everything engine-specific (no_sync, accumulation boundaries, loss scaling, sharding) is behind
 `engine`; everything about files is behind `tracker` and `checkpointer`.
 """
 
+import functools
 import logging
 import math
 import os
@@ -41,17 +42,17 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
 from lm.constants import IGNORE_INDEX
 from lm.core import objectives
 from lm.core.config import TrainConfig
+from lm.core.hooks import Hooks
 from lm.core.prefetch import Prefetcher
-from lm.engine import dist as D
-from lm.core.tracking import MODEL_METRICS, memory_gib, mfu
+from lm.engine import dist as dist_utils
+from lm.core.tracking import ModelMetrics, memory_gib, mfu
 
 log = logging.getLogger("lm")
 
@@ -104,30 +105,36 @@ class _Pending:
 
 
 def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, checkpointer, state: State,
-        speed: Speed = Speed()) -> State:
-    """Train `task` (lm.core.task.Task) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy."""
+        speed: Speed = Speed(), evals: Sequence = (), hooks: Optional[Hooks] = None) -> State:
+    """Train `task` (lm.core.task.TrainTask) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy.
+    evals: extra evaluations at their own intervals (lm.core.task.EvalCallback: the GLUE probes); `hooks`
+    (lm.core.hooks) are called at their points."""
     source = task.batches
     task.batches = Prefetcher(source, engine.device, cfg.prefetch)  # task.state_dict() reads the consumed position
     try:
         with _StopSignals() as stop:
-            return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop)
+            return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop, evals, hooks or Hooks())
     finally:
         task.batches.close()
         task.batches = source
 
 
-def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop) -> State:
+def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop, evals,
+         hooks: Hooks) -> State:
     bar = _progress_bar(cfg, engine, state.step)
     meter = _Meter()
     pending = _Pending(first_step=state.step + 1)
     dense = task.batches.dense_labels
-    MODEL_METRICS.clear()  # the model's own metrics (MoE load), logged as means per log interval
+    model_metrics = ModelMetrics()  # the model's own metrics (MoE load), logged as means per log interval
     for step in range(state.step, cfg.max_steps):
+        for hook in hooks.step_begin:
+            hook(step)
         lr = lr_at(step)
         engine.set_lr(lr)
         t0 = time.perf_counter()  # the step's time includes fetching its batches: data is part of the cost
         micro = next(task.batches)
-        loss, tokens = train_step(engine, micro, fault_step=_count_step(), loss_fn=task.loss, dense_labels=dense)
+        loss, tokens = train_step(engine, micro, loss_fn=task.loss, dense_labels=dense, metrics=model_metrics,
+                                  after_backward=[functools.partial(hook, step) for hook in hooks.after_backward])
         pending.losses.append(loss)
         pending.tokens += tokens
         if engine.skips_nonfinite_updates:
@@ -146,8 +153,9 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         log_now = state.step % cfg.log_interval == 0 or last
         eval_now = (cfg.eval_interval and state.step % cfg.eval_interval == 0) or last
         saved = (cfg.ckpt_interval and state.step % cfg.ckpt_interval == 0) or last
+        extra = [e for e in evals if e.due(state.step, last)]  # a sync point too: their records carry the tokens
         stopping = False
-        if log_now or eval_now or saved:
+        if log_now or eval_now or saved or extra:
             tokens, stopping = _sync(cfg, engine, state, pending, checkpointer, stop, check_stop=not last)
             meter.tokens += tokens
         elif state.step % cfg.stop_check_interval == 0 and stop.requested():
@@ -159,11 +167,13 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         if log_now:
             record = {"step": state.step, "tokens": state.tokens, "loss": pending.last_loss, "lr": lr,
                       "grad_norm": float(pending.grad_norm), **meter.rates(speed, engine.world_size),
-                      "memory": round(memory_gib(engine.device), 4), **MODEL_METRICS.pop(D.all_reduce_sum)}
+                      "memory": round(memory_gib(engine.device), 4), **model_metrics.pop(dist_utils.all_reduce_sum)}
             tracker.log(record)
             _show(bar, record, engine)
         if eval_now:
             _evaluate(engine, task, tracker, state)
+        for e in extra:
+            tracker.log({"step": state.step, "tokens": state.tokens, **e(engine, state.step)})
         if saved:
             checkpointer.save(state.to_checkpoint(), task.state_dict())
         if stopping:  # a signal during the last step: the run is complete anyway
@@ -183,9 +193,9 @@ def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointe
     (global already: every rank computed it from the reduced gradients), read in one copy; the NaN/inf policy
     applied to each step in order; state.tokens. With check_stop, the stop flag rides on the same all-reduce.
     Returns (the global input tokens of the pending steps, whether the ranks agreed to stop)."""
-    losses = D.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
+    losses = dist_utils.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
     flags = torch.tensor([pending.tokens, float(check_stop and stop.name is not None)], dtype=torch.float64)
-    D.all_reduce_sum(flags)
+    dist_utils.all_reduce_sum(flags)
     tokens, stopping = int(flags[0]), bool(check_stop and stop.agree(float(flags[1]) > 0))
     parts = [] if losses is None else [losses.float()]
     parts += [torch.stack([n.detach().float().to(engine.device) for _, n in pending.norms])] if pending.norms else []
@@ -245,10 +255,12 @@ def _evaluate(engine, task, tracker, state: State) -> None:
         task.on_best(engine, state.step, record)
 
 
-def train_step(engine, micro: List[Dict[str, torch.Tensor]], fault_step: int = -1,
-               loss_fn: Callable = objectives.loss, dense_labels: bool = False):
+def train_step(engine, micro: List[Dict[str, torch.Tensor]], loss_fn: Callable = objectives.loss,
+               dense_labels: bool = False, metrics: Optional[ModelMetrics] = None,
+               after_backward: Sequence[Callable[[int], None]] = ()):
     """Forward and backward over one step's micro-batches without a host sync; returns (this rank's share of
-    the step's global token-mean loss, a device tensor; this rank's input tokens).
+    the step's global token-mean loss, a device tensor; this rank's input tokens). `loss_fn(model, batch,
+    metrics)` adds the model's own metrics to `metrics`; each of `after_backward` gets the micro-batch's index.
 
     dense_labels: every label position is a target and every rank's micro-batches have the same shapes
     (packed clm/span batches), so the global label count is known on the host; otherwise the counts are
@@ -259,10 +271,11 @@ def train_step(engine, micro: List[Dict[str, torch.Tensor]], fault_step: int = -
     total = torch.zeros((), device=engine.device)
     for i, batch in enumerate(micro):
         with engine.micro_step(last=i == len(micro) - 1):
-            share = loss_fn(engine.model, batch) * weights[i]
+            share = loss_fn(engine.model, batch, metrics) * weights[i]
             engine.backward(_poison_nonfinite(share))
         total += share.detach().float()
-        _fault_hook(fault_step)
+        for hook in after_backward:
+            hook(i)
     return total, sum(objectives.input_tokens(b) for b in micro)
 
 
@@ -272,7 +285,7 @@ def _weights(micro: List[Dict[str, torch.Tensor]], world_size: int, dense_labels
         local = [b["labels"].numel() for b in micro]
         return objectives.weights(local, sum(local) * world_size)
     counts = torch.stack([(b["labels"] != IGNORE_INDEX).sum() for b in micro]).double()  # (n_micro,)
-    total = D.all_reduce_sum(counts.sum().reshape(1))  # no labels at all gives 0/0 = NaN: the NaN policy
+    total = dist_utils.all_reduce_sum(counts.sum().reshape(1))  # no labels at all gives 0/0 = NaN: the NaN policy
     return list((counts / total).float().unbind())
 
 
@@ -296,7 +309,7 @@ def evaluate(engine, val_loader: Iterable, max_batches: int) -> float:
     batches = iter(val_loader)
     for _ in range(max_batches):
         batch = next(batches, None)
-        if D.any_rank(batch is None):
+        if dist_utils.any_rank(batch is None):
             break
         batch = {k: v.to(engine.device, non_blocking=True) for k, v in batch.items()}
         with engine.autocast():
@@ -305,8 +318,8 @@ def evaluate(engine, val_loader: Iterable, max_batches: int) -> float:
         loss_sum += loss.double() * n
         count += n
     engine.model.train()
-    D.all_reduce_sum(loss_sum)
-    D.all_reduce_sum(count)
+    dist_utils.all_reduce_sum(loss_sum)
+    dist_utils.all_reduce_sum(count)
     if count.item() == 0:
         raise ValueError("the validation split gave no batches; check the data's val split and train.seq_len")
     return float(loss_sum / count)
@@ -382,7 +395,7 @@ class _StopSignals:
         self.name = signal.Signals(signum).name
 
     def requested(self) -> bool:
-        return self.agree(D.any_rank(self.name is not None))
+        return self.agree(dist_utils.any_rank(self.name is not None))
 
     def agree(self, stop: bool) -> bool:
         """Record the ranks' OR-reduced flag."""
@@ -397,28 +410,11 @@ class _StopSignals:
         _signals = None
 
 
-_signals: Optional[_StopSignals] = None  # the running loop's (the fault hook's way out of its pause)
-_steps_this_process = 0
+
+_signals: Optional[_StopSignals] = None  # the running loop's
 
 
-def _count_step() -> int:
-    """0-based index of this optimizer step among all the steps this process ran (every loop.run call:
-    a finetuning job runs one per task and seed), for the fault hook."""
-    global _steps_this_process
-    _steps_this_process += 1
-    return _steps_this_process - 1
-
-
-def _fault_hook(step: int) -> None:
-    """Test hook: LM_FAULT_PAUSE_AT_STEP=N parks the process in the middle of the N-th optimizer step it runs
-    (after a backward, before the update; counted over every loop.run of the process, so a fresh lm-train
-    parks in step N and lm-finetune in the task/seed where its steps reach N) and touches
-    LM_FAULT_PAUSE_FILE, so a test can SIGKILL it there, or send a stop signal (SIGTERM, Ctrl-C), which lets
-    the step go on: the loop then stops as it would for a signal arriving in that step."""
-    at = os.environ.get("LM_FAULT_PAUSE_AT_STEP")
-    if at is None or int(at) != step + 1:
-        return
-    if os.environ.get("LM_FAULT_PAUSE_FILE"):
-        Path(os.environ["LM_FAULT_PAUSE_FILE"]).touch()
-    while _signals is None or _signals.name is None:
-        time.sleep(0.1)
+def stop_requested() -> bool:
+    """Whether a stop signal (SIGTERM, SIGUSR1, Ctrl-C) reached the loop running in this process: a plugin that
+    parks a step (benchmarks/fault_pause.py) lets it go on, and the loop stops after it as it would have."""
+    return _signals is not None and _signals.name is not None

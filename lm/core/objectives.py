@@ -15,12 +15,12 @@ weights each micro-batch by its share of the step's label tokens instead (`weigh
 loss and gradient are then exactly the token mean over the global batch, whatever the split.
 """
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
 from lm.constants import IGNORE_INDEX
-from lm.core.tracking import MODEL_METRICS
+from lm.core.tracking import ModelMetrics
 
 OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span", "rnn": "clm"}
 
@@ -47,17 +47,17 @@ def weights(local_counts: List[int], global_count: int) -> List[float]:
     return [n / global_count for n in local_counts]
 
 
-def loss(model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
+def loss(model, batch: Dict[str, torch.Tensor], metrics: Optional[ModelMetrics] = None) -> torch.Tensor:
     """Mean cross-entropy over the micro-batch's label tokens, plus the model's auxiliary loss.
 
     Components with training-only losses (MoE load balancing) put their weighted sum in the output's
     `aux_loss` and their detached metrics in `metrics` (lm/model/aux.py); both are absent in eval mode,
-    so validation losses stay pure cross-entropy. The metrics go to tracking.MODEL_METRICS, which the
-    loop logs as means over each log interval.
+    so validation losses stay pure cross-entropy. The metrics are added to `metrics` (the loop's, which it
+    logs as means over each log interval; None drops them).
     """
     out = model(**batch)
-    metrics = getattr(out, "metrics", None)
-    if metrics:
-        MODEL_METRICS.add(metrics)
+    model_metrics = getattr(out, "metrics", None)
+    if model_metrics and metrics is not None:
+        metrics.add(model_metrics)
     aux_loss = getattr(out, "aux_loss", None)
     return out.loss if aux_loss is None else out.loss + aux_loss

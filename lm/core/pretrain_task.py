@@ -1,4 +1,4 @@
-"""Pretraining as a `lm.core.task.Task`: packed token windows in, token-mean val loss out.
+"""Pretraining as a `lm.core.task.TrainTask`: packed token windows in, token-mean val loss out.
 
 Each optimizer step takes grad_accum micro-batches of the train loader; evaluation is the token-mean
 loss over at most eval_batches micro-batches of the val loader (lm.core.loop.evaluate). There is
@@ -51,8 +51,8 @@ class PretrainTask:
         self.batches = LoaderSteps(train_loader, grad_accum)
         self.val_loader, self.eval_batches = val_loader, eval_batches
 
-    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return objectives.loss(model, batch)
+    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+        return objectives.loss(model, batch, metrics)
 
     def evaluate(self, engine, step: int) -> Dict:
         from lm.core.loop import evaluate

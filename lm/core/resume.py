@@ -1,10 +1,10 @@
 """What may change when a run resumes (one list per app), and the check that refuses everything else.
 
-Resuming continues the checkpoint's weights, and config.yaml, the report and lm-export then describe
+Resuming continues the checkpoint's weights, and config.yaml, the report and lm export then describe
 those weights by the new command's config. So every field that changes what is computed (the model,
 the data and objective, the optimizer, precision, seed, ...) must equal the checkpoint's
-config.yaml; only the fields of RESUMABLE (lm-train) or FINETUNE_RESUMABLE (each task/seed pair of
-lm-finetune) may differ, and each difference is logged.
+config.yaml; only the fields of RESUMABLE (lm train) or FINETUNE_RESUMABLE (each task/seed pair of
+lm finetune) may differ, and each difference is logged.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 
 log = logging.getLogger("lm")
 
@@ -28,6 +28,9 @@ RESUMABLE = (
     # where and how fast it runs, not what it computes
     "train.progress", "train.threads", "train.device", "train.compile", "train.peak_flops", "train.world_size",
     "train.stop_check_interval", "train.prefetch",
+    # the GLUE probes read the model and change nothing it computes (lm/eval/probe.py)
+    "train.probe_interval", "train.probe_tasks", "train.probe_train_examples", "train.probe_dev_examples",
+    "train.probe_max_len",
     # recovering from a NaN/inf loss: what lm/core/loop.py's LossDiverged message advises changing
     "train.on_nonfinite", "train.max_nonfinite", "optim.lr", "sched.warmup_steps",
     # bookkeeping
@@ -42,10 +45,10 @@ RESUMABLE = (
     "engine.reshard_after_forward", "engine.shm_comm",
 )
 
-# lm-finetune resumes each unfinished task/seed pair from its own checkpoint, whose config.yaml is the job's
+# lm finetune resumes each unfinished task/seed pair from its own checkpoint, whose config.yaml is the job's
 # config with the pair's own settings under `task` (tasks.<name>), its `seed`, and under `model` the
 # backbone's model as built (lm/glue/run.py pair_config). The pair's result must equal an uninterrupted
-# run's, so unlike lm-train nothing that shapes its schedule may change (optim.lr, tasks.<name>.lr and
+# run's, so unlike lm train nothing that shapes its schedule may change (optim.lr, tasks.<name>.lr and
 # .epochs, sched.*, weight decay, init, tokenizer, max_len, ...); a pair that should train with other values
 # starts over once its directory is deleted.
 FINETUNE_RESUMABLE = (
@@ -87,11 +90,11 @@ def _flatten(node, prefix: str = "") -> Dict:
 def check_resume(ckpt: Path, config_yaml: str, max_steps: Optional[int], dist, may_change: Sequence[str] = RESUMABLE,
                  start_over: str = "start a new run (run_dir=<a new directory>)") -> None:
     """Before `ckpt` is loaded: refuse a config that differs from the checkpoint's in a field outside
-    `may_change` (RESUMABLE: lm-train; FINETUNE_RESUMABLE: an lm-finetune task/seed pair), or a
+    `may_change` (RESUMABLE: lm train; FINETUNE_RESUMABLE: an lm finetune task/seed pair), or a
     train.max_steps below the checkpoint's step; say when there is nothing left to train. `start_over`
     is the advice for training with the new values instead. Rank 0 reads the files, every rank raises
     the same ConfigError."""
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     error = None
     if dist.is_main:
@@ -99,7 +102,7 @@ def check_resume(ckpt: Path, config_yaml: str, max_steps: Optional[int], dist, m
             _check(Path(ckpt), config_yaml, max_steps, may_change, start_over)
         except ConfigError as e:
             error = str(e)
-    error = D.broadcast_object(error)
+    error = dist_utils.broadcast_object(error)
     if error:
         raise ConfigError(error)
 
@@ -109,7 +112,7 @@ def _check(ckpt: Path, config_yaml: str, max_steps: Optional[int], may_change: S
     if saved_yaml is not None:  # None: a damaged checkpoint, which Checkpointer.load names or falls back from
         refuse_changes(saved_yaml, config_yaml, may_change, f"resume {ckpt}", ckpt / "config.yaml", start_over)
     step = _step(ckpt)
-    if step is None or max_steps is None:  # None: lm-finetune, whose steps follow from the (compared) task
+    if step is None or max_steps is None:  # None: lm finetune, whose steps follow from the (compared) task
         return
     if max_steps < step:
         raise ConfigError(f"train.max_steps={max_steps} is below the step of {ckpt} ({step}): nothing can be "

@@ -1,7 +1,7 @@
-"""A trained model wherever a run left it: an lm-train run directory (its checkpoints/latest), one of its
-checkpoints/step_* directories, or an lm-export directory (model.safetensors + config.json).
+"""A trained model wherever a run left it: an lm train run directory (its checkpoints/latest), one of its
+checkpoints/step_* directories, or an lm export directory (model.safetensors + config.json).
 
-lm-finetune's init= (lm/glue/init.py) and lm-attention (lm/report/attention_maps.py) both read through
+lm finetune's init= (lm/glue/init.py) and lm attention (lm/report/attention_maps.py) both read through
 `find_saved_model`; each names a path that is neither in its own words (`init=<path>`, `<path>`).
 Like lm/core/checkpoint.py this knows no engine and no model: a checkpoint's weights are consolidated
 by the engine that wrote them, and the model config is returned as a plain node for the caller to type
@@ -17,18 +17,18 @@ import torch
 
 from lm.core.checkpoint import consolidated_state_dict, resolve
 
-EXPORT_MARKERS = ("model.safetensors", "config.json")  # the files of an lm-export directory this reads (it may also hold hf/)
-LM_CLASS = "_lm_class"  # the key lm-export adds to config.json to mark its output (lm/cli/export.py)
+EXPORT_MARKERS = ("model.safetensors", "config.json")  # the files of an lm export directory this reads (it may also hold hf/)
+LM_CLASS = "_lm_class"  # the key lm export adds to config.json to mark its output (lm/cli/export.py)
 
 
 @dataclass(frozen=True)
 class SavedModel:
-    path: Path  # the lm-export directory, or the checkpoint directory the given path resolved to
-    export: bool  # an lm-export directory (else a checkpoint of any engine)
+    path: Path  # the lm export directory, or the checkpoint directory the given path resolved to
+    export: bool  # an lm export directory (else a checkpoint of any engine)
 
     def run_config(self) -> Optional[Dict]:
         """The pretraining run's config.yaml as a plain (unresolved) dict: a checkpoint's own; an export's
-        checkpoint's when the export sits where lm-export puts it by default (<checkpoint>/export), else None."""
+        checkpoint's when the export sits where lm export puts it by default (<checkpoint>/export), else None."""
         from omegaconf import OmegaConf
 
         path = (self.path.parent if self.export else self.path) / "config.yaml"
@@ -51,6 +51,20 @@ class SavedModel:
         from safetensors.torch import load_file
 
         return load_file(str(self.path / "model.safetensors"))
+
+
+def recorded_tokenizer_sha256(ckpt) -> Optional[str]:
+    """The sha256 of the tokenizer.json a run was pretrained with, as its packed loader recorded it in the
+    checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint). A data
+    directory re-prepared since holds another file: lm finetune, lm attention and lm export refuse it.
+    Raises lm.core.checkpoint.CheckpointError when rank00000.pt cannot be read."""
+    from lm.core.checkpoint import load_rank_state  # weights_only, legacy RNG states allowed
+
+    path = Path(ckpt) / "rank00000.pt"
+    if not path.is_file():
+        return None
+    loader = load_rank_state(path).get("loader") or {}
+    return loader.get("tokenizer_sha256") if isinstance(loader, dict) else None
 
 
 def find_saved_model(path) -> SavedModel:

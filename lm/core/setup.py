@@ -1,32 +1,37 @@
 """What every app does before its loop: pick and build the engine, seed, quiet the other ranks, log to a file.
 
-Shared by lm-train and lm-finetune, so neither imports the other.
+Shared by lm train and lm finetune, so neither imports the other.
 """
 
 import logging
 from pathlib import Path
 
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.core.config import TrainConfig
 
 log = logging.getLogger("lm")
 
 
 def engine_class(cfg, get_class):
-    """The class an engine node names; `cfg` is the typed run config (or, for lm-finetune, its DictConfig)."""
+    """The class an engine node names; `cfg` is the typed run config or finetuning job."""
     target = getattr(cfg.engine, "_target_", None) if cfg.engine else None
     if not target:
         raise ConfigError("engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2")
     return get_class(target)
 
 
-def make_engine(cfg, instantiate, tcfg: TrainConfig, dist):
+def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
+    """The engine `cfg.engine` names (`cfg`: the typed run or finetuning job), for the run's train config;
+    what it cannot do with that config is refused here, before anything is built."""
     factory = instantiate(cfg.engine)
     try:
-        return factory(train=tcfg, dist=dist)
+        engine = factory(train=train_cfg, dist=dist)
     except TypeError as e:  # an option the engine class does not take
         raise ConfigError(f"engine ({cfg.engine._target_}): {e}; see conf/engine/ for its options") from None
+    if train_cfg.on_nonfinite == "skip" and engine.format == "deepspeed":
+        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
+    return engine
 
 
 def seed_everything(seed: int) -> None:

@@ -30,13 +30,14 @@ class StepBatches(Protocol):
     def load_state_dict(self, state: Dict) -> None: ...
 
 
-class Task(Protocol):
+class TrainTask(Protocol):
     batches: StepBatches
     # The key of evaluate()'s record that model selection maximises; None = no "best" (pretraining).
     best_metric: Optional[str]
 
-    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today."""
+    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+        """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today.
+        The model's own metrics go to `metrics` (a lm.core.tracking.ModelMetrics, or None)."""
 
     def evaluate(self, engine, step: int) -> Dict:
         """Metrics after `step` optimizer steps (every rank calls it; sharded engines need every rank's
@@ -50,3 +51,16 @@ class Task(Protocol):
         """Everything needed to continue exactly (the batches' position, what the task kept)."""
 
     def load_state_dict(self, state: Dict) -> None: ...
+
+
+class EvalCallback(Protocol):
+    """An evaluation beside the task's own, at its own interval (`loop.run(evals=...)`; the GLUE probes of
+    lm/eval/probe.py). Its step is a sync point, and the loop logs its record with step and tokens added.
+    It must leave the training state alone (weights, RNG, the task's batches), so that a run with it
+    trains exactly as one without it and resumes exactly."""
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether to run after optimizer step `step` (`last`: the run's final step)."""
+
+    def __call__(self, engine, step: int) -> Dict:
+        """The metrics to log (every rank calls it; ranks that compute nothing return {})."""

@@ -1,7 +1,7 @@
 """Metrics sinks (JSONL always; wandb and TensorBoard when configured), throughput, MFU and memory.
 
 Only rank 0 makes a Tracker that writes; other ranks get one whose methods do nothing. The JSONL
-file is the source of truth for lm-report: one object per logged step ({"step", "tokens", "loss",
+file is the source of truth for lm report: one object per logged step ({"step", "tokens", "loss",
 "lr", "grad_norm", "tokens_per_s", "steps_per_s", "mfu", "memory"}, plus the model's own metrics when
 it has any, e.g. "moe/load_e0": ModelMetrics below), validation passes as {"step", "tokens", "val_loss",
 "val_ppl"}.
@@ -75,7 +75,7 @@ def wandb_mode(cfg: LoggerConfig) -> str:
 
 class ModelMetrics:
     """Means of the model's own training metrics (LMOutput.metrics: MoE expert load, dropped tokens) over
-    the forwards since the last pop. Sums stay on the device as tensors: no host sync until the loop logs."""
+    the forwards since the last pop (the loop holds one per run and hands it to the task's loss). Sums stay on the device as tensors: no host sync until the loop logs."""
 
     def __init__(self):
         self.sums: Dict[str, torch.Tensor] = {}
@@ -101,9 +101,6 @@ class ModelMetrics:
         values = (totals[:-1] / totals[-1]).tolist()
         self.clear()
         return {name: round(v, 6) for name, v in zip(names, values)}
-
-
-MODEL_METRICS = ModelMetrics()  # filled by lm.core.objectives.loss, logged by lm.core.loop
 
 
 class Tracker:

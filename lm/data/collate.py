@@ -18,7 +18,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.constants import IGNORE_INDEX
 
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, List, Optional
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 
 
 class Format(Choice):
@@ -43,7 +44,7 @@ class BadRecords(Choice):
 class DataConfig:
     """One prepared dataset: where its text comes from, how it is tokenized, where it is written.
 
-    `lm-train data=<name>` selects conf/data/<name>.yaml; `lm.data.prepare.ensure_prepared(cfg)`
+    `lm train data=<name>` selects conf/data/<name>.yaml; `lm.data.prepare.ensure_prepared(cfg)`
     builds `dir` on first use. Fields left None take the registry corpus' own choice (tiny
     Shakespeare is one document split 90/10 by characters, TinyStories splits on its separator).
     """
@@ -86,17 +87,33 @@ def register_data_configs() -> None:
     """data/schema: every conf/data/*.yaml lists it first."""
     from hydra.core.config_store import ConfigStore
 
+    from omegaconf import OmegaConf
+
     ConfigStore.instance().store(group="data", name="schema", node=DataConfig)
+    if not OmegaConf.has_resolver("lm.text_name"):
+        OmegaConf.register_new_resolver("lm.text_name", text_name)
+
+
+def text_name(source: Any) -> str:
+    """conf/data/text.yaml's name: the source's file name and a digest of its absolute path, so two texts
+    never share a prepared directory (`text-notes-1a2b3c4d`)."""
+    import hashlib
+    import os
+
+    sources = [source] if isinstance(source, str) else [str(s) for s in source]
+    where = "|".join(s if ":" in s.split("/", 1)[0] else os.path.abspath(os.path.expanduser(s)) for s in sources)
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(sources[0].rstrip("/")).stem)[:40] or "text"
+    return f"text-{stem}-{hashlib.sha1(where.encode()).hexdigest()[:8]}"
 
 
 def data_preset(name: str, overrides: Optional[List[str]] = None) -> DataConfig:
-    """conf/data/<name>.yaml plus overrides (`data.vocab_size=512`), composed as `lm-train data=<name>` does."""
-    from lm.config import compose_group, conf_dir
+    """conf/data/<name>.yaml plus overrides (`data.vocab_size=512`), composed as `lm train data=<name>` does."""
+    from lm.config_base import compose_group, conf_dir
 
     if not (conf_dir() / "data" / f"{name}.yaml").is_file():
         known = sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml"))
         raise ConfigError(f"data preset {name!r} not found in {conf_dir() / 'data'}; known presets: {known}")
-    cfg = compose_group("data", name, overrides)
+    cfg = compose_group("data", name, overrides, register_data_configs)
     validate_data(cfg)
     return cfg
 

@@ -71,7 +71,7 @@ CORPORA: Dict[str, Corpus] = {
                         _wikitext("2"), doc_split="file"),
     "wikitext2_heldout": Corpus(
         "WikiText-2 raw valid + test only (2.4 MB, in the local mirror; the 11 MB train file is not), read as "
-        "plain text whose documents the split rule assigns: what lm-quickstart pretrains on",
+        "plain text whose documents the split rule assigns: what lm quickstart pretrains on",
         {"all": _wikitext("2")["val"] + _wikitext("2")["test"]}),
     "wikitext103": Corpus("WikiText-103 raw (Merity et al. 2016), 540 MB, its own train/valid/test files",
                           _wikitext("103"), doc_split="file"),

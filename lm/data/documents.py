@@ -1,4 +1,4 @@
-"""Task -> documents (runs in the worker processes): decode UTF-8, split documents, extract JSON
+"""SourcePiece -> documents (runs in the worker processes): decode UTF-8, split documents, extract JSON
 fields, assign each document to train or val, count or reject bad records.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator, List, Optional
 
 from lm.data.errors import DataError
-from lm.data.tasks import ReadOptions, Task, doc_hash
+from lm.data.tasks import ReadOptions, SourcePiece, doc_hash
 
 MAX_EXAMPLES = 5  # bad records quoted in the error summary and meta.json
 
@@ -44,7 +44,7 @@ codecs.register_error("lm.count", _count_invalid)
 class _Reader:
     """Per-task state for read_task: error messages with file and line, bad-record counting."""
 
-    def __init__(self, task: Task, opts: ReadOptions):
+    def __init__(self, task: SourcePiece, opts: ReadOptions):
         self.task, self.opts, self.out = task, opts, Docs(bytes=task.raw_bytes)
 
     def where(self, byte: int = 0, line: Optional[int] = None) -> str:
@@ -62,7 +62,7 @@ class _Reader:
                 at = f"byte {e.start} of the line" if line else f"byte {self.task.start_byte + e.start} of the file"
                 raise DataError(
                     f"{self.where(e.start, line)}: invalid UTF-8 at {at} ({e.reason}). Convert the file to UTF-8 "
-                    f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm-prepare --encoding-errors "
+                    f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm prepare --encoding-errors "
                     f"replace) to decode bad bytes as U+FFFD and count them") from None
             before = _INVALID[0]
             text = data.decode("utf-8", errors="lm.count")
@@ -71,7 +71,7 @@ class _Reader:
 
     def bad(self, where: str, problem: str, fix: str) -> None:
         if self.opts.bad_records != "skip":
-            raise DataError(f"{where}: {problem}. {fix}, or set bad_records=skip (lm-prepare --bad-records skip) to "
+            raise DataError(f"{where}: {problem}. {fix}, or set bad_records=skip (lm prepare --bad-records skip) to "
                             f"skip and count such records")
         self.out.bad_records += 1
         if len(self.out.examples) < MAX_EXAMPLES:
@@ -129,7 +129,7 @@ def split_long(text: str, limit: int) -> List[str]:
     return pieces
 
 
-def read_task(task: Task, opts: ReadOptions) -> Docs:
+def read_task(task: SourcePiece, opts: ReadOptions) -> Docs:
     """Turn one task into documents (runs in a worker process)."""
     r = _Reader(task, opts)
     if task.format == "text":
@@ -171,7 +171,7 @@ def _jsonl_docs(r: _Reader) -> None:
         if not isinstance(value, str):
             keys = list(record)[:10] if isinstance(record, dict) else type(record).__name__
             r.bad(r.where(line=here), f"no string field {field_name!r} (has: {keys})",
-                  "Set text_field to the field that holds the text (lm-prepare --text-field KEY)")
+                  "Set text_field to the field that holds the text (lm prepare --text-field KEY)")
             continue
         if value:
             r.add(value)
@@ -193,7 +193,7 @@ def _value_docs(r: _Reader) -> None:
             r.add(value)
 
 
-def iter_texts(tasks: Iterable[Task], opts: ReadOptions, split: Optional[str] = "train") -> Iterator[str]:
+def iter_texts(tasks: Iterable[SourcePiece], opts: ReadOptions, split: Optional[str] = "train") -> Iterator[str]:
     """Documents of `split` (None = all), read in this process: the stream a tokenizer trains on."""
     for task in tasks:
         docs = read_task(task, opts)

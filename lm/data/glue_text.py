@@ -1,7 +1,7 @@
 """The `glue:<task>,<task>...` source: the unlabelled TRAIN sentences of GLUE tasks, one per line.
 
 Task-adaptive pretraining (Gururangan et al. 2020): text of the finetuning tasks' own training sets,
-never their labels and never dev or test text. lm-quickstart pretrains on it, and a data config
+never their labels and never dev or test text. lm quickstart pretrains on it, and a data config
 names it as one source among others (conf/data/gutenberg_mix_bpe.yaml):
 
     source: [gutenberg, wikitext2_heldout, "glue:sst2,cola,mrpc,stsb,rte"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import List, Optional
 
@@ -27,10 +28,26 @@ def fingerprint(content: dict, files: List[SourceFile]) -> str:
 
 
 def read_json(path: Path) -> Optional[dict]:
+    """The JSON object in `path`; None when it is missing, unreadable or not an object (a list, a number)."""
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return obj if isinstance(obj, dict) else None
+
+
+def written_by_prepare(root: Path, meta: dict) -> bool:
+    """Whether `root` holds nothing but what lm prepare wrote there, as its meta.json lists it (meta.json,
+    the tokenizer, the shards): only such a directory may be replaced, so a user's directory that merely
+    holds a meta.json keeps its files."""
+    try:
+        listed = {META, meta["tokenizer"]["file"]} | {s["file"] for split in meta["splits"].values()
+                                                      for s in split["shards"]}
+    except (KeyError, TypeError, AttributeError):
+        return False
+    shard = re.compile(r"\w+_\d{5}\.bin")
+    ours = all(name in (META, TOKENIZER) or shard.fullmatch(str(name)) for name in listed)
+    return ours and "format_version" in meta and {p.name for p in root.iterdir()} <= listed
 
 
 def write_json(path: Path, obj: dict) -> None:
@@ -47,18 +64,18 @@ def open_prepared(data_dir, checksums: bool = False) -> dict:
     meta = read_json(root / META)
     if meta is None:
         partial = root.with_name(f".{root.name}.partial")
-        hint = f" (an interrupted run left {partial}; re-run the same lm-prepare command to resume it)" \
+        hint = f" (an interrupted run left {partial}; re-run the same lm prepare command to resume it)" \
             if partial.exists() else ""
-        raise DataError(f"{root}: no readable {META}, so this is not a complete lm-prepare directory{hint}; "
-                        f"run lm-prepare --out {root} (or let lm-train prepare it)")
+        raise DataError(f"{root}: no readable {META}, so this is not a complete lm prepare directory{hint}; "
+                        f"run lm prepare --out {root} (or let lm train prepare it)")
     if meta.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{root / META}: format version {meta.get('format_version')}, this code reads "
-                        f"{FORMAT_VERSION}; re-run lm-prepare --force --out {root}")
+                        f"{FORMAT_VERSION}; re-run lm prepare --force --out {root}")
     tok = Tokenizer.load(root / meta["tokenizer"]["file"])
     if tok.sha256 != meta["tokenizer"]["sha256"]:
         raise DataError(f"{root / TOKENIZER} does not match the tokenizer the shards were made with (sha256 "
                         f"{tok.sha256[:12]} vs {meta['tokenizer']['sha256'][:12]} in {META}); the directory mixes two "
-                        f"runs: re-run lm-prepare --force --out {root}")
+                        f"runs: re-run lm prepare --force --out {root}")
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in meta["splits"].values():
         for s in split["shards"]:
@@ -67,8 +84,8 @@ def open_prepared(data_dir, checksums: bool = False) -> dict:
             if size != s["tokens"] * itemsize:
                 raise DataError(f"{path}: {'missing' if size is None else f'{size} bytes'}, expected "
                                 f"{s['tokens'] * itemsize} ({s['tokens']} tokens of {meta['dtype']}): the shard is "
-                                f"truncated or corrupt; re-run lm-prepare --force --out {root}")
+                                f"truncated or corrupt; re-run lm prepare --force --out {root}")
             if checksums and file_sha256(path) != s["sha256"]:
-                raise DataError(f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm-prepare --force "
+                raise DataError(f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm prepare --force "
                                 f"--out {root}")
     return meta

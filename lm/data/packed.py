@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.data.collate import CausalLM, Collator, MaskedLM, SpanCorruption
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
@@ -226,8 +226,8 @@ class PackedLoader:
             b, t = np.unravel_index(int(windows.argmax()), windows.shape)
             where = self.stream.locate(int(sample_ids[b]) * self.stride + int(t))
             raise DataError(f"{where}: token id {windows[b, t]} >= vocabulary size {self.vocab_size}: the shard is "
-                            f"corrupt or from another tokenizer; run lm-prepare --verify {self.root}, then "
-                            f"lm-prepare --force")
+                            f"corrupt or from another tokenizer; run lm prepare --verify {self.root}, then "
+                            f"lm prepare --force")
         return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.collate(windows, keys).items()}
 
     # -- resume -------------------------------------------------------------------------------

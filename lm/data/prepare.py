@@ -1,10 +1,10 @@
-"""`lm-prepare`: raw text -> tokenizer.json + token shards + meta.json, in parallel and resumable.
+"""`lm prepare`: raw text -> tokenizer.json + token shards + meta.json, in parallel and resumable.
 
-    lm-prepare tiny_shakespeare --tokenizer char --split contiguous --val-fraction 0.1 --out data/shakespeare
-    lm-prepare --data tinystories_sample_bpe          # a conf/data preset
-    lm-prepare 'corpus/*.jsonl.zst' --text-field content --vocab-size 32000 --workers 16 --out data/web
-    lm-prepare --verify data/web                      # re-check shard sizes and checksums
-    lm-prepare --list                                 # the registry of well-known corpora
+    lm prepare tiny_shakespeare --tokenizer char --split contiguous --val-fraction 0.1 --out data/shakespeare
+    lm prepare --data tinystories_sample_bpe          # a conf/data preset
+    lm prepare 'corpus/*.jsonl.zst' --text-field content --vocab-size 32000 --workers 16 --out data/web
+    lm prepare --verify data/web                      # re-check shard sizes and checksums
+    lm prepare --list                                 # the registry of well-known corpora
 
 The output directory holds
     tokenizer.json               specials first: pad=0 bos=1 eos=2 mask=3 sep=4 cls=5 unk=6, sentinels
@@ -18,7 +18,7 @@ Python API:
     prepare(cfg, out=None, force=False, restart=False) -> Path
         Build the directory of a DataConfig (or a dict of its fields).
     ensure_prepared(data_cfg) -> Path
-        What `lm-train` calls on rank 0 before training: returns data_cfg.dir when it is complete
+        What `lm train` calls on rank 0 before training: returns data_cfg.dir when it is complete
         and was made from the same data settings, prepares it on first use, and raises when it
         was made from different settings (it never silently mixes two datasets).
     open_prepared(dir) -> dict                        (lm/data/manifest.py)
@@ -57,10 +57,11 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from lm.config import to_typed
+from lm.config_base import to_typed
 from lm.data.config import DataConfig, validate_data
 from lm.data.errors import DataError
-from lm.data.manifest import FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, read_json, write_json
+from lm.data.manifest import (FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, open_prepared, read_json,
+                              write_json, written_by_prepare)
 from lm.data.shards import CannotResume, ShardWriter
 from lm.data.sources import SourceFile, resolve
 from lm.data.tasks import Planner, ReadOptions, contiguous_cut
@@ -77,8 +78,8 @@ log = logging.getLogger("lm.data")
 
 def say(msg: str) -> None:
     """Tell the user what happens (resume, restart, skip...) on stderr. The logger gets it at debug
-    level only: under lm-train, Hydra's console handler would otherwise print every line twice."""
-    print(f"lm-prepare: {msg}", file=sys.stderr, flush=True)
+    level only: under lm train, Hydra's console handler would otherwise print every line twice."""
+    print(f"lm prepare: {msg}", file=sys.stderr, flush=True)
     log.debug(msg)
 
 
@@ -86,8 +87,8 @@ def say(msg: str) -> None:
 
 
 def data_config(cfg) -> DataConfig:
-    """A validated DataConfig from a DataConfig (what lm-train passes, typed once at its entry) or a plain
-    dict (the Python API and lm-prepare's flags, which do not go through Hydra)."""
+    """A validated DataConfig from a DataConfig (what lm train passes, typed once at its entry) or a plain
+    dict (the Python API and lm prepare's flags, which do not go through Hydra)."""
     if not isinstance(cfg, DataConfig):
         if not isinstance(cfg, dict):
             raise TypeError(f"a data config is a DataConfig (lm.data.config) or a dict, not {type(cfg).__name__}")
@@ -145,13 +146,13 @@ class Stats:
 
 @contextlib.contextmanager
 def _lock(out: Path):
-    """One lm-prepare per output directory at a time (e.g. two ranks calling ensure_prepared)."""
+    """One lm prepare per output directory at a time (e.g. two ranks calling ensure_prepared)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            say(f"waiting for another lm-prepare that is writing {out}")
+            say(f"waiting for another lm prepare that is writing {out}")
             fcntl.flock(f, fcntl.LOCK_EX)
         yield
 
@@ -164,15 +165,22 @@ def _sources(cfg: DataConfig):
     return files, corpus
 
 
-def _check_out(out: Path, content: dict, force: bool) -> bool:
+# How to resolve prepared data that differs from the settings asked for: lm prepare can rebuild (--force);
+# lm train must not touch the directory, and gives the new settings a directory of their own instead.
+REBUILD_HINT = "Pass --force to rebuild it (the old data stays until the new data is complete), or choose another --out"
+TRAIN_HINT = ("Give these settings a directory of their own (data.name=<new name> or data.dir=<new dir>), or train on "
+              "that directory as it is: data=<dir>")
+
+
+def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) -> bool:
     """True when `out` is already complete for these settings; raise when it must not be touched."""
     if not out.exists():
         return False
     meta = read_json(out / META)
     if meta is None:
         if any(out.iterdir()):
-            raise DataError(f"{out} exists, is not empty and is not a finished lm-prepare directory (no {META}); "
-                            f"refusing to overwrite it: choose another --out, or remove it")
+            raise DataError(f"{out} exists, is not empty and is not a finished lm prepare directory (no readable "
+                            f"{META} object); refusing to overwrite it: choose another --out, or remove it")
         return False
     # Directories prepared before max_doc_chars existed are kept: their long documents were tokenized whole,
     # which cost memory then, not correctness now.
@@ -181,8 +189,12 @@ def _check_out(out: Path, content: dict, force: bool) -> bool:
         return True
     if not force:
         diff = sorted(k for k in content if stored.get(k) != content[k])
-        raise DataError(f"{out} holds data prepared with other settings (differs in: {diff}). Pass --force to "
-                        f"rebuild it (the old data stays until the new data is complete), or choose another --out")
+        raise DataError(f"{out} holds data prepared with other settings (differs in: {diff}). {hint}")
+    if not written_by_prepare(out, meta):  # --force replaces the whole directory
+        theirs = sorted(p.name for p in out.iterdir())[:5]
+        raise DataError(f"{out} holds files lm prepare did not write (it holds {', '.join(theirs)}; its {META} does "
+                        f"not list them all), so --force will not replace it: choose another --out, or move the "
+                        f"directory away")
     return False
 
 
@@ -219,7 +231,8 @@ def _tokenizer(cfg: DataConfig, files, opts, cut, partial: Path, progress: Optio
     return tok
 
 
-def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True) -> Path:
+def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True,
+            hint: str = REBUILD_HINT) -> Path:
     """Build (or resume, or find complete) the prepared directory of a data config. See the module doc."""
     cfg = data_config(cfg)
     out = Path(out or cfg.dir).expanduser().absolute()
@@ -228,7 +241,7 @@ def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progre
     validate_data(cfg)
     content = content_config(cfg)
     with _lock(out):
-        if _check_out(out, content, force):
+        if _check_out(out, content, force, hint):
             say(f"{out} is already prepared with these settings; nothing to do")
             return out
         partial = out.with_name(f".{out.name}.partial")
@@ -337,10 +350,14 @@ def _publish(partial: Path, out: Path) -> None:
 
 
 def ensure_prepared(data_cfg) -> Path:
-    """The prepared directory of `data_cfg` (lm-train calls this on rank 0): prepare it on first use.
+    """The prepared directory of `data_cfg` (lm train calls this on rank 0): prepare it on first use.
 
-    Raises DataError when the directory was prepared from different data settings, naming them.
+    Raises DataError when the directory was prepared from different data settings, naming them. With no
+    data.source (data=<dir>, conf/data/prepared.yaml) the directory is lm prepare's output, read as it is.
     """
     cfg = data_config(data_cfg)
     out = Path(cfg.dir).expanduser()
-    return prepare(cfg, out, progress=sys.stderr.isatty())
+    if cfg.source is None:
+        open_prepared(out)
+        return out
+    return prepare(cfg, out, progress=sys.stderr.isatty(), hint=TRAIN_HINT)

@@ -135,7 +135,7 @@ def parquet_values(path: str, column: str) -> Tuple[Iterator[object], int]:
         raise DataError(f"{path}: not a readable Parquet file ({e}); check the file or its extension") from None
     if column not in pf.schema_arrow.names:
         raise DataError(f"{path}: no column {column!r} (columns: {pf.schema_arrow.names}); set text_field="
-                        f"<column> (lm-prepare --text-field COLUMN)")
+                        f"<column> (lm prepare --text-field COLUMN)")
     # Record batches, not whole row groups: a writer may put a whole file in one row group.
     values = (v for b in pf.iter_batches(batch_size=1024, columns=[column]) for v in b.column(0).to_pylist())
     return values, pf.metadata.num_rows

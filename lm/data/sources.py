@@ -1,6 +1,6 @@
 """Where text comes from: a source (registry name, file, directory, glob or hf:<dataset>) -> input files.
 
-A source is a registry name (`tiny_shakespeare`, see lm/data/corpora.py or `lm-prepare --list`), a
+A source is a registry name (`tiny_shakespeare`, see lm/data/corpora.py or `lm prepare --list`), a
 file, a directory, a glob, `hf:<dataset>[:<config>]`, or `glue:<task>,...` (the unlabelled train
 sentences of GLUE tasks, lm/data/glue_text.py). A list of sources is read as their concatenation. Formats: plain text, JSONL (optionally
 .gz/.zst) with a text field, Parquet, and Hugging Face datasets (streamed, or from the local cache).
@@ -73,7 +73,7 @@ def _expand(pattern: str, fmt: str, split: Optional[str]) -> List[SourceFile]:
         found = [str(path)]
     else:
         raise DataError(f"{pattern}: no such file or directory, and not a registry corpus "
-                        f"({', '.join(CORPORA)}) or hf:<dataset>; check the path or see `lm-prepare --list`")
+                        f"({', '.join(CORPORA)}) or hf:<dataset>; check the path or see `lm prepare --list`")
     return [SourceFile(p, detect_format(p, fmt), split) for p in found]
 
 
@@ -82,7 +82,7 @@ def resolve(sources, fmt: str = "auto", split: Optional[str] = None, mirror: Opt
     """Sources (a string or list of strings) -> input files, plus the registry corpus if one was named."""
     if sources is None:
         raise DataError("no source given: pass a registry corpus, file, directory, glob or hf:<dataset> "
-                        "(lm-prepare SOURCE ..., or data.source=...)")
+                        "(lm prepare SOURCE ..., or data.source=...)")
     items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
     files: List[SourceFile] = []
     corpus = None

@@ -62,7 +62,7 @@ def doc_hash(data: bytes, seed: int) -> int:
 
 
 @dataclass
-class Task:
+class SourcePiece:
     """A piece of one source for one worker: raw bytes (text/jsonl) or a list of record values."""
 
     path: str
@@ -162,7 +162,7 @@ class Planner:
             return "val" if self.opts.is_val(doc_hash(src.path.encode(), self.opts.split_seed)) else "train"
         return None  # each document's content hash decides (in the worker)
 
-    def __iter__(self) -> Iterator[Task]:
+    def __iter__(self) -> Iterator[SourcePiece]:
         for index, src in enumerate(self.files):
             record = {"path": src.path, "format": src.format, "split": src.split}
             self.sources.append(record)
@@ -173,7 +173,7 @@ class Planner:
             else:
                 yield from self._byte_tasks(index, src, record)
 
-    def _byte_tasks(self, index: int, src: SourceFile, record: dict) -> Iterator[Task]:
+    def _byte_tasks(self, index: int, src: SourceFile, record: dict) -> Iterator[SourcePiece]:
         raw = HashingReader(src.path)
         cut = self.forced_cut[1] if self.forced_cut and self.forced_cut[0] == index else None
         after = self.forced_cut is not None and index > self.forced_cut[0]
@@ -184,14 +184,14 @@ class Planner:
                                                           self.opts.task_bytes, file_mode, cut):
                 n += len(block)
                 ends = last if file_mode else (last or not forced)
-                yield Task(src.path, src.format, block, line, offset, self._split_of(src, after), ends,
+                yield SourcePiece(src.path, src.format, block, line, offset, self._split_of(src, after), ends,
                            raw.count - seen)
                 seen, line, after = raw.count, line + block.count(b"\n"), after or forced
         record.update(bytes=os.path.getsize(src.path), sha256=raw.sha256.hexdigest())
         if n == 0:
             self.empty_files.append(src.path)
 
-    def _parquet_tasks(self, src: SourceFile, record: dict) -> Iterator[Task]:
+    def _parquet_tasks(self, src: SourceFile, record: dict) -> Iterator[SourcePiece]:
         values, rows = parquet_values(src.path, self.opts.text_field)
         size = os.path.getsize(src.path)
         n = yield from self._record_tasks(src, values, size / max(rows, 1))
@@ -199,7 +199,7 @@ class Planner:
         if n == 0:
             self.empty_files.append(src.path)
 
-    def _hf_tasks(self, src: SourceFile, record: dict) -> Iterator[Task]:
+    def _hf_tasks(self, src: SourceFile, record: dict) -> Iterator[SourcePiece]:
         n = yield from self._record_tasks(src, iter_hf(src, self.opts.text_field, self.opts.hf_streaming))
         record.update(bytes=None, sha256=None, records=n, hf_split=src.hf_split)
 
@@ -207,9 +207,9 @@ class Planner:
         """Records grouped into tasks of about task_bytes characters; returns how many records there were."""
         batch, chars, first, n = [], 0, 1, 0
 
-        def task() -> Task:
+        def task() -> SourcePiece:
             share = round(n * bytes_per_record) - round((first - 1) * bytes_per_record)  # progress, in file bytes
-            return Task(src.path, src.format, batch, first, split=self._split_of(src, False), raw_bytes=share)
+            return SourcePiece(src.path, src.format, batch, first, split=self._split_of(src, False), raw_bytes=share)
 
         for n, value in enumerate(values, 1):
             batch.append(value)

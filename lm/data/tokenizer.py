@@ -84,12 +84,12 @@ class Tokenizer:
         if path.is_dir():
             path = path / FILE_NAME
         if not path.is_file():
-            raise TokenizerError(f"{path}: no tokenizer file there; run lm-prepare to train one, or pass the path "
+            raise TokenizerError(f"{path}: no tokenizer file there; run lm prepare to train one, or pass the path "
                                  f"of an existing tokenizer.json")
         try:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises plain Exception
-            raise TokenizerError(f"{path}: not a valid tokenizer.json ({e}); re-run lm-prepare --force to rebuild "
+            raise TokenizerError(f"{path}: not a valid tokenizer.json ({e}); re-run lm prepare --force to rebuild "
                                  f"it") from None
         out = cls(tok, source=str(path))
         out._file_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -1,4 +1,4 @@
-"""The tokenizer workers of lm-prepare: task -> documents -> token ids per split, in spawned processes,
+"""The tokenizer workers of lm prepare: task -> documents -> token ids per split, in spawned processes,
 results in task order with at most 2*workers tasks in flight (memory stays bounded)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from lm.data.documents import read_task
 from lm.data.errors import DataError
-from lm.data.tasks import ReadOptions, Task
+from lm.data.tasks import ReadOptions, SourcePiece
 from lm.data.tokenizer import Tokenizer
 
 
@@ -41,7 +41,7 @@ def _init_worker(tokenizer_path: str, opts: ReadOptions, append_eos: bool, paral
     _W.update(tok=tok, opts=opts, eos=(tok.eos_id,) if append_eos else (), dtype=token_dtype(tok.vocab_size))
 
 
-def _work(task: Task) -> Result:
+def _work(task: SourcePiece) -> Result:
     docs = read_task(task, _W["opts"])
     parts: Dict[str, List[np.ndarray]] = {}
     counts: Dict[str, int] = {}
@@ -76,7 +76,7 @@ def _groups(texts: List[str], max_chars: int) -> Iterator[Tuple[int, int]]:
         yield lo, len(texts)
 
 
-def tokenize_tasks(tasks: Iterable[Task], workers: int, init_args: tuple, work: Callable[[Task], Result] = None,
+def tokenize_tasks(tasks: Iterable[SourcePiece], workers: int, init_args: tuple, work: Callable[[SourcePiece], Result] = None,
                    init: Callable[..., None] = None) -> Iterator[Result]:
     """Results in task order; at most 2*workers tasks in flight, so memory stays bounded. `work` and
     `init` default to the tokenizer's (_work, _init_worker); tests pass others."""
@@ -87,7 +87,7 @@ def tokenize_tasks(tasks: Iterable[Task], workers: int, init_args: tuple, work: 
         return
     # spawn, not fork: the parent may have used the tokenizers thread pool (training), which a fork would break.
     # ProcessPoolExecutor, not multiprocessing.Pool: when the system kills a worker (out of memory), Pool
-    # replaces it and the lost task's result never comes, so lm-prepare waited forever; the executor
+    # replaces it and the lost task's result never comes, so lm prepare waited forever; the executor
     # fails every pending task with BrokenProcessPool instead, which is reported below.
     pending: deque = deque()  # (task, future), oldest first
     try:

@@ -5,7 +5,7 @@
         engine.backward(share)                # share = this micro-batch's part of the global loss sum
     grad_norm = engine.step()                 # unscale, clip, optimizer step (skipped if the norm is NaN/inf), zero grads
     engine.save_state(dir) / engine.load_state(dir)   # model + optimizer, in the engine's own format
-    Engine.consolidated_state_dict(dir, info)          # offline: the full model state dict (lm-export)
+    Engine.consolidated_state_dict(dir, info)          # offline: the full model state dict (lm export)
 
 `backward` takes a term of the *global* sum (the loop weights each micro-batch by its share of the
 step's label tokens over all ranks), so engines that average gradients over ranks undo that here.
@@ -26,7 +26,7 @@ from typing import Callable, Dict, Optional
 import torch
 from torch import nn
 
-from lm.core.config import TrainConfig
+from lm.engine.config import TrainSettings
 from lm.engine.dist import Dist, EngineError
 
 MODEL_OPTIM = "model_optim.pt"  # the single/DDP checkpoint file (rank 0 writes it)
@@ -40,7 +40,7 @@ class Engine:
     needs_process_group = False
     skips_nonfinite_updates = True  # step() leaves the weights alone when the gradient norm is NaN/inf
 
-    def __init__(self, train: TrainConfig, dist: Dist):
+    def __init__(self, train: TrainSettings, dist: Dist):
         self.train = train
         self.dist = dist
         self.device = dist.device
@@ -182,8 +182,8 @@ class Engine:
 
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
-        """The full model state dict of checkpoint `path` in one process, no process group (lm-export,
-        lm-finetune init=). `info` is the `describe()` this engine recorded in trainer.json."""
+        """The full model state dict of checkpoint `path` in one process, no process group (lm export,
+        lm finetune init=). `info` is the `describe()` this engine recorded in trainer.json."""
         return torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)["model"]
 
     def describe(self) -> Dict:

@@ -6,7 +6,27 @@ built from the TrainConfig in lm/engine/ds.py.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict
+from typing import Any, Dict, Protocol
+
+
+class TrainSettings(Protocol):
+    """The train.* values an engine reads (lm.core.config.TrainConfig has them): the engine is handed the
+    run's typed train config but never imports lm.core (lm.core's loop imports lm.engine)."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+    @property
+    def grad_accum(self) -> int: ...
+
+    @property
+    def grad_clip(self) -> float: ...  # 0 disables clipping
+
+    @property
+    def precision(self) -> str: ...  # fp32 | bf16 | fp16
+
+    @property
+    def compile(self) -> bool: ...
 
 
 @dataclass

@@ -3,7 +3,7 @@
 The package's public API; the code lives in one file per responsibility beside this one.
 
 Registry (lm.glue.tasks)
-    TASKS            {name: Task}: cola sst2 mrpc stsb qqp mnli qnli rte wnli ax; each Task has
+    TASKS            {name: GlueTaskSpec}: cola sst2 mrpc stsb qqp mnli qnli rte wnli ax; each GlueTaskSpec has
                      .dir, .files (split -> file), .labels (leaderboard label strings, class-id order;
                      None for STS-B), .n_labels, .is_regression, .evals
     EVALS            {name: Eval}: the leaderboard columns cola sst2 mrpc stsb qqp mnli_m mnli_mm qnli
@@ -39,7 +39,7 @@ Files (lm.glue.submission, lm.glue.results), written atomically
     write_results({column: {seed: metrics}}, out_dir) -> results.json, results.md
 
 Config (lm.glue.config): GlueTaskConfig (conf/task/glue/*.yaml, composed under tasks.<name>), FinetuneSchema.
-Training (lm.glue.trainer): GlueTask, the lm.core.task.Task that lm.core.loop.run trains.
+Training (lm.glue.trainer): GlueTask, the lm.core.task.TrainTask that lm.core.loop.run trains.
 """
 
 from lm.glue.encode import collate, encode_examples, encode_pair, truncate_longest_first
@@ -47,10 +47,10 @@ from lm.glue.metrics import compute_metrics, glue_score, main_metric, task_score
 from lm.glue.readers import Example, GlueDataError, GlueDataMissing, data_root, load_eval, load_split, split_path
 from lm.glue.results import results_table, summarize, write_results
 from lm.glue.submission import check_submission, write_submission
-from lm.glue.tasks import EVALS, GLUE_TASKS, TASKS, Eval, Task, get_eval, get_task, scored_evals
+from lm.glue.tasks import EVALS, GLUE_TASKS, TASKS, Eval, GlueTaskSpec, get_eval, get_task, scored_evals
 
 __all__ = [
-    "TASKS", "EVALS", "GLUE_TASKS", "Task", "Eval", "get_task", "get_eval", "scored_evals",
+    "TASKS", "EVALS", "GLUE_TASKS", "GlueTaskSpec", "Eval", "get_task", "get_eval", "scored_evals",
     "Example", "GlueDataError", "GlueDataMissing", "data_root", "split_path", "load_split", "load_eval",
     "compute_metrics", "task_score", "glue_score", "main_metric",
     "encode_pair", "encode_examples", "collate", "truncate_longest_first",

@@ -1,15 +1,15 @@
-"""The typed config of `lm-finetune` (conf/finetune.yaml, conf/task/glue/*.yaml) and its validation.
+"""The typed config of `lm finetune` (conf/finetune.yaml, conf/task/glue/*.yaml) and its validation.
 
 A task preset composes under `tasks.<name>` (conf/task/glue/<name>.yaml is `@package _global_`):
 
-    lm-finetune task=glue/sst2 ...                   tasks: {sst2: ...}
-    lm-finetune task=glue/all ...                    tasks: {cola: ..., sst2: ..., ..., wnli: ...}
-    lm-finetune 'task=[glue/rte,glue/qqp]' ...       tasks: {rte: ..., qqp: ...}
-    lm-finetune task=glue/all tasks.sst2.epochs=1    one task's setting
-    lm-finetune task=glue/all optim.lr=3e-4 glue.data_root=/data/glue_data   every task's (shared nodes)
+    lm finetune task=glue/sst2 ...                   tasks: {sst2: ...}
+    lm finetune task=glue/all ...                    tasks: {cola: ..., sst2: ..., ..., wnli: ...}
+    lm finetune 'task=[glue/rte,glue/qqp]' ...       tasks: {rte: ..., qqp: ...}
+    lm finetune task=glue/all tasks.sst2.epochs=1    one task's setting
+    lm finetune task=glue/all optim.lr=3e-4 glue.data_root=/data/glue_data   every task's (shared nodes)
 
 Settings shared by every task live in shared nodes that the presets leave unset or interpolate:
-`optim` and `sched` (the groups of conf/optim and conf/sched, as in lm-train; a task's `lr`,
+`optim` and `sched` (the groups of conf/optim and conf/sched, as in lm train; a task's `lr`,
 `weight_decay` replace theirs when set), and `glue` (data_root, max_train_examples).
 The whole config becomes typed objects once, at entry (`finetune_job`).
 """
@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from lm.config import Choice, ConfigError
+from lm.config import Choice, ConfigError, check_known_keys
 from lm.core.config import (Device, LoggerConfig, OnNonfinite, OptimConfig, Precision, SchedConfig, TrainConfig,
                             validate_train)
 
@@ -78,7 +78,7 @@ class GlueShared:
 
 @dataclass
 class FinetuneTrain:
-    """The train.* fields lm-finetune accepts; each has an effect. Batch size, steps, warmup and
+    """The train.* fields lm finetune accepts; each has an effect. Batch size, steps, warmup and
     evaluation follow each task (tasks.<name>.batch_size, epochs, warmup_ratio; dev at every epoch end)."""
 
     micro_batch_size: int = 32  # a task's batch is cut into micro-batches of at most this size per rank
@@ -117,9 +117,9 @@ class FinetuneSchema:
     sched: SchedConfig = field(default_factory=SchedConfig)
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(job_type="finetune"))
     train: FinetuneTrain = field(default_factory=FinetuneTrain)
-    init: str = MISSING  # lm-train run dir | checkpoint dir | lm-export dir | none
+    init: str = MISSING  # lm train run dir | checkpoint dir | lm export dir | none
     tokenizer: Optional[str] = None  # tokenizer.json or a prepared data dir; default: the checkpoint's own
-    run_dir: str = "runs/finetune/${lm.stamp:}"
+    run_dir: str = "runs/finetune/${lm.run_name:}"  # named by the overrides: rerun = resume
     seed: int = 0  # unused by the tasks (tasks.<name>.seeds are the seeds); kept for sweeps that tag runs
     resume: bool = True  # continue each unfinished task/seed from its checkpoint; skip the finished ones
     predict_test: bool = True  # write the leaderboard's submission files
@@ -136,8 +136,9 @@ def finetune_job(cfg) -> FinetuneSchema:
     from omegaconf import OmegaConf
 
     if OmegaConf.is_missing(cfg, "init"):
-        raise ConfigError("say where the model starts: init=<lm-train run dir or checkpoint dir or lm-export dir>, "
+        raise ConfigError("say where the model starts: init=<lm train run dir or checkpoint dir or lm export dir>, "
                           "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
+    check_known_keys(cfg)  # a `+key=` that no schema field reads
     job = OmegaConf.to_object(cfg)
     validate_finetune(job)
     return job

@@ -1,8 +1,8 @@
-"""Where a finetuned model starts: an lm-train checkpoint (any engine), an lm-export directory, or nothing.
+"""Where a finetuned model starts: an lm train checkpoint (any engine), an lm export directory, or nothing.
 
     init=<run_dir>                 the run's checkpoints/latest (single, ddp, zero1-3, fsdp2: all read by
     init=<run_dir>/checkpoints/step_00000500     lm.core.checkpoint.consolidated_state_dict)
-    init=<dir with model.safetensors + config.json>   what lm-export writes
+    init=<dir with model.safetensors + config.json>   what lm export writes
     init=none                      random weights, the model of `model=` (baselines)
 
 The tokenizer is the pretraining run's, `<data.dir>/tokenizer.json` of the checkpoint's config.yaml,
@@ -51,15 +51,16 @@ class Backbone:
 
 
 def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -> Backbone:
+    """`model_node` (init=none only): the typed ModelConfig to build, or a saved model node."""
     from lm.core.checkpoint import CheckpointError
     from lm.core.saved_model import find_saved_model
-    from lm.model.config import model_from_saved
+    from lm.model.config import ModelConfig, model_from_saved
 
     if init is None or str(init).lower() in ("none", "scratch", ""):
         if model_node is None:
             raise InitError("init=none needs a model config (model=<preset>)")
         tok = _load_tokenizer(tokenizer, what="init=none")
-        cfg = model_from_saved(model_node)
+        cfg = model_node if isinstance(model_node, ModelConfig) else model_from_saved(model_node)
         _check_vocab(tok, cfg.vocab_size, f"model.vocab_size={cfg.vocab_size}",
                      f"set model.vocab_size={-(-tok.vocab_size // 64) * 64} (or larger)")
         return Backbone(cfg, None, tok, "none (random init)")
@@ -67,10 +68,10 @@ def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -
     try:
         saved = find_saved_model(path)
     except FileNotFoundError:
-        raise InitError(f"init={path}: no such directory; pass an lm-train run directory, one of its "
-                        f"checkpoints/step_* directories, an lm-export directory, or init=none") from None
+        raise InitError(f"init={path}: no such directory; pass an lm train run directory, one of its "
+                        f"checkpoints/step_* directories, an lm export directory, or init=none") from None
     except CheckpointError as e:
-        raise InitError(f"init={path}: {e}; or an lm-export directory (model.safetensors + config.json)") from None
+        raise InitError(f"init={path}: {e}; or an lm export directory (model.safetensors + config.json)") from None
     return _from_export(saved, tokenizer) if saved.export else _from_checkpoint(saved, tokenizer)
 
 
@@ -88,7 +89,7 @@ def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
     from lm.model.config import model_from_saved
 
     path, cfg, pretrain = saved.path, model_from_saved(saved.model_node()), saved.run_config()
-    if pretrain is not None:  # lm-export's default output is <checkpoint>/export
+    if pretrain is not None:  # lm export's default output is <checkpoint>/export
         tok = _pretraining_tokenizer(pretrain, tokenizer, path, _recorded_tokenizer_sha256(path.parent))
     else:
         tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without its checkpoint's config.yaml)")
@@ -98,19 +99,13 @@ def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
 
 
 def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:
-    """The sha256 of the tokenizer.json the run was pretrained with, as its packed loader recorded it in
-    the checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint)."""
     from lm.core.checkpoint import CheckpointError
-    from lm.core.checkpoint import load_rank_state  # weights_only, legacy RNG states allowed
+    from lm.core.saved_model import recorded_tokenizer_sha256
 
-    path = Path(ckpt) / "rank00000.pt"
-    if not path.is_file():
-        return None
     try:
-        loader = load_rank_state(path).get("loader") or {}
+        return recorded_tokenizer_sha256(ckpt)
     except CheckpointError as e:
         raise InitError(f"init={ckpt}: {e}") from None
-    return loader.get("tokenizer_sha256") if isinstance(loader, dict) else None
 
 
 def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path, recorded: Optional[str] = None):
@@ -163,7 +158,7 @@ def _data_dir(pretrain: Dict) -> Optional[Path]:
     data = pretrain.get("data") or {}
     if not data.get("dir"):
         return None
-    register_train_configs()  # the ${oc.env:...} / ${lm.*} resolvers of lm-train's config
+    register_train_configs()  # the ${oc.env:...} / ${lm.*} resolvers of lm train's config
     node = OmegaConf.create({"data": data})
     try:
         return Path(os.path.expanduser(str(node.data.dir)))
@@ -176,7 +171,7 @@ def _load_tokenizer(path: Optional[str], what: str):
 
     if not path:
         raise InitError(f"{what} needs tokenizer=<path to tokenizer.json, or a prepared data directory that "
-                        f"holds one> (lm-prepare writes it)")
+                        f"holds one> (lm prepare writes it)")
     try:
         return Tokenizer.load(path)
     except TokenizerError as e:
@@ -189,11 +184,21 @@ def _check_vocab(tok, rows: int, what: str, fix: str) -> None:
                         f"ids >= {rows} have no embedding. {fix}")
 
 
+def _mismatch(source: str, e: RuntimeError) -> str:
+    """One line for torch's multi-line "size mismatch" error: the first differing tensor, the count, the fix."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip().startswith("size mismatch")]
+    first = lines[0].rstrip(".") if lines else str(e).strip().splitlines()[0]
+    config = "config.json" if (Path(source) / "model.safetensors").is_file() else "config.yaml"
+    return (f"{source}: the weights do not fit its {config} ({first}; {len(lines) or 1} tensor(s) differ): the "
+            f"file was edited or belongs to another model; restore it (an lm export directory: export the "
+            f"checkpoint again)")
+
+
 def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling: Optional[str] = None,
                      bidirectional: bool = False):
     """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head.
 
-    `bidirectional` (RNN backbones, lm-finetune bidirectional=true) widens a unidirectional recurrent
+    `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
     backbone: its forward direction is the checkpoint's, the backward direction starts from scratch and
     enters through zero weights, so the classifier starts out computing what the LM computed
     (lm.model.rnn.load_unidirectional).
@@ -225,7 +230,10 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
             except (KeyError, RuntimeError) as e:
                 raise InitError(f"{backbone.source}: cannot widen to a bidirectional {cfg.rnn.cell.value}: {e}") from None
             return model
-        missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
+        try:
+            missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
+        except RuntimeError as e:  # a shape differs: the weights are not those of the saved model config
+            raise InitError(_mismatch(backbone.source, e)) from None
         if missing or unexpected:
             raise InitError(f"{backbone.source} does not match its model config: missing={sorted(missing)}, "
                             f"unexpected={sorted(unexpected)}")

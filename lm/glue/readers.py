@@ -1,9 +1,11 @@
 """Read GLUE splits from the official TSV layout, or from the Hugging Face copy when none is local.
 
-Layout (what download_glue_data.py writes): `<root>/<Task.dir>/<split file>`, e.g.
+Layout (what download_glue_data.py writes): `<root>/<GlueTaskSpec.dir>/<split file>`, e.g.
 `glue_data/MNLI/dev_matched.tsv`, `glue_data/diagnostic/diagnostic.tsv`. Files are read with
 `csv` (tab, QUOTE_NONE: GLUE text holds unbalanced quotes, so quoting would merge lines) as
-UTF-8 with an optional BOM (MRPC's headers start with one). CoLA's train/dev files have no
+UTF-8 with an optional BOM (MRPC's headers start with one). A file that is not UTF-8 (UTF-16, binary,
+one bad byte) or has a line longer than MAX_LINE_BYTES is refused naming the file and the line; a line
+is never read into memory beyond that bound. CoLA's train/dev files have no
 header; every other file names its columns in the first line, and columns are found by name,
 so MNLI's dev files (16 columns) and train file (12) need no special case.
 
@@ -12,17 +14,22 @@ The root defaults to $LM_DATA_MIRROR/glue_data, else ./glue_data (download_glue_
 
 from __future__ import annotations
 
+import codecs
 import csv
+import functools
 import math
 import os
 from pathlib import Path
 from typing import List, NamedTuple, Optional, Union
 
-from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, Task, get_eval, get_task
+from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, GlueTaskSpec, get_eval, get_task
+
+
+MAX_LINE_BYTES = 1 << 20  # far above any GLUE example (the longest are a few kB); a longer line is not GLUE text
 
 
 class Example(NamedTuple):
-    """One row. `label` is the class id (index into Task.labels), a float for STS-B, None on test."""
+    """One row. `label` is the class id (index into GlueTaskSpec.labels), a float for STS-B, None on test."""
 
     index: int  # the file's id column (what submissions are keyed by), else the 0-based row number
     text_a: str
@@ -78,17 +85,17 @@ def load_eval(name: str, kind: str, root=None, hf: bool = True) -> List[Example]
 
 # -- TSV -------------------------------------------------------------------------------------------
 
-def read_tsv(path: Union[str, os.PathLike], task: Union[str, Task], split: str) -> List[Example]:
+def read_tsv(path: Union[str, os.PathLike], task: Union[str, GlueTaskSpec], split: str) -> List[Example]:
     t = get_task(task) if isinstance(task, str) else task
     labelled = not split.startswith("test")
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = list(t.headerless) if (t.headerless and labelled) else next(rows, None)
+    with open(path, "rb") as f:
+        rows = csv.reader(_text_lines(path, f), delimiter="\t", quoting=csv.QUOTE_NONE)
+        header = list(t.headerless) if (t.headerless and labelled) else _next_row(path, rows)
         if header is None:
             raise GlueDataError(f"{path}: the file is empty; expected a header line, then one example per line")
         col = _columns(path, t, header, labelled)
         out = []
-        for row in rows:
+        while (row := _next_row(path, rows)) is not None:
             if len(row) != len(header):
                 raise GlueDataError(
                     f"{path}:{rows.line_num}: expected {len(header)} tab-separated columns "
@@ -102,7 +109,36 @@ def read_tsv(path: Union[str, os.PathLike], task: Union[str, Task], split: str) 
     return out
 
 
-def _columns(path, t: Task, header: List[str], labelled: bool) -> dict:
+def _text_lines(path, f):
+    """The lines of binary file `f` as str, each checked: UTF-8 (a leading BOM dropped), no NUL byte, at most
+    MAX_LINE_BYTES long (read no further than that). Errors name the file and the line."""
+    n = 0
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        n += 1
+        if len(raw) > MAX_LINE_BYTES:
+            raise GlueDataError(f"{path}:{n}: the line is longer than {MAX_LINE_BYTES:,} bytes, which no GLUE example "
+                                f"is; restore the official GLUE file (download_glue_data.py)")
+        if n == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8):]
+        if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in raw:
+            raise GlueDataError(f"{path}:{n}: the file is UTF-16 or binary, not UTF-8 text; save it as UTF-8 "
+                                f"(e.g. iconv -f UTF-16 -t UTF-8), or restore the official GLUE file")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise GlueDataError(f"{path}:{n}: not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at byte {e.start + 1} "
+                                f"of the line); save the file as UTF-8, or restore the official GLUE file") from None
+
+
+def _next_row(path, rows) -> Optional[List[str]]:
+    try:
+        return next(rows, None)
+    except csv.Error as e:  # a field over csv.field_size_limit() (131,072 characters)
+        raise GlueDataError(f"{path}:{rows.line_num}: {e}; no GLUE example is that long: restore the official "
+                            f"GLUE file") from None
+
+
+def _columns(path, t: GlueTaskSpec, header: List[str], labelled: bool) -> dict:
     """Column positions by name; a missing one is reported with the header that was found."""
     wanted = {"text_a": t.text_a, "text_b": t.text_b, "label": t.label if labelled else None, "index": t.index}
     col = {}
@@ -117,7 +153,7 @@ def _columns(path, t: Task, header: List[str], labelled: bool) -> dict:
     return col
 
 
-def _example(path, line: int, t: Task, row: List[str], col: dict, row_number: int) -> Example:
+def _example(path, line: int, t: GlueTaskSpec, row: List[str], col: dict, row_number: int) -> Example:
     index = row_number
     if "index" in col:
         try:
@@ -130,7 +166,7 @@ def _example(path, line: int, t: Task, row: List[str], col: dict, row_number: in
     return Example(index, row[col["text_a"]], text_b, label)
 
 
-def parse_label(t: Task, value: str, where: str) -> Union[int, float]:
+def parse_label(t: GlueTaskSpec, value: str, where: str) -> Union[int, float]:
     if t.is_regression:
         try:
             score = float(value)
@@ -146,8 +182,32 @@ def parse_label(t: Task, value: str, where: str) -> Union[int, float]:
 
 # -- Hugging Face ------------------------------------------------------------------------------------
 
-def load_hf(t: Task, split: str, where: str) -> List[Example]:
+@functools.lru_cache(maxsize=1)
+def hub_unreachable() -> Optional[str]:
+    """Why the Hugging Face hub cannot be reached (one quick TCP connect), or None: reachable, behind a
+    proxy (not probed), or offline mode set (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE: `datasets` then reads
+    its cache without trying the network)."""
+    import socket
+    from urllib.parse import urlparse
+
+    env = {k: os.environ.get(k, "").lower() for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    if any(v in ("1", "true", "yes", "on") for v in env.values()):
+        return None
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as e:
+        return f"the Hugging Face hub ({host}) is not reachable ({e.strerror or e})"
+    return None
+
+
+def load_hf(t: GlueTaskSpec, split: str, where: str) -> List[Example]:
     """The split from the Hugging Face hub (or its local cache); used only when no local file exists."""
+    unreachable = hub_unreachable()
+    if unreachable:  # fail now: the hub client would retry for half a minute before failing the same way
+        raise GlueDataMissing(f"{where}, and {unreachable}; {DOWNLOAD_HINT}")
     try:
         import datasets
     except ImportError:

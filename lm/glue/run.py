@@ -120,7 +120,7 @@ def _on_hub(name: str, tasks: List[GlueTaskConfig]) -> bool:
 
 
 def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_engine, config: Dict, dist):
-    from lm.engine import dist as D
+    from lm.engine import dist as dist_utils
 
     max_len = t.max_len
     if max_len > backbone.model_cfg.max_seq_len:
@@ -140,66 +140,46 @@ def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_e
             log.info("GLUE %s seed %d: done in an earlier run (%s), skipped", t.name, seed, out / RESULT)
         else:
             results.append(_run_one(t, data, seed, out, job, backbone, make_engine, config, dist))
-        D.barrier()
+        dist_utils.barrier()
     return results, data
 
 
 def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema, backbone: Backbone, make_engine,
              config: Dict, dist) -> SeedResult:
-    import torch
     import yaml
 
-    from lm.core import loop
-    from lm.core.checkpoint import Checkpointer
-    from lm.core.optim import adamw, lr_multiplier
-    from lm.core.resume import FINETUNE_RESUMABLE, check_resume
-    from lm.core.tracking import NullTracker, Tracker
+    from lm.core.optim import lr_multiplier
+    from lm.core.resume import FINETUNE_RESUMABLE
+    from lm.core.session import Session
 
     is_main, pad_id = dist.is_main, backbone.tokenizer.pad_id
     task = GlueTask(t, data, seed, dist.rank, dist.world_size, job.train.micro_batch_size, pad_id, job.eval_batch_size)
-    tcfg = job.train.for_task(task.total, task.per_epoch)
+    train_cfg = job.train.for_task(task.total, task.per_epoch)
     optim, sched = t.optim(job.optim), t.sched(job.sched, task.total)
-    engine = make_engine(tcfg)
-    if tcfg.on_nonfinite == "skip" and engine.format == "deepspeed":
-        from lm.config import ConfigError
-
-        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
-    torch.manual_seed(seed)  # the head's init (and a scratch backbone's): the same on every rank
-    model = build_classifier(backbone, get_task(t.name).n_labels, t.dropout, job.pooling and job.pooling.value,
-                             job.bidirectional)
-    torch.manual_seed(seed + engine.rank)  # dropout differs per rank
-    engine.wrap(model, lambda m: adamw(m, optim))
+    engine = make_engine(train_cfg)
     config_yaml = _pair_yaml(config, backbone, t, seed)
-    checkpointer = Checkpointer(out, engine, tcfg.keep_last, config_yaml)
-    if job.save_best:
-        best = Checkpointer(out / "best", engine, keep_last=1, config_yaml=yaml.safe_dump(
-            {"model": _plain(model.cfg), "task": _plain(t), "seed": seed}))
-        task.save_best = lambda step, record: best.save({"step": step, "tokens": 0, **record}, {})
-    state = loop.State()
-    latest = checkpointer.resume_point() if job.resume else None  # verified; the newest intact one, if need be
-    if latest:  # a changed setting that matters is refused before anything is loaded (the one loaded)
-        check_resume(latest, config_yaml, None, dist, FINETUNE_RESUMABLE,
-                     start_over=f"delete {out} to train {t.name} seed {seed} again with the new values")
-        trainer, task_state = checkpointer.load(latest)
-        task.load_state_dict(task_state)
-        state = loop.State.from_checkpoint(trainer)
-        log.info("GLUE %s seed %d: resumed from %s (step %d/%d)", t.name, seed, latest, state.step, task.total)
-    tracker = NullTracker()
-    if is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        tracker = Tracker(out, _logger_for(job, t.name, seed), {**config, "task": asdict(t), "seed": seed},
-                          resume_step=state.step)
-    try:
-        loop.run(tcfg, engine, task, lambda step: optim.lr * lr_multiplier(step, sched, task.total), tracker,
-                 checkpointer, state)
+    with Session(train_cfg, engine, task, out, config_yaml) as session:
+        # the head's init (and a scratch backbone's) from the seed on every rank; dropout then differs per rank
+        model = session.build(lambda: build_classifier(backbone, get_task(t.name).n_labels, t.dropout,
+                                                       job.pooling and job.pooling.value, job.bidirectional),
+                              seed, optim)
+        if job.save_best:
+            best = session.checkpointer_at(out / "best", keep_last=1, config_yaml=yaml.safe_dump(
+                {"model": _plain(model.cfg), "task": _plain(t), "seed": seed}))
+            task.save_best = lambda step, record: best.save({"step": step, "tokens": 0, **record}, {})
+        # a changed setting that matters is refused before anything is loaded
+        latest = session.resume_or_start(job.resume, None, FINETUNE_RESUMABLE,
+                                         start_over=f"delete {out} to train {t.name} seed {seed} again with the new values")
+        if latest:
+            log.info("GLUE %s seed %d: resumed from %s (step %d/%d)", t.name, seed, latest, session.state.step,
+                     task.total)
+        session.track(_logger_for(job, t.name, seed), {**config, "task": asdict(t), "seed": seed})
+        session.train(lambda step: optim.lr * lr_multiplier(step, sched, task.total))
         result = task.result()
         if is_main:
             _save_result(out / RESULT, result, config_yaml)
             shutil.rmtree(out / "checkpoints", ignore_errors=True)  # done: result.pt is what resume reads
         return result
-    finally:
-        tracker.close()
-        engine.close()
 
 
 def _save_result(path: Path, result: SeedResult, config_yaml: str) -> None:
@@ -234,11 +214,9 @@ def _intact_result(path: Path) -> bool:
 def _load_result(path: Path, config_yaml: str) -> SeedResult:
     """The finished pair's result; refused when the job's settings for the pair changed since (a job's
     results.json must not mix results of different settings)."""
-    import torch
-
     from lm.core.resume import FINETUNE_RESUMABLE, refuse_changes
 
-    fields = torch.load(path, weights_only=True)  # a result.pt from elsewhere cannot run code
+    fields = _read_result(path)
     saved_yaml = fields.pop("config_yaml", None)  # None: written before result.pt recorded it
     if saved_yaml is not None:
         config_yaml = _with_moved_paths(saved_yaml, config_yaml, path)
@@ -246,6 +224,27 @@ def _load_result(path: Path, config_yaml: str) -> SeedResult:
                        f"delete {path.parent} to train this task/seed again with the new values")
     fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
     return SeedResult(**fields)
+
+
+def _read_result(path: Path) -> dict:
+    """result.pt's fields; weights_only, so a result.pt from elsewhere cannot run code. One that does not
+    load (crafted, or damaged without a result.sha256 to say so) is refused in one line, kept for inspection."""
+    import pickle
+
+    import torch
+
+    from lm.core.checkpoint import CheckpointError
+
+    try:
+        fields = torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise CheckpointError(f"{path} is not a result lm finetune wrote, or is damaged ({why}); delete "
+                              f"{path.parent} to train this task/seed again") from None
+    if not isinstance(fields, dict) or "test" not in fields:
+        raise CheckpointError(f"{path} is not a result lm finetune wrote (no test predictions in it); delete "
+                              f"{path.parent} to train this task/seed again")
+    return fields
 
 
 def _with_moved_paths(saved_yaml: str, config_yaml: str, path: Path) -> str:

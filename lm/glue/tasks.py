@@ -2,7 +2,7 @@
 
 Two kinds of entry, because the leaderboard's columns are not the tasks one trains:
 
-- a `Task` is what one reads and trains on (one directory of the GLUE download). `mnli` has two
+- a `GlueTaskSpec` is what one reads and trains on (one directory of the GLUE download). `mnli` has two
   dev and two test files; `ax` (the diagnostic set, Wang et al. 2019 sec. 4) has only a test file
   and is predicted by the MNLI model.
 - an `Eval` is one leaderboard column: a dev split scored with the leaderboard's metrics and a
@@ -10,7 +10,7 @@ Two kinds of entry, because the leaderboard's columns are not the tasks one trai
   and predicts a third (AX, not part of the GLUE score).
 
 Label strings are exactly what the leaderboard expects in submission files; a label's index in
-`Task.labels` is its class id (the same order as the Hugging Face `glue` dataset's ClassLabel).
+`GlueTaskSpec.labels` is its class id (the same order as the Hugging Face `glue` dataset's ClassLabel).
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ HF_DATASET = "nyu-mll/glue"  # the Hugging Face hub's GLUE (the old `glue` scrip
 DOWNLOAD_HINT = (
     "download it with the classic script: `python download_glue_data.py --data_dir <root> --tasks all` "
     "(https://gist.github.com/W4ngatang/60c2bdb54d156a41194446737ce03e2e), point LM_DATA_MIRROR at the "
-    "directory that holds glue_data/ (or pass root=...), or `pip install datasets` with network access "
-    f"to use the Hugging Face copy {HF_DATASET}"
+    "directory that holds glue_data/ (or pass lm finetune glue.data_root=<the glue_data directory>), or "
+    f"`pip install datasets` with network access to use the Hugging Face copy {HF_DATASET} (HF_HUB_OFFLINE=1 "
+    f"reads its local cache without network)"
 )
 BINARY = ("0", "1")
 NLI3 = ("entailment", "neutral", "contradiction")
@@ -31,7 +32,7 @@ NLI2 = ("entailment", "not_entailment")
 
 
 @dataclass(frozen=True)
-class Task:
+class GlueTaskSpec:
     """One GLUE directory: where each split lives and which columns hold the texts and the label."""
 
     name: str  # registry key, as in the Hugging Face `glue` configs
@@ -65,7 +66,7 @@ class Eval:
     """One leaderboard column: its dev split, its test split and its metrics in leaderboard order."""
 
     name: str
-    task: str  # the Task whose files hold it
+    task: str  # the GlueTaskSpec whose files hold it
     dev: Optional[str]  # split scored locally; None = no labelled split is public (AX)
     test: str
     submission: str  # file stem on the leaderboard: CoLA -> CoLA.tsv
@@ -76,27 +77,27 @@ class Eval:
 
 _SPLITS = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 
-TASKS: Dict[str, Task] = {t.name: t for t in (
-    Task("cola", "CoLA", BINARY, "sentence", None, "label", dict(_SPLITS),
+TASKS: Dict[str, GlueTaskSpec] = {t.name: t for t in (
+    GlueTaskSpec("cola", "CoLA", BINARY, "sentence", None, "label", dict(_SPLITS),
          headerless=("source", "label", "original_label", "sentence"), evals=("cola",)),
-    Task("sst2", "SST-2", BINARY, "sentence", None, "label", dict(_SPLITS), evals=("sst2",)),
-    Task("mrpc", "MRPC", BINARY, "#1 String", "#2 String", "Quality", dict(_SPLITS),
+    GlueTaskSpec("sst2", "SST-2", BINARY, "sentence", None, "label", dict(_SPLITS), evals=("sst2",)),
+    GlueTaskSpec("mrpc", "MRPC", BINARY, "#1 String", "#2 String", "Quality", dict(_SPLITS),
          hf_text=("sentence1", "sentence2"), evals=("mrpc",)),
-    Task("stsb", "STS-B", None, "sentence1", "sentence2", "score", dict(_SPLITS),
+    GlueTaskSpec("stsb", "STS-B", None, "sentence1", "sentence2", "score", dict(_SPLITS),
          hf_text=("sentence1", "sentence2"), evals=("stsb",)),
-    Task("qqp", "QQP", BINARY, "question1", "question2", "is_duplicate", dict(_SPLITS), index="id",
+    GlueTaskSpec("qqp", "QQP", BINARY, "question1", "question2", "is_duplicate", dict(_SPLITS), index="id",
          hf_text=("question1", "question2"), evals=("qqp",)),
-    Task("mnli", "MNLI", NLI3, "sentence1", "sentence2", "gold_label",
+    GlueTaskSpec("mnli", "MNLI", NLI3, "sentence1", "sentence2", "gold_label",
          {"train": "train.tsv", "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
           "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"},
          hf_text=("premise", "hypothesis"), evals=("mnli_m", "mnli_mm", "ax")),
-    Task("qnli", "QNLI", NLI2, "question", "sentence", "label", dict(_SPLITS),
+    GlueTaskSpec("qnli", "QNLI", NLI2, "question", "sentence", "label", dict(_SPLITS),
          hf_text=("question", "sentence"), evals=("qnli",)),
-    Task("rte", "RTE", NLI2, "sentence1", "sentence2", "label", dict(_SPLITS),
+    GlueTaskSpec("rte", "RTE", NLI2, "sentence1", "sentence2", "label", dict(_SPLITS),
          hf_text=("sentence1", "sentence2"), evals=("rte",)),
-    Task("wnli", "WNLI", BINARY, "sentence1", "sentence2", "label", dict(_SPLITS),
+    GlueTaskSpec("wnli", "WNLI", BINARY, "sentence1", "sentence2", "label", dict(_SPLITS),
          hf_text=("sentence1", "sentence2"), evals=("wnli",)),
-    Task("ax", "diagnostic", NLI3, "sentence1", "sentence2", None, {"test": "diagnostic.tsv"},
+    GlueTaskSpec("ax", "diagnostic", NLI3, "sentence1", "sentence2", None, {"test": "diagnostic.tsv"},
          hf_text=("premise", "hypothesis")),
 )}
 
@@ -122,7 +123,7 @@ GLUE_TASKS: Tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "q
 METRIC_NAMES = {"mcc": "MCC", "acc": "acc", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
 
 
-def get_task(name: str) -> Task:
+def get_task(name: str) -> GlueTaskSpec:
     key = name.lower().replace("-", "")
     key = {"sst": "sst2", "sts": "stsb", "diagnostic": "ax"}.get(key, key)
     if key not in TASKS:

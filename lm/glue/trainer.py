@@ -1,4 +1,4 @@
-"""One GLUE task, one seed, as a `lm.core.task.Task` that `lm.core.loop.run` trains (on any engine).
+"""One GLUE task, one seed, as a `lm.core.task.TrainTask` that `lm.core.loop.run` trains (on any engine).
 
     steps: epochs x ceil(N / batch_size) (AdamW and the lr schedule of the optim/sched groups, the
         schedule's length computed from the epochs; lm.glue.run builds them)
@@ -29,7 +29,7 @@ from lm.core import objectives
 from lm.glue.encode import collate, encode_examples
 from lm.glue.metrics import Metrics, compute_metrics, main_metric
 from lm.glue.readers import GlueDataError, GlueDataMissing, load_split
-from lm.glue.tasks import EVALS, Task, get_task
+from lm.glue.tasks import EVALS, GlueTaskSpec, get_task
 
 log = logging.getLogger("lm")
 
@@ -47,7 +47,7 @@ class Split:
 
 @dataclass
 class TaskData:
-    task: Task
+    task: GlueTaskSpec
     train: Split
     dev: Dict[str, Split]  # leaderboard column -> dev split (MNLI: mnli_m, mnli_mm)
     test: Dict[str, Split]  # leaderboard column -> test split (MNLI: mnli_m, mnli_mm, ax)
@@ -204,8 +204,8 @@ class GlueTask:
         self.best: Optional[Dict] = None  # {"epoch", "main", "dev", "test"} of the best epoch so far
         self.seconds, self._t0 = 0.0, time.perf_counter()  # training time over every process that ran it
 
-    def loss(self, model, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return objectives.loss(model, batch)
+    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+        return objectives.loss(model, batch, metrics)
 
     def evaluate(self, engine, step: int) -> Dict:
         epoch = math.ceil(step / self.per_epoch)

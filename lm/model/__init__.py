@@ -5,7 +5,7 @@ DecoderLM, EncoderLM, EncoderDecoderLM, RNNLM (lm.model.rnn), ElectraLM (lm.mode
 generate (lm.model.generate), from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
 """
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.model.block import Block
 from lm.model.config import ModelConfig, validate_model
 from lm.model.electra import ElectraLM

@@ -5,7 +5,7 @@ They live apart from ModelConfig (lm/model/config.py) because the option schemas
 (lm/model/options.py) read some of them too (Activation, Arch, BlockKind).
 """
 
-from lm.config import Choice
+from lm.config_base import Choice
 
 
 class Arch(Choice):

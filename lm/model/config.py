@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Type, Union
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.model.choices import (Activation, Arch, BlockKind, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401
                               OutputKind, ShareBlocks, StepEmbedding, TieEmbeddings)
 from lm.model.options import (SLOTS, AdditiveConfig, ALiBiConfig, AttnConfig, Cell, Component,  # noqa: F401
@@ -166,11 +166,11 @@ def schema_name(cls: Type[Component]) -> str:
 
 
 def model_preset(name: str = "tiny", overrides: Optional[List[str]] = None) -> ModelConfig:
-    """conf/model/<name>.yaml plus overrides in lm-train's grammar (`model/ffn=swiglu`, `model.dim=128`),
-    composed by Hydra as `lm-train model=<name> ...` would: a typed ModelConfig."""
-    from lm.config import compose_group
+    """conf/model/<name>.yaml plus overrides in lm train's grammar (`model/ffn=swiglu`, `model.dim=128`),
+    composed by Hydra as `lm train model=<name> ...` would: a typed ModelConfig."""
+    from lm.config_base import compose_group
 
-    return compose_group("model", name, overrides)
+    return compose_group("model", name, overrides, register_model_configs)
 
 
 def model_from_saved(node) -> ModelConfig:
@@ -178,7 +178,7 @@ def model_from_saved(node) -> ModelConfig:
     component slots name their class by `_target_`. Composition through Hydra does not need this."""
     from omegaconf import OmegaConf
 
-    from lm.config import to_typed
+    from lm.config_base import to_typed
 
     data = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
     if "attn" not in data:  # saved before model/attn existed: those models all used scaled_dot

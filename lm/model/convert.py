@@ -61,7 +61,7 @@ def _ffn_bias(cfg: ModelConfig) -> bool:
 
 def _require(ok: bool, family: str, what: str) -> None:
     if not ok:
-        raise ValueError(f"{family} export cannot represent {what}; export safetensors instead (lm-export --no-hf)")
+        raise ValueError(f"{family} export cannot represent {what}; export safetensors instead (lm export --no-hf)")
 
 
 # ---------------------------------------------------------------- GPT-2
@@ -86,7 +86,7 @@ def _gpt2_to_hf_config(cfg: ModelConfig):
                       n_inner=_hidden(cfg), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                       scale_attn_weights=cfg.attn_scale is None, scale_attn_by_inverse_layer_idx=cfg.attn_scale_by_layer,
                       tie_word_embeddings=cfg.output_tied,
-                      bos_token_id=None, eos_token_id=None)  # set from the tokenizer by lm-export (hf_export.py)
+                      bos_token_id=None, eos_token_id=None)  # set from the tokenizer by lm export (hf_export.py)
 
 
 def _gpt2_rules(cfg: ModelConfig) -> List[Rule]:
@@ -352,7 +352,7 @@ def _family_of(cfg: ModelConfig) -> str:
     """Which Hugging Face family a config's architecture matches, or a clear error."""
     if cfg.electra is not None:
         raise ValueError("no Hugging Face family matches an ELECTRA pretraining model (model.electra: generator + "
-                         "discriminator); finetune its discriminator with lm-finetune init=<run> (it loads as a plain "
+                         "discriminator); finetune its discriminator with lm finetune init=<run> (it loads as a plain "
                          "encoder), and use model.safetensors of this export for the pretraining model itself")
     if cfg.arch == "rnn":
         raise ValueError(f"no Hugging Face family matches a recurrent model (model.arch=rnn, model.rnn.cell="
@@ -446,7 +446,7 @@ def _check_all_used(theirs: dict, used: List[str], family: str) -> None:
 
 def to_hf(model):
     """The `transformers` model of the same family with our weights (tied where ours are tied)."""
-    transformers = require("hf", "converting to a Hugging Face model (lm-export's hf/ directory)")
+    transformers = require("hf", "converting to a Hugging Face model (lm export's hf/ directory)")
 
     family = _family_of(model.cfg)
     _check_common(model.cfg, family)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.config import ConfigError
+from lm.config_base import ConfigError
 from lm.model.attention import build_mask
 from lm.model.config import ModelConfig
 from lm.model.position import PositionScheme

@@ -1,4 +1,4 @@
-"""The Hugging Face directory lm-export writes: the model (to_hf) plus the run's tokenizer.
+"""The Hugging Face directory lm export writes: the model (to_hf) plus the run's tokenizer.
 
 `AutoModel*.from_pretrained(dir)` and `AutoTokenizer.from_pretrained(dir)` both work on it, and
 its config.json / generation_config.json carry the tokenizer's bos/eos/pad ids (transformers'
@@ -42,7 +42,7 @@ def _fast_tokenizer(path: Path):
     from lm.data.tokenizer import Tokenizer
     from lm.extras import require
 
-    PreTrainedTokenizerFast = require("hf", "writing the tokenizer into lm-export's hf/ directory").PreTrainedTokenizerFast
+    PreTrainedTokenizerFast = require("hf", "writing the tokenizer into lm export's hf/ directory").PreTrainedTokenizerFast
 
     ours = Tokenizer.load(path)
     # to_str(): the tokenizer as loaded, with any role tokens it had to add, so the ids agree
@@ -51,7 +51,7 @@ def _fast_tokenizer(path: Path):
 
 
 def run_tokenizer_file(run_cfg) -> Optional[Path]:
-    """<data.dir>/tokenizer.json of a run's config (as lm-prepare writes it), or None when not there."""
+    """<data.dir>/tokenizer.json of a run's config (as lm prepare writes it), or None when not there."""
     from omegaconf import OmegaConf
 
     from lm.config import register_train_configs
@@ -59,7 +59,7 @@ def run_tokenizer_file(run_cfg) -> Optional[Path]:
     data = run_cfg.get("data") if hasattr(run_cfg, "get") else None
     if not data or not data.get("dir"):
         return None
-    register_train_configs()  # the ${oc.env:...} resolvers of lm-train's config
+    register_train_configs()  # the ${oc.env:...} resolvers of lm train's config
     try:
         path = Path(os.path.expanduser(str(OmegaConf.create({"data": data}).data.dir))) / "tokenizer.json"
     except Exception:  # noqa: BLE001 - an unresolvable interpolation: no tokenizer to write

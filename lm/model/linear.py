@@ -3,7 +3,7 @@
 PyTorch runs an fp32 nn.Linear on CPU as MKL sgemm. The oneDNN matmul that PyTorch CPU builds also
 ship (the private op torch.ops.mkldnn._linear_pointwise) ran the forward product x W^T 1.2-1.5x and
 the input gradient g W 1.1-1.3x faster at Transformer shapes (2048 tokens, width 384..2048) on the
-2-core AMD EPYC (AVX-512) of BENCHMARKS.md, +3-6% per training step there, and the weight gradient
+2-core AMD EPYC (AVX-512) of docs/results.md, +3-6% per training step there, and the weight gradient
 g^T x about 0.85x, so the weight gradient stays on MKL. On an AVX2 AMD and an AVX-512 Intel CPU whole
 steps differed by 1-2% either way, so the default is plain F.linear (`model.linear=torch`) and
 oneDNN is an option. The products are the same; only the summation order differs (~1e-6 relative).

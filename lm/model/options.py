@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Type
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 from lm.model.choices import Activation, Arch, BlockKind
 
 if TYPE_CHECKING:  # type hints only: lm/model/config.py imports this module for its field defaults
@@ -432,7 +432,7 @@ class RNNConfig:
 
     cell: Cell = Cell.lstm
     hidden: Optional[int] = None  # None = model.dim
-    bidirectional: bool = False  # reads the future: for classification (lm-finetune) only, never for clm
+    bidirectional: bool = False  # reads the future: for classification (lm finetune) only, never for clm
     nonlinearity: Nonlinearity = Nonlinearity.tanh  # cell=rnn only (torch.nn.RNN's nonlinearity)
 
     def width(self, dim: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, List
 
-from lm.config import Choice, ConfigError
+from lm.config_base import Choice, ConfigError
 from lm.model.choices import Arch, BlockKind, EmbeddingKind, NormPosition, OutputKind, TieEmbeddings
 from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, ReZeroNorm, RNNConfig,
                               SwitchConfig, positive)
@@ -246,7 +246,7 @@ def check_objective(cfg: ModelConfig, objective: str) -> None:
     if cfg.rnn.bidirectional:
         raise ConfigError("model.rnn.bidirectional=true reads the tokens it would predict, so it cannot be "
                           "pretrained on clm; pretrain with model.rnn.bidirectional=false and finetune a "
-                          "bidirectional classifier with lm-finetune bidirectional=true (docs/architecture.md)")
+                          "bidirectional classifier with lm finetune bidirectional=true (docs/architecture.md)")
 
 def validate_narang_options(cfg: ModelConfig) -> None:
     """Embedding/output/transparent-attention combinations that the papers do not define, refused

@@ -1,4 +1,4 @@
-"""Reading and rendering for lm-report: ablation tables, plots and run cards from run directories.
+"""Reading and rendering for lm report: ablation tables, plots and run cards from run directories.
 
 runs.py reads run directories, summary.py turns one run into numbers, variants.py groups runs
 into variants and refuses unfair comparisons, stats.py holds the seed-noise rule, table.py /

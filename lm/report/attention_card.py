@@ -37,7 +37,7 @@ def attention_section(run: Run, out: Path) -> List[str]:
     except Exception as e:  # noqa: BLE001 - a card is always written; the note names what failed
         return head + [f"No attention maps: {type(e).__name__}: {e}", ""]
     lines = head + [f"`{where}` on \"{SENTENCE}\" (rows: layers, columns: heads; in each panel rows are "
-                    f"queries, columns keys; `lm-attention {run.path} --text ...` draws any text, layer or head).",
+                    f"queries, columns keys; `lm attention {run.path} --text ...` draws any text, layer or head).",
                     ""]
     for ms in groups(maps).values():
         name = f"attention_{ms[0].stack}_{ms[0].kind}.png"

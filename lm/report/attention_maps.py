@@ -1,18 +1,18 @@
 """Attention probabilities of a trained model on one text: load, check the request, run, collect.
 
-    model = load_model(path)                      # a run dir / checkpoint (any engine) or an lm-export dir
+    model = load_model(path)                      # a run dir / checkpoint (any engine) or an lm export dir
     request = check_request(model.cfg, layer, head)   # refused before any work: RNN, out-of-range values
     ids = encode_text(model, text)                 # refused: empty, or longer than model.max_seq_len
     maps = attention_maps(model, ids)              # one AttnMap per attention call, in call order
 
-Loading goes through lm.glue.init.load_backbone, the path lm-finetune uses: the engine that wrote the
+Loading goes through lm.glue.init.load_backbone, the path lm finetune uses: the engine that wrote the
 checkpoint consolidates it, and the tokenizer is the run's own (its checkpoint-recorded sha256 checked)
 unless `tokenizer` names one. The probabilities come from lm.model.attention.capture, so every
 model/attn option is drawn from the numbers it really computed. Rendering is lm/report/attention_plots.py.
 
 Encoder-decoders: the encoder reads the text; the decoder reads the text shifted right
 (decoder_start_token_id, then every text token but the last: teacher forcing on the text itself, as
-lm-finetune's classifier does) unless `decoder_text` is given. Linformer: a non-causal attention's key
+lm finetune's classifier does) unless `decoder_text` is given. Linformer: a non-causal attention's key
 axis is its k projected rows (labelled E1..Ek), not tokens.
 """
 
@@ -30,7 +30,7 @@ PROJECTED = "E"  # key-axis label prefix of Linformer's projected rows (K' = E K
 
 
 class AttentionMapError(ReportError):
-    """lm-attention cannot draw what was asked; the message names the value and the allowed range."""
+    """lm attention cannot draw what was asked; the message names the value and the allowed range."""
 
 
 @dataclass
@@ -58,7 +58,7 @@ class AttnMap:
 # -- what the saved model is, read before any weight ---------------------------------------------
 
 def saved_model_config(path) -> tuple:
-    """(ModelConfig, where) of an lm-export directory or a run / checkpoint directory, from its config
+    """(ModelConfig, where) of an lm export directory or a run / checkpoint directory, from its config
     file alone (no weights are read)."""
     from lm.core.checkpoint import CheckpointError
     from lm.core.saved_model import find_saved_model
@@ -68,10 +68,10 @@ def saved_model_config(path) -> tuple:
     try:
         saved = find_saved_model(path)
     except FileNotFoundError:
-        raise AttentionMapError(f"{path}: no such directory; pass an lm-train run directory, one of its "
-                                f"checkpoints/step_* directories, or an lm-export directory") from None
+        raise AttentionMapError(f"{path}: no such directory; pass an lm train run directory, one of its "
+                                f"checkpoints/step_* directories, or an lm export directory") from None
     except CheckpointError as e:
-        raise AttentionMapError(f"{path}: {e}; or pass an lm-export directory (model.safetensors + config.json)") from None
+        raise AttentionMapError(f"{path}: {e}; or pass an lm export directory (model.safetensors + config.json)") from None
     return model_from_saved(saved.model_node()), saved.path
 
 
@@ -88,7 +88,7 @@ def check_request(cfg, layer: Optional[int], head: Optional[int], where="the mod
     """Refuse, before any work, a model without attention and a --layer / --head outside the model."""
     if cfg.arch == "rnn":
         raise AttentionMapError(f"{where} is a recurrent model (model.arch=rnn, model.rnn.cell={cfg.rnn.cell.value}): "
-                                f"it has no attention to draw. lm-attention reads Transformer runs "
+                                f"it has no attention to draw. lm attention reads Transformer runs "
                                 f"(model.arch=decoder, encoder or encoder_decoder)")
     depth = max(stack_depths(cfg).values())
     if layer is not None and not 0 <= layer < depth:
@@ -170,7 +170,7 @@ def attention_maps(loaded: LoadedModel, ids: List[int], decoder_ids: Optional[Li
             loaded.model(x)
     if not maps:
         raise AttentionMapError(f"{loaded.source} recorded no attention probabilities (model/attn="
-                                f"{type(loaded.cfg.attn).__name__}); lm-attention draws models whose attention "
+                                f"{type(loaded.cfg.attn).__name__}); lm attention draws models whose attention "
                                 f"modules report them through lm.model.attention.capture")
     linformer = isinstance(loaded.cfg.attn, LinformerConfig)
     out = []

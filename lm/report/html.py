@@ -1,9 +1,15 @@
 """One self-contained HTML page from the report's Markdown: the same text and tables, with every
-PNG it links embedded as base64 so the file can be mailed or attached on its own."""
+PNG it links embedded as base64 so the file can be mailed or attached on its own.
+
+The Markdown carries user strings (run names, overrides, --text, --title, --notes): raw HTML in it is
+shown as text, never passed through, and a link or image may point only at a relative path or an
+http(s)/mailto URL, so no string reaches the page as markup or script.
+"""
 
 from __future__ import annotations
 
 import base64
+import html
 import re
 from pathlib import Path
 
@@ -20,21 +26,36 @@ img { max-width: 100%; }
 """
 
 
-def embed_images(html: str, base: Path) -> str:
+def embed_images(page: str, base: Path) -> str:
+    """Each <img> of a PNG beside the page (a relative path inside `base`) inlined as base64."""
     def repl(m: re.Match) -> str:
-        src = m.group(1)
+        src = m.group(2)
         f = base / src
-        if src.startswith("data:") or not f.is_file():
+        if src.startswith("/") or ".." in Path(src).parts or not f.is_file():
             return m.group(0)
         data = base64.b64encode(f.read_bytes()).decode("ascii")
-        return f'src="data:image/png;base64,{data}"'
+        return f'{m.group(1)}src="data:image/png;base64,{data}"'
 
-    return re.sub(r'src="([^"]+\.png)"', repl, html)
+    return re.sub(r'(<img [^>]*?)src="([^"]+\.png)"', repl, page)
+
+
+SAFE_URL = re.compile(r"(https?:|mailto:|#|[^:]*$)", re.IGNORECASE)  # a scheme we allow, or none (relative)
+
+
+def _safe_links(page: str) -> str:
+    """href/src values with another scheme (javascript:, data:, ...) replaced by '#'."""
+    def repl(m: re.Match) -> str:
+        return m.group(0) if SAFE_URL.match(html.unescape(m.group(2)).strip()) else f'{m.group(1)}="#"'
+
+    return re.sub(r'\b(href|src)="([^"]*)"', repl, page)
 
 
 def to_html(markdown_text: str, title: str, base: Path) -> str:
     import markdown
 
-    body = markdown.markdown(markdown_text, extensions=["tables", "fenced_code"])
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title>"
+    md = markdown.Markdown(extensions=["tables", "fenced_code"])
+    md.preprocessors.deregister("html_block")  # raw HTML blocks and inline tags become text
+    md.inlinePatterns.deregister("html")
+    body = _safe_links(md.convert(markdown_text))
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
             f"<style>{STYLE}</style></head>\n<body>\n{embed_images(body, base)}\n</body></html>\n")

@@ -1,4 +1,4 @@
-"""The Narang et al. (2021) Table 1 layout of a sweep report (`lm-train -m experiment=narang`).
+"""The Narang et al. (2021) Table 1 layout of a sweep report (`lm train -m experiment=narang`).
 
 Used when every variant of a sweep is a row of lm/sweep/narang_rows.py (labelled
 `experiment/narang_row=<name>`): rows in the paper's order under the paper's labels, the paper's

@@ -1,6 +1,6 @@
-"""Find run directories under the paths given to lm-report and read what each run left behind.
+"""Find run directories under the paths given to lm report and read what each run left behind.
 
-A run directory (the lm-train contract) holds config.yaml (the resolved config), metrics.jsonl
+A run directory (the lm train contract) holds config.yaml (the resolved config), metrics.jsonl
 (one JSON object per logged step; validation entries carry val_loss) and, after finetuning,
 results.json. A Hydra job directory also has .hydra/ (config.yaml, overrides.yaml) and the job's
 <name>.log. Everything here is tolerant of missing fields: a cell that crashed early is still a

@@ -100,7 +100,7 @@ def peak_memory(run: Run) -> Optional[float]:
 
 
 def glue_score(run: Run) -> Optional[float]:
-    """The GLUE score of lm-finetune's results.json (lm/glue/results.py): the score of the per-task medians."""
+    """The GLUE score of lm finetune's results.json (lm/glue/results.py): the score of the per-task medians."""
     glue = run.results.get("glue") if isinstance(run.results, dict) else None
     v = glue.get("median") if isinstance(glue, dict) else None
     return float(v) if _number(v) else None

@@ -18,7 +18,7 @@ PARAM_MISMATCH = 0.02  # flag variants whose size differs from the baseline's by
 
 
 def seed_of(run) -> Any:
-    return run.get("seed")  # lm-train's top-level seed (conf/train.yaml)
+    return run.get("seed")  # lm train's top-level seed (conf/train.yaml)
 
 
 def build_rows(variants: list, baseline: int = 0, early_fraction: float = EARLY_FRACTION) -> list:

@@ -1,16 +1,16 @@
 """The GLUE transfer table: finetuned from pretraining vs from scratch, per task and seed, and the curve
 of the gain over pretraining tokens (reading and rendering only; lm/cli/transfer.py runs the recipe).
 
-A transfer run directory (what `lm-transfer` writes) holds
+A transfer run directory (what `lm transfer` writes) holds
     transfer.json    the recipe (preset, arch, pretraining tokens, pooling, commands) and the comparison
     transfer.md      the table below
-    pretrain/        the lm-train run (absent at 0 tokens)
+    pretrain/        the lm train run (absent at 0 tokens)
     finetune/pretrained/results.json, and the scratch arm's results.json (finetune/scratch/, or a
                      directory shared by every run of a curve: the scratch arm does not depend on tokens)
     transfer_<arm>.json  written by a one-arm call (--arm scratch|pretrained): the recipe and that arm's
-                     results; `lm-transfer --join` makes the table from two of them, e.g. from two machines
+                     results; `lm transfer --join` makes the table from two of them, e.g. from two machines
 
-Scores are lm-finetune's task scores in points (a task's score is the mean of its metrics, e.g. MRPC
+Scores are lm finetune's task scores in points (a task's score is the mean of its metrics, e.g. MRPC
 F1/acc). Per task: each seed, the median over seeds (of the per-metric medians, as results.json
 holds it), the seed range (max - min), and the gain = pretrained median - scratch median. The
 average row is GLUE-style: the mean of the task scores, per seed and of the medians.
@@ -38,15 +38,15 @@ def _score(metrics: Mapping, keys: List[str]) -> float:
 
 
 def arm_scores(results_json: Path) -> Dict[str, Dict]:
-    """{column: {"metrics", "seeds": {seed: score}, "median": score}} from an lm-finetune results.json."""
+    """{column: {"metrics", "seeds": {seed: score}, "median": score}} from an lm finetune results.json."""
     if not Path(results_json).is_file():
         raise TransferError(f"{results_json}: no such file; the finetuning of this arm has not finished "
-                            f"(run the same lm-transfer command again to resume it)")
+                            f"(run the same lm transfer command again to resume it)")
     return scores_of(json.loads(Path(results_json).read_text()))
 
 
 def scores_of(results: Mapping) -> Dict[str, Dict]:
-    """arm_scores of an lm-finetune results.json already read (an arm record carries one: lm-transfer --join)."""
+    """arm_scores of an lm finetune results.json already read (an arm record carries one: lm transfer --join)."""
     return {c: {"metrics": r["metrics"], "seeds": {str(s): _score(m, r["metrics"]) for s, m in r["seeds"].items()},
                 "median": _score(r["median"], r["metrics"])} for c, r in results["columns"].items()}
 
@@ -120,7 +120,7 @@ def load_transfer(path) -> Dict:
     try:
         return json.loads((Path(path) / TRANSFER).read_text())
     except (OSError, ValueError) as e:
-        raise TransferError(f"{Path(path) / TRANSFER}: cannot be read ({e}); run lm-transfer there again") from None
+        raise TransferError(f"{Path(path) / TRANSFER}: cannot be read ({e}); run lm transfer there again") from None
 
 
 def find_transfers(paths) -> List[Dict]:
@@ -236,7 +236,7 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
 
 
 def write_curve_report(paths, out: Path, title: Optional[str] = None) -> Path:
-    """lm-report on transfer directories: <out>/transfer.md (each run's table and the curve) + transfer_curve.png."""
+    """lm report on transfer directories: <out>/transfer.md (each run's table and the curve) + transfer_curve.png."""
     from lm.core.files import atomic_write_text
 
     summaries = find_transfers(paths)

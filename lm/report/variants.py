@@ -126,7 +126,7 @@ def setup_of(run: Run) -> dict:
 
 
 def check_comparable(runs: list) -> None:
-    """Raise when runs differ in data or budget (lm-report --force skips this check)."""
+    """Raise when runs differ in data or budget (lm report --force skips this check)."""
     setups = [setup_of(r) for r in runs if r.config]
     keys = sorted({k for s in setups for k in s})
     # a key a run does not have (or has unresolved) is unknown there, not a difference

@@ -2,7 +2,7 @@
 
 RecordFailure: Hydra keeps a failed job's exception in memory and raises it only at the end of
 the sweep, so nothing in the cell's directory would say why it failed. This writes the traceback
-to <run_dir>/error.txt, which lm-report shows in its table. lm-train reports a ConfigError as a
+to <run_dir>/error.txt, which lm report shows in its table. lm train reports a ConfigError as a
 log line and exits (lm.sweep.launchers turns that exit into a CellExited failure), so the
 error lines logged during the cell are appended: the reason is the last of them.
 """

@@ -1,11 +1,11 @@
 """Hydra launchers for sweeps: Hydra's own (basic, submitit local, submitit SLURM) with three
-changes that a sweep of lm-train cells needs. Selected by conf/hydra/launcher/{sequential,
-local_gpus,slurm}.yaml, e.g. `lm-train -m experiment=ablate_ffn_norm hydra/launcher=local_gpus`.
+changes that a sweep of lm train cells needs. Selected by conf/hydra/launcher/{sequential,
+local_gpus,slurm}.yaml, e.g. `lm train -m experiment=ablate_ffn_norm hydra/launcher=local_gpus`.
 The submitit ones live in submitit_launchers.py (the `slurm` extra installs the plugin); Hydra
 only instantiates launchers from its plugin namespace, so hydra_plugins/lm_launchers/ registers
 thin subclasses of these.
 
-1. A cell that ends with sys.exit fails alone. lm-train exits with status 1 on a ConfigError
+1. A cell that ends with sys.exit fails alone. lm train exits with status 1 on a ConfigError
    (a clear message, no traceback), and Hydra's launchers only catch Exception: under the basic
    launcher the SystemExit ends the whole sweep at the first bad cell, under submitit it makes
    the job's result raise in the middle of collecting them. Here it becomes CellExited, which

@@ -1,10 +1,10 @@
 """The rows of Narang et al. (2021), "Do Transformer Modifications Transfer Across Implementations
 and Applications?", Table 1, as data: one line per row, in the paper's order.
 
-Each row is (name, the paper's label, lm-train overrides against the vanilla base of
+Each row is (name, the paper's label, lm train overrides against the vanilla base of
 conf/experiment/narang.yaml). `register_narang_rows` stores each row as the config group option
-`experiment/narang_row=<name>` (package _global_), so `lm-train -m experiment=narang` sweeps the
-rows listed in narang.yaml and lm-report (lm/report/narang.py) puts them back in this order.
+`experiment/narang_row=<name>` (package _global_), so `lm train -m experiment=narang` sweeps the
+rows listed in narang.yaml and lm report (lm/report/narang.py) puts them back in this order.
 
 Adding a row once its option exists: one line in ROWS (in the paper's place), and its name in the
 sweep list of conf/experiment/narang.yaml.
@@ -23,7 +23,7 @@ FACTOR_RANK = 32
 class Row(NamedTuple):
     name: str  # the option name: experiment/narang_row=<name>
     paper: str  # the row's label in Table 1
-    overrides: List[str]  # lm-train grammar: `model/ffn=swiglu` picks a group option, `model.x=1` sets a value
+    overrides: List[str]  # lm train grammar: `model/ffn=swiglu` picks a group option, `model.x=1` sets a value
 
 
 ROWS: List[Row] = [

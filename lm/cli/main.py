@@ -1,0 +1,60 @@
+"""`lm <command> ...`: the one console script. Each command is a module of lm/cli with its own `main()`.
+
+    lm --help                      # the commands, one line each
+    lm train model=tiny train.max_steps=200
+    lm <command> --help            # that command's usage (Hydra apps: overrides and config groups)
+    torchrun --nproc_per_node 2 -m lm train engine=ddp   # python -m lm / torchrun -m lm / deepspeed --module lm
+
+Adding a command is one row of COMMANDS. The dispatcher only rewrites sys.argv, so the command's main()
+parses what follows its name exactly as `python -m lm.cli.<module>` would.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Dict, List, NamedTuple, Optional
+
+
+class Command(NamedTuple):
+    module: str
+    summary: str
+
+
+COMMANDS: Dict[str, Command] = {
+    "train": Command("lm.cli.train", "pretrain a decoder, encoder or encoder-decoder (Hydra overrides)"),
+    "finetune": Command("lm.cli.finetune", "finetune a run, an export or a scratch model on GLUE (Hydra overrides)"),
+    "prepare": Command("lm.cli.prepare", "text, JSONL, Parquet or a registry corpus -> tokenizer + token shards"),
+    "export": Command("lm.cli.export", "a checkpoint of any engine -> safetensors (+ a Hugging Face directory)"),
+    "report": Command("lm.cli.report", "a sweep's comparison table and plots, or one run's card"),
+    "attention": Command("lm.cli.attention", "attention heatmaps of a trained model on a text"),
+    "eval": Command("lm.cli.eval", "the LM Evaluation Harness or the GLUE probes on a run, checkpoint or export"),
+    "preflight": Command("lm.cli.preflight", "check a cluster (ranks, GPUs, all-reduce, disk) before a long run"),
+    "quickstart": Command("lm.cli.quickstart", "the transfer recipe on a ~15-minute CPU budget: pretrain, "
+                          "finetune on GLUE, print the table"),
+    "transfer": Command("lm.cli.transfer", "the GLUE transfer recipe: pretrain, finetune every task pretrained "
+                        "and from scratch"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items())
+    return (f"usage: lm <command> [args]\n\nPretrain and finetune Transformer language models.\n\n"
+            f"commands:\n{rows}\n\n`lm <command> --help` for a command's options; "
+            f"`python -m lm <command>` and `torchrun -m lm <command>` work the same way.")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        sys.exit(0 if args else 2)
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        sys.exit(f"lm: unknown command {name!r}; one of: {', '.join(COMMANDS)} (lm --help)")
+    command = COMMANDS[name]
+    # argv[0] is what argparse prints as the program and what the apps' errors start with
+    sys.argv = [f"lm {name}", *rest]
+    status = importlib.import_module(command.module).main()
+    sys.exit(status if isinstance(status, int) else 0)

@@ -1,0 +1,108 @@
+"""The run harness: what every training run does around the loop, written once. lm-train (lm/cli/train.py),
+each GLUE task/seed (lm/glue/run.py; lm-transfer runs both) and the speed benchmarks (lm-bench,
+benchmarks/gpu_mfu.py) train through it, so a benchmark times what users run.
+
+    engine = make_engine(run, instantiate, train_cfg, dist)   # lm.core.setup: refuses what the engine cannot do
+    with Session(train_cfg, engine, task, run_dir, config_yaml) as session:
+        session.build(lambda: build_model(model_cfg), seed, optim_cfg)  # same weights on every rank, then wrap
+        session.resume_or_start(resume=True)     # the latest checkpoint: found, checked against the config, loaded
+        session.track(logger_cfg, config)         # rank 0's metrics sinks, continued from the resumed step
+        state = session.train(lr_at, speed)       # lm.core.loop.run, then every rank waits for the others
+    # leaving the block closes the trackers, the engine and the log file, whatever happened
+
+Hooks (lm/core/hooks.py) reach the loop and every checkpointer of the session; by default those the
+LM_PLUGINS modules install.
+"""
+
+import logging
+from pathlib import Path
+from typing import Callable, Dict, Optional, Sequence
+
+from lm.core import loop
+from lm.core.checkpoint import Checkpointer
+from lm.core.config import LoggerConfig, OptimConfig, TrainConfig
+from lm.core.hooks import Hooks, from_env
+from lm.core.resume import RESUMABLE, check_resume
+from lm.core.setup import log_to_file, seed_everything
+from lm.core.tracking import NullTracker, Tracker
+from lm.engine import dist as dist_utils
+
+log = logging.getLogger("lm")
+
+
+class Session:
+    """One run of `task` (lm.core.task.TrainTask) on `engine` (made, not yet wrapped), with its checkpoints under
+    run_dir/checkpoints; `config_yaml` is the run's resolved config (copied into checkpoints, compared on resume)."""
+
+    def __init__(self, train: TrainConfig, engine, task, run_dir: Path, config_yaml: str,
+                 hooks: Optional[Hooks] = None, log_file: Optional[Path] = None):
+        self.train_cfg, self.engine, self.task = train, engine, task
+        self.run_dir, self.config_yaml = Path(run_dir), config_yaml
+        self.hooks = hooks if hooks is not None else from_env()
+        self.checkpointer = self.checkpointer_at(self.run_dir, train.keep_last, config_yaml)
+        self.state = loop.State()
+        self.tracker = NullTracker()
+        # rank 0 logs to a file from here on (before resuming: the file says so)
+        self._file_log = log_to_file(log_file) if log_file and engine.is_main else None
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def checkpointer_at(self, run_dir: Path, keep_last: int, config_yaml: str) -> Checkpointer:
+        """A checkpointer of this session's engine under run_dir/checkpoints, with the session's hooks."""
+        return Checkpointer(run_dir, self.engine, keep_last, config_yaml, on_phase=self.hooks.on_save_phase)
+
+    def build(self, make_model: Callable[[], "object"], seed: int, optim: OptimConfig):
+        """The model from `seed` on every rank (FSDP2/ZeRO-3 then shard identical copies), wrapped by the engine
+        with AdamW; RNGs then seeded per rank (dropout differs). Returns the bare model."""
+        import torch
+
+        from lm.core.optim import adamw
+
+        torch.manual_seed(seed)
+        model = make_model()
+        seed_everything(seed + self.engine.rank)
+        self.engine.wrap(model, lambda m: adamw(m, optim))
+        return model
+
+    def resume_or_start(self, resume: bool = True, max_steps: Optional[int] = None,
+                        may_change: Sequence[str] = RESUMABLE, start_over: Optional[str] = None) -> Optional[Path]:
+        """Continue from the checkpoint to resume when `resume` and rank 0 finds one (every rank gets its answer;
+        Checkpointer.resume_point: `latest` if intact, else the newest intact step_*, else a refusal): a config
+        change outside `may_change` from that checkpoint's (or a max_steps below its step) is refused before
+        anything is loaded; then the engine, the task and the loop state are restored. Returns the checkpoint."""
+        latest = self.checkpointer.resume_point() if resume else None  # verified, and the one loaded below
+        if latest:
+            kw = {"start_over": start_over} if start_over else {}
+            check_resume(latest, self.config_yaml, max_steps, self.engine.dist, may_change, **kw)
+            trainer, task_state = self.checkpointer.load(latest)
+            self.task.load_state_dict(task_state)
+            self.state = loop.State.from_checkpoint(trainer)
+        return latest
+
+    def track(self, logger: LoggerConfig, config: Dict) -> None:
+        """Rank 0's metrics sinks under run_dir (metrics.jsonl cut back to the resumed step); `config` (plain
+        types) is what wandb records."""
+        if self.engine.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.tracker = Tracker(self.run_dir, logger, config, resume_step=self.state.step)
+
+    def train(self, lr_at: Callable[[int], float], speed: loop.Speed = loop.Speed(), evals: Sequence = ()) -> loop.State:
+        """The loop from the current state to train.max_steps (`evals`: lm.core.task.EvalCallback, e.g. the GLUE
+        probes); every rank finishes before any goes on (gloo aborts on exit races when one rank tears down its
+        process group first)."""
+        self.state = loop.run(self.train_cfg, self.engine, self.task, lr_at, self.tracker, self.checkpointer,
+                              self.state, speed, evals, self.hooks)
+        dist_utils.barrier()
+        return self.state
+
+    def close(self) -> None:
+        self.tracker.close()
+        self.engine.close()
+        if self._file_log:
+            log.removeHandler(self._file_log)
+            self._file_log.close()
+            self._file_log = None

@@ -1,0 +1,155 @@
+"""The console scripts' one error path (lm/cli/errors.py, issue 49): what a user can fix is one line naming
+the file and the fix with exit status 1 (2 for usage errors), a bug keeps its traceback; and the cases
+that were tracebacks or silent before: lm quickstart / lm transfer arguments, `+key=` typos, an empty
+run directory left behind by a refused config, a schedule that never leaves its warmup."""
+
+import errno
+import logging
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from lm.cli.errors import describe, entry
+from lm.config import ConfigError, check_known_keys
+from tests.engine_support import compose, loaders, subprocess_env, tiny_overrides
+
+
+def _exit(main, *args):
+    with pytest.raises(SystemExit) as e:
+        main(*args)
+    return e.value.code
+
+
+def test_user_errors_become_one_line_with_status_1(capsys):
+    def fails(e):
+        @entry("lm-x")
+        def main():
+            raise e
+        return _exit(main)
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/out/model.safetensors")
+    assert fails(full) == "lm-x: No space left on device (/out/model.safetensors) — free space on that disk, or " \
+                          "write somewhere else"
+    assert fails(NotADirectoryError(errno.ENOTDIR, "Not a directory", "/f/x")).startswith(
+        "lm-x: Not a directory (/f/x) — a part of that path is a file")
+    assert fails(FileExistsError(errno.EEXIST, "File exists", "out")).endswith("remove it, or pick another path")
+    assert fails(ConfigError("train.lr=-1 must be > 0")) == "lm-x: train.lr=-1 must be > 0"
+    assert "not UTF-8 text" in fails(UnicodeDecodeError("utf-8", b"a\xff", 1, 2, "invalid start byte"))
+    assert fails(pickle.UnpicklingError("Weights only load failed")).startswith("lm-x: a file is not one lm wrote")
+    assert fails(KeyboardInterrupt()) == 130 and capsys.readouterr().err == "lm-x: interrupted\n"
+
+
+def test_usage_errors_exit_2_and_bugs_keep_their_traceback(capsys):
+    @entry("lm-x", usage=(ConfigError,))
+    def usage():
+        raise ConfigError("--layer 9: the model has 2 layers")
+
+    assert _exit(usage) == 2 and capsys.readouterr().err == "lm-x: error: --layer 9: the model has 2 layers\n"
+
+    @entry("lm-x")
+    def bug():
+        raise KeyError("rnn")
+
+    with pytest.raises(KeyError):
+        bug()
+    assert describe(TypeError("x")) is None and describe(RuntimeError("x")) is None
+
+
+def test_safetensors_full_disk_is_one_line():
+    from safetensors import SafetensorError
+
+    line = describe(SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull })"))
+    assert line.endswith("— free space on that disk, or write somewhere else") and "\n" not in line
+
+
+# -- lm quickstart / lm transfer arguments ----------------------------------------------------------------
+
+@pytest.mark.parametrize("module", ["quickstart", "transfer"])
+@pytest.mark.parametrize("args,what", [(["--tokens", "nan"], "must be finite"), (["--tokens", "inf"], "must be finite"),
+                                       (["--tokens", "x"], "not a number of tokens"),
+                                       (["--seeds", "a"], "integer seeds"), (["--seeds="], "integer seeds")])
+def test_bad_numbers_are_usage_errors(module, args, what, capsys, tmp_path):
+    import importlib
+
+    main = importlib.import_module(f"lm.cli.{module}").main
+    assert _exit(main, [*args, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"lm {module}: error: argument {args[0].rstrip('=')}" in err and what in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("kw,what", [
+    ({"preset": "bogus"}, "--preset bogus: no such experiment (conf/experiment/bogus.yaml); pick one of "
+                          "glue_transfer_decoder"),
+    ({"pretrain": ["bogus.key=1"]}, "--pretrain bogus.key=1: Could not override 'bogus.key'. (Key 'bogus' not in"),
+    ({"pretrain": ["model=lstm", "model.arch=rnn"]}, "model.arch=rnn is not a family the recipe finetunes"),
+    ({"pretrain": ["+train.max_step=20"]}, "did you mean train.max_steps?"),
+])
+def test_bad_recipes_are_refused_before_any_work(kw, what, tmp_path):
+    from lm.cli.transfer import Recipe, TransferError, plan
+
+    with pytest.raises(ConfigError) as e:  # TransferError, or the ConfigError of the typed schema
+        plan(Recipe(out=tmp_path / "o", tokens=1000, tasks=["rte"], **kw))
+    assert what in str(e.value) and isinstance(e.value, (TransferError, ConfigError))
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_cli_says_a_bad_preset_in_one_line(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "lm.cli.transfer", "--preset", "bogus", "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert p.returncode == 1 and p.stderr.startswith("lm transfer: --preset bogus: no such experiment"), p.stderr
+    assert p.stderr.count("\n") == 1
+
+
+# -- typed schemas: `+key=` -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("override,message", [
+    ("+train.max_step=20", "train.max_step is not a key of train (TrainConfig), so nothing would read it; did you "
+                           "mean train.max_steps? Set it without the +"),
+    ("+model.dimm=64", "did you mean model.dim?"),
+    ("+bogus=1", "bogus is not a key of the top level (RunSchema)"),
+])
+def test_a_key_added_with_plus_is_refused_naming_the_close_match(tmp_path, override, message):
+    from lm.cli.train import train
+
+    cfg = compose(tiny_overrides(tmp_path / "run", 2) + [override])
+    with pytest.raises(ConfigError) as e:
+        train(cfg, loaders=loaders(compose(tiny_overrides(tmp_path / "run", 2))))
+    assert message in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_composed_defaults_have_no_stray_keys():
+    check_known_keys(compose(["model=tiny"]))
+
+
+def test_a_refused_config_leaves_no_empty_run_directory(tmp_path):
+    """Hydra creates run_dir before the job starts; a job refused before writing removes what it created."""
+    (tmp_path / "keep").mkdir()
+    for run_dir, gone in ((tmp_path / "new" / "deeper" / "run", tmp_path / "new"), (tmp_path / "keep", None)):
+        p = subprocess.run([sys.executable, "-m", "lm.cli.train", "model=tiny", "train.max_steps=0",
+                            f"run_dir={run_dir}"], capture_output=True, text=True, env=subprocess_env(), timeout=300,
+                           cwd=tmp_path)
+        assert p.returncode == 1 and "train.max_steps=0 must be a positive integer" in p.stdout + p.stderr
+        assert "Traceback" not in p.stdout + p.stderr
+        if gone is not None:
+            assert not gone.exists()  # the run dir and the parents Hydra made for it
+    assert (tmp_path / "keep").is_dir()  # a directory that was there before stays
+
+
+def test_a_schedule_that_ends_in_its_warmup_warns_once(tmp_path, caplog):
+    from lm.cli.train import train
+
+    cfg = compose(tiny_overrides(tmp_path / "run", 2) + ["sched.warmup_steps=5"])
+    with caplog.at_level(logging.WARNING, logger="lm"):
+        train(cfg, loaders=loaders(cfg))
+    warnings = [r.getMessage() for r in caplog.records if "warmup" in r.getMessage()]
+    assert warnings == ["train.max_steps=2 <= sched.warmup_steps=5: the run ends inside its warmup and never "
+                        "reaches optim.lr; lower sched.warmup_steps (e.g. sched.warmup_steps=0) or raise "
+                        "train.max_steps"]
+    caplog.clear()
+    cfg = compose(tiny_overrides(tmp_path / "run2", 2) + ["sched.warmup_steps=1"])
+    with caplog.at_level(logging.WARNING, logger="lm"):
+        train(cfg, loaders=loaders(cfg))
+    assert not [r for r in caplog.records if "warmup" in r.getMessage()]

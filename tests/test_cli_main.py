@@ -1,0 +1,60 @@
+"""The one `lm` command (issue 48, item 1): `lm --help` lists every subcommand in one line each, `lm <cmd>
+--help` works for the Hydra apps and the argparse ones, the dispatched command names itself `lm <cmd>`
+in its usage and errors, and `lm` is the only console script."""
+
+import tomllib
+
+import pytest
+
+from lm.cli.main import COMMANDS, usage
+from tests.engine_support import REPO
+from tests.test_validation_errors import run_cli
+
+EXPECTED = {"train", "finetune", "prepare", "export", "report", "attention", "preflight", "quickstart", "transfer", "eval"}
+
+
+def test_lm_help_lists_every_command_once_in_one_line(tmp_path):
+    assert set(COMMANDS) == EXPECTED
+    p = run_cli("lm", "--help", cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == usage()
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith("  ")]
+    assert [r[0] for r in rows] == list(COMMANDS)
+    assert all(len(r) > 2 for r in rows)  # each with its summary
+
+
+def test_bare_lm_prints_usage_and_fails_and_unknown_commands_are_one_line(tmp_path):
+    p = run_cli("lm", cwd=tmp_path)
+    assert p.returncode == 2 and "commands:" in p.stdout
+    p = run_cli("lm", "pretrain", cwd=tmp_path)
+    assert p.returncode == 1
+    assert p.stderr.strip() == f"lm: unknown command 'pretrain'; one of: {', '.join(COMMANDS)} (lm --help)"
+
+
+@pytest.mark.parametrize("name", ["prepare", "export", "report", "attention", "preflight", "quickstart", "transfer"])
+def test_argparse_commands_show_their_help_under_their_new_name(tmp_path, name):
+    p = run_cli("lm", name, "--help", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"usage: lm {name} "), p.stdout[:200]
+
+
+@pytest.mark.parametrize("name, group", [("train", "model/ffn:"), ("finetune", "task/glue:")])
+def test_hydra_commands_show_usage_grammar_and_groups(tmp_path, name, group):
+    p = run_cli("lm", name, "--help", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith(f"usage: lm {name} [override ...]")
+    assert group in p.stdout
+    assert "lm-" not in p.stdout  # no old command names
+    if name == "train":
+        assert "model/ffn=swiglu" in p.stdout and "-m " in p.stdout  # the override grammar
+
+
+def test_a_dispatched_hydra_app_names_itself_in_its_errors(tmp_path):
+    (tmp_path / "f").write_text("x")
+    p = run_cli("lm", "train", "model=tiny", f"run_dir={tmp_path / 'f' / 'run'}", cwd=tmp_path)
+    assert p.returncode == 1
+    assert p.stderr.strip().startswith(f"lm train: run_dir {tmp_path / 'f' / 'run'} is not writable"), p.stderr
+
+
+def test_lm_is_the_only_console_script():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"lm": "lm.cli.main:main"}

@@ -1,0 +1,161 @@
+"""The LM Evaluation Harness adapter (lm/eval/harness.py, issue 52 item 3): its scores against direct
+computation on the model, against the harness's own Hugging Face backend on the lm export directory (the
+outside check), and `python -m lm.cli.eval`."""
+
+import json
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("lm_eval", reason="needs the eval extra: pip install 'lm[eval]'")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from lm.eval.harness import HarnessError, LMAdapter, evaluate  # noqa: E402
+from tests.engine_support import compose, tiny_overrides  # noqa: E402
+
+WORDS = "the a film movie story was is and it this really quite good bad great awful cat sat on mat".split()
+GPT2 = ["model=gpt2", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.vocab_size=320",
+        "model.max_seq_len=48"]
+PAIRS = [("The cat sat on", " the mat"), ("it was", " really good."), ("", "a film"), ("this movie is ", "bad"),
+         ("Question: is it good?\nAnswer:", " yes")]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """A tiny GPT-2 trained 3 steps on a 320-token BPE tokenizer, and its lm export directory (with hf/)."""
+    from lm.cli.export import export
+    from lm.cli.train import train
+
+    work = tmp_path_factory.mktemp("harness")
+    rng = random.Random(0)
+    (work / "corpus.txt").write_text("\n".join(" ".join(rng.choices(WORDS, k=12)) for _ in range(400)) + "\n")
+    data = {"name": "words", "dir": work / "data", "source": work / "corpus.txt", "tokenizer": "bpe",
+            "vocab_size": 320, "n_sentinels": 0, "workers": 1, "val_fraction": 0.1, "doc_split": "line"}
+    cfg = compose(tiny_overrides(work / "run", 3, ckpt_interval=3) + GPT2 + ["~data"] +
+                  [f"data.{k}={v}" for k, v in data.items()])
+    train(cfg)  # prepares the data (and its tokenizer.json) first
+    return work / "run", export(work / "run")
+
+
+@pytest.fixture(scope="module")
+def adapter(exported):
+    return LMAdapter.from_saved(exported[0], batch_size=3)
+
+
+def requests(kind, args):
+    return [Instance(kind, {}, a, i) for i, a in enumerate(args)]
+
+
+def direct_loglikelihood(adapter, context, continuation):
+    """log p(continuation | context) from one forward of the whole sequence, the harness's token split."""
+    ctx, cont = adapter._encode_pair(context, continuation) if context else ([adapter.prefix_token_id],
+                                                                             adapter.tok_encode(continuation))
+    ids = torch.tensor([ctx + cont])
+    with torch.no_grad():
+        logp = F.log_softmax(adapter.model(input_ids=ids[:, :-1]).logits.float(), -1)[0]
+    return sum(logp[len(ctx) - 1 + i, t].item() for i, t in enumerate(cont))
+
+
+def test_loglikelihood_is_the_continuations_log_probability(adapter):
+    got = adapter.loglikelihood(requests("loglikelihood", PAIRS))
+    for (context, continuation), (ll, greedy) in zip(PAIRS, got):
+        assert ll == pytest.approx(direct_loglikelihood(adapter, context, continuation), abs=1e-4)
+        assert ll < 0 and isinstance(greedy, bool)
+    alone = LMAdapter(adapter.model, adapter.tokenizer, batch_size=1).loglikelihood(requests("loglikelihood", PAIRS))
+    assert [a for a, _ in alone] == pytest.approx([a for a, _ in got], abs=1e-5)  # padding is never read
+
+
+def test_rolling_loglikelihood_is_the_documents_perplexity(adapter):
+    """-(token count) x the model's own mean loss on the document after the prefix token (one window;
+    documents longer than max_length are checked against the Hugging Face backend below)."""
+    text = "the cat sat on the mat and it was really good"
+    ids = adapter.tok_encode(text)
+    x = torch.tensor([[adapter.prefix_token_id] + ids[:-1]])
+    with torch.no_grad():
+        loss = adapter.model(input_ids=x, labels=torch.tensor([ids])).loss.item()
+    (ll,) = adapter.loglikelihood_rolling(requests("loglikelihood_rolling", [(text,)]))
+    assert ll == pytest.approx(-loss * len(ids), rel=1e-5)
+
+
+def test_generate_until_is_greedy_with_the_kv_cache_and_stops_at_until(adapter):
+    from tests.model_support import greedy_by_recompute
+
+    prompt = "the cat sat"
+    ids = torch.tensor([adapter.tok_encode(prompt)])
+    reference = greedy_by_recompute(adapter.model, ids, "decoder", 8)[0].tolist()
+    (text,) = adapter.generate_until(requests("generate_until", [(prompt, {"until": [], "max_gen_toks": 8})]))
+    eot = adapter.eot_token_id
+    assert text == adapter.tok_decode([t for t in reference[:reference.index(eot)] if t != eot]
+                                      if eot in reference else reference)
+    if len(text) > 2:
+        stop = text[1:3]
+        (cut,) = adapter.generate_until(requests("generate_until", [(prompt, {"until": [stop], "max_gen_toks": 8})]))
+        assert cut == text.split(stop)[0]
+
+
+def test_an_encoder_is_refused_naming_what_works(adapter):
+    from lm.model import build_model
+    from lm.model.config import model_preset
+
+    bert = build_model(model_preset("bert", ["model.vocab_size=320", "model.dim=32", "model.n_layers=1",
+                                             "model.n_heads=2"]))
+    with pytest.raises(HarnessError, match="encoder \\(masked LM\\) has none: evaluate a decoder, RNN"):
+        LMAdapter(bert, adapter.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def hf(exported):
+    """The harness's own Hugging Face backend on lm export's hf/ directory, fp32."""
+    from lm_eval.models.huggingface import HFLM
+
+    return HFLM(pretrained=str(exported[1] / "hf"), device="cpu", batch_size=3, dtype="float32")
+
+
+def test_the_harness_hf_backend_on_the_export_gives_the_same_loglikelihoods(adapter, hf):
+    """The outside check: lm_eval's own Hugging Face backend (`hf`) on lm export's hf/ directory gives the
+    same per-document log-likelihoods (1e-4, fp32) and rolling log-likelihoods over several windows."""
+    assert (hf.prefix_token_id, hf.eot_token_id, hf.max_length) == (adapter.prefix_token_id, adapter.eot_token_id,
+                                                                    adapter.max_length)
+    ours = adapter.loglikelihood(requests("loglikelihood", PAIRS))
+    theirs = hf.loglikelihood(requests("loglikelihood", PAIRS))
+    assert [o[0] for o in ours] == pytest.approx([t[0] for t in theirs], abs=1e-4)
+    assert [o[1] for o in ours] == [t[1] for t in theirs]
+    docs = [(" ".join(WORDS[i:] + WORDS[:i]) * 3,) for i in range(3)]
+    assert min(len(adapter.tok_encode(d)) for d, in docs) > adapter.max_length  # several windows each
+    assert adapter.loglikelihood_rolling(requests("loglikelihood_rolling", docs)) == pytest.approx(
+        hf.loglikelihood_rolling(requests("loglikelihood_rolling", docs)), abs=1e-4)
+
+
+@pytest.mark.slow  # two harness runs of two tasks each (about a minute on a busy CPU)
+def test_the_harness_hf_backend_on_the_export_gives_the_same_task_scores(adapter, hf):
+    for task, limit, metric in (("local_sst2", 16, "acc,none"), ("local_wikitext2", 1, "word_perplexity,none")):
+        a, b = (evaluate(model, [task], limit=limit)["results"][task][metric] for model in (adapter, hf))
+        assert a == pytest.approx(b, rel=1e-4), task
+
+
+def test_cli_writes_results_and_prints_a_table(exported, tmp_path, capsys):
+    from lm.cli.eval import main
+
+    run_dir, _ = exported
+    main([str(run_dir), "--tasks", "local_rte,probe", "--limit", "40", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| local_rte | acc |" in out and "| probe | avg |" in out
+    record = json.loads((tmp_path / "eval_results.json").read_text())
+    assert set(record["tasks"]) == {"local_rte", "probe"} and 0.0 <= record["tasks"]["local_rte"]["acc"] <= 1.0
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "missing"), "--tasks", "local_rte"])
+    assert isinstance(e.value.code, str) and "\n" not in e.value.code and "no such directory" in e.value.code
+
+
+def test_cli_without_the_eval_extra_says_which_to_install(monkeypatch):
+    import sys
+
+    from lm.cli.eval import main
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)
+    with pytest.raises(SystemExit) as e:
+        main(["anywhere"])
+    assert e.value.code == "lm eval: error: lm eval needs lm_eval (not installed): pip install 'lm[eval]'"
