@@ -12,8 +12,8 @@ from lm.config import ConfigError
 from lm.core import objectives
 from lm.core.tracking import MODEL_METRICS, ModelMetrics
 from lm.model import build_model
-from lm.model.block import Block, pre_norm
-from lm.model.config import GLUConfig, MoEConfig, SwitchConfig, model_from_saved, model_preset
+from lm.model.block import pre_norm
+from lm.model.config import GLUConfig, SwitchConfig, model_from_saved, model_preset
 from lm.model.flops import matmul_params, num_params
 from lm.model.ffn import MLP
 from lm.model.moe import MoE, balance_loss, expert_capacity, route, sequence_capacity

@@ -11,7 +11,9 @@ Which tokens a token competes with (issue 49: a token's output may depend only o
 - Each sequence is its own routing group (GShard's groups, one per sequence): sequences of a batch
   never compete for slots, so a sequence's outputs do not depend on its batch neighbours.
 - Training caps each expert at C = ceil(capacity_factor * k * n / E) slots per sequence, n the
-  sequence's real tokens (not its padded length); choices past an expert's capacity are dropped.
+  sequence's real tokens (not its padded length, so padding changes nothing; in a padded decoder
+  batch a sequence's length, never its later tokens' content, sets its C); choices past an
+  expert's capacity are dropped.
   A dropped choice contributes nothing, so a token whose every choice is dropped gets a zero output:
   the block's residual passes it through unchanged.
 - Slots go to the choices in a fixed order, each choice kept while fewer than C earlier choices
@@ -95,12 +97,13 @@ def route(probs: torch.Tensor, top_k: int, capacity: int, real: Optional[torch.T
     G, T, n_experts = probs.shape
     gate, expert = choose(probs, top_k)  # (G, T, k)
     claiming = torch.ones_like(expert, dtype=torch.bool) if real is None else real[..., None].expand_as(expert)
-    # Serve order: (G, T, k) read row-major is position-major; (G, k, T) is choice-major.
-    order = (lambda t: t) if causal else (lambda t: t.transpose(1, 2))
-    claims = F.one_hot(order(expert).reshape(G, -1), n_experts) * order(claiming).reshape(G, -1, 1)  # (G, T*k, E)
-    taken = claims.cumsum(1).gather(2, order(expert).reshape(G, -1, 1)) - 1  # earlier claims on that expert
-    taken = taken.view(order(expert).shape)
-    taken = taken if causal else taken.transpose(1, 2)  # back to (G, T, k)
+    # Each group's choices in serve order, read row-major: (T, k) is position-major, (k, T) choice-major.
+    # The transpose is its own inverse, so `serve` also maps back to (G, T, k).
+    serve = (lambda t: t) if causal else (lambda t: t.transpose(1, 2))
+    queue = serve(expert).reshape(G, T * top_k)
+    claims = F.one_hot(queue, n_experts) * serve(claiming).reshape(G, T * top_k, 1)  # (G, T*k, E); pads claim nothing
+    earlier = claims.cumsum(1).gather(2, queue[..., None]) - 1  # claims on the same expert before this one
+    taken = serve(earlier.view(serve(expert).shape))  # (G, T, k)
     kept = claiming & (taken < (capacity if limit is None else limit.view(G, 1, 1)))
     group = torch.arange(G, device=probs.device).view(G, 1, 1)
     slot = torch.where(kept, (expert * G + group) * capacity + taken, n_experts * G * capacity)
