@@ -99,3 +99,22 @@ def test_export_refuses_unmatched_layout():
     cfg = ModelConfig(pos=ALiBiConfig())
     with pytest.raises(ValueError, match="no Hugging Face family matches"):
         to_hf(build_model(cfg))
+
+
+def test_t5_preset_matches_hugging_face_at_another_width():
+    """conf/model/t5.yaml at model.dim=32 is Hugging Face's T5 at d_model=32: the tied output's
+    d_model^-1/2 scale follows model.dim (it was fixed at 512^-1/2)."""
+    from lm.model.config import model_preset
+
+    T = transformers
+    torch.manual_seed(0)
+    hf = _perturb(T.T5ForConditionalGeneration(T.T5Config(
+        vocab_size=V, d_model=32, d_kv=8, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0)))
+    cfg = model_preset("t5", ["model.dim=32", "model.n_heads=4", "model.n_layers=2", "model.n_decoder_layers=2",
+                              f"model.vocab_size={V}"])
+    assert cfg.logit_scale == pytest.approx(32 ** -0.5, rel=1e-12)
+    ours = build_model(cfg)
+    ours.load_state_dict(from_hf(hf)[0].state_dict())  # their weights in the preset's model
+    kw = _inputs("t5")
+    diff = (_logits(hf, kw) - _logits(ours, kw)).abs().max().item()
+    assert diff < 1e-4, f"max |logit difference| {diff}"

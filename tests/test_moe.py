@@ -1,6 +1,7 @@
 """Mixture of experts (model/ffn=moe, top-2) and Switch (model/ffn=switch, top-1): routing, capacity,
 dropped tokens, the auxiliary losses, their path to the objective and the log, checkpoint/resume, engines."""
 
+import itertools
 import math
 
 import pytest
@@ -12,11 +13,11 @@ from lm.core import objectives
 from lm.core import tracking
 from lm.core.tracking import ModelMetrics
 from lm.model import build_model
-from lm.model.block import Block, pre_norm
-from lm.model.config import GLUConfig, MoEConfig, SwitchConfig, model_from_saved, model_preset
+from lm.model.block import pre_norm
+from lm.model.config import GLUConfig, SwitchConfig, model_from_saved, model_preset
 from lm.model.flops import matmul_params, num_params
 from lm.model.ffn import MLP
-from lm.model.moe import MoE, balance_loss, expert_capacity, route
+from lm.model.moe import MoE, balance_loss, expert_capacity, route, sequence_capacity
 from tests.engine_support import compose, loaders, metrics, spawn, tiny_overrides, train_losses
 
 
@@ -26,57 +27,102 @@ def _moe(n_experts=4, top_k=2, capacity_factor=1.0, dim=8, **kw):
                capacity_factor=capacity_factor, **kw)
 
 
-def _reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
-    """Token by token: the gate-weighted sum of the kept choices' experts (no buffers, no batching)."""
-    tokens = x.reshape(-1, x.shape[-1])
-    r = route(moe.router_logits(tokens).softmax(-1), moe.top_k, moe.capacity(tokens.shape[0]))
-    out = torch.zeros_like(tokens)
-    for n in range(tokens.shape[0]):
-        for c in range(moe.top_k):
-            if r.kept[n, c]:
-                out[n] += r.gate[n, c] * moe.experts[int(r.expert[n, c])](tokens[n:n + 1])[0]
-    return out.view_as(x), r
+def _reference(moe: MoE, x: torch.Tensor, padding=None, causal=False, capacity=None):
+    """Token by token: the gate-weighted sum of the kept choices' experts (no buffers, no batching).
+    capacity: slots per expert and sequence; None = the layer's training capacity."""
+    real = None if padding is None else padding.bool()
+    limit = (None if real is None or capacity is not None else
+             sequence_capacity(real.sum(1), moe.n_experts, moe.top_k, moe.capacity_factor))
+    r = route(moe.router_logits(x).softmax(-1), moe.top_k, capacity or moe.capacity(x.shape[1]), real, causal, limit)
+    out = torch.zeros_like(x)
+    for b, t, c in itertools.product(*map(range, r.kept.shape)):
+        if r.kept[b, t, c]:
+            out[b, t] += r.gate[b, t, c] * moe.experts[int(r.expert[b, t, c])](x[b, t:t + 1])[0]
+    return out, r
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])
-def test_every_token_reaches_at_most_k_distinct_experts_and_capacity_holds(top_k):
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_token_reaches_at_most_k_distinct_experts_and_capacity_holds(top_k, causal):
     g = torch.Generator().manual_seed(1)
-    probs = torch.randn(200, 5, generator=g).mul(2).softmax(-1)
-    C = expert_capacity(200, 5, top_k, 0.8)
-    assert C == math.ceil(0.8 * top_k * 200 / 5)
-    r = route(probs, top_k, C)
-    assert r.expert.shape == r.kept.shape == (200, top_k)
-    assert all(len(set(row.tolist())) == top_k for row in r.expert)  # k distinct experts per token
-    assert (r.kept.sum(1) <= top_k).all()
-    load = torch.zeros(5, dtype=torch.long).index_add(0, r.expert[r.kept], torch.ones_like(r.expert[r.kept]))
-    assert (load <= C).all() and r.kept.logical_not().any()  # at capacity 0.8 something must drop
+    probs = torch.randn(2, 100, 5, generator=g).mul(2).softmax(-1)  # 2 sequences (routing groups) of 100 tokens
+    C = expert_capacity(100, 5, top_k, 0.8)
+    assert C == math.ceil(0.8 * top_k * 100 / 5)
+    r = route(probs, top_k, C, causal=causal)
+    assert r.expert.shape == r.kept.shape == (2, 100, top_k)
+    assert all(len(set(row.tolist())) == top_k for row in r.expert.view(-1, top_k))  # k distinct experts per token
+    for b in range(2):  # each sequence holds at most C of its own tokens per expert
+        load = torch.bincount(r.expert[b][r.kept[b]], minlength=5)
+        assert (load <= C).all()
+    assert r.kept.logical_not().any()  # at capacity 0.8 something must drop
     kept_slots = r.slot[r.kept]
     assert kept_slots.unique().numel() == kept_slots.numel()  # no two choices share a slot
-    assert ((kept_slots // C) == r.expert[r.kept]).all()  # each slot lies in its expert's block
-    assert (r.slot[~r.kept] == 5 * C).all() and (r.gate[~r.kept] == 0).all()
+    group = torch.arange(2).view(2, 1, 1).expand_as(r.expert)
+    assert ((kept_slots // C) == (r.expert * 2 + group)[r.kept]).all()  # each slot in its expert's, group's block
+    assert (r.slot[~r.kept] == 5 * 2 * C).all() and (r.gate[~r.kept] == 0).all()
 
 
-def test_first_choices_fill_slots_before_second_choices():
+def test_first_choices_fill_slots_before_second_choices_in_an_encoder():
     """GShard's priority: a second choice never takes a slot a later token's first choice needed."""
-    probs = torch.tensor([[0.6, 0.4, 0.0], [0.0, 0.7, 0.3], [0.0, 0.6, 0.4]])  # expert 1: 2nd of token 0, 1st of 1, 2
+    probs = torch.tensor([[[0.6, 0.4, 0.0], [0.0, 0.7, 0.3], [0.0, 0.6, 0.4]]])  # expert 1: 2nd of token 0, 1st of 1, 2
     r = route(probs, 2, capacity=2)
-    assert r.kept[1, 0] and r.kept[2, 0] and not r.kept[0, 1]
+    assert r.kept[0, 1, 0] and r.kept[0, 2, 0] and not r.kept[0, 0, 1]
 
 
+def test_a_decoder_serves_slots_in_position_order():
+    """Causal: token 0's second choice keeps its slot; the later token 2 is the one dropped."""
+    probs = torch.tensor([[[0.6, 0.4, 0.0], [0.0, 0.7, 0.3], [0.0, 0.6, 0.4]]])
+    r = route(probs, 2, capacity=2, causal=True)
+    assert r.kept[0, 0, 1] and r.kept[0, 1, 0] and not r.kept[0, 2, 0] and r.kept[0, 2, 1]
+
+
+def test_pads_claim_no_slot_and_a_sequences_capacity_follows_its_real_tokens():
+    probs = torch.tensor([[0.1, 0.9]]).repeat(2, 6, 1)  # every token picks expert 1
+    real = torch.tensor([[True] * 6, [False, True, False, True, True, False]])
+    limit = sequence_capacity(real.sum(1), 2, 1, 1.0)
+    assert limit.tolist() == [3, 2]
+    r = route(probs, 1, capacity=3, real=real, limit=limit)
+    assert r.kept[0, :, 0].tolist() == [True, True, True, False, False, False]
+    assert r.kept[1, :, 0].tolist() == [False, True, False, True, False, False]  # the first 2 real tokens
+    assert (r.slot[~real] == 2 * 2 * 3).all() and (r.gate[~real] == 0).all()
+    n = torch.arange(200)
+    assert sequence_capacity(n, 8, 2, 1.1).tolist() == [expert_capacity(int(i), 8, 2, 1.1) for i in n]
+
+
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("top_k,capacity_factor", [(1, 1.0), (2, 1.25), (2, 0.5), (1, 0.25)])
-def test_layer_equals_the_token_by_token_reference(top_k, capacity_factor):
+def test_layer_equals_the_token_by_token_reference(top_k, capacity_factor, causal):
     moe = _moe(top_k=top_k, capacity_factor=capacity_factor).train()
     x = torch.randn(3, 10, 8)
-    expected, r = _reference(moe, x)
-    torch.testing.assert_close(moe(x), expected, rtol=1e-5, atol=1e-6)
-    if capacity_factor < 1:
-        assert (~r.kept.any(1)).any()  # some tokens lost every choice
+    padding = torch.ones(3, 10, dtype=torch.long)
+    padding[1, 7:] = padding[2, :3] = 0  # right and left pads
+    for pad in (None, padding):
+        expected, r = _reference(moe, x, pad, causal)
+        torch.testing.assert_close(moe(x, pad, causal), expected, rtol=1e-5, atol=1e-6)
+        if capacity_factor < 1:
+            assert (~r.kept.any(-1)).any()  # some tokens lost every choice
+    assert (moe(x, padding, causal)[~padding.bool()] == 0).all()
+
+
+@pytest.mark.parametrize("top_k", [1, 2, 3])
+def test_evaluation_drops_nothing_and_routes_no_pad(top_k):
+    moe = _moe(top_k=top_k, capacity_factor=0.25).eval()
+    x = torch.randn(3, 10, 8)
+    padding = torch.ones(3, 10)
+    padding[0, 4:] = 0
+    expected, r = _reference(moe, x, padding, capacity=10)  # as many slots as tokens: nothing can drop
+    assert torch.equal(r.kept, padding.bool()[..., None].expand_as(r.kept))
+    with torch.no_grad():
+        torch.testing.assert_close(moe(x, padding), expected, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(moe(x)[:1, :4], moe(x[:1, :4]), rtol=1e-5, atol=1e-6)  # one token at a time too
+        torch.testing.assert_close(moe(x[:1, 3:4]), moe(x)[:1, 3:4], rtol=1e-5, atol=1e-6)
+        assert (moe(x, torch.zeros(3, 10)) == 0).all()
 
 
 def test_top2_gates_sum_to_one_and_switch_gate_is_the_router_probability():
-    probs = torch.tensor([[0.5, 0.3, 0.2]])
-    assert torch.allclose(route(probs, 2, 4).gate, torch.tensor([[0.625, 0.375]]))
-    assert torch.allclose(route(probs, 1, 4).gate, torch.tensor([[0.5]]))
+    probs = torch.tensor([[[0.5, 0.3, 0.2]]])
+    assert torch.allclose(route(probs, 2, 4).gate, torch.tensor([[[0.625, 0.375]]]))
+    assert torch.allclose(route(probs, 1, 4).gate, torch.tensor([[[0.5]]]))
 
 
 def test_dropped_tokens_pass_through_the_residual_unchanged():
@@ -89,13 +135,12 @@ def test_dropped_tokens_pass_through_the_residual_unchanged():
     block.ffn.register_forward_hook(lambda m, inp, out: seen.update(y=out.detach()))
     x = torch.randn(2, 16, cfg.dim)
     out = block(x, True, None, lambda q, k: (q, k))
-    tokens = seen["h"].reshape(-1, cfg.dim)
-    r = route(block.ffn.router_logits(block.norm_ffn(tokens)).softmax(-1), 1, block.ffn.capacity(32))
-    dropped = ~r.kept.any(1)
-    assert dropped.sum() >= 16  # capacity 0.25: at most 4 x 2 slots for 32 tokens
-    assert (seen["y"].reshape(-1, cfg.dim)[dropped] == 0).all()
-    assert torch.equal(out.reshape(-1, cfg.dim)[dropped], tokens[dropped])
-    assert not torch.equal(out.reshape(-1, cfg.dim)[~dropped], tokens[~dropped])
+    r = route(block.ffn.router_logits(block.norm_ffn(seen["h"])).softmax(-1), 1, block.ffn.capacity(16), causal=True)
+    dropped = ~r.kept.any(-1)  # (2, 16)
+    assert dropped.sum() >= 16  # capacity 0.25: at most 4 x 1 slots for each sequence's 16 tokens
+    assert (seen["y"][dropped] == 0).all()
+    assert torch.equal(out[dropped], seen["h"][dropped])
+    assert not torch.equal(out[~dropped], seen["h"][~dropped])
     assert torch.equal(pre_norm(x, block.norm_ffn, lambda h: torch.zeros_like(h), torch.nn.Identity()), x)
 
 
@@ -121,6 +166,23 @@ def test_z_loss_is_the_mean_squared_log_partition_and_is_weighted():
     expected = torch.logsumexp(moe.router_logits(x.reshape(10, 8)), -1).pow(2).mean()
     assert m["moe/z_loss"].item() == pytest.approx(expected.item(), rel=1e-6)
     assert aux.item() == pytest.approx(1e-3 * expected.item(), rel=1e-6)
+
+
+def test_pads_count_in_no_aux_loss_or_metric():
+    moe = _moe(z_loss_weight=1e-3, capacity_factor=0.5).train()
+    x = torch.randn(2, 6, 8)
+    padding = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    moe(x, padding)
+    (aux, m), = moe.pop_aux()
+    moe(torch.cat([x[0, :4], x[1]])[None])  # the same 10 real tokens in one sequence
+    (_, whole), = moe.pop_aux()
+    for name in ("moe/z_loss", "moe/balance_loss", "moe/load_e0", "moe/load_e3"):
+        assert m[name].item() == pytest.approx(whole[name].item(), rel=1e-5), name
+    x[0, 4:] = 1e3  # pads' states (whatever they are) move nothing
+    moe(x, padding)
+    (aux_again, again), = moe.pop_aux()
+    assert aux_again.item() == pytest.approx(aux.item(), rel=1e-6)
+    assert {k: v.item() for k, v in again.items()} == pytest.approx({k: v.item() for k, v in m.items()})
 
 
 def test_aux_loss_reaches_the_objective_and_metrics_reach_the_log_only_in_training():
@@ -270,3 +332,79 @@ def test_hugging_face_export_refuses_sparse_options_by_name(override, named):
     model = build_model(model_preset("gpt2", ["model.n_layers=1", "model.dim=64", "model.n_heads=2", override]))
     with pytest.raises(ValueError, match=named.replace(".", r"\.")):
         to_hf(model)
+
+
+# -- a token's output depends only on what it may see (issue 49) ------------------------------------------
+
+def _lm(option: str, arch: str = "decoder", extra=()):
+    torch.manual_seed(0)
+    return build_model(model_preset("tiny", [f"model/ffn={option}", f"model.arch={arch}", *extra]))
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("option", ["moe", "switch"])
+def test_a_decoder_stays_causal_under_routing(option, mode):
+    """Perturbing positions >= k leaves the logits at positions < k exactly as they were, with the
+    default capacity dropping choices in training (claims are served in position order)."""
+    model = _lm(option).train(mode == "train")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (4, 32), generator=g)
+    with torch.no_grad():
+        base = model(input_ids=x)
+        if mode == "train":
+            assert base.metrics["moe/dropped_choices"] > 0  # capacity binds: the test is not vacuous
+        for k in (1, 6, 20):
+            y = x.clone()
+            y[:, k:] = torch.randint(0, 256, (4, 32 - k), generator=g)
+            logits = model(input_ids=y).logits
+            torch.testing.assert_close(logits[:, :k], base.logits[:, :k], rtol=0, atol=1e-5)
+            assert (logits[:, k:] - base.logits[:, k:]).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("extra", [[], ["model.funnel.blocks=[1,1]"]], ids=["plain", "funnel"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("option", ["moe", "switch"])
+def test_an_encoders_pads_take_no_capacity_and_its_batch_neighbours_do_not_matter(option, mode, extra):
+    """Each sequence alone, unpadded, gives the same outputs at its real positions as inside a
+    right-padded batch of other lengths: pads are not routed and take no slot, capacity follows a
+    sequence's own real tokens, and sequences do not compete for slots (a Funnel's pooled blocks too)."""
+    model = _lm(option, "encoder", extra).train(mode == "train")
+    g = torch.Generator().manual_seed(0)
+    lengths = [24, 13, 7]
+    batch = torch.zeros(3, 28, dtype=torch.long)  # pad id 0
+    mask = torch.zeros(3, 28, dtype=torch.long)
+    rows = [torch.randint(1, 256, (n,), generator=g) for n in lengths]
+    for i, row in enumerate(rows):
+        batch[i, :len(row)], mask[i, :len(row)] = row, 1
+    with torch.no_grad():
+        padded = model(input_ids=batch, attention_mask=mask)
+        if mode == "train":
+            assert padded.metrics["moe/dropped_choices"] > 0  # capacity binds: the test is not vacuous
+        for i, row in enumerate(rows):
+            alone = model(input_ids=row[None]).logits[0]
+            torch.testing.assert_close(padded.logits[i, :len(row)], alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+@pytest.mark.parametrize("option", ["moe", "switch"])
+def test_cached_generation_equals_full_recompute(option, arch):
+    """Generation routes one new token per step; evaluation drops nothing, so every step's logits equal
+    those of the whole sequence at once, and greedy decoding picks the same tokens either way."""
+    from lm.model.generate import generate
+
+    model = _lm(option, arch).eval()
+    prompt = torch.randint(1, 256, (4, 10), generator=torch.Generator().manual_seed(0))
+    tokens = generate(model, prompt, 24)
+    with torch.no_grad():
+        cache = model.new_cache()
+        if arch == "decoder":
+            state, fed, full = None, prompt, model(torch.cat([prompt, tokens], 1)).logits[:, 9:-1]
+        else:
+            state, fed = (model.encode(prompt), None), torch.zeros_like(prompt[:, :1])
+            full = model(prompt, decoder_input_ids=torch.cat([fed, tokens[:, :-1]], 1)).logits
+        steps = []
+        for t in range(24):
+            steps.append(model.next_logits(fed, cache, state))
+            fed = tokens[:, t:t + 1]
+    torch.testing.assert_close(torch.stack(steps, 1), full, rtol=0, atol=1e-4)
+    assert torch.equal(full.argmax(-1), tokens)  # greedy by full recompute picks the generated tokens

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from lm.model.attention import CrossAttention, LayerCache, SelfAttention
+from lm.model.moe import MoE
 
 
 def _carried(x: torch.Tensor, skip: Optional[Callable]) -> torch.Tensor:
@@ -90,10 +91,12 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, causal: bool, mask: Optional[torch.Tensor], pos: Callable,
                 memory: Optional[torch.Tensor] = None, memory_mask: Optional[torch.Tensor] = None,
-                cache: Optional[LayerCache] = None, pool: Optional[Callable] = None) -> torch.Tensor:
+                cache: Optional[LayerCache] = None, pool: Optional[Callable] = None,
+                padding: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (B, T, D). pos rotates q/k (identity unless RoPE). memory: encoder output (B, S, D).
         pool: Funnel's query pooling (lm/model/funnel.py): `pos` pools the queries, so attention returns
-        (B, T', D), and the residual carries pool(x); the block's output is (B, T', D)."""
+        (B, T', D), and the residual carries pool(x); the block's output is (B, T', D).
+        padding: (B, T') 1 for the tokens this block outputs, 0 for pads: an MoE FFN routes no pad."""
         for i, (f, norm) in enumerate(zip(self.prelude or (), self.norm_prelude or ())):
             x = self.residual(x, norm, lambda h, f=f: f(h, causal, mask, pos, memory, memory_mask, cache), self.drop,
                               self.scalars_prelude[i] if self.scalars_prelude is not None else None)
@@ -102,4 +105,8 @@ class Block(nn.Module):
         if self.cross_attn is not None:
             x = self.residual(x, self.norm_cross, lambda h: self.cross_attn(h, memory, memory_mask, cache), self.drop,
                               self.scalars_cross)
-        return x if self.ffn is None else self.residual(x, self.norm_ffn, self.ffn, self.drop, self.scalars_ffn)
+        if self.ffn is None:
+            return x
+        # An MoE routes only real tokens, in position order when causal (lm/model/moe.py)
+        ffn = (lambda h: self.ffn(h, padding, causal)) if isinstance(self.ffn, MoE) else self.ffn
+        return self.residual(x, self.norm_ffn, ffn, self.drop, self.scalars_ffn)

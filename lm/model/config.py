@@ -150,9 +150,13 @@ class ModelSchema(ModelConfig):
 
 
 def register_model_configs() -> None:
-    """model/schema (presets list it first) and model/<slot>/<option>_schema (option files list theirs)."""
+    """model/schema (presets list it first) and model/<slot>/<option>_schema (option files list theirs), and
+    the resolver presets derive values with: ${lm.inv_sqrt:${.dim}} (T5's logit_scale, dim^-1/2)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
+    if not OmegaConf.has_resolver("lm.inv_sqrt"):
+        OmegaConf.register_new_resolver("lm.inv_sqrt", lambda x: float(x) ** -0.5)
     cs = ConfigStore.instance()
     cs.store(group="model", name="schema", node=ModelSchema)
     for slot in SLOTS:

@@ -74,7 +74,7 @@ class FunnelStack(Stack):
                 if g and not j:
                     x, keep, padding, mask = self._pooling_block(self.blocks[i], x, keep, padding)
                 else:
-                    x = self.run_block(self.blocks[i], x, mask, rotate)
+                    x = self.run_block(self.blocks[i], x, mask, rotate, padding=padding)
                 i += 1
             first = x if first is None else first
         return x, padding, first
@@ -85,11 +85,11 @@ class FunnelStack(Stack):
         q_pos = torch.arange(weights.shape[1], device=x.device)
         k_pos = torch.arange(x.shape[1], device=x.device)
         pooled_queries: Callable = lambda q, k: (pool(q, weights, 2), k)  # q (B, H, T, Dh) -> (B, H, T2, Dh)
+        pooled_keep = (weights.sum(-1) > 0).to(keep.dtype)  # (B, T2): real if either of the pair is
+        pooled_padding = None if padding is None else pooled_keep.to(padding.dtype)
         x = self.run_block(block, x, build_mask(False, q_pos, k_pos, padding), pooled_queries,
-                           pool=lambda h: pool(h, weights, 1))
-        keep = (weights.sum(-1) > 0).to(keep.dtype)  # (B, T2): real if either of the pair is
-        padding = None if padding is None else keep.to(padding.dtype)
-        return x, keep, padding, build_mask(False, q_pos, q_pos, padding)
+                           pool=lambda h: pool(h, weights, 1), padding=pooled_padding)
+        return x, pooled_keep, pooled_padding, build_mask(False, q_pos, q_pos, pooled_padding)
 
     def forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None, memory=None, memory_padding=None,
                 cache=None) -> torch.Tensor:
@@ -102,7 +102,7 @@ class FunnelStack(Stack):
         positions = torch.arange(T, device=x.device)
         mask, rotate = build_mask(False, positions, positions, padding), self.pos.rotary(positions)
         for block in self.blocks[sum(self.groups):]:
-            h = self.run_block(block, h, mask, rotate)
+            h = self.run_block(block, h, mask, rotate, padding=padding)
         return self.final_norm(h)
 
     def pooled_forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -2,28 +2,50 @@
 and `model/ffn=switch` (top-1: Switch Transformer, Fedus et al. 2021).
 
 A router scores every token against n_experts expert FFNs (each one any `model/ffn` option) and
-sends it to its top-k. An expert takes at most C = ceil(capacity_factor * k * N / E) of the N tokens of
-a forward; choices past its capacity are dropped. Slots are filled choice by choice (every token's
-first choice before any second choice, GShard section 2.2) and in token order within a choice. A
-dropped choice contributes nothing, so a token whose every choice is dropped gets a zero output: the
-block's residual passes it through unchanged. Gates: top-1 multiplies by the router probability
-(Switch); top-k > 1 renormalises the k probabilities to sum to 1 (GShard) before any drop.
+sends it to its top-k. Gates: top-1 multiplies by the router probability (Switch); top-k > 1
+renormalises the k probabilities to sum to 1 (GShard) before any drop.
 
-Shapes are fixed whatever the routing, (E, C, D) per forward: no host sync, and every expert takes
-part in every forward, so DDP needs no find_unused_parameters and FSDP2 / ZeRO-3 shard the experts
-like any weight of the block.
+Which tokens a token competes with (issue 49: a token's output may depend only on what it may see):
+- Pads are never routed: they claim no slot, count towards no capacity and get a zero output. The
+  block passes the stack's padding in (`forward(x, padding, causal)`).
+- Each sequence is its own routing group (GShard's groups, one per sequence): sequences of a batch
+  never compete for slots, so a sequence's outputs do not depend on its batch neighbours.
+- Training caps each expert at C = ceil(capacity_factor * k * n / E) slots per sequence, n the
+  sequence's real tokens (not its padded length, so padding changes nothing; in a padded decoder
+  batch a sequence's length, never its later tokens' content, sets its C); choices past an
+  expert's capacity are dropped.
+  A dropped choice contributes nothing, so a token whose every choice is dropped gets a zero output:
+  the block's residual passes it through unchanged.
+- Slots go to the choices in a fixed order, each choice kept while fewer than C earlier choices
+  claimed its expert. Bidirectional stacks (encoders) use GShard's order (section 2.2): every
+  token's first choice before any second choice, in token order within a choice. Causal stacks
+  (decoders) serve the choices in position order instead (token t's first, then its second choice,
+  then token t+1's), so whether a choice is kept depends only on the tokens at positions <= t: a
+  later token can never take an earlier token's slot, and the decoder stays causal in training.
+  (Choice-major order is not causal: a later token's first choice would evict an earlier token's
+  second choice.)
+- Evaluation (model.eval(): validation, finetuning dev/test, generation) drops nothing: every real
+  choice reaches its expert, so a token's output is a function of that token alone and cached
+  generation (one token per step) equals recomputing the whole sequence. It runs each expert on just
+  its tokens, whose counts are read on the host (one sync per layer; a graph break under
+  torch.compile): the cost is k, not E, expert passes per token.
+
+Training shapes are fixed whatever the routing, (E, B * C, D) per forward: no host sync, and every
+expert takes part in every forward, so DDP needs no find_unused_parameters and FSDP2 / ZeRO-3 shard
+the experts like any weight of the block.
 
 While training the layer records (lm/model/aux.py) the auxiliary loss
     aux_loss_weight * E * sum_e f_e P_e        (load balancing, Switch eq. 4)
   + z_loss_weight * mean_tokens(logsumexp(router logits)^2)      (router z-loss, Zoph et al. 2022)
-with f_e the fraction of the N*k router choices that pick expert e and P_e the mean router
-probability of e. GShard counts only first choices in f; counting all k and dividing by k keeps the
-balance term's minimum at 1 for every k (reached when P is uniform, or f is).
+with f_e the fraction of the real tokens' k router choices that pick expert e and P_e the mean router
+probability of e over the real tokens (pads count in neither). GShard counts only first choices in f;
+counting all k and dividing by k keeps the balance term's minimum at 1 for every k (reached when P is
+uniform, or f is).
 """
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,45 +56,74 @@ from lm.model.aux import AuxSource
 
 @dataclass
 class Routing:
-    """Where each of the N tokens' k choices goes. Dropped choices point at the dump slot E*C."""
+    """Where each of the (G, T) tokens' k choices goes, G routing groups (sequences) of T tokens. The
+    expert buffer is (E, G, C) slots flattened, plus a dump slot E*G*C for dropped choices and pads."""
 
-    expert: torch.Tensor  # (N, k) chosen experts, best first
-    gate: torch.Tensor  # (N, k) combine weights, 0 where dropped
-    slot: torch.Tensor  # (N, k) row of the flattened (E*C + 1, D) expert buffer
-    kept: torch.Tensor  # (N, k) bool
-    capacity: int
+    expert: torch.Tensor  # (G, T, k) chosen experts, best first
+    gate: torch.Tensor  # (G, T, k) combine weights, 0 where dropped
+    slot: torch.Tensor  # (G, T, k) row of the flattened (E*G*C + 1, D) expert buffer
+    kept: torch.Tensor  # (G, T, k) bool; False for every choice of a pad
+    capacity: int  # C: buffer slots per expert per group
 
 
 def expert_capacity(n_tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
-    """Slots per expert: the even share of the N*k choices times the factor, at least 1, at most N
-    (a token reaches an expert at most once)."""
+    """Slots per expert for n tokens: the even share of the n*k choices times the factor, at least 1, at
+    most n (a token reaches an expert at most once)."""
     return min(n_tokens, max(1, math.ceil(capacity_factor * top_k * n_tokens / n_experts)))
 
 
-def route(probs: torch.Tensor, top_k: int, capacity: int) -> Routing:
-    """probs: (N, E) router probabilities -> the top-k choices of each token, capped at `capacity` per expert."""
-    n_experts = probs.shape[1]
-    gate, expert = probs.topk(top_k, dim=-1)  # (N, k), distinct experts per token
+def sequence_capacity(n_real: torch.Tensor, n_experts: int, top_k: int, capacity_factor: float) -> torch.Tensor:
+    """expert_capacity of each sequence's count of real tokens, (G,) -> (G,), on the device (no host sync);
+    the same arithmetic in float64, as Python's."""
+    share = torch.ceil(n_real.double() * (capacity_factor * top_k) / n_experts).long()
+    return share.clamp(min=1).minimum(n_real.long())
+
+
+def choose(probs: torch.Tensor, top_k: int):
+    """(..., E) router probabilities -> (gate, expert), each (..., k): distinct experts, best first."""
+    gate, expert = probs.topk(top_k, dim=-1)
     if top_k > 1:
         gate = gate / gate.sum(-1, keepdim=True)
-    filled = torch.zeros(n_experts, dtype=torch.long, device=probs.device)  # slots taken by earlier choices
-    slots, kept = [], []
-    for r in range(top_k):
-        onehot = F.one_hot(expert[:, r], n_experts)  # (N, E)
-        position = (onehot.cumsum(0) - 1 + filled).gather(1, expert[:, r:r + 1]).squeeze(1)  # (N,)
-        ok = position < capacity
-        filled = filled + (onehot * ok[:, None]).sum(0)
-        slots.append(torch.where(ok, expert[:, r] * capacity + position, n_experts * capacity))
-        kept.append(ok)
-    kept_t = torch.stack(kept, 1)
-    return Routing(expert, gate * kept_t, torch.stack(slots, 1), kept_t, capacity)
+    return gate, expert
 
 
-def balance_loss(probs: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
-    """E * sum_e f_e P_e: f_e the fraction of the N*k choices picking e (no gradient), P_e its mean probability."""
+def route(probs: torch.Tensor, top_k: int, capacity: int, real: Optional[torch.Tensor] = None,
+          causal: bool = False, limit: Optional[torch.Tensor] = None) -> Routing:
+    """probs: (G, T, E) router probabilities -> each token's top-k choices, at most `capacity` (or the
+    group's `limit`, (G,) <= capacity) kept per expert and group. real: (G, T) bool, False for pads,
+    which claim nothing. Choices are served in the order the module docstring gives: position-major
+    when `causal`, else choice-major; a choice is kept while fewer than the limit claimed its expert
+    before it."""
+    G, T, n_experts = probs.shape
+    gate, expert = choose(probs, top_k)  # (G, T, k)
+    claiming = torch.ones_like(expert, dtype=torch.bool) if real is None else real[..., None].expand_as(expert)
+    # Each group's choices in serve order, read row-major: (T, k) is position-major, (k, T) choice-major.
+    # The transpose is its own inverse, so `serve` also maps back to (G, T, k).
+    serve = (lambda t: t) if causal else (lambda t: t.transpose(1, 2))
+    queue = serve(expert).reshape(G, T * top_k)
+    claims = F.one_hot(queue, n_experts) * serve(claiming).reshape(G, T * top_k, 1)  # (G, T*k, E); pads claim nothing
+    earlier = claims.cumsum(1).gather(2, queue[..., None]) - 1  # claims on the same expert before this one
+    taken = serve(earlier.view(serve(expert).shape))  # (G, T, k)
+    kept = claiming & (taken < (capacity if limit is None else limit.view(G, 1, 1)))
+    group = torch.arange(G, device=probs.device).view(G, 1, 1)
+    slot = torch.where(kept, (expert * G + group) * capacity + taken, n_experts * G * capacity)
+    return Routing(expert, gate * kept, slot, kept, capacity)
+
+
+def _mean(values: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
+    """Mean over the first dimension, over the rows of weight 1 only (the real tokens) when given."""
+    if weight is None:
+        return values.mean(0)
+    weight = weight.to(values.dtype).view(-1, *([1] * (values.dim() - 1)))
+    return (values * weight).sum(0) / weight.sum().clamp(min=1)
+
+
+def balance_loss(probs: torch.Tensor, expert: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """E * sum_e f_e P_e: f_e the fraction of the N*k choices picking e (no gradient), P_e its mean probability.
+    probs (N, E), expert (N, k); weight (N,): 1 for the tokens that count (real), 0 for pads."""
     n_experts = probs.shape[1]
-    f = F.one_hot(expert, n_experts).float().mean((0, 1))  # (E,)
-    return n_experts * (f * probs.mean(0)).sum()
+    f = _mean(F.one_hot(expert, n_experts).float().mean(1), weight)  # (E,)
+    return n_experts * (f * _mean(probs, weight)).sum()
 
 
 class MoE(AuxSource):
@@ -91,41 +142,80 @@ class MoE(AuxSource):
         self.experts = nn.ModuleList(expert(dim, bias=bias, dropout=dropout) for _ in range(n_experts))
 
     def capacity(self, n_tokens: int) -> int:
+        """Slots per expert for a sequence of n_tokens tokens."""
         return expert_capacity(n_tokens, self.n_experts, self.top_k, self.capacity_factor)
 
     def router_logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """(N, D) -> (N, E) in fp32: the softmax over experts is unstable in half precision (Switch section 2.4)."""
+        """(..., D) -> (..., E) in fp32: the softmax over experts is unstable in half precision (Switch section 2.4)."""
         if self.training and self.router_jitter:
             tokens = tokens * torch.empty_like(tokens).uniform_(1 - self.router_jitter, 1 + self.router_jitter)
         with torch.autocast(tokens.device.type, enabled=False):
             return F.linear(tokens.float(), self.router.weight.float())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
-        tokens = x.reshape(B * T, D)  # (N, D)
-        logits = self.router_logits(tokens)
+    def forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
+        """x: (B, T, D); padding: (B, T), 1 for tokens and 0 for pads (None: no pads); causal: the stack's
+        attention is causal (a decoder), so training serves slots in position order."""
+        real = None if padding is None else padding.bool()
+        logits = self.router_logits(x)  # (B, T, E)
         probs = logits.softmax(-1)
-        r = route(probs, self.top_k, self.capacity(B * T))
-        E, C, k = self.n_experts, r.capacity, self.top_k
-        # Each choice's token copied into its expert's slot; dropped choices all land in the dump row E*C.
-        buffer = tokens.new_zeros(E * C + 1, D).index_add(0, r.slot.flatten(), tokens.repeat_interleave(k, 0))
-        expert_in = buffer[:-1].view(E, C, D)  # (E*C, D) -> (E, C, D)
-        outs = [expert(expert_in[e]) for e, expert in enumerate(self.experts)]  # E x (C, D)
-        expert_out = torch.cat(outs + [outs[0].new_zeros(1, D)])  # (E*C + 1, D); the dump row reads zeros
+        if not self.training:
+            gate, expert = choose(probs, self.top_k)
+            kept = torch.ones_like(expert, dtype=torch.bool) if real is None else real[..., None].expand_as(expert)
+            return self._dropless(x, expert, gate * kept, kept)
+        # each sequence's real tokens set its capacity, whatever the padded length
+        limit = None if real is None else sequence_capacity(real.sum(1), self.n_experts, self.top_k, self.capacity_factor)
+        r = route(probs, self.top_k, self.capacity(x.shape[1]), real, causal, limit)
+        y = self._dispatch(x, r)
+        # Last: activation checkpointing's recompute stops once it has the saved tensors (early stop), so it
+        # never records twice
+        self._record(logits, probs, r, real)
+        return y
+
+    def _dispatch(self, x: torch.Tensor, r: Routing) -> torch.Tensor:
+        """Training: every kept choice's token copied into its expert's slot, the experts run on their (B*C, D)
+        slots, and each token sums its choices' outputs times their gates."""
+        B, T, D = x.shape
+        E, k = self.n_experts, self.top_k
+        tokens = x.reshape(B * T, D)
+        # Dropped choices and pads all land in the dump row E*B*C, which no expert reads.
+        buffer = tokens.new_zeros(E * B * r.capacity + 1, D).index_add(0, r.slot.flatten(), tokens.repeat_interleave(k, 0))
+        expert_in = buffer[:-1].view(E, B * r.capacity, D)
+        outs = [expert(expert_in[e]) for e, expert in enumerate(self.experts)]  # E x (B*C, D)
+        expert_out = torch.cat(outs + [outs[0].new_zeros(1, D)])  # (E*B*C + 1, D); the dump row reads zeros
         picked = expert_out[r.slot.flatten()].view(B * T, k, D)  # each choice's expert output
-        y = (picked * r.gate.to(picked.dtype)[..., None]).sum(1)  # (N, D)
-        if self.training:
-            self._record(logits, probs, r)
+        y = (picked * r.gate.reshape(B * T, k).to(picked.dtype)[..., None]).sum(1)  # (N, D)
         return y.view(B, T, D)
 
-    def _record(self, logits: torch.Tensor, probs: torch.Tensor, r: Routing) -> None:
-        balance = balance_loss(probs, r.expert)
-        z = torch.logsumexp(logits, -1).pow(2).mean()
-        load = F.one_hot(r.expert, self.n_experts).float().mean((0, 1))  # (E,) share of the choices
+    def _dropless(self, x: torch.Tensor, expert: torch.Tensor, gate: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        """Evaluation: each expert runs on exactly the tokens that chose it (nothing dropped); pads (not kept)
+        run nowhere and get zeros. Sums the k choices in the same order as _dispatch."""
+        B, T, D = x.shape
+        E, k = self.n_experts, self.top_k
+        tokens = x.reshape(B * T, D)
+        claim = torch.where(kept, expert, E).flatten()  # (N*k,) the expert of each choice; E = none (a pad)
+        order = claim.argsort(stable=True)  # choices grouped by expert
+        counts = torch.bincount(claim, minlength=E + 1).tolist()  # the host sync: chunk sizes
+        served = order[:len(order) - counts[E]]
+        chunks = tokens[served // k].split(counts[:E])
+        outs = [self.experts[e](chunk) for e, chunk in enumerate(chunks) if len(chunk)]
+        if not outs:  # nothing but pads
+            return torch.zeros_like(x)
+        outs = torch.cat(outs)
+        picked = outs.new_zeros(B * T * k, D).index_copy(0, served, outs)  # (N*k, D), zeros for pads
+        y = (picked.view(B * T, k, D) * gate.reshape(B * T, k).to(picked.dtype)[..., None]).sum(1)
+        return y.view(B, T, D)
+
+    def _record(self, logits: torch.Tensor, probs: torch.Tensor, r: Routing, real: Optional[torch.Tensor]) -> None:
+        E, k = self.n_experts, self.top_k
+        weight = None if real is None else real.flatten()  # pads count in no loss or metric
+        flat_probs, expert, kept = probs.reshape(-1, E), r.expert.reshape(-1, k), r.kept.reshape(-1, k)
+        balance = balance_loss(flat_probs, expert, weight)
+        z = _mean(torch.logsumexp(logits.reshape(-1, E), -1).pow(2), weight)
+        load = _mean(F.one_hot(expert, E).float().mean(1), weight)  # (E,) share of the choices
         metrics = {"moe/balance_loss": balance, "moe/z_loss": z,
-                   "moe/dropped_tokens": (~r.kept.any(1)).float().mean(),  # every choice dropped: residual only
-                   "moe/dropped_choices": (~r.kept).float().mean()}
-        metrics.update({f"moe/load_e{e}": load[e] for e in range(self.n_experts)})
+                   "moe/dropped_tokens": _mean((~kept.any(1)).float(), weight),  # every choice dropped: residual only
+                   "moe/dropped_choices": _mean((~kept).float().mean(1), weight)}
+        metrics.update({f"moe/load_e{e}": load[e] for e in range(E)})
         self.record_aux(self.aux_loss_weight * balance + self.z_loss_weight * z, metrics)
 
     def active_matmul_params(self, count: Callable[[nn.Module], float]) -> float:

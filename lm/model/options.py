@@ -117,7 +117,9 @@ class MoEConfig(FFNConfig):
     expert: Optional[FFNConfig] = None  # filled by the option file's defaults (gelu)
     n_experts: int = 8
     top_k: int = 2
-    capacity_factor: float = 1.25  # each expert takes ceil(capacity_factor * top_k * tokens / n_experts)
+    # training: each expert takes ceil(capacity_factor * top_k * n / n_experts) of a sequence's n real tokens;
+    # evaluation drops nothing (lm/model/moe.py)
+    capacity_factor: float = 1.25
     aux_loss_weight: float = 0.01  # load-balancing loss weight (Fedus et al. 2021 use 0.01)
     z_loss_weight: float = 0.0  # router z-loss weight (Zoph et al. 2022 use 0.001); 0 = off
     router_jitter: float = 0.0  # multiplicative input noise U(1-eps, 1+eps) while training (Switch); 0 = off

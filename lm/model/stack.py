@@ -109,6 +109,7 @@ class Stack(nn.Module):
             m_pos = torch.arange(memory.shape[1], device=x.device)
             memory_mask = build_mask(False, q_pos, m_pos, memory_padding)
         rotate = self.pos.rotary(q_pos, length=past + x.shape[1])  # host integers again: no device read
+        own_padding = None if padding is None else padding[:, past:]  # this call's tokens (an MoE routes no pad)
         x = self.drop(self.embed_norm(self.pos.embed(x, q_pos)))
         if states is not None:
             states.append(x)
@@ -116,16 +117,19 @@ class Stack(nn.Module):
             block = self.blocks[i % len(self.blocks)]
             if self.step_embed is not None:
                 x = self.step_embed(x, i)
-            x = self.run_block(block, x, mask, rotate, memories[i], memory_mask, cache[i] if cache else None)
+            x = self.run_block(block, x, mask, rotate, memories[i], memory_mask, cache[i] if cache else None,
+                               padding=own_padding)
             if states is not None:
                 states.append(x)
         return self.final_norm(x)
 
-    def run_block(self, block: Block, x, mask, rotate, memory=None, memory_mask=None, cache=None, pool=None):
+    def run_block(self, block: Block, x, mask, rotate, memory=None, memory_mask=None, cache=None, pool=None,
+                  padding=None):
         """One block; under activation checkpointing its activations are recomputed in backward."""
         if self.checkpointing and self.training:
-            return checkpoint(block, x, self.causal, mask, rotate, memory, memory_mask, cache, pool, use_reentrant=False)
-        return block(x, self.causal, mask, rotate, memory, memory_mask, cache, pool)
+            return checkpoint(block, x, self.causal, mask, rotate, memory, memory_mask, cache, pool, padding,
+                              use_reentrant=False)
+        return block(x, self.causal, mask, rotate, memory, memory_mask, cache, pool, padding)
 
     def active_matmul_params(self, count) -> float:
         """lm.model.flops: a shared block runs depth / len(blocks) times per token (lm/model/sharing.py)."""
