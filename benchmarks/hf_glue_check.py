@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -82,6 +83,22 @@ def metrics(task: str, preds, labels) -> dict:
     return m
 
 
+def layout_mismatches(hf_dir: Path, root: Path, task: str, max_len: int) -> int:
+    """Dev rows whose ids or segment ids differ between this script's encoding (the export's fast
+    tokenizer) and lm-finetune's (lm.glue.encode with the run's tokenizer file, as the export holds it)."""
+    from transformers import AutoTokenizer
+
+    from lm.data.tokenizer import Tokenizer
+    from lm.glue.encode import encode_examples
+    from lm.glue.readers import load_split
+
+    ours = encode_examples(Tokenizer.load(hf_dir / "tokenizer.json"), load_split(task, "dev", root, hf=False),
+                           max_len, "encoder")
+    theirs = encode(AutoTokenizer.from_pretrained(hf_dir), read_tsv(root, task, "dev"), max_len)
+    keys = ("input_ids", "token_type_ids", "labels")
+    return sum(any(o[k] != t[k] for k in keys) for o, t in zip(ours, theirs)) + abs(len(ours) - len(theirs))
+
+
 def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> dict:
     """One Trainer run; dev scored at every epoch end; returns the best epoch's and the last epoch's scores."""
     from transformers import (
@@ -108,7 +125,8 @@ def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> 
     targs = TrainingArguments(
         output_dir=str(args.out / "hf_tmp"), learning_rate=lr, num_train_epochs=args.epochs,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128, weight_decay=0.01,
-        warmup_ratio=0.1, lr_scheduler_type="linear", max_grad_norm=1.0, eval_strategy="epoch",
+        warmup_steps=round(0.1 * math.ceil(args.epochs * math.ceil(len(train) / args.batch_size))),
+        lr_scheduler_type="linear", max_grad_norm=1.0, eval_strategy="epoch",
         save_strategy="no", logging_strategy="no", report_to=[], seed=seed, use_cpu=True,
         disable_tqdm=True, dataloader_num_workers=0)
     Trainer(model=model, args=targs, train_dataset=train, eval_dataset=dev, compute_metrics=compute,
@@ -181,6 +199,9 @@ def main(argv=None) -> None:
     hf = export_dir(args.run) if "hf" in args.sides else None
     rows, t0 = [], time.time()
     for task in args.tasks.split(","):
+        if hf is not None:
+            print(f"{task}: dev rows encoded differently by the two sides: "
+                  f"{layout_mismatches(hf, root, task, args.max_len)}", flush=True)
         for lr in (float(x) for x in args.lrs.split(",")):
             if "hf" in args.sides:
                 rows.append((task, lr, "hf", {s: hf_side(hf, root, task, s, lr, args) for s in seeds}))
