@@ -12,12 +12,13 @@ from omegaconf import OmegaConf
 from lm.config import ConfigError, conf_dir
 from lm.model import build_model
 from lm.model.attention import capture
-from lm.model.config import (AttnConfig, LinformerConfig, ModelConfig, model_from_saved, model_preset, options,
-                             schema_name)
+from lm.model.config import AttnConfig, ModelConfig, model_from_saved, model_preset, options, schema_name
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
 from lm.model.generate import generate
 from tests.model_support import greedy_by_recompute
-from lm.model.scores import Additive, Dot, Linformer, Multiplicative, ScaledDot, Score
+from lm.model.registry import register
+from lm.model.scores import ScaledDot, Score
+from lm.zoo.scores import Additive, Dot, Linformer, LinformerConfig, Multiplicative
 
 OPTIONS = ["scaled_dot", "dot", "multiplicative", "additive", "linformer"]
 CAUSAL = [o for o in OPTIONS if o != "linformer"]
@@ -376,7 +377,10 @@ def test_every_option_has_a_schema_a_file_and_every_preset_picks_scaled_dot():
     # synthesizers and convolutions (issue #20) are tested in tests/test_synth_conv.py
     others = {"synthesizer_dense", "synthesizer_random", "synthesizer_factorized", "lightweight_conv", "dynamic_conv"}
     assert set(files) == set(OPTIONS) | others
-    for cls in (c for c in options("attn") if c.__module__ == "lm.model.options"):
+    ours = [c for c in options("attn") if c.__module__.startswith("lm.")]  # not this file's CosineConfig
+    assert {c.__module__ for c in ours} == {"lm.model.options", "lm.zoo.scores", "lm.zoo.synthesizer",
+                                            "lm.zoo.conv_attn"}  # the core's and the zoo's options
+    for cls in ours:
         assert any(schema_name(cls) in text for text in files.values()), cls
     for preset in (conf_dir() / "model").glob("*.yaml"):
         line = "  - attn: null" if preset.stem in RNN_PRESETS else "  - attn: scaled_dot"
@@ -445,11 +449,11 @@ def test_hugging_face_export_refuses_other_scores():
     pytest.importorskip("transformers")
     from lm.model.convert import to_hf
 
-    with pytest.raises(ValueError, match="model.attn._target_=lm.model.scores.Multiplicative"):
+    with pytest.raises(ValueError, match="model.attn._target_=lm.zoo.scores.Multiplicative"):
         to_hf(model_of("multiplicative"))
 
 
-# -- a new option is one Score subclass, one schema, one YAML file, and capture() reads it ---------
+# -- a new option is one Score subclass, one registered schema, one YAML file, and capture() reads it ---
 
 class Cosine(Score):
     """A made-up option for the extension test: cosine similarity times a temperature."""
@@ -462,6 +466,7 @@ class Cosine(Score):
         return self.tau * torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(k, dim=-1).transpose(-2, -1)
 
 
+@register("attn")
 @dataclass
 class CosineConfig(AttnConfig):
     _target_: str = "tests.test_attention_scores.Cosine"

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from lm.model.attention import LayerCache, build_mask
-from lm.model.conv_attn import ConvAttention, DynamicConv, LightweightConv, band
-from lm.model.synthesizer import SynthesizerDense, SynthesizerFactorized, SynthesizerRandom
+from lm.zoo.conv_attn import ConvAttention, DynamicConv, LightweightConv, band
+from lm.zoo.synthesizer import SynthesizerDense, SynthesizerFactorized, SynthesizerRandom
 
 H, DH, L = 2, 4, 16
 

@@ -13,6 +13,7 @@ from lm.model.init import init_weights
 from lm.model.linear import use_kind
 from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM, SequenceClassifier
 from lm.model.rnn import RNNLM
+from lm.model.registry import slots
 from lm.model.stack import Components
 
 ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM, "rnn": RNNLM}
@@ -22,6 +23,7 @@ __all__ = ["build_model", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM",
 
 
 def components(cfg: ModelConfig) -> Components:
+    """The factories of the model's slots (lm/model/registry.py) that the config fills."""
     from hydra.utils import instantiate
 
     if cfg.arch == "rnn":  # no Transformer slots (validate_rnn refuses them)
@@ -33,7 +35,7 @@ def components(cfg: ModelConfig) -> Components:
         except Exception as e:  # Hydra wraps import and argument errors; say which slot failed
             raise ConfigError(f"model.{slot} could not be built ({e}); see conf/model/{slot}/ for the options") from e
 
-    return Components(norm=build("norm"), ffn=build("ffn"), pos=build("pos"), attn=build("attn"))
+    return Components(**{slot: build(slot) for slot in slots() if getattr(cfg, slot) is not None})
 
 
 def build_model(cfg: ModelConfig):

@@ -79,6 +79,15 @@ def build_mask(
     return base.masked_fill(~visible, torch.finfo(torch.float32).min)
 
 
+def key_keep(mask: Optional[torch.Tensor], T: int) -> Optional[torch.Tensor]:
+    """(B, T) 1 for real tokens, 0 for pads, of the last T key positions, from build_mask's additive
+    mask; None when nothing is padded. The last query row sees every non-padded key (causal or not)."""
+    if mask is None:
+        return None
+    keep = mask[:, 0, -1, -T:] > torch.finfo(torch.float32).min
+    return keep.to(mask.dtype if mask.is_floating_point() else torch.float32)
+
+
 class _Attention(nn.Module):
     kind = ""  # "self" or "cross": how capture() labels its probabilities
 
@@ -89,8 +98,7 @@ class _Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         # the scoring function (lm/model/scores.py); scaled_dot on SDPA unless the model chose another
         self.score = score if score is not None else ScaledDot(n_heads, n_kv_heads, head_dim, 0, scale, dropout, False)
-        self.out = Linear(n_heads * head_dim, dim, bias=bias)
-        self.out.is_residual_proj = True  # scaled at init (GPT-2)
+        self.out = Linear(n_heads * head_dim, dim, bias=bias, residual=True)  # scaled at init (GPT-2)
         # QK-norm (Dehghani et al. 2023) bounds the attention logits; identity when off.
         self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
         self.k_norm = qk_norm(head_dim) if qk_norm else nn.Identity()

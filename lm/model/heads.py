@@ -15,7 +15,7 @@ from torch import nn
 from lm.constants import IGNORE_INDEX
 from lm.model.config import ModelConfig
 from lm.model.ffn import ACTIVATIONS
-from lm.model.linear import Linear
+from lm.model.linear import Linear, MatmulCount
 from lm.model.loss import chunked_cross_entropy
 
 
@@ -120,7 +120,7 @@ class LMHead(nn.Module):
         return LMOutput(loss=loss, logits=logits.detach())
 
 
-class TransposedLinear(nn.Module):
+class TransposedLinear(MatmulCount, nn.Module):
     """h -> h W with the (D, r) weight of an r -> D Linear: its transpose (D -> r) as the same Parameter,
     registered here too so ZeRO-3 / FSDP2 gather it around this module's forward as well."""
 

@@ -10,24 +10,25 @@ loader shifts them); encoder labels are -100 except at masked positions; encoder
 align with decoder_input_ids (built by shifting labels right when not given, as in T5).
 """
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.model import aux
-from lm.model.config import ModelConfig
-from lm.model.attention import LayerCache
 from lm.constants import IGNORE_INDEX
+from lm.model import aux
+from lm.model.attention import LayerCache
 from lm.model.heads import Embedding, LMOutput, make_head, mlm_transform, pool
-from lm.model.funnel import stack_class
-from lm.model.stack import Components, Stack
+from lm.model.stack import Components, make_stack
 from lm.model.transparent import TransparentMemory
+
+if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
+    from lm.model.config import ModelConfig
 
 
 class _LanguageModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
@@ -56,9 +57,9 @@ class _LanguageModel(nn.Module):
 class DecoderLM(_LanguageModel):
     """GPT / Llama: one causal stack and an LM head."""
 
-    def __init__(self, cfg: ModelConfig, c: Components):
+    def __init__(self, cfg: "ModelConfig", c: Components):
         super().__init__(cfg)
-        self.decoder = Stack(cfg, c, cfg.n_layers, causal=True)
+        self.decoder = make_stack(cfg, c, cfg.n_layers, causal=True)
         self.head = self._head(c, bias=False, transform=nn.Identity())
 
     def features(self, input_ids, attention_mask=None, token_type_ids=None, cache=None) -> torch.Tensor:
@@ -79,9 +80,9 @@ class DecoderLM(_LanguageModel):
 class EncoderLM(_LanguageModel):
     """BERT: one bidirectional stack and a masked-LM head."""
 
-    def __init__(self, cfg: ModelConfig, c: Components):
+    def __init__(self, cfg: "ModelConfig", c: Components):
         super().__init__(cfg)
-        self.encoder = stack_class(cfg)(cfg, c, cfg.n_layers, causal=False)
+        self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         transform = mlm_transform(cfg, c.norm(cfg.dim, eps=cfg.norm_eps)) if cfg.mlm_transform else nn.Identity()
         self.head = self._head(c, bias=True, transform=transform)
 
@@ -106,13 +107,13 @@ def shift_right(ids: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:
 class EncoderDecoderLM(_LanguageModel):
     """T5 / the original Transformer: bidirectional encoder, causal decoder with cross-attention."""
 
-    def __init__(self, cfg: ModelConfig, c: Components):
+    def __init__(self, cfg: "ModelConfig", c: Components):
         super().__init__(cfg)
         # `embed` is the decoder's input table; the encoder reads it too unless model.tie_embeddings
         # says the two stacks have their own (decoder_input_output, none: Narang et al. 2021).
         self.encoder_embed = None if cfg.shared_inputs else Embedding(cfg)
-        self.encoder = stack_class(cfg)(cfg, c, cfg.n_layers, causal=False)
-        self.decoder = Stack(cfg, c, cfg.decoder_layers, causal=True, cross=True)
+        self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
+        self.decoder = make_stack(cfg, c, cfg.decoder_layers, causal=True, cross=True)
         self.head = self._head(c, bias=False, transform=nn.Identity())
         # Bapna et al. 2018 (lm/model/transparent.py): each decoder layer reads its own mix of encoder states.
         self.transparent = TransparentMemory(cfg.n_layers, cfg.decoder_layers) if cfg.transparent_attention else None

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.model.aux import AuxSource
+from lm.model.linear import MatmulCount
 
 
 @dataclass
@@ -75,7 +76,7 @@ def balance_loss(probs: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
     return n_experts * (f * probs.mean(0)).sum()
 
 
-class MoE(AuxSource):
+class MoE(MatmulCount, AuxSource):
     """Top-k routed mixture of `n_experts` FFNs built by `expert(dim, bias=..., dropout=...)`."""
 
     def __init__(self, dim: int, expert: Callable[..., nn.Module], bias: bool = True, dropout: float = 0.0,
