@@ -26,16 +26,17 @@ V = 50
 B, H, KVH, Dh = 2, 4, 2, 8
 
 
-def cfg_of(option, arch="decoder", **over) -> ModelConfig:
-    """A tiny model with a large init (every dependency visible), composed as lm-train would."""
+def cfg_of(option, arch="decoder", picks=(), **over) -> ModelConfig:
+    """A tiny model with a large init (every dependency visible), composed as lm-train would; picks: group
+    options (model/stack=funnel)."""
     args = [f"model/attn={option}", f"model.arch={arch}", f"model.vocab_size={V}", "model.dim=32",
-            "model.max_seq_len=32", "model.init_std=0.1"]
+            "model.max_seq_len=32", "model.init_std=0.1", *picks]
     return model_preset("tiny", args + [f"model.{k}={v}" for k, v in over.items()])
 
 
-def model_of(option, arch="decoder", seed=0, **over):
+def model_of(option, arch="decoder", seed=0, picks=(), **over):
     torch.manual_seed(seed)
-    return build_model(cfg_of(option, arch, **over)).eval()
+    return build_model(cfg_of(option, arch, picks, **over)).eval()
 
 
 def ids(*shape, seed=0):
@@ -514,9 +515,9 @@ def test_ablate_attention_runs_every_option_on_one_encoder():
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_funnel_encoder_takes_every_option_and_counts_its_pooled_blocks(option):
-    from lm.model.funnel import attention_layers
+    from lm.zoo.funnel import attention_layers
 
-    cfg = cfg_of(option, "encoder", n_layers=4, **{"funnel.blocks": "[2,2]"})
+    cfg = cfg_of(option, "encoder", ["model/stack=funnel"], n_layers=4, **{"stack.blocks": "[2,2]"})
     model = build_model(cfg).eval()
     x = ids(2, 12)
     mask = torch.ones_like(x)
@@ -526,13 +527,13 @@ def test_funnel_encoder_takes_every_option_and_counts_its_pooled_blocks(option):
         b = model(_perturb_pads(x, mask), attention_mask=mask).logits
     assert torch.equal(a[mask.bool()], b[mask.bool()])
     if option == "scaled_dot":  # the per-module sum agrees with Funnel's own count in full-length layers
-        assert attention_flops_per_token(cfg, 16) == round(12 * attention_layers(cfg) * 4 * 8 * 16)
+        assert attention_flops_per_token(cfg, 16) == round(12 * attention_layers([2, 2], 2) * 4 * 8 * 16)
 
 
-@pytest.mark.parametrize("over", [{"share_blocks": "all"}, {"ut_steps": 3}])
-def test_capture_labels_each_application_of_a_shared_block(over):
-    model = model_of("multiplicative", "encoder_decoder", **over)
-    depth = over.get("ut_steps", 2)
+@pytest.mark.parametrize("option,over", [("shared", {}), ("universal", {"stack.steps": 3})])
+def test_capture_labels_each_application_of_a_shared_block(option, over):
+    model = model_of("multiplicative", "encoder_decoder", picks=[f"model/stack={option}"], **over)
+    depth = over.get("stack.steps", 2)
     assert len(model.decoder.blocks) == 1
     with torch.no_grad(), capture(model) as maps:
         model(ids(1, 6), decoder_input_ids=ids(1, 4, seed=1))

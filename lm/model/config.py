@@ -19,7 +19,7 @@ from lm.config import ConfigError
 from lm.model.choices import (Activation, Arch, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401
                               OutputKind, TieEmbeddings)
 from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell, Component, ElectraConfig,  # noqa: F401
-                              FFNConfig, FixupConfig, GLUConfig, LayerNormConfig, LearnedConfig,
+                              FFNConfig, FixupConfig, GLUConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
                               MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, PosConfig,
                               ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
                               ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, options,
@@ -78,6 +78,7 @@ class ModelConfig:
     # The slots the core leaves empty: zoo options (lm/zoo), chosen by model/block and model/stack.
     block: Optional[BlockConfig] = None  # None: the vanilla self-attention, [cross-attention,] FFN block
     stack: Optional[StackConfig] = None  # None: lm/model/stack.py's Stack of n_layers distinct blocks
+    memory: Optional[MemoryConfig] = None  # None: an encoder-decoder's decoder reads the encoder's last state
     rnn: Optional[RNNConfig] = None  # arch=rnn only (model=lstm|gru|rnn): RNNConfig, validate_rnn
     # arch=encoder only: pretrain by ELECTRA's replaced-token detection (lm/model/electra.py); None = MLM
     electra: Optional[ElectraConfig] = None
@@ -89,7 +90,6 @@ class ModelConfig:
     adaptive_tail_projection: bool = True  # adaptive softmax: tail clusters project dim down first (false: none)
     adaptive_head_bias: bool = False  # adaptive softmax: bias on the head cluster's logits
     mos_components: int = 4  # mixture_of_softmaxes: number of softmaxes K
-    transparent_attention: bool = False  # encoder_decoder: cross-attention reads a learned mix of encoder layers
     # -- embeddings (Narang et al. 2021; checked by validate_sharing_and_tying) --
     factorized_embedding: int = 0  # >0: ALBERT's vocab x rank table + rank x dim projection
 

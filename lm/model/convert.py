@@ -397,7 +397,7 @@ def _check_common(cfg: ModelConfig, family: str) -> None:
         (cfg.stack is None, f"model/stack={cfg.stack and option_name(cfg.stack)} (a zoo stack)"),
         (cfg.embedding == "standard", f"model.embedding={cfg.embedding}"),
         (cfg.output == "softmax", f"model.output={cfg.output}"),
-        (not cfg.transparent_attention, "model.transparent_attention=true"),
+        (cfg.memory is None, f"model/memory={cfg.memory and option_name(cfg.memory)} (a zoo memory)"),
         # Narang et al. 2021's options: no Hugging Face family of these has them.
         (not cfg.factorized_embedding, f"model.factorized_embedding={cfg.factorized_embedding}"),
         (cfg.arch != "encoder_decoder" or cfg.shared_inputs, f"model.tie_embeddings={cfg.tie_embeddings} (own encoder input table)"),

@@ -21,7 +21,6 @@ from lm.model import aux
 from lm.model.attention import LayerCache
 from lm.model.heads import Embedding, LMOutput, make_head, mlm_transform, pool
 from lm.model.stack import Components, make_stack
-from lm.model.transparent import TransparentMemory
 
 if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
     from lm.model.config import ModelConfig
@@ -115,17 +114,17 @@ class EncoderDecoderLM(_LanguageModel):
         self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         self.decoder = make_stack(cfg, c, cfg.decoder_layers, causal=True, cross=True)
         self.head = self._head(c, bias=False, transform=nn.Identity())
-        # Bapna et al. 2018 (lm/model/transparent.py): each decoder layer reads its own mix of encoder states.
-        self.transparent = TransparentMemory(cfg.n_layers, cfg.decoder_layers) if cfg.transparent_attention else None
+        # model/memory (the zoo's transparent attention): each decoder layer reads its own mix of encoder states
+        self.memory = c.memory(cfg.n_layers, cfg.decoder_layers) if c.memory is not None else None
 
     def encode(self, input_ids, attention_mask=None):
-        """The encoder memory (B, S, D); with transparent attention, one per decoder layer."""
+        """The encoder memory (B, S, D); with a model/memory option, one per decoder layer."""
         embed = self.embed if self.encoder_embed is None else self.encoder_embed  # model.tie_embeddings
-        if self.transparent is None:
+        if self.memory is None:
             return self.encoder(embed(input_ids), attention_mask)  # (B, S, D)
         states: List[torch.Tensor] = []
         self.encoder(embed(input_ids), attention_mask, states=states)  # N+1 states (B, S, D)
-        return self.transparent(states, self.encoder.final_norm)
+        return self.memory(states, self.encoder.final_norm)
 
     def decode(self, decoder_input_ids, memory, memory_padding=None, decoder_padding=None, cache=None) -> torch.Tensor:
         return self.decoder(self.embed(decoder_input_ids), decoder_padding, memory, memory_padding, cache)

@@ -279,6 +279,15 @@ class StackConfig(Component):
         return n_layers
 
 
+@slot("memory")
+@dataclass
+class MemoryConfig(Component):
+    """model/memory: what an encoder-decoder's decoder layers read from the encoder in place of its last state,
+    built as memory(n_encoder_layers, n_decoder_layers): a module that maps the encoder's states (the
+    embeddings and each layer's output) and its final norm to one memory per decoder layer (the zoo:
+    transparent)."""
+
+
 # -- recurrent baselines (model=lstm|gru|rnn): lm/model/rnn.py -------------------------------------
 
 class Cell(Choice):
@@ -331,17 +340,17 @@ class ElectraConfig:
     temperature: float = 1.0  # replacements are sampled from softmax(generator logits / temperature)
 
     def generator_config(self, model: "ModelConfig") -> "ModelConfig":
-        """The generator's stack: the model's norm, FFN, position and attention options at the generator's
-        width, heads and depth, in vanilla blocks of a plain Stack (no model/block, model/stack option) and
-        without a factorized table: ELECTRA's generator is a small BERT, and it reads
+        """The generator's stack: the model's options at the generator's width, heads and depth, in a plain
+        Stack (no model/stack option: no Funnel pooling, no sharing) and without a factorized table: ELECTRA's
+        generator is a small BERT, and it reads
         the discriminator's embeddings through its own projection (lm/model/electra.py)."""
         hidden = self.generator_ffn_dim  # None: derived from the generator's width by the FFN option
         ffn = model.ffn
         ffn = (replace(ffn, expert=replace(ffn.expert, hidden_dim=hidden)) if isinstance(ffn, MoEConfig)
                else replace(ffn, hidden_dim=hidden))
         return replace(model, dim=self.generator_dim, n_heads=self.generator_heads, n_kv_heads=None, head_dim=None,
-                       n_layers=self.generator_layers or model.n_layers, ffn=ffn, block=None,
-                       stack=None, factorized_embedding=0, electra=None)
+                       n_layers=self.generator_layers or model.n_layers, ffn=ffn, stack=None,
+                       factorized_embedding=0, electra=None)
 
 
 # -- the slots -------------------------------------------------------------------------------------

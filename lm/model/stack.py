@@ -32,6 +32,7 @@ class Components:
     attn: Optional[Callable[..., nn.Module]] = None
     block: Optional[Callable[..., Block]] = None  # model/block: block(parts: BlockParts); None = vanilla
     stack: Optional[Callable[..., nn.Module]] = None  # model/stack: stack(cfg, c, n_layers, causal, cross); None = Stack
+    memory: Optional[Callable[..., nn.Module]] = None  # model/memory: memory(n_encoder_layers, n_decoder_layers)
 
 
 class BlockParts:

@@ -14,7 +14,7 @@ from lm.config import Choice, ConfigError
 from lm.model.choices import Arch, EmbeddingKind, NormPosition, OutputKind, TieEmbeddings
 from lm.model.registry import slots
 from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, ReZeroNorm, RNNConfig,
-                              SwitchConfig, positive)
+                              SwitchConfig, option_name, positive)
 
 if TYPE_CHECKING:  # lm/model/config.py imports this module; validate_rnn imports ModelConfig when it runs
     from lm.model.config import ModelConfig
@@ -171,7 +171,7 @@ def _transformer_option(name: str, value, default) -> str:
 
 
 def _option_name(node: Component) -> str:
-    return node._target_.rsplit(".", 1)[-1].lower() if node._target_ else type(node).__name__
+    return option_name(node)
 
 
 def check_objective(cfg: ModelConfig, objective: str) -> None:
@@ -209,9 +209,6 @@ def validate_narang_options(cfg: ModelConfig) -> None:
                           f"is for a plain softmax only; set model.loss_chunk_size=0")
     if out == OutputKind.mixture_of_softmaxes and cfg.mos_components < 1:
         raise ConfigError(f"model.mos_components={cfg.mos_components} must be a positive integer")
-    if cfg.transparent_attention and cfg.arch != Arch.encoder_decoder:
-        raise ConfigError(f"model.transparent_attention=true with model.arch={cfg.arch}: transparent attention "
-                          f"mixes encoder layers into cross-attention, which only encoder_decoder has")
 
 
 # -- Narang et al. 2021 options: combinations the papers do not define are refused, naming both fields --

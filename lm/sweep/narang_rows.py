@@ -76,7 +76,7 @@ ROWS: List[Row] = [
     Row("adaptive_softmax_no_proj", "Adaptive softmax without projection",
         ["model.output=adaptive_softmax", "model.tie_embeddings=false", "model.adaptive_tail_projection=false"]),
     Row("mixture_of_softmaxes", "Mixture of softmaxes", ["model.output=mixture_of_softmaxes"]),
-    Row("transparent_attention", "Transparent attention", ["model.transparent_attention=true"]),
+    Row("transparent_attention", "Transparent attention", ["model/memory=transparent"]),
     # Convolutions replace self-attention and with it the relative position bias (Mesh TF's bias lives in the
     # attention layers): position comes from the causal/centred window alone.
     Row("dynamic_conv", "Dynamic convolution", ["model/attn=dynamic_conv", "model/pos=none"]),

@@ -58,8 +58,8 @@ class FunnelConfig(StackConfig):
             raise ConfigError(f"model/attn={option_name(model.attn)} with model/stack=funnel: Funnel pools the "
                               f"queries, which moves them off the positions this option's pattern/window is laid "
                               f"out on; use scaled_dot")
-        if model.transparent_attention:
-            raise ConfigError(f"model.transparent_attention=true with model.stack.blocks={list(self.blocks)}: a "
+        if model.memory is not None:
+            raise ConfigError(f"model/memory={option_name(model.memory)} with model.stack.blocks={list(self.blocks)}: a "
                               f"Funnel encoder's layers have different lengths, so they cannot be mixed; drop one "
                               f"of them")
 

@@ -35,7 +35,7 @@ class PKMConfig(BlockConfig):
     sub-keys with the two halves of its query and reads the top_k best of their products."""
 
     _target_: str = "lm.zoo.pkm.pkm_block"
-    layers: List[int] = field(default_factory=lambda: [1])
+    layers: List[int] = field(default_factory=lambda: [0])  # the first block: every model has one
     n_keys: int = 64  # sub-keys per half
     heads: int = 4
     k_dim: int = 64  # query size per head (each half is k_dim / 2)

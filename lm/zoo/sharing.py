@@ -8,6 +8,7 @@ Stack takes n_blocks); the Block and the residual stream are unchanged, only how
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import nn
@@ -19,6 +20,7 @@ from lm.model.options import StackConfig
 from lm.model.registry import register
 from lm.model.stack import Components, Stack
 from lm.zoo.pkm import PKMConfig
+from lm.zoo.transparent import TransparentConfig
 
 
 class Share(Choice):
@@ -35,31 +37,36 @@ class StepKind(Choice):
 @register("stack")
 @dataclass
 class SharedConfig(StackConfig):
-    """model/stack=shared (steps 0) and model/stack=universal (steps = model.n_layers)."""
+    """model/stack=shared (universal false) and model/stack=universal (universal true)."""
 
     _target_: str = "lm.zoo.sharing.shared_stack"
     share: Share = Share.all  # the stacks that reuse one block
-    steps: int = 0  # >0: Universal Transformer, each stack is one block applied `steps` times (not n_layers)
-    # the timestep embedding added before each step; sinusoids have norm sqrt(dim/2): tensor2tensor's UT
+    # the Universal Transformer: each stack is one block applied `steps` times (None: its n_layers times),
+    # with a timestep embedding added before each step; sinusoids have norm sqrt(dim/2): tensor2tensor's UT
     # also scales token embeddings by sqrt(dim) (model.scale_embeddings=true) so they are not swamped
+    universal: bool = False
+    steps: Optional[int] = None
     step_embedding: StepKind = StepKind.sinusoidal
 
     def depth(self, n_layers: int) -> int:
-        return self.steps or n_layers
+        return (self.steps or n_layers) if self.universal else n_layers
 
     def describe(self) -> str:
-        return f"model.stack.steps={self.steps}" if self.steps else f"model.stack.share={self.share}"
+        if not self.universal:
+            return f"model/stack=shared (model.stack.share={self.share})"
+        return f"model/stack=universal (model.stack.steps={self.steps or 'n_layers'})"
 
     def check(self, model) -> None:
         stacks = {Arch.decoder: {"decoder"}, Arch.encoder: {"encoder"}, Arch.encoder_decoder: {"encoder", "decoder"}}
         if self.share in ("encoder", "decoder") and self.share not in stacks[model.arch]:
             raise ConfigError(f"model.stack.share={self.share}: model.arch={model.arch} has no {self.share} stack; "
                               f"use model.stack.share=all or {' / '.join(sorted(stacks[model.arch]))}")
-        if not isinstance(self.steps, int) or self.steps < 0:
-            raise ConfigError(f"model.stack.steps={self.steps!r} must be 0 (off) or a positive number of steps")
-        if self.steps and self.share in ("encoder", "decoder"):
-            raise ConfigError(f"model.stack.steps={self.steps} makes every stack one recurrent block; "
-                              f"model.stack.share={self.share} would leave the other stack unshared: use all")
+        if self.steps is not None and (not self.universal or not isinstance(self.steps, int) or self.steps < 1):
+            raise ConfigError(f"model.stack.steps={self.steps!r} must be a positive number of steps, and applies to "
+                              f"model/stack=universal only (null: as many as the stack has layers)")
+        if self.universal and self.share in ("encoder", "decoder"):
+            raise ConfigError(f"{self.describe()} makes every stack one recurrent block; model.stack.share="
+                              f"{self.share} would leave the other stack unshared: use all")
         if model.attn_scale_by_layer:
             raise ConfigError(f"model.attn_scale_by_layer=true scales each layer differently, so its blocks cannot be "
                               f"shared ({self.describe()})")
@@ -67,26 +74,29 @@ class SharedConfig(StackConfig):
             raise ConfigError(f"{self.describe()} with model/block=pkm (model.block.layers={list(model.block.layers)}): "
                               f"the memory replaces the FFN of chosen blocks, which a shared block cannot single out; "
                               f"drop one of them")
-        if self.steps and model.transparent_attention:
-            raise ConfigError(f"model.stack.steps={self.steps} with model.transparent_attention=true: transparent "
-                              f"attention mixes model.n_layers encoder layers, the Universal Transformer applies "
-                              f"steps; use model/stack=shared with it instead")
+        if self.universal and isinstance(model.memory, TransparentConfig):
+            raise ConfigError(f"{self.describe()} with model/memory=transparent: transparent attention mixes "
+                              f"model.n_layers encoder layers, the Universal Transformer applies steps; use "
+                              f"model/stack=shared with it instead")
 
 
-def shared_stack(cfg, c: Components, n_layers: int, causal: bool, cross: bool, share: Share, steps: int,
-                 step_embedding: StepKind) -> Stack:
+def shared_stack(cfg, c: Components, n_layers: int, causal: bool, cross: bool, share: Share, universal: bool,
+                 steps: Optional[int], step_embedding: StepKind) -> Stack:
     """A SharedStack where the option shares this stack (causal = the decoder, bidirectional = the encoder)."""
-    if steps or share in ("all", "decoder" if causal else "encoder"):
-        return SharedStack(cfg, c, n_layers, causal, cross, steps, step_embedding)
+    if universal:
+        return SharedStack(cfg, c, steps or n_layers, causal, cross, step_embedding)
+    if share in ("all", "decoder" if causal else "encoder"):
+        return SharedStack(cfg, c, n_layers, causal, cross)
     return Stack(cfg, c, n_layers, causal, cross)
 
 
 class SharedStack(MatmulCount, Stack):
-    """One block applied `steps` times (the Universal Transformer, with a step embedding), or n_layers times."""
+    """One block applied n_layers times; with a step embedding kind, the Universal Transformer's steps."""
 
-    def __init__(self, cfg, c: Components, n_layers: int, causal: bool, cross: bool, steps: int, step_embedding: str):
-        super().__init__(cfg, c, steps or n_layers, causal, cross, n_blocks=1)
-        self.step_embed = StepEmbedding(cfg.dim, steps, step_embedding) if steps else None
+    def __init__(self, cfg, c: Components, n_layers: int, causal: bool, cross: bool,
+                 step_embedding: Optional[str] = None):
+        super().__init__(cfg, c, n_layers, causal, cross, n_blocks=1)
+        self.step_embed = StepEmbedding(cfg.dim, n_layers, step_embedding) if step_embedding else None
 
     def enter_layer(self, x: torch.Tensor, layer: int) -> torch.Tensor:
         return x if self.step_embed is None else self.step_embed(x, layer)
