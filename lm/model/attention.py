@@ -17,7 +17,7 @@ Reading attention probabilities, for any scoring function:
 `capture(model)` makes every attention module of the model compute explicit probabilities (the
 default leaves SDPA's fused kernel for the same maths written out) and appends one dict per
 attention call, in call order: {"stack": "encoder" | "decoder" | ..., "layer": the layer of its
-stack that ran (a shared block, model.share_blocks or ut_steps, reports each application),
+stack that ran (a shared block, model/stack=shared|universal, reports each application),
 "kind": "self" | "cross", "probs": detached (B, H, Tq, Tk) tensor}. Rows sum to 1; masked
 keys (future, padding) get exactly 0. Linformer's Tk is its k projected positions. A KV-cached
 generation step appends Tq = 1 rows. Leaving the block restores the fast path. Meant for eval
@@ -179,8 +179,8 @@ def _where(name: str) -> tuple:
 
 
 def _repeats(model: nn.Module, stack: str) -> tuple:
-    """(distinct blocks, applications of each per forward) of a stack: a shared block (model.share_blocks,
-    the Universal Transformer's ut_steps) runs at layers i, i + n, i + 2n, ... (lm/model/sharing.py)."""
+    """(distinct blocks, applications of each per forward) of a stack: a shared block (model/stack=shared,
+    universal) runs at layers i, i + n, i + 2n, ... (lm/zoo/sharing.py)."""
     try:
         module = model.get_submodule(stack)
     except AttributeError:

@@ -2,12 +2,11 @@
 the factories of its slots (lm/model/registry.py), the model of its family, and initialise its weights."""
 
 from lm.config import ConfigError
-from lm.model.block import Block
 from lm.model.config import ModelConfig, validate_model
 from lm.model.electra import ElectraLM
 from lm.model.init import init_weights
 from lm.model.linear import use_kind
-from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM, SequenceClassifier
+from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM
 from lm.model.rnn import RNNLM
 from lm.model.registry import slots
 from lm.model.stack import Components

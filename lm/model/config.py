@@ -13,7 +13,7 @@ it re-exports below (callers, tests and pickled configs name them here).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Type, Union
+from typing import List, Optional, Union
 
 from lm.config import ConfigError
 from lm.model.choices import (Activation, Arch, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401

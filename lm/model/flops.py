@@ -13,7 +13,7 @@ The attention term is 3x each attention module's own forward count (`Score.forwa
 lm/model/scores.py), so every model/attn option is counted as built: multiplicative adds q W,
 additive its W1 q, W2 k and v^T tanh(.) over every pair, Linformer scores k rows instead of T and
 adds its E K, F V projections. The weights of a score are counted there, not as matmul parameters.
-A shared block (model.share_blocks, model.ut_steps) holds its parameters once but runs once per
+A shared block (model/stack=shared|universal, lm/zoo/sharing.py) holds its parameters once but runs once per
 layer: it counts once in num_params and `depth` times in the FLOPs (Narang et al. 2021's Params
 and Ops columns differ exactly there). A factorized embedding's r x D projection is a matmul, on
 the input side and, tied, again (transposed) on the output side.

@@ -1,21 +1,22 @@
-"""The component option schemas: one dataclass per option file of conf/model/<slot>/ (model/norm,
-model/ffn, model/pos, model/attn), and the typed nodes model.pkm, model.funnel, model.rnn and
-model.electra.
+"""The slots' base schemas and the core's option schemas: one dataclass per option file of
+conf/model/<slot>/ (model/norm, model/ffn, model/pos, model/attn; model/block, model/stack and
+model/memory have zoo options only: lm/zoo), and the typed nodes model.rnn and model.electra.
 
 Each option holds its `_target_` and its own hyperparameters; the model (lm/model/config.py's
-ModelConfig) supplies the shapes. A new option is one subclass of its slot's base here and one YAML
-file listing `<name>_schema` first in its defaults: `options(slot)` finds it by its class.
+ModelConfig) supplies the shapes. A new option is one subclass of its slot's base, registered with
+`@register("<slot>")` (lm/model/registry.py; here for the core, in lm/zoo for a paper variant), and one
+YAML file listing `<name>_schema` first in its defaults.
 An attention option's `check` refuses the model settings it cannot honour; the checks that span
 several options live in lm/model/validate.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Type
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 from lm.config import Choice, ConfigError
-from lm.model.choices import Activation, Arch
+from lm.model.choices import Activation
 from lm.model.registry import options, register, slot  # noqa: F401 (options: the one lookup, re-exported)
 
 if TYPE_CHECKING:  # type hints only: lm/model/config.py imports this module for its field defaults

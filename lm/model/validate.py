@@ -8,7 +8,7 @@ Types and choices are checked by the schemas at composition; an attention option
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING
 
 from lm.config import Choice, ConfigError
 from lm.model.choices import Arch, EmbeddingKind, NormPosition, OutputKind, TieEmbeddings
