@@ -196,7 +196,7 @@ def _typed_option(slot: str, node: dict, name: str):
 
 
 def _import_module_of(target: str) -> None:
-    """Import the module a saved `_target_` names (lm.zoo.synthesizer.SynthesizerDense -> lm.zoo.synthesizer),
+    """Import the module a saved `_target_` names (lm.zoo.<variant>.<Class> -> lm.zoo.<variant>),
     if it is one of lm's: a config saved with a zoo option loads without importing the zoo first."""
     import importlib
 

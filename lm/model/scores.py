@@ -6,8 +6,8 @@ Each option is one subclass of `Score` that defines `logits` (and, where it need
 which reshapes the keys and values before scoring); the base class does masking, softmax,
 dropout, GQA and the probabilities `lm.model.attention.capture` reads, so a new option plugs into
 all of them by writing `logits` alone. The core has scaled_dot, softmax(q k^T / sqrt(Dh)) on SDPA's
-fused kernels (Vaswani et al. 2017); the paper variants (dot, multiplicative, additive, Linformer,
-synthesizers, convolutions) live in lm/zoo and register their schemas (lm/model/registry.py).
+fused kernels (Vaswani et al. 2017); the paper variants live in lm/zoo and register their schemas
+(lm/model/registry.py; docs/attention.md lists them).
 
 Every score is built as `score(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)`
 plus its own hyperparameters from conf/model/attn/. Masks are the additive float masks of
