@@ -29,18 +29,18 @@ VARIANTS = {
     "vanilla": ("vanilla", []),
     "moe": ("vanilla", ["model/ffn=moe"]),
     "switch": ("vanilla", ["model/ffn=switch"]),
-    "pkm": ("vanilla", ["model.pkm.layers=[{mid}]"]),
+    "pkm": ("vanilla", ["model/block=pkm", "model.block.layers=[{mid}]"]),
     "vanilla_encoder": ("vanilla_encoder", ["model.arch=encoder"]),
-    "funnel": ("vanilla_encoder", ["model.arch=encoder", "model.funnel.blocks={groups}",
-                                   "model.funnel.decoder_layers=0"]),
+    "funnel": ("vanilla_encoder", ["model.arch=encoder", "model/stack=funnel",
+                                   "model.stack.blocks={groups}", "model.stack.decoder_layers=0"]),
     "synth_dense": ("vanilla", ["model/attn=synthesizer_dense"]),
     "synth_dense_plus_alpha": ("vanilla", ["model/attn=synthesizer_dense", "model.attn.mix=plus_alpha"]),
     "synth_random": ("vanilla", ["model/attn=synthesizer_random"]),
     "synth_factorized": ("vanilla", ["model/attn=synthesizer_factorized"]),
     "lightweight_conv": ("vanilla", ["model/attn=lightweight_conv"]),
     "dynamic_conv": ("vanilla", ["model/attn=dynamic_conv"]),
-    "weighted": ("vanilla", ["model.block=weighted"]),
-    "evolved": ("vanilla", ["model.block=evolved"]),
+    "weighted": ("vanilla", ["model/block=weighted"]),
+    "evolved": ("vanilla", ["model/block=evolved"]),
 }
 
 

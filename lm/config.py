@@ -98,6 +98,8 @@ def register_train_configs() -> None:
     from lm.engine.config import register_engine_configs
     from lm.model.config import register_model_configs
 
+    import lm.zoo  # noqa: F401 (the paper variants register their options before Hydra composes: lm/model/registry.py)
+
     register_model_configs()
     register_data_configs()
     register_engine_configs()

@@ -12,12 +12,13 @@ from omegaconf import OmegaConf
 from lm.config import ConfigError, conf_dir
 from lm.model import build_model
 from lm.model.attention import capture
-from lm.model.config import (AttnConfig, LinformerConfig, ModelConfig, model_from_saved, model_preset, options,
-                             schema_name)
+from lm.model.config import AttnConfig, ModelConfig, model_from_saved, model_preset, options, schema_name
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
 from lm.model.generate import generate
 from tests.model_support import greedy_by_recompute
-from lm.model.scores import Additive, Dot, Linformer, Multiplicative, ScaledDot, Score
+from lm.model.registry import register
+from lm.model.scores import ScaledDot, Score
+from lm.zoo.scores import Additive, Dot, Linformer, LinformerConfig, Multiplicative
 
 OPTIONS = ["scaled_dot", "dot", "multiplicative", "additive", "linformer"]
 CAUSAL = [o for o in OPTIONS if o != "linformer"]
@@ -25,16 +26,17 @@ V = 50
 B, H, KVH, Dh = 2, 4, 2, 8
 
 
-def cfg_of(option, arch="decoder", **over) -> ModelConfig:
-    """A tiny model with a large init (every dependency visible), composed as lm train would."""
+def cfg_of(option, arch="decoder", picks=(), **over) -> ModelConfig:
+    """A tiny model with a large init (every dependency visible), composed as lm train would; picks: group
+    options (model/stack=funnel)."""
     args = [f"model/attn={option}", f"model.arch={arch}", f"model.vocab_size={V}", "model.dim=32",
-            "model.max_seq_len=32", "model.init_std=0.1"]
+            "model.max_seq_len=32", "model.init_std=0.1", *picks]
     return model_preset("tiny", args + [f"model.{k}={v}" for k, v in over.items()])
 
 
-def model_of(option, arch="decoder", seed=0, **over):
+def model_of(option, arch="decoder", seed=0, picks=(), **over):
     torch.manual_seed(seed)
-    return build_model(cfg_of(option, arch, **over)).eval()
+    return build_model(cfg_of(option, arch, picks, **over)).eval()
 
 
 def ids(*shape, seed=0):
@@ -376,7 +378,10 @@ def test_every_option_has_a_schema_a_file_and_every_preset_picks_scaled_dot():
     # synthesizers and convolutions (issue #20) are tested in tests/test_synth_conv.py
     others = {"synthesizer_dense", "synthesizer_random", "synthesizer_factorized", "lightweight_conv", "dynamic_conv"}
     assert set(files) == set(OPTIONS) | others
-    for cls in (c for c in options("attn") if c.__module__ == "lm.model.options"):
+    ours = [c for c in options("attn") if c.__module__.startswith("lm.")]  # not this file's CosineConfig
+    assert {c.__module__ for c in ours} == {"lm.model.options", "lm.zoo.scores", "lm.zoo.synthesizer",
+                                            "lm.zoo.conv_attn"}  # the core's and the zoo's options
+    for cls in ours:
         assert any(schema_name(cls) in text for text in files.values()), cls
     for preset in (conf_dir() / "model").glob("*.yaml"):
         line = "  - attn: null" if preset.stem in RNN_PRESETS else "  - attn: scaled_dot"
@@ -445,11 +450,11 @@ def test_hugging_face_export_refuses_other_scores():
     pytest.importorskip("transformers")
     from lm.model.convert import to_hf
 
-    with pytest.raises(ValueError, match="model.attn._target_=lm.model.scores.Multiplicative"):
+    with pytest.raises(ValueError, match="model.attn._target_=lm.zoo.scores.Multiplicative"):
         to_hf(model_of("multiplicative"))
 
 
-# -- a new option is one Score subclass, one schema, one YAML file, and capture() reads it ---------
+# -- a new option is one Score subclass, one registered schema, one YAML file, and capture() reads it ---
 
 class Cosine(Score):
     """A made-up option for the extension test: cosine similarity times a temperature."""
@@ -462,6 +467,7 @@ class Cosine(Score):
         return self.tau * torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(k, dim=-1).transpose(-2, -1)
 
 
+@register("attn")
 @dataclass
 class CosineConfig(AttnConfig):
     _target_: str = "tests.test_attention_scores.Cosine"
@@ -509,9 +515,9 @@ def test_ablate_attention_runs_every_option_on_one_encoder():
 
 @pytest.mark.parametrize("option", OPTIONS)
 def test_funnel_encoder_takes_every_option_and_counts_its_pooled_blocks(option):
-    from lm.model.funnel import attention_layers
+    from lm.zoo.funnel import attention_layers
 
-    cfg = cfg_of(option, "encoder", n_layers=4, **{"funnel.blocks": "[2,2]"})
+    cfg = cfg_of(option, "encoder", ["model/stack=funnel"], n_layers=4, **{"stack.blocks": "[2,2]"})
     model = build_model(cfg).eval()
     x = ids(2, 12)
     mask = torch.ones_like(x)
@@ -521,13 +527,13 @@ def test_funnel_encoder_takes_every_option_and_counts_its_pooled_blocks(option):
         b = model(_perturb_pads(x, mask), attention_mask=mask).logits
     assert torch.equal(a[mask.bool()], b[mask.bool()])
     if option == "scaled_dot":  # the per-module sum agrees with Funnel's own count in full-length layers
-        assert attention_flops_per_token(cfg, 16) == round(12 * attention_layers(cfg) * 4 * 8 * 16)
+        assert attention_flops_per_token(cfg, 16) == round(12 * attention_layers([2, 2], 2) * 4 * 8 * 16)
 
 
-@pytest.mark.parametrize("over", [{"share_blocks": "all"}, {"ut_steps": 3}])
-def test_capture_labels_each_application_of_a_shared_block(over):
-    model = model_of("multiplicative", "encoder_decoder", **over)
-    depth = over.get("ut_steps", 2)
+@pytest.mark.parametrize("option,over", [("shared", {}), ("universal", {"stack.steps": 3})])
+def test_capture_labels_each_application_of_a_shared_block(option, over):
+    model = model_of("multiplicative", "encoder_decoder", picks=[f"model/stack={option}"], **over)
+    depth = over.get("stack.steps", 2)
     assert len(model.decoder.blocks) == 1
     with torch.no_grad(), capture(model) as maps:
         model(ids(1, 6), decoder_input_ids=ids(1, 4, seed=1))

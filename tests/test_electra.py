@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from lm.config import ConfigError
 from lm.model import EncoderLM, build_model
-from lm.model.config import Arch, BlockKind, OutputKind, model_preset
+from lm.model.config import Arch, OutputKind, model_preset
+from lm.zoo.evolved import EvolvedConfig
 from lm.model.electra import MASKED_FRACTION, ElectraLM
 from lm.model.flops import active_matmul_params as count
 from lm.model.flops import attention_flops_per_token, matmul_params, num_params
@@ -149,8 +150,8 @@ def test_the_generator_is_a_stack_of_its_own_width_and_depth(cfg):
     (dict(output=OutputKind.adaptive_softmax, tie_embeddings=False),
      r"model.electra with .*model.output=adaptive_softmax"),
     (dict(loss_chunk_size=64), r"model.electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0"),
-    (dict(electra=dict(generator_dim=9), block=BlockKind.evolved),
-     r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: model.block=evolved needs an even"),
+    (dict(electra=dict(generator_dim=9), block=EvolvedConfig()),
+     r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: model/block=evolved needs an even"),
 ])
 def test_refusals_name_the_field_and_the_fix(cfg, change, message):
     if "electra" in change:

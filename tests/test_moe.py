@@ -323,7 +323,7 @@ def test_data_parallel_engines_train_moe_like_one_process(engine, tmp_path):
 
 
 @pytest.mark.parametrize("override,named", [("model/ffn=switch", "model/ffn=switch"),
-                                            ("model.pkm.layers=[0]", "model.pkm.layers"),
+                                            ("model/block=pkm", "model/block=pkm"),
                                             ])
 def test_hugging_face_export_refuses_sparse_options_by_name(override, named):
     pytest.importorskip("transformers")

@@ -135,10 +135,11 @@ def test_fixup_rescales_the_same_draws(arch, branches):
     (["model/norm=fixup", "model.norm_position=post"], "model/norm=fixup .* model.norm_position=post"),
     (["model/norm=fixup", "model.qk_norm=true"], "model/norm=fixup has no norm, but model.qk_norm=true"),
     (["model/norm=rezero", "model.embed_norm=true"], "model/norm=rezero has no norm, but model.embed_norm=true"),
-    (["model.share_blocks=encoder"], "model.share_blocks=encoder: model.arch=decoder has no encoder"),
-    (["model.ut_steps=2", "model.share_blocks=decoder"], "model.ut_steps=2 .* model.share_blocks=decoder"),
-    (["model.ut_steps=-1"], "model.ut_steps=-1"),
-    (["model.share_blocks=all", "model.attn_scale_by_layer=true"], "model.attn_scale_by_layer=true .*model.share_blocks=all"),
+    (["model/stack=shared", "model.stack.share=encoder"], "model.stack.share=encoder: model.arch=decoder has no encoder"),
+    (["model/stack=universal", "model.stack.steps=2", "model.stack.share=decoder"],
+     "model.stack.steps=2\\) .* model.stack.share=decoder"),
+    (["model/stack=universal", "model.stack.steps=-1"], "model.stack.steps=-1"),
+    (["model/stack=shared", "model.attn_scale_by_layer=true"], "model.attn_scale_by_layer=true .*model.stack.share=all"),
     (["model.tie_embeddings=encoder_decoder_inputs"], "model.tie_embeddings=encoder_decoder_inputs .* model.arch=decoder"),
     (["model.tie_embeddings=some"], "model.tie_embeddings='some' is not one of true, false, none, decoder_input_output"),
     (["model.factorized_embedding=48"], "model.factorized_embedding=48 must be 0 .* below model.dim=48"),
@@ -149,9 +150,10 @@ def test_undefined_combinations_are_refused_naming_both_fields(over, message):
 
 
 @pytest.mark.parametrize("over,message", [
-    (["model.share_blocks=all", "model.funnel.blocks=[1,1]", "model/pos=learned"], "model.share_blocks=all with model.funnel.blocks"),
-    (["model.ut_steps=2", "model.pkm.layers=[0]"], "model.ut_steps=2 with model.pkm.layers=\\[0\\]"),
-    (["model.ut_steps=2", "model.transparent_attention=true"], "model.ut_steps=2 with model.transparent_attention=true"),
+    (["model/stack=universal", "model.stack.steps=2", "model/block=pkm", "model.block.layers=[0]"],
+     "model.stack.steps=2\\) with model/block=pkm \\(model.block.layers=\\[0\\]\\)"),
+    (["model/stack=universal", "model.stack.steps=2", "model/memory=transparent"],
+     "model.stack.steps=2\\) with model/memory=transparent"),
     (["model.factorized_embedding=16", "model.embedding=adaptive", "model.tie_embeddings=false"],
      "model.factorized_embedding=16 with model.embedding=adaptive"),
     (["model.factorized_embedding=16", "model.output=mixture_of_softmaxes"],
@@ -162,11 +164,11 @@ def test_combinations_with_the_other_issue_options_are_refused(over, message):
         build_model(tiny(*over, arch="encoder_decoder"))
 
 
-@pytest.mark.parametrize("over", [["model.transparent_attention=true"], ["model/ffn=moe"],
+@pytest.mark.parametrize("over", [["model/memory=transparent"], ["model/ffn=moe"],
                                   ["model/ffn=switch", "model.tie_embeddings=none"]])
 def test_sharing_works_with_the_other_issue_options(over):
     """Transparent attention gets one encoder mix per application; a shared MoE block records its aux loss per call."""
-    cfg = tiny("model.share_blocks=all", "model.n_layers=3", "model.n_decoder_layers=3", *over, arch="encoder_decoder")
+    cfg = tiny("model/stack=shared", "model.n_layers=3", "model.n_decoder_layers=3", *over, arch="encoder_decoder")
     model = built(cfg)
     out = model(**batch(cfg))
     out.loss.backward()
@@ -190,7 +192,8 @@ def test_rezero_with_a_norm_keeps_the_norm_in_the_branch():
                                         ("encoder_decoder", "all")])
 def test_a_shared_stack_has_one_blocks_parameters(arch, share):
     """6 layers sharing one block hold the parameters of a 1-layer model, and cost the FLOPs of 6 layers."""
-    shared = tiny("model.n_layers=6", "model.n_decoder_layers=6", f"model.share_blocks={share}", arch=arch)
+    shared = tiny("model.n_layers=6", "model.n_decoder_layers=6", "model/stack=shared", f"model.stack.share={share}",
+                  arch=arch)
     one = tiny("model.n_layers=1", "model.n_decoder_layers=1", arch=arch)
     six = tiny("model.n_layers=6", "model.n_decoder_layers=6", arch=arch)
     assert num_params(shared) == num_params(one) == sum(p.numel() for p in built(shared).parameters())
@@ -199,14 +202,15 @@ def test_a_shared_stack_has_one_blocks_parameters(arch, share):
 
 
 def test_share_one_stack_of_two():
-    enc = tiny("model.n_layers=4", "model.n_decoder_layers=4", "model.share_blocks=encoder", arch="encoder_decoder")
+    enc = tiny("model.n_layers=4", "model.n_decoder_layers=4", "model/stack=shared", "model.stack.share=encoder",
+               arch="encoder_decoder")
     model = built(enc)
     assert len(model.encoder.blocks) == 1 and len(model.decoder.blocks) == 4
     assert model.encoder.depth == model.decoder.depth == 4
 
 
 def test_shared_model_equals_an_unshared_one_with_copied_blocks():
-    shared = built(tiny("model.n_layers=3", "model.share_blocks=all"))
+    shared = built(tiny("model.n_layers=3", "model/stack=shared"))
     plain = built(tiny("model.n_layers=3"))
     state = shared.state_dict()
     for key, value in list(state.items()):
@@ -220,7 +224,8 @@ def test_shared_model_equals_an_unshared_one_with_copied_blocks():
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
 def test_universal_transformer_applies_one_block_with_step_embeddings(kind):
-    cfg = tiny("model.ut_steps=3", f"model.ut_step_embedding={kind}", "model.n_layers=5")  # n_layers: unused
+    cfg = tiny("model/stack=universal", "model.stack.steps=3", f"model.stack.step_embedding={kind}",
+               "model.n_layers=5")  # n_layers: unused
     model = built(cfg)
     stack = model.decoder
     assert len(stack.blocks) == 1 and stack.depth == 3 and len(model.new_cache()) == 3
@@ -244,15 +249,16 @@ def test_universal_transformer_applies_one_block_with_step_embeddings(kind):
 def test_kv_cache_decoding_with_a_shared_block_matches_the_full_forward():
     from lm.model.generate import generate
 
-    model = built(tiny("model.ut_steps=3")).eval()
+    model = built(tiny("model/stack=universal", "model.stack.steps=3")).eval()
     prompt = batch(model.cfg)["input_ids"][:1, :4]
     out = generate(model, prompt, max_new_tokens=6)
     full = model(out).logits  # greedy: each new token is the argmax of the full forward at its position
     assert torch.equal(out[0, 4:], full[0, 3:-1].argmax(-1))
 
 
-@pytest.mark.parametrize("over", [["model.share_blocks=all"], ["model.ut_steps=2"],
-                                  ["model.ut_steps=2", "model.ut_step_embedding=learned"]])
+@pytest.mark.parametrize("over", [["model/stack=shared"], ["model/stack=universal", "model.stack.steps=2"],
+                                  ["model/stack=universal", "model.stack.steps=2",
+                                   "model.stack.step_embedding=learned"]])
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder_decoder"])
 def test_shared_models_train(over, arch):
     # 80 steps: the sinusoidal step signal (norm ~sqrt(D/2)) swamps the unscaled 0.02 embeddings at first
@@ -312,16 +318,17 @@ def test_bools_keep_their_meaning_for_saved_configs():
     assert again.tie_embeddings is False and again.tying == "encoder_decoder_inputs"
     keys = set(built(again).state_dict())
     assert "head.proj.weight" in keys and not any(k.startswith("encoder_embed") for k in keys)
-    new = model_from_saved({**saved, "tie_embeddings": "none", "factorized_embedding": 8, "ut_steps": 2})
-    assert new.tying == "none" and new.factorized_embedding == 8 and new.ut_steps == 2
+    stack = {"_target_": "lm.zoo.sharing.shared_stack", "universal": True, "steps": 2}  # a zoo option, by _target_
+    new = model_from_saved({**saved, "tie_embeddings": "none", "factorized_embedding": 8, "stack": stack})
+    assert new.tying == "none" and new.factorized_embedding == 8 and new.stack.steps == 2
 
 
 # -- Hugging Face conversion refuses what it cannot express ------------------------------------------
 
 @pytest.mark.parametrize("preset,over,field", [
     ("gpt2", ["model.factorized_embedding=64"], "model.factorized_embedding=64"),
-    ("gpt2", ["model.share_blocks=all"], "model.share_blocks=all"),
-    ("llama", ["model.n_kv_heads=1", "model.ut_steps=2"], "model.ut_steps=2"),
+    ("gpt2", ["model/stack=shared"], "model/stack=shared"),
+    ("llama", ["model.n_kv_heads=1", "model/stack=universal"], "model/stack=shared"),
     ("t5", ["model.tie_embeddings=none"], "model.tie_embeddings=none"),
     ("gpt2", ["model/norm=rezero_layernorm"], "norm=rezero_norm"),
     ("gpt2", ["model/ffn=liglu"], "liglu|activation|GLU|glu"),
@@ -382,8 +389,9 @@ def test_narang_depth_cells_are_parameter_matched():
 # -- checkpoint/resume and engines -----------------------------------------------------------------
 
 RESUME_CASES = {
-    "fixup_factorized_ut": ["model/norm=fixup", "model.factorized_embedding=16", "model.ut_steps=3"],
-    "rezero_shared_liglu": ["model/norm=rezero_layernorm", "model.share_blocks=all", "model/ffn=liglu"],
+    "fixup_factorized_ut": ["model/norm=fixup", "model.factorized_embedding=16", "model/stack=universal",
+                            "model.stack.steps=3"],
+    "rezero_shared_liglu": ["model/norm=rezero_layernorm", "model/stack=shared", "model/ffn=liglu"],
     "encdec_untied_inputs": ["model.arch=encoder_decoder", "model.tie_embeddings=decoder_input_output",
                              "model/ffn=glu", "model/norm=rezero"],
 }
@@ -418,7 +426,8 @@ def test_engines_match_one_process_with_shared_blocks(engine, tmp_path):
     from lm.cli.train import train
     from tests.engine_support import compose, loaders, spawn, tiny_overrides, train_losses
 
-    extra = ["model.ut_steps=3", "model.factorized_embedding=16", "model/norm=rezero_layernorm", "optim.lr=1e-2"]
+    extra = ["model/stack=universal", "model.stack.steps=3", "model.factorized_embedding=16",
+             "model/norm=rezero_layernorm", "optim.lr=1e-2"]
     cfg = compose(tiny_overrides(tmp_path / "single", 6, micro_batch_size=4) + extra)
     result = train(cfg, loaders=loaders(cfg))
     assert sum(isinstance(m, Block) for m in result.engine.module.modules()) == 1

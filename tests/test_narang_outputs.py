@@ -13,6 +13,8 @@ from lm.model import build_model
 from lm.model.config import ModelConfig
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
 from lm.model.generate import generate
+from lm.zoo.funnel import FunnelConfig
+from lm.zoo.transparent import TransparentConfig
 
 V, D = 96, 32
 ASM = dict(output="adaptive_softmax", tie_embeddings=False, adaptive_cutoffs=[16, 48])
@@ -145,23 +147,23 @@ def test_adaptive_input_trains_every_band():
 
 def test_transparent_attention_on_the_last_layer_alone_is_the_plain_model():
     plain = built("encoder_decoder")
-    transparent = build_model(cfg_of("encoder_decoder", transparent_attention=True)).eval()
+    transparent = build_model(cfg_of("encoder_decoder", memory=TransparentConfig())).eval()
     missing, unexpected = transparent.load_state_dict(plain.state_dict(), strict=False)
-    assert missing == ["transparent.weights"] and unexpected == []
+    assert missing == ["memory.weights"] and unexpected == []
     with torch.no_grad():
-        transparent.transparent.weights.fill_(-1e4)[:, -1] = 0.0  # all weight on the last encoder layer
+        transparent.memory.weights.fill_(-1e4)[:, -1] = 0.0  # all weight on the last encoder layer
     b = batch("encoder_decoder")
     with torch.no_grad():
         torch.testing.assert_close(transparent(**b).loss, plain(**b).loss)
-        transparent.transparent.weights.zero_()  # the initial state: the average of all encoder states
+        transparent.memory.weights.zero_()  # the initial state: the average of all encoder states
         assert not torch.allclose(transparent(**b).loss, plain(**b).loss)
 
 
 def test_transparent_attention_mixes_per_decoder_layer_and_gets_gradients():
-    model = build_model(cfg_of("encoder_decoder", transparent_attention=True, n_decoder_layers=3)).train()
-    assert tuple(model.transparent.weights.shape) == (3, 3)  # 3 decoder layers x (embeddings + 2 encoder layers)
+    model = build_model(cfg_of("encoder_decoder", memory=TransparentConfig(), n_decoder_layers=3)).train()
+    assert tuple(model.memory.weights.shape) == (3, 3)  # 3 decoder layers x (embeddings + 2 encoder layers)
     model(**batch("encoder_decoder")).loss.backward()
-    assert model.transparent.weights.grad.abs().min() > 0
+    assert model.memory.weights.grad.abs().min() > 0
 
 
 # -- params and FLOPs per token (the table's Params and Ops columns) --------------------------------
@@ -194,7 +196,7 @@ def test_params_and_flops_follow_the_formulas():
     assert matmul_params(adaptive_in) == matmul_params(base) + D * D  # one band's projection per token: band 0's
 
     ed = cfg_of("encoder_decoder", n_decoder_layers=3)
-    tr = cfg_of("encoder_decoder", n_decoder_layers=3, transparent_attention=True)
+    tr = cfg_of("encoder_decoder", n_decoder_layers=3, memory=TransparentConfig())
     assert num_params(tr) == num_params(ed) + 3 * (2 + 1)
     assert flops_per_token(tr, T) == flops_per_token(ed, T)  # the mix is L_dec x (N+1) multiply-adds per position
 
@@ -206,7 +208,7 @@ def test_params_and_flops_follow_the_formulas():
     (dict(embedding="adaptive"), ["model.embedding=adaptive", "model.tie_embeddings=true"]),
     (dict(MOS, loss_chunk_size=64), ["model.output=mixture_of_softmaxes", "model.loss_chunk_size=64"]),
     (dict(ASM, loss_chunk_size=64), ["model.output=adaptive_softmax", "model.loss_chunk_size=64"]),
-    (dict(transparent_attention=True), ["model.transparent_attention=true", "model.arch=decoder"]),
+    (dict(memory=TransparentConfig()), ["model/memory=transparent", "model.arch=decoder"]),
     (dict(ASM, adaptive_cutoffs=[48, 16]), ["model.adaptive_cutoffs=[48, 16]", "model.vocab_size=96"]),
     (dict(ASM, adaptive_cutoffs=[16, 96]), ["model.adaptive_cutoffs=[16, 96]"]),
     (dict(MOS, mos_components=0), ["model.mos_components=0"]),
@@ -220,14 +222,13 @@ def test_undefined_combinations_are_refused_naming_the_fields(kw, fields):
 
 def test_encoder_only_model_refuses_transparent_attention():
     with pytest.raises(ConfigError, match="model.arch=encoder"):
-        build_model(cfg_of("encoder", transparent_attention=True))
+        build_model(cfg_of("encoder", memory=TransparentConfig()))
 
 
 def test_funnel_encoder_refuses_transparent_attention():
-    from lm.model.config import FunnelConfig
 
-    with pytest.raises(ConfigError, match=r"model.transparent_attention=true with model.funnel.blocks=\[1, 1\]"):
-        build_model(cfg_of("encoder_decoder", transparent_attention=True, funnel=FunnelConfig(blocks=[1, 1])))
+    with pytest.raises(ConfigError, match=r"model/memory=transparent with model.stack.blocks=\[1, 1\]"):
+        build_model(cfg_of("encoder_decoder", memory=TransparentConfig(), stack=FunnelConfig(blocks=[1, 1])))
 
 
 def test_options_compose_from_the_command_line_grammar():
@@ -252,7 +253,7 @@ def test_hugging_face_export_refuses_these_options():
 @pytest.mark.parametrize("extra,objective", [
     (["model.output=adaptive_softmax", "model.tie_embeddings=false", "model.adaptive_cutoffs=[64,128]"], "clm"),
     (["model.output=mixture_of_softmaxes", "model.embedding=adaptive", "model.tie_embeddings=false"], "clm"),
-    (["model.arch=encoder_decoder", "model.transparent_attention=true"], "span"),
+    (["model.arch=encoder_decoder", "model/memory=transparent"], "span"),
 ])
 def test_training_resumes_bit_identically(tmp_path, extra, objective):
     from lm.cli.train import train

@@ -1,4 +1,4 @@
-"""Product-key memory (model.pkm) and the Funnel encoder (model.funnel): their defining properties,
+"""Product-key memory (model/block=pkm) and the Funnel encoder (model/stack=funnel), both in lm/zoo: their defining properties,
 refused combinations, Params/Ops, and training through lm train with resume."""
 
 import pytest
@@ -8,8 +8,8 @@ from lm.config import ConfigError
 from lm.model import build_model
 from lm.model.config import model_preset
 from lm.model.flops import attention_flops_per_token, matmul_params, num_params
-from lm.model.funnel import FunnelStack, attention_layers, pair_weights, pool
-from lm.model.pkm import ProductKeyMemory, product_topk
+from lm.zoo.funnel import FunnelStack, attention_layers, pair_weights, pool
+from lm.zoo.pkm import ProductKeyMemory, product_topk
 from tests.engine_support import compose, loaders, metrics, train_losses, tiny_overrides
 
 
@@ -42,8 +42,8 @@ def test_memory_reads_the_softmax_weighted_values_of_the_best_full_keys():
 
 
 def test_pkm_replaces_the_ffn_only_in_the_chosen_layers_and_trains():
-    cfg = model_preset("tiny", ["model.n_layers=3", "model.pkm.layers=[1]", "model.pkm.n_keys=16",
-                                "model.pkm.query_batchnorm=true"])
+    cfg = model_preset("tiny", ["model.n_layers=3", "model/block=pkm", "model.block.layers=[1]",
+                                "model.block.n_keys=16", "model.block.query_batchnorm=true"])
     torch.manual_seed(0)
     model = build_model(cfg)
     kinds = [type(b.ffn).__name__ for b in model.decoder.blocks]
@@ -61,21 +61,22 @@ def test_pkm_replaces_the_ffn_only_in_the_chosen_layers_and_trains():
 
 
 @pytest.mark.parametrize("override,field", [
-    ("model.pkm.layers=[2]", "model.pkm.layers"),
-    ("model.pkm.layers=[1,1]", "model.pkm.layers"),
-    ("model.pkm.k_dim=7", "model.pkm.k_dim"),
-    ("model.pkm.top_k=100", "model.pkm.top_k"),
+    ("model.block.layers=[2]", "model.block.layers"),
+    ("model.block.layers=[1,1]", "model.block.layers"),
+    ("model.block.layers=[]", "model.block.layers"),
+    ("model.block.k_dim=7", "model.block.k_dim"),
+    ("model.block.top_k=100", "model.block.top_k"),
 ])
 def test_pkm_refuses_undefined_settings(override, field):
-    cfg = model_preset("tiny", ["model.pkm.layers=[0]", override])
+    cfg = model_preset("tiny", ["model/block=pkm", "model.block.layers=[0]", override])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_model(cfg)
 
 
 def test_pkm_ops_count_the_lookups_not_the_table():
     dense = model_preset("tiny", [])
-    cfg = model_preset("tiny", ["model.pkm.layers=[0]", "model.pkm.n_keys=32", "model.pkm.heads=2",
-                                "model.pkm.k_dim=16", "model.pkm.top_k=4"])
+    cfg = model_preset("tiny", ["model/block=pkm", "model.block.layers=[0]", "model.block.n_keys=32",
+                                "model.block.heads=2", "model.block.k_dim=16", "model.block.top_k=4"])
     mlp = 2 * 64 * 256
     query, keys, reads = 64 * 2 * 16, 2 * 32 * 16, 2 * 4 * 64
     assert matmul_params(cfg) == matmul_params(dense) - mlp + query + keys + reads
@@ -87,13 +88,13 @@ def test_pkm_ops_count_the_lookups_not_the_table():
 
 def _funnel(blocks="[1,1,1]", extra=()):
     cfg = model_preset("tiny", ["model.arch=encoder", f"model.n_layers={sum(eval(blocks))}",
-                                f"model.funnel.blocks={blocks}", *extra])
+                                "model/stack=funnel", f"model.stack.blocks={blocks}", *extra])
     torch.manual_seed(0)
     return cfg, build_model(cfg).eval()
 
 
 def test_sequence_length_halves_per_group_and_is_restored_for_tokens():
-    cfg, model = _funnel("[2,1,1]", ["model.funnel.decoder_layers=2"])
+    cfg, model = _funnel("[2,1,1]", ["model.stack.decoder_layers=2"])
     lengths = []
     for block in model.encoder.blocks:
         block.register_forward_hook(lambda m, inp, out: lengths.append(out.shape[1]))
@@ -150,7 +151,7 @@ def test_funnel_classifier_and_encoder_decoder_memory():
     out.loss.backward()
     assert out.logits.shape == (2, 3)
     assert model.encoder.blocks[-1].self_attn.qkv.weight.grad is None  # the up-sampling blocks did not run
-    cfg = model_preset("tiny", ["model.arch=encoder_decoder", "model.funnel.blocks=[1,1]"])
+    cfg = model_preset("tiny", ["model.arch=encoder_decoder", "model/stack=funnel", "model.stack.blocks=[1,1]"])
     ed = build_model(cfg)
     assert isinstance(ed.encoder, FunnelStack) and not isinstance(ed.decoder, FunnelStack)
     x = torch.randint(0, 256, (2, 12))
@@ -158,20 +159,21 @@ def test_funnel_classifier_and_encoder_decoder_memory():
 
 
 @pytest.mark.parametrize("overrides,field", [
-    (["model.arch=decoder", "model.funnel.blocks=[1,1]"], "model.arch=decoder"),
-    (["model.arch=encoder", "model.funnel.blocks=[1,2]"], "model.funnel.blocks"),
-    (["model.arch=encoder", "model.funnel.blocks=[1,1]", "model/pos=rope"], "model/pos"),
-    (["model.arch=encoder", "model.funnel.blocks=[1,1]", "model.funnel.decoder_layers=-1"], "decoder_layers"),
+    (["model.arch=decoder", "model.stack.blocks=[1,1]"], "model.arch=decoder"),
+    (["model.arch=encoder", "model.stack.blocks=[1,2]"], "model.stack.blocks"),
+    (["model.arch=encoder"], "model.stack.blocks"),  # the option picked, its groups not set
+    (["model.arch=encoder", "model.stack.blocks=[1,1]", "model/pos=rope"], "model/pos"),
+    (["model.arch=encoder", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=-1"], "decoder_layers"),
 ])
 def test_funnel_refuses_undefined_combinations(overrides, field):
-    cfg = model_preset("tiny", overrides)
+    cfg = model_preset("tiny", ["model/stack=funnel", *overrides])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_model(cfg)
 
 
 def test_funnel_ops_scale_with_the_pooled_lengths():
-    cfg = model_preset("tiny", ["model.arch=encoder", "model.n_layers=4", "model.funnel.blocks=[2,2]",
-                                "model.funnel.decoder_layers=1"])
+    cfg = model_preset("tiny", ["model.arch=encoder", "model.n_layers=4", "model/stack=funnel",
+                                "model.stack.blocks=[2,2]", "model.stack.decoder_layers=1"])
     vanilla = model_preset("tiny", ["model.arch=encoder", "model.n_layers=5"])  # same 5 blocks, no pooling
     block = 4 * 64 * 64 + 2 * 64 * 256  # qkv + out + MLP
     qkv = 3 * 64 * 64
@@ -179,7 +181,7 @@ def test_funnel_ops_scale_with_the_pooled_lengths():
     # groups: 2 blocks at 1, a pooling block at 1/2 (its qkv on 2x tokens), 1 block at 1/2, 1 up-sampling at 1
     assert matmul_params(cfg) == round(2 * block + 0.5 * block + 0.5 * qkv + 0.5 * block + block + head)
     assert matmul_params(vanilla) == 5 * block + head
-    assert attention_layers(cfg) == 2 + 1 * 0.5 + 0.25 + 1
+    assert attention_layers(cfg.stack.blocks, cfg.stack.decoder_layers) == 2 + 1 * 0.5 + 0.25 + 1
     assert attention_flops_per_token(cfg, 32) == round(12 * 3.75 * 4 * 16 * 32)
     assert num_params(cfg) == num_params(vanilla)  # pooling adds no parameters
 
@@ -187,8 +189,8 @@ def test_funnel_ops_scale_with_the_pooled_lengths():
 # -- through lm train: checkpoint/resume --------------------------------------------------------------------
 
 @pytest.mark.parametrize("option", [
-    ["model.pkm.layers=[1]", "model.pkm.n_keys=16"],
-    ["model.arch=encoder", "model.funnel.blocks=[1,1]", "model.funnel.decoder_layers=1"],
+    ["model/block=pkm", "model.block.layers=[1]", "model.block.n_keys=16"],
+    ["model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=1"],
 ])
 def test_lm_train_resumes_exactly(option, tmp_path):
     from lm.cli.train import train

@@ -111,7 +111,7 @@ def test_every_row_composes_and_names_a_paper_row():
                 group, _, package = key.partition("@")
                 node = OmegaConf.select(cfg, package or group.replace("/", "."))
                 assert node["_target_"] == compose_group(group, value)._target_, (row.name, o)
-            else:  # model.x=1, model.attn.mix=plus, model.pkm.layers=[1], model.ut_steps=${model.n_layers}
+            else:  # model.x=1, model.attn.mix=plus, model.block.layers=[1]
                 expected = OmegaConf.select(cfg, value[2:-1]) if value.startswith("${") else yaml.safe_load(value)
                 actual = OmegaConf.select(cfg, key)
                 if OmegaConf.is_list(actual):

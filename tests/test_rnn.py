@@ -142,8 +142,8 @@ def test_parameters_and_flops_from_the_config():
     ("model/pos=rope", "model/pos=rope"), ("model/norm=rmsnorm", "model/norm=rmsnorm"),
     ("model/ffn=swiglu", "model/ffn=glu"), ("model.n_heads=8", "model.n_heads=8"),
     ("model.qk_norm=true", "model.qk_norm=True"), ("model.activation_checkpointing=true", "activation_checkpointing"),
-    ("model/ffn=moe", "model/ffn=moe"), ("model.pkm.layers=[0]", "model.pkm.layers=[0]"),
-    ("model.funnel.blocks=[2]", "model.funnel.blocks=[2]"),
+    ("model/ffn=moe", "model/ffn=moe"), ("model/block=pkm", "model/block=pkm"),
+    ("model/stack=funnel", "model/stack=funnel"),
 ])
 def test_transformer_options_are_refused_naming_the_field(override, named):
     with pytest.raises(ConfigError) as e:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from lm.model.attention import LayerCache, build_mask
-from lm.model.conv_attn import ConvAttention, DynamicConv, LightweightConv, band
-from lm.model.synthesizer import SynthesizerDense, SynthesizerFactorized, SynthesizerRandom
+from lm.zoo.conv_attn import ConvAttention, DynamicConv, LightweightConv, band
+from lm.zoo.synthesizer import SynthesizerDense, SynthesizerFactorized, SynthesizerRandom
 
 H, DH, L = 2, 4, 16
 
@@ -179,7 +179,7 @@ def test_band_places_the_kernel_on_the_diagonals():
     assert torch.allclose(A, torch.tensor([[0.5, 0, 0, 0], [0.3, 0.5, 0, 0], [0.2, 0.3, 0.5, 0], [0, 0.2, 0.3, 0.5]]))
 
 
-# -- through the model: options of model/attn and model.block ----------------------------------------------
+# -- through the model: options of model/attn and model/block ----------------------------------------------
 
 from lm.config import ConfigError  # noqa: E402
 from lm.model import build_model  # noqa: E402
@@ -195,8 +195,8 @@ OPTIONS = {
     "synth_factorized": ["model/attn=synthesizer_factorized", "model.attn.factorized_k=4"],
     "lightweight_conv": ["model/attn=lightweight_conv", "model.attn.kernel_size=3"],
     "dynamic_conv": ["model/attn=dynamic_conv", "model.attn.kernel_size=3"],
-    "weighted": ["model.block=weighted"],
-    "evolved": ["model.block=evolved"],
+    "weighted": ["model/block=weighted"],
+    "evolved": ["model/block=evolved"],
 }
 SMALL = ["model.n_layers=2", "model.dim=32", "model.n_heads=4", "model.max_seq_len=16"]
 
@@ -231,7 +231,7 @@ def test_encoder_padding_has_no_influence_on_real_tokens(option):
 @pytest.mark.parametrize("pos", ["t5_bias", "alibi"])
 def test_evolved_decoder_gives_its_2h_narrow_heads_the_per_head_score_bias(pos):
     """The branched attention's 2H heads take the bias of the H-head scheme, each pair its head's own."""
-    from lm.model.evolved import _per_narrow_head
+    from lm.zoo.evolved import _per_narrow_head
 
     model = _model("evolved", [f"model/pos={pos}", "model.arch=encoder_decoder"])
     x = torch.randint(8, 256, (2, 12))
@@ -259,7 +259,7 @@ def test_kv_cached_generation_matches_the_full_forward(option):
 
 def test_evolved_refuses_a_kv_cache_by_name():
     model = _model("evolved")
-    with pytest.raises(ValueError, match="model.block=evolved"):
+    with pytest.raises(ValueError, match="model/block=evolved"):
         model.next_logits(torch.randint(8, 256, (1, 3)), model.new_cache())
 
 
@@ -287,7 +287,7 @@ def test_encoder_decoder_keeps_scaled_dot_for_cross_attention():
 
 
 def test_weighted_block_branch_weights_sum_to_one_are_learned_and_match_vanilla_params():
-    from lm.model.weighted import WeightedAttention
+    from lm.zoo.weighted import WeightedAttention
 
     model = _model("weighted").train()
     blocks = model.decoder.blocks
@@ -311,7 +311,7 @@ def test_weighted_block_branch_weights_sum_to_one_are_learned_and_match_vanilla_
 
 
 def test_evolved_cells_have_the_papers_sub_layer_sequence():
-    from lm.model import evolved
+    from lm.zoo import evolved
 
     dec = _model("evolved", ["model.arch=encoder_decoder"])
     cell = dec.decoder.blocks[0]
@@ -352,11 +352,15 @@ def test_ops_count_each_option_as_built():
     (["model/attn=dynamic_conv", "model.n_kv_heads=2"], "model.n_kv_heads"),
     (["model/attn=synthesizer_random", "model/pos=rope"], "model/pos=rope"),
     (["model/attn=synthesizer_dense", "model.attn_scale=0.5"], "model.attn_scale"),
-    (["model/attn=lightweight_conv", "model.block=weighted"], "model.block=weighted"),
-    (["model.block=weighted", "model/ffn=moe"], "model/ffn=moe"),
-    (["model.block=evolved", "model.dim=36", "model.n_heads=4"], "head_dim=9"),
-    (["model.block=evolved", "model.pkm.layers=[0]"], "model.pkm.layers"),
-    (["model/attn=synthesizer_random", "model.arch=encoder", "model.funnel.blocks=[1,1]"], "funnel"),
+    (["model/attn=lightweight_conv", "model/block=weighted"], "model/block=weighted"),
+    (["model/block=weighted", "model/ffn=moe"], "model/ffn=moe"),
+    (["model/block=evolved", "model.dim=36", "model.n_heads=4"], "head_dim=9"),
+    (["model/block=evolved", "model/ffn=moe"], "model/ffn=moe"),  # the decoder cell's FFN is the Swish FFN
+    (["model/block=evolved", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"], "funnel"),
+    (["model/attn=synthesizer_random", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"],
+     "funnel"),
+    (["model/attn=dynamic_conv", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]",
+      "model/pos=none"], "funnel"),
 ])
 def test_undefined_combinations_are_refused_before_building(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -371,8 +375,8 @@ TRAIN = {  # lm train overrides (model=tiny at max_seq_len 64)
     "synth_random_plus_alpha": ["model/attn=synthesizer_random", "model.attn.mix=plus_alpha"],
     "synth_dense": ["model/attn=synthesizer_dense"],
     "dynamic_conv": ["model/attn=dynamic_conv", "model.attn.kernel_size=3"],
-    "weighted": ["model.block=weighted"],
-    "evolved": ["model.block=evolved"],
+    "weighted": ["model/block=weighted"],
+    "evolved": ["model/block=evolved"],
 }
 
 
@@ -411,8 +415,8 @@ def test_ddp_trains_like_one_process(option, tmp_path):
     assert min(single[s] for s in (6, 7, 8)) < single[1]  # it learns (batches of 4: noisy step to step)
 
 
-@pytest.mark.parametrize("override,named", [("model.block=weighted", "model.block=weighted"),
-                                            ("model.block=evolved", "model.block=evolved"),
+@pytest.mark.parametrize("override,named", [("model/block=weighted", "model/block=weighted"),
+                                            ("model/block=evolved", "model/block=evolved"),
                                             ("model/attn=dynamic_conv", "model.attn._target_")])
 def test_hugging_face_export_refuses_the_new_options_by_name(override, named):
     pytest.importorskip("transformers")

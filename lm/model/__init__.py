@@ -1,53 +1,23 @@
-"""Model code: single-device PyTorch. `build_model(cfg)` is the only place it meets Hydra (instantiate).
+"""Model code: single-device PyTorch. `build_model(cfg)` (lm/model/build.py) is the only place it meets Hydra.
 
 Public API: build_model, ModelConfig / model_preset / model_from_saved (lm.model.config), Block,
 DecoderLM, EncoderLM, EncoderDecoderLM, RNNLM (lm.model.rnn), ElectraLM (lm.model.electra), SequenceClassifier,
 generate (lm.model.generate), from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
+Each name is imported on first use, so `from lm.model.lm import DecoderLM` reads only what a GPT needs.
 """
 
-from lm.config_base import ConfigError
-from lm.model.block import Block
-from lm.model.config import ModelConfig, validate_model
-from lm.model.electra import ElectraLM
-from lm.model.init import init_weights
-from lm.model.linear import use_kind
-from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM, SequenceClassifier
-from lm.model.rnn import RNNLM
-from lm.model.stack import Components
+import importlib
 
-ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM, "rnn": RNNLM}
+_HOMES = {"build_model": "lm.model.build", "components": "lm.model.build", "ARCH_CLASSES": "lm.model.build",
+          "Block": "lm.model.block", "DecoderLM": "lm.model.lm", "EncoderLM": "lm.model.lm",
+          "EncoderDecoderLM": "lm.model.lm", "SequenceClassifier": "lm.model.lm", "RNNLM": "lm.model.rnn",
+          "ElectraLM": "lm.model.electra", "ModelConfig": "lm.model.config", "validate_model": "lm.model.config"}
 
 __all__ = ["build_model", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM", "RNNLM", "ElectraLM",
            "SequenceClassifier"]
 
 
-def components(cfg: ModelConfig) -> Components:
-    from hydra.utils import instantiate
-
-    if cfg.arch == "rnn":  # no Transformer slots (validate_rnn refuses them)
-        return Components(norm=None, ffn=None, pos=None)
-
-    def build(slot):
-        try:
-            return instantiate(getattr(cfg, slot))
-        except Exception as e:  # Hydra wraps import and argument errors; say which slot failed
-            raise ConfigError(f"model.{slot} could not be built ({e}); see conf/model/{slot}/ for the options") from e
-
-    return Components(norm=build("norm"), ffn=build("ffn"), pos=build("pos"), attn=build("attn"))
-
-
-def build_model(cfg: ModelConfig):
-    """Validate the typed config, build the model of its family, and initialise its weights."""
-    if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"build_model takes a ModelConfig (lm.model.config), not {type(cfg).__name__}; "
-                        f"compose one with model_preset(name, overrides) or model_from_saved(node)")
-    validate_model(cfg)
-    if cfg.electra is not None:  # an encoder pretrained by replaced-token detection: generator + discriminator
-        model = ElectraLM(cfg, components(cfg), components(cfg.electra.generator_config(cfg)))
-    else:
-        model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
-    init_weights(model, cfg)
-    try:
-        return use_kind(model, cfg.linear)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -10,6 +10,7 @@ follow merge order (the 256 byte symbols first, then merges roughly from frequen
 bands are only roughly frequency bands here.
 """
 
+import math
 from typing import List, Optional
 
 import torch
@@ -18,6 +19,8 @@ from torch import nn
 from lm.constants import IGNORE_INDEX
 from lm.model.config import ModelConfig
 from lm.model.heads import LMOutput
+from lm.model.init import OwnInit
+from lm.model.linear import MatmulCount
 
 
 def band_edges(cfg: ModelConfig) -> List[int]:
@@ -30,7 +33,7 @@ def band_dims(cfg: ModelConfig) -> List[int]:
     return [max(1, int(cfg.dim // (cfg.adaptive_div_value ** i))) for i in range(len(cfg.cutoffs) + 1)]
 
 
-class AdaptiveInput(nn.Module):
+class AdaptiveInput(MatmulCount, OwnInit, nn.Module):
     """Token ids -> (B, T, dim): band i looks its ids up in a (|band|, d_i) table, then projects d_i -> dim.
 
     Every band has a projection, the first too (as fairseq's AdaptiveInput), so each band's scale is
@@ -44,8 +47,6 @@ class AdaptiveInput(nn.Module):
         dims = band_dims(cfg)
         self.bands = nn.ModuleList(nn.Embedding(hi - lo, d) for lo, hi, d in zip(self.edges, self.edges[1:], dims))
         self.projs = nn.ModuleList(nn.Linear(d, cfg.dim, bias=False) for d in dims)
-        for band in self.bands:
-            band.is_adaptive_band = True  # lm/model/init.py starts the projected embedding at init_std
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = torch.zeros(*ids.shape, self.dim, dtype=self.projs[0].weight.dtype, device=ids.device)  # (B, T, D)
@@ -54,6 +55,15 @@ class AdaptiveInput(nn.Module):
             if in_band.any():
                 out[in_band] = proj(band(ids[in_band] - lo)).to(out.dtype)  # (n, d_i) -> (n, D)
         return out
+
+    def init_weights(self, cfg: ModelConfig) -> None:
+        """Band i's projection (std init_std, fan-in d_i) multiplies the scale by init_std * sqrt(d_i): start the
+        projected embedding at init_std instead, with bands of std 1 / sqrt(d_i) (t5 and torch: as they are)."""
+        if cfg.init in ("t5", "torch"):
+            return
+        with torch.no_grad():
+            for band in self.bands:
+                nn.init.normal_(band.weight, 0.0, 1.0 / math.sqrt(band.embedding_dim))
 
     def active_matmul_params(self, count) -> float:
         """For lm.model.flops: a token meets one band's projection; count the widest (band 0, the most frequent)."""

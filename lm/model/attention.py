@@ -17,7 +17,7 @@ Reading attention probabilities, for any scoring function:
 `capture(model)` makes every attention module of the model compute explicit probabilities (the
 default leaves SDPA's fused kernel for the same maths written out) and appends one dict per
 attention call, in call order: {"stack": "encoder" | "decoder" | ..., "layer": the layer of its
-stack that ran (a shared block, model.share_blocks or ut_steps, reports each application),
+stack that ran (a shared block, model/stack=shared|universal, reports each application),
 "kind": "self" | "cross", "probs": detached (B, H, Tq, Tk) tensor}. Rows sum to 1; masked
 keys (future, padding) get exactly 0. Linformer's Tk is its k projected positions. A KV-cached
 generation step appends Tq = 1 rows. Leaving the block restores the fast path. Meant for eval
@@ -79,6 +79,15 @@ def build_mask(
     return base.masked_fill(~visible, torch.finfo(torch.float32).min)
 
 
+def key_keep(mask: Optional[torch.Tensor], T: int) -> Optional[torch.Tensor]:
+    """(B, T) 1 for real tokens, 0 for pads, of the last T key positions, from build_mask's additive
+    mask; None when nothing is padded. The last query row sees every non-padded key (causal or not)."""
+    if mask is None:
+        return None
+    keep = mask[:, 0, -1, -T:] > torch.finfo(torch.float32).min
+    return keep.to(mask.dtype if mask.is_floating_point() else torch.float32)
+
+
 class _Attention(nn.Module):
     kind = ""  # "self" or "cross": how capture() labels its probabilities
 
@@ -89,8 +98,7 @@ class _Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         # the scoring function (lm/model/scores.py); scaled_dot on SDPA unless the model chose another
         self.score = score if score is not None else ScaledDot(n_heads, n_kv_heads, head_dim, 0, scale, dropout, False)
-        self.out = Linear(n_heads * head_dim, dim, bias=bias)
-        self.out.is_residual_proj = True  # scaled at init (GPT-2)
+        self.out = Linear(n_heads * head_dim, dim, bias=bias, residual=True)  # scaled at init (GPT-2)
         # QK-norm (Dehghani et al. 2023) bounds the attention logits; identity when off.
         self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
         self.k_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
@@ -171,8 +179,8 @@ def _where(name: str) -> tuple:
 
 
 def _repeats(model: nn.Module, stack: str) -> tuple:
-    """(distinct blocks, applications of each per forward) of a stack: a shared block (model.share_blocks,
-    the Universal Transformer's ut_steps) runs at layers i, i + n, i + 2n, ... (lm/model/sharing.py)."""
+    """(distinct blocks, applications of each per forward) of a stack: a shared block (model/stack=shared,
+    universal) runs at layers i, i + n, i + 2n, ... (lm/zoo/sharing.py)."""
     try:
         module = model.get_submodule(stack)
     except AttributeError:

@@ -1,8 +1,8 @@
-"""The choices of ModelConfig's own fields (model.arch, model.block, model.tie_embeddings, ...): `Choice`
+"""The choices of ModelConfig's own fields (model.arch, model.tie_embeddings, ...): `Choice`
 Enums, so a wrong value fails when Hydra composes the config and comparisons with strings keep working.
 
 They live apart from ModelConfig (lm/model/config.py) because the option schemas
-(lm/model/options.py) read some of them too (Activation, Arch, BlockKind).
+(lm/model/options.py) read some of them too (Activation, Arch).
 """
 
 from lm.config_base import Choice
@@ -32,14 +32,6 @@ class LinearKind(Choice):
     onednn = "onednn"  # fp32 CPU matmuls on oneDNN: lm/model/linear.py
 
 
-class BlockKind(Choice):
-    """model.block: the sub-layer sequence of every block (lm/model/block.py: prelude, optional FFN)."""
-
-    vanilla = "vanilla"  # self-attention, [cross-attention,] FFN
-    weighted = "weighted"  # branched attention with one FFN per head (Ahmed et al. 2017): lm/model/weighted.py
-    evolved = "evolved"  # the Evolved Transformer's cells (So et al. 2019): lm/model/evolved.py
-
-
 class EmbeddingKind(Choice):
     standard = "standard"  # one (vocab_size, dim) table
     adaptive = "adaptive"  # adaptive input (Baevski & Auli 2019): lm/model/adaptive.py
@@ -63,19 +55,7 @@ class Activation(Choice):
     linear = "linear"  # identity: gates the bilinear LiGLU (Shazeer 2020)
 
 
-# -- Narang et al. 2021 (issue #19/#20): sharing and tied embeddings -------------------------------
-
-class ShareBlocks(Choice):
-    none = "none"
-    all = "all"  # every stack reuses one block of its own (an encoder block has no cross-attention)
-    encoder = "encoder"  # the bidirectional stack only
-    decoder = "decoder"  # the causal stack only
-
-
-class StepEmbedding(Choice):
-    sinusoidal = "sinusoidal"  # fixed sinusoids of the step number (Dehghani et al. 2019)
-    learned = "learned"  # one learned vector per step
-
+# -- Narang et al. 2021 (issue #19): tied embeddings -------------------------------
 
 class TieEmbeddings(Choice):
     none = "none"  # encoder input, decoder input and output: three matrices

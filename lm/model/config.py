@@ -13,21 +13,20 @@ it re-exports below (callers, tests and pickled configs name them here).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Type, Union
+from typing import List, Optional, Union
 
 from lm.config_base import ConfigError
-from lm.model.choices import (Activation, Arch, BlockKind, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401
-                              OutputKind, ShareBlocks, StepEmbedding, TieEmbeddings)
-from lm.model.options import (SLOTS, AdditiveConfig, ALiBiConfig, AttnConfig, Cell, Component,  # noqa: F401
-                              DotConfig, DynamicConvConfig, ElectraConfig, FFNConfig, FixupConfig, FunnelConfig,
-                              GLUConfig, LayerNormConfig, LearnedConfig, LightweightConvConfig, LinformerConfig,
-                              MLPConfig, MoEConfig, MultiplicativeConfig, Nonlinearity, NoPositionConfig, NormConfig,
-                              PKMConfig, PosConfig, ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig,
-                              RoPEConfig, RopeScaling, ScaledDotConfig, SinusoidalConfig, SwitchConfig,
-                              SynthesizerDenseConfig, SynthesizerFactorizedConfig, SynthesizerRandomConfig,
-                              SynthMix, T5BiasConfig, linformer_k, options, positive)
+from lm.model.choices import (Activation, Arch, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401
+                              OutputKind, TieEmbeddings)
+from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell, Component, ElectraConfig,  # noqa: F401
+                              FFNConfig, FixupConfig, GLUConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
+                              MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, PosConfig,
+                              ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
+                              ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, options,
+                              positive)
+from lm.model.registry import schema_name, slots  # noqa: F401
 from lm.model.validate import (RNN_FIELDS, check_objective, validate_model, validate_narang_options,  # noqa: F401
-                               validate_electra, validate_rnn, validate_sharing_and_tying, validate_sparse)
+                               validate_electra, validate_rnn, validate_sharing_and_tying)
 
 
 @dataclass
@@ -76,9 +75,10 @@ class ModelConfig:
     ffn: FFNConfig = field(default_factory=MLPConfig)
     pos: PosConfig = field(default_factory=LearnedConfig)
     attn: AttnConfig = field(default_factory=ScaledDotConfig)
-    pkm: PKMConfig = field(default_factory=PKMConfig)  # product-key memory layers (issue #20)
-    funnel: FunnelConfig = field(default_factory=FunnelConfig)  # Funnel encoder (issue #20)
-    block: BlockKind = BlockKind.vanilla  # weighted / evolved Transformer blocks (issue #20)
+    # The slots the core leaves empty: zoo options (lm/zoo), chosen by model/block and model/stack.
+    block: Optional[BlockConfig] = None  # None: the vanilla self-attention, [cross-attention,] FFN block
+    stack: Optional[StackConfig] = None  # None: lm/model/stack.py's Stack of n_layers distinct blocks
+    memory: Optional[MemoryConfig] = None  # None: an encoder-decoder's decoder reads the encoder's last state
     rnn: Optional[RNNConfig] = None  # arch=rnn only (model=lstm|gru|rnn): RNNConfig, validate_rnn
     # arch=encoder only: pretrain by ELECTRA's replaced-token detection (lm/model/electra.py); None = MLM
     electra: Optional[ElectraConfig] = None
@@ -90,13 +90,7 @@ class ModelConfig:
     adaptive_tail_projection: bool = True  # adaptive softmax: tail clusters project dim down first (false: none)
     adaptive_head_bias: bool = False  # adaptive softmax: bias on the head cluster's logits
     mos_components: int = 4  # mixture_of_softmaxes: number of softmaxes K
-    transparent_attention: bool = False  # encoder_decoder: cross-attention reads a learned mix of encoder layers
-    # -- parameter sharing and embeddings (Narang et al. 2021; checked by validate_sharing_and_tying) --
-    share_blocks: ShareBlocks = ShareBlocks.none  # one block reused across the layers of these stacks
-    ut_steps: int = 0  # >0: Universal Transformer, each stack is one block applied ut_steps times (not n_layers)
-    # the timestep embedding added before each step; sinusoids have norm sqrt(dim/2): tensor2tensor's UT
-    # also scales token embeddings by sqrt(dim) (model.scale_embeddings=true) so they are not swamped
-    ut_step_embedding: StepEmbedding = StepEmbedding.sinusoidal
+    # -- embeddings (Narang et al. 2021; checked by validate_sharing_and_tying) --
     factorized_embedding: int = 0  # >0: ALBERT's vocab x rank table + rank x dim projection
 
     @property
@@ -150,8 +144,9 @@ class ModelSchema(ModelConfig):
 
 
 def register_model_configs() -> None:
-    """model/schema (presets list it first) and model/<slot>/<option>_schema (option files list theirs), and
-    the resolver presets derive values with: ${lm.inv_sqrt:${.dim}} (T5's logit_scale, dim^-1/2)."""
+    """model/schema (presets list it first) and model/<slot>/<option>_schema (option files list theirs), for
+    every option registered so far (lm/model/registry.py): the config root imports lm.zoo first.; the resolver presets derive
+    values with: ${lm.inv_sqrt:${.dim}} (T5's logit_scale, dim^-1/2)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -159,14 +154,9 @@ def register_model_configs() -> None:
         OmegaConf.register_new_resolver("lm.inv_sqrt", lambda x: float(x) ** -0.5)
     cs = ConfigStore.instance()
     cs.store(group="model", name="schema", node=ModelSchema)
-    for slot in SLOTS:
+    for slot in slots():
         for cls in options(slot):
             cs.store(group=f"model/{slot}", name=schema_name(cls), node=cls)
-
-
-def schema_name(cls: Type[Component]) -> str:
-    """LayerNormConfig -> layernorm_schema: the name an option file lists in its defaults."""
-    return cls.__name__.removesuffix("Config").lower() + "_schema"
 
 
 def model_preset(name: str = "tiny", overrides: Optional[List[str]] = None) -> ModelConfig:
@@ -187,7 +177,7 @@ def model_from_saved(node) -> ModelConfig:
     data = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
     if "attn" not in data:  # saved before model/attn existed: those models all used scaled_dot
         data["attn"] = {"_target_": ScaledDotConfig._target_}
-    for slot in SLOTS:
+    for slot in slots():
         if isinstance(data.get(slot), dict):
             data[slot] = _typed_option(slot, data[slot], f"model.{slot}")
     return to_typed(ModelSchema, data, "model")
@@ -199,8 +189,24 @@ def _typed_option(slot: str, node: dict, name: str):
 
     target = node.get("_target_")
     by_target = {cls._target_: cls for cls in options(slot)}
+    if target not in by_target and isinstance(target, str):
+        _import_module_of(target)  # a zoo option registers its schema when its module is imported
+        by_target = {cls._target_: cls for cls in options(slot)}
     if target not in by_target:
         raise ConfigError(f"{name}._target_={target!r} is not one of {sorted(by_target)}")
     if isinstance(node.get("expert"), dict):  # model/ffn=moe|switch: the expert is an FFN option node
         node = {**node, "expert": _typed_option(slot, node["expert"], f"{name}.expert")}
     return OmegaConf.merge(OmegaConf.structured(by_target[target]), node)
+
+
+def _import_module_of(target: str) -> None:
+    """Import the module a saved `_target_` names (lm.zoo.<variant>.<Class> -> lm.zoo.<variant>),
+    if it is one of lm's: a config saved with a zoo option loads without importing the zoo first."""
+    import importlib
+
+    module = target.rsplit(".", 1)[0]
+    if module.startswith("lm."):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            pass  # the caller names the target and the options there are

@@ -20,6 +20,7 @@ from lm.extras import require
 from lm.model.config import (GLUConfig, LayerNormConfig, LearnedConfig, MLPConfig, ModelConfig, RMSNormConfig,
                              RoPEConfig, ScaledDotConfig, T5BiasConfig)
 from lm.model.hf_fields import check_fields
+from lm.model.options import option_name
 
 Rule = Tuple[str, List[str], str]
 
@@ -392,15 +393,13 @@ def _check_common(cfg: ModelConfig, family: str) -> None:
         (type(cfg.attn) is ScaledDotConfig, f"the attention scores of model.attn._target_={cfg.attn._target_} "
                                              f"(every family has scaled_dot only)"),
         (not hasattr(cfg.ffn, "expert"), f"model/ffn={cfg.ffn._target_.rsplit('.', 1)[1].lower()} (experts)"),
-        (not cfg.pkm.layers, f"model.pkm.layers={list(cfg.pkm.layers)} (product-key memory)"),
-        (cfg.block == "vanilla", f"model.block={cfg.block.value} (weighted / evolved blocks)"),
-        (not cfg.funnel.blocks, f"model.funnel.blocks={list(cfg.funnel.blocks)} (Funnel)"),
+        (cfg.block is None, f"model/block={cfg.block and option_name(cfg.block)} (a zoo block)"),
+        (cfg.stack is None, f"model/stack={cfg.stack and option_name(cfg.stack)} (a zoo stack)"),
         (cfg.embedding == "standard", f"model.embedding={cfg.embedding}"),
         (cfg.output == "softmax", f"model.output={cfg.output}"),
-        (not cfg.transparent_attention, "model.transparent_attention=true"),
+        (cfg.memory is None, f"model/memory={cfg.memory and option_name(cfg.memory)} (a zoo memory)"),
         # Narang et al. 2021's options: no Hugging Face family of these has them.
         (not cfg.factorized_embedding, f"model.factorized_embedding={cfg.factorized_embedding}"),
-        (cfg.share_blocks == "none" and not cfg.ut_steps, f"model.share_blocks={cfg.share_blocks} / model.ut_steps={cfg.ut_steps}"),
         (cfg.arch != "encoder_decoder" or cfg.shared_inputs, f"model.tie_embeddings={cfg.tie_embeddings} (own encoder input table)"),
     ]
     for ok, what in checks:

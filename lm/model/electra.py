@@ -24,11 +24,10 @@ from torch import nn
 from lm.constants import IGNORE_INDEX
 from lm.model import aux
 from lm.model.config import ModelConfig
-from lm.model.funnel import stack_class
 from lm.model.heads import Embedding, LMOutput, head_activation, make_head, mlm_transform
-from lm.model.linear import Linear
+from lm.model.linear import Linear, MatmulCount
 from lm.model.lm import _LanguageModel
-from lm.model.stack import Components, Stack
+from lm.model.stack import Components, Stack, make_stack
 
 # The share of tokens the generator's head runs on, for lm/model/flops.py: BERT's masking rate, the default
 # of data.mlm_probability (lm/data/config.py), which model code does not see.
@@ -51,7 +50,7 @@ class DiscriminatorHead(nn.Module):
         return self.proj(self.act(self.dense(h))).squeeze(-1)  # (B, T, D) -> (B, T, 1) -> (B, T)
 
 
-class Generator(nn.Module):
+class Generator(MatmulCount, nn.Module):
     """ELECTRA's generator: a narrow masked LM on the discriminator's embeddings. The paper finds a
     generator 1/4 to 1/2 of the discriminator's width works best: a stronger one makes the task too hard."""
 
@@ -77,12 +76,12 @@ class Generator(nn.Module):
         return count(self.project) + count(self.encoder) + MASKED_FRACTION * count(self.head)
 
 
-class ElectraLM(_LanguageModel):
+class ElectraLM(MatmulCount, _LanguageModel):
     """ELECTRA: a discriminator (EncoderLM's embeddings and stack + a binary head) and a small generator."""
 
     def __init__(self, cfg: ModelConfig, c: Components, generator_components: Components):
         super().__init__(cfg)
-        self.encoder = stack_class(cfg)(cfg, c, cfg.n_layers, causal=False)
+        self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         self.head = DiscriminatorHead(cfg)
         self.generator = Generator(cfg, generator_components, self.embed)
         self.disc_weight = cfg.electra.disc_weight

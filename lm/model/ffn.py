@@ -50,8 +50,7 @@ class MLP(nn.Module):
         hidden = hidden_size(dim, hidden_mult, multiple_of, hidden_dim)
         self.act = _activation(activation)
         self.up = Linear(dim, hidden, bias=bias)
-        self.down = Linear(hidden, dim, bias=bias)
-        self.down.is_residual_proj = True  # scaled at init (GPT-2)
+        self.down = Linear(hidden, dim, bias=bias, residual=True)  # scaled at init (GPT-2)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,8 +68,7 @@ class GLU(nn.Module):
         # W_gate and W_up stacked in one (2*hidden, dim) matrix: one matmul instead of two, which a CPU
         # runs faster than two half-size ones (docs/results.md, benchmarks/hf_step.py); the maths is unchanged.
         self.gate_up = Linear(dim, 2 * hidden, bias=bias)
-        self.down = Linear(hidden, dim, bias=bias)
-        self.down.is_residual_proj = True
+        self.down = Linear(hidden, dim, bias=bias, residual=True)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ The attention term is 3x each attention module's own forward count (`Score.forwa
 lm/model/scores.py), so every model/attn option is counted as built: multiplicative adds q W,
 additive its W1 q, W2 k and v^T tanh(.) over every pair, Linformer scores k rows instead of T and
 adds its E K, F V projections. The weights of a score are counted there, not as matmul parameters.
-A shared block (model.share_blocks, model.ut_steps) holds its parameters once but runs once per
+A shared block (model/stack=shared|universal, lm/zoo/sharing.py) holds its parameters once but runs once per
 layer: it counts once in num_params and `depth` times in the FLOPs (Narang et al. 2021's Params
 and Ops columns differ exactly there). A factorized embedding's r x D projection is a matmul, on
 the input side and, tied, again (transposed) on the output side.
@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from lm.model.attention import _Attention
+from lm.model.linear import MatmulCount
 from lm.model.config import ModelConfig
 
 
@@ -47,21 +48,20 @@ def num_params(cfg: ModelConfig, exclude_embeddings: bool = False) -> int:
 
 def matmul_params(cfg: ModelConfig) -> int:
     """Weights used in a matmul per token: every nn.Linear weight, counting a tied head again and a
-    shared block once per layer that applies it (Stack.active_matmul_params); sparse components count
-    what one token uses (`active_matmul_params`)."""
+    shared block once per layer that applies it; sparse components count what one token uses
+    (lm.model.linear.MatmulCount)."""
     return round(active_matmul_params(_meta_model(cfg)))
 
 
 def active_matmul_params(module: nn.Module) -> float:
-    """A module that defines active_matmul_params(count) counts itself, with `count` for its parts (MoE:
+    """A module that is a MatmulCount (lm/model/linear.py) counts itself, with `count` for its parts (MoE:
     the router and top_k experts, not all; product-key memory: its key scores and value reads; Funnel:
     each block times its share of the tokens; the adaptive input: one band's projection per token; the
     mixture of softmaxes: the output matrix once per component); otherwise every nn.Linear weight below it.
     The adaptive softmax counts every cluster once: the full log-probabilities of evaluation and
     generation need them all (training evaluates a tail cluster only for its own tokens)."""
-    own = getattr(module, "active_matmul_params", None)
-    if own is not None:
-        return own(active_matmul_params)
+    if isinstance(module, MatmulCount):
+        return module.active_matmul_params(active_matmul_params)
     if isinstance(module, nn.Linear):
         return module.weight.numel()
     if isinstance(module, nn.RNNBase):
@@ -77,36 +77,20 @@ def recurrent_matmul_params(rnn: nn.RNNBase) -> int:
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs of the attention scores and value products: 3 x forward, summed over every
-    self- and cross-attention module (12 * L * H * Dh * T for scaled_dot). Funnel's pooled blocks count
-    their share of the queries and keys."""
-    if cfg.arch == "rnn":  # no attention: a recurrent model's cost per token does not grow with seq_len
-        return 0
-    model, total = _meta_model(cfg), 0.0
-    generator = getattr(model, "generator", None)  # ELECTRA's (lm/model/electra.py): a plain Stack of its own
-    stacks = {"encoder": getattr(model, "encoder", None), "decoder": getattr(model, "decoder", None),
-              "generator": generator.encoder if generator is not None else None}
-    for name, stack in stacks.items():
-        if stack is None:
-            continue
-        # Layer i runs blocks[i % len(blocks)]: a shared block (model.share_blocks, ut_steps) counts per layer.
-        layers = [stack.blocks[i % len(stack.blocks)] for i in range(getattr(stack, "depth", len(stack.blocks)))]
-        shares = _funnel_shares(cfg) if name == "encoder" and cfg.funnel.blocks else [(1, 1)] * len(layers)
-        for block, (queries, keys) in zip(layers, shares):
-            # every attention module of the block: self, cross, and a prelude's (model.block=evolved)
+    self- and cross-attention module of every stack (12 * L * H * Dh * T for scaled_dot). A stack says which
+    share of the queries and keys each of its layers sees (Stack.attention_shares: a Funnel's pooled blocks
+    see fewer); a model without stacks (a recurrent one) has no attention term."""
+    from lm.model.stack import Stack
+
+    total = 0.0
+    for stack in (m for m in _meta_model(cfg).modules() if isinstance(m, Stack)):
+        # Layer i runs blocks[i % len(blocks)]: a block shared by several layers counts once per layer.
+        layers = [stack.blocks[i % len(stack.blocks)] for i in range(stack.depth)]
+        for block, (queries, keys) in zip(layers, stack.attention_shares()):
+            # every attention module of the block: self, cross, and a prelude's (model/block=evolved)
             for attn in (m for m in block.modules() if isinstance(m, _Attention)):
                 total += queries * attn.score.forward_flops(keys * seq_len)
     return round(3 * total)
-
-
-def _funnel_shares(cfg: ModelConfig) -> list:
-    """(queries, keys) of each Funnel encoder block as fractions of T (lm/model/funnel.py's attention_layers):
-    a block of group g has T/2**g of each, a pooling block T/2**g queries over T/2**(g-1) keys."""
-    from lm.model.funnel import pooling_blocks, token_fractions
-
-    groups = list(cfg.funnel.blocks)
-    starts = pooling_blocks(groups)
-    return [(f, 2 * f if i in starts else f)
-            for i, f in enumerate(token_fractions(groups, sum(groups) + cfg.funnel.decoder_layers))]
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:

@@ -5,7 +5,7 @@ the adaptive and mixture-of-softmaxes kinds live in adaptive.py and mos.py.
 """
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
 import math
 import torch
@@ -13,10 +13,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.constants import IGNORE_INDEX
-from lm.model.config import ModelConfig
-from lm.model.ffn import ACTIVATIONS
-from lm.model.linear import Linear
+from lm.model.linear import Linear, MatmulCount
 from lm.model.loss import chunked_cross_entropy
+
+if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
+    from lm.model.config import ModelConfig
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Embedding(nn.Module):
     (V + D) r parameters instead of V D.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__()
         self.tok = token_embedding(cfg)  # (V, D), or (V, r) factorized
         rank = cfg.factorized_embedding
@@ -55,7 +56,7 @@ class Embedding(nn.Module):
         return x
 
 
-def token_embedding(cfg: ModelConfig) -> nn.Module:
+def token_embedding(cfg: "ModelConfig") -> nn.Module:
     if cfg.embedding == "adaptive":
         from lm.model.adaptive import AdaptiveInput
 
@@ -63,7 +64,7 @@ def token_embedding(cfg: ModelConfig) -> nn.Module:
     return nn.Embedding(cfg.vocab_size, cfg.factorized_embedding or cfg.dim)
 
 
-def make_head(cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
+def make_head(cfg: "ModelConfig", tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
               tied_proj: Optional[nn.Linear] = None) -> nn.Module:
     """The output layer of model.output: forward(h) -> logits or log-probs (..., V); output(h, labels) -> LMOutput."""
     if cfg.output == "adaptive_softmax":
@@ -85,7 +86,7 @@ class LMHead(nn.Module):
     transpose of the input projection, then -> V through the table; untied, it is a plain D x V layer.
     """
 
-    def __init__(self, cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
+    def __init__(self, cfg: "ModelConfig", tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
                  tied_proj: Optional[nn.Linear] = None):
         """tied: the token table whose weight the output reuses; tied_proj: a factorized embedding's r -> D
         projection (Embedding.proj), run backwards here."""
@@ -120,7 +121,7 @@ class LMHead(nn.Module):
         return LMOutput(loss=loss, logits=logits.detach())
 
 
-class TransposedLinear(nn.Module):
+class TransposedLinear(MatmulCount, nn.Module):
     """h -> h W with the (D, r) weight of an r -> D Linear: its transpose (D -> r) as the same Parameter,
     registered here too so ZeRO-3 / FSDP2 gather it around this module's forward as well."""
 
@@ -148,14 +149,16 @@ class OutputLinear(Linear):
         return chunked_cross_entropy(h, self.weight, self.bias, labels, chunk_size)
 
 
-def mlm_transform(cfg: ModelConfig, norm: nn.Module, in_dim: Optional[int] = None) -> nn.Module:
+def mlm_transform(cfg: "ModelConfig", norm: nn.Module, in_dim: Optional[int] = None) -> nn.Module:
     """BERT's prediction-head transform: dense, activation (GELU in BERT; HF uses hidden_act), norm.
     in_dim: the hidden states' width when not model.dim (ELECTRA's narrower generator maps back to dim)."""
     return nn.Sequential(Linear(in_dim or cfg.dim, cfg.dim), _Lambda(head_activation(cfg)), norm)
 
 
-def head_activation(cfg: ModelConfig):
+def head_activation(cfg: "ModelConfig"):
     """model.mlm_activation: the activation of the prediction heads (BERT's transform, ELECTRA's discriminator)."""
+    from lm.model.ffn import ACTIVATIONS  # here: a GPT's head has no activation, so importing heads skips ffn.py
+
     if cfg.mlm_activation not in ACTIVATIONS:
         raise ValueError(f"model.mlm_activation={cfg.mlm_activation!r} is not one of {sorted(ACTIVATIONS)}")
     return ACTIVATIONS[cfg.mlm_activation]

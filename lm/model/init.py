@@ -15,18 +15,29 @@ import torch
 from torch import nn
 
 from lm.model.config import FixupConfig, ModelConfig
+from lm.model.linear import Linear
+
+
+class OwnInit:
+    """The interface of a module whose weights follow a rule of their own after the scheme's pass over the
+    model (the zoo's adaptive input: its banded tables)."""
+
+    def init_weights(self, cfg: ModelConfig) -> None:
+        raise NotImplementedError
 
 
 def _n_residual_layers(cfg: ModelConfig) -> int:
     # Each block adds two residual branches (attention and FFN), three with cross-attention.
-    # A shared block counts once per application (depth: ut_steps under the Universal Transformer).
-    from lm.model.sharing import depth
-
-    return depth(cfg, cfg.n_layers) + (depth(cfg, cfg.decoder_layers) if cfg.arch == "encoder_decoder" else 0)
+    # A shared block counts once per application (model/stack's depth: the Universal Transformer's steps).
+    depth = cfg.stack.depth if cfg.stack is not None else (lambda n: n)
+    return depth(cfg.n_layers) + (depth(cfg.decoder_layers) if cfg.arch == "encoder_decoder" else 0)
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     _base_init(model, cfg)
+    for module in model.modules():
+        if isinstance(module, OwnInit):
+            module.init_weights(cfg)
     if isinstance(cfg.norm, FixupConfig):
         fixup_rescale(model)
 
@@ -58,7 +69,7 @@ def fixup_rescale(model: nn.Module) -> None:
     scale = fixup_scale(residual_branches(model))
     for block in (m for m in model.modules() if isinstance(m, Block)):
         for layer in (m for m in block.modules() if isinstance(m, nn.Linear)):
-            if getattr(layer, "is_residual_proj", False):
+            if isinstance(layer, Linear) and layer.residual:
                 layer.weight.zero_()
             else:
                 layer.weight.mul_(scale)
@@ -75,7 +86,7 @@ def _base_init(model: nn.Module, cfg: ModelConfig) -> None:
         if isinstance(module, nn.Linear):
             if cfg.init == "t5":
                 std = module.in_features ** -0.5
-            elif cfg.init == "gpt2" and getattr(module, "is_residual_proj", False):
+            elif cfg.init == "gpt2" and isinstance(module, Linear) and module.residual:
                 std = residual_std
             else:
                 std = cfg.init_std
@@ -84,8 +95,4 @@ def _base_init(model: nn.Module, cfg: ModelConfig) -> None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             std = 1.0 if cfg.init == "t5" else cfg.init_std
-            if getattr(module, "is_adaptive_band", False) and cfg.init != "t5":
-                # adaptive input (lm/model/adaptive.py): the band's projection (std init_std, fan-in d)
-                # multiplies the scale by init_std * sqrt(d); start the projected embedding at std instead
-                std = std / (cfg.init_std * math.sqrt(module.embedding_dim))
             nn.init.normal_(module.weight, 0.0, std)

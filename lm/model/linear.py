@@ -13,6 +13,8 @@ autocast, torch.compile (which fuses on its own). The weights are an ordinary nn
 dicts, init, FSDP and DeepSpeed see no difference.
 """
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -58,6 +60,12 @@ def _fast_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
 class Linear(nn.Linear):
     onednn: bool = False  # set per model by use_kind(model, "onednn")
 
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, residual: bool = False, **kw):
+        """residual: the layer projects back into the residual stream (attention output, FFN down): GPT-2's
+        init scales it by 1/sqrt(2 * layers) and Fixup's starts it at 0 (lm/model/init.py)."""
+        super().__init__(in_features, out_features, bias=bias, **kw)
+        self.residual = residual
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn and _fast_path(x, self.weight):
             return _OneDNNLinear.apply(x, self.weight, self.bias)
@@ -75,3 +83,12 @@ def use_kind(model: nn.Module, kind: str) -> nn.Module:
         if isinstance(m, Linear):
             m.onednn = kind == "onednn"
     return model
+
+
+class MatmulCount:
+    """The interface lm/model/flops.py counts a module by when its matmul weights per token are not just the
+    weights of the Linears below it (MoE's top-k experts, a block shared by several layers, a banded
+    embedding's one projection per token): `count(child)` counts a child the usual way."""
+
+    def active_matmul_params(self, count: Callable[[nn.Module], float]) -> float:
+        raise NotImplementedError

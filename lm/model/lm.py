@@ -10,24 +10,24 @@ loader shifts them); encoder labels are -100 except at masked positions; encoder
 align with decoder_input_ids (built by shifting labels right when not given, as in T5).
 """
 
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.model import aux
-from lm.model.config import ModelConfig
-from lm.model.attention import LayerCache
 from lm.constants import IGNORE_INDEX
+from lm.model import aux
+from lm.model.attention import LayerCache
 from lm.model.heads import Embedding, LMOutput, make_head, mlm_transform, pool
-from lm.model.funnel import stack_class
-from lm.model.stack import Components, Stack
-from lm.model.transparent import TransparentMemory
+from lm.model.stack import Components, make_stack
+
+if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
+    from lm.model.config import ModelConfig
 
 
 class _LanguageModel(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: "ModelConfig"):
         super().__init__()
         self.cfg = cfg
         self.embed = Embedding(cfg)
@@ -56,9 +56,9 @@ class _LanguageModel(nn.Module):
 class DecoderLM(_LanguageModel):
     """GPT / Llama: one causal stack and an LM head."""
 
-    def __init__(self, cfg: ModelConfig, c: Components):
+    def __init__(self, cfg: "ModelConfig", c: Components):
         super().__init__(cfg)
-        self.decoder = Stack(cfg, c, cfg.n_layers, causal=True)
+        self.decoder = make_stack(cfg, c, cfg.n_layers, causal=True)
         self.head = self._head(c, bias=False, transform=nn.Identity())
 
     def features(self, input_ids, attention_mask=None, token_type_ids=None, cache=None) -> torch.Tensor:
@@ -79,9 +79,9 @@ class DecoderLM(_LanguageModel):
 class EncoderLM(_LanguageModel):
     """BERT: one bidirectional stack and a masked-LM head."""
 
-    def __init__(self, cfg: ModelConfig, c: Components):
+    def __init__(self, cfg: "ModelConfig", c: Components):
         super().__init__(cfg)
-        self.encoder = stack_class(cfg)(cfg, c, cfg.n_layers, causal=False)
+        self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         transform = mlm_transform(cfg, c.norm(cfg.dim, eps=cfg.norm_eps)) if cfg.mlm_transform else nn.Identity()
         self.head = self._head(c, bias=True, transform=transform)
 
@@ -106,25 +106,25 @@ def shift_right(ids: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:
 class EncoderDecoderLM(_LanguageModel):
     """T5 / the original Transformer: bidirectional encoder, causal decoder with cross-attention."""
 
-    def __init__(self, cfg: ModelConfig, c: Components):
+    def __init__(self, cfg: "ModelConfig", c: Components):
         super().__init__(cfg)
         # `embed` is the decoder's input table; the encoder reads it too unless model.tie_embeddings
         # says the two stacks have their own (decoder_input_output, none: Narang et al. 2021).
         self.encoder_embed = None if cfg.shared_inputs else Embedding(cfg)
-        self.encoder = stack_class(cfg)(cfg, c, cfg.n_layers, causal=False)
-        self.decoder = Stack(cfg, c, cfg.decoder_layers, causal=True, cross=True)
+        self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
+        self.decoder = make_stack(cfg, c, cfg.decoder_layers, causal=True, cross=True)
         self.head = self._head(c, bias=False, transform=nn.Identity())
-        # Bapna et al. 2018 (lm/model/transparent.py): each decoder layer reads its own mix of encoder states.
-        self.transparent = TransparentMemory(cfg.n_layers, cfg.decoder_layers) if cfg.transparent_attention else None
+        # model/memory (the zoo's transparent attention): each decoder layer reads its own mix of encoder states
+        self.memory = c.memory(cfg.n_layers, cfg.decoder_layers) if c.memory is not None else None
 
     def encode(self, input_ids, attention_mask=None):
-        """The encoder memory (B, S, D); with transparent attention, one per decoder layer."""
+        """The encoder memory (B, S, D); with a model/memory option, one per decoder layer."""
         embed = self.embed if self.encoder_embed is None else self.encoder_embed  # model.tie_embeddings
-        if self.transparent is None:
+        if self.memory is None:
             return self.encoder(embed(input_ids), attention_mask)  # (B, S, D)
         states: List[torch.Tensor] = []
         self.encoder(embed(input_ids), attention_mask, states=states)  # N+1 states (B, S, D)
-        return self.transparent(states, self.encoder.final_norm)
+        return self.memory(states, self.encoder.final_norm)
 
     def decode(self, decoder_input_ids, memory, memory_padding=None, decoder_padding=None, cache=None) -> torch.Tensor:
         return self.decoder(self.embed(decoder_input_ids), decoder_padding, memory, memory_padding, cache)

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.model.aux import AuxSource
+from lm.model.linear import MatmulCount
 
 
 @dataclass
@@ -126,7 +127,7 @@ def balance_loss(probs: torch.Tensor, expert: torch.Tensor, weight: Optional[tor
     return n_experts * (f * _mean(probs, weight)).sum()
 
 
-class MoE(AuxSource):
+class MoE(MatmulCount, AuxSource):
     """Top-k routed mixture of `n_experts` FFNs built by `expert(dim, bias=..., dropout=...)`."""
 
     def __init__(self, dim: int, expert: Callable[..., nn.Module], bias: bool = True, dropout: float = 0.0,

@@ -15,10 +15,10 @@ from torch import nn
 from lm.constants import IGNORE_INDEX
 from lm.model.config import ModelConfig
 from lm.model.heads import LMOutput, OutputLinear
-from lm.model.linear import Linear
+from lm.model.linear import Linear, MatmulCount
 
 
-class MixtureOfSoftmaxes(nn.Module):
+class MixtureOfSoftmaxes(MatmulCount, nn.Module):
     """The LM head's interface: forward(h) gives log-probabilities (..., V) that sum to 1 (evaluation
     and sampling use them as logits); output(h, labels) the mean NLL over labels != -100."""
 

@@ -1,21 +1,23 @@
-"""The component option schemas: one dataclass per option file of conf/model/<slot>/ (model/norm,
-model/ffn, model/pos, model/attn), and the typed nodes model.pkm, model.funnel, model.rnn and
-model.electra.
+"""The slots' base schemas and the core's option schemas: one dataclass per option file of
+conf/model/<slot>/ (model/norm, model/ffn, model/pos, model/attn; model/block, model/stack and
+model/memory have zoo options only: lm/zoo), and the typed nodes model.rnn and model.electra.
 
 Each option holds its `_target_` and its own hyperparameters; the model (lm/model/config.py's
-ModelConfig) supplies the shapes. A new option is one subclass of its slot's base here and one YAML
-file listing `<name>_schema` first in its defaults: `options(slot)` finds it by its class.
+ModelConfig) supplies the shapes. A new option is one subclass of its slot's base, registered with
+`@register("<slot>")` (lm/model/registry.py; here for the core, in lm/zoo for a paper variant), and one
+YAML file listing `<name>_schema` first in its defaults.
 An attention option's `check` refuses the model settings it cannot honour; the checks that span
 several options live in lm/model/validate.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Type
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar, Optional
 
 from lm.config_base import Choice, ConfigError
-from lm.model.choices import Activation, Arch, BlockKind
+from lm.model.choices import Activation
+from lm.model.registry import options, register, slot  # noqa: F401 (options: the one lookup, re-exported)
 
 if TYPE_CHECKING:  # type hints only: lm/model/config.py imports this module for its field defaults
     from lm.model.config import ModelConfig
@@ -30,12 +32,17 @@ def positive(name: str, value: int) -> None:
 
 @dataclass
 class Component:
-    """A `_partial_` node: Hydra instantiates it into a factory; the model supplies the shapes."""
+    """A `_partial_` node: Hydra instantiates it into a factory; the model supplies the shapes.
+    `check(model)` refuses, before anything is built, the model settings the option cannot honour."""
 
     _target_: str = ""
     _partial_: bool = True
 
+    def check(self, model: "ModelConfig") -> None:
+        pass
 
+
+@slot("norm")
 @dataclass
 class NormConfig(Component):
     """model/norm: built as norm(dim, eps=model.norm_eps)."""
@@ -44,12 +51,14 @@ class NormConfig(Component):
     residual: ClassVar[Optional[str]] = None
 
 
+@register("norm")
 @dataclass
 class LayerNormConfig(NormConfig):
     _target_: str = "lm.model.norms.LayerNorm"
     bias: bool = True
 
 
+@register("norm")
 @dataclass
 class RMSNormConfig(NormConfig):
     _target_: str = "lm.model.norms.RMSNorm"
@@ -61,6 +70,7 @@ class ReZeroNorm(Choice):
     rmsnorm = "rmsnorm"  # Narang et al.'s "ReZero + RMS Norm"
 
 
+@register("norm")
 @dataclass
 class ReZeroConfig(NormConfig):
     """model/norm=rezero, rezero_layernorm, rezero_rmsnorm: each residual branch is scaled by a learned
@@ -71,6 +81,7 @@ class ReZeroConfig(NormConfig):
     residual: ClassVar[Optional[str]] = "rezero"
 
 
+@register("norm")
 @dataclass
 class FixupConfig(NormConfig):
     """model/norm=fixup: no norm; scalar bias and multiplier per branch and Fixup's rescaled init (Zhang et al. 2019)."""
@@ -81,6 +92,7 @@ class FixupConfig(NormConfig):
 
 # -- model/ffn -------------------------------------------------------------------------------------
 
+@slot("ffn")
 @dataclass
 class FFNConfig(Component):
     """model/ffn: built as ffn(dim, bias, dropout); hidden = hidden_mult*dim rounded up to multiple_of,
@@ -92,11 +104,13 @@ class FFNConfig(Component):
     hidden_dim: Optional[int] = None
 
 
+@register("ffn")
 @dataclass
 class MLPConfig(FFNConfig):
     _target_: str = "lm.model.ffn.MLP"
 
 
+@register("ffn")
 @dataclass
 class GLUConfig(FFNConfig):
     _target_: str = "lm.model.ffn.GLU"
@@ -106,6 +120,7 @@ class GLUConfig(FFNConfig):
 
 # -- model/ffn=moe|switch (issue #20): lm/model/moe.py ---------------------------------------------
 
+@register("ffn")
 @dataclass
 class MoEConfig(FFNConfig):
     """model/ffn=moe: a router sends each token to its top_k of n_experts expert FFNs (Shazeer et al.
@@ -125,6 +140,7 @@ class MoEConfig(FFNConfig):
     router_jitter: float = 0.0  # multiplicative input noise U(1-eps, 1+eps) while training (Switch); 0 = off
 
 
+@register("ffn")
 @dataclass
 class SwitchConfig(MoEConfig):
     """model/ffn=switch: top-1 routing (Switch Transformer, Fedus et al. 2021)."""
@@ -136,21 +152,25 @@ class SwitchConfig(MoEConfig):
 
 # -- model/pos -------------------------------------------------------------------------------------
 
+@slot("pos")
 @dataclass
 class PosConfig(Component):
     """model/pos: built as pos(dim, n_heads, head_dim, max_seq_len, causal)."""
 
 
+@register("pos")
 @dataclass
 class LearnedConfig(PosConfig):
     _target_: str = "lm.model.position.Learned"
 
 
+@register("pos")
 @dataclass
 class NoPositionConfig(PosConfig):
     _target_: str = "lm.model.position.NoPosition"
 
 
+@register("pos")
 @dataclass
 class SinusoidalConfig(PosConfig):
     _target_: str = "lm.model.position.Sinusoidal"
@@ -165,6 +185,7 @@ class RopeScaling(Choice):
     llama3 = "llama3"  # Llama 3.1's band-wise scaling
 
 
+@register("pos")
 @dataclass
 class RoPEConfig(PosConfig):
     _target_: str = "lm.model.position.RoPE"
@@ -176,11 +197,13 @@ class RoPEConfig(PosConfig):
     original_max_seq_len: Optional[int] = None  # the trained context; None = model.max_seq_len
 
 
+@register("pos")
 @dataclass
 class ALiBiConfig(PosConfig):
     _target_: str = "lm.model.position.ALiBi"
 
 
+@register("pos")
 @dataclass
 class T5BiasConfig(PosConfig):
     _target_: str = "lm.model.position.T5Bias"
@@ -190,24 +213,40 @@ class T5BiasConfig(PosConfig):
 
 # -- model/attn: lm/model/scores.py ----------------------------------------------------------------
 
+@slot("attn")
 @dataclass
 class AttnConfig(Component):
     """model/attn: the attention scoring function (lm/model/scores.py), built as
     attn(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal).
 
-    `check` refuses, before anything is built, the model settings the option cannot honour.
+    Its interface (class attributes, not config fields, and one method):
+    - `uses_scale`: whether model.attn_scale applies;
+    - `self_only`: the option is about the positions of one sequence (a synthesized pattern, a convolution
+      window): cross-attention keeps scaled_dot, and stacks that move queries off their positions refuse it;
+    - `check(model)`: refuses, before anything is built, the model settings the option cannot honour.
+    The score it builds (lm/model/scores.py's Score) may bring its own sub-layer (`Score.sublayer`).
     """
 
-    uses_scale = True  # a class attribute, not a config field: whether model.attn_scale applies
+    uses_scale: ClassVar[bool] = True
+    self_only: ClassVar[bool] = False
+
+    def uses_qk(self) -> bool:
+        """Whether the scores read q k^T, the product model.qk_norm and model/pos=rope act on."""
+        return True
 
     def check(self, model: "ModelConfig") -> None:
+        name = option_name(self)
         if not self.uses_scale and (model.attn_scale not in (None, 1.0) or model.attn_scale_by_layer):
-            name = type(self).__name__.removesuffix("Config").lower()
             raise ConfigError(
                 f"model.attn_scale={model.attn_scale} / model.attn_scale_by_layer={model.attn_scale_by_layer} have no "
                 f"effect with model/attn={name} (it does not scale its scores); unset them or use model/attn=scaled_dot")
+        if not self.uses_qk() and (model.qk_norm or isinstance(model.pos, RoPEConfig)):
+            raise ConfigError(f"model/attn={name} has no query-key product, so model.qk_norm / model/pos=rope (which "
+                              f"act on it) would do nothing: use model.qk_norm=false and model/pos=learned, sinusoidal, "
+                              f"alibi, t5_bias or none")
 
 
+@register("attn")
 @dataclass
 class ScaledDotConfig(AttnConfig):
     """softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default."""
@@ -215,198 +254,41 @@ class ScaledDotConfig(AttnConfig):
     _target_: str = "lm.model.scores.ScaledDot"
 
 
+def option_name(cfg: Component) -> str:
+    """How a user picks it: LinformerConfig -> linformer (the option file's name, for messages)."""
+    return type(cfg).__name__.removesuffix("Config").lower()
+
+
+# -- the slots the core leaves empty (None): extension points for the zoo (lm/zoo) -----------------
+
+@slot("block")
 @dataclass
-class DotConfig(AttnConfig):
-    """softmax(q k^T): no 1/sqrt(d) scaling (Luong et al. 2015, "dot")."""
-
-    _target_: str = "lm.model.scores.Dot"
-    uses_scale = False
+class BlockConfig(Component):
+    """model/block: a block other than the vanilla self-attention, [cross-attention,] FFN sequence, built as
+    block(parts) -> Block from lm/model/stack.py's BlockParts (the zoo: evolved, weighted, pkm)."""
 
 
+@slot("stack")
 @dataclass
-class MultiplicativeConfig(AttnConfig):
-    """softmax(q^T W k) with a learned W per head (Luong et al. 2015, "general")."""
+class StackConfig(Component):
+    """model/stack: a Stack subclass in place of lm/model/stack.py's Stack, built as
+    stack(cfg, c, n_layers, causal, cross) (the zoo: funnel, shared). `depth(n_layers)` is how many layers
+    a stack of n_layers applies (lm/model/init.py scales residual projections by it); `pools_queries`: its
+    blocks attend from pooled queries (options laid out on positions refuse it)."""
 
-    _target_: str = "lm.model.scores.Multiplicative"
-    uses_scale = False
+    pools_queries: ClassVar[bool] = False
+
+    def depth(self, n_layers: int) -> int:
+        return n_layers
 
 
+@slot("memory")
 @dataclass
-class AdditiveConfig(AttnConfig):
-    """softmax(v^T tanh(W1 q + W2 k)) per head (Bahdanau et al. 2014). Memory: (B, H, Tq, Tk, d_attn)."""
-
-    _target_: str = "lm.model.scores.Additive"
-    d_attn: Optional[int] = None  # width of the tanh layer; None = head_dim
-    query_chunk: int = 0  # >0: score this many queries at a time, recomputed in backward (bounds memory)
-    uses_scale = False
-
-    def check(self, model: "ModelConfig") -> None:
-        super().check(model)
-        if self.d_attn is not None:
-            positive("attn.d_attn", self.d_attn)
-        if not isinstance(self.query_chunk, int) or self.query_chunk < 0:
-            raise ConfigError(f"model.attn.query_chunk={self.query_chunk!r} must be 0 (all queries at once) or positive")
-
-
-@dataclass
-class LinformerConfig(AttnConfig):
-    """Keys and values projected along the sequence to k rows (Wang et al. 2020); not causal."""
-
-    _target_: str = "lm.model.scores.Linformer"
-    k: Optional[int] = None  # projected length; None = max_seq_len // 4 (the paper's n=1024, k=256)
-    shared_kv: bool = False  # one projection for keys and values (the paper's key-value sharing)
-
-    def check(self, model: "ModelConfig") -> None:
-        super().check(model)
-        if model.arch == Arch.decoder:
-            raise ConfigError(
-                "model/attn=linformer cannot be used with model.arch=decoder: Linformer projects the keys and values "
-                "of all positions into k rows, so every row mixes in future tokens and no causal mask can be applied. "
-                "Use it with model.arch=encoder or encoder_decoder (its decoder's causal self-attention keeps "
-                "scaled_dot), or pick a causal option: scaled_dot, dot, multiplicative, additive")
-        k = linformer_k(self, model.max_seq_len)
-        if not isinstance(k, int) or not 1 <= k <= model.max_seq_len:
-            raise ConfigError(f"model.attn.k={k!r} must be in [1, model.max_seq_len={model.max_seq_len}] "
-                              f"(the projection maps at most max_seq_len positions to k rows)")
-        if isinstance(model.pos, (ALiBiConfig, T5BiasConfig)):
-            raise ConfigError(
-                f"model.pos._target_={model.pos._target_} (alibi, t5_bias) adds a bias per key position, which "
-                f"Linformer projects away into k rows; use model/pos=learned, sinusoidal, rope or none with "
-                f"model/attn=linformer")
-
-
-def linformer_k(cfg: LinformerConfig, max_seq_len: int) -> int:
-    """The projected length: model.attn.k, or max_seq_len // 4 when unset (derived, never written back)."""
-    return cfg.k if cfg.k is not None else max(1, max_seq_len // 4)
-
-
-# -- Synthesizer and convolutions (issue #20): lm/model/synthesizer.py, lm/model/conv_attn.py ------
-
-class SynthMix(Choice):
-    none = "none"  # the synthesized logits alone
-    plus = "plus"  # + scaled q k^T
-    plus_alpha = "plus_alpha"  # (1 - a) scaled q k^T + a synthesized, a = sigmoid(learned), 0.5 at init
-
-
-def _check_self_attention_only(cfg: AttnConfig, model: "ModelConfig", needs_qk: bool) -> None:
-    """Options that replace what attention computes from positions: refuse settings they cannot honour."""
-    name = type(cfg).__name__.removesuffix("Config").lower()
-    if model.funnel.blocks:
-        raise ConfigError(f"model/attn={name} with model.funnel.blocks: Funnel pools the queries, which moves "
-                          f"them off the positions this option's pattern/window is laid out on; use scaled_dot")
-    if not needs_qk and (model.qk_norm or isinstance(model.pos, RoPEConfig)):
-        raise ConfigError(f"model/attn={name} has no query-key product, so model.qk_norm / model/pos=rope (which act "
-                          f"on it) would do nothing: use model.qk_norm=false and model/pos=learned, sinusoidal, "
-                          f"alibi, t5_bias or none")
-
-
-def _check_synthesizer(self: AttnConfig, model: "ModelConfig") -> None:
-    """`check` of the three synthesizer options."""
-    if self.mix == SynthMix.none and (model.attn_scale is not None or model.attn_scale_by_layer):
-        raise ConfigError("model.attn_scale / model.attn_scale_by_layer scale q k^T, which model.attn.mix=none "
-                          "does not compute; unset them or use model.attn.mix=plus|plus_alpha")
-    if getattr(self, "factorized_k", 1) < 1:
-        raise ConfigError(f"model.attn.factorized_k={self.factorized_k!r} must be a positive integer")
-    _check_self_attention_only(self, model, needs_qk=self.mix != SynthMix.none)
-
-
-@dataclass
-class SynthesizerDenseConfig(AttnConfig):
-    """Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len)."""
-
-    _target_: str = "lm.model.synthesizer.SynthesizerDense"
-    mix: SynthMix = SynthMix.none
-    check = _check_synthesizer
-
-
-@dataclass
-class SynthesizerRandomConfig(AttnConfig):
-    """Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head."""
-
-    _target_: str = "lm.model.synthesizer.SynthesizerRandom"
-    mix: SynthMix = SynthMix.none
-    check = _check_synthesizer
-
-
-@dataclass
-class SynthesizerFactorizedConfig(AttnConfig):
-    """Factorized random Synthesizer: the pattern is R1 R2^T of rank factorized_k."""
-
-    _target_: str = "lm.model.synthesizer.SynthesizerFactorized"
-    mix: SynthMix = SynthMix.none
-    factorized_k: int = 16
-    check = _check_synthesizer
-
-
-def _check_conv(self: AttnConfig, model: "ModelConfig") -> None:
-    """`check` of the two convolution options."""
-    AttnConfig.check(self, model)  # uses_scale = False: model.attn_scale is refused
-    positive("attn.kernel_size", self.kernel_size)
-    if not 0.0 <= self.weight_dropout < 1.0:
-        raise ConfigError(f"model.attn.weight_dropout={self.weight_dropout!r} must be in [0, 1)")
-    name = type(self).__name__.removesuffix("Config").lower()
-    if model.n_kv_heads not in (None, model.n_heads):
-        raise ConfigError(f"model.n_kv_heads={model.n_kv_heads}: model/attn={name} has no keys or values to share; "
-                          f"unset it")
-    if isinstance(model.pos, (ALiBiConfig, T5BiasConfig)):
-        raise ConfigError(f"model.pos._target_={model.pos._target_} biases attention scores, which model/attn={name} "
-                          f"does not compute; use model/pos=learned, sinusoidal or none")
-    if model.block == BlockKind.weighted:
-        raise ConfigError(f"model.block=weighted branches the heads of dot-product attention; it is not defined "
-                          f"for model/attn={name}")
-    _check_self_attention_only(self, model, needs_qk=False)
-
-
-@dataclass
-class LightweightConvConfig(AttnConfig):
-    """Lightweight convolution (Wu et al. 2019): one softmax-normalised kernel per head in place of
-    self-attention; causal in decoders."""
-
-    _target_: str = "lm.model.conv_attn.LightweightConv"
-    kernel_size: int = 7  # taps per head (Wu et al. grow it with depth: 3, 7, 15, 31, ...)
-    weight_dropout: float = 0.0  # DropConnect on the normalised kernel (the paper uses 0.1)
-    glu: bool = True  # the GLU input projection d -> 2d -> d; false: a plain d -> d projection
-    uses_scale = False
-    check = _check_conv
-
-
-@dataclass
-class DynamicConvConfig(AttnConfig):
-    """Dynamic convolution (Wu et al. 2019): each position's kernel is predicted from its input."""
-
-    _target_: str = "lm.model.conv_attn.DynamicConv"
-    kernel_size: int = 7
-    weight_dropout: float = 0.0
-    glu: bool = True
-    uses_scale = False
-    check = _check_conv
-
-
-# -- typed nodes of ModelConfig (issue #20): product-key memory, Funnel ----------------------------
-
-@dataclass
-class PKMConfig:
-    """model.pkm: product-key memory (Lample et al. 2019) in place of the FFN of the blocks in `layers`
-    (lm/model/pkm.py). The memory has n_keys**2 values; each head scores two sets of n_keys sub-keys
-    with the two halves of its query and reads the top_k best of their products."""
-
-    layers: List[int] = field(default_factory=list)  # 0-based block indices (in each stack); [] = no memory
-    n_keys: int = 64  # sub-keys per half
-    heads: int = 4
-    k_dim: int = 64  # query size per head (each half is k_dim / 2)
-    top_k: int = 8
-    query_batchnorm: bool = False  # BatchNorm on the queries (the paper's choice for better key usage)
-
-
-@dataclass
-class FunnelConfig:
-    """model.funnel: Funnel Transformer encoder (Dai et al. 2020; lm/model/funnel.py). Blocks are grouped
-    by `blocks`; between groups the sequence is mean-pooled by 2 with query pooling. Token-level outputs
-    (MLM, an encoder-decoder's memory) are up-sampled to full length and refined by decoder_layers blocks;
-    classification reads only the pooled path."""
-
-    blocks: List[int] = field(default_factory=list)  # encoder blocks per group, summing to model.n_layers; [] = off
-    decoder_layers: int = 2  # full-length blocks after up-sampling
+class MemoryConfig(Component):
+    """model/memory: what an encoder-decoder's decoder layers read from the encoder in place of its last state,
+    built as memory(n_encoder_layers, n_decoder_layers): a module that maps the encoder's states (the
+    embeddings and each layer's output) and its final norm to one memory per decoder layer (the zoo:
+    transparent)."""
 
 
 # -- recurrent baselines (model=lstm|gru|rnn): lm/model/rnn.py -------------------------------------
@@ -461,28 +343,19 @@ class ElectraConfig:
     temperature: float = 1.0  # replacements are sampled from softmax(generator logits / temperature)
 
     def generator_config(self, model: "ModelConfig") -> "ModelConfig":
-        """The generator's stack: the model's options at the generator's width, heads and depth. No Funnel
-        pooling, product-key memory or factorized table: ELECTRA's generator is a small BERT, and it reads
+        """The generator's stack: the model's options at the generator's width, heads and depth, in a plain
+        Stack (no model/stack option: no Funnel pooling, no sharing) and without a factorized table: ELECTRA's
+        generator is a small BERT, and it reads
         the discriminator's embeddings through its own projection (lm/model/electra.py)."""
         hidden = self.generator_ffn_dim  # None: derived from the generator's width by the FFN option
         ffn = model.ffn
         ffn = (replace(ffn, expert=replace(ffn.expert, hidden_dim=hidden)) if isinstance(ffn, MoEConfig)
                else replace(ffn, hidden_dim=hidden))
         return replace(model, dim=self.generator_dim, n_heads=self.generator_heads, n_kv_heads=None, head_dim=None,
-                       n_layers=self.generator_layers or model.n_layers, ffn=ffn, pkm=PKMConfig(),
-                       funnel=FunnelConfig(), factorized_embedding=0, electra=None)
+                       n_layers=self.generator_layers or model.n_layers, ffn=ffn, stack=None,
+                       factorized_embedding=0, electra=None)
 
 
 # -- the slots -------------------------------------------------------------------------------------
 
-SLOTS: Dict[str, Type[Component]] = {"norm": NormConfig, "ffn": FFNConfig, "pos": PosConfig, "attn": AttnConfig}
-
-
-def options(slot: str) -> List[Type[Component]]:
-    """Every option schema of a slot: the subclasses of its base, so a new option is just a new class."""
-    found, todo = [], list(SLOTS[slot].__subclasses__())
-    while todo:
-        cls = todo.pop(0)
-        found.append(cls)
-        todo.extend(cls.__subclasses__())
-    return found
+SLOTS = ("norm", "ffn", "pos", "attn")  # the component slots every Transformer fills (validate_model)

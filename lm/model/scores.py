@@ -2,17 +2,12 @@
 
 A score turns queries, keys and values into attention outputs:
     y = softmax(logits(q, k) + mask) @ v                         (B, H, Tq, Dh)
-Each option is one subclass of `Score` that defines `logits` (and, for Linformer, `keys_values`,
+Each option is one subclass of `Score` that defines `logits` (and, where it needs to, `keys_values`,
 which reshapes the keys and values before scoring); the base class does masking, softmax,
 dropout, GQA and the probabilities `lm.model.attention.capture` reads, so a new option plugs into
-all of them by writing `logits` alone.
-
-| option         | logits(q, k)                              | paper                      |
-| scaled_dot     | q k^T / sqrt(Dh)   (SDPA's fused kernels)  | Vaswani et al. 2017        |
-| dot            | q k^T                                      | Luong et al. 2015 ("dot")  |
-| multiplicative | q^T W k, W learned per head                | Luong et al. 2015 ("general") |
-| additive       | v^T tanh(W1 q + W2 k), per head            | Bahdanau et al. 2014       |
-| linformer      | q (E k)^T / sqrt(Dh), E: (k, max_seq_len)  | Wang et al. 2020           |
+all of them by writing `logits` alone. The core has scaled_dot, softmax(q k^T / sqrt(Dh)) on SDPA's
+fused kernels (Vaswani et al. 2017); the paper variants live in lm/zoo and register their schemas
+(lm/model/registry.py; docs/attention.md lists them).
 
 Every score is built as `score(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)`
 plus its own hyperparameters from conf/model/attn/. Masks are the additive float masks of
@@ -24,7 +19,6 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 NEG = torch.finfo(torch.float32).min  # build_mask's value for masked entries
 
@@ -83,6 +77,11 @@ class Score(nn.Module):
         groups = self.n_heads // self.n_kv_heads
         return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
+    def sublayer(self, dim: int, bias: bool) -> Optional[nn.Module]:
+        """The self-attention sub-layer this score brings, in place of SelfAttention's q, k, v and output
+        projections (the convolutions of lm/zoo/conv_attn.py); None: the standard SelfAttention."""
+        return None
+
     def forward_flops(self, seq_len: int) -> int:
         """Forward FLOPs per query token of the score and value products (multiply-adds count 2),
         with seq_len keys; lm.model.flops triples it for training (PaLM's convention)."""
@@ -107,120 +106,6 @@ class ScaledDot(Score):
             dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
             enable_gqa=k.shape[1] != q.shape[1],
         )  # (B, H, Tq, Dh)
-
-
-class Dot(ScaledDot):
-    """softmax(q k^T): the unscaled dot product. Its logits grow with Dh (why Vaswani et al. scale)."""
-
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, 1.0, dropout, causal)
-
-
-class Multiplicative(Score):
-    """softmax(q^T W_h k) with a learned (Dh, Dh) matrix per head. W starts at I / sqrt(Dh), so the
-    model starts as scaled_dot and learns a bilinear form from there."""
-
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
-        self.W = nn.Parameter(torch.empty(n_heads, head_dim, head_dim))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        with torch.no_grad():
-            self.W.copy_(torch.eye(self.head_dim).expand_as(self.W) * self.head_dim ** -0.5)
-
-    def logits(self, q, k):
-        qW = torch.einsum("bhqd,hde->bhqe", q, self.W)  # (B, H, Tq, Dh)
-        return qW @ k.transpose(-2, -1)
-
-    def forward_flops(self, seq_len):
-        return super().forward_flops(seq_len) + 2 * self.n_heads * self.head_dim ** 2  # q W
-
-
-class Additive(Score):
-    """softmax(v_h^T tanh(W1_h q + W2_h k)) per head h, W1 and W2: (Dh, d_attn), v: (d_attn,).
-
-    The tanh is taken for every (query, key) pair: a (B, H, Tq, Tk, d_attn) tensor, kept for
-    backward. query_chunk > 0 scores that many queries at a time and recomputes them in backward
-    (torch.utils.checkpoint), so memory holds one chunk's tensor instead of all of them.
-    """
-
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                 d_attn: Optional[int] = None, query_chunk: int = 0):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
-        self.d_attn, self.query_chunk = d_attn or head_dim, query_chunk
-        self.W1 = nn.Parameter(torch.empty(n_heads, head_dim, self.d_attn))
-        self.W2 = nn.Parameter(torch.empty(n_heads, head_dim, self.d_attn))
-        self.v = nn.Parameter(torch.empty(n_heads, self.d_attn))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        # fan-in scaled (as nn.Linear): W1 q + W2 k stay O(|q|), inside tanh's useful range
-        for w in (self.W1, self.W2):
-            nn.init.uniform_(w, -self.head_dim ** -0.5, self.head_dim ** -0.5)
-        nn.init.uniform_(self.v, -self.d_attn ** -0.5, self.d_attn ** -0.5)
-
-    def logits(self, q, k):
-        q1 = torch.einsum("bhqd,hda->bhqa", q, self.W1)  # (B, H, Tq, d_attn)
-        k2 = torch.einsum("bhkd,hda->bhka", k, self.W2)  # (B, H, Tk, d_attn)
-        chunk = self.query_chunk
-        if not chunk or q1.shape[2] <= chunk:
-            return self._pairs(q1, k2)
-        parts = [q1[:, :, i:i + chunk] for i in range(0, q1.shape[2], chunk)]
-        if torch.is_grad_enabled():
-            return torch.cat([checkpoint(self._pairs, p, k2, use_reentrant=False) for p in parts], dim=2)
-        return torch.cat([self._pairs(p, k2) for p in parts], dim=2)
-
-    def _pairs(self, q1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
-        hidden = torch.tanh(q1[:, :, :, None, :] + k2[:, :, None, :, :])  # (B, H, Tq, Tk, d_attn)
-        return torch.einsum("bhqka,ha->bhqk", hidden, self.v)
-
-    def forward_flops(self, seq_len):
-        # W1 q and W2 k (a key per token in self-attention), v^T over every pair, then probs @ v
-        projections = 2 * 2 * self.n_heads * self.head_dim * self.d_attn
-        return projections + 2 * self.n_heads * seq_len * self.d_attn + 2 * self.n_heads * self.head_dim * seq_len
-
-
-class Linformer(ScaledDot):
-    """Scaled dot product against keys and values projected along the sequence to k rows:
-    K' = E K, V' = F V with E, F: (k, max_seq_len), one pair per layer shared by the heads (the
-    paper's headwise sharing), or E = F with shared_kv. An input of T < max_seq_len positions uses
-    E[:, :T]. Padded keys and values are zeroed before the projection, so padding adds nothing; the
-    k projected rows are then all visible (no mask). Every row mixes all positions: not causal.
-    """
-
-    causal_ok = False
-
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                 k: Optional[int] = None, shared_kv: bool = False):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
-        self.k = k if k is not None else max(1, max_seq_len // 4)  # LinformerConfig's default (lm.model.config.linformer_k)
-        self.E = nn.Parameter(torch.empty(self.k, max_seq_len))
-        self.F = None if shared_kv else nn.Parameter(torch.empty(self.k, max_seq_len))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        for p in (self.E, self.F):
-            if p is not None:
-                nn.init.uniform_(p, -self.k ** -0.5, self.k ** -0.5)  # as the paper's reference code (1/sqrt(k))
-
-    def keys_values(self, k, v, mask):
-        T = k.shape[2]
-        if T > self.max_seq_len:
-            raise ValueError(f"Linformer got {T} key positions; its projections cover model.max_seq_len="
-                             f"{self.max_seq_len}: raise it or shorten the input")
-        if mask is not None:
-            # Not causal, so a key is masked for every query or for none: the first query row tells.
-            keep = (mask[:, :1, :1, :] > NEG).to(k.dtype).transpose(-2, -1)  # (B, 1, Tk, 1)
-            k, v = k * keep, v * keep
-        E = self.E[:, :T].to(k.dtype)
-        F_ = E if self.F is None else self.F[:, :T].to(v.dtype)
-        return E @ k, F_ @ v, None  # (k, T) @ (B, KVH, T, Dh) -> (B, KVH, k, Dh): the k rows are all visible
-
-    def forward_flops(self, seq_len):
-        # E K and F V: every key/value token adds to k rows; then the score and value products over k rows
-        projections = 2 * 2 * self.k * self.n_kv_heads * self.head_dim
-        return projections + super().forward_flops(self.k)
 
 
 def make_score(factory: Optional[Callable[..., Score]], causal: bool, **shapes) -> Score:

@@ -1,51 +1,88 @@
-"""Stack: N Blocks + final norm. It owns causal vs bidirectional attention and builds masks once."""
+"""Stack: N Blocks + final norm. It owns causal vs bidirectional attention and builds masks once.
+
+`make_block` builds one layer's Block from its parts (BlockParts): the vanilla self-attention,
+[cross-attention,] FFN sequence, or the sequence of the model/block option (lm/model/registry.py: the
+zoo's evolved and weighted cells, product-key memory). `make_stack` builds a Stack, or the model/stack
+option's subclass (the zoo's Funnel encoder, shared blocks and the Universal Transformer).
+"""
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from lm.model import evolved
-from lm.model.config import BlockKind, ModelConfig
 from lm.model.attention import CrossAttention, LayerCache, SelfAttention, build_mask
 from lm.model.block import Block
-from lm.model.pkm import memory_or_ffn
 from lm.model.scores import make_score
-from lm.model.weighted import WeightedAttention, branch_hidden
-from lm.model.sharing import StepEmbedding, depth, n_blocks
+
+if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
+    from lm.model.config import ModelConfig
 
 
 @dataclass
 class Components:
-    """Factories for the block's slots, from the config groups model/norm, model/ffn, model/pos."""
+    """Factories for the model's slots (lm/model/registry.py), instantiated from the config groups."""
 
     norm: Callable[..., nn.Module]  # norm(dim, eps=...)
     ffn: Callable[..., nn.Module]  # ffn(dim, bias=..., dropout=...)
     pos: Callable[..., nn.Module]  # pos(dim, n_heads, head_dim, max_seq_len, causal)
     # model/attn: attn(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal); None = scaled_dot
     attn: Optional[Callable[..., nn.Module]] = None
+    block: Optional[Callable[..., Block]] = None  # model/block: block(parts: BlockParts); None = vanilla
+    stack: Optional[Callable[..., nn.Module]] = None  # model/stack: stack(cfg, c, n_layers, causal, cross); None = Stack
+    memory: Optional[Callable[..., nn.Module]] = None  # model/memory: memory(n_encoder_layers, n_decoder_layers)
 
 
-def _attention(cls, cfg: ModelConfig, c: Components, layer: int, causal: bool = False, heads: Optional[tuple] = None,
-               **extra):
-    """heads: (n_heads, n_kv_heads, head_dim) when not the model's (the evolved decoder cell's wide attention);
-    extra: keyword arguments of cls (the weighted Transformer's branch FFNs)."""
+class BlockParts:
+    """The sub-layers of block `layer` of a stack, each built as the model's options say; a model/block
+    option composes its Block from them (and from modules of its own)."""
+
+    def __init__(self, cfg: "ModelConfig", c: Components, layer: int, causal: bool, cross: bool):
+        self.cfg, self.c, self.layer, self.causal, self.cross = cfg, c, layer, causal, cross
+        self.ffn_bias = cfg.bias if cfg.ffn_bias is None else cfg.ffn_bias
+
+    def norm(self, dim: Optional[int] = None) -> nn.Module:
+        return self.c.norm(dim or self.cfg.dim, eps=self.cfg.norm_eps)
+
+    def attention(self, cls=SelfAttention, heads: Optional[tuple] = None, **extra) -> nn.Module:
+        """Self-attention of `cls` (SelfAttention or a subclass) with the model/attn score. heads: (n_heads,
+        n_kv_heads, head_dim) when not the model's; extra: keyword arguments of cls."""
+        return _attention(cls, self.cfg, self.c, self.layer, self.causal, heads, **extra)
+
+    def cross_attention(self, heads: Optional[tuple] = None) -> Optional[CrossAttention]:
+        """Cross-attention to the encoder memory when the stack has it (a decoder of an encoder-decoder)."""
+        return _attention(CrossAttention, self.cfg, self.c, self.layer, False, heads) if self.cross else None
+
+    def ffn(self, **extra) -> nn.Module:
+        """The model/ffn FFN; extra: its keyword arguments (hidden_dim=...)."""
+        return self.c.ffn(self.cfg.dim, bias=self.ffn_bias, dropout=self.cfg.dropout, **extra)
+
+    def block(self, self_attn: nn.Module, ffn: Optional[nn.Module], cross_attn: Optional[nn.Module] = None,
+              prelude: Sequence[nn.Module] = ()) -> Block:
+        """The Block: ffn=None has no FFN sub-layer; prelude: residual sub-layers run before self-attention."""
+        return Block(self_attn=self_attn, ffn=ffn, norm=self.norm, dropout=self.cfg.dropout, cross_attn=cross_attn,
+                     residual=type(self.cfg.norm).residual or self.cfg.norm_position,  # ReZero / Fixup name their own
+                     prelude=prelude)
+
+
+def _attention(cls, cfg: "ModelConfig", c: Components, layer: int, causal: bool = False,
+               heads: Optional[tuple] = None, **extra):
     qk_norm = (lambda d: c.norm(d, eps=cfg.norm_eps)) if cfg.qk_norm else None
     scale = attn_scale(cfg, layer)
     n_heads, n_kv_heads, head_dim = heads or (cfg.n_heads, cfg.kv_heads, cfg.d_head)
-    factory = c.attn
-    if cls is CrossAttention and not getattr(getattr(factory, "func", factory), "cross_ok", True):
-        factory = None  # synthesizers and convolutions are about one sequence's positions: cross-attention keeps scaled_dot
+    # an option about one sequence's positions (model.attn.self_only) leaves cross-attention on scaled_dot
+    factory = None if cls is CrossAttention and cfg.attn.self_only else c.attn
     score = make_score(factory, causal, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
                        max_seq_len=cfg.max_seq_len, scale=scale, dropout=cfg.attn_dropout)
-    if cls is SelfAttention and getattr(score, "attention_module", None) is not None:
-        return score.attention_module(cfg.dim, n_heads, head_dim, cfg.bias, score)  # convolutions: their own sub-layer
+    sublayer = score.sublayer(cfg.dim, cfg.bias) if cls is SelfAttention else None
+    if sublayer is not None:
+        return sublayer  # a score with its own sub-layer (lm/zoo/conv_attn.py)
     return cls(cfg.dim, n_heads, n_kv_heads, head_dim, cfg.bias, cfg.attn_dropout, scale, qk_norm, score, **extra)
 
 
-def attn_scale(cfg: ModelConfig, layer: int) -> Optional[float]:
+def attn_scale(cfg: "ModelConfig", layer: int) -> Optional[float]:
     """The softmax scale of layer `layer` (0-based); None = SDPA's own 1/sqrt(head_dim)."""
     if not cfg.attn_scale_by_layer:
         return cfg.attn_scale
@@ -53,39 +90,35 @@ def attn_scale(cfg: ModelConfig, layer: int) -> Optional[float]:
     return base / (layer + 1)  # HF GPT-2 scale_attn_by_inverse_layer_idx (Stanford CRFM Mistral runs)
 
 
-def make_block(cfg: ModelConfig, c: Components, cross: bool, layer: int = 0, causal: bool = False) -> Block:
-    ffn_bias = cfg.bias if cfg.ffn_bias is None else cfg.ffn_bias
-    norm = lambda d=cfg.dim: c.norm(d, eps=cfg.norm_eps)  # noqa: E731
-    parts = dict(norm=norm, residual=type(cfg.norm).residual or cfg.norm_position,  # ReZero / Fixup name their own
-                 dropout=cfg.dropout,
-                 cross_attn=_attention(CrossAttention, cfg, c, layer) if cross else None)
-    if cfg.block == BlockKind.weighted:  # each head's branch holds an FFN; the block has none (lm/model/weighted.py)
-        ffns = [c.ffn(cfg.dim, bias=ffn_bias, dropout=cfg.dropout, hidden_dim=branch_hidden(cfg)) for _ in range(cfg.n_heads)]
-        return Block(self_attn=_attention(WeightedAttention, cfg, c, layer, causal, ffns=ffns), ffn=None, **parts)
-    if cfg.block == BlockKind.evolved:  # sub-layers before self-attention; the decoder cell's Swish FFN (lm/model/evolved.py)
-        wide = (2 * cfg.n_heads, 2 * cfg.kv_heads, cfg.d_head // 2)
-        parts["prelude"] = evolved.prelude(
-            causal, cfg.dim, cfg.bias, cfg.dropout, norm,
-            wide_self_attn=lambda: _attention(SelfAttention, cfg, c, layer, causal, heads=wide),
-            cross_attn=lambda: _attention(CrossAttention, cfg, c, layer) if cross else None)
-    ffn = (evolved.SwishFFN(cfg.dim, ffn_bias, cfg.dropout, norm) if cfg.block == BlockKind.evolved and causal else
-           memory_or_ffn(cfg.pkm, layer, cfg.dim, ffn_bias, cfg.dropout,
-                         lambda: c.ffn(cfg.dim, bias=ffn_bias, dropout=cfg.dropout)))  # model.pkm.layers
-    return Block(self_attn=_attention(SelfAttention, cfg, c, layer, causal), ffn=ffn, **parts)
+def make_block(cfg: "ModelConfig", c: Components, cross: bool, layer: int = 0, causal: bool = False) -> Block:
+    parts = BlockParts(cfg, c, layer, causal, cross)
+    if c.block is not None:
+        return c.block(parts)
+    cross_attn = parts.cross_attention()  # built in this order: scores that draw their init do so in it
+    ffn = parts.ffn()
+    return parts.block(parts.attention(), ffn, cross_attn)
+
+
+def make_stack(cfg: "ModelConfig", c: Components, n_layers: int, causal: bool, cross: bool = False) -> "Stack":
+    """A stack of n_layers layers: the model/stack option's (lm/model/registry.py), or a Stack."""
+    if c.stack is not None:
+        return c.stack(cfg, c, n_layers, causal, cross)
+    return Stack(cfg, c, n_layers, causal, cross)
 
 
 class Stack(nn.Module):
-    def __init__(self, cfg: ModelConfig, c: Components, n_layers: int, causal: bool, cross: bool = False):
+    def __init__(self, cfg: "ModelConfig", c: Components, n_layers: int, causal: bool, cross: bool = False,
+                 n_blocks: Optional[int] = None):
+        """n_layers: the layers it applies; n_blocks: the distinct blocks it holds (default n_layers). Layer i
+        runs blocks[i % n_blocks]: a model/stack option may share blocks between layers (lm/zoo/sharing.py)."""
         super().__init__()
         self.causal = causal
         self.checkpointing = cfg.activation_checkpointing
         self.pos = c.pos(dim=cfg.dim, n_heads=cfg.n_heads, head_dim=cfg.d_head, max_seq_len=cfg.max_seq_len, causal=causal)
         self.embed_norm = c.norm(cfg.dim, eps=cfg.norm_eps) if cfg.embed_norm else nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
-        # Layer i runs blocks[i % len(blocks)]: one block when shared (lm/model/sharing.py).
-        self.depth = depth(cfg, n_layers)
-        self.blocks = nn.ModuleList(make_block(cfg, c, cross, i, causal) for i in range(n_blocks(cfg, n_layers, causal)))
-        self.step_embed = StepEmbedding(cfg.dim, cfg.ut_steps, cfg.ut_step_embedding) if cfg.ut_steps else None
+        self.depth = n_layers
+        self.blocks = nn.ModuleList(make_block(cfg, c, cross, i, causal) for i in range(n_blocks or n_layers))
         self.final_norm = c.norm(cfg.dim, eps=cfg.norm_eps) if cfg.final_norm else nn.Identity()
 
     def new_cache(self) -> List[LayerCache]:
@@ -95,7 +128,7 @@ class Stack(nn.Module):
                 memory_padding: Optional[torch.Tensor] = None, cache: Optional[List[LayerCache]] = None,
                 states: Optional[List[torch.Tensor]] = None) -> torch.Tensor:
         """x: token embeddings (B, T, D); padding: (B, T_past + T) 1 for tokens, 0 for pads.
-        memory: (B, S, D), or one per block (transparent attention, lm/model/transparent.py).
+        memory: (B, S, D), or a list of one per layer (a model/memory option: lm/zoo/transparent.py).
         states: when a list, the stream after the embeddings and after each block is appended to it."""
         memories = memory if isinstance(memory, list) else [memory] * self.depth
         memory = memories[0] if memories else memory
@@ -115,9 +148,8 @@ class Stack(nn.Module):
             states.append(x)
         for i in range(self.depth):
             block = self.blocks[i % len(self.blocks)]
-            if self.step_embed is not None:
-                x = self.step_embed(x, i)
-            x = self.run_block(block, x, mask, rotate, memories[i], memory_mask, cache[i] if cache else None,
+            layer_cache = cache[i] if cache else None
+            x = self.run_block(block, self.enter_layer(x, i), mask, rotate, memories[i], memory_mask, layer_cache,
                                padding=own_padding)
             if states is not None:
                 states.append(x)
@@ -131,11 +163,15 @@ class Stack(nn.Module):
                               use_reentrant=False)
         return block(x, self.causal, mask, rotate, memory, memory_mask, cache, pool, padding)
 
-    def active_matmul_params(self, count) -> float:
-        """lm.model.flops: a shared block runs depth / len(blocks) times per token (lm/model/sharing.py)."""
-        uses = self.depth // len(self.blocks)
-        return (sum(count(m) for name, m in self.named_children() if name != "blocks")
-                + uses * sum(count(b) for b in self.blocks))
+    def enter_layer(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """The stream as layer `layer` (0-based) receives it: unchanged here (the Universal Transformer adds
+        its step embedding, lm/zoo/sharing.py)."""
+        return x
+
+    def attention_shares(self) -> List[Tuple[float, float]]:
+        """(queries, keys) of each applied layer's attention as fractions of the input length, for
+        lm.model.flops: all of them here (a Funnel's pooled blocks see fewer)."""
+        return [(1.0, 1.0)] * self.depth
 
     def pooled_forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None):
         """What sequence classification reads: (hidden states, their padding). Funnel returns its pooled path."""

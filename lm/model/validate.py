@@ -8,12 +8,13 @@ Types and choices are checked by the schemas at composition; an attention option
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING
 
 from lm.config_base import Choice, ConfigError
-from lm.model.choices import Arch, BlockKind, EmbeddingKind, NormPosition, OutputKind, TieEmbeddings
+from lm.model.choices import Arch, EmbeddingKind, NormPosition, OutputKind, TieEmbeddings
+from lm.model.registry import slots
 from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, ReZeroNorm, RNNConfig,
-                              SwitchConfig, positive)
+                              SwitchConfig, option_name, positive)
 
 if TYPE_CHECKING:  # lm/model/config.py imports this module; validate_rnn imports ModelConfig when it runs
     from lm.model.config import ModelConfig
@@ -53,26 +54,21 @@ def validate_model(cfg: ModelConfig) -> None:
             )
     if not 0.0 <= cfg.dropout < 1.0 or not 0.0 <= cfg.attn_dropout < 1.0:
         raise ConfigError("model.dropout and model.attn_dropout must be in [0, 1)")
-    for slot, base in SLOTS.items():
-        if not isinstance(getattr(cfg, slot), base) or not getattr(cfg, slot)._target_:
+    for slot in SLOTS:
+        if not isinstance(getattr(cfg, slot), slots()[slot]) or not getattr(cfg, slot)._target_:
             raise ConfigError(f"model.{slot} is not set; pick an option with model/{slot}=<option> "
                               f"(see conf/model/{slot}/)")
-    cfg.attn.check(cfg)
-    validate_sparse(cfg)
+    for slot in slots():  # each option refuses the settings it cannot honour (a zoo option: its own rules)
+        if getattr(cfg, slot) is not None:
+            getattr(cfg, slot).check(cfg)
+    if isinstance(cfg.ffn, MoEConfig):
+        _validate_moe(cfg.ffn)
     validate_sharing_and_tying(cfg)  # first: it checks model.tie_embeddings' value, which the next one reads
     validate_narang_options(cfg)
     validate_electra(cfg)
 
 
-# -- validation of the issue #20 options: refuse undefined combinations before anything is built -------
-
-def validate_sparse(cfg: ModelConfig) -> None:
-    if isinstance(cfg.ffn, MoEConfig):
-        _validate_moe(cfg.ffn)
-    _validate_pkm(cfg)
-    _validate_funnel(cfg)
-    _validate_block(cfg)
-
+# -- model/ffn=moe|switch ------------------------------------------------------------------------
 
 def _validate_moe(moe: MoEConfig) -> None:
     kind = "switch" if isinstance(moe, SwitchConfig) else "moe"
@@ -97,63 +93,6 @@ def _validate_moe(moe: MoEConfig) -> None:
             raise ConfigError(f"model.ffn.{name}={getattr(moe, name)!r} must be >= 0")
     if not 0 <= moe.router_jitter < 1:
         raise ConfigError(f"model.ffn.router_jitter={moe.router_jitter!r} must be in [0, 1)")
-
-
-def _stack_depths(cfg: ModelConfig) -> List[int]:
-    return [cfg.n_layers] + ([cfg.decoder_layers] if cfg.arch == Arch.encoder_decoder else [])
-
-
-def _validate_pkm(cfg: ModelConfig) -> None:
-    pkm = cfg.pkm
-    if not pkm.layers:
-        return
-    depth = max(_stack_depths(cfg) + [sum(cfg.funnel.blocks) + cfg.funnel.decoder_layers if cfg.funnel.blocks else 0])
-    bad = [i for i in pkm.layers if not 0 <= i < depth]
-    if bad or len(set(pkm.layers)) != len(pkm.layers):
-        raise ConfigError(f"model.pkm.layers={list(pkm.layers)} must be distinct block indices in [0, {depth})")
-    for name in ("n_keys", "heads", "k_dim", "top_k"):
-        positive(f"pkm.{name}", getattr(pkm, name))
-    if pkm.k_dim % 2:
-        raise ConfigError(f"model.pkm.k_dim={pkm.k_dim} must be even: the query is split into two halves")
-    if pkm.top_k > pkm.n_keys:
-        raise ConfigError(f"model.pkm.top_k={pkm.top_k} must be <= model.pkm.n_keys={pkm.n_keys}")
-
-
-def _validate_block(cfg: ModelConfig) -> None:
-    if cfg.block == BlockKind.vanilla:
-        return
-    name = f"model.block={cfg.block.value}"
-    if cfg.funnel.blocks:
-        raise ConfigError(f"{name} with model.funnel.blocks: Funnel pools the queries inside the vanilla block's "
-                          f"self-attention, which neither paper defines for these cells; use one or the other")
-    if cfg.block == BlockKind.weighted:
-        if isinstance(cfg.ffn, MoEConfig) or cfg.pkm.layers:
-            raise ConfigError(f"{name} gives every attention head its own dense FFN (1/n_heads of model/ffn's hidden "
-                              f"size) in place of the block's FFN, so model/ffn=moe|switch and model.pkm.layers have "
-                              f"no FFN to replace; use a dense model/ffn and model.pkm.layers=[]")
-        return
-    if cfg.arch != Arch.encoder and (isinstance(cfg.ffn, MoEConfig) or cfg.pkm.layers):
-        raise ConfigError(f"{name}: the decoder cell's FFN is the paper's Swish FFN, so model/ffn=moe|switch and "
-                          f"model.pkm.layers would not be used in it; use them with model.arch=encoder or drop them")
-    if cfg.dim % 2 or cfg.d_head % 2:
-        raise ConfigError(f"{name} needs an even model.dim (its d/2-wide convolution branches) and an even head "
-                          f"size (its decoder cell's first attention has 2 x n_heads heads of head_dim / 2): "
-                          f"got dim={cfg.dim}, head_dim={cfg.d_head}")
-
-
-def _validate_funnel(cfg: ModelConfig) -> None:
-    funnel = cfg.funnel
-    if not funnel.blocks:
-        return
-    if cfg.arch == Arch.decoder:
-        raise ConfigError("model.funnel.blocks is set on a decoder (model.arch=decoder): pooling would let "
-                          "a token see its pooled future; use model.arch=encoder or encoder_decoder, or "
-                          "model.funnel.blocks=[]")
-    if any(not isinstance(b, int) or b < 1 for b in funnel.blocks) or sum(funnel.blocks) != cfg.n_layers:
-        raise ConfigError(f"model.funnel.blocks={list(funnel.blocks)} must be positive and sum to "
-                          f"model.n_layers={cfg.n_layers}")
-    if not isinstance(funnel.decoder_layers, int) or funnel.decoder_layers < 0:
-        raise ConfigError(f"model.funnel.decoder_layers={funnel.decoder_layers!r} must be >= 0")
 
 
 # -- ELECTRA (model.electra, lm/model/electra.py) ----------------------------------------------------
@@ -221,7 +160,7 @@ def validate_rnn(cfg: ModelConfig) -> None:
 
 
 def _transformer_option(name: str, value, default) -> str:
-    """How the user set it: model/pos=rope for a component slot, model.pkm.layers=[0] inside a node,
+    """How the user set it: model/pos=rope for a component slot, model.electra.disc_weight=1.0 inside a node,
     model.n_heads=8 for a value."""
     if isinstance(value, Component):
         return f"model/{name}={_option_name(value)}"
@@ -232,7 +171,7 @@ def _transformer_option(name: str, value, default) -> str:
 
 
 def _option_name(node: Component) -> str:
-    return node._target_.rsplit(".", 1)[-1].lower() if node._target_ else type(node).__name__
+    return option_name(node)
 
 
 def check_objective(cfg: ModelConfig, objective: str) -> None:
@@ -270,12 +209,6 @@ def validate_narang_options(cfg: ModelConfig) -> None:
                           f"is for a plain softmax only; set model.loss_chunk_size=0")
     if out == OutputKind.mixture_of_softmaxes and cfg.mos_components < 1:
         raise ConfigError(f"model.mos_components={cfg.mos_components} must be a positive integer")
-    if cfg.transparent_attention and cfg.arch != Arch.encoder_decoder:
-        raise ConfigError(f"model.transparent_attention=true with model.arch={cfg.arch}: transparent attention "
-                          f"mixes encoder layers into cross-attention, which only encoder_decoder has")
-    if cfg.transparent_attention and cfg.funnel.blocks:
-        raise ConfigError(f"model.transparent_attention=true with model.funnel.blocks={list(cfg.funnel.blocks)}: a "
-                          f"Funnel encoder's layers have different lengths, so they cannot be mixed; drop one of them")
 
 
 # -- Narang et al. 2021 options: combinations the papers do not define are refused, naming both fields --
@@ -298,21 +231,6 @@ def _validate_residual(cfg: ModelConfig) -> None:
                               f" or pick model/norm=rezero_layernorm or rezero_rmsnorm")
 
 
-def _validate_sharing(cfg: ModelConfig) -> None:
-    stacks = {Arch.decoder: {"decoder"}, Arch.encoder: {"encoder"}, Arch.encoder_decoder: {"encoder", "decoder"}}
-    if cfg.share_blocks in ("encoder", "decoder") and cfg.share_blocks not in stacks[cfg.arch]:
-        raise ConfigError(f"model.share_blocks={cfg.share_blocks}: model.arch={cfg.arch} has no {cfg.share_blocks} "
-                          f"stack; use model.share_blocks=all or {' / '.join(sorted(stacks[cfg.arch]))}")
-    if not isinstance(cfg.ut_steps, int) or cfg.ut_steps < 0:
-        raise ConfigError(f"model.ut_steps={cfg.ut_steps!r} must be 0 (off) or a positive number of steps")
-    if cfg.ut_steps and cfg.share_blocks in ("encoder", "decoder"):
-        raise ConfigError(f"model.ut_steps={cfg.ut_steps} makes every stack one recurrent block; "
-                          f"model.share_blocks={cfg.share_blocks} would leave the other stack unshared: use none or all")
-    if (cfg.ut_steps or cfg.share_blocks != "none") and cfg.attn_scale_by_layer:
-        raise ConfigError("model.attn_scale_by_layer=true scales each layer differently, so its blocks cannot be "
-                          f"shared (model.share_blocks={cfg.share_blocks}, model.ut_steps={cfg.ut_steps})")
-
-
 def _validate_embeddings(cfg: ModelConfig) -> None:
     if isinstance(cfg.tie_embeddings, str) and cfg.tie_embeddings not in TieEmbeddings.__members__:
         raise ConfigError(f"model.tie_embeddings={cfg.tie_embeddings!r} is not one of true, false, "
@@ -329,24 +247,11 @@ def validate_sharing_and_tying(cfg: ModelConfig) -> None:
     """ReZero/Fixup, shared blocks and the Universal Transformer, factorized and tied embeddings (issue #19's
     part-1 rows and #20's Universal Transformer), alone and with the other helpers' options."""
     _validate_residual(cfg)
-    _validate_sharing(cfg)
     _validate_embeddings(cfg)
     _validate_with_other_options(cfg)
 
 
 def _validate_with_other_options(cfg: ModelConfig) -> None:
-    sharing = f"model.share_blocks={cfg.share_blocks}" if cfg.share_blocks != "none" else (
-        f"model.ut_steps={cfg.ut_steps}" if cfg.ut_steps else None)
-    if sharing and cfg.funnel.blocks and cfg.share_blocks != "decoder":
-        raise ConfigError(f"{sharing} with model.funnel.blocks={list(cfg.funnel.blocks)}: a Funnel encoder's groups "
-                          f"are distinct blocks; share the decoder only (model.share_blocks=decoder) or drop one")
-    if sharing and cfg.pkm.layers:
-        raise ConfigError(f"{sharing} with model.pkm.layers={list(cfg.pkm.layers)}: the memory replaces the FFN of "
-                          f"chosen blocks, which a shared block cannot single out; drop one of them")
-    if cfg.ut_steps and cfg.transparent_attention:
-        raise ConfigError(f"model.ut_steps={cfg.ut_steps} with model.transparent_attention=true: transparent "
-                          f"attention mixes model.n_layers encoder layers, the Universal Transformer applies "
-                          f"ut_steps; use model.share_blocks=all with it instead")
     if cfg.factorized_embedding and cfg.embedding != EmbeddingKind.standard:
         raise ConfigError(f"model.factorized_embedding={cfg.factorized_embedding} with model.embedding={cfg.embedding}:"
                           f" both replace the token table; drop one of them")

@@ -25,7 +25,7 @@ IGNORED = re.compile(r"(^|[./])seed$|(^|\.)(run|out|output|save|checkpoint)_dir$
 SETUP = re.compile(r"^data\.|^train\.(max_steps|max_tokens|seq_len|[a-z_]*batch[a-z_]*|[a-z_]*accum[a-z_]*)$")
 # Data keys that change how fast the data is prepared, not what it is.
 NOT_SETUP = re.compile(r"^data\.(workers|mirror|task_bytes|shard_tokens|hf_streaming)$")
-COMPONENT_SLOTS = ("norm", "ffn", "pos", "attn")  # the config groups of lm.model.config.SLOTS
+COMPONENT_SLOTS = ("norm", "ffn", "pos", "attn", "block", "stack", "memory")  # config groups: lm/model/registry.py
 
 
 @dataclass

@@ -54,13 +54,13 @@ ROWS: List[Row] = [
     Row("depth_6", "6 layers, d_ff = 6144, H = 24",
         ["model.n_layers=1", "model.n_decoder_layers=1", "model.n_heads=8", "model.head_dim=32",
          "model.ffn.hidden_dim=1024"]),
-    Row("block_sharing", "Block sharing", ["model.share_blocks=all"]),
+    Row("block_sharing", "Block sharing", ["model/stack=shared"]),
     Row("block_sharing_factorized", "+ Factorized embeddings",
-        ["model.share_blocks=all", f"model.factorized_embedding={FACTOR_RANK}", "model.tie_embeddings=none"]),
+        ["model/stack=shared", f"model.factorized_embedding={FACTOR_RANK}", "model.tie_embeddings=none"]),
     Row("block_sharing_factorized_shared", "+ Factorized & shared embeddings",
-        ["model.share_blocks=all", f"model.factorized_embedding={FACTOR_RANK}"]),
-    Row("encoder_block_sharing", "Encoder only block sharing", ["model.share_blocks=encoder"]),
-    Row("decoder_block_sharing", "Decoder only block sharing", ["model.share_blocks=decoder"]),
+        ["model/stack=shared", f"model.factorized_embedding={FACTOR_RANK}"]),
+    Row("encoder_block_sharing", "Encoder only block sharing", ["model/stack=shared", "model.stack.share=encoder"]),
+    Row("decoder_block_sharing", "Decoder only block sharing", ["model/stack=shared", "model.stack.share=decoder"]),
     # Factorized: each table (encoder input, decoder input, output) its own V x r + r x D pair; shared: one
     # factorized table for all three, as the vanilla base shares its one full table.
     Row("factorized_embedding", "Factorized Embedding",
@@ -76,12 +76,12 @@ ROWS: List[Row] = [
     Row("adaptive_softmax_no_proj", "Adaptive softmax without projection",
         ["model.output=adaptive_softmax", "model.tie_embeddings=false", "model.adaptive_tail_projection=false"]),
     Row("mixture_of_softmaxes", "Mixture of softmaxes", ["model.output=mixture_of_softmaxes"]),
-    Row("transparent_attention", "Transparent attention", ["model.transparent_attention=true"]),
+    Row("transparent_attention", "Transparent attention", ["model/memory=transparent"]),
     # Convolutions replace self-attention and with it the relative position bias (Mesh TF's bias lives in the
     # attention layers): position comes from the causal/centred window alone.
     Row("dynamic_conv", "Dynamic convolution", ["model/attn=dynamic_conv", "model/pos=none"]),
     Row("lightweight_conv", "Lightweight convolution", ["model/attn=lightweight_conv", "model/pos=none"]),
-    Row("evolved_transformer", "Evolved Transformer", ["model.block=evolved"]),
+    Row("evolved_transformer", "Evolved Transformer", ["model/block=evolved"]),
     Row("synthesizer_dense", "Synthesizer (dense)", ["model/attn=synthesizer_dense"]),
     Row("synthesizer_dense_plus", "Synthesizer (dense plus)", ["model/attn=synthesizer_dense", "model.attn.mix=plus"]),
     Row("synthesizer_dense_plus_alpha", "Synthesizer (dense plus alpha)",
@@ -92,7 +92,7 @@ ROWS: List[Row] = [
     Row("synthesizer_random_plus_alpha", "Synthesizer (random plus alpha)",
         ["model/attn=synthesizer_random", "model.attn.mix=plus_alpha"]),
     # One block applied as many times as the base has layers, so Ops equal vanilla's and Params one block's.
-    Row("universal_transformer", "Universal Transformer", ["model.ut_steps=${model.n_layers}"]),
+    Row("universal_transformer", "Universal Transformer", ["model/stack=universal"]),
     # Experts are the base's ReLU FFN; every block's FFN is routed (8 experts).
     Row("mixture_of_experts", "Mixture of experts", ["model/ffn=moe", "model/ffn@model.ffn.expert=relu"]),
     Row("switch_transformer", "Switch Transformer", ["model/ffn=switch", "model/ffn@model.ffn.expert=relu"]),
@@ -100,10 +100,10 @@ ROWS: List[Row] = [
     # up-sampling for the decoder's memory. Pooling needs positions added to the embeddings (the relative
     # bias acts inside attention, at lengths pooling changes), so this row uses learned absolute positions.
     Row("funnel_transformer", "Funnel Transformer",
-        ["model.funnel.blocks=[1,1]", "model.funnel.decoder_layers=1", "model/pos=learned"]),
-    Row("weighted_transformer", "Weighted Transformer", ["model.block=weighted"]),
+        ["model/stack=funnel", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=1", "model/pos=learned"]),
+    Row("weighted_transformer", "Weighted Transformer", ["model/block=weighted"]),
     # The memory replaces the FFN of the second block of each stack.
-    Row("product_key_memory", "Product key memory", ["model.pkm.layers=[1]"]),
+    Row("product_key_memory", "Product key memory", ["model/block=pkm", "model.block.layers=[1]"]),
 ]
 
 # The paper's full order (Table 1), so rows added later sort into place and the report can say

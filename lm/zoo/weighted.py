@@ -1,4 +1,4 @@
-"""The weighted Transformer's branched attention (Ahmed et al. 2017): model.block=weighted.
+"""The weighted Transformer's branched attention (Ahmed et al. 2017): model/block=weighted.
 
 Each attention head is a branch with its own output projection and its own FFN; learned weights mix
 the branches twice:
@@ -19,13 +19,49 @@ as for SelfAttention.
 """
 
 import math
+from dataclasses import dataclass
 from typing import List, Optional
 
 import torch
 from torch import nn
 
+from lm.config_base import ConfigError
 from lm.model.attention import SelfAttention
 from lm.model.linear import Linear
+from lm.model.options import BlockConfig, MoEConfig, option_name
+from lm.model.registry import register
+from lm.model.stack import BlockParts
+from lm.zoo.conv_attn import DynamicConvConfig, LightweightConvConfig
+
+
+@register("block")
+@dataclass
+class WeightedConfig(BlockConfig):
+    """model/block=weighted: every block's self-attention is WeightedAttention, whose branches hold the FFNs."""
+
+    _target_: str = "lm.zoo.weighted.weighted_block"
+
+    def check(self, model) -> None:
+        name = "model/block=weighted"
+        if model.stack is not None and model.stack.pools_queries:
+            raise ConfigError(f"{name} with model/stack={option_name(model.stack)}: Funnel pools the queries inside "
+                              f"the vanilla block's self-attention, which the paper does not define for these cells; "
+                              f"use one or the other")
+        if isinstance(model.ffn, MoEConfig):
+            raise ConfigError(f"{name} gives every attention head its own dense FFN (1/n_heads of model/ffn's hidden "
+                              f"size) in place of the block's FFN, so model/ffn=moe|switch has no FFN to replace; use "
+                              f"a dense model/ffn")
+        if isinstance(model.attn, (LightweightConvConfig, DynamicConvConfig)):
+            raise ConfigError(f"{name} branches the heads of dot-product attention; it is not defined for "
+                              f"model/attn={option_name(model.attn)}")
+
+
+def weighted_block(parts: BlockParts) -> nn.Module:
+    """Each head's branch holds an FFN; the block has none."""
+    cfg = parts.cfg
+    cross_attn = parts.cross_attention()
+    ffns = [parts.ffn(hidden_dim=branch_hidden(cfg)) for _ in range(cfg.n_heads)]
+    return parts.block(parts.attention(WeightedAttention, ffns=ffns), None, cross_attn)
 
 
 def branch_hidden(cfg) -> int:
@@ -43,9 +79,7 @@ class WeightedAttention(SelfAttention):
         if ffns is None or len(ffns) != n_heads:
             raise ValueError(f"the weighted Transformer needs one FFN per head: got {len(ffns or [])} for {n_heads} heads")
         del self.out  # replaced by one output projection per branch (the same D x D parameters in all)
-        self.branch_out = nn.ModuleList(Linear(head_dim, dim, bias=bias) for _ in range(n_heads))
-        for proj in self.branch_out:
-            proj.is_residual_proj = True
+        self.branch_out = nn.ModuleList(Linear(head_dim, dim, bias=bias, residual=True) for _ in range(n_heads))
         self.branch_ffn = nn.ModuleList(ffns)
         self.kappa = nn.Parameter(torch.zeros(n_heads))  # logits: softmax gives kappa_i = 1/H at init
         self.alpha = nn.Parameter(torch.zeros(n_heads))

@@ -27,31 +27,73 @@ A[t, s] = w_{t, s - t + P} inside the window and 0 elsewhere. Rows sum to 1 exce
 hangs over an end of the sequence. During KV-cached generation Tk covers the window's past inputs.
 """
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.model.attention import LayerCache, _Attention
+from lm.config_base import ConfigError
+from lm.model.attention import LayerCache, _Attention, key_keep
 from lm.model.linear import Linear
-from lm.model.scores import NEG, Score
+from lm.model.options import ALiBiConfig, AttnConfig, T5BiasConfig, option_name, positive
+from lm.model.registry import register
+from lm.model.scores import Score
 
 
-def key_keep(mask: Optional[torch.Tensor], T: int) -> Optional[torch.Tensor]:
-    """(B, T) 1 for real tokens, 0 for pads, of the last T key positions, from build_mask's additive
-    mask; None when nothing is padded. The last query row sees every non-padded key (causal or not)."""
-    if mask is None:
-        return None
-    return (mask[:, 0, -1, -T:] > NEG).to(mask.dtype if mask.is_floating_point() else torch.float32)
+# -- the option schemas (conf/model/attn/lightweight_conv.yaml, dynamic_conv.yaml) -------------------
+
+@dataclass
+class _ConvConfig(AttnConfig):
+    """What the two convolution options share."""
+
+    kernel_size: int = 7  # taps per head (Wu et al. grow it with depth: 3, 7, 15, 31, ...)
+    weight_dropout: float = 0.0  # DropConnect on the normalised kernel (the paper uses 0.1)
+    glu: bool = True  # the GLU input projection d -> 2d -> d; false: a plain d -> d projection
+    uses_scale: ClassVar[bool] = False
+    self_only: ClassVar[bool] = True  # a window over one sequence: cross-attention keeps scaled_dot
+
+    def uses_qk(self) -> bool:
+        return False
+
+    def check(self, model) -> None:
+        super().check(model)  # uses_scale = False: model.attn_scale is refused; no q k^T: qk_norm, rope refused
+        positive("attn.kernel_size", self.kernel_size)
+        if not 0.0 <= self.weight_dropout < 1.0:
+            raise ConfigError(f"model.attn.weight_dropout={self.weight_dropout!r} must be in [0, 1)")
+        name = option_name(self)
+        if model.n_kv_heads not in (None, model.n_heads):
+            raise ConfigError(f"model.n_kv_heads={model.n_kv_heads}: model/attn={name} has no keys or values to "
+                              f"share; unset it")
+        if isinstance(model.pos, (ALiBiConfig, T5BiasConfig)):
+            raise ConfigError(f"model.pos._target_={model.pos._target_} biases attention scores, which "
+                              f"model/attn={name} does not compute; use model/pos=learned, sinusoidal or none")
+
+
+@register("attn")
+@dataclass
+class LightweightConvConfig(_ConvConfig):
+    """Lightweight convolution (Wu et al. 2019): one softmax-normalised kernel per head in place of
+    self-attention; causal in decoders."""
+
+    _target_: str = "lm.zoo.conv_attn.LightweightConv"
+
+
+@register("attn")
+@dataclass
+class DynamicConvConfig(_ConvConfig):
+    """Dynamic convolution (Wu et al. 2019): each position's kernel is predicted from its input."""
+
+    _target_: str = "lm.zoo.conv_attn.DynamicConv"
+
+
+# -- the convolutions --------------------------------------------------------------------------------
 
 
 class _Conv(Score):
     """The convolution over H heads of Dh channels, for ConvAttention. A Score subclass so that
     lm.model.flops counts its forward_flops and capture() sets its `record`."""
-
-    attention_module = None  # set below: the self-attention module this score needs (ConvAttention)
-    cross_ok = False  # never built for cross-attention (see the module docstring)
 
     def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
                  kernel_size: int = 7, weight_dropout: float = 0.0, glu: bool = True):
@@ -93,6 +135,9 @@ class _Conv(Score):
         cache.k = u[:, None] if cache.k is None else torch.cat([cache.k, u[:, None]], dim=2)
         past = min(cache.k.shape[2] - u.shape[1], self.K - 1)
         return cache.k[:, 0, cache.k.shape[2] - u.shape[1] - past:]  # (B, past + T, H*Dh)
+
+    def sublayer(self, dim: int, bias: bool) -> nn.Module:
+        return ConvAttention(dim, self.n_heads, self.head_dim, bias, self)
 
     def forward_flops(self, seq_len: int) -> int:
         # every output channel is a K-tap weighted sum (multiply-adds count 2); no T^2 term
@@ -163,5 +208,3 @@ class ConvAttention(_Attention):
         u = F.glu(u, dim=-1) if self.score.glu else u  # (B, T, 2*H*Dh) -> (B, T, H*Dh)
         return self.out(self.score(u, key_keep(mask, x.shape[1]), cache))
 
-
-_Conv.attention_module = ConvAttention

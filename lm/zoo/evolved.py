@@ -1,4 +1,4 @@
-"""The Evolved Transformer's cells (So et al. 2019): model.block=evolved.
+"""The Evolved Transformer's cells (So et al. 2019): model/block=evolved.
 
 The searched cells put extra sub-layers in front of the standard self-attention / FFN pair. In the
 one-block design they are the Block's `prelude` (lm/model/block.py): each prelude module is one more
@@ -28,18 +28,56 @@ reference does, so padding reaches no real token. The convolutions keep no state
 KV-cached generation is refused (lm.model.generate would need each prelude's own cache).
 """
 
+from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.model.attention import CrossAttention, SelfAttention
-from lm.model.conv_attn import key_keep
-from lm.model.linear import Linear
+from lm.config_base import ConfigError
+from lm.model.attention import CrossAttention, SelfAttention, key_keep
+from lm.model.choices import Arch
+from lm.model.linear import Linear, MatmulCount
+from lm.model.options import BlockConfig, MoEConfig, option_name
+from lm.model.registry import register
+from lm.model.stack import BlockParts
 
-NO_CACHE = ("model.block=evolved has no KV cache for its convolution and branched-attention sub-layers; "
-            "generate without a cache or use model.block=vanilla")
+NO_CACHE = ("model/block=evolved has no KV cache for its convolution and branched-attention sub-layers; "
+            "generate without a cache or use the vanilla block (model/block=null)")
+
+
+@register("block")
+@dataclass
+class EvolvedConfig(BlockConfig):
+    """model/block=evolved: the encoder and decoder cells above, in every block."""
+
+    _target_: str = "lm.zoo.evolved.evolved_block"
+
+    def check(self, model) -> None:
+        name = "model/block=evolved"
+        if model.stack is not None and model.stack.pools_queries:
+            raise ConfigError(f"{name} with model/stack={option_name(model.stack)}: Funnel pools the queries inside "
+                              f"the vanilla block's self-attention, which the paper does not define for these cells; "
+                              f"use one or the other")
+        if model.arch != Arch.encoder and isinstance(model.ffn, MoEConfig):
+            raise ConfigError(f"{name}: the decoder cell's FFN is the paper's Swish FFN, so model/ffn=moe|switch "
+                              f"would not be used in it; use it with model.arch=encoder or drop it")
+        if model.dim % 2 or model.d_head % 2:
+            raise ConfigError(f"{name} needs an even model.dim (its d/2-wide convolution branches) and an even head "
+                              f"size (its decoder cell's first attention has 2 x n_heads heads of head_dim / 2): "
+                              f"got dim={model.dim}, head_dim={model.d_head}")
+
+
+def evolved_block(parts: BlockParts) -> nn.Module:
+    """Sub-layers before self-attention (the prelude); in causal stacks the decoder cell's Swish FFN."""
+    cfg, causal = parts.cfg, parts.causal
+    cross_attn = parts.cross_attention()
+    wide = (2 * cfg.n_heads, 2 * cfg.kv_heads, cfg.d_head // 2)
+    cells = prelude(causal, cfg.dim, cfg.bias, cfg.dropout, parts.norm,
+                    wide_self_attn=lambda: parts.attention(heads=wide), cross_attn=parts.cross_attention)
+    ffn = SwishFFN(cfg.dim, parts.ffn_bias, cfg.dropout, parts.norm) if causal else parts.ffn()
+    return parts.block(parts.attention(), ffn, cross_attn, prelude=cells)
 
 
 def _keep_only_tokens(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
@@ -52,7 +90,7 @@ def _widen(x: torch.Tensor, width: int) -> torch.Tensor:
     return F.pad(x, (0, width - x.shape[-1]))
 
 
-class SeparableConv1d(nn.Module):
+class SeparableConv1d(MatmulCount, nn.Module):
     """Depthwise K-tap convolution per channel, then a pointwise (1x1) projection (Chollet 2017)."""
 
     def __init__(self, d_in: int, d_out: int, kernel_size: int, causal: bool, bias: bool = True):
@@ -70,7 +108,7 @@ class SeparableConv1d(nn.Module):
         return self.depthwise.weight.numel() + count(self.pointwise)
 
 
-class Conv1d(nn.Module):
+class Conv1d(MatmulCount, nn.Module):
     """A full K-tap convolution d_in -> d_out ("SAME" padding when not causal)."""
 
     def __init__(self, d_in: int, d_out: int, kernel_size: int, causal: bool, bias: bool = True):
@@ -168,8 +206,7 @@ class SwishFFN(nn.Module):
         super().__init__()
         self.up = Linear(dim, 4 * dim, bias=bias)
         self.norm = norm(4 * dim)
-        self.down = Linear(4 * dim, dim, bias=bias)
-        self.down.is_residual_proj = True
+        self.down = Linear(4 * dim, dim, bias=bias, residual=True)
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

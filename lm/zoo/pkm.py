@@ -1,4 +1,5 @@
-"""Product-key memory (Lample et al. 2019), in place of the FFN of the blocks in `model.pkm.layers`.
+"""Product-key memory (Lample et al. 2019), in place of the FFN of the blocks in `layers`:
+model/block=pkm model.block.layers=[1].
 
 A memory of n_keys**2 value vectors addressed by product keys: each head's query (k_dim) is split in
 two halves, each half scored against its own n_keys sub-keys; the key of slot (i, j) is the
@@ -10,14 +11,62 @@ instead of n_keys**2 (paper section 3.2). The k best slots' values are summed wi
 """
 
 import math
-from typing import Callable, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, List, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lm.model.config import PKMConfig
-from lm.model.linear import Linear
+from lm.config_base import ConfigError
+from lm.model.choices import Arch
+from lm.model.linear import Linear, MatmulCount
+from lm.model.options import BlockConfig, positive
+from lm.model.registry import register
+from lm.model.stack import BlockParts
+from lm.zoo.funnel import FunnelConfig
+
+
+@register("block")
+@dataclass
+class PKMConfig(BlockConfig):
+    """model/block=pkm: the vanilla block, with a product-key memory in place of the FFN of the blocks in
+    `layers` (0-based, in each stack). The memory has n_keys**2 values; each head scores two sets of n_keys
+    sub-keys with the two halves of its query and reads the top_k best of their products."""
+
+    _target_: str = "lm.zoo.pkm.pkm_block"
+    layers: List[int] = field(default_factory=lambda: [0])  # the first block: every model has one
+    n_keys: int = 64  # sub-keys per half
+    heads: int = 4
+    k_dim: int = 64  # query size per head (each half is k_dim / 2)
+    top_k: int = 8
+    query_batchnorm: bool = False  # BatchNorm on the queries (the paper's choice for better key usage)
+
+    def check(self, model) -> None:
+        depths = [model.n_layers] + ([model.decoder_layers] if model.arch == Arch.encoder_decoder else [])
+        if isinstance(model.stack, FunnelConfig):  # a Funnel encoder holds its up-sampling blocks too
+            depths.append(model.n_layers + model.stack.decoder_layers)
+        depth = max(depths)
+        if not self.layers or [i for i in self.layers if not 0 <= i < depth] or len(set(self.layers)) != len(self.layers):
+            raise ConfigError(f"model.block.layers={list(self.layers)} must be distinct block indices in [0, {depth})")
+        for name in ("n_keys", "heads", "k_dim", "top_k"):
+            positive(f"block.{name}", getattr(self, name))
+        if self.k_dim % 2:
+            raise ConfigError(f"model.block.k_dim={self.k_dim} must be even: the query is split into two halves")
+        if self.top_k > self.n_keys:
+            raise ConfigError(f"model.block.top_k={self.top_k} must be <= model.block.n_keys={self.n_keys}")
+
+
+def pkm_block(parts: BlockParts, layers: List[int], n_keys: int, heads: int, k_dim: int, top_k: int,
+              query_batchnorm: bool) -> nn.Module:
+    """The vanilla block; in the listed layers the FFN slot holds the memory."""
+    cross_attn = parts.cross_attention()
+    if parts.layer in layers:
+        ffn = ProductKeyMemory(parts.cfg.dim, n_keys, heads, k_dim, top_k, query_batchnorm, parts.ffn_bias,
+                               parts.cfg.dropout)
+    else:
+        ffn = parts.ffn()
+    return parts.block(parts.attention(), ffn, cross_attn)
 
 
 def product_topk(s1: torch.Tensor, s2: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -31,7 +80,7 @@ def product_topk(s1: torch.Tensor, s2: torch.Tensor, k: int) -> Tuple[torch.Tens
     return scores, slot
 
 
-class ProductKeyMemory(nn.Module):
+class ProductKeyMemory(MatmulCount, nn.Module):
     def __init__(self, dim: int, n_keys: int = 64, heads: int = 4, k_dim: int = 64, top_k: int = 8,
                  query_batchnorm: bool = False, bias: bool = True, dropout: float = 0.0):
         super().__init__()
@@ -66,11 +115,3 @@ class ProductKeyMemory(nn.Module):
         """Per-token multiply-adds as matmul weights (lm/model/flops.py): the query projection, the
         2 x n_keys sub-key scores of k_dim/2 per head, and the heads * top_k value rows read."""
         return count(self.query) + self.heads * self.n_keys * self.k_dim + self.heads * self.top_k * self.values.embedding_dim
-
-
-def memory_or_ffn(cfg_pkm: PKMConfig, layer: int, dim: int, bias: bool, dropout: float, ffn: Callable[[], nn.Module]):
-    """The FFN slot of block `layer`: a product-key memory when the layer is listed, else the usual FFN."""
-    if layer not in cfg_pkm.layers:
-        return ffn()
-    return ProductKeyMemory(dim, cfg_pkm.n_keys, cfg_pkm.heads, cfg_pkm.k_dim, cfg_pkm.top_k,
-                            cfg_pkm.query_batchnorm, bias, dropout)

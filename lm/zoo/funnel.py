@@ -1,11 +1,11 @@
-"""Funnel Transformer encoder (Dai et al. 2020): `model.funnel.blocks=[2,2,2]`.
+"""Funnel Transformer encoder (Dai et al. 2020): `model/stack=funnel model.stack.blocks=[2,2,2]`.
 
 The encoder's blocks are grouped; before each group after the first the sequence is mean-pooled by 2
 (stride 2, window 2) with query pooling: that group's first block attends from the pooled queries
 over the unpooled keys and values, and its residual stream continues from the pooled states
 (Block's `pool` argument). Token-level outputs (MLM; an encoder-decoder's memory) up-sample the last
 group's output by repetition to the full length, add the first group's output, and refine with
-funnel.decoder_layers ordinary blocks (paper section 2.2). Classification reads only the pooled path
+`decoder_layers` ordinary blocks (paper section 2.2). Classification reads only the pooled path
 (`pooled_forward`), so the up-sampling blocks do not run.
 
 Padding: pooling averages only the real tokens of each pair, and a pooled position is real when
@@ -14,6 +14,7 @@ Positions enter as embeddings (learned, sinusoidal, none) before the first block
 inside attention (RoPE, ALiBi, T5 bias) would need pooled positions and are refused.
 """
 
+from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -22,9 +23,53 @@ from torch import nn
 
 from lm.config_base import ConfigError
 from lm.model.attention import build_mask
-from lm.model.config import ModelConfig
+from lm.model.choices import Arch
+from lm.model.linear import MatmulCount
+from lm.model.options import StackConfig, option_name
 from lm.model.position import PositionScheme
+from lm.model.registry import register
 from lm.model.stack import Components, Stack
+
+
+@register("stack")
+@dataclass
+class FunnelConfig(StackConfig):
+    """model/stack=funnel: the encoder's blocks are grouped by `blocks`; between groups the sequence is
+    mean-pooled by 2 with query pooling. Token-level outputs (MLM, an encoder-decoder's memory) are
+    up-sampled to full length and refined by decoder_layers blocks; classification reads only the pooled path.
+    Causal stacks (an encoder-decoder's decoder) stay plain Stacks."""
+
+    _target_: str = "lm.zoo.funnel.funnel_stack"
+    blocks: List[int] = field(default_factory=list)  # encoder blocks per group, summing to model.n_layers
+    decoder_layers: int = 2  # full-length blocks after up-sampling
+    pools_queries = True
+
+    def check(self, model) -> None:
+        if model.arch == Arch.decoder:
+            raise ConfigError("model/stack=funnel on a decoder (model.arch=decoder): pooling would let a token see "
+                              "its pooled future; use model.arch=encoder or encoder_decoder")
+        if (not self.blocks or any(not isinstance(b, int) or b < 1 for b in self.blocks)
+                or sum(self.blocks) != model.n_layers):
+            raise ConfigError(f"model.stack.blocks={list(self.blocks)} must be positive and sum to "
+                              f"model.n_layers={model.n_layers}")
+        if not isinstance(self.decoder_layers, int) or self.decoder_layers < 0:
+            raise ConfigError(f"model.stack.decoder_layers={self.decoder_layers!r} must be >= 0")
+        if model.attn.self_only:
+            raise ConfigError(f"model/attn={option_name(model.attn)} with model/stack=funnel: Funnel pools the "
+                              f"queries, which moves them off the positions this option's pattern/window is laid "
+                              f"out on; use scaled_dot")
+        if model.memory is not None:
+            raise ConfigError(f"model/memory={option_name(model.memory)} with model.stack.blocks={list(self.blocks)}: a "
+                              f"Funnel encoder's layers have different lengths, so they cannot be mixed; drop one "
+                              f"of them")
+
+
+def funnel_stack(cfg, c: Components, n_layers: int, causal: bool, cross: bool, blocks: List[int],
+                 decoder_layers: int) -> Stack:
+    """The encoder stack is a FunnelStack; a causal stack (an encoder-decoder's decoder) a plain Stack."""
+    if causal or cross:
+        return Stack(cfg, c, n_layers, causal, cross)
+    return FunnelStack(cfg, c, n_layers, list(blocks), decoder_layers)
 
 
 def pair_weights(keep: torch.Tensor) -> torch.Tensor:
@@ -42,24 +87,17 @@ def pool(t: torch.Tensor, weights: torch.Tensor, dim: int) -> torch.Tensor:
     return (t * w.to(t.dtype)).sum(dim + 1)
 
 
-def stack_class(cfg: ModelConfig):
-    """The encoder's stack: a Funnel when model.funnel.blocks is set."""
-    return FunnelStack if cfg.funnel.blocks else Stack
+class FunnelStack(MatmulCount, Stack):
+    """Stack whose blocks are `groups` pooled groups, then decoder_layers full-length blocks."""
 
-
-class FunnelStack(Stack):
-    """Stack whose blocks are funnel.blocks pooled groups, then funnel.decoder_layers full-length blocks."""
-
-    def __init__(self, cfg: ModelConfig, c: Components, n_layers: int, causal: bool, cross: bool = False):
-        if causal or cross:
-            raise ConfigError("model.funnel.blocks is for the encoder stack only (bidirectional, no cross-attention)")
-        super().__init__(cfg, c, n_layers + cfg.funnel.decoder_layers, causal=False)
+    def __init__(self, cfg, c: Components, n_layers: int, groups: List[int], decoder_layers: int):
+        super().__init__(cfg, c, n_layers + decoder_layers, causal=False)
         hooks = [name for name in ("rotary", "score_bias")
                  if getattr(type(self.pos), name) is not getattr(PositionScheme, name)]
         if hooks:
-            raise ConfigError(f"model.funnel.blocks needs positions added to the embeddings (model/pos=learned, "
+            raise ConfigError(f"model/stack=funnel needs positions added to the embeddings (model/pos=learned, "
                               f"sinusoidal or none); {cfg.pos._target_} acts inside attention ({hooks[0]})")
-        self.groups: List[int] = list(cfg.funnel.blocks)
+        self.groups: List[int] = groups
 
     def _encode(self, x: torch.Tensor, padding: Optional[torch.Tensor]):
         """Embedded tokens (B, T, D) -> (last group's output (B, T', D), its padding, first group's output)."""
@@ -110,6 +148,9 @@ class FunnelStack(Stack):
         h, padding, _ = self._encode(x, padding)
         return self.final_norm(h), padding
 
+    def attention_shares(self) -> List[Tuple[float, float]]:
+        return attention_shares(self.groups, len(self.blocks) - sum(self.groups))
+
     def active_matmul_params(self, count: Callable[[nn.Module], float]) -> float:
         """Matmul weights per input token (lm/model/flops.py): each block scaled by its token fraction; a
         pooling block projects q, k, v before pooling, on twice its output's tokens."""
@@ -131,10 +172,14 @@ def token_fractions(groups: List[int], n_blocks: int) -> List[float]:
     return fractions + [1.0] * (n_blocks - len(fractions))
 
 
-def attention_layers(cfg: ModelConfig) -> float:
+def attention_layers(groups: List[int], decoder_layers: int) -> float:
     """The Funnel encoder's attention cost in full-length layers: a block of group g has T/2**g queries over
     T/2**g keys, a pooling block T/2**g queries over T/2**(g-1) keys, an up-sampling block T over T."""
-    groups = list(cfg.funnel.blocks)
+    return sum(q * k for q, k in attention_shares(groups, decoder_layers))
+
+
+def attention_shares(groups: List[int], decoder_layers: int) -> List[Tuple[float, float]]:
+    """(queries, keys) of each block as fractions of T (lm/model/flops.py via FunnelStack.attention_shares)."""
     starts = pooling_blocks(groups)
-    fractions = token_fractions(groups, sum(groups) + cfg.funnel.decoder_layers)
-    return sum(f * (2 * f if i in starts else f) for i, f in enumerate(fractions))
+    return [(f, 2 * f if i in starts else f)
+            for i, f in enumerate(token_fractions(groups, sum(groups) + decoder_layers))]

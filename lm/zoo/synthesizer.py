@@ -25,20 +25,81 @@ The base class masks the logits (causal: the future gets exactly zero weight; pa
 get zero weight), takes the softmax, records probabilities for capture(), and multiplies by v.
 """
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
+from lm.config_base import Choice, ConfigError
+from lm.model.options import AttnConfig
+from lm.model.registry import register
 from lm.model.scores import Score
 
-MIXES = ("none", "plus", "plus_alpha")
+
+# -- the option schemas (conf/model/attn/synthesizer_*.yaml) ------------------------------------------
+
+class SynthMix(Choice):
+    none = "none"  # the synthesized logits alone
+    plus = "plus"  # + scaled q k^T
+    plus_alpha = "plus_alpha"  # (1 - a) scaled q k^T + a synthesized, a = sigmoid(learned), 0.5 at init
+
+
+MIXES = tuple(m.value for m in SynthMix)
+
+
+@dataclass
+class _SynthesizerConfig(AttnConfig):
+    """What the three synthesizer options share: the mix with dot-product attention."""
+
+    mix: SynthMix = SynthMix.none
+    self_only: ClassVar[bool] = True  # a synthesized (L, L) pattern is about the positions of one sequence
+
+    def uses_qk(self) -> bool:
+        return self.mix != SynthMix.none
+
+    def check(self, model) -> None:
+        if self.mix == SynthMix.none and (model.attn_scale is not None or model.attn_scale_by_layer):
+            raise ConfigError("model.attn_scale / model.attn_scale_by_layer scale q k^T, which model.attn.mix=none "
+                              "does not compute; unset them or use model.attn.mix=plus|plus_alpha")
+        super().check(model)
+
+
+@register("attn")
+@dataclass
+class SynthesizerDenseConfig(_SynthesizerConfig):
+    """Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len)."""
+
+    _target_: str = "lm.zoo.synthesizer.SynthesizerDense"
+
+
+@register("attn")
+@dataclass
+class SynthesizerRandomConfig(_SynthesizerConfig):
+    """Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head."""
+
+    _target_: str = "lm.zoo.synthesizer.SynthesizerRandom"
+
+
+@register("attn")
+@dataclass
+class SynthesizerFactorizedConfig(_SynthesizerConfig):
+    """Factorized random Synthesizer: the pattern is R1 R2^T of rank factorized_k."""
+
+    _target_: str = "lm.zoo.synthesizer.SynthesizerFactorized"
+    factorized_k: int = 16
+
+    def check(self, model) -> None:
+        if self.factorized_k < 1:
+            raise ConfigError(f"model.attn.factorized_k={self.factorized_k!r} must be a positive integer")
+        super().check(model)
+
+
+# -- the scores --------------------------------------------------------------------------------------
 
 
 class _Synthesizer(Score):
     """Base of the three synthesizers: `synthesized(q, Tq, Tk)` gives B (B or 1, H, Tq, Tk); `logits` mixes it."""
-
-    cross_ok = False  # a synthesized (L, L) pattern is about positions of one sequence: cross-attention keeps scaled_dot
 
     def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix: str = "none"):
         super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)

@@ -1,4 +1,4 @@
-"""Transparent attention (Bapna et al. 2018, "Training Deeper Neural Machine Translation Models
+"""Transparent attention (model/memory=transparent; Bapna et al. 2018, "Training Deeper Neural Machine Translation Models
 with Transparent Attention").
 
 Decoder layer j cross-attends to a learned softmax-weighted combination of every encoder state
@@ -12,10 +12,29 @@ so the decoder reads memories on the scale it reads without this option. w start
 decoder layer begins with the plain average of the encoder states.
 """
 
+from dataclasses import dataclass
 from typing import List
 
 import torch
 from torch import nn
+
+from lm.config_base import ConfigError
+from lm.model.choices import Arch
+from lm.model.options import MemoryConfig
+from lm.model.registry import register
+
+
+@register("memory")
+@dataclass
+class TransparentConfig(MemoryConfig):
+    """model/memory=transparent: every decoder layer cross-attends to its learned mix of the encoder states."""
+
+    _target_: str = "lm.zoo.transparent.TransparentMemory"
+
+    def check(self, model) -> None:
+        if model.arch != Arch.encoder_decoder:
+            raise ConfigError(f"model/memory=transparent with model.arch={model.arch}: transparent attention mixes "
+                              f"encoder layers into cross-attention, which only encoder_decoder has")
 
 
 class TransparentMemory(nn.Module):

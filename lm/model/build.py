@@ -1,0 +1,47 @@
+"""build_model(cfg): the one place model code meets Hydra (instantiate): validate the typed config, build
+the factories of its slots (lm/model/registry.py), the model of its family, and initialise its weights."""
+
+from lm.config_base import ConfigError
+from lm.model.config import ModelConfig, validate_model
+from lm.model.electra import ElectraLM
+from lm.model.init import init_weights
+from lm.model.linear import use_kind
+from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM
+from lm.model.rnn import RNNLM
+from lm.model.registry import slots
+from lm.model.stack import Components
+
+ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM, "rnn": RNNLM}
+
+
+def components(cfg: ModelConfig) -> Components:
+    """The factories of the model's slots (lm/model/registry.py) that the config fills."""
+    from hydra.utils import instantiate
+
+    if cfg.arch == "rnn":  # no Transformer slots (validate_rnn refuses them)
+        return Components(norm=None, ffn=None, pos=None)
+
+    def build(slot):
+        try:
+            return instantiate(getattr(cfg, slot))
+        except Exception as e:  # Hydra wraps import and argument errors; say which slot failed
+            raise ConfigError(f"model.{slot} could not be built ({e}); see conf/model/{slot}/ for the options") from e
+
+    return Components(**{slot: build(slot) for slot in slots() if getattr(cfg, slot) is not None})
+
+
+def build_model(cfg: ModelConfig):
+    """Validate the typed config, build the model of its family, and initialise its weights."""
+    if not isinstance(cfg, ModelConfig):
+        raise TypeError(f"build_model takes a ModelConfig (lm.model.config), not {type(cfg).__name__}; "
+                        f"compose one with model_preset(name, overrides) or model_from_saved(node)")
+    validate_model(cfg)
+    if cfg.electra is not None:  # an encoder pretrained by replaced-token detection: generator + discriminator
+        model = ElectraLM(cfg, components(cfg), components(cfg.electra.generator_config(cfg)))
+    else:
+        model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
+    init_weights(model, cfg)
+    try:
+        return use_kind(model, cfg.linear)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None

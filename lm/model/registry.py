@@ -1,0 +1,58 @@
+"""The one registry through which options plug into the model: the core's own (lm/model/options.py) and
+the paper variants of the zoo (lm/zoo), which the core never imports.
+
+A *slot* is an extension point of the model: a config group conf/model/<slot>/ and a base schema class
+that declares the hooks the core calls (`@slot("attn")` on the base, in lm/model/options.py). An
+*option* is a subclass of a slot's base registered with `@register("attn")`, plus one YAML file
+conf/model/<slot>/<option>.yaml that lists its schema (`<class name without Config, lowercased>_schema`)
+first in its defaults. lm/model/config.py stores every registered schema in Hydra's ConfigStore, so
+whatever registered before composition (lm/config.py imports lm.zoo) composes and validates as typed
+config.
+"""
+
+from typing import Dict, List, Type, TypeVar
+
+T = TypeVar("T", bound=type)
+
+_SLOTS: Dict[str, type] = {}
+_OPTIONS: Dict[str, List[type]] = {}
+
+
+def slot(name: str):
+    """Class decorator: `name` is a slot of the model whose options subclass the decorated base."""
+
+    def add(base: T) -> T:
+        _SLOTS[name] = base
+        _OPTIONS.setdefault(name, [])
+        return base
+
+    return add
+
+
+def register(slot_name: str):
+    """Class decorator: the decorated schema is an option of slot `slot_name` (a subclass of its base)."""
+
+    def add(cls: T) -> T:
+        base = _SLOTS[slot_name]
+        if not issubclass(cls, base):
+            raise TypeError(f"{cls.__name__} is registered for model/{slot_name} but is not a {base.__name__}")
+        if cls not in _OPTIONS[slot_name]:
+            _OPTIONS[slot_name].append(cls)
+        return cls
+
+    return add
+
+
+def slots() -> Dict[str, type]:
+    """Every slot and its base schema, in registration order."""
+    return dict(_SLOTS)
+
+
+def options(slot_name: str) -> List[type]:
+    """The option schemas registered for a slot so far."""
+    return list(_OPTIONS[slot_name])
+
+
+def schema_name(cls: Type) -> str:
+    """LayerNormConfig -> layernorm_schema: the name an option file lists in its defaults."""
+    return cls.__name__.removesuffix("Config").lower() + "_schema"

@@ -1,0 +1,60 @@
+"""The core stays small and the zoo plugs in (docs/architecture.md, "The core and the zoo").
+
+A plain GPT reads in about a dozen files: importing DecoderLM loads no zoo module and no paper variant,
+measured in a fresh interpreter. The core never imports lm.zoo; the zoo's options register through
+lm/model/registry.py and build through the same slots as the core's.
+"""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What `from lm.model.lm import DecoderLM` may load (issue 47: ~12 modules, ~1,800 lines of lm source).
+MAX_MODULES, MAX_LINES = 12, 1800
+
+COUNT = """
+import json, sys
+from lm.model.lm import DecoderLM
+mods = sorted(m for m in sys.modules if m == "lm" or m.startswith("lm."))
+print(json.dumps({m: sum(1 for _ in open(sys.modules[m].__file__)) for m in mods}))
+"""
+
+
+def test_importing_decoder_lm_loads_a_dozen_small_core_modules():
+    out = subprocess.run([sys.executable, "-c", COUNT], cwd=ROOT, capture_output=True, text=True, check=True)
+    lines = json.loads(out.stdout)
+    assert not [m for m in lines if m.startswith("lm.zoo")], lines
+    assert len(lines) <= MAX_MODULES, lines
+    assert sum(lines.values()) <= MAX_LINES, lines
+
+
+def _imports(path: Path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "lm" / "model").glob("*.py")), ids=lambda p: p.name)
+def test_the_core_never_imports_the_zoo(path):
+    assert not [m for m in _imports(path) if m == "lm.zoo" or m.startswith("lm.zoo.")]
+
+
+def test_every_zoo_option_is_registered_and_has_an_option_file():
+    import lm.zoo  # noqa: F401
+    from lm.config import conf_dir
+    from lm.model.registry import options, schema_name, slots
+
+    texts = {p: p.read_text() for p in (conf_dir() / "model").glob("*/*.yaml")}
+    zoo = [(slot, cls) for slot in slots() for cls in options(slot) if cls.__module__.startswith("lm.zoo.")]
+    assert {cls.__module__ for _, cls in zoo} == {f"lm.zoo.{p.stem}" for p in (ROOT / "lm" / "zoo").glob("*.py")
+                                                  if p.stem != "__init__"}
+    for slot, cls in zoo:
+        assert any(p.parent.name == slot and schema_name(cls) in t for p, t in texts.items()), (slot, cls)
