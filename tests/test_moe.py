@@ -361,7 +361,7 @@ def test_a_decoder_stays_causal_under_routing(option, mode):
             assert (logits[:, k:] - base.logits[:, k:]).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("extra", [[], ["model.funnel.blocks=[1,1]"]], ids=["plain", "funnel"])
+@pytest.mark.parametrize("extra", [[], ["model/stack=funnel", "model.stack.blocks=[1,1]"]], ids=["plain", "funnel"])
 @pytest.mark.parametrize("mode", ["train", "eval"])
 @pytest.mark.parametrize("option", ["moe", "switch"])
 def test_an_encoders_pads_take_no_capacity_and_its_batch_neighbours_do_not_matter(option, mode, extra):
