@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import lm.zoo  # noqa: F401 - the paper variants register their options, as every entry point (lm.config) does
+
 # The real corpora (tiny Shakespeare, WikiText-2 valid/test, a TinyStories slice, GLUE) live next to the
 # repository, never inside it; lm.data reads registry corpora from this mirror before downloading.
 DATA_MIRROR = (Path(__file__).resolve().parents[1] / ".." / "shared" / "data").resolve()
