@@ -156,7 +156,7 @@ def attention_maps(loaded: LoadedModel, ids: List[int], decoder_ids: Optional[Li
     import torch
 
     from lm.model.attention import capture
-    from lm.model.config import LinformerConfig
+    from lm.zoo.scores import LinformerConfig
 
     x = torch.tensor([ids])
     labels = token_labels(loaded.tokenizer, ids)
