@@ -22,8 +22,8 @@ from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell,
                               FFNConfig, FixupConfig, GLUConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
                               MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, PosConfig,
                               ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
-                              ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, options,
-                              positive)
+                              ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, option_name,
+                              options, positive)
 from lm.model.registry import schema_name, slots  # noqa: F401
 from lm.model.validate import (RNN_FIELDS, check_objective, validate_model, validate_narang_options,  # noqa: F401
                                validate_electra, validate_rnn, validate_sharing_and_tying)
