@@ -204,9 +204,13 @@ def test_unknown_group_option_lists_the_choices():
 
 
 def test_a_new_option_is_one_dataclass_and_one_yaml_file(tmp_path):
-    """The extension path: subclass the slot's schema, write one option file listing it; nothing else."""
+    """The extension path: subclass the slot's schema, register it (lm/model/registry.py), write one option file
+    listing it; nothing else."""
     from dataclasses import dataclass
 
+    from lm.model.registry import register
+
+    @register("ffn")
     @dataclass
     class WideMLPConfig(MLPConfig):
         hidden_mult: float = 6.0
