@@ -267,6 +267,14 @@ class BlockConfig(Component):
     """model/block: a block other than the vanilla self-attention, [cross-attention,] FFN sequence, built as
     block(parts) -> Block from lm/model/stack.py's BlockParts (the zoo: evolved, weighted, pkm)."""
 
+    def refuse_query_pooling(self, model) -> None:
+        """A block whose own cells replace the vanilla self-attention cannot run under a stack that pools the
+        queries inside that self-attention (Funnel)."""
+        if model.stack is not None and model.stack.pools_queries:
+            raise ConfigError(f"model/block={option_name(self)} with model/stack={option_name(model.stack)}: Funnel "
+                              f"pools the queries inside the vanilla block's self-attention, which the paper does "
+                              f"not define for these cells; use one or the other")
+
 
 @slot("stack")
 @dataclass

@@ -39,7 +39,7 @@ from lm.config_base import ConfigError
 from lm.model.attention import CrossAttention, SelfAttention, key_keep
 from lm.model.choices import Arch
 from lm.model.linear import Linear, MatmulCount
-from lm.model.options import BlockConfig, MoEConfig, option_name
+from lm.model.options import BlockConfig, MoEConfig
 from lm.model.registry import register
 from lm.model.stack import BlockParts
 
@@ -56,10 +56,7 @@ class EvolvedConfig(BlockConfig):
 
     def check(self, model) -> None:
         name = "model/block=evolved"
-        if model.stack is not None and model.stack.pools_queries:
-            raise ConfigError(f"{name} with model/stack={option_name(model.stack)}: Funnel pools the queries inside "
-                              f"the vanilla block's self-attention, which the paper does not define for these cells; "
-                              f"use one or the other")
+        self.refuse_query_pooling(model)
         if model.arch != Arch.encoder and isinstance(model.ffn, MoEConfig):
             raise ConfigError(f"{name}: the decoder cell's FFN is the paper's Swish FFN, so model/ffn=moe|switch "
                               f"would not be used in it; use it with model.arch=encoder or drop it")

@@ -43,10 +43,7 @@ class WeightedConfig(BlockConfig):
 
     def check(self, model) -> None:
         name = "model/block=weighted"
-        if model.stack is not None and model.stack.pools_queries:
-            raise ConfigError(f"{name} with model/stack={option_name(model.stack)}: Funnel pools the queries inside "
-                              f"the vanilla block's self-attention, which the paper does not define for these cells; "
-                              f"use one or the other")
+        self.refuse_query_pooling(model)
         if isinstance(model.ffn, MoEConfig):
             raise ConfigError(f"{name} gives every attention head its own dense FFN (1/n_heads of model/ffn's hidden "
                               f"size) in place of the block's FFN, so model/ffn=moe|switch has no FFN to replace; use "
