@@ -81,8 +81,9 @@ def test_the_default_run_dir_is_named_by_the_overrides_so_the_same_command_resum
                              "train.max_steps=20") == a
     assert _resolved_run_dir(tmp_path, "lm.cli.train", "model=tiny") == "runs/model-tiny"
     assert _resolved_run_dir(tmp_path, "lm.cli.train") == "runs/default"
-    assert _resolved_run_dir(tmp_path, "lm.cli.train", f"data.source={tmp_path}/my text.txt").startswith(
-        "runs/data.source-_")  # a path's slashes and spaces do not make nested or odd directories
+    own = _resolved_run_dir(tmp_path, "lm.cli.train", f"data.source={tmp_path}/my text.txt")
+    assert own.startswith("runs/data-text+data.source-_")  # a data.source implies data=text (lm/cli/own_data.py)
+    assert "/" not in own.removeprefix("runs/") and " " not in own  # a path's slashes and spaces nest no directories
     long = _resolved_run_dir(tmp_path, "lm.cli.train", *[f"+x{i}=aaaaaaaaaa" for i in range(12)], "--cfg", "job")
     assert len(long) <= len("runs/") + 96
     assert _resolved_run_dir(tmp_path, "lm.cli.finetune", "task=glue/rte", "init=none") == \
