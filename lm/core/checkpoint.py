@@ -39,6 +39,7 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 import torch
 
+from lm.core.async_save import BackgroundWrite
 from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
@@ -129,7 +130,7 @@ def _unpickler_reason(error: Exception) -> str:
 
 class Checkpointer:
     def __init__(self, run_dir, engine, keep_last: int = 3, config_yaml: str = "",
-                 on_phase: Optional[Callable[[str], None]] = None):
+                 on_phase: Optional[Callable[[str], None]] = None, asynchronous: bool = False):
         self.root = Path(run_dir) / "checkpoints"
         self.engine = engine
         self.keep_last = keep_last
@@ -137,6 +138,8 @@ class Checkpointer:
         self._verified: Optional[Path] = None  # what resume_point checked against its manifest (not hashed twice)
         # called with "begin" as a save starts (every rank), then each of SAVE_PHASES (lm.core.hooks.Hooks.save_phase)
         self.on_phase = on_phase or (lambda phase: None)
+        # train.async_checkpoint: the one write in flight (lm/core/async_save.py); None: save() writes everything itself
+        self.writes = BackgroundWrite(engine.is_main) if asynchronous else None
 
     def latest(self) -> Optional[Path]:
         """The complete checkpoint of this run that `latest` names, else None (for messages: what is intact;
@@ -162,7 +165,10 @@ class Checkpointer:
         return chosen
 
     def save(self, trainer: Dict, loader_state: Dict) -> Path:
-        """Write step `trainer['step']` atomically on every rank; raise (all ranks) if any rank failed."""
+        """Write step `trainer['step']` atomically on every rank; raise (all ranks) if any rank failed.
+        Asynchronous (lm/core/async_save.py): the previous write is waited for first (its error raised here), the
+        state is snapshotted, and the rest runs in the background: call wait() before relying on the result."""
+        self.wait()
         name = step_name(trainer["step"])
         tmp, final = self.root / (TMP_PREFIX + name), self.root / name
         self.on_phase("begin")
@@ -172,14 +178,42 @@ class Checkpointer:
                 shutil.rmtree(stale, ignore_errors=True)
             tmp.mkdir()
         dist_utils.barrier()
+        rank_state = {"loader": plain_state(loader_state), "rng": rng_state()}
+        if self.writes is None:
+            self._write(tmp, final, trainer, lambda: self.engine.save_state(tmp), rank_state)
+            return final
+        from lm.engine.staging import cpu_copy
+
+        group = self.writes.group
+        write_engine, error = None, None
+        try:
+            write_engine = self.engine.stage_state(tmp, group)
+            rank_state = cpu_copy(rank_state)
+        except Exception as e:  # noqa: BLE001 - no memory for the copy: nothing was written yet
+            error = e
+        if dist_utils.any_rank(error is not None):
+            self._abort(tmp, name, error)
+        self.writes.start(lambda: self._write(tmp, final, trainer, write_engine, rank_state, group), name)
+        return final
+
+    def wait(self) -> None:
+        """Return once no checkpoint write is in flight (asynchronous saves); raise the error of one that failed."""
+        if self.writes is not None:
+            self.writes.wait()
+
+    def _write(self, tmp: Path, final: Path, trainer: Dict, write_engine: Callable[[], None], rank_state: Dict,
+               group=None) -> None:
+        """The engine's files and this rank's state under `tmp`, then sealed by rank 0 and renamed to `final`, then
+        `latest` and pruning. `group`: the process group of the ranks' agreement (a background write's own)."""
+        name = final.name
         error = None
         try:
-            self.engine.save_state(tmp)
-            torch.save({"loader": plain_state(loader_state), "rng": rng_state()}, tmp / f"rank{self.engine.rank:05d}.pt")
+            write_engine()
+            torch.save(rank_state, tmp / f"rank{self.engine.rank:05d}.pt")
         except Exception as e:  # noqa: BLE001 - a full disk is OSError from open() but RuntimeError from torch.save
             error = e
         self.on_phase("files")  # every rank's files written, nothing sealed
-        if dist_utils.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None, group):
             self._abort(tmp, name, error)
         if self.engine.is_main:
             try:
@@ -200,13 +234,12 @@ class Checkpointer:
                 _fsync_dir(self.root)
             except Exception as e:  # noqa: BLE001 - as above
                 error = e
-        if dist_utils.any_rank(error is not None):
+        if dist_utils.any_rank(error is not None, group):
             self._abort(tmp, name, error)
         if self.engine.is_main:
             self.on_phase("prune")  # `latest` updated, older checkpoints not yet pruned
             self._prune()
-        dist_utils.barrier()
-        return final
+        dist_utils.barrier(group)
 
     def _abort(self, tmp: Path, name: str, error: Optional[Exception]):
         if self.engine.is_main:

@@ -113,7 +113,16 @@ def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, 
     task.batches = Prefetcher(source, engine.device, cfg.prefetch)  # task.state_dict() reads the consumed position
     try:
         with _StopSignals() as stop:
-            return _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop, evals, hooks or Hooks())
+            try:
+                state = _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop, evals,
+                             hooks or Hooks())
+            except KeyboardInterrupt:
+                raise  # a second Ctrl-C aborts at once, without the write in flight (a .tmp-* directory at worst)
+            except BaseException:
+                _finish_write(checkpointer)  # the checkpoint in flight still completes; the run's error wins
+                raise
+            checkpointer.wait()  # the final checkpoint is complete (or its error raised) when the run returns
+            return state
     finally:
         task.batches.close()
         task.batches = source
@@ -174,10 +183,10 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
             _evaluate(engine, task, tracker, state)
         for e in extra:
             tracker.log({"step": state.step, "tokens": state.tokens, **e(engine, state.step)})
-        if saved:
-            checkpointer.save(state.to_checkpoint(), task.state_dict())
+        path = checkpointer.save(state.to_checkpoint(), task.state_dict()) if saved else None
         if stopping:  # a signal during the last step: the run is complete anyway
-            path = checkpointer.latest() if saved else checkpointer.save(state.to_checkpoint(), task.state_dict())
+            path = path or checkpointer.save(state.to_checkpoint(), task.state_dict())
+            checkpointer.wait()  # an asynchronous write completes before the process stops
             raise Preempted(f"{stop.name} received: stopped after step {state.step} with checkpoint {path}; "
                             f"run the same command to resume")
         if bar:
@@ -185,6 +194,14 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
     if bar:
         bar.close()
     return state
+
+
+def _finish_write(checkpointer) -> None:
+    """Wait for a checkpoint write in flight while another error ends the run; its own failure is logged."""
+    try:
+        checkpointer.wait()
+    except Exception as e:  # noqa: BLE001 - the error that ended the run is the one raised
+        log.error("the checkpoint written in the background failed too: %s", e)
 
 
 def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointer, stop=None,

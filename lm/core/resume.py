@@ -24,7 +24,7 @@ RESUMABLE = (
     # how long and how often: the run continues to the new max_steps (the LR schedule is a function of
     # the step and max_steps, so a longer run also stretches the rest of the schedule)
     "train.max_steps", "train.log_interval", "train.eval_interval", "train.eval_batches",
-    "train.ckpt_interval", "train.keep_last",
+    "train.ckpt_interval", "train.keep_last", "train.async_checkpoint",
     # where and how fast it runs, not what it computes
     "train.progress", "train.threads", "train.device", "train.compile", "train.peak_flops", "train.world_size",
     "train.stop_check_interval", "train.prefetch",

@@ -39,7 +39,8 @@ class Session:
         self.train_cfg, self.engine, self.task = train, engine, task
         self.run_dir, self.config_yaml = Path(run_dir), config_yaml
         self.hooks = hooks if hooks is not None else from_env()
-        self.checkpointer = self.checkpointer_at(self.run_dir, train.keep_last, config_yaml)
+        self.checkpointer = self.checkpointer_at(self.run_dir, train.keep_last, config_yaml,
+                                                 asynchronous=train.async_checkpoint)
         self.state = loop.State()
         self.tracker = NullTracker()
         # rank 0 logs to a file from here on (before resuming: the file says so)
@@ -51,9 +52,12 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def checkpointer_at(self, run_dir: Path, keep_last: int, config_yaml: str) -> Checkpointer:
-        """A checkpointer of this session's engine under run_dir/checkpoints, with the session's hooks."""
-        return Checkpointer(run_dir, self.engine, keep_last, config_yaml, on_phase=self.hooks.on_save_phase)
+    def checkpointer_at(self, run_dir: Path, keep_last: int, config_yaml: str,
+                        asynchronous: bool = False) -> Checkpointer:
+        """A checkpointer of this session's engine under run_dir/checkpoints, with the session's hooks
+        (asynchronous: written in the background, train.async_checkpoint; the loop waits for it)."""
+        return Checkpointer(run_dir, self.engine, keep_last, config_yaml, on_phase=self.hooks.on_save_phase,
+                            asynchronous=asynchronous)
 
     def build(self, make_model: Callable[[], "object"], seed: int, optim: OptimConfig):
         """The model from `seed` on every rank (FSDP2/ZeRO-3 then shard identical copies), wrapped by the engine

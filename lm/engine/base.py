@@ -39,6 +39,7 @@ class Engine:
     format = "torch"  # checkpoint layout, recorded in trainer.json: picks the class that reads it back
     needs_process_group = False
     skips_nonfinite_updates = True  # step() leaves the weights alone when the gradient norm is NaN/inf
+    writes_async = True  # stage_state: a checkpoint written in the background (train.async_checkpoint)
 
     def __init__(self, train: TrainSettings, dist: Dist):
         self.train = train
@@ -167,10 +168,24 @@ class Engine:
     def save_state(self, path: Path) -> None:
         """Model + optimizer (+ loss scaler) under directory `path`, which every rank can see."""
         if self.is_main:
-            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-            if self.scaler:
-                state["scaler"] = self.scaler.state_dict()
-            torch.save(state, Path(path) / MODEL_OPTIM)
+            torch.save(self._state(), Path(path) / MODEL_OPTIM)
+
+    def stage_state(self, path: Path, group=None) -> Callable[[], None]:
+        """What save_state(path) writes, snapshotted now (lm/engine/staging.py: a CPU copy); returns the function
+        that writes the snapshot, which a background thread calls while training goes on (lm/core/async_save.py).
+        `group`: the process group for the write's own collectives (none here: rank 0 writes one file)."""
+        if not self.is_main:
+            return lambda: None
+        from lm.engine.staging import cpu_copy
+
+        state = cpu_copy(self._state())
+        return lambda: torch.save(state, Path(path) / MODEL_OPTIM)
+
+    def _state(self) -> Dict:
+        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scaler:
+            state["scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state(self, path: Path) -> None:
         """Restore what save_state wrote (tensors and plain containers only: weights_only=True)."""

@@ -93,9 +93,10 @@ def init(device: torch.device, need_group: bool = False, expected: Optional[int]
     return Dist(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", 0)), device=device)
 
 
-def barrier() -> None:
+def barrier(group=None) -> None:
+    """`group`: a process group of every rank (None: the default one; lm/core/async_save.py has its own)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
@@ -104,11 +105,11 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def any_rank(flag: bool) -> bool:
+def any_rank(flag: bool, group=None) -> bool:
     """True on every rank when `flag` is true on some rank (used to fail together, not hang)."""
     t = torch.tensor([1.0 if flag else 0.0])
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return bool(t.item())
 
 

@@ -88,6 +88,9 @@ class DeepSpeedEngine(Engine):
     # DeepSpeed's step applies whatever gradients it holds (its fp16 overflow check aside): the loop reads
     # each step's loss on the host before calling step() (one sync per step).
     skips_nonfinite_updates = False
+    # DeepSpeed's save_checkpoint writes synchronously (its asynchronous writers need Nebula or a newer
+    # DeepSpeed's decoupled engine): train.async_checkpoint=true is refused (lm/core/setup.py).
+    writes_async = False
 
     def __init__(self, train, dist, config: dict, shm_comm: bool = False, cpu_adam: bool = False):
         super().__init__(train, dist)

@@ -3,7 +3,7 @@
 import contextlib
 import pickle
 from pathlib import Path
-from typing import Dict
+from typing import Callable, Dict
 
 import torch
 from torch import nn
@@ -128,6 +128,19 @@ class FSDP2Engine(Engine):
 
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=Path(path) / DCP)
+
+    def stage_state(self, path: Path, group=None) -> Callable[[], None]:
+        """DCP's async_save: each rank's shards copied to CPU now (its default stager), written by DCP's own
+        thread, whose collectives run on `group` (a gloo group of their own: lm/core/async_save.py), never on
+        the group FSDP2's all-gathers use. The returned function waits for that write."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
+        pending = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=Path(path) / DCP,
+                                 process_group=group)
+        upload = getattr(pending, "upload_completion", pending)  # a Future, or an AsyncSaveResponse holding it
+        return lambda: upload.result()
 
     def load_state(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
