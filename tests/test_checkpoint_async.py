@@ -1,0 +1,153 @@
+"""train.async_checkpoint (issue 51 item 3): the loop goes on while a background thread writes the checkpoint, which
+is the same checkpoint, byte for byte, as a synchronous save; a failed background write stops the run at its next
+checkpoint (or its end) naming the intact one; a kill in the middle of a background write resumes exactly from the
+previous checkpoint; DeepSpeed refuses the option in one line. Tiny model, synthetic data (tests/engine_support.py)."""
+
+import json
+import sys
+import types
+
+import pytest
+
+from lm.core.checkpoint import CheckpointError
+from tests.engine_support import compose, loaders, spawn, tiny_overrides, train_losses
+
+
+def run(run_dir, steps, asynchronous, **train_kw):
+    from lm.cli.train import train
+
+    cfg = compose(tiny_overrides(run_dir, steps, async_checkpoint=str(asynchronous).lower(), **train_kw))
+    return train(cfg, loaders=loaders(cfg))
+
+
+def manifest(ckpt):
+    """The sha256 and size of each file of a checkpoint, but config.yaml (it names the run_dir and the option);
+    FSDP2's dcp/.metadata as what it says of the shards (it also holds the write's path and a random save id)."""
+    files = json.loads((ckpt / "manifest.json").read_text())["files"]
+    out = {name: entry for name, entry in files.items() if name not in ("config.yaml", "dcp/.metadata")}
+    if "dcp/.metadata" in files:
+        from lm.engine.torch_engines import _DCPMetadataUnpickler
+
+        with open(ckpt / "dcp" / ".metadata", "rb") as f:
+            meta = _DCPMetadataUnpickler(f).load()
+        out["dcp/.metadata"] = (meta.state_dict_metadata, meta.planner_data, meta.storage_data)
+    return out
+
+
+def test_async_and_sync_runs_write_the_same_checkpoints_and_losses(tmp_path):
+    run(tmp_path / "sync", 9, False, ckpt_interval=3)
+    run(tmp_path / "async", 9, True, ckpt_interval=3)
+    assert train_losses(tmp_path / "async") == train_losses(tmp_path / "sync")  # bit-identical
+    for step in (3, 6, 9):
+        name = f"checkpoints/step_{step:08d}"
+        assert manifest(tmp_path / "async" / name) == manifest(tmp_path / "sync" / name), step
+    assert (tmp_path / "async" / "checkpoints" / "latest").read_text() == "step_00000009"
+    assert not list((tmp_path / "async" / "checkpoints").glob(".tmp-*"))
+
+
+PARK_FIRST_WRITE = '''
+import threading
+
+parked, released, during = threading.Event(), threading.Event(), []
+saves = [0]
+
+
+def install(hooks):
+    hooks.save_phase.append(on_save)
+    hooks.step_begin.append(on_step)
+
+
+def on_save(phase):
+    """The first checkpoint's write stays parked (with its files written, nothing sealed) until the loop has
+    begun two more steps; a synchronous save would park the loop itself (the wait times out)."""
+    if phase == "begin":
+        saves[0] += 1
+    elif phase == "files" and saves[0] == 1:
+        parked.set()
+        released.wait(30)
+
+
+def on_step(step):
+    if parked.is_set() and not released.is_set():
+        during.append(step)
+        if len(during) == 2:
+            released.set()
+'''
+
+
+def test_the_loop_trains_on_while_the_checkpoint_is_written(tmp_path, monkeypatch):
+    plugin = tmp_path / "park_first_write.py"
+    plugin.write_text(PARK_FIRST_WRITE)
+    monkeypatch.setenv("LM_PLUGINS", str(plugin))
+    run(tmp_path / "run", 9, True, ckpt_interval=3)
+    park = sys.modules["lm_plugin_park_first_write"]
+    assert park.released.is_set() and len(park.during) == 2 and park.during[0] >= 3, park.during
+    run(tmp_path / "sync", 9, False, ckpt_interval=3)
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "sync")
+
+
+@pytest.mark.parametrize("steps", [9, 6])  # the failure surfaces at the next save (step 9), or at the run's end
+def test_a_failed_background_write_stops_the_run_naming_the_intact_checkpoint(tmp_path, monkeypatch, caplog, steps):
+    from lm.engine.base import Engine
+
+    real, saves = Engine.stage_state, {"n": 0}
+
+    def full_disk_on_second(self, path, group=None):
+        saves["n"] += 1
+        write = real(self, path, group)
+        if saves["n"] != 2:
+            return write
+
+        def fail():
+            write()
+            raise OSError(28, "No space left on device")
+        return fail
+
+    monkeypatch.setattr(Engine, "stage_state", full_disk_on_second)
+    with pytest.raises(CheckpointError) as e:
+        run(tmp_path, steps, True, ckpt_interval=3)
+    ckpts = tmp_path / "checkpoints"
+    assert (f"checkpoint {ckpts / 'step_00000006'} could not be written (No space left on device; "
+            in str(e.value))
+    assert f"the previous checkpoint {ckpts / 'step_00000003'} is intact" in str(e.value)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no .tmp-*, no step 9
+    assert (ckpts / "latest").read_text() == "step_00000003"
+    assert max(train_losses(tmp_path)) == steps  # stopped there, not later
+    assert any("failed in the background" in r.getMessage() for r in caplog.records)  # said at once
+    monkeypatch.setattr(Engine, "stage_state", real)
+    run(tmp_path, 9, True, ckpt_interval=3)  # the same command resumes from step 3
+    run(tmp_path / "sync", 9, False, ckpt_interval=3)
+    assert train_losses(tmp_path) == train_losses(tmp_path / "sync")
+
+
+def test_deepspeed_refuses_async_checkpoints_in_one_line():
+    from lm.config import ConfigError
+    from lm.core.setup import make_engine
+
+    class FakeDeepSpeed:
+        format, writes_async = "deepspeed", False
+
+        def __init__(self, train, dist):
+            pass
+
+    cfg = types.SimpleNamespace(engine=types.SimpleNamespace(_target_="x"))
+    train = types.SimpleNamespace(on_nonfinite="stop", async_checkpoint=True)
+    with pytest.raises(ConfigError, match=r"^train.async_checkpoint=true does not work with DeepSpeed engines .*"
+                                          r"use train.async_checkpoint=false$"):
+        make_engine(cfg, lambda node: FakeDeepSpeed, train, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
+def test_two_ranks_write_the_same_checkpoints_asynchronously_and_resume_exactly(engine, tmp_path):
+    """DDP (rank 0's CPU copy) and FSDP2 (DCP's async_save) on 2 gloo ranks, the writes' collectives on their own
+    group: the checkpoint files equal the synchronous run's, and 4 + 4 steps give the 8-step run's losses."""
+    extra = ["sched=constant", f"engine={engine}"]
+    spawn(2, tiny_overrides(tmp_path / "sync", 8, micro_batch_size=2, ckpt_interval=4) + extra)
+    for steps in (4, 8):
+        spawn(2, tiny_overrides(tmp_path / "async", steps, micro_batch_size=2, ckpt_interval=4,
+                                async_checkpoint="true") + extra)
+    assert train_losses(tmp_path / "async") == train_losses(tmp_path / "sync")
+    for step in (4, 8):
+        name = f"checkpoints/step_{step:08d}"
+        assert manifest(tmp_path / "async" / name) == manifest(tmp_path / "sync" / name), step
