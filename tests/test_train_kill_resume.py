@@ -183,3 +183,21 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(cache, tmp_path):
     assert (stopped / "checkpoints" / "latest").read_text() == "step_00000004"
     run(1, overrides(stopped), cache)
     assert train_losses(stopped) == train_losses(whole)
+
+
+def test_sigkill_in_an_asynchronous_write_resumes_from_the_previous_checkpoint(cache, tmp_path):
+    """train.async_checkpoint=true: the write of step 8 is parked in its background thread after the rename, before
+    `latest` is updated (the loop trains on meanwhile), and the process is killed there. `latest` still names step 4;
+    the same command resumes from it and continues bit-identically to an uninterrupted synchronous run."""
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run(1, overrides(whole), cache)
+    proc = start_paused(1, overrides(killed, "train.async_checkpoint=true"), cache, tmp_path,
+                        LM_FAULT_PAUSE_IN_SAVE="latest:2")
+    proc.kill()
+    proc.wait()
+    ckpts = killed / "checkpoints"
+    assert (ckpts / "latest").read_text() == "step_00000004"
+    assert (ckpts / "step_00000008" / "trainer.json").is_file()  # complete, renamed, never named by `latest`
+    proc = run(1, overrides(killed, "train.async_checkpoint=true"), cache)
+    assert f"resumed from {ckpts / 'step_00000004'}" in proc.stdout + proc.stderr
+    assert train_losses(killed) == train_losses(whole)

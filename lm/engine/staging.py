@@ -46,8 +46,8 @@ def _copy_tensor(t: torch.Tensor, storages: Dict) -> torch.Tensor:
     # one key per storage, whichever view of it this is (an empty storage has no address: copied alone)
     key = (str(storage.device), storage.data_ptr() if storage.nbytes() else -id(t))
     if key not in storages:
-        copied = torch.UntypedStorage(storage.nbytes(), device="cpu")
-        copied.copy_(storage)
-        storages[key] = copied
+        # as byte tensors: Tensor.copy_ takes torch's fast copy kernels, UntypedStorage.copy_ a slow generic path
+        source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+        storages[key] = torch.empty(storage.nbytes(), dtype=torch.uint8).copy_(source).untyped_storage()
     out = torch.empty(0, dtype=t.dtype)
     return out.set_(storages[key], t.storage_offset(), t.size(), t.stride())
