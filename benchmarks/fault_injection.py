@@ -1,10 +1,10 @@
-"""Fault injection for `lm train` (one process, DDP and ZeRO-2 on 2 ranks) and `lm finetune task=glue/all`:
-kill runs at random moments (inside steps, inside checkpoint writes, after random delays), damage
-checkpoints, start concurrent runs, change the config on resume; then count exact resumes, clear refusals
-and silent corruptions (which must be 0).
+"""Fault injection for `lm train` (one process, DDP, ZeRO-2 and FSDP2 on 2 ranks) and `lm finetune task=glue/all`:
+kill runs at random moments (inside steps, inside checkpoint writes, inside asynchronous checkpoint writes, after
+random delays), damage checkpoints, start concurrent runs, change the config on resume; then count exact resumes,
+clear refusals and silent corruptions (which must be 0).
 
-    python benchmarks/fault_injection.py --trials 28 --ddp-trials 10 --zero2-trials 4 --finetune-trials 6 \
-        --seed 0 --out /tmp/fault
+    python benchmarks/fault_injection.py --trials 32 --ddp-trials 12 --zero2-trials 4 --fsdp2-trials 4 \
+        --finetune-trials 6 --seed 0 --out /tmp/fault
 
 --trials N takes the first N single-process trials of the issue's mix (interleaved so a small N covers every
 kind): 20 kills (5 of them also damage a random checkpoint file), 3 concurrent second runs, 3 config changes,
@@ -12,8 +12,13 @@ kind): 20 kills (5 of them also damage a random checkpoint file), 3 concurrent s
 49's: 2 damaged `latest` plus a config change (the checkpoint actually resumed must be the one compared), 2
 deleted `latest` (resume from the newest intact step_*), 1 `.lock` planted as a symlink to a user file, 1
 infinite gradient norm (optim.lr=1e3: the run must stop, not finish with frozen weights), 2 `latest` naming
-another run's checkpoint. --kinds a,b keeps only those kinds of the single-process mix.
---ddp-trials / --zero2-trials: the same kinds under `torchrun --nproc_per_node 2` (gloo; full disks excluded).
+another run's checkpoint; and 4 kills during an asynchronous checkpoint write (train.async_checkpoint=true: parked in
+a random phase of a random write's background thread while the loop trains on, then killed after a random delay;
+or killed at a random moment), whose rerun (asynchronous too) must give the synchronous reference's losses.
+--kinds a,b keeps only those kinds of the single-process mix.
+--ddp-trials / --zero2-trials: the same kinds under `torchrun --nproc_per_node 2` (gloo; full disks excluded; ZeRO
+refuses asynchronous writes, so has none). --fsdp2-trials: kills during FSDP2's asynchronous writes (DCP's
+async_save) and plain kills, on 2 ranks.
 --finetune-trials: SIGKILL `lm finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
 lm train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
 uninterrupted results.json (timings aside), submission files and per-step losses.
@@ -21,6 +26,7 @@ Needs LM_DATA_MIRROR (tiny Shakespeare is prepared once into LM_CACHE; GLUE TSVs
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -48,9 +54,11 @@ BASE = ["model=tiny", "model.vocab_size=128", "model.max_seq_len=64", "data=shak
 CHANGED = "model/ffn=relu"  # the config change tried on resume; the refusal must name the ffn field
 KINDS = (["kill"] * 15 + ["kill+damage"] * 5 + ["concurrent"] * 3 + ["config_change"] * 3 + ["disk_full"] * 2
          + ["damage+config_change"] * 2 + ["deleted_latest"] * 2 + ["symlinked_lock"] + ["inf_grad"]
-         + ["latest_outside"] * 2)
+         + ["latest_outside"] * 2 + ["async_kill"] * 4)
 ISSUE49_KINDS = ["damage+config_change", "deleted_latest", "symlinked_lock", "inf_grad", "latest_outside"]
-DDP_KINDS = ["kill"] * 6 + ["kill+damage"] * 2 + ["concurrent"] + ["config_change"]
+DDP_KINDS = ["kill"] * 6 + ["kill+damage"] * 2 + ["concurrent"] + ["config_change"] + ["async_kill"] * 2
+FSDP2_KINDS = ["async_kill"] * 3 + ["kill"]
+ASYNC = "train.async_checkpoint=true"
 ZERO2_KINDS = ["kill"] * 3 + ["kill+damage"]
 FINETUNE_KINDS = ["kill"] * 4 + ["kill+damage"] + ["config_change"]
 GLUE_TASKS = ["cola", "mrpc", "rte", "sst2", "stsb"]  # those of glue/all with a local train.tsv in the mirror
@@ -82,7 +90,8 @@ def mix(n: int, kinds: List[str] = KINDS) -> List[str]:
     queues = {k: [k] * kinds.count(k) for k in dict.fromkeys(kinds)}
     order = []
     while any(queues.values()):
-        for k in ["kill", "kill+damage", "concurrent", "config_change", "disk_full", *ISSUE49_KINDS, "kill", "kill"]:
+        for k in ["kill", "kill+damage", "concurrent", "config_change", "disk_full", *ISSUE49_KINDS, "async_kill",
+                  "kill", "kill"]:
             if queues.get(k):
                 order.append(queues[k].pop())
     return order[:n]
@@ -305,17 +314,42 @@ def interrupt(suite: Suite, run_dir: Path, rng: random.Random, flag: Path) -> st
         phase, n = rng.choice(SAVE_PHASES), rng.randint(1, suite.saves)
         pause, what = {"LM_FAULT_PAUSE_IN_SAVE": f"{phase}:{n}"}, f"SIGKILL in checkpoint write {n} before {phase}"
     else:
-        delay = rng.uniform(0.2, 1.0) * suite.seconds
-        proc = start(suite, run_dir, {}, flag)
-        time.sleep(delay)
-        kill(proc)
-        return f"SIGKILL after {delay:.2f}s"
+        return _killed_after_delay(suite, run_dir, rng, flag)
     proc = start(suite, run_dir, pause, flag)
     if not wait_paused(proc, flag, suite.world):
         what += " (never reached: the job ended first)"
     kill(proc)
     flag.unlink(missing_ok=True)
     return what
+
+
+def async_interrupt(suite: Suite, run_dir: Path, rng: random.Random, flag: Path) -> str:
+    """Kill a job that writes its checkpoints in the background (`suite` runs with train.async_checkpoint=true):
+    mostly parked in a random phase of a random write's background thread (benchmarks/fault_pause.py on lm's
+    save_phase hook) while the loop trains on up to the next save, which waits for it, and killed after a random
+    further delay; else killed after a random delay (anywhere, a write in flight or not)."""
+    if rng.random() >= 0.75:
+        return _killed_after_delay(suite, run_dir, rng, flag)
+    phase, n = rng.choice(SAVE_PHASES), rng.randint(1, suite.saves)
+    proc = start(suite, run_dir, {"LM_FAULT_PAUSE_IN_SAVE": f"{phase}:{n}"}, flag)
+    what = f"SIGKILL in background write {n} before {phase}"
+    if wait_paused(proc, flag, suite.world):
+        delay = rng.uniform(0.0, 0.1) * suite.seconds  # the loop trains on meanwhile
+        time.sleep(delay)
+        what += f", {delay:.1f}s later"
+    else:
+        what += " (never reached: the job ended first)"
+    kill(proc)
+    flag.unlink(missing_ok=True)
+    return what
+
+
+def _killed_after_delay(suite: Suite, run_dir: Path, rng: random.Random, flag: Path) -> str:
+    delay = rng.uniform(0.2, 1.0) * suite.seconds
+    proc = start(suite, run_dir, {}, flag)
+    time.sleep(delay)
+    kill(proc)
+    return f"SIGKILL after {delay:.2f}s"
 
 
 def disk_full(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
@@ -496,6 +530,8 @@ def trial(suite: Suite, kind: str, run_dir: Path, rng: random.Random) -> Dict:
         return ISSUE49_TRIALS[kind](suite, run_dir, rng)
     flag = run_dir.parent / f"{run_dir.name}.paused"
     notes, problems, refused = [], [], False
+    if kind == "async_kill":  # killed and rerun with background writes; compared with the synchronous reference
+        suite = dataclasses.replace(suite, args=[*suite.args, ASYNC])
     if kind == "concurrent":
         step = rng.randint(2, suite.steps - 1)
         first = start(suite, run_dir, {"LM_FAULT_PAUSE_AT_STEP": str(step)}, flag)
@@ -510,7 +546,7 @@ def trial(suite: Suite, kind: str, run_dir: Path, rng: random.Random) -> Dict:
         flag.unlink(missing_ok=True)
         notes.append(f"second run while the first was parked in step {step}")
     else:
-        notes.append(interrupt(suite, run_dir, rng, flag))
+        notes.append((async_interrupt if kind == "async_kill" else interrupt)(suite, run_dir, rng, flag))
     if kind == "kill+damage":
         notes.append(damage_random_checkpoint(run_dir, rng))
     if kind == "config_change":
@@ -568,7 +604,8 @@ def summarize(results: List[Dict], outside_touched: bool) -> Dict:
 def outside_state(out: Path) -> List:
     """Name, mtime and bytes of every file in `out` that belongs to no run (the sentinel and anything else)."""
     return [(p.name, p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(out.iterdir())
-            if not p.name.startswith(("trial_", "reference", "fault_injection.", "ddp_", "zero2_", "finetune_"))]
+            if not p.name.startswith(("trial_", "reference", "fault_injection.", "ddp_", "zero2_", "fsdp2_",
+                                      "finetune_"))]
 
 
 def reference(suite: Suite, run_dir: Path) -> None:
@@ -600,6 +637,7 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=len(KINDS), help="single-process lm train trials")
     p.add_argument("--ddp-trials", type=int, default=0, help=f"2-rank DDP trials (of {len(DDP_KINDS)})")
     p.add_argument("--zero2-trials", type=int, default=0, help=f"2-rank ZeRO-2 trials (of {len(ZERO2_KINDS)})")
+    p.add_argument("--fsdp2-trials", type=int, default=0, help=f"2-rank FSDP2 trials (of {len(FSDP2_KINDS)})")
     p.add_argument("--finetune-trials", type=int, default=0, help=f"lm finetune trials (of {len(FINETUNE_KINDS)})")
     p.add_argument("--kinds", default="", help="comma-separated: keep only these kinds of the single-process mix "
                                                  f"(of {', '.join(dict.fromkeys(KINDS))})")
@@ -620,7 +658,8 @@ def main(argv=None) -> int:
     single = Suite("", 1, "train", BASE, CHANGED, "ffn")
     reference(single, args.out / "reference")  # also the init of the finetuning suite
     plan = [(single, "trial", mix(args.trials, kinds))]
-    for name, n, kinds in (("ddp", args.ddp_trials, DDP_KINDS), ("zero2", args.zero2_trials, ZERO2_KINDS)):
+    for name, n, kinds in (("ddp", args.ddp_trials, DDP_KINDS), ("zero2", args.zero2_trials, ZERO2_KINDS),
+                           ("fsdp2", args.fsdp2_trials, FSDP2_KINDS)):
         if n:
             plan.append((Suite(name, 2, "train", [*BASE, f"engine={name}"], CHANGED, "ffn"), name, mix(n, kinds)))
     if args.finetune_trials:

@@ -128,7 +128,7 @@ def sweep_cell() -> str:
 # run directory's name, so `train.max_steps=2000` continues the run that `train.max_steps=1000` started.
 NOT_IN_RUN_NAME = ("run_dir", "resume", "logger", "hydra", "train.max_steps", "train.log_interval",
                    "train.eval_interval", "train.eval_batches", "train.ckpt_interval", "train.keep_last",
-                   "train.progress", "train.threads", "skip_missing")
+                   "train.async_checkpoint", "train.progress", "train.threads", "skip_missing")
 RUN_NAME_MAX = 96
 
 
