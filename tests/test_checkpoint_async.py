@@ -86,6 +86,36 @@ def test_the_loop_trains_on_while_the_checkpoint_is_written(tmp_path, monkeypatc
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "sync")
 
 
+SLOW_WRITE_THEN_STOP = '''
+import os
+import signal
+import time
+
+
+def install(hooks):
+    hooks.step_begin.append(lambda step: os.kill(os.getpid(), signal.SIGTERM) if step == 4 else None)
+    hooks.save_phase.append(lambda phase: time.sleep(1.0) if phase == "manifest" else None)  # a slow disk
+'''
+
+
+def test_a_stop_signal_waits_for_the_write_of_its_checkpoint(tmp_path, monkeypatch):
+    """SIGTERM in step 5: the loop stops after it with a checkpoint, and raises Preempted only once that checkpoint,
+    written in the background (slowly), is complete and `latest`."""
+    from lm.core.loop import Preempted
+
+    plugin = tmp_path / "slow_write_then_stop.py"
+    plugin.write_text(SLOW_WRITE_THEN_STOP)
+    monkeypatch.setenv("LM_PLUGINS", str(plugin))
+    with pytest.raises(Preempted, match="SIGTERM received: stopped after step 5 with checkpoint"):
+        run(tmp_path / "run", 9, True, ckpt_interval=3)
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert (ckpts / "latest").read_text() == "step_00000005" and (ckpts / "step_00000005" / "trainer.json").is_file()
+    monkeypatch.delenv("LM_PLUGINS")
+    run(tmp_path / "run", 9, True, ckpt_interval=3)
+    run(tmp_path / "sync", 9, False, ckpt_interval=3)
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "sync")
+
+
 @pytest.mark.parametrize("steps", [9, 6])  # the failure surfaces at the next save (step 9), or at the run's end
 def test_a_failed_background_write_stops_the_run_naming_the_intact_checkpoint(tmp_path, monkeypatch, caplog, steps):
     from lm.engine.base import Engine

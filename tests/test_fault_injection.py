@@ -63,3 +63,19 @@ def test_issue_49_trials_find_no_silent_corruption(tmp_path):
                         "symlinked_lock": ["clear_refusal"], "inf_grad": ["clear_refusal"],
                         "latest_outside": ["exact_resume"]}, summary
     assert summary["outside_run_dir_touched"] is False
+
+
+def test_kills_during_asynchronous_writes_find_no_silent_corruption(tmp_path):
+    """train.async_checkpoint=true (issue 51 item 3), one process and FSDP2 on 2 ranks (DCP's async_save): killed
+    while a background write is parked in a random phase and the loop trains on, or at a random moment; the rerun
+    gives the synchronous reference's losses."""
+    proc = subprocess.run([sys.executable, "benchmarks/fault_injection.py", "--trials", "2", "--kinds", "async_kill",
+                           "--fsdp2-trials", "1", "--seed", "0", "--out", str(tmp_path / "out")], cwd=REPO,
+                          env=subprocess_env(LM_CACHE=str(tmp_path / "cache")), capture_output=True, text=True,
+                          timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "fault_injection.json").read_text())
+    assert set(summary["by_kind"]) == {"async_kill", "fsdp2:async_kill"}
+    total = summary["total"]
+    assert total["trials"] == 3 and total["exact_resume"] == 3 and total["silent_corruption"] == 0, summary
+    assert summary["outside_run_dir_touched"] is False
