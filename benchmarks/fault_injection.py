@@ -18,7 +18,7 @@ or killed at a random moment), whose rerun (asynchronous too) must give the sync
 --kinds a,b keeps only those kinds of the single-process mix.
 --ddp-trials / --zero2-trials: the same kinds under `torchrun --nproc_per_node 2` (gloo; full disks excluded; ZeRO
 refuses asynchronous writes, so has none). --fsdp2-trials: kills during FSDP2's asynchronous writes (DCP's
-async_save) and plain kills, on 2 ranks.
+async_save) on 2 ranks.
 --finetune-trials: SIGKILL `lm finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
 lm train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
 uninterrupted results.json (timings aside), submission files and per-step losses.
@@ -57,7 +57,7 @@ KINDS = (["kill"] * 15 + ["kill+damage"] * 5 + ["concurrent"] * 3 + ["config_cha
          + ["latest_outside"] * 2 + ["async_kill"] * 4)
 ISSUE49_KINDS = ["damage+config_change", "deleted_latest", "symlinked_lock", "inf_grad", "latest_outside"]
 DDP_KINDS = ["kill"] * 6 + ["kill+damage"] * 2 + ["concurrent"] + ["config_change"] + ["async_kill"] * 2
-FSDP2_KINDS = ["async_kill"] * 3 + ["kill"]
+FSDP2_KINDS = ["async_kill"] * 4
 ASYNC = "train.async_checkpoint=true"
 ZERO2_KINDS = ["kill"] * 3 + ["kill+damage"]
 FINETUNE_KINDS = ["kill"] * 4 + ["kill+damage"] + ["config_change"]

@@ -50,6 +50,7 @@ class Engine:
         self.module: Optional[nn.Module] = None  # the bare model (state dicts, export)
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scaler = None
+        self._snapshot_buffers: Dict = {}  # stage_state's CPU storages, reused by the next snapshot
         self.check_launch()
 
     # -- identity
@@ -178,7 +179,7 @@ class Engine:
             return lambda: None
         from lm.engine.staging import cpu_copy
 
-        state = cpu_copy(self._state())
+        state = cpu_copy(self._state(), self._snapshot_buffers)
         return lambda: torch.save(state, Path(path) / MODEL_OPTIM)
 
     def _state(self) -> Dict:

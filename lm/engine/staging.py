@@ -6,38 +6,48 @@ same bytes for it as for the live state dict (tests/test_checkpoint_async.py com
 storage (tied embeddings: the token table and the output layer are one Parameter under two names) share one
 copied storage, an object reached twice (the optimizer's param groups share one `betas` tuple) is copied once,
 and a module state dict's `_metadata` (each submodule's version, read by load_state_dict) is kept.
+
+`buffers` (the engine's, kept between saves) lends the previous snapshot's CPU storages to the next one: a
+checkpoint copies into memory already mapped instead of faulting in fresh pages for the whole state each time.
+Safe because a snapshot is only taken once the previous write is done (one write in flight).
 """
 
 import copy
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import torch
 
 
 @torch.no_grad()
-def cpu_copy(obj: Any) -> Any:
-    """A deep copy of `obj` (dicts, lists, tuples, tensors, plain values) whose tensors live in fresh CPU storages."""
-    return _copy(obj, {}, {})
+def cpu_copy(obj: Any, buffers: Optional[Dict] = None) -> Any:
+    """A deep copy of `obj` (dicts, lists, tuples, tensors, plain values) whose tensors live in CPU storages of
+    their own: fresh ones, or those `buffers` holds from the previous copy (then refilled with this copy's)."""
+    storages: Dict = {}
+    out = _copy(obj, {}, storages, buffers if buffers is not None else {})
+    if buffers is not None:
+        buffers.clear()
+        buffers.update(storages)
+    return out
 
 
-def _copy(obj: Any, memo: Dict[int, Any], storages: Dict) -> Any:
+def _copy(obj: Any, memo: Dict[int, Any], storages: Dict, buffers: Dict) -> Any:
     if id(obj) in memo:
         return memo[id(obj)]
     if isinstance(obj, torch.Tensor):
-        out = _copy_tensor(obj, storages)
+        out = _copy_tensor(obj, storages, buffers)
     elif isinstance(obj, dict):
-        out = type(obj)((k, _copy(v, memo, storages)) for k, v in obj.items())
+        out = type(obj)((k, _copy(v, memo, storages, buffers)) for k, v in obj.items())
         if getattr(obj, "__dict__", None):  # an OrderedDict state dict's `_metadata`
             out.__dict__.update(copy.deepcopy(obj.__dict__))
     elif isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        out = type(obj)(_copy(v, memo, storages) for v in obj)
+        out = type(obj)(_copy(v, memo, storages, buffers) for v in obj)
     else:
         return obj  # numbers, strings, None, named tuples of them: immutable
     memo[id(obj)] = out
     return out
 
 
-def _copy_tensor(t: torch.Tensor, storages: Dict) -> torch.Tensor:
+def _copy_tensor(t: torch.Tensor, storages: Dict, buffers: Dict) -> torch.Tensor:
     if type(t) is not torch.Tensor:  # a Parameter: its data (DTensors are FSDP2's, staged by DCP itself)
         t = t.detach()
         if type(t) is not torch.Tensor:
@@ -48,6 +58,11 @@ def _copy_tensor(t: torch.Tensor, storages: Dict) -> torch.Tensor:
     if key not in storages:
         # as byte tensors: Tensor.copy_ takes torch's fast copy kernels, UntypedStorage.copy_ a slow generic path
         source = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
-        storages[key] = torch.empty(storage.nbytes(), dtype=torch.uint8).copy_(source).untyped_storage()
+        lent = buffers.get(key)
+        if lent is not None and lent.nbytes() == storage.nbytes():
+            target = torch.empty(0, dtype=torch.uint8).set_(lent)
+        else:  # pinned host memory when copying from a GPU: the copy runs at the bus's speed
+            target = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=storage.device.type == "cuda")
+        storages[key] = target.copy_(source).untyped_storage()
     out = torch.empty(0, dtype=t.dtype)
     return out.set_(storages[key], t.storage_offset(), t.size(), t.stride())

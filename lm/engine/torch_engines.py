@@ -78,6 +78,7 @@ class FSDP2Engine(Engine):
     def __init__(self, train, dist, reshard_after_forward: bool = True):
         super().__init__(train, dist)
         self.reshard_after_forward = reshard_after_forward
+        self._stager = None  # DCP's stager of asynchronous saves (stage_state)
         if train.precision == "fp16":
             from lm.engine.dist import EngineError
 
@@ -136,9 +137,15 @@ class FSDP2Engine(Engine):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
+        if self._stager is None:  # kept: its CPU storages are reused by the next snapshot
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self.device.type == "cuda",
+                                                        use_shared_memory=False, use_async_staging=False,
+                                                        use_non_blocking_copy=False))
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
         pending = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=Path(path) / DCP,
-                                 process_group=group)
+                                 process_group=group, async_stager=self._stager)
         upload = getattr(pending, "upload_completion", pending)  # a Future, or an AsyncSaveResponse holding it
         return lambda: upload.result()
 
@@ -169,3 +176,8 @@ class FSDP2Engine(Engine):
 
     def local_numel(self) -> int:
         return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.module.parameters())
+
+    def close(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
