@@ -6,7 +6,9 @@ a test or benchmarks/fault_injection.py can SIGKILL it exactly there:
         the update), counted over every run of the process: a fresh lm-train parks in step N, lm-finetune
         in the task/seed where its steps reach N
     ... LM_FAULT_PAUSE_IN_SAVE=<phase>:<n>
-        parks at <phase> (lm.core.checkpoint.SAVE_PHASES) of the n-th checkpoint the process writes
+        parks at <phase> (lm.core.checkpoint.SAVE_PHASES) of the n-th checkpoint the process writes; with
+        train.async_checkpoint=true that parks the write's background thread, and the loop trains on up to its
+        next checkpoint, which waits for the parked one
 
 It touches LM_FAULT_PAUSE_FILE when it parks, then sleeps until killed; a step parked this way also goes on
 once a stop signal (SIGTERM, SIGUSR1, Ctrl-C) reached the loop, which then stops as it would for a signal in

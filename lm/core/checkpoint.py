@@ -12,6 +12,8 @@
 
 A crash or a failed write (full disk) at any point leaves `latest` naming a complete checkpoint; a
 half-written one is only ever a .tmp-* directory, removed when the write fails or on the next save.
+Asynchronous saves (train.async_checkpoint) take a snapshot in save() and run the same writing and sealing in
+a background thread (lm/core/async_save.py); the next save, and the loop at the end and at a stop, wait() for it.
 This file never reads an engine's files itself: trainer.json records the engine's format and the
 engine class of that format loads or consolidates them (lm.engine.engine_for_format). Everything is
 read with torch.load(weights_only=True): a checkpoint from elsewhere cannot run pickled code, and only

@@ -5,7 +5,8 @@ tests and benchmarks/fault_injection.py, step timers of the speed benchmarks). P
     after_backward(step, micro)   after each micro-batch's backward (lm.core.loop; step: the run's 0-based
                                   optimizer step, micro: the micro-batch's index in it)
     save_phase(phase)             at each point of Checkpointer.save (lm.core.checkpoint): "begin" on every
-                                  rank, then SAVE_PHASES in the order the save reaches them
+                                  rank, then SAVE_PHASES in the order the save reaches them (with
+                                  train.async_checkpoint, in the background thread that writes it)
 
 The extension point for a process started elsewhere (a test runs `lm-train` in a subprocess):
 LM_PLUGINS=<module or file.py>[,...] names modules with an `install(hooks)` function; the run harness
