@@ -45,6 +45,37 @@ def test_async_and_sync_runs_write_the_same_checkpoints_and_losses(tmp_path):
     assert not list((tmp_path / "async" / "checkpoints").glob(".tmp-*"))
 
 
+def test_cpu_copy_is_a_snapshot_with_the_original_structure():
+    """Later in-place updates do not reach it; shared storages and objects stay shared; `_metadata` is kept; the
+    next copy reuses the previous copy's storages."""
+    import io
+
+    import torch
+
+    from lm.engine.staging import cpu_copy
+
+    model = torch.nn.Sequential(torch.nn.Embedding(5, 3), torch.nn.Linear(3, 5, bias=False))
+    model[1].weight = model[0].weight  # tied
+    betas = (0.9, 0.95)
+    state = {"model": model.state_dict(), "groups": [{"betas": betas}, {"betas": betas}]}
+    buffers = {}
+    snap = cpu_copy(state, buffers)
+    before = snap["model"]["0.weight"].clone()
+    with torch.no_grad():
+        model[0].weight.add_(1.0)
+    assert torch.equal(snap["model"]["0.weight"], before)
+    assert snap["model"]["0.weight"].untyped_storage().data_ptr() == snap["model"]["1.weight"].untyped_storage().data_ptr()
+    assert snap["groups"][0]["betas"] is snap["groups"][1]["betas"]
+    assert snap["model"]._metadata == state["model"]._metadata
+    saved = [io.BytesIO(), io.BytesIO()]
+    torch.save(state, saved[0])
+    torch.save(cpu_copy(state), saved[1])
+    assert saved[0].getvalue() == saved[1].getvalue()  # what torch.save writes is the same, byte for byte
+    lent = {k: v.data_ptr() for k, v in buffers.items()}
+    cpu_copy(model.state_dict(), buffers)
+    assert {k: v.data_ptr() for k, v in buffers.items()} == lent
+
+
 PARK_FIRST_WRITE = '''
 import threading
 
