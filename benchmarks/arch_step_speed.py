@@ -95,7 +95,7 @@ def main():
     x = torch.randint(8, 256, (args.batch, args.seq), generator=g).to(args.device)
     batch = {"input_ids": x, "labels": torch.roll(x, -1, dims=1)}
     runs = {n: make(n, args) for n in names}
-    for name, (model, opt) in runs.items():  # warm-up: allocator, first-call dispatch
+    for model, opt in runs.values():  # warm-up: allocator, first-call dispatch
         steps(model, opt, batch, 1)
     times = {n: [] for n in names}
     for _ in range(args.rounds):

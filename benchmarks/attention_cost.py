@@ -283,7 +283,7 @@ def main(argv=None) -> int:
         torch.set_grad_enabled(True)
         print(json.dumps(measure_point(args.point[0], int(args.point[1]), args)))
         return 0
-    curves = sweep(args, [a for a in argv])
+    curves = sweep(args, list(argv))
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/attention_cost.py " + " ".join(argv)
     (args.out / "attention_cost.json").write_text(json.dumps(

@@ -285,8 +285,8 @@ def tokenization(args, work: Path, tokenizer: Path, corpus: Path) -> dict:
             else:
                 res = run_raw(args, tokenizer, corpus, int(name[3]))
             rounds[name].append(res)
-            say(f"  round {r} {name:4s} {res['tokens_per_s']:>10,.0f} tokens/s  {res['tokens_per_cpu_s']:>10,.0f} tokens "
-                f"per CPU-s   loadavg {res['loadavg']}")
+            say(f"  round {r} {name:4s} {res['tokens_per_s']:>10,.0f} tokens/s  "
+                f"{res['tokens_per_cpu_s']:>10,.0f} tokens per CPU-s   loadavg {res['loadavg']}")
     b = {k: best(v) for k, v in rounds.items()}
     if b["w1"]["text_tokens"] != b["raw1"]["tokens"]:
         say(f"  note: lm prepare made {b['w1']['text_tokens']:,} text tokens, raw {b['raw1']['tokens']:,}")
@@ -319,9 +319,9 @@ def report(res: dict) -> None:
     say(f"machine: {res['machine']}; date: {res['date']}")
     say(f"corpus: {res['corpus_mb']:.1f} MB of real text ({res['sources']}), {b['w1']['documents']:,} documents "
         f"(--doc-split blank_line), {b['w1']['text_tokens']:,} text tokens, BPE vocab {res['vocab_size']}")
-    say("\n-- tokenization (best of %d rounds, wall time of the whole command; tokens/s) --" % res["rounds"])
-    say(f"raw tokenizers encode_batch_fast, 1 thread    {b['raw1']['tokens_per_s']:>12,.0f}   load {b['raw1']['loadavg']}")
-    say(f"raw tokenizers encode_batch_fast, 2 threads   {b['raw2']['tokens_per_s']:>12,.0f}   load {b['raw2']['loadavg']}")
+    say(f"\n-- tokenization (best of {res['rounds']} rounds, wall time of the whole command; tokens/s) --")
+    for key, threads in (("raw1", "1 thread "), ("raw2", "2 threads")):
+        say(f"raw tokenizers encode_batch_fast, {threads}   {b[key]['tokens_per_s']:>12,.0f}   load {b[key]['loadavg']}")
     say(f"lm prepare --workers 1                        {b['w1']['tokens_per_s']:>12,.0f}   load {b['w1']['loadavg']}")
     say(f"lm prepare --workers 2                        {b['w2']['tokens_per_s']:>12,.0f}   load {b['w2']['loadavg']}")
     say(f"2 workers / 1 worker         = {tk['scaling']:.2f}x   target >= 1.70x  {verdict(tk['scaling'] >= 1.7)}"
@@ -332,8 +332,9 @@ def report(res: dict) -> None:
     say("CPU-time accounting (robust to neighbours' load; what a quiet machine would show):")
     for name in ("w1", "w2"):
         r = c["best"][name]
-        say(f"  lm prepare --workers {name[1]}: {r['cpu_s']:.1f} CPU-s in all, busiest process {r['busiest_process_cpu_s']:.1f}"
-            f" CPU-s, {r['tokens_per_cpu_s']:,.0f} tokens per CPU-s; alone on {min(int(name[1]), os.cpu_count())} "
+        say(f"  lm prepare --workers {name[1]}: {r['cpu_s']:.1f} CPU-s in all, "
+            f"busiest process {r['busiest_process_cpu_s']:.1f} CPU-s, {r['tokens_per_cpu_s']:,.0f} tokens per CPU-s; "
+            f"alone on {min(int(name[1]), os.cpu_count())} "
             f"cores: {r['quiet_wall_s']:.1f}s")
     w2 = c["best"]["w2"]
     say(f"  --workers 2 by process: main (reading, hashing, pickling, shard writer, progress bar) "
@@ -341,10 +342,10 @@ def report(res: dict) -> None:
     say(f"  raw tokenizers, 1 thread: {c['best']['raw1']['tokens_per_cpu_s']:,.0f} tokens per CPU-s")
     say(f"  2 workers / 1 worker (quiet-machine estimate)     = {c['scaling']:.2f}x   target >= 1.70x  "
         f"{verdict(c['scaling'] >= 1.7)}")
-    say(f"  lm prepare / raw per CPU-s, 1 worker  = {c['vs_raw_1']:.0%}    target >= 80%   {verdict(c['vs_raw_1'] >= 0.8)}")
-    say(f"  lm prepare / raw per CPU-s, 2 workers = {c['vs_raw_2']:.0%}    target >= 80%   {verdict(c['vs_raw_2'] >= 0.8)}")
+    for key, workers in (("vs_raw_1", "1 worker "), ("vs_raw_2", "2 workers")):
+        say(f"  lm prepare / raw per CPU-s, {workers} = {c[key]:.0%}    target >= 80%   {verdict(c[key] >= 0.8)}")
     say(f"command: {b['w2']['command']}")
-    say("\n-- loader vs training (tokens/s, seq_len %d, micro-batch %d) --" % (ld["seq_len"], ld["batch"]))
+    say(f"\n-- loader vs training (tokens/s, seq_len {ld['seq_len']}, micro-batch {ld['batch']}) --")
     for obj, v in ld["loader"].items():
         say(f"PackedLoader {obj:4s}                         {v:>12,.0f}")
     for m in ld["models"]:

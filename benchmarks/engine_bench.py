@@ -169,7 +169,8 @@ def zero_memory(args):
         params_formula = 4 * psi / (n if r["stage"] == 3 else 1)
         adam_formula = 8 * psi / (n if r["stage"] >= 1 else 1)
         print(f"| {r['stage']} | {r['rank']} | {r['param_bytes'] / 2**20:.2f} MiB | {params_formula / 2**20:.2f} MiB "
-              f"| {r['adam_bytes'] / 2**20:.2f} MiB | {adam_formula / 2**20:.2f} MiB | {r['master_bytes'] / 2**20:.2f} MiB |")
+              f"| {r['adam_bytes'] / 2**20:.2f} MiB | {adam_formula / 2**20:.2f} MiB "
+              f"| {r['master_bytes'] / 2**20:.2f} MiB |")
     print(f"\nPsi = {rows[0]['psi']:,} parameters (fp32), N = {rows[0]['world']} ranks")
 
 

@@ -15,8 +15,9 @@ are read back, not retrained). A session's runs/ may not outlive it, so every fi
 transfer.json is also copied into the committed archive <archive>/<series>[-<overrides digest>]/<tokens>/ (default
 docs/glue_transfer/points): the page is built from the archive, and a point measured by an earlier
 session stays on it (a point run again replaces its archived record). The scratch arm is archived too, outside
-git since it holds binaries (--scratch-archive, default <root>/scratch_archive; <it>/scratch/<key>/: each task/seed pair's result.pt, keyed by the
-arm's transfer_arm.json record), and a later curve with the same --scratch-archive restores it instead of finetuning it again;
+git since it holds binaries (--scratch-archive, default <root>/scratch_archive; <it>/scratch/<key>/: each
+task/seed pair's result.pt, keyed by the arm's transfer_arm.json record), and a later curve with the same
+--scratch-archive restores it instead of finetuning it again;
 lm finetune's resume check still refuses a restored pair whose settings differ. --tiny swaps in 0/100k/300k
 tokens, a 1 x 32 model, the TinyStories slice as corpus, one seed, RTE and MRPC with 64 training
 examples and 1 epoch, and writes to <root>/ and --doc /tmp/glue_transfer_tiny.md instead of the real

@@ -13,7 +13,7 @@ alternating with full Hugging Face training steps in one process, and prints
 
     python benchmarks/kernel_floor.py --layout llama --vocab 65
     python benchmarks/kernel_floor.py --layout gpt2 --vocab 65 --steps 12
-    python benchmarks/kernel_floor.py --layout llama --vocab 65 --dim 768 --heads 12   # benchmarks/hf_step.py's shape flags
+    python benchmarks/kernel_floor.py --layout llama --vocab 65 --dim 768 --heads 12   # hf_step.py's shape flags
 
 The AdamW step, norms, activations, RoPE, residual adds, the loss and the embedding are what the
 floor leaves out: the part an implementation can make cheaper.
@@ -98,7 +98,8 @@ def main(argv=None):
         floor_s.append(time.perf_counter() - t1)
     fraction = statistics.median(f / s for f, s in zip(floor_s, step_s))
     print(f"{args.layout} layout, vocab {args.vocab}, {args.threads} thread(s), {args.steps} pairs: Hugging Face step "
-          f"{statistics.median(step_s) * 1e3:.0f} ms, its matmuls + attention alone {statistics.median(floor_s) * 1e3:.0f} ms; "
+          f"{statistics.median(step_s) * 1e3:.0f} ms, "
+          f"its matmuls + attention alone {statistics.median(floor_s) * 1e3:.0f} ms; "
           f"floor fraction {fraction:.3f}, ceiling on any ratio against it {1 / fraction:.2f}x")
 
 

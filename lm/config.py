@@ -28,7 +28,7 @@ def check_known_keys(cfg, prefix: str = "") -> None:
 
     kind = OmegaConf.get_type(cfg)
     known = [f.name for f in dataclass_fields(kind)] if is_dataclass(kind) else None
-    for key in cfg.keys():
+    for key in cfg:
         if known is not None and key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             where = prefix.rstrip(".") or "the top level"

@@ -81,7 +81,7 @@ def test_scaled_dot_and_dot(capturing):
     for cls, scale in [(ScaledDot, Dh ** -0.5), (Dot, 1.0)]:
         score = cls(H, KVH, Dh, 16, None, 0.0, False)
         score.record = (lambda p: None) if capturing else None  # the explicit path, as capture() uses
-        expected = reference(_loop_logits(q, k, lambda h, a, b: a @ b * scale), v, visible)
+        expected = reference(_loop_logits(q, k, lambda h, a, b, scale=scale: a @ b * scale), v, visible)
         torch.testing.assert_close(score(q, k, v, additive_mask(visible), False), expected, rtol=1e-5, atol=1e-6)
     assert ScaledDot(H, KVH, Dh, 16, 0.5, 0.0, False).scale == 0.5  # model.attn_scale
 
@@ -338,7 +338,7 @@ def test_capture_during_cached_generation_records_one_query_per_step():
 # -- parameters and FLOPs per option ---------------------------------------------------------------
 
 def test_parameters_of_each_option():
-    L, d, h, dh = 2, 32, 4, 8  # cfg_of: tiny preset at dim 32
+    L, h, dh = 2, 4, 8  # cfg_of: tiny preset at dim 32 (4 heads of 8)
     base = num_params(cfg_of("scaled_dot", "encoder"))
     assert num_params(cfg_of("dot", "encoder")) == base
     assert num_params(cfg_of("multiplicative", "encoder")) - base == L * h * dh * dh

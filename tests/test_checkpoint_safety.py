@@ -63,8 +63,8 @@ def test_second_run_on_a_held_run_dir_refuses_naming_the_holder(tmp_path):
 
 
 def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
-    (tmp_path / LOCK_NAME).write_text('{"pid": 999999999, "host": "%s", "start": "2026-01-01T00:00:00+00:00", '
-                                      '"command": "lm train"}\n' % socket.gethostname())
+    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 999999999, "host": socket.gethostname(),
+                                                  "start": "2026-01-01T00:00:00+00:00", "command": "lm train"}) + "\n")
     run(tmp_path, steps=2)
     assert holder(tmp_path)["pid"] == os.getpid()
     acquire(tmp_path)  # the run released it on return; hold it again, as a long run would

@@ -4,6 +4,7 @@ file and line (or byte) and the fix, and never half-written; the mixed corpus an
 
 import json
 from itertools import islice
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -189,7 +190,7 @@ def test_glue_source_is_the_train_sentences_and_mixes_with_books(tmp_path, monke
     files, _ = resolve(["glue:rte", "gutenberg"], mirror=str(mirror))
     glue = files[0]
     assert glue.format == "text" and glue.split is None and len(files) == 12
-    lines = open(glue.path, encoding="utf-8").read().splitlines()
+    lines = Path(glue.path).read_text(encoding="utf-8").splitlines()
     train = load_split("rte", "train", root, hf=False)
     assert len(lines) == 2 * len(train) and lines[:2] == [train[0].text_a, train[0].text_b]
     mtime = (tmp_path / "cache" / "derived" / "glue_train_sentences_rte.txt").stat().st_mtime_ns

@@ -127,7 +127,6 @@ def test_directory_glob_and_val_source(tmp_path, stories):
 
 def test_interrupted_run_resumes_to_identical_output(tmp_path, stories, monkeypatch, capsys):
     full = run(tmp_path, "full", source=str(stories), doc_split="line", shard_tokens=700)
-    calls = {"n": 0}
     real = prep.write_json
 
     def crash_after_five_tasks(path, obj):

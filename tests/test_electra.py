@@ -151,7 +151,8 @@ def test_the_generator_is_a_stack_of_its_own_width_and_depth(cfg):
      r"model.electra with .*model.output=adaptive_softmax"),
     (dict(loss_chunk_size=64), r"model.electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0"),
     (dict(electra=dict(generator_dim=9), block=EvolvedConfig()),
-     r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: model/block=evolved needs an even"),
+     r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: "
+     r"model/block=evolved needs an even"),
 ])
 def test_refusals_name_the_field_and_the_fix(cfg, change, message):
     if "electra" in change:

@@ -183,7 +183,8 @@ def test_a_second_finetune_on_a_held_run_dir_refuses(tmp_path, pretrained):
 
     run_dir = tmp_path / "ft"
     run_dir.mkdir()
-    hold = "import sys, time; from lm.core.lock import acquire; acquire(sys.argv[1]); print('holding', flush=True); time.sleep(120)"
+    hold = ("import sys, time; from lm.core.lock import acquire; acquire(sys.argv[1]); "
+            "print('holding', flush=True); time.sleep(120)")
     first = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], env=subprocess_env(), cwd=REPO,
                              stdout=subprocess.PIPE, text=True)
     try:

@@ -18,7 +18,8 @@ from lm.cli.finetune import finetune
 from lm.config import ConfigError
 from lm.glue.run import _checkpoint_digest, _with_moved_paths
 from lm.glue.trainer import GlueTask
-from tests.test_finetune import TINY, easy_glue, easy_task, finetune_cfg, pretrained  # noqa: F401 - fixtures
+from tests.test_finetune import TINY, easy_task, finetune_cfg
+from tests.test_finetune import easy_glue as easy_glue, pretrained as pretrained  # fixtures, re-exported
 
 EPOCHS = 2
 

@@ -10,7 +10,8 @@ import pytest
 from lm.core.checkpoint import resolve
 from lm.data.prepare import prepare
 from lm.glue.init import InitError, load_backbone
-from tests.test_finetune import easy_glue, pretrained  # noqa: F401 - fixtures (this module gets its own run)
+# fixtures; `as` re-exports them (this module gets its own run)
+from tests.test_finetune import easy_glue as easy_glue, pretrained as pretrained
 
 
 def _recorded(run_dir):

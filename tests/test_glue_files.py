@@ -92,7 +92,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
 # -- results ---------------------------------------------------------------------------------------
 
 def _m(**kv):
-    names = [k for k in kv]
+    names = list(kv)
     return {**kv, "score": sum(kv.values()) / len(names)}
 
 

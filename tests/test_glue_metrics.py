@@ -18,7 +18,7 @@ def test_binary_confusion_matrix_by_hand():
     f1 = 2 * 3 / (2 * 3 + 1 + 1)  # 0.75
     acc = 4 / 6
     assert compute_metrics("mrpc", p, y) == pytest.approx(
-        {"f1": 75.0, "acc": 100 * acc, "score": (75.0 + 100 * acc) / 2})
+        {"f1": 100 * f1, "acc": 100 * acc, "score": (100 * f1 + 100 * acc) / 2})
     assert compute_metrics("qqp", p, y)["score"] == pytest.approx(70.8333333)
     for name in ("sst2", "qnli", "rte", "wnli", "mnli_m", "mnli_mm"):
         assert compute_metrics(name, p, y) == pytest.approx({"acc": 100 * acc, "score": 100 * acc})

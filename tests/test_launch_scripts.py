@@ -45,7 +45,7 @@ def shellcheck() -> str:
 
 
 def test_every_script_passes_shellcheck():
-    scripts = [str(s.relative_to(REPO)) for s in SCRIPTS] + [".ci/extra-installs"]
+    scripts = [str(s.relative_to(REPO)) for s in SCRIPTS] + [".ci/extra-installs", ".ci/lint", ".ci/format-all"]
     out = subprocess.run([shellcheck(), "-x", "--severity=style", *scripts], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     assert {"torchrun.sh", "torchrun_multinode.sh", "accelerate.sh", "deepspeed.sh", "deepspeed_hostfile.sh",

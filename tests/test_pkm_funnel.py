@@ -1,5 +1,5 @@
-"""Product-key memory (model/block=pkm) and the Funnel encoder (model/stack=funnel), both in lm/zoo: their defining properties,
-refused combinations, Params/Ops, and training through lm train with resume."""
+"""Product-key memory (model/block=pkm) and the Funnel encoder (model/stack=funnel), both in lm/zoo: their defining
+properties, refused combinations, Params/Ops, and training through lm train with resume."""
 
 import pytest
 import torch

@@ -58,8 +58,8 @@ def sweep(tmp_path_factory):
 
 def table_lines(md: str) -> dict:
     start = md.index("| Modification")
-    lines = [l for l in md[start:].splitlines() if l.startswith("| ")][1:]
-    return {l.split("|")[1].strip(): [c.strip() for c in l.split("|")[2:-1]] for l in lines}
+    lines = [line for line in md[start:].splitlines() if line.startswith("| ")][1:]
+    return {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines}
 
 
 def test_rows_in_the_papers_order_with_its_labels_and_columns(sweep):
@@ -86,7 +86,7 @@ def test_numbers_deltas_and_early_loss_at_a_quarter(sweep):
     assert rows["SwiGLU"][3] == "2.50 ± 0.71"  # steps/s: seeds 2.0 and 3.0
     assert rows["SwiGLU"][9].startswith("+1.00")  # Δ GLUE: 71.0 vs 70.0
     csv_rows = (root / "report" / "report.csv").read_text().splitlines()
-    by_variant = {l.split(",")[0]: l.split(",") for l in csv_rows[1:]}
+    by_variant = {line.split(",")[0]: line.split(",") for line in csv_rows[1:]}
     for row, cfg in cfgs.items():
         rec = by_variant[f"experiment/narang_row={row}"]
         assert int(rec[3]) == num_params(cfg) and int(rec[4]) == flops_per_token(cfg, 64)  # Params, Ops

@@ -65,11 +65,11 @@ def test_sweep_with_failed_cells_still_reports(tmp_path):
     (tmp_path / "2" / "error.txt").write_text("RuntimeError: out of memory\n")
     assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
-    swiglu = next(l for l in md.splitlines() if l.startswith("| `model/ffn=swiglu"))
+    swiglu = next(line for line in md.splitlines() if line.startswith("| `model/ffn=swiglu"))
     assert swiglu.split("|")[2].strip() == "0/2"
     assert "FAILED: RuntimeError: out of memory" in swiglu
     assert f"- `{tmp_path / '3'}`: stopped at step 50 of 200" in md
-    per_run = {r["run"]: r for r in csv.DictReader(open(tmp_path / "out" / "runs.csv"))}
+    per_run = {r["run"]: r for r in csv.DictReader((tmp_path / "out" / "runs.csv").read_text().splitlines())}
     assert per_run[str(tmp_path / "2")]["status"] == "failed"
     assert float(per_run[str(tmp_path / "0")]["final_loss"]) == pytest.approx(loss_at(200, 0.0))
 
@@ -117,7 +117,7 @@ def test_single_run_gets_a_run_card(tmp_path, capsys):
     assert main([str(d)]) == 0
     md = (d / "report" / "card.md").read_text()
     cfg = model_preset("tiny", ["model/ffn=swiglu", "model/norm=rmsnorm"])
-    rows = dict(l.strip("|").split("|")[:2] for l in md.splitlines() if l.startswith("| ") and l.count("|") == 3)
+    rows = dict(line.strip("|").split("|")[:2] for line in md.splitlines() if line.startswith("| ") and line.count("|") == 3)
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     assert rows["parameters"] == f"{num_params(cfg) / 1e3:.2f}k"
     assert rows["FLOPs per token (train)"] == f"{flops_per_token(cfg, 64) / 1e3:.2f}k"
@@ -161,6 +161,6 @@ def test_default_baseline_is_the_first_variant_that_finished(tmp_path):
     make_run(tmp_path / "1", ffn="gelu")
     make_run(tmp_path / "2", ffn="swiglu", offset=-0.1)
     assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "out" / "report.csv")))
+    rows = list(csv.DictReader((tmp_path / "out" / "report.csv").read_text().splitlines()))
     assert [r["variant"] for r in rows] == ["model/ffn=relu", "model/ffn=gelu", "model/ffn=swiglu"]
     assert rows[1]["final_loss_delta"] == "" and float(rows[2]["final_loss_delta"]) == pytest.approx(-0.1)

@@ -43,7 +43,7 @@ def test_variants_are_the_overrides_minus_the_seed(sweep):
 
 def test_table_numbers_match_the_curves(sweep):
     rows = build_rows(group_variants(load_runs([sweep])))
-    for row, ((ffn, norm), effect) in zip(rows, EFFECT.items()):
+    for row, effect in zip(rows, EFFECT.values()):
         final, early = row["final_loss"], row["early_loss"]
         # train loss averaged over the last 5% of 200 steps = only step 200 (logged every 10)
         assert final.mean == pytest.approx(loss_at(200, effect), abs=1e-9)
@@ -68,16 +68,16 @@ def test_seed_noise_rule_is_welch(sweep):
 
 def test_markdown_and_csv(report):
     md = (report / "report.md").read_text()
-    lines = {l.split("|")[1].strip(): l for l in md.splitlines() if l.startswith("| `")}
+    lines = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| `")}
     assert "+0.005 (p=0.57)" in lines["`model/ffn=gelu model/norm=rmsnorm`"]
     assert "-0.100 * (p=" in lines["`model/ffn=swiglu model/norm=layernorm`"]
     assert "(baseline)" in lines["`model/ffn=gelu model/norm=layernorm`"]
     assert "Welch" in md and "seeds: 0, 1, 2" in md
-    rows = list(csv.DictReader(open(report / "report.csv")))
+    rows = list(csv.DictReader((report / "report.csv").read_text().splitlines()))
     assert [r["variant"] for r in rows][2] == "model/ffn=swiglu model/norm=layernorm"
     assert float(rows[2]["final_loss_mean"]) == pytest.approx(loss_at(200, -0.1))
     assert float(rows[2]["final_loss_std"]) == pytest.approx(0.01)
-    per_run = list(csv.DictReader(open(report / "runs.csv")))
+    per_run = list(csv.DictReader((report / "runs.csv").read_text().splitlines()))
     assert len(per_run) == 12 and {r["status"] for r in per_run} == {"ok"}
     assert sorted(r["seed"] for r in per_run[:3]) == ["0", "1", "2"]
 
@@ -93,7 +93,7 @@ def test_html_is_self_contained(report):
 
 def test_baseline_choice(sweep, tmp_path):
     assert main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu model/norm=layernorm"]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "report.csv")))
+    rows = list(csv.DictReader((tmp_path / "report.csv").read_text().splitlines()))
     assert float(rows[0]["final_loss_delta"]) == pytest.approx(0.1)
     with pytest.raises(SystemExit) as e:
         main([str(sweep), "-o", str(tmp_path), "--baseline", "swiglu"])  # ambiguous
@@ -106,7 +106,7 @@ def test_parameter_mismatch_is_flagged(tmp_path):
         make_run(tmp_path / f"b{seed}", ffn="swiglu", seed=seed, model_extra=("model.ffn.hidden_mult=4",))
     assert main([str(tmp_path), "-o", str(tmp_path / "out")]) == 0
     md = (tmp_path / "out" / "report.md").read_text()
-    flagged = [l for l in md.splitlines() if "⚠" in l and l.startswith("| `")]
+    flagged = [line for line in md.splitlines() if "⚠" in line and line.startswith("| `")]
     # a third matrix at 4x width: +2 * 64 * 256 weights (2 layers) on ~133k, about +25%
     assert len(flagged) == 1 and "swiglu" in flagged[0] and "(+25.0% ⚠)" in flagged[0]
 

@@ -19,7 +19,7 @@ from lm.model.generate import generate
 from lm.model.lm import SequenceClassifier
 from lm.model.rnn import load_unidirectional
 from tests.engine_support import compose, free_port, loaders, tiny_overrides, train_losses
-from tests.test_finetune import easy_glue  # noqa: F401 - the SST-2-shaped easy task (a module fixture)
+from tests.test_finetune import easy_glue as easy_glue  # the SST-2-shaped easy task (a module fixture, re-exported)
 
 CELLS = ["lstm", "gru", "rnn"]
 SMALL = ["model.vocab_size=48", "model.dim=16", "model.n_layers=2"]

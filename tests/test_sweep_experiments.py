@@ -58,7 +58,7 @@ def test_every_experiment_is_a_sweep_of_deltas(hydra_conf):
     assert set(EXPERIMENTS) >= {"ablate_ffn", "ablate_ffn_norm", "ablate_norm", "ablate_pos", "ablate_arch"}
     for name in EXPERIMENTS:
         text = (conf_dir() / "experiment" / f"{name}.yaml").read_text()
-        assert len([l for l in text.splitlines() if l.strip() and not l.lstrip().startswith("#")]) <= 20, name
+        assert len([line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]) <= 20, name
         cfg = compose_train([f"experiment={name}"])
         assert str(cfg.logger.group).startswith(f"{name}_") and cfg.hydra.sweep.dir == f"runs/{cfg.logger.group}"
         assert cfg.hydra.launcher._target_ == "hydra_plugins.lm_launchers.sequential.Sequential"

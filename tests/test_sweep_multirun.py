@@ -28,7 +28,7 @@ def sweep(tmp_path, *overrides, pin_dir=True):
 
 
 def last_step(cell) -> int:
-    lines = [json.loads(l) for l in (cell / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (cell / "metrics.jsonl").read_text().splitlines()]
     return max(e["step"] for e in lines)
 
 
@@ -36,14 +36,14 @@ def check_report(tmp_path, ok_labels, sweep_dir=None):
     sweep_dir = sweep_dir or tmp_path / "sweep"
     assert report([str(sweep_dir), "-o", str(tmp_path / "report")]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
-    rows = {l.split("|")[1].strip(): l for l in md.splitlines() if l.startswith("| `")}
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| `")}
     assert f"FAILED: {BAD_REASON}" in rows["`model.n_heads=3`"]
     assert rows["`model.n_heads=3`"].split("|")[2].strip() == "0/1"
     assert f"- `{sweep_dir / '0'}`: {BAD_REASON}" in md
     for label in ok_labels:
         assert rows[f"`{label}`"].rstrip(" |").endswith("| ok")
     assert "(baseline)" in rows[f"`{ok_labels[0]}`"]  # the first variant that finished
-    per_run = {r["run"]: r for r in csv.DictReader(open(tmp_path / "report" / "runs.csv"))}
+    per_run = {r["run"]: r for r in csv.DictReader((tmp_path / "report" / "runs.csv").read_text().splitlines())}
     assert per_run[str(sweep_dir / "0")]["status"] == "failed"
     return md
 

@@ -91,7 +91,8 @@ def _remove_if_empty(fresh: List[Path]) -> None:
 
 
 def _agree_on_run_stamp() -> None:
-    """Rank 0's clock names a sweep (`runs/${lm.stamp:}/<cell>`, `logger.group: ..._${lm.stamp:}`): one name for all ranks."""
+    """Rank 0's clock names a sweep (`runs/${lm.stamp:}/<cell>`, `logger.group: ..._${lm.stamp:}`): one name
+    for all ranks."""
     from lm.engine import dist as dist_utils
 
     if "LM_RUN_STAMP" in os.environ:

@@ -4,9 +4,10 @@
     lm attention runs/pretrain --text "..." --layer 3 --head 5 --out maps  # plus that head, tokens as labels
     lm attention runs/t5/checkpoints/step_00001000/export --text "..." --tokenizer data/tokenizer.json
 
-Writes to --out (default <run_dir>/attention/<step_N>, or <export>-attention beside an export): grid_<stack>_<self|cross>.png per attention
-stack (rows: layers, columns: heads), one PNG per requested layer/head, and attention.md / attention.html
-listing the tokens. --layer alone draws every head of that layer, --head alone that head in every layer.
+Writes to --out (default <run_dir>/attention/<step_N>, or <export>-attention beside an export):
+grid_<stack>_<self|cross>.png per attention stack (rows: layers, columns: heads), one PNG per requested
+layer/head, and attention.md / attention.html listing the tokens. --layer alone draws every head of that
+layer, --head alone that head in every layer.
 Loading, checks and the maps are lm/report/attention_maps.py; drawing is lm/report/attention_plots.py.
 Exit status 2 with one line when the request cannot be drawn (RNN run, out-of-range values, long text).
 """

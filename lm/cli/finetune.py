@@ -9,8 +9,8 @@
 
 Writes <run_dir>/results.json, results.md (printed at the end) and submission/*.tsv; see lm/glue/run.py.
 The config grammar is in lm/glue/config.py. The same command (same run_dir) resumes an interrupted job.
-Data: the official GLUE TSVs under glue.data_root (or tasks.<task>.data_root), else $LM_DATA_MIRROR/glue_data, else ./glue_data,
-else the Hugging Face `nyu-mll/glue` copy (hf=true, needs network).
+Data: the official GLUE TSVs under glue.data_root (or tasks.<task>.data_root), else $LM_DATA_MIRROR/glue_data,
+else ./glue_data, else the Hugging Face `nyu-mll/glue` copy (hf=true, needs network).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def start_scratch_lane(r, threads: int) -> "Lane":
     path = r.scratch / LOG_NAME
     cmd = [sys.executable, "-m", "lm.cli.transfer", *recipe_argv(r), "--arm", "scratch", "--lane"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    out = open(path, "a")
+    out = open(path, "a")  # noqa: SIM115 - the child writes to it; Lane closes it when the arm ends
     log.info("lm transfer: the scratch arm runs beside the pretraining (%d CPU threads each); its log: %s",
              threads, path)
     return Lane(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env), path, out)

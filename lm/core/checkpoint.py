@@ -65,7 +65,9 @@ def step_name(step: int) -> str:
 # -- RNG: stored as tensors and plain Python types, so rank*.pt loads with weights_only=True -----------
 
 def rng_state() -> Dict:
-    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    legacy = np.random.get_state()
+    assert isinstance(legacy, tuple)  # the global RandomState (MT19937) always gives the legacy tuple
+    kind, key, pos, has_gauss, gauss = legacy
     state = {"torch": torch.get_rng_state(),
              "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
                        "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
@@ -104,7 +106,9 @@ def plain_state(state):
 def load_rank_state(path: Path) -> Dict:
     # numpy's array reconstruction is allowed only for rank files written before RNG states were tensors.
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
-    legacy = [np.dtype, np.ndarray, core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+    # numpy's stubs omit the multiarray submodule of numpy(._)core, which exists at run time
+    reconstruct = core.multiarray._reconstruct  # pyright: ignore[reportAttributeAccessIssue]
+    legacy = [np.dtype, np.ndarray, reconstruct, type(np.dtype(np.uint32))]
     with torch.serialization.safe_globals(legacy):
         return _weights_only(lambda: torch.load(path, weights_only=True), path)
 
@@ -254,10 +258,10 @@ class Checkpointer:
             reason = error.strerror
         else:  # torch.save's RuntimeError on a full disk says only "unexpected pos ..."
             reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointError(
             f"checkpoint {self.root / name} could not be written ({reason}; {_free_space(self.root)} free "
-            f"under {self.root}); it was removed and "
-            f"{'the previous checkpoint ' + str(previous) + ' is intact' if previous else 'no earlier checkpoint exists'}"
+            f"under {self.root}); it was removed and {kept}"
             f". Free space under {self.root} and run the same command again to resume.") from error
 
     def _prune(self) -> None:

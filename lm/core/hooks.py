@@ -1,5 +1,6 @@
 """Callbacks at fixed points of a run, for tools that are not part of training itself (fault injection in
-tests and benchmarks/fault_injection.py, step timers of the speed benchmarks). Production code only calls them; it never knows why.
+tests and benchmarks/fault_injection.py, step timers of the speed benchmarks). Production code only calls
+them; it never knows why.
 
     step_begin(step)              as each optimizer step starts (lm.core.loop; step: the run's 0-based step)
     after_backward(step, micro)   after each micro-batch's backward (lm.core.loop; step: the run's 0-based
@@ -49,7 +50,7 @@ def _plugin(name: str):
     key = f"lm_plugin_{Path(name).stem}"
     if key not in sys.modules:
         spec = importlib.util.spec_from_file_location(key, name)
-        if spec is None or not Path(name).is_file():
+        if spec is None or spec.loader is None or not Path(name).is_file():
             raise FileNotFoundError(f"LM_PLUGINS names {name}, which is not a file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[key] = module

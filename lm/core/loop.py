@@ -84,7 +84,7 @@ class State:
         return out
 
 
-@dataclass
+@dataclass(frozen=True)  # a value: safe as run()'s default argument
 class Speed:
     """Per-device FLOPs per token and peak, for MFU (peak None = unknown, MFU not reported)."""
 
@@ -99,7 +99,7 @@ class _Pending:
     first_step: int = 0  # 1-based step number of losses[0]
     losses: List[torch.Tensor] = field(default_factory=list)  # each step's local share of its global loss
     tokens: int = 0  # this rank's input tokens since the last sync point
-    grad_norm: Optional[torch.Tensor] = None  # the last step's (device tensor)
+    grad_norm: torch.Tensor = field(default_factory=lambda: torch.tensor(math.nan))  # the last step's (device)
     norms: List[Tuple[int, torch.Tensor]] = field(default_factory=list)  # (1-based step, its gradient norm)
     last_loss: float = math.nan  # the last synced step's global loss
 
@@ -204,16 +204,17 @@ def _finish_write(checkpointer) -> None:
         log.error("the checkpoint written in the background failed too: %s", e)
 
 
-def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointer, stop=None,
-          check_stop: bool = False) -> Tuple[int, bool]:
+def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointer,
+          stop: Optional["_StopSignals"] = None, check_stop: bool = False) -> Tuple[int, bool]:
     """The host catches up with the device: each pending step's global loss (one all-reduce) and gradient norm
     (global already: every rank computed it from the reduced gradients), read in one copy; the NaN/inf policy
     applied to each step in order; state.tokens. With check_stop, the stop flag rides on the same all-reduce.
     Returns (the global input tokens of the pending steps, whether the ranks agreed to stop)."""
     losses = dist_utils.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
-    flags = torch.tensor([pending.tokens, float(check_stop and stop.name is not None)], dtype=torch.float64)
+    asked = stop if check_stop else None
+    flags = torch.tensor([pending.tokens, float(asked is not None and asked.name is not None)], dtype=torch.float64)
     dist_utils.all_reduce_sum(flags)
-    tokens, stopping = int(flags[0]), bool(check_stop and stop.agree(float(flags[1]) > 0))
+    tokens, stopping = int(flags[0]), bool(asked is not None and asked.agree(float(flags[1]) > 0))
     parts = [] if losses is None else [losses.float()]
     parts += [torch.stack([n.detach().float().to(engine.device) for _, n in pending.norms])] if pending.norms else []
     read = torch.cat(parts).tolist() if parts else []  # one device-to-host copy
@@ -328,6 +329,7 @@ def evaluate(engine, val_loader: Iterable, max_batches: int) -> float:
         batch = next(batches, None)
         if dist_utils.any_rank(batch is None):
             break
+        assert batch is not None  # any_rank was true had this rank run out
         batch = {k: v.to(engine.device, non_blocking=True) for k, v in batch.items()}
         with engine.autocast():
             loss = objectives.loss(engine.model, batch)

@@ -44,7 +44,8 @@ def adamw(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     fused = cfg.fused
     if fused is None:
         fused = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for g in groups for p in g["params"])
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
+    beta1, beta2 = cfg.betas  # two: lm.core.config checks it
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(beta1, beta2), eps=cfg.eps, fused=fused)
 
 
 def lr_multiplier(step: int, sched: SchedConfig, total_steps: int) -> float:

@@ -52,6 +52,7 @@ class Prefetcher:
         else:
             if self._thread is None:
                 self._start()
+            assert self._queue is not None  # _start() made it
             item = self._queue.get()
             if item is _DONE:
                 raise StopIteration
@@ -82,6 +83,7 @@ class Prefetcher:
             self._put(_Failed(e))
 
     def _put(self, item) -> None:
+        assert self._queue is not None  # the filler thread runs between _start() and close()
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)

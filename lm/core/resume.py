@@ -130,7 +130,9 @@ def refuse_changes(saved_yaml: str, config_yaml: str, may_change: Sequence[str],
     from omegaconf import OmegaConf
 
     saved = OmegaConf.to_container(OmegaConf.create(saved_yaml))
-    refused, allowed = config_changes(saved, OmegaConf.to_container(OmegaConf.create(config_yaml)), may_change)
+    requested = OmegaConf.to_container(OmegaConf.create(config_yaml))
+    assert isinstance(saved, dict) and isinstance(requested, dict)  # run configs are mappings
+    refused, allowed = config_changes(saved, requested, may_change)
     if refused:
         lines = "\n  ".join(refused)
         names = "RESUMABLE" if tuple(may_change) == RESUMABLE else "FINETUNE_RESUMABLE"

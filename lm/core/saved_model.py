@@ -34,12 +34,16 @@ class SavedModel:
         path = (self.path.parent if self.export else self.path) / "config.yaml"
         if self.export and not path.is_file():
             return None
-        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        config = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        assert isinstance(config, dict)  # lm writes config.yaml as a mapping
+        return config
 
     def model_node(self) -> Dict:
         """The saved model config: component slots name their class by `_target_`."""
         if not self.export:
-            return self.run_config()["model"]
+            config = self.run_config()
+            assert config is not None  # None only for an export
+            return config["model"]
         node = json.loads((self.path / "config.json").read_text())
         node.pop(LM_CLASS, None)
         return node

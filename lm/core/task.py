@@ -38,17 +38,21 @@ class TrainTask(Protocol):
     def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
         """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today.
         The model's own metrics go to `metrics` (a lm.core.tracking.ModelMetrics, or None)."""
+        ...
 
     def evaluate(self, engine, step: int) -> Dict:
         """Metrics after `step` optimizer steps (every rank calls it; sharded engines need every rank's
         forwards). The loop logs the record with step and tokens added."""
+        ...
 
     def on_best(self, engine, step: int, record: Dict) -> None:
         """Called after evaluate() when record[best_metric] beats every earlier evaluation, e.g. to
         predict the test set or save the weights with the same parameters."""
+        ...
 
     def state_dict(self) -> Dict:
         """Everything needed to continue exactly (the batches' position, what the task kept)."""
+        ...
 
     def load_state_dict(self, state: Dict) -> None: ...
 
@@ -61,6 +65,8 @@ class EvalCallback(Protocol):
 
     def due(self, step: int, last: bool) -> bool:
         """Whether to run after optimizer step `step` (`last`: the run's final step)."""
+        ...
 
     def __call__(self, engine, step: int) -> Dict:
         """The metrics to log (every rank calls it; ranks that compute nothing return {})."""
+        ...

@@ -15,7 +15,7 @@ import os
 import resource
 import secrets
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 from urllib.parse import urlparse
 
 import torch
@@ -59,7 +59,7 @@ def memory_gib(device: torch.device) -> float:
 def wandb_key_configured() -> bool:
     if os.environ.get("WANDB_API_KEY"):
         return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or ""
     try:
         return netrc.netrc().authenticators(host) is not None
     except (OSError, netrc.NetrcParseError):
@@ -75,7 +75,8 @@ def wandb_mode(cfg: LoggerConfig) -> str:
 
 class ModelMetrics:
     """Means of the model's own training metrics (LMOutput.metrics: MoE expert load, dropped tokens) over
-    the forwards since the last pop (the loop holds one per run and hands it to the task's loss). Sums stay on the device as tensors: no host sync until the loop logs."""
+    the forwards since the last pop (the loop holds one per run and hands it to the task's loss). Sums stay
+    on the device as tensors: no host sync until the loop logs."""
 
     def __init__(self):
         self.sums: Dict[str, torch.Tensor] = {}
@@ -110,7 +111,7 @@ class Tracker:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         _truncate_after(self.path, resume_step)
-        self.file = open(self.path, "a")
+        self.file = open(self.path, "a")  # noqa: SIM115 - kept open for the run; close() closes it
         self.wandb = self._start_wandb(cfg, config) if cfg.wandb else None
         self.tb = self._start_tensorboard() if cfg.tensorboard else None
 
@@ -138,19 +139,20 @@ class Tracker:
         id_file = self.run_dir / "wandb_id"  # one wandb run per job, continued on resume
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
-        kwargs = dict(project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=cfg.job_type,
-                      tags=[t[:64] for t in cfg.tags],  # wandb refuses longer tags (a sweep cell's long override)
-                      name=cfg.name or self.run_dir.name, config=config, id=run_id,
-                      resume="allow", dir=str(self.run_dir))
+        # config values passed through as given: wandb.init checks them (mode: online|offline|disabled)
+        kwargs: Dict[str, Any] = dict(
+            mode=mode, project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=cfg.job_type,
+            tags=[t[:64] for t in cfg.tags],  # wandb refuses longer tags (a sweep cell's long override)
+            name=cfg.name or self.run_dir.name, config=config, id=run_id, resume="allow", dir=str(self.run_dir))
         settings = wandb.Settings(init_timeout=60, silent=True)
         try:
-            run = wandb.init(mode=mode, settings=settings, **kwargs)
+            run = wandb.init(settings=settings, **kwargs)
         except Exception as e:  # network down or key rejected: keep the metrics, say so once
             if mode != "online":
                 raise
             log.warning("wandb online init failed (%s); logging offline to %s/wandb (upload later with "
                         "`wandb sync`)", e, self.run_dir)
-            run = wandb.init(mode="offline", settings=settings, **kwargs)
+            run = wandb.init(settings=settings, **{**kwargs, "mode": "offline"})
         log.info("wandb: %s run %s (%s)", mode, run.id, run.dir)
         return run
 

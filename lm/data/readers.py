@@ -30,7 +30,7 @@ class HashingReader(io.RawIOBase):
     """Reads a file and hashes (and counts) the bytes read, so a source is read exactly once."""
 
     def __init__(self, path: str):
-        self.f = open(path, "rb")
+        self.f = open(path, "rb")  # noqa: SIM115 - the reader owns it; close() closes it
         self.sha256 = hashlib.sha256()
         self.count = 0
 

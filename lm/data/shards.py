@@ -39,7 +39,7 @@ class ShardWriter:
                 f.truncate(size)  # drop what was written after the last progress record
                 while chunk := f.read(1 << 22):
                     self.hash.update(chunk)
-        self.f = open(self._tmp, "ab" if keep else "wb")
+        self.f = open(self._tmp, "ab" if keep else "wb")  # noqa: SIM115 - the writer owns it until close()
 
     def write(self, tokens: np.ndarray) -> None:
         while tokens.size:

@@ -5,8 +5,14 @@ TrainConfig and process-group info, then `engine.wrap(model, make_optimizer)`. S
 interface the loop uses.
 """
 
+from typing import TYPE_CHECKING
+
 from lm.engine.base import Engine, SingleEngine
 from lm.engine.dist import Dist, EngineError
+
+if TYPE_CHECKING:  # loaded lazily by __getattr__ below; named here for type checkers
+    from lm.engine.ds import DeepSpeedEngine
+    from lm.engine.torch_engines import DDPEngine, FSDP2Engine
 
 __all__ = ["Engine", "SingleEngine", "DDPEngine", "FSDP2Engine", "DeepSpeedEngine", "Dist", "EngineError",
            "engine_for_format"]

@@ -3,7 +3,7 @@
     engine.wrap(model, make_optimizer)       # shard/wrap first, then build the optimizer on what is left
     with engine.micro_step(last=i == n - 1): # autocast; no gradient sync until the last micro-batch
         engine.backward(share)                # share = this micro-batch's part of the global loss sum
-    grad_norm = engine.step()                 # unscale, clip, optimizer step (skipped if the norm is NaN/inf), zero grads
+    grad_norm = engine.step()                 # unscale, clip, step (skipped if the norm is NaN/inf), zero grads
     engine.save_state(dir) / engine.load_state(dir)   # model + optimizer, in the engine's own format
     Engine.consolidated_state_dict(dir, info)          # offline: the full model state dict (lm export)
 
@@ -21,7 +21,7 @@ to decide); DeepSpeed decides inside its own step, so the loop checks the loss f
 import contextlib
 import math
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, cast
 
 import torch
 from torch import nn
@@ -40,15 +40,16 @@ class Engine:
     needs_process_group = False
     skips_nonfinite_updates = True  # step() leaves the weights alone when the gradient norm is NaN/inf
     writes_async = True  # stage_state: a checkpoint written in the background (train.async_checkpoint)
+    # Set by wrap(), which every user of an engine calls first.
+    model: nn.Module  # what the loop calls (maybe wrapped or compiled)
+    module: nn.Module  # the bare model (state dicts, export)
+    optimizer: torch.optim.Optimizer
 
     def __init__(self, train: TrainSettings, dist: Dist):
         self.train = train
         self.dist = dist
         self.device = dist.device
         self.dtype = DTYPES[train.precision]
-        self.model: Optional[nn.Module] = None  # what the loop calls (maybe wrapped or compiled)
-        self.module: Optional[nn.Module] = None  # the bare model (state dicts, export)
-        self.optimizer: Optional[torch.optim.Optimizer] = None
         self.scaler = None
         self._snapshot_buffers: Dict = {}  # stage_state's CPU storages, reused by the next snapshot
         self.check_launch()
@@ -90,7 +91,7 @@ class Engine:
             # Dynamic loss scaling (Micikevicius et al. 2018): fp16 gradients underflow without it.
             self.scaler = torch.amp.GradScaler(self.device.type)
         if self.train.compile:
-            self.model = torch.compile(self.model)
+            self.model = cast(nn.Module, torch.compile(self.model))  # an OptimizedModule; the stub says Callable
         return self
 
     def _wrap(self, module: nn.Module) -> nn.Module:
@@ -140,11 +141,13 @@ class Engine:
             self.scaler.step(self.optimizer)  # skipped by the scaler when the gradients overflowed
             self.scaler.update()
         elif getattr(self.optimizer, "_step_supports_amp_scaling", False):  # fused AdamW: skip on the device
-            self.optimizer.found_inf = (~torch.isfinite(norm)).float()  # 1.0: params, moments and step unchanged
+            # found_inf: read by torch's fused AdamW, undeclared on Optimizer (GradScaler sets it the same way)
+            found_inf = (~torch.isfinite(norm)).float()  # 1.0: params, moments and step unchanged
+            self.optimizer.found_inf = found_inf  # pyright: ignore[reportAttributeAccessIssue]
             try:
                 self.optimizer.step()
             finally:
-                del self.optimizer.found_inf
+                del self.optimizer.found_inf  # pyright: ignore[reportAttributeAccessIssue]
         elif torch.isfinite(norm):  # an optimizer that cannot skip on the device: one host sync per step
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -40,7 +40,8 @@ def launched_world_size() -> int:
         raise EngineError(
             f"`accelerate launch --num_processes {asked}` without --multi_gpu started ONE process here "
             f"(accelerate's simple launcher on CPU). Launch with `accelerate launch --multi_gpu "
-            f"--num_processes {asked} ...` (it runs torchrun; lm uses gloo on CPU) or `torchrun --nproc_per_node {asked}`")
+            f"--num_processes {asked} ...` (it runs torchrun; lm uses gloo on CPU) "
+            f"or `torchrun --nproc_per_node {asked}`")
     return 1
 
 
@@ -84,7 +85,9 @@ def init(device: torch.device, need_group: bool = False, expected: Optional[int]
         if world > 1:
             dist.init_process_group(backend)
         else:  # one rank needs no rendezvous: an in-memory store, no port
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+            # HashStore: documented API that torch re-exports without __all__ (pyright then calls it private)
+            store = dist.HashStore()  # pyright: ignore[reportPrivateImportUsage]
+            dist.init_process_group(backend, store=store, rank=0, world_size=1)
     actual = dist.get_world_size() if dist.is_initialized() else 1
     if actual != world:
         raise EngineError(f"the process group has {actual} rank(s) but the launcher started {world}; "

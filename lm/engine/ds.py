@@ -11,13 +11,17 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Dict
+from typing import TYPE_CHECKING, Dict, cast
 
 import torch
 from torch import nn
 
 from lm.engine.base import Engine
 from lm.engine.dist import EngineError
+
+if TYPE_CHECKING:
+    import deepspeed
+    from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 
 TAG = "deepspeed"  # sub-directory of a checkpoint that holds DeepSpeed's files
 
@@ -58,7 +62,7 @@ def _prepare_deepspeed(shm_comm: bool) -> None:
     ds_torch_comm = importlib.import_module("deepspeed.comm.torch")
 
     if not shm_comm:
-        ds_torch_comm.build_shm_op = lambda: None
+        ds_torch_comm.build_shm_op = lambda: None  # pyright: ignore[reportAttributeAccessIssue] - ModuleType
     logger.setLevel(logging.WARNING)
 
 
@@ -91,6 +95,9 @@ class DeepSpeedEngine(Engine):
     # DeepSpeed's save_checkpoint writes synchronously (its asynchronous writers need Nebula or a newer
     # DeepSpeed's decoupled engine): train.async_checkpoint=true is refused (lm/core/setup.py).
     writes_async = False
+    model: "deepspeed.DeepSpeedEngine"  # what deepspeed.initialize returns (an nn.Module with its own step)
+    # DeepSpeed's wrapper of lm's AdamW (a ZeRO optimizer, not a torch Optimizer); it has param_groups (set_lr)
+    optimizer: "torch.optim.Optimizer | DeepSpeedOptimizer"
 
     def __init__(self, train, dist, config: dict, shm_comm: bool = False, cpu_adam: bool = False):
         super().__init__(train, dist)
@@ -113,9 +120,11 @@ class DeepSpeedEngine(Engine):
             group = optimizer.defaults
             optimizer = DeepSpeedCPUAdam(optimizer.param_groups, lr=group["lr"], betas=group["betas"],
                                          eps=group["eps"], adamw_mode=True)
-        self.model, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
-                                                                dist_init_required=False)
-        self.module = self.model.module
+        engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
+                                                          dist_init_required=False)
+        assert ds_optimizer is not None  # Optional only when no optimizer is given; we gave one
+        self.model, self.optimizer = engine, ds_optimizer
+        self.module = cast(nn.Module, engine.module)  # typed Tensor | Module by nn.Module.__getattr__
         if self.train.compile:
             self.model.compile()
         return self
@@ -160,12 +169,17 @@ class DeepSpeedEngine(Engine):
                 return torch.load(Path(path) / TAG / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            return get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
+            state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
+            if state is None:  # upstream is unannotated; its inferred type admits None
+                raise EngineError(f"DeepSpeed's zero_to_fp32 found no ZeRO partitions under {path}/{TAG}")
+            return state
 
     def describe(self):
         return {**super().describe(), "zero_stage": self.stage}
 
     def local_numel(self) -> int:
         if self.stage == 3:
-            return sum(p.ds_tensor.numel() for p in self.module.parameters())
+            # ZeRO-3 hangs each rank's partition on its Parameter as ds_tensor, which torch's stub cannot know
+            parts = [p.ds_tensor for p in self.module.parameters()]  # pyright: ignore[reportAttributeAccessIssue]
+            return sum(part.numel() for part in parts)
         return super().local_numel()

@@ -3,7 +3,7 @@
 import contextlib
 import pickle
 from pathlib import Path
-from typing import Callable, Dict
+from typing import Callable, Dict, cast
 
 import torch
 from torch import nn
@@ -105,13 +105,17 @@ class FSDP2Engine(Engine):
         return contextlib.nullcontext()  # the MixedPrecisionPolicy casts parameters instead
 
     def micro_step(self, last: bool):
+        from torch.distributed.fsdp import FSDPModule
+
+        module = cast(FSDPModule, self.module)  # fully_shard (in _wrap) made it one
+
         @contextlib.contextmanager
         def sync_only_on_last():
-            self.module.set_requires_gradient_sync(last)
+            module.set_requires_gradient_sync(last)
             try:
                 yield
             finally:
-                self.module.set_requires_gradient_sync(True)
+                module.set_requires_gradient_sync(True)
         return sync_only_on_last()
 
     def _grad_average_factor(self) -> float:
@@ -119,8 +123,10 @@ class FSDP2Engine(Engine):
 
     def _clip(self, max_norm: float) -> torch.Tensor:
         params = [p for p in self.module.parameters() if p.grad is not None]
+        from torch.distributed.tensor import DTensor
+
         norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # the global norm, on every rank
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm  # the global norm, on every rank
 
     def save_state(self, path: Path) -> None:
         """torch.distributed.checkpoint under `path`/dcp: every rank writes its own shards."""
@@ -128,7 +134,9 @@ class FSDP2Engine(Engine):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=Path(path) / DCP)
+        # dcp.save/load: documented API that torch re-exports without __all__ (pyright then calls it private)
+        save = dcp.save  # pyright: ignore[reportPrivateImportUsage]
+        save({"model": model_sd, "optim": optim_sd}, checkpoint_id=Path(path) / DCP)
 
     def stage_state(self, path: Path, group=None) -> Callable[[], None]:
         """DCP's async_save: each rank's shards copied to CPU now (its default stager), written by DCP's own
@@ -156,7 +164,8 @@ class FSDP2Engine(Engine):
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
         check_dcp_metadata(Path(path) / DCP)
-        dcp.load(state, checkpoint_id=Path(path) / DCP)
+        load = dcp.load  # pyright: ignore[reportPrivateImportUsage] - as in save_state
+        load(state, checkpoint_id=Path(path) / DCP)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     @classmethod
@@ -175,7 +184,9 @@ class FSDP2Engine(Engine):
             return torch.load(out, map_location="cpu", weights_only=True)["model"]
 
     def local_numel(self) -> int:
-        return sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in self.module.parameters())
+        from torch.distributed.tensor import DTensor
+
+        return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.module.parameters())
 
     def close(self) -> None:
         if self._stager is not None:

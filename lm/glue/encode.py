@@ -18,11 +18,14 @@ token_type_ids are always returned; a model without segment embeddings ignores t
 from __future__ import annotations
 
 from itertools import chain
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from lm.model.config import Arch
+
+if TYPE_CHECKING:
+    import torch  # imported where used: encoding examples needs no torch
 
 Features = Dict[str, list]
 

@@ -222,7 +222,8 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
         cfg = replace(cfg, rnn=replace(cfg.rnn, bidirectional=True))
     model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout)
     if backbone.state_dict is not None:
-        # the pretraining-only parts are dropped: the LM head (ELECTRA: the discriminator's head) and ELECTRA's generator
+        # the pretraining-only parts are dropped: the LM head (ELECTRA: the discriminator's head) and
+        # ELECTRA's generator
         weights = {k: v for k, v in backbone.state_dict.items() if not k.startswith(PRETRAINING_ONLY)}
         if widen:
             try:

@@ -173,7 +173,8 @@ def capture(model: nn.Module) -> Iterator[List[dict]]:
 
 
 def _where(name: str) -> tuple:
-    """'decoder.blocks.3.self_attn' -> ('decoder', 3); 'backbone.encoder.blocks.0.cross_attn' -> ('backbone.encoder', 0)."""
+    """'decoder.blocks.3.self_attn' -> ('decoder', 3);
+    'backbone.encoder.blocks.0.cross_attn' -> ('backbone.encoder', 0)."""
     found = re.search(r"^(.*?)\.?blocks\.(\d+)\.", name)
     return (found.group(1), int(found.group(2))) if found else (name, 0)
 

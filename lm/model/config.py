@@ -145,8 +145,8 @@ class ModelSchema(ModelConfig):
 
 def register_model_configs() -> None:
     """model/schema (presets list it first) and model/<slot>/<option>_schema (option files list theirs), for
-    every option registered so far (lm/model/registry.py): the config root imports lm.zoo first.; the resolver presets derive
-    values with: ${lm.inv_sqrt:${.dim}} (T5's logit_scale, dim^-1/2)."""
+    every option registered so far (lm/model/registry.py): the config root imports lm.zoo first; the resolver
+    presets derive values with: ${lm.inv_sqrt:${.dim}} (T5's logit_scale, dim^-1/2)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 

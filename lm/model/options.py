@@ -84,7 +84,8 @@ class ReZeroConfig(NormConfig):
 @register("norm")
 @dataclass
 class FixupConfig(NormConfig):
-    """model/norm=fixup: no norm; scalar bias and multiplier per branch and Fixup's rescaled init (Zhang et al. 2019)."""
+    """model/norm=fixup: no norm; scalar bias and multiplier per branch and Fixup's rescaled init
+    (Zhang et al. 2019)."""
 
     _target_: str = "lm.model.norms.fixup_norm"
     residual: ClassVar[Optional[str]] = "fixup"

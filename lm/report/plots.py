@@ -74,9 +74,9 @@ def loss_curves(variants: list, path: Path) -> None:
 def _zoom_tail(ax) -> None:
     """The first steps' loss is many times the final one; clip the y-range to the late part so
     the differences between variants are visible."""
-    ys = np.concatenate([l.get_ydata() for l in ax.get_lines()] or [np.array([])])
+    ys = np.concatenate([line.get_ydata() for line in ax.get_lines()] or [np.array([])])
     if len(ys) > 10:
-        tail = np.concatenate([l.get_ydata()[len(l.get_ydata()) // 4:] for l in ax.get_lines()])
+        tail = np.concatenate([line.get_ydata()[len(line.get_ydata()) // 4:] for line in ax.get_lines()])
         lo, hi = np.nanmin(tail), np.nanmax(tail)
         pad = 0.05 * (hi - lo or 1)
         ax.set_ylim(lo - pad, hi + pad)

@@ -192,15 +192,15 @@ def failure_reason(run: Run) -> str:
 
 def _last_error_line(text: str) -> str:
     """The exception line of a traceback (its last non-blank line), or an 'Error' line."""
-    lines = [l.strip() for l in text.splitlines() if l.strip()]
-    errors = [l for l in lines if "Error" in l or "Exception" in l or "error" in l]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if "Error" in line or "Exception" in line or "error" in line]
     return (errors[-1] if errors else lines[-1] if lines else "")[:300]
 
 
 def _hydra_log_error(path: Path) -> str:
     for log in sorted(path.glob("*.log")):
-        line = _last_error_line("\n".join(l for l in log.read_text(errors="replace").splitlines()
-                                          if "ERROR" in l or "Error" in l or "Traceback" in l))
+        line = _last_error_line("\n".join(text for text in log.read_text(errors="replace").splitlines()
+                                          if "ERROR" in text or "Error" in text or "Traceback" in text))
         if line:
             return line
     return ""

@@ -130,7 +130,7 @@ def runs_csv(rows: list) -> str:
         for run, s in r["per_run"]:
             rec = {"variant": r["variant"], "run": str(run.path), "seed": seed_of(run), "status": run.status,
                    "reason": run.reason}
-            rec.update({k: v for k, v in s.items()})
+            rec.update(s)
             out.append(rec)
     return _to_csv(out)
 

@@ -209,7 +209,7 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
     labels = series_labels(summaries)
     for ax, col in zip(axes[0], panels):
         for i, label in enumerate(sorted(set(labels))):
-            rows = [s for s, l in zip(summaries, labels) if l == label]
+            rows = [s for s, arm in zip(summaries, labels) if arm == label]
             x = [s["recipe"]["tokens"] / 1e6 for s in rows]
             if col == "average":
                 y = [s["comparison"]["average"]["gain"] for s in rows]

@@ -85,7 +85,7 @@ def visible_gpus() -> list:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [str(i) for i, _ in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+    return [str(i) for i, _ in enumerate(line for line in out.splitlines() if line.startswith("GPU "))]
 
 
 def claim_slot(slots: list, lock_dir: Path, job_num: int, poll_s: float = 2.0):
@@ -96,7 +96,7 @@ def claim_slot(slots: list, lock_dir: Path, job_num: int, poll_s: float = 2.0):
     order = slots[start:] + slots[:start]  # spread the first claims over all slots
     while True:
         for slot in order:
-            f = open(lock_dir / f"{slot}.lock", "w")
+            f = open(lock_dir / f"{slot}.lock", "w")  # noqa: SIM115 - returned open: it holds the slot's lock
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -122,7 +122,10 @@ class FunnelStack(MatmulCount, Stack):
         weights = pair_weights(keep)  # (B, T2, 2)
         q_pos = torch.arange(weights.shape[1], device=x.device)
         k_pos = torch.arange(x.shape[1], device=x.device)
-        pooled_queries: Callable = lambda q, k: (pool(q, weights, 2), k)  # q (B, H, T, Dh) -> (B, H, T2, Dh)
+
+        def pooled_queries(q, k):  # q (B, H, T, Dh) -> (B, H, T2, Dh)
+            return pool(q, weights, 2), k
+
         pooled_keep = (weights.sum(-1) > 0).to(keep.dtype)  # (B, T2): real if either of the pair is
         pooled_padding = None if padding is None else pooled_keep.to(padding.dtype)
         x = self.run_block(block, x, build_mask(False, q_pos, k_pos, padding), pooled_queries,

@@ -1,5 +1,5 @@
-"""Transparent attention (model/memory=transparent; Bapna et al. 2018, "Training Deeper Neural Machine Translation Models
-with Transparent Attention").
+"""Transparent attention (model/memory=transparent; Bapna et al. 2018, "Training Deeper Neural Machine
+Translation Models with Transparent Attention").
 
 Decoder layer j cross-attends to a learned softmax-weighted combination of every encoder state
 (the embeddings and each layer's output) instead of the last layer's alone:
