@@ -39,6 +39,10 @@ def test_user_errors_become_one_line_with_status_1(capsys):
     assert "not UTF-8 text" in fails(UnicodeDecodeError("utf-8", b"a\xff", 1, 2, "invalid start byte"))
     assert fails(pickle.UnpicklingError("Weights only load failed")).startswith("lm-x: a file is not one lm wrote")
     assert fails(KeyboardInterrupt()) == 130 and capsys.readouterr().err == "lm-x: interrupted\n"
+    from lm.core.loop import Aborted  # the loop's second Ctrl-C: the same line, and where a resume starts
+
+    assert fails(Aborted("run the same command to resume from r/checkpoints/step_00000004")) == 130
+    assert capsys.readouterr().err == "lm-x: interrupted; run the same command to resume from r/checkpoints/step_00000004\n"
 
 
 def test_usage_errors_exit_2_and_bugs_keep_their_traceback(capsys):
