@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lm.cli.transfer import Recipe, TransferError, check_finetune_overrides, pretrain_config, run_transfer, \
-    tokens_per_step
+from lm.cli.transfer import run_transfer
+from lm.cli.transfer_recipe import Recipe, TransferError, check_finetune_overrides, pretrain_config, tokens_per_step
 from lm.report.transfer import compare, curve_table, find_transfers, transfer_table, write_curve_report
 from tests.benchmark_scripts import load
+from tests.engine_support import metrics
 from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 
 TINY_MODEL = ["model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32"]
@@ -96,7 +97,7 @@ def test_finetuning_with_another_tokenizer_or_model_is_refused():
 
 def test_a_pretraining_run_with_another_tokenizer_is_refused(tmp_path, corpus, easy_glue):  # noqa: F811
     """The pretraining run's tokenizer differs from the corpus' one the scratch arm would use: refused."""
-    from lm.cli.transfer import check_same_tokenizer
+    from lm.cli.transfer_recipe import check_same_tokenizer
     from lm.data.tokenizer import Tokenizer
 
     r = recipe(tmp_path / "t", corpus, easy_glue, tokens=128)
@@ -161,7 +162,7 @@ def test_the_shards_corpus_reads_the_gutenberg_shards_present(tmp_path, monkeypa
 def test_electra_shares_the_encoder_scratch_arm():
     """ELECTRA's discriminator is finetuned as the plain encoder, so the scratch arm an ELECTRA recipe records
     (and would train) is the encoder recipe's: the curve shares one instead of training the same arm twice."""
-    from lm.cli.transfer import finetuned_model_node, same_value
+    from lm.cli.transfer_recipe import finetuned_model_node, same_value
 
     nodes = {p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
              for p in ("encoder", "electra")}
@@ -335,7 +336,7 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
     model node without it; the same model now must match it, and a different model must not."""
     from dataclasses import asdict
 
-    from lm.cli.transfer import check_scratch_arm
+    from lm.cli.transfer_recipe import check_scratch_arm
     from lm.model.config import model_preset
 
     node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
