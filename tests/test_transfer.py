@@ -185,10 +185,28 @@ def test_the_average_row_and_the_curve_table():
     recipe = {"arch": "encoder", "pooling": "first", "tokens": 3_000_000, "val_loss": 4.25}
     table = curve_table([{"recipe": recipe, "comparison": cmp}])
     assert "| SST-2 | RTE | average gain |" in table
-    assert "| encoder (first) | 3,000,000 | 4.250 | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table  # a record without pos
+    assert "| encoder (first) | 3,000,000 | 4.250 | – | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table  # no pos, probe
     table = curve_table([{"recipe": {**recipe, "pos": "rope"}, "comparison": cmp},
                          {"recipe": {**recipe, "pos": "learned"}, "comparison": cmp}])
     assert "| encoder (first, rope) | 3,000,000 |" in table and "| encoder (first, learned) | 3,000,000 |" in table
+
+
+PROBE = ["train.probe_interval=2", "train.probe_tasks=[sst2]", "train.probe_train_examples=40",
+         "train.probe_dev_examples=40", "train.probe_max_len=24"]
+
+
+def test_the_pretraining_probe_reaches_the_table_and_the_curve(tmp_path, corpus, easy_glue):  # noqa: F811
+    """Issue 52: a pretraining with train.probe_interval records its last GLUE probe average in transfer.json;
+    the run's table says it and the curve table has a probe column ("–" for a record without one)."""
+    r = recipe(tmp_path / "p", corpus, easy_glue, seeds=[0])
+    r.pretrain += PROBE
+    s = run_transfer(r)
+    logged = [m["probe/avg"] for m in metrics(tmp_path / "p" / "pretrain") if "probe/avg" in m]
+    assert len(logged) == 2 and s["recipe"]["probe"] == logged[-1]  # steps 2 and 4
+    assert f"; GLUE probe average {logged[-1]:.1f}." in (tmp_path / "p" / "transfer.md").read_text()
+    older = {**s, "recipe": {k: v for k, v in s["recipe"].items() if k != "probe"}}  # written before probes
+    rows = [line.split(" | ") for line in curve_table([s, older]).splitlines() if line.startswith("| decoder")]
+    assert [row[3] for row in rows] == [f"{logged[-1]:.1f}", "–"]
 
 
 def _curve_script():

@@ -243,11 +243,13 @@ def finetuned_model_node(model_node):
     return node
 
 
-def _val_loss(run_dir: Path) -> Optional[float]:
+def last_logged(run_dir: Path, key: str) -> Optional[float]:
+    """The last value of `key` in the run's metrics.jsonl (val_loss; probe/avg, the GLUE probe average that
+    train.probe_interval logs), or None."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return None
-    values = [json.loads(line).get("val_loss") for line in path.read_text().splitlines() if line.strip()]
+    values = [json.loads(line).get(key) for line in path.read_text().splitlines() if line.strip()]
     values = [v for v in values if v is not None]
     return values[-1] if values else None
 
@@ -331,7 +333,8 @@ def recipe_record(r: Recipe, p: Plan) -> Dict:
     return {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
             "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
             "steps": p.steps, "tokens_per_step": p.per_step,
-            "val_loss": _val_loss(r.out / "pretrain") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
+            "val_loss": last_logged(r.out / "pretrain", "val_loss") if p.steps else None,
+            "probe": last_logged(r.out / "pretrain", "probe/avg") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
             "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
             "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
             "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
