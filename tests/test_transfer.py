@@ -79,7 +79,8 @@ def test_zero_tokens_is_the_scratch_arm_and_a_curve_shares_it(tmp_path, corpus, 
     assert one["comparison"]["tasks"]["sst2"]["scratch"] == zero["comparison"]["tasks"]["sst2"]["scratch"]
     page = write_curve_report([tmp_path], tmp_path / "report")
     text = page.read_text()
-    assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 256 |" in text
+    assert "| decoder (mean, learned) | 0 | – | – | +0.0 | **+0.0** |" in text  # no val loss, no probe
+    assert "| decoder (mean, learned) | 256 |" in text
     assert (tmp_path / "report" / "transfer_curve.png").stat().st_size > 1000
     assert [s["recipe"]["tokens"] for s in find_transfers([tmp_path])] == [0, 256]
     with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another recipe \(differs in \['seeds'\]"):
@@ -330,7 +331,8 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
                          capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr[-3000:]
     text = doc.read_text()
-    assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 20,480 |" in text
+    assert "| decoder (mean, learned) | 0 | – | – | +0.0 | **+0.0** |" in text  # no val loss, no probe
+    assert "| decoder (mean, learned) | 20,480 |" in text
     assert (tmp_path / "page.png").is_file() and "lm transfer --preset glue_transfer_decoder --tokens 20000" in text
     # the next session (runs/ gone) restores the archived scratch arm instead of training it again
     # (the --tiny overrides are part of the archive's key: decoder-mean-learned-<their digest>)
