@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from lm.cli.transfer import Recipe, pretrain_config
+from lm.cli.transfer_recipe import Recipe, pretrain_config
 from lm.data.packed import make_collator
 from lm.model import build_model
 

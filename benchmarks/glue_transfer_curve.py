@@ -40,8 +40,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from lm.cli.transfer import Recipe, plan, run_transfer, scratch_record
+from lm.cli.transfer import run_transfer
 from lm.cli.transfer_lane import recipe_argv
+from lm.cli.transfer_recipe import Recipe, plan, scratch_record
 from lm.core.files import atomic_write_text
 from lm.report.transfer import TRANSFER, curve_table, find_transfers, overrides, plot_curve, series, series_labels
 

@@ -39,6 +39,10 @@ def test_user_errors_become_one_line_with_status_1(capsys):
     assert "not UTF-8 text" in fails(UnicodeDecodeError("utf-8", b"a\xff", 1, 2, "invalid start byte"))
     assert fails(pickle.UnpicklingError("Weights only load failed")).startswith("lm-x: a file is not one lm wrote")
     assert fails(KeyboardInterrupt()) == 130 and capsys.readouterr().err == "lm-x: interrupted\n"
+    from lm.core.loop import Aborted  # the loop's second Ctrl-C: the same line, and where a resume starts
+
+    assert fails(Aborted("run the same command to resume from r/checkpoints/step_00000004")) == 130
+    assert capsys.readouterr().err == "lm-x: interrupted; run the same command to resume from r/checkpoints/step_00000004\n"
 
 
 def test_usage_errors_exit_2_and_bugs_keep_their_traceback(capsys):
@@ -66,17 +70,17 @@ def test_safetensors_full_disk_is_one_line():
 
 # -- lm quickstart / lm transfer arguments ----------------------------------------------------------------
 
-@pytest.mark.parametrize("module", ["quickstart", "transfer"])
+@pytest.mark.parametrize("command", ["quickstart", "transfer"])
 @pytest.mark.parametrize("args,what", [(["--tokens", "nan"], "must be finite"), (["--tokens", "inf"], "must be finite"),
                                        (["--tokens", "x"], "not a number of tokens"),
                                        (["--seeds", "a"], "integer seeds"), (["--seeds="], "integer seeds")])
-def test_bad_numbers_are_usage_errors(module, args, what, capsys, tmp_path):
-    import importlib
+def test_bad_numbers_are_usage_errors(command, args, what, capsys, tmp_path):
+    from lm.cli import transfer
 
-    main = importlib.import_module(f"lm.cli.{module}").main
+    main = transfer.quickstart if command == "quickstart" else transfer.main
     assert _exit(main, [*args, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert f"lm {module}: error: argument {args[0].rstrip('=')}" in err and what in err and "Traceback" not in err
+    assert f"lm {command}: error: argument {args[0].rstrip('=')}" in err and what in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("kw,what", [
@@ -87,7 +91,7 @@ def test_bad_numbers_are_usage_errors(module, args, what, capsys, tmp_path):
     ({"pretrain": ["+train.max_step=20"]}, "did you mean train.max_steps?"),
 ])
 def test_bad_recipes_are_refused_before_any_work(kw, what, tmp_path):
-    from lm.cli.transfer import Recipe, TransferError, plan
+    from lm.cli.transfer_recipe import Recipe, TransferError, plan
 
     with pytest.raises(ConfigError) as e:  # TransferError, or the ConfigError of the typed schema
         plan(Recipe(out=tmp_path / "o", tokens=1000, tasks=["rte"], **kw))

@@ -191,7 +191,7 @@ def test_params_and_flops_count_both_models(cfg):
 def test_the_transfer_preset_pretrains_the_encoder_presets_model():
     from omegaconf import OmegaConf
 
-    from lm.cli.transfer import OBJECTIVE, POOLING, Recipe, family, pretrain_config, tokens_per_step
+    from lm.cli.transfer_recipe import OBJECTIVE, POOLING, Recipe, family, pretrain_config, tokens_per_step
 
     electra = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/tmp/unused")))
     encoder = pretrain_config(Recipe(preset="glue_transfer_encoder", out=Path("/tmp/unused")))

@@ -68,7 +68,7 @@ def test_rows_in_the_papers_order_with_its_labels_and_columns(sweep):
     header = md[md.index("| Modification"):].splitlines()[0]
     assert [c.strip() for c in header.split("|")[1:-1]] == [
         "Modification", "Seeds", "Params", "Ops", "Steps/s", "Early loss", "Final loss", "Δ early", "Δ final",
-        "GLUE", "Δ GLUE", "Status"]
+        "Probe", "GLUE", "Δ GLUE", "Status"]
     rows = table_lines(md)
     assert list(rows) == ["Vanilla Transformer", "SwiGLU", "Adaptive softmax", "Transparent attention"]
     assert rows["Vanilla Transformer"][6] == "(baseline)"  # Δ early
@@ -84,7 +84,8 @@ def test_numbers_deltas_and_early_loss_at_a_quarter(sweep):
     assert rows["SwiGLU"][6].startswith("-0.100")  # Δ early
     assert rows["Adaptive softmax"][7].startswith("+0.050")
     assert rows["SwiGLU"][3] == "2.50 ± 0.71"  # steps/s: seeds 2.0 and 3.0
-    assert rows["SwiGLU"][9].startswith("+1.00")  # Δ GLUE: 71.0 vs 70.0
+    assert rows["SwiGLU"][10].startswith("+1.00")  # Δ GLUE: 71.0 vs 70.0
+    assert rows["SwiGLU"][8] == "–"  # Probe: these runs logged none (tests/test_report_probe.py has some)
     csv_rows = (root / "report" / "report.csv").read_text().splitlines()
     by_variant = {line.split(",")[0]: line.split(",") for line in csv_rows[1:]}
     for row, cfg in cfgs.items():

@@ -179,7 +179,8 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(cache, tmp_path):
         proc.kill()  # parked in the save hook forever if the test failed before the second Ctrl-C
         proc.wait()
     assert proc.returncode == 130 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
-    assert err.strip().splitlines()[-1] == "lm train: interrupted"  # lm/cli/errors.py entry: one line
+    assert err.strip().splitlines()[-1] == (f"lm train: interrupted; run the same command to resume from "  # one line
+                                            f"{stopped / 'checkpoints' / 'step_00000004'}")
     assert (stopped / "checkpoints" / "latest").read_text() == "step_00000004"
     run(1, overrides(stopped), cache)
     assert train_losses(stopped) == train_losses(whole)

@@ -314,8 +314,9 @@ def test_a_second_ctrl_c_aborts_at_once_without_a_checkpoint(tmp_path, monkeypat
         return real(model, batch, *metrics)
 
     monkeypatch.setattr(objectives, "loss", loss)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as e:
         run(tmp_path, steps=8, ckpt_interval=4)
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000004"  # step 5 was not checkpointed
+    assert str(e.value) == f"run the same command to resume from {tmp_path / 'checkpoints' / 'step_00000004'}"
     assert max(train_losses(tmp_path)) == 4
     assert signal.getsignal(signal.SIGINT) is before

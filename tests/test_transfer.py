@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lm.cli.transfer import Recipe, TransferError, check_finetune_overrides, pretrain_config, run_transfer, \
-    tokens_per_step
+from lm.cli.transfer import run_transfer
+from lm.cli.transfer_recipe import Recipe, TransferError, check_finetune_overrides, pretrain_config, tokens_per_step
 from lm.report.transfer import compare, curve_table, find_transfers, transfer_table, write_curve_report
 from tests.benchmark_scripts import load
+from tests.engine_support import metrics
 from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 
 TINY_MODEL = ["model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32"]
@@ -78,7 +79,8 @@ def test_zero_tokens_is_the_scratch_arm_and_a_curve_shares_it(tmp_path, corpus, 
     assert one["comparison"]["tasks"]["sst2"]["scratch"] == zero["comparison"]["tasks"]["sst2"]["scratch"]
     page = write_curve_report([tmp_path], tmp_path / "report")
     text = page.read_text()
-    assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 256 |" in text
+    assert "| decoder (mean, learned) | 0 | – | – | +0.0 | **+0.0** |" in text  # no val loss, no probe
+    assert "| decoder (mean, learned) | 256 |" in text
     assert (tmp_path / "report" / "transfer_curve.png").stat().st_size > 1000
     assert [s["recipe"]["tokens"] for s in find_transfers([tmp_path])] == [0, 256]
     with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another recipe \(differs in \['seeds'\]"):
@@ -96,7 +98,7 @@ def test_finetuning_with_another_tokenizer_or_model_is_refused():
 
 def test_a_pretraining_run_with_another_tokenizer_is_refused(tmp_path, corpus, easy_glue):  # noqa: F811
     """The pretraining run's tokenizer differs from the corpus' one the scratch arm would use: refused."""
-    from lm.cli.transfer import check_same_tokenizer
+    from lm.cli.transfer_recipe import check_same_tokenizer
     from lm.data.tokenizer import Tokenizer
 
     r = recipe(tmp_path / "t", corpus, easy_glue, tokens=128)
@@ -161,7 +163,7 @@ def test_the_shards_corpus_reads_the_gutenberg_shards_present(tmp_path, monkeypa
 def test_electra_shares_the_encoder_scratch_arm():
     """ELECTRA's discriminator is finetuned as the plain encoder, so the scratch arm an ELECTRA recipe records
     (and would train) is the encoder recipe's: the curve shares one instead of training the same arm twice."""
-    from lm.cli.transfer import finetuned_model_node, same_value
+    from lm.cli.transfer_recipe import finetuned_model_node, same_value
 
     nodes = {p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
              for p in ("encoder", "electra")}
@@ -184,10 +186,28 @@ def test_the_average_row_and_the_curve_table():
     recipe = {"arch": "encoder", "pooling": "first", "tokens": 3_000_000, "val_loss": 4.25}
     table = curve_table([{"recipe": recipe, "comparison": cmp}])
     assert "| SST-2 | RTE | average gain |" in table
-    assert "| encoder (first) | 3,000,000 | 4.250 | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table  # a record without pos
+    assert "| encoder (first) | 3,000,000 | 4.250 | – | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table  # no pos, probe
     table = curve_table([{"recipe": {**recipe, "pos": "rope"}, "comparison": cmp},
                          {"recipe": {**recipe, "pos": "learned"}, "comparison": cmp}])
     assert "| encoder (first, rope) | 3,000,000 |" in table and "| encoder (first, learned) | 3,000,000 |" in table
+
+
+PROBE = ["train.probe_interval=2", "train.probe_tasks=[sst2]", "train.probe_train_examples=40",
+         "train.probe_dev_examples=40", "train.probe_max_len=24"]
+
+
+def test_the_pretraining_probe_reaches_the_table_and_the_curve(tmp_path, corpus, easy_glue):  # noqa: F811
+    """Issue 52: a pretraining with train.probe_interval records its last GLUE probe average in transfer.json;
+    the run's table says it and the curve table has a probe column ("–" for a record without one)."""
+    r = recipe(tmp_path / "p", corpus, easy_glue, seeds=[0])
+    r.pretrain += PROBE
+    s = run_transfer(r)
+    logged = [m["probe/avg"] for m in metrics(tmp_path / "p" / "pretrain") if "probe/avg" in m]
+    assert len(logged) == 2 and s["recipe"]["probe"] == logged[-1]  # steps 2 and 4
+    assert f"; GLUE probe average {logged[-1]:.1f}." in (tmp_path / "p" / "transfer.md").read_text()
+    older = {**s, "recipe": {k: v for k, v in s["recipe"].items() if k != "probe"}}  # written before probes
+    rows = [line.split(" | ") for line in curve_table([s, older]).splitlines() if line.startswith("| decoder")]
+    assert [row[3] for row in rows] == [f"{logged[-1]:.1f}", "–"]
 
 
 def _curve_script():
@@ -311,7 +331,8 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
                          capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
     assert out.returncode == 0, out.stderr[-3000:]
     text = doc.read_text()
-    assert "| decoder (mean, learned) | 0 | – | +0.0 | **+0.0** |" in text and "| decoder (mean, learned) | 20,480 |" in text
+    assert "| decoder (mean, learned) | 0 | – | – | +0.0 | **+0.0** |" in text  # no val loss, no probe
+    assert "| decoder (mean, learned) | 20,480 |" in text
     assert (tmp_path / "page.png").is_file() and "lm transfer --preset glue_transfer_decoder --tokens 20000" in text
     # the next session (runs/ gone) restores the archived scratch arm instead of training it again
     # (the --tiny overrides are part of the archive's key: decoder-mean-learned-<their digest>)
@@ -335,7 +356,7 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
     model node without it; the same model now must match it, and a different model must not."""
     from dataclasses import asdict
 
-    from lm.cli.transfer import check_scratch_arm
+    from lm.cli.transfer_recipe import check_scratch_arm
     from lm.model.config import model_preset
 
     node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))

@@ -97,8 +97,8 @@ def entry(prog: str, usage: Tuple[Type[BaseException], ...] = ()) -> Callable:
         def run(*args, **kwargs):
             try:
                 return main(*args, **kwargs)
-            except KeyboardInterrupt:
-                print(f"{prog}: interrupted", file=sys.stderr)
+            except KeyboardInterrupt as e:  # the loop's Aborted says where the same command resumes from
+                print(f"{prog}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
                 raise SystemExit(130) from None
             except Exception as e:  # noqa: BLE001 - a bug (describe is None) is re-raised unchanged
                 line = describe(e)

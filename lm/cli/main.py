@@ -19,6 +19,7 @@ from typing import Dict, List, NamedTuple, Optional
 class Command(NamedTuple):
     module: str
     summary: str
+    function: str = "main"  # the module's function that runs the command
 
 
 COMMANDS: Dict[str, Command] = {
@@ -30,8 +31,8 @@ COMMANDS: Dict[str, Command] = {
     "attention": Command("lm.cli.attention", "attention heatmaps of a trained model on a text"),
     "eval": Command("lm.cli.eval", "the LM Evaluation Harness or the GLUE probes on a run, checkpoint or export"),
     "preflight": Command("lm.cli.preflight", "check a cluster (ranks, GPUs, all-reduce, disk) before a long run"),
-    "quickstart": Command("lm.cli.quickstart", "the transfer recipe on a ~15-minute CPU budget: pretrain, "
-                          "finetune on GLUE, print the table"),
+    "quickstart": Command("lm.cli.transfer", "the transfer recipe on a ~15-minute CPU budget: pretrain, "
+                          "finetune on GLUE, print the table", "quickstart"),
     "transfer": Command("lm.cli.transfer", "the GLUE transfer recipe: pretrain, finetune every task pretrained "
                         "and from scratch"),
 }
@@ -56,5 +57,5 @@ def main(argv: Optional[List[str]] = None) -> None:
     command = COMMANDS[name]
     # argv[0] is what argparse prints as the program and what the apps' errors start with
     sys.argv = [f"lm {name}", *rest]
-    status = importlib.import_module(command.module).main()
+    status = getattr(importlib.import_module(command.module), command.function)()
     sys.exit(status if isinstance(status, int) else 0)

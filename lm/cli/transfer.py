@@ -14,11 +14,12 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
     lm transfer --tokens 30000000 --arm scratch               # one arm alone; --arm all then writes the table
     lm transfer --join a/transfer_scratch.json b/transfer_pretrained.json --out c   # or the table from two calls
     lm report runs/transfer                                    # every run's table + the curve over tokens
+    lm quickstart                   # = lm transfer --recipe quickstart, the README's first command (its --help)
 
 1. Pretraining: `lm train experiment=<preset>` (conf/experiment/glue_transfer_{decoder,encoder,electra,gpu}.yaml:
    model, corpus, schedule) with train.max_steps = ceil(--tokens / tokens per step), in <out>/pretrain.
    --tokens 0 pretrains nothing (the curve's origin: the pretrained arm is then the scratch arm).
-2. Finetuning: lm finetune on each task with the quickstart's budget (lm/cli/quickstart.py:
+2. Finetuning: lm finetune on each task with the recipe's budget (lm/cli/transfer_recipe.py:
    3 epochs, lr 5e-4, SST-2's first 5,000 and STS-B's first 2,000 training examples) and the
    preset's pooling (decoder and encoder: mean, electra: first = [CLS]), from <out>/pretrain and from scratch
    (init=none, the pretraining run's model config and tokenizer.json).
@@ -32,237 +33,56 @@ the two arms and the pretraining must use one tokenizer and one model.
 from __future__ import annotations
 
 import argparse
-import copy
-import hashlib
-import json
 import logging
 import math
-import platform
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from lm.cli.errors import entry
-from lm.config import ConfigError
+from lm.cli.transfer_recipe import ARMS, DEFAULT_PRESET, Recipe, TransferError, check_scratch_arm, cpu_cores, finetune_arm, plan, pretrain, \
+    recipe_record, run_record, scratch_record, spent, write_table
 
 log = logging.getLogger("lm")
 
-DEFAULT_PRESET = "glue_transfer_decoder"
-# Keyed by the preset's model family: model.arch, or electra for an encoder pretrained by replaced-token
-# detection (model.electra; its discriminator is finetuned as a plain encoder). Mean pooling for decoders
-# (a causal model's last token has seen the text, but one position carries less than the average of all) and
-# for masked-LM encoders (MLM trains no [CLS] objective); ELECTRA's [CLS]; docs/glue_transfer.md, "Pooling".
-POOLING = {"decoder": "mean", "encoder": "mean", "encoder_decoder": "last", "electra": "first"}
-OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption", "electra": "rtd"}
-CANDIDATE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-FIXED = ("tokenizer", "init", "run_dir", "model")  # set by the recipe: the same for both arms and the pretraining
-# --arm: the whole recipe, or one arm (the table is written by a call with --arm all once both are done)
-ARMS = ("all", "scratch", "pretrained")
+QUICKSTART = """`lm quickstart` (= `lm transfer --recipe quickstart`): the README's first command. Pretrain a small decoder
+on books, finetune it on GLUE, print the table.
 
+    lm quickstart                          # pretrain 2M tokens, finetune on SST-2, CoLA and STS-B (the pretrained arm)
+    lm quickstart --arm all                # also finetune the same model from random weights: the table + the gain
+    lm quickstart --arm all --seeds 0,1,2  # with three finetuning seeds (3x the finetuning time)
+    lm quickstart --tokens 300000 --tasks sst2,rte --out runs/qs-small
+    lm quickstart --pretrain train.precision=fp32   # a CPU without bf16 units (see below)
 
-class TransferError(ConfigError):
-    """The recipe cannot run as asked (mismatched tokenizers or models, a reused scratch arm of another
-    recipe); the message says why and the fix."""
+It is lm transfer's recipe (docs/glue_transfer.md) on a ~15-minute CPU budget, its pretrained arm alone unless
+--arm all; every flag of lm transfer works, and a flag given wins over the preset's default:
 
+1. Corpus: `data=gutenberg_mix_bpe`, prepared once into the cache (~1 min on 2 cores): 724 Project Gutenberg
+   books, WikiText-2 raw valid + test, the TinyStories slice and the UNLABELLED training sentences of SST-2,
+   CoLA, MRPC, STS-B and RTE (task-adaptive pretraining, Gururangan et al. 2020; labels, dev and test text
+   are never used); a byte-level BPE of 8,192 tokens. Files come from $LM_DATA_MIRROR, else the download
+   cache, else are downloaded (lm.data.corpora).
+2. Pretraining: `lm train experiment=glue_transfer_decoder` (a GPT-style decoder of 4 layers x 256, 5.3M
+   parameters; bf16 autocast, which a CPU without bf16 units runs slower than fp32) for --tokens tokens,
+   batches of 16 x 128.
+3. lm finetune on each task from the checkpoint (mean pooling; the recipe's budget: 3 epochs, lr 5e-4, SST-2's
+   first 5,000 and STS-B's first 2,000 training examples, best dev epoch); with --arm all also from scratch
+   (init=none: the same model and tokenizer, random weights, the same finetuning settings).
 
-@dataclass
-class Recipe:
-    preset: str = DEFAULT_PRESET
-    tokens: int = 10_000_000
-    out: Optional[Path] = None  # default runs/transfer/<preset>_<tokens>
-    tasks: Optional[List[str]] = None  # None = every task present in the mirror
-    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
-    scratch: Optional[Path] = None  # default <out>/finetune/scratch
-    group: Optional[str] = None  # wandb group; default the output directory's name
-    logger: str = "none"
-    pretrain: List[str] = field(default_factory=list)  # lm train overrides
-    finetune: List[str] = field(default_factory=list)  # lm finetune overrides (both arms)
-    command: str = ""
-    arm: str = "all"  # all; scratch: that arm alone; pretrained: the pretraining and that arm (ARMS)
-    parallel: bool = False  # the scratch arm in a second process beside the pretraining (lm/cli/transfer_lane.py)
-    lane: bool = False  # this call is that second process: the parent counts the time
+Everything lands under --out (default runs/quickstart): pretrain/ (an lm train run dir), finetune/pretrained/
+(and finetune/scratch/), each with results.json / results.md. The same command resumes an interrupted run.
+"""
 
-    def __post_init__(self):
-        if self.arm not in ARMS:
-            raise TransferError(f"--arm {self.arm}: must be one of {', '.join(ARMS)}")
-        if self.parallel and self.arm != "all":
-            raise TransferError(f"--parallel runs the scratch arm beside the pretraining, which --arm {self.arm} "
-                                f"leaves out; use --arm all (the default)")
-        self.out = Path(self.out or f"runs/transfer/{self.preset}_{self.tokens}")
-        self.scratch = Path(self.scratch or self.out / "finetune" / "scratch")
-        self.group = self.group or self.out.name
-
-
-# -- the steps ---------------------------------------------------------------------------------------
-
-
-def pretrain_config(r: Recipe, max_steps: Optional[int] = None):
-    """lm train's composed config for the recipe (max_steps None: the preset's, to read the batch shape)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    from lm.config import check_known_keys, conf_dir, register_train_configs
-
-    register_train_configs()
-    presets = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
-    if r.preset not in presets:
-        raise TransferError(f"--preset {r.preset}: no such experiment (conf/experiment/{r.preset}.yaml); pick one of "
-                            f"{', '.join(p for p in presets if p.startswith('glue_transfer'))} (or any of "
-                            f"{', '.join(p for p in presets if not p.startswith('glue_transfer'))})")
-    overrides = [f"experiment={r.preset}", f"run_dir={r.out / 'pretrain'}", f"logger={r.logger}",
-                 f"logger.group={r.group}", *r.pretrain]
-    if max_steps is not None:
-        overrides.append(f"train.max_steps={max_steps}")
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = compose(config_name="train", overrides=overrides)
-    except HydraException as e:  # the first line: Hydra's second ("use +key=value to append") hides a typo
-        cause = f" ({str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else ""
-        raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {str(e).strip().splitlines()[0]}{cause}; see "
-                            f"lm train --help for the keys and options") from None
-    check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
-    return cfg
-
-
-def tokens_per_step(cfg) -> int:
-    t = cfg.train
-    sequences = t.global_batch_size or t.micro_batch_size * t.grad_accum  # one process: world size 1
-    return int(sequences) * int(t.seq_len)
-
-
-def check_finetune_overrides(overrides: List[str]) -> None:
-    for o in overrides:
-        key = o.lstrip("+~").split("=", 1)[0]
-        if key.split(".")[0].split("/")[0] in FIXED:
-            raise TransferError(
-                f"--finetune {o}: the recipe sets {key.split('.')[0]} itself. Both arms finetune the pretraining "
-                f"run's model with its tokenizer (a different tokenizer would index the wrong embedding rows, a "
-                f"different model would not be the same experiment); change the model or corpus with --pretrain "
-                f"(e.g. --pretrain model.dim=384 data.vocab_size=4096)")
-
-
-def present_tasks(data_root: Optional[str] = None) -> List[str]:
-    """The GLUE tasks whose train and dev files are on disk (the mirror's glue_data, or glue.data_root)."""
-    from lm.glue.config import GlueTaskConfig
-    from lm.glue.run import check_data
-
-    missing = check_data([GlueTaskConfig(name=t, data_root=data_root) for t in CANDIDATE_TASKS])
-    return [t for t in CANDIDATE_TASKS if t not in missing]
-
-
-def prepared_tokenizer(cfg) -> Path:
-    """Prepare the pretraining corpus (once; lm train finds it done) and return its tokenizer.json."""
-    from omegaconf import OmegaConf
-
-    from lm.data.config import DataConfig
-    from lm.data.prepare import ensure_prepared
-
-    data = OmegaConf.to_object(cfg.data)
-    assert isinstance(data, DataConfig)
-    return Path(ensure_prepared(data)) / "tokenizer.json"
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def check_same_tokenizer(init_dir: Path, tokenizer: Path) -> None:
-    """The pretrained arm reads its run's tokenizer, the scratch arm `tokenizer`: they must be one file."""
-    from lm.glue.init import load_backbone
-
-    used = load_backbone(str(init_dir)).tokenizer.sha256  # what lm finetune init=<run> will use (checked there too)
-    if used != _sha256(tokenizer):
-        raise TransferError(
-            f"the pretraining run {init_dir} was trained with a tokenizer (sha256 {used[:12]}) other than the one the "
-            f"scratch arm would use ({tokenizer}, sha256 {_sha256(tokenizer)[:12]}): the two arms would not be "
-            f"comparable. Re-run with the corpus the pretraining used, or a new --out")
-
-
-def check_scratch_arm(r: Recipe, record: Dict) -> None:
-    """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings."""
-    path = r.scratch / "transfer_arm.json"
-    if path.is_file():
-        old = json.loads(path.read_text())
-        diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
-        if diff:
-            raise TransferError(f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}, see {path}); "
-                                f"pass another --scratch, or remove it")
-    else:
-        from lm.core.files import atomic_write_text
-
-        atomic_write_text(path, json.dumps(record, indent=2) + "\n")
-
-
-def same_value(key: str, old, new) -> bool:
-    """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
-    ModelConfig field existed (say model.electra) equals one that holds that field's default."""
-    if key != "model" or old is None or new is None:
-        return old == new
-    from lm.model.config import model_from_saved
-
-    return model_from_saved(old) == model_from_saved(new)
-
-
-def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Optional[Path], pooling: str,
-                 tasks: List[str]):
-    """One arm: lm finetune (its Python API, the quickstart's budget) on every task and seed."""
-    from omegaconf import open_dict
-
-    from lm.cli.finetune import finetune
-
-    cfg = finetune_config(r, run_dir, init, tokenizer, pooling, tasks)
-    with open_dict(cfg):
-        cfg.model = model_node  # init=none builds exactly the pretraining run's model
-    return finetune(cfg)
-
-
-def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Optional[Path], pooling: str, tasks: List[str]):
-    """lm finetune's composed config for one arm. A --finetune override that does not compose (a task
-    that is not selected, a wrong key) is a TransferError, raised before any pretraining."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
-    from lm.cli.finetune import register
-    from lm.cli.quickstart import quick_overrides
-    from lm.config import conf_dir
-
-    register()
-    overrides = [f"init={init}", f"run_dir={run_dir}", *([f"tokenizer={tokenizer}"] if tokenizer else []),
-                 *quick_overrides(tasks, r.seeds), f"pooling={pooling}", "predict_test=false", "hf=false",
-                 f"logger={r.logger}", f"logger.group={r.group}", *r.finetune]
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            return compose(config_name="finetune", overrides=overrides)
-    except HydraException as e:
-        # the first line only: Hydra's second ("use +key=value to append") is wrong advice for a task not selected
-        first = str(e).strip().splitlines()[0]
-        raise TransferError(f"--finetune {' '.join(r.finetune)}: {first} (the tasks finetuned: {', '.join(tasks)}; "
-                            f"a tasks.<task>.* override needs its task among them)") from None
-
-
-def finetuned_model_node(model_node):
-    """The model node the scratch arm builds: what finetuning makes of the pretrained model. ELECTRA is
-    finetuned as the plain encoder its discriminator is (lm/glue/init.py), so an ELECTRA recipe's scratch arm
-    is the encoder recipe's, and a curve can share it (glue_transfer_curve.py does)."""
-    from omegaconf import open_dict
-
-    node = copy.deepcopy(model_node)
-    if node.get("electra") is not None:
-        with open_dict(node):
-            node.electra = None
-    return node
-
-
-def _val_loss(run_dir: Path) -> Optional[float]:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    values = [json.loads(line).get("val_loss") for line in path.read_text().splitlines() if line.strip()]
-    values = [v for v in values if v is not None]
-    return values[-1] if values else None
+# The recipe presets: the defaults of the flags below (a flag given on the command line wins). `quickstart`
+# pretrains the tokens that leave its whole default job (corpus, pretraining, three finetunes) inside a
+# ~15-minute budget on a 2-core CPU, with room for slower ones (docs/results.md has the timings).
+RECIPES: Dict[str, Dict] = {
+    "transfer": {"tokens": 10_000_000, "tasks": None, "seeds": "0,1,2", "out": None, "arm": "all"},
+    "quickstart": {"tokens": 2_000_000, "tasks": "sst2,cola,stsb", "seeds": "0", "out": Path("runs/quickstart"),
+                   "arm": "pretrained"},
+}
 
 
 def run_transfer(r: Recipe) -> Optional[Dict]:
@@ -279,89 +99,17 @@ def run_transfer(r: Recipe) -> Optional[Dict]:
         raise
 
 
-def spent(out: Path, seconds: float) -> float:
-    """Adds a call's seconds to the point's running total and returns the total."""
-    from lm.core.files import atomic_write_text
-
-    path = out / "transfer_seconds.json"
-    try:
-        total = float(json.loads(path.read_text())["seconds"]) if path.is_file() else 0.0
-    except (ValueError, KeyError, TypeError):
-        total = 0.0  # an unreadable counter restarts; the record then undercounts, never fails the run
-    total += seconds
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps({"seconds": round(total, 1)}) + "\n")
-    return total
-
-
-@dataclass
-class Plan:
-    """What a recipe resolves to before any work: the composed pretraining config and what both arms use."""
-    cfg: object  # lm train's composed config (train.max_steps = steps, or the preset's when steps is 0)
-    steps: int
-    per_step: int  # tokens a pretraining step
-    arch: str  # family(): the key of POOLING and OBJECTIVE
-    pooling: str
-    tasks: List[str]
-    tokenizer: Path  # the prepared corpus' tokenizer.json: the scratch arm's, and the pretraining run's
-    model_node: object  # the model both arms finetune (finetuned_model_node)
-
-
-def plan(r: Recipe) -> Plan:
-    """Checks the recipe and resolves it; prepares the corpus (once). A bad --tokens, --finetune or missing
-    GLUE data fails here, before any pretraining."""
-    check_finetune_overrides(r.finetune)
-    if r.tokens < 0:
-        raise TransferError(f"--tokens {r.tokens}: must be >= 0 (0 = no pretraining, the curve's origin)")
-    base = pretrain_config(r)
-    per_step = tokens_per_step(base)
-    steps = math.ceil(r.tokens / per_step)
-    cfg = pretrain_config(r, steps) if steps else base
-    arch = family(cfg.model)
-    if arch not in POOLING:
-        given = f"--pretrain {' '.join(r.pretrain)}" if r.pretrain else f"--preset {r.preset}"
-        raise TransferError(f"{given}: model.arch={arch} is not a family the "
-                            f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm train and finetune it with "
-                            f"lm finetune init=<run>")
-    pooling = _pooling(r.finetune) or POOLING[arch]
-    tasks = r.tasks or present_tasks(_data_root(r.finetune))
-    if not tasks:
-        raise TransferError("no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
-                            "glue.data_root=<glue_data>)")
-    finetune_config(r, r.scratch, "none", None, pooling, tasks)  # a bad --finetune fails here, not after hours
-    return Plan(cfg=cfg, steps=steps, per_step=per_step, arch=arch, pooling=pooling, tasks=tasks,
-                tokenizer=prepared_tokenizer(cfg), model_node=finetuned_model_node(cfg.model))
-
-
-def pretrain(r: Recipe, p: Plan) -> None:
-    """lm train on the plan's config (resumes from <out>/pretrain's latest checkpoint); then checks that the
-    run's tokenizer is the prepared corpus' one, the scratch arm's."""
-    from lm.cli.train import train
-
-    log.info("lm transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, p.steps, p.steps * p.per_step,
-             r.out / "pretrain")
-    train(p.cfg)
-    check_same_tokenizer(r.out / "pretrain", p.tokenizer)
-
-
-def scratch_record(r: Recipe, p: Plan) -> Dict:
-    """What the scratch arm's results depend on besides the code (<scratch>/transfer_arm.json): a curve's runs
-    share the arm only while this is equal, and the curve's archive keys a finished arm by it."""
-    from omegaconf import OmegaConf
-
-    return {"tokenizer_sha256": _sha256(p.tokenizer), "pooling": p.pooling, "tasks": p.tasks, "seeds": r.seeds,
-            "model": OmegaConf.to_container(p.model_node, resolve=True), "finetune": r.finetune}
-
-
-def _transfer(r: Recipe, t0: float) -> Dict:
+def _transfer(r: Recipe, t0: float) -> Optional[Dict]:
     from lm.report.transfer import arm_scores, compare
 
     p = plan(r)
-    check_scratch_arm(r, scratch_record(r, p))
-    pretrained = r.out / "finetune" / "pretrained" if p.steps else r.scratch
+    pretrained = r.arm_dir("pretrained")
+    scratch_runs = r.arm in ("all", "scratch") or not p.steps  # at 0 tokens it is the pretrained arm too
+    if scratch_runs:
+        check_scratch_arm(r, scratch_record(r, p))
     lane = _start_lane(r) if r.parallel and p.steps else None
     try:
-        if r.arm in ("all", "scratch") and lane is None:
+        if scratch_runs and lane is None:
             log.info("lm transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
             finetune_arm(r, r.scratch, "none", p.model_node, p.tokenizer, p.pooling, p.tasks)
         if r.arm in ("all", "pretrained") and p.steps:
@@ -380,10 +128,9 @@ def _transfer(r: Recipe, t0: float) -> Dict:
         if not r.lane:  # a lane's parent writes the table itself
             from lm.cli.transfer_join import arm_record_name, write_arm_record
 
-            write_arm_record(r, p, pretrained if r.arm == "pretrained" else r.scratch, t0)
-            log.info("lm transfer: the %s arm is done (%s); a call with --arm all (the same command without "
-                     "--arm) writes the table once both arms are, or lm transfer --join with the other arm's "
-                     "record", r.arm, r.out / arm_record_name(r.arm))
+            write_arm_record(r, p, r.arm_dir(r.arm), t0)
+            log.info("lm transfer: the %s arm is done (%s); a call with --arm all writes the table once both arms "
+                     "are, or lm transfer --join with the other arm's record", r.arm, r.out / arm_record_name(r.arm))
         return None
     summary = {
         "recipe": recipe_record(r, p),
@@ -394,92 +141,15 @@ def _transfer(r: Recipe, t0: float) -> Dict:
     return write_table(r.out, summary)
 
 
-def recipe_record(r: Recipe, p: Plan) -> Dict:
-    """What the table says of the recipe (transfer.json's "recipe")."""
-    return {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
-            "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
-            "steps": p.steps, "tokens_per_step": p.per_step,
-            "val_loss": _val_loss(r.out / "pretrain") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
-            "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
-            "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
-            "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
-                             f"2,000 train examples) unless overridden, {p.pooling} pooling, "
-                             "best dev epoch" + (f"; overrides: {' '.join(r.finetune)}" if r.finetune else "")}
-
-
-def run_record(command: str, seconds: float) -> Dict:
-    return {"command": command, "machine": f"{platform.node()} ({platform.machine()}, {_cores()} cores)",
-            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(seconds, 1)}
-
-
-def write_table(out: Path, summary: Dict) -> Dict:
-    from lm.core.files import atomic_write_text
-    from lm.report.transfer import transfer_table
-
-    summary["run"] = _kept_run(out / "transfer.json", summary)
-    atomic_write_text(out / "transfer.json", json.dumps(summary, indent=2) + "\n")
-    atomic_write_text(out / "transfer.md", transfer_table(summary))
-    return summary
-
-
-# The recipe fields that decide the work done: equal ones (and equal scores) mean nothing was redone.
-WORK_KEYS = ("preset", "tokens", "seeds", "tasks", "pretrain_overrides", "finetune_overrides")
-
-
 def _start_lane(r: Recipe):
     """--parallel: the scratch arm in a second process; this one keeps the other half of the CPU threads."""
     import torch
 
     from lm.cli.transfer_lane import split_threads, start_scratch_lane
 
-    threads = split_threads(_cores())
+    threads = split_threads(cpu_cores())
     torch.set_num_threads(threads)  # train.threads, when set, still decides the pretraining's
     return start_scratch_lane(r, threads)
-
-
-def position_scheme(model_node) -> str:
-    """The model's position scheme as the report names it (model/pos: learned, rope, alibi, ...)."""
-    target = (model_node.get("pos") or {}).get("_target_")
-    return str(target).rsplit(".", 1)[-1].lower() if target else "none"
-
-
-def _kept_run(path: Path, summary: Dict) -> Dict:
-    """This call's run record, or the earlier one where this call only read finished arms back (same recipe,
-    same scores): the record then keeps the command, date and duration of the call that did the work."""
-    if path.is_file():
-        try:
-            old = json.loads(path.read_text())
-        except ValueError:
-            return summary["run"]
-        new = json.loads(json.dumps(summary))  # as it would read back (tuples become lists)
-        same = all(old.get("recipe", {}).get(k) == new["recipe"][k] for k in WORK_KEYS)
-        if same and old.get("comparison") == new["comparison"] and "run" in old:
-            return old["run"]
-    return summary["run"]
-
-
-def family(model_node) -> str:
-    """The key of POOLING / OBJECTIVE and the report's label: model.arch, or electra (model.electra set)."""
-    return "electra" if model_node.get("electra") is not None else str(model_node.arch)
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _override(overrides: List[str], key: str) -> Optional[str]:
-    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
-    return values[-1] if values else None
-
-
-def _pooling(overrides: List[str]) -> Optional[str]:
-    return _override(overrides, "pooling")
-
-
-def _data_root(overrides: List[str]) -> Optional[str]:
-    return _override(overrides, "glue.data_root")
 
 
 # -- command line -------------------------------------------------------------------------------------
@@ -505,16 +175,22 @@ def seeds_arg(text: str) -> List[int]:
     return [int(s) for s in seeds]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lm transfer", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser(recipe: str = "transfer", prog: str = "lm transfer") -> argparse.ArgumentParser:
+    """lm transfer's flags with the defaults of preset `recipe` (RECIPES)."""
+    doc = QUICKSTART if recipe == "quickstart" else __doc__
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--recipe", default="transfer", choices=list(RECIPES),
+                   help="the preset of the defaults below (default %(default)s; quickstart: lm quickstart --help)")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help="lm train experiment for the pretraining (conf/experiment/; default %(default)s)")
-    p.add_argument("--tokens", type=tokens_arg, default=10_000_000,
+    p.add_argument("--tokens", type=tokens_arg,
                    help="pretraining tokens, rounded up to whole steps; 0 = none (default %(default).0f)")
-    p.add_argument("--out", type=Path, help="output directory (default runs/transfer/<preset>_<tokens>)")
-    p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local train/dev data)")
-    p.add_argument("--seeds", type=seeds_arg, default="0,1,2", help="finetuning seeds (default %(default)s)")
+    p.add_argument("--out", type=Path, help="output directory (default runs/transfer/<preset>_<tokens>; the "
+                                            "quickstart's: runs/quickstart)")
+    p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local train/dev data; the "
+                                   "quickstart's: sst2,cola,stsb)")
+    p.add_argument("--seeds", type=seeds_arg, help="finetuning seeds (default %(default)s)")
     p.add_argument("--scratch", type=Path, help="the scratch arm's directory (default <out>/finetune/scratch); "
                                                 "share one across the runs of a curve")
     p.add_argument("--group", help="wandb group of the pretraining and both arms (default: the --out name)")
@@ -524,10 +200,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="lm train overrides (given twice: both lists, in order)")
     p.add_argument("--finetune", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
                    help="lm finetune overrides for both arms, e.g. tasks.sst2.max_train_examples=null pooling=last")
-    p.add_argument("--arm", default="all", choices=ARMS,
-                   help="all (default): pretrain, both arms, the table; scratch or pretrained: that arm alone (the "
-                        "pretrained one with the pretraining), e.g. on separate cores or machines; then a call "
-                        "with --arm all reads both back and writes the table")
+    p.add_argument("--arm", choices=ARMS,
+                   help="all: pretrain, both arms, the table; scratch or pretrained: that arm alone (the pretrained "
+                        "one with the pretraining), e.g. on separate cores or machines, and its dev table; then a "
+                        "call with --arm all reads both back and writes the table (default %(default)s)")
     p.add_argument("--parallel", action="store_true",
                    help="run the scratch arm in a second process beside the pretraining (half of the CPU threads "
                         "each; on one GPU both time-slice the device: no time saved on an H100); its log: "
@@ -536,13 +212,31 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the table (in --out) from two one-arm calls' records, <out>/transfer_scratch.json "
                         "and <out>/transfer_pretrained.json, e.g. from two machines; runs nothing")
     p.add_argument("--lane", action="store_true", help=argparse.SUPPRESS)  # the --parallel call's second process
+    p.set_defaults(recipe=recipe, **RECIPES[recipe])
     return p
 
 
+def parse_args(argv: List[str], prog: str = "lm transfer") -> argparse.Namespace:
+    """Two passes: --recipe picks the defaults, then the flags given override them."""
+    first = argparse.ArgumentParser(prog=prog, add_help=False)
+    first.add_argument("--recipe", default="transfer", choices=list(RECIPES))
+    recipe = first.parse_known_args(argv)[0].recipe
+    return _parser(recipe, prog).parse_args(argv)
+
+
 @entry("lm transfer")
-def main(argv=None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    a = _parser().parse_args(argv)
+def main(argv: Optional[List[str]] = None) -> None:
+    run_cli(sys.argv[1:] if argv is None else argv, "lm transfer")
+
+
+@entry("lm quickstart")
+def quickstart(argv: Optional[List[str]] = None) -> None:
+    """`lm quickstart`: lm transfer with the quickstart preset (QUICKSTART)."""
+    run_cli(["--recipe", "quickstart", *(sys.argv[1:] if argv is None else argv)], "lm quickstart")
+
+
+def run_cli(argv: List[str], prog: str) -> None:
+    a = parse_args(argv, prog)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
     if a.join:
         from lm.cli.transfer_join import join_main
@@ -555,12 +249,17 @@ def main(argv=None) -> None:
                     command="lm transfer " + " ".join(map(shlex.quote, argv)), arm=a.arm, parallel=a.parallel,
                     lane=a.lane)
     summary = run_transfer(recipe)
-    if summary is None:  # one arm alone (--arm): no table yet
-        return
-    from lm.report.transfer import transfer_table
+    if summary is not None:
+        from lm.report.transfer import transfer_table
 
-    print(transfer_table(summary))
-    print(f"results: {recipe.out / 'transfer.json'}, {recipe.out / 'transfer.md'}")
+        print(transfer_table(summary))
+        print(f"results: {recipe.out / 'transfer.json'}, {recipe.out / 'transfer.md'}")
+    elif not recipe.lane:  # one arm alone: its dev table (the other arm and the gain come with --arm all)
+        from lm.glue.run import print_table
+
+        print(print_table(recipe.arm_dir(recipe.arm)))
+        print(f"results: {recipe.arm_dir(recipe.arm) / 'results.json'}; with the other arm and the gain: the same "
+              f"command with --arm all")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from lm.cli.transfer import Plan, Recipe, TransferError, recipe_record, run_record, same_value, scratch_record, spent, \
-    write_table
+from lm.cli.transfer_recipe import Plan, Recipe, TransferError, recipe_record, run_record, same_value, \
+    scratch_record, spent, write_table
 
 
 def arm_record_name(arm: str) -> str:

@@ -25,8 +25,9 @@ cannot skip on the device (DeepSpeed) check each step's loss on the host before 
 gradient norm at the next sync.
 The preemption flag is checked every train.stop_check_interval steps (a collective), and at every sync
 point on the same all-reduce; every rank checks at the same steps, so every rank stops at the same step.
-Ctrl-C (SIGINT) is a stop request like SIGTERM; a second Ctrl-C aborts at once (KeyboardInterrupt, which
-the console scripts turn into one line: lm/cli/errors.py entry).
+Ctrl-C (SIGINT) is a stop request like SIGTERM; a second Ctrl-C aborts at once (Aborted, a KeyboardInterrupt
+naming the checkpoint the same command resumes from, which the console scripts print on one line:
+lm/cli/errors.py entry).
 
 What is trained is a `lm.core.task.TrainTask` (pretraining: lm/core/pretrain_task.py; GLUE: lm/glue/trainer.py).
 Everything engine-specific (no_sync, accumulation boundaries, loss scaling, sharding) is behind
@@ -59,6 +60,18 @@ log = logging.getLogger("lm")
 
 class LossDiverged(RuntimeError):
     """The loss or the gradient norm became NaN/inf; no update was applied and the last checkpoint is intact."""
+
+
+class Aborted(KeyboardInterrupt):
+    """A second Ctrl-C stopped the run at once, without a checkpoint of the step in flight; the message says what
+    the same command resumes from (the apps print it on the one line lm/cli/errors.py's entry writes)."""
+
+
+def aborted(checkpointer) -> Aborted:
+    latest = checkpointer.latest() if checkpointer is not None else None
+    if latest is None:
+        return Aborted("no checkpoint was written yet: the same command starts the run again")
+    return Aborted(f"run the same command to resume from {latest}")
 
 
 class Preempted(RuntimeError):
@@ -123,6 +136,10 @@ def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, 
                 raise
             checkpointer.wait()  # the final checkpoint is complete (or its error raised) when the run returns
             return state
+    except KeyboardInterrupt as e:  # the second Ctrl-C (_StopSignals): say where the same command resumes from
+        if isinstance(e, Aborted):
+            raise
+        raise aborted(checkpointer) from None
     finally:
         task.batches.close()
         task.batches = source

@@ -39,7 +39,8 @@ def summary_table(run: Run) -> str:
             ("peak memory (GiB)", _fmt(s["peak_memory"])),
             (f"early {s['loss_series']}", _fmt(s["early_loss"], 4)),
             (f"final {s['loss_series']}", _fmt(s["final_loss"], 4)),
-            ("GLUE score", _fmt(s["glue"], 4))]
+            ("GLUE score", _fmt(s["glue"], 4)),
+            ("GLUE probe average (last)", _fmt(s["probe"], 4))]
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
 

@@ -44,10 +44,24 @@ def _mean_curve(runs: list, attr: str, key: str) -> tuple:
     return np.array(steps), ys.mean(0), ys.min(0), ys.max(0)
 
 
+PROBE_AVG = "probe/avg"  # lm/eval/probe.py's record: the mean of the probed GLUE tasks' dev scores (points)
+
+
+def _has(runs, attr: str, key: str) -> bool:
+    return any(len(_curve(getattr(r, attr), key)[0]) for r in runs)
+
+
+def sweep_panels(runs: list) -> list:
+    """(Run attribute, metrics key, title) of each panel of loss_curves: the train loss, and the validation loss
+    and GLUE probe average (train.probe_interval) where a run logged them."""
+    panels = [("train", "loss", "train loss (smoothed)")]
+    panels += [("val", "val_loss", "validation loss")] if _has(runs, "val", "val_loss") else []
+    return panels + ([("other", PROBE_AVG, "GLUE probe average (points)")] if _has(runs, "other", PROBE_AVG) else [])
+
+
 def loss_curves(variants: list, path: Path) -> None:
-    has_val = any(r.val for v in variants for r in v.runs)
-    fig, axes = plt.subplots(1, 2 if has_val else 1, figsize=(11 if has_val else 6.5, 4.2), squeeze=False)
-    panels = [("train", "loss", "train loss (smoothed)")] + ([("val", "val_loss", "validation loss")] if has_val else [])
+    panels = sweep_panels([r for v in variants for r in v.runs])
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.5 + 4.75 * len(panels), 4.2), squeeze=False)
     for ax, (attr, key, title) in zip(axes[0], panels):
         for i, v in enumerate(variants):
             color = f"C{i % 10}"
@@ -65,7 +79,8 @@ def loss_curves(variants: list, path: Path) -> None:
         ax.set_ylabel(key)
         ax.set_title(title + ": mean over seeds, band = min–max")
         ax.grid(alpha=0.3)
-        _zoom_tail(ax)
+        if attr != "other":  # the probe rises from chance: its whole range is the story
+            _zoom_tail(ax)
     if axes[0][-1].get_legend_handles_labels()[0]:
         axes[0][-1].legend(fontsize=7, loc="upper right")
     _save(fig, path)
@@ -105,8 +120,13 @@ def final_loss(rows: list, path: Path) -> None:
 def run_card(run, path: Path) -> None:
     panels = [("loss", "loss"), ("tokens_per_s", "tokens/s"), ("memory", "memory"), ("lr", "learning rate")]
     panels = [(k, t) for k, t in panels if len(_curve(run.train, k)[0])]
+    if len(_curve(run.other, PROBE_AVG)[0]):
+        panels.insert(1, (PROBE_AVG, "GLUE probes (points)"))  # beside the loss
     fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(4 * max(1, len(panels)), 3.4), squeeze=False)
     for ax, (key, title) in zip(axes[0], panels):
+        if key == PROBE_AVG:
+            _probe_panel(ax, run.other)
+            continue
         s, y = _curve(run.train, key)
         ax.plot(s, y, lw=0.8, alpha=0.5 if key == "loss" else 1, label=key)
         if key == "loss":
@@ -119,6 +139,20 @@ def run_card(run, path: Path) -> None:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     _save(fig, path)
+
+
+def _probe_panel(ax, entries: list) -> None:
+    """Each probed task's dev score and their average against the step."""
+    tasks = sorted({k for e in entries for k in e if k.startswith("probe/") and k not in (PROBE_AVG, "probe/seconds")})
+    for key in tasks:
+        s, y = _curve(entries, key)
+        ax.plot(s, y, "o-", lw=0.8, ms=2, alpha=0.6, label=key[len("probe/"):])
+    s, y = _curve(entries, PROBE_AVG)
+    ax.plot(s, y, "o-", lw=1.6, ms=3, color="black", label="average")
+    ax.legend(fontsize=7)
+    ax.set_title("GLUE probes (points)")
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
 
 
 def _save(fig, path: Path) -> None:

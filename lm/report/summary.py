@@ -106,6 +106,15 @@ def glue_score(run: Run) -> Optional[float]:
     return float(v) if _number(v) else None
 
 
+PROBE_AVG = "probe/avg"  # lm/eval/probe.py's record (train.probe_interval): the mean of the probed tasks' scores
+
+
+def probe_score(run: Run) -> Optional[float]:
+    """The last GLUE probe average the run logged (points), or None when it ran no probes."""
+    values = [e[PROBE_AVG] for e in sorted(run.other, key=lambda e: e.get("step", 0)) if _number(e.get(PROBE_AVG))]
+    return values[-1] if values else None
+
+
 def summarize(run: Run, early_fraction: float = EARLY_FRACTION) -> dict[str, Any]:
     params, flops = model_cost(run)
     steps_per_s, tokens_per_s = speeds(run)
@@ -121,6 +130,7 @@ def summarize(run: Run, early_fraction: float = EARLY_FRACTION) -> dict[str, Any
         "mfu": _median([e.get("mfu") for e in run.train[1:]]),
         "peak_memory": peak_memory(run),
         "glue": glue_score(run),
+        "probe": probe_score(run),
         "last_step": run.last_step,
         "max_steps": max_steps(run),
     }

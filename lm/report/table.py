@@ -12,7 +12,7 @@ from typing import Any, Optional
 from lm.report.stats import Stat, describe, fmt_mean_std, significant, welch_p
 from lm.report.summary import EARLY_FRACTION, summarize
 
-METRICS = ("steps_per_s", "tokens_per_s", "early_loss", "final_loss", "glue")
+METRICS = ("steps_per_s", "tokens_per_s", "early_loss", "final_loss", "glue", "probe")
 COMPARED = ("early_loss", "final_loss", "glue")  # differences tested against seed noise
 PARAM_MISMATCH = 0.02  # flag variants whose size differs from the baseline's by more than this
 
@@ -90,10 +90,12 @@ def _params(row: dict) -> str:
 
 def markdown(rows: list) -> str:
     has_glue = any(r["glue"].n for r in rows)
+    has_probe = any(r["probe"].n for r in rows)
     series = next((r["loss_series"] for r in rows if r["loss_series"]), "loss")
     head = ["variant", "seeds", "params", "FLOPs/token", "steps/s", "tokens/s",
             f"early {series}", f"final {series}", "Δ final vs baseline"]
     head += ["GLUE", "Δ GLUE"] if has_glue else []
+    head += ["GLUE probe"] if has_probe else []
     head += ["status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -101,6 +103,7 @@ def markdown(rows: list) -> str:
                  fmt_mean_std(r["steps_per_s"], 2), fmt_mean_std(r["tokens_per_s"], 0),
                  fmt_mean_std(r["early_loss"]), fmt_mean_std(r["final_loss"]), _delta(r, "final_loss")]
         cells += [fmt_mean_std(r["glue"], 2), _delta(r, "glue")] if has_glue else []
+        cells += [fmt_mean_std(r["probe"], 1)] if has_probe else []
         cells += [_status(r)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -104,6 +104,7 @@ def transfer_table(summary: Mapping) -> str:
                  f"{a['scratch']['range']:.1f} | {seeds(a['pretrained'])} | {a['pretrained']['median']:.1f} | "
                  f"{a['pretrained']['range']:.1f} | **{a['gain']:+.1f}** |")
     val = f"; pretraining validation loss {r['val_loss']:.3f}" if r.get("val_loss") is not None else ""
+    val += f"; GLUE probe average {r['probe']:.1f}" if r.get("probe") is not None else ""
     lines += ["", f"Pretraining: {r['steps']:,} steps x {r['tokens_per_step']:,} tokens{val}. "
               f"Runs: scratch `{summary['arms']['scratch']}`, pretrained `{summary['arms']['pretrained']}`."]
     return "\n".join(lines) + "\n"
@@ -180,17 +181,19 @@ def series_labels(summaries: List[Mapping]) -> List[str]:
 
 
 def curve_table(summaries: List[Mapping]) -> str:
-    """Markdown: one row per (series, tokens): each task's gain, the average gain, both arms' averages."""
+    """Markdown: one row per (series, tokens): the pretraining's last val loss and GLUE probe average ("–" without
+    probes: train.probe_interval), each task's gain, the average gain, both arms' averages."""
     cols = [c for c in EVALS if all(c in s["comparison"]["tasks"] for s in summaries)]
     head = " | ".join(EVALS[c].submission for c in cols)
-    lines = [f"| model | pretraining tokens | val loss | {head} | average gain | average: scratch / pretrained |",
-             "|---|---:|---:|" + "---:|" * len(cols) + "---:|---|"]
+    lines = [f"| model | pretraining tokens | val loss | probe | {head} | average gain | average: scratch / pretrained |",
+             "|---|---:|---:|---:|" + "---:|" * len(cols) + "---:|---|"]
     for s, label in zip(summaries, series_labels(summaries)):
         r, t, a = s["recipe"], s["comparison"]["tasks"], s["comparison"]["average"]
         val = "–" if r.get("val_loss") is None else f"{r['val_loss']:.3f}"
+        probe = "–" if r.get("probe") is None else f"{r['probe']:.1f}"
         gains = " | ".join(f"{t[c]['gain']:+.1f}" for c in cols)
         avg = fmean(t[c]["gain"] for c in cols)  # over the columns every row has (equals a['gain'] when all do)
-        lines.append(f"| {label} | {r['tokens']:,} | {val} | {gains} | **{avg:+.1f}** | "
+        lines.append(f"| {label} | {r['tokens']:,} | {val} | {probe} | {gains} | **{avg:+.1f}** | "
                      f"{a['scratch']['median']:.1f} / {a['pretrained']['median']:.1f} |")
     return "\n".join(lines) + "\n"
 

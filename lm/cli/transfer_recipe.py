@@ -1,0 +1,408 @@
+"""lm transfer's recipe (lm/cli/transfer.py runs it; lm/cli/transfer_join.py joins its one-arm records): what a
+recipe is (Recipe), what it resolves to before any work (plan -> Plan), its steps (pretrain, finetune_arm on the
+finetuning budget below) and the records it writes (transfer.json, transfer_arm.json, transfer_seconds.json).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from lm.config import ConfigError
+
+log = logging.getLogger("lm")
+
+DEFAULT_PRESET = "glue_transfer_decoder"
+# Keyed by the preset's model family: model.arch, or electra for an encoder pretrained by replaced-token
+# detection (model.electra; its discriminator is finetuned as a plain encoder). Mean pooling for decoders
+# (a causal model's last token has seen the text, but one position carries less than the average of all) and
+# for masked-LM encoders (MLM trains no [CLS] objective); ELECTRA's [CLS]; docs/glue_transfer.md, "Pooling".
+POOLING = {"decoder": "mean", "encoder": "mean", "encoder_decoder": "last", "electra": "first"}
+OBJECTIVE = {"decoder": "causal LM", "encoder": "masked LM", "encoder_decoder": "span corruption", "electra": "rtd"}
+CANDIDATE_TASKS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+FIXED = ("tokenizer", "init", "run_dir", "model")  # set by the recipe: the same for both arms and the pretraining
+# --arm: the whole recipe, or one arm (the table is written by a call with --arm all once both are done)
+ARMS = ("all", "scratch", "pretrained")
+# The finetuning budget of both arms, the same for every task (conf/task/glue/ holds the full recipes): 3 epochs
+# at lr 5e-4 (tiny models want more than BERT's 2e-5..1e-4, Turc et al. 2019), the first 5000 of SST-2's 67k
+# training sentences and the first 2000 of STS-B's 5749 pairs; --finetune overrides any of it.
+BUDGET_EXAMPLES = {"sst2": 5000, "stsb": 2000}
+
+
+class TransferError(ConfigError):
+    """The recipe cannot run as asked (mismatched tokenizers or models, a reused scratch arm of another
+    recipe); the message says why and the fix."""
+
+
+@dataclass
+class Recipe:
+    preset: str = DEFAULT_PRESET
+    tokens: int = 10_000_000
+    out: Optional[Path] = None  # default runs/transfer/<preset>_<tokens>
+    tasks: Optional[List[str]] = None  # None = every task present in the mirror
+    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
+    scratch: Optional[Path] = None  # default <out>/finetune/scratch
+    group: Optional[str] = None  # wandb group; default the output directory's name
+    logger: str = "none"
+    pretrain: List[str] = field(default_factory=list)  # lm train overrides
+    finetune: List[str] = field(default_factory=list)  # lm finetune overrides (both arms)
+    command: str = ""
+    arm: str = "all"  # all; scratch: that arm alone; pretrained: the pretraining and that arm (ARMS; at 0 tokens
+    # the pretrained arm is the scratch arm)
+    parallel: bool = False  # the scratch arm in a second process beside the pretraining (lm/cli/transfer_lane.py)
+    lane: bool = False  # this call is that second process: the parent counts the time
+
+    def __post_init__(self):
+        if self.arm not in ARMS:
+            raise TransferError(f"--arm {self.arm}: must be one of {', '.join(ARMS)}")
+        if self.parallel and self.arm != "all":
+            raise TransferError(f"--parallel runs the scratch arm beside the pretraining, which --arm {self.arm} "
+                                f"leaves out; use --arm all (the default)")
+        self.out = Path(self.out or f"runs/transfer/{self.preset}_{self.tokens}")
+        self.scratch = Path(self.scratch or self.out / "finetune" / "scratch")
+        self.group = self.group or self.out.name
+
+    def arm_dir(self, arm: str) -> Path:
+        """An arm's lm finetune run directory; at 0 tokens the pretrained arm IS the scratch arm."""
+        return self.out / "finetune" / "pretrained" if arm == "pretrained" and self.tokens else self.scratch
+
+
+# -- the steps ---------------------------------------------------------------------------------------
+
+
+def pretrain_config(r: Recipe, max_steps: Optional[int] = None):
+    """lm train's composed config for the recipe (max_steps None: the preset's, to read the batch shape)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from lm.config import check_known_keys, conf_dir, register_train_configs
+
+    register_train_configs()
+    presets = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
+    if r.preset not in presets:
+        raise TransferError(f"--preset {r.preset}: no such experiment (conf/experiment/{r.preset}.yaml); pick one of "
+                            f"{', '.join(p for p in presets if p.startswith('glue_transfer'))} (or any of "
+                            f"{', '.join(p for p in presets if not p.startswith('glue_transfer'))})")
+    overrides = [f"experiment={r.preset}", f"run_dir={r.out / 'pretrain'}", f"logger={r.logger}",
+                 f"logger.group={r.group}", *r.pretrain]
+    if max_steps is not None:
+        overrides.append(f"train.max_steps={max_steps}")
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name="train", overrides=overrides)
+    except HydraException as e:  # the first line: Hydra's second ("use +key=value to append") hides a typo
+        cause = f" ({str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else ""
+        raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {str(e).strip().splitlines()[0]}{cause}; see "
+                            f"lm train --help for the keys and options") from None
+    check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
+    return cfg
+
+
+def tokens_per_step(cfg) -> int:
+    t = cfg.train
+    sequences = t.global_batch_size or t.micro_batch_size * t.grad_accum  # one process: world size 1
+    return int(sequences) * int(t.seq_len)
+
+
+def check_finetune_overrides(overrides: List[str]) -> None:
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0]
+        if key.split(".")[0].split("/")[0] in FIXED:
+            raise TransferError(
+                f"--finetune {o}: the recipe sets {key.split('.')[0]} itself. Both arms finetune the pretraining "
+                f"run's model with its tokenizer (a different tokenizer would index the wrong embedding rows, a "
+                f"different model would not be the same experiment); change the model or corpus with --pretrain "
+                f"(e.g. --pretrain model.dim=384 data.vocab_size=4096)")
+
+
+def present_tasks(data_root: Optional[str] = None) -> List[str]:
+    """The GLUE tasks whose train and dev files are on disk (the mirror's glue_data, or glue.data_root)."""
+    from lm.glue.config import GlueTaskConfig
+    from lm.glue.run import check_data
+
+    missing = check_data([GlueTaskConfig(name=t, data_root=data_root) for t in CANDIDATE_TASKS])
+    return [t for t in CANDIDATE_TASKS if t not in missing]
+
+
+def prepared_tokenizer(cfg) -> Path:
+    """Prepare the pretraining corpus (once; lm train finds it done) and return its tokenizer.json."""
+    from omegaconf import OmegaConf
+
+    from lm.data.config import DataConfig
+    from lm.data.prepare import ensure_prepared
+
+    data = OmegaConf.to_object(cfg.data)
+    assert isinstance(data, DataConfig)
+    return Path(ensure_prepared(data)) / "tokenizer.json"
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def check_same_tokenizer(init_dir: Path, tokenizer: Path) -> None:
+    """The pretrained arm reads its run's tokenizer, the scratch arm `tokenizer`: they must be one file."""
+    from lm.glue.init import load_backbone
+
+    used = load_backbone(str(init_dir)).tokenizer.sha256  # what lm finetune init=<run> will use (checked there too)
+    if used != _sha256(tokenizer):
+        raise TransferError(
+            f"the pretraining run {init_dir} was trained with a tokenizer (sha256 {used[:12]}) other than the one the "
+            f"scratch arm would use ({tokenizer}, sha256 {_sha256(tokenizer)[:12]}): the two arms would not be "
+            f"comparable. Re-run with the corpus the pretraining used, or a new --out")
+
+
+def check_scratch_arm(r: Recipe, record: Dict) -> None:
+    """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings."""
+    path = r.scratch / "transfer_arm.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
+        if diff:
+            raise TransferError(f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}, see {path}); "
+                                f"pass another --scratch, or remove it")
+    else:
+        from lm.core.files import atomic_write_text
+
+        atomic_write_text(path, json.dumps(record, indent=2) + "\n")
+
+
+def same_value(key: str, old, new) -> bool:
+    """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
+    ModelConfig field existed (say model.electra) equals one that holds that field's default."""
+    if key != "model" or old is None or new is None:
+        return old == new
+    from lm.model.config import model_from_saved
+
+    return model_from_saved(old) == model_from_saved(new)
+
+
+def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Optional[Path], pooling: str,
+                 tasks: List[str]):
+    """One arm: lm finetune (its Python API, the recipe's budget) on every task and seed."""
+    from omegaconf import open_dict
+
+    from lm.cli.finetune import finetune
+
+    cfg = finetune_config(r, run_dir, init, tokenizer, pooling, tasks)
+    with open_dict(cfg):
+        cfg.model = model_node  # init=none builds exactly the pretraining run's model
+    return finetune(cfg)
+
+
+def budget_overrides(tasks: List[str], seeds: List[int]) -> List[str]:
+    """The finetuning budget as lm finetune overrides of the selected tasks (tasks.<task>.<field>)."""
+    out = [f"task=[{','.join(f'glue/{t}' for t in tasks)}]", "optim.lr=5e-4"]
+    for t in tasks:
+        out += [f"tasks.{t}.epochs=3", f"tasks.{t}.seeds=[{','.join(map(str, seeds))}]"]
+        out += [f"tasks.{t}.max_train_examples={BUDGET_EXAMPLES[t]}"] if t in BUDGET_EXAMPLES else []
+    return out
+
+
+def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Optional[Path], pooling: str, tasks: List[str]):
+    """lm finetune's composed config for one arm. A --finetune override that does not compose (a task
+    that is not selected, a wrong key) is a TransferError, raised before any pretraining."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from lm.cli.finetune import register
+    from lm.config import conf_dir
+
+    register()
+    overrides = [f"init={init}", f"run_dir={run_dir}", *([f"tokenizer={tokenizer}"] if tokenizer else []),
+                 *budget_overrides(tasks, r.seeds), f"pooling={pooling}", "predict_test=false", "hf=false",
+                 f"logger={r.logger}", f"logger.group={r.group}", *r.finetune]
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            return compose(config_name="finetune", overrides=overrides)
+    except HydraException as e:
+        # the first line only: Hydra's second ("use +key=value to append") is wrong advice for a task not selected
+        first = str(e).strip().splitlines()[0]
+        raise TransferError(f"--finetune {' '.join(r.finetune)}: {first} (the tasks finetuned: {', '.join(tasks)}; "
+                            f"a tasks.<task>.* override needs its task among them)") from None
+
+
+def finetuned_model_node(model_node):
+    """The model node the scratch arm builds: what finetuning makes of the pretrained model. ELECTRA is
+    finetuned as the plain encoder its discriminator is (lm/glue/init.py), so an ELECTRA recipe's scratch arm
+    is the encoder recipe's, and a curve can share it (glue_transfer_curve.py does)."""
+    from omegaconf import open_dict
+
+    node = copy.deepcopy(model_node)
+    if node.get("electra") is not None:
+        with open_dict(node):
+            node.electra = None
+    return node
+
+
+def last_logged(run_dir: Path, key: str) -> Optional[float]:
+    """The last value of `key` in the run's metrics.jsonl (val_loss; probe/avg, the GLUE probe average that
+    train.probe_interval logs), or None."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    values = [json.loads(line).get(key) for line in path.read_text().splitlines() if line.strip()]
+    values = [v for v in values if v is not None]
+    return values[-1] if values else None
+
+
+def spent(out: Path, seconds: float) -> float:
+    """Adds a call's seconds to the point's running total and returns the total."""
+    from lm.core.files import atomic_write_text
+
+    path = out / "transfer_seconds.json"
+    try:
+        total = float(json.loads(path.read_text())["seconds"]) if path.is_file() else 0.0
+    except (ValueError, KeyError, TypeError):
+        total = 0.0  # an unreadable counter restarts; the record then undercounts, never fails the run
+    total += seconds
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps({"seconds": round(total, 1)}) + "\n")
+    return total
+
+
+@dataclass
+class Plan:
+    """What a recipe resolves to before any work: the composed pretraining config and what both arms use."""
+    cfg: object  # lm train's composed config (train.max_steps = steps, or the preset's when steps is 0)
+    steps: int
+    per_step: int  # tokens a pretraining step
+    arch: str  # family(): the key of POOLING and OBJECTIVE
+    pooling: str
+    tasks: List[str]
+    tokenizer: Path  # the prepared corpus' tokenizer.json: the scratch arm's, and the pretraining run's
+    model_node: object  # the model both arms finetune (finetuned_model_node)
+
+
+def plan(r: Recipe) -> Plan:
+    """Checks the recipe and resolves it; prepares the corpus (once). A bad --tokens, --finetune or missing
+    GLUE data fails here, before any pretraining."""
+    check_finetune_overrides(r.finetune)
+    if r.tokens < 0:
+        raise TransferError(f"--tokens {r.tokens}: must be >= 0 (0 = no pretraining, the curve's origin)")
+    base = pretrain_config(r)
+    per_step = tokens_per_step(base)
+    steps = math.ceil(r.tokens / per_step)
+    cfg = pretrain_config(r, steps) if steps else base
+    arch = family(cfg.model)
+    if arch not in POOLING:
+        given = f"--pretrain {' '.join(r.pretrain)}" if r.pretrain else f"--preset {r.preset}"
+        raise TransferError(f"{given}: model.arch={arch} is not a family the "
+                            f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm train and finetune it with "
+                            f"lm finetune init=<run>")
+    pooling = _pooling(r.finetune) or POOLING[arch]
+    tasks = r.tasks or present_tasks(_data_root(r.finetune))
+    if not tasks:
+        raise TransferError("no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
+                            "glue.data_root=<glue_data>)")
+    finetune_config(r, r.scratch, "none", None, pooling, tasks)  # a bad --finetune fails here, not after hours
+    return Plan(cfg=cfg, steps=steps, per_step=per_step, arch=arch, pooling=pooling, tasks=tasks,
+                tokenizer=prepared_tokenizer(cfg), model_node=finetuned_model_node(cfg.model))
+
+
+def pretrain(r: Recipe, p: Plan) -> None:
+    """lm train on the plan's config (resumes from <out>/pretrain's latest checkpoint); then checks that the
+    run's tokenizer is the prepared corpus' one, the scratch arm's."""
+    from lm.cli.train import train
+
+    log.info("lm transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, p.steps, p.steps * p.per_step,
+             r.out / "pretrain")
+    train(p.cfg)
+    check_same_tokenizer(r.out / "pretrain", p.tokenizer)
+
+
+def scratch_record(r: Recipe, p: Plan) -> Dict:
+    """What the scratch arm's results depend on besides the code (<scratch>/transfer_arm.json): a curve's runs
+    share the arm only while this is equal, and the curve's archive keys a finished arm by it."""
+    from omegaconf import OmegaConf
+
+    return {"tokenizer_sha256": _sha256(p.tokenizer), "pooling": p.pooling, "tasks": p.tasks, "seeds": r.seeds,
+            "model": OmegaConf.to_container(p.model_node, resolve=True), "finetune": r.finetune}
+
+
+def recipe_record(r: Recipe, p: Plan) -> Dict:
+    """What the table says of the recipe (transfer.json's "recipe")."""
+    return {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
+            "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
+            "steps": p.steps, "tokens_per_step": p.per_step,
+            "val_loss": last_logged(r.out / "pretrain", "val_loss") if p.steps else None,
+            "probe": last_logged(r.out / "pretrain", "probe/avg") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
+            "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
+            "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
+            "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
+                             f"2,000 train examples) unless overridden, {p.pooling} pooling, "
+                             "best dev epoch" + (f"; overrides: {' '.join(r.finetune)}" if r.finetune else "")}
+
+
+def run_record(command: str, seconds: float) -> Dict:
+    return {"command": command, "machine": f"{platform.node()} ({platform.machine()}, {cpu_cores()} cores)",
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(seconds, 1)}
+
+
+def write_table(out: Path, summary: Dict) -> Dict:
+    from lm.core.files import atomic_write_text
+    from lm.report.transfer import transfer_table
+
+    summary["run"] = _kept_run(out / "transfer.json", summary)
+    atomic_write_text(out / "transfer.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / "transfer.md", transfer_table(summary))
+    return summary
+
+
+# The recipe fields that decide the work done: equal ones (and equal scores) mean nothing was redone.
+WORK_KEYS = ("preset", "tokens", "seeds", "tasks", "pretrain_overrides", "finetune_overrides")
+
+
+def position_scheme(model_node) -> str:
+    """The model's position scheme as the report names it (model/pos: learned, rope, alibi, ...)."""
+    target = (model_node.get("pos") or {}).get("_target_")
+    return str(target).rsplit(".", 1)[-1].lower() if target else "none"
+
+
+def _kept_run(path: Path, summary: Dict) -> Dict:
+    """This call's run record, or the earlier one where this call only read finished arms back (same recipe,
+    same scores): the record then keeps the command, date and duration of the call that did the work."""
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except ValueError:
+            return summary["run"]
+        new = json.loads(json.dumps(summary))  # as it would read back (tuples become lists)
+        same = all(old.get("recipe", {}).get(k) == new["recipe"][k] for k in WORK_KEYS)
+        if same and old.get("comparison") == new["comparison"] and "run" in old:
+            return old["run"]
+    return summary["run"]
+
+
+def family(model_node) -> str:
+    """The key of POOLING / OBJECTIVE and the report's label: model.arch, or electra (model.electra set)."""
+    return "electra" if model_node.get("electra") is not None else str(model_node.arch)
+
+
+def cpu_cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _override(overrides: List[str], key: str) -> Optional[str]:
+    values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
+    return values[-1] if values else None
+
+
+def _pooling(overrides: List[str]) -> Optional[str]:
+    return _override(overrides, "pooling")
+
+
+def _data_root(overrides: List[str]) -> Optional[str]:
+    return _override(overrides, "glue.data_root")
+
+
