@@ -184,13 +184,6 @@ def test_a_saved_model_loads_with_the_eager_ops():
     assert model_from_saved(saved).kernels.chosen() == {}
 
 
-def test_a_run_resumes_with_other_kernels_but_not_with_float8_changed():
-    from lm.core.resume import resumable
-
-    assert resumable("model.kernels.norm") and resumable("model.kernels.cross_entropy")
-    assert not resumable("train.float8") and not resumable("model.norm._target_")
-
-
 # -- train.float8 -----------------------------------------------------------------------------------
 
 def test_float8_takes_false_or_torchao():

@@ -28,8 +28,6 @@ RESUMABLE = (
     # where and how fast it runs, not what it computes
     "train.progress", "train.threads", "train.device", "train.compile", "train.peak_flops", "train.world_size",
     "train.stop_check_interval", "train.prefetch",
-    # fused kernels compute the same ops as the eager ones, on the same weights (lm/model/kernels.py)
-    "model.kernels",
     # the GLUE probes read the model and change nothing it computes (lm/eval/probe.py)
     "train.probe_interval", "train.probe_tasks", "train.probe_train_examples", "train.probe_dev_examples",
     "train.probe_max_len",

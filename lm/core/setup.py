@@ -29,11 +29,11 @@ def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
         engine = factory(train=train_cfg, dist=dist)
     except TypeError as e:  # an option the engine class does not take
         raise ConfigError(f"engine ({cfg.engine._target_}): {e}; see conf/engine/ for its options") from None
+    if train_cfg.on_nonfinite == "skip" and engine.format == "deepspeed":
+        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
     if train_cfg.float8 and engine.format == "deepspeed":
         raise ConfigError("train.float8=torchao swaps the model's Linears before the engine wraps it, and DeepSpeed "
                           "keeps weights of its own: use engine=single, ddp or fsdp2, or train.float8=false")
-    if train_cfg.on_nonfinite == "skip" and engine.format == "deepspeed":
-        raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
     return engine
 
 
