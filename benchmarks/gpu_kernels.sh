@@ -27,8 +27,8 @@ nano="$(cd "${2:-../shared/peers/nanogpt}" 2>/dev/null && pwd || echo "${2:-../s
 limit="${LIMIT:-530}"
 [ "$dry" = 1 ] && limit=100000  # a dry run checks every command: no part is skipped for time
 parts="${PARTS:-tests nanogpt gpt2 llama glue llama300}"
-mkdir -p "$out"
-out="$(cd "$out" && pwd)"
+mkdir -p "$out" || exit 2
+out="$(cd "$out" && pwd)" || exit 2
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.devsite:$PWD/.kernelsite:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 : > "$out/skipped.txt"
 

@@ -3,6 +3,7 @@ line naming the fix where it cannot run (no CUDA, no package, a model option it 
 module when on (checked here by pretending CUDA and the packages are there; the numbers are compared with the eager
 ops on a GPU in tests/test_kernels_gpu.py)."""
 
+import json
 import subprocess
 import sys
 
@@ -244,3 +245,27 @@ def test_float8_converts_the_blocks_linears_and_keeps_the_output_layer():
     # per block: the fused q/k/v, the attention output, the FFN's gate-up and down; the 64 x 96 output layer is not
     assert len(eligible) == 2 * 4 and len(linears) == 2 * 4 + 1 and not any(isinstance(m, OutputLinear) for m in eligible)
     assert not float8_eligible(Linear(64, 24)) and float8_eligible(Linear(64, 32))
+
+
+def test_the_gpu_script_is_valid_bash_and_refuses_an_out_it_cannot_make():
+    import pathlib
+
+    script = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_kernels.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    p = subprocess.run(["bash", str(script), "--dry-run", "/dev/null/x"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2  # OUT must be a directory it can make: refused before any part runs
+
+
+@pytest.mark.slow
+def test_the_gpu_script_dry_run_starts_every_command_of_its_parts(tmp_path):
+    """benchmarks/gpu_kernels.sh --dry-run on the CPU: the GPU tests collect (and skip), each gpu_mfu.py command composes
+    and runs at tiny shapes, and each kernel or float8 command ends in its one-line CUDA refusal."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    p = subprocess.run(["bash", "benchmarks/gpu_kernels.sh", "--dry-run", str(tmp_path / "out")], cwd=root,
+                       capture_output=True, text=True, env=subprocess_env(PARTS="tests gpt2 llama"), timeout=1500)
+    assert p.returncode == 0 and p.stdout.strip().endswith("dry-run: every part starts"), p.stdout[-3000:]
+    assert p.stdout.count("dry-run ok") == 1 + 5 + 2
+    rows = (tmp_path / "out" / "rows.jsonl").read_text().splitlines()
+    assert [json.loads(r)["preset"] for r in rows] == ["gpt2", "llama"]
