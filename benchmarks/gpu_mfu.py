@@ -1,7 +1,10 @@
 """MFU of a training step on one GPU: bf16 autocast, SDPA (torch picks cuDNN or flash), torch.compile, fused AdamW.
 
 MFU = tokens/s x training FLOPs per token (lm.model.flops: 6N + 12*L*H*Dh*T, PaLM appendix) /
-the device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 989, A100 312; no sparsity).
+the device's dense bf16 peak (H100 SXM 989 TFLOP/s, H200 989, A100 312; no sparsity). HFU, as llm-foundry
+reports it beside MFU, counts the FLOPs the hardware runs: MFU's plus the forward recomputed under
+model.activation_checkpointing (+2N + 4*L*H*Dh*T per token, i.e. x4/3); without it HFU = MFU. Neither counts
+a float8 matmul as cheaper: under --float8 the same FLOPs are divided by the same bf16 peak.
 Each preset is built once, on the device; the largest power-of-two micro-batch that fits is found
 by eager steps of doubling size until out of memory, then the compiled step is timed at that batch
 (halved if the compiled step does not fit), at twice it if the compiled step fits there, and at any
@@ -12,6 +15,9 @@ by eager steps of doubling size until out of memory, then the compiled step is t
     python benchmarks/gpu_mfu.py --attention-sweep                   # flash vs math SDPA, T = 512 ... 16384
     python benchmarks/gpu_mfu.py --all --also-batch 12               # all three, one JSON line each
     python benchmarks/gpu_mfu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --no-compile  # a smoke run
+    python benchmarks/gpu_mfu.py --preset gpt2 --batch 64 model.kernels.cross_entropy=liger       # a fused kernel
+    python benchmarks/gpu_mfu.py --preset llama --seq 2048 --batch 8 --float8                     # torchao float8
+    python benchmarks/gpu_mfu.py --preset experiment=glue_transfer_gpu --seq 128 --batch 256      # an experiment's model
 
 --inductor KEY=VALUE sets a torch._inductor.config field (e.g. coordinate_descent_tuning=True); each row
 records it. The model starts from seed 0 and each row gives its last step's loss, so two runs of one preset
@@ -68,21 +74,44 @@ def train_step_fn(model, opt, device: str):
     return step
 
 
+def model_config(preset: str, overrides):
+    """conf/model/<preset>.yaml, or with preset `experiment=<name>` the model that `lm train experiment=<name>` builds
+    (e.g. glue_transfer_gpu's encoder: its masked-LM head is timed on every position, as its step computes it)."""
+    if not preset.startswith("experiment="):
+        return model_preset(preset, overrides)
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from lm.config import conf_dir, register_train_configs
+
+    register_train_configs()
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = compose(config_name="train", overrides=[preset, *overrides])
+    return OmegaConf.to_object(cfg.model)
+
+
+def hardware_flops_per_token(cfg, fpt: float) -> float:
+    """llm-foundry's HFU numerator: the model FLOPs plus a recomputed forward (a third of them) under activation
+    checkpointing."""
+    return fpt * 4 / 3 if cfg.activation_checkpointing else fpt
+
+
 def build(preset: str, seq: int, overrides, device: str):
     """The preset's model, built and initialised directly on the device (no host copy of 1B weights), from seed 0:
     two runs of one preset start from the same weights and see the same tokens, so their losses compare."""
     torch.manual_seed(0)
-    cfg = model_preset(preset, [f"model.max_seq_len={max(seq, 1)}", "model.dropout=0.0", *overrides])
+    cfg = model_config(preset, [f"model.max_seq_len={max(seq, 1)}", "model.dropout=0.0", *overrides])
     with torch.device(device):
         model = build_model(cfg)
     return cfg, model
 
 
 def timed(model, cfg, seq: int, batch: int, steps: int, device: str, compile_model: bool = False,
-          compile_mode: str = "default", warmup: int = 3, around=contextlib.nullcontext):
+          compile_mode: str = "default", warmup: int = 3, around=contextlib.nullcontext, float8=False):
     """(tokens/s of `steps` steps after `warmup` (compilation happens there), the last step's loss, what `around()`
     gave): lm's loop and single engine through the run harness on one fixed batch; `around()` is entered and left
-    around the timed steps (a profiler). The run ends after them (the loop's last step would write a checkpoint)."""
+    around the timed steps (a profiler). The run ends after them (the loop's last step would write a checkpoint).
+    float8: train.float8 (torchao's Float8Linear swapped in by the engine's wrap, as lm train does)."""
     from lm.core.config import OptimConfig, TrainConfig
     from lm.core.fixed_task import FixedTask, Records, TimedStepsDone
     from lm.core.hooks import Hooks
@@ -104,7 +133,7 @@ def timed(model, cfg, seq: int, batch: int, steps: int, device: str, compile_mod
             raise TimedStepsDone
 
     train = TrainConfig(micro_batch_size=batch, seq_len=seq, max_steps=total + 1, precision="bf16", device=device,
-                        log_interval=total, eval_interval=0, ckpt_interval=0, progress=False)
+                        log_interval=total, eval_interval=0, ckpt_interval=0, progress=False, float8=float8)
     engine = SingleEngine(train, Dist(rank=0, world_size=1, local_rank=0, device=torch.device(device)))
     records = Records()
     with tempfile.TemporaryDirectory(prefix="gpu-mfu-") as run_dir, inside, \
@@ -183,7 +212,7 @@ def plan_batches(batches, model, cfg, seq: int, device: str, compile_model: bool
 
 
 def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda",
-            profile: int = 0, compile_mode: str = "default", tags=None):
+            profile: int = 0, compile_mode: str = "default", tags=None, float8=False):
     """One JSON-able row per micro-batch in `batches` (0 = the largest that fits: plan_batches), from one
     built model; `profile` > 0 prints that many rows of the profiler's table of the last timed batch's step;
     `tags` are added to every row."""
@@ -195,7 +224,8 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
             try:
                 if device != "cpu":
                     torch.cuda.reset_peak_memory_stats()
-                tokens_per_s, loss, _ = timed(model, cfg, seq, batch, steps, device, compile_model, compile_mode)
+                tokens_per_s, loss, _ = timed(model, cfg, seq, batch, steps, device, compile_model, compile_mode,
+                                              float8=float8)
                 break
             except torch.OutOfMemoryError:
                 free(device, model)
@@ -210,6 +240,8 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
         rows.append({"preset": preset, "seq": seq, "batch": batch, "compiled": compile_mode if compile_model else False,
                      "tokens_per_s": round(tokens_per_s), "loss": round(loss, 4), "flops_per_token": fpt,
                      "mfu": round(tokens_per_s * fpt / peak, 4) if peak else None,
+                     "hfu": round(tokens_per_s * hardware_flops_per_token(cfg, fpt) / peak, 4) if peak else None,
+                     "float8": float8, "overrides": list(overrides),
                      "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
                      "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
                      "torch": torch.__version__, **(tags or {})})
@@ -282,6 +314,8 @@ def main():
                         "give ROWS (--profile 25 model.x=...), or the override is read as ROWS")
     p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
                    help="set torch._inductor.config.KEY (repeatable), e.g. coordinate_descent_tuning=True")
+    p.add_argument("--float8", action="store_const", const="torchao", default=False,
+                   help="train.float8=torchao: the engine swaps the Linears for torchao's Float8Linear before compiling")
     p.add_argument("--attention-sweep", action="store_true")
     p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
     p.add_argument("overrides", nargs="*", help="model overrides, e.g. model.loss_chunk_size=4096 model/ffn=swiglu")
@@ -300,7 +334,7 @@ def main():
             print(json.dumps(row), flush=True)
         return
     for row in measure(args.preset, args.seq, [args.batch, *args.also_batch], args.steps, compile_model,
-                       args.overrides, args.device, args.profile, args.compile_mode, tags):
+                       args.overrides, args.device, args.profile, args.compile_mode, tags, args.float8):
         print(json.dumps(row), flush=True)
 
 

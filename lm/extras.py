@@ -14,6 +14,8 @@ EXTRAS = {
     "data": ("zstandard", "pyarrow", "datasets"),  # .zst, Parquet and hf:<dataset> sources
     "tensorboard": ("tensorboard",),  # logger.tensorboard=true
     "eval": ("lm_eval", "sklearn"),  # lm eval (the LM Evaluation Harness), train.probe_interval
+    # model.kernels.* (Liger-Kernel, Cut Cross-Entropy: lm/model/kernels.py), train.float8=torchao (lm/engine/float8.py)
+    "kernels": ("liger_kernel", "cut_cross_entropy", "torchao"),
 }
 
 

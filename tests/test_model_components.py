@@ -262,3 +262,40 @@ def test_dynamic_rope_takes_the_length_from_the_host_and_rotates_as_before(monke
         monkeypatch.setattr(RoPE, "rotary", lambda self, positions, length=None, _real=RoPE.rotary: _real(self, positions))
         assert torch.equal(logits, model(x).logits)  # the old path: positions[-1] read from the device
         assert "__int__" in seen
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_swiglu_backward_writes_the_gate_up_gradient_once_and_bit_identically(precision):
+    """GLU with silu (the Llama layout) backpropagates through lm/model/ffn.py's _SiLUGate: the same numbers, bit for
+    bit, as autograd through chunk(), without chunk's concatenation of the two halves' gradients."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lm.model.ffn import GLU
+
+    class CountCat(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.cats = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.cats += func.overloadpacket is torch.ops.aten.cat
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    glu = GLU(48, activation="silu", bias=True)
+    x, g = torch.randn(3, 7, 48), torch.randn(3, 7, 48)
+
+    def run(stacked: bool):
+        glu.silu = stacked  # False: the chunk() path every other activation takes
+        glu.zero_grad()
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            y = glu(xi)
+        with CountCat() as count:
+            y.float().backward(g)
+        return [y, xi.grad] + [p.grad.clone() for p in glu.parameters()], count.cats
+
+    (eager, eager_cats), (fused, fused_cats) = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(eager, fused))
+    assert (eager_cats, fused_cats) == (1, 0)
+    assert GLU(48, activation="gelu").silu is False

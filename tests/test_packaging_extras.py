@@ -100,10 +100,12 @@ def test_pyproject_extras_match_lm_extras_and_dev_has_them_all():
     extras = project["optional-dependencies"]
     distribution = {"matplotlib": "matplotlib", "markdown": "markdown", "transformers": "transformers",
                     "zstandard": "zstandard", "pyarrow": "pyarrow", "datasets": "datasets",
-                    "tensorboard": "tensorboard", "lm_eval": "lm-eval", "sklearn": "scikit-learn"}
+                    "tensorboard": "tensorboard", "lm_eval": "lm-eval", "sklearn": "scikit-learn",
+                    "liger_kernel": "liger-kernel", "cut_cross_entropy": "cut-cross-entropy", "torchao": "torchao"}
     for extra, modules in EXTRAS.items():
         names = {re.split(r"[<>=\[ ]", req)[0] for req in extras[extra]}
         assert {distribution[m] for m in modules} == names, extra
     assert "lm[all]" in extras["dev"] and "accelerate" not in " ".join(project["dependencies"])
-    assert set(re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")) == set(extras) - {"all", "dev"}
+    # kernels: CUDA-only, kept out of all/dev (pyproject.toml says why)
+    assert set(re.search(r"\[(.*)\]", extras["all"][0]).group(1).split(",")) == set(extras) - {"all", "dev", "kernels"}
     assert {"report", "hf", "data", "tensorboard", "slurm", "launch", "eval"} <= set(extras)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from lm.config_base import Choice, ConfigError
 
@@ -49,6 +49,9 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     precision: Precision = Precision.fp32
     compile: bool = False  # torch.compile the model
+    # float8 training (lm/engine/float8.py): false, or torchao (its convert_to_float8_training swaps the model's
+    # Linears before the engine wraps it; CUDA with compute capability >= 8.9, the `kernels` extra)
+    float8: Union[bool, str] = False
     device: Device = Device.auto
     log_interval: int = 10  # steps between metrics.jsonl lines
     eval_interval: int = 100  # steps between validation passes; 0 = only at the end
@@ -136,6 +139,8 @@ def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> 
         bad("grad_clip", "must be a finite number >= 0 (0 disables clipping)")
     if cfg.peak_flops is not None and (not _finite(cfg.peak_flops) or cfg.peak_flops <= 0):
         bad("peak_flops", "must be a finite number > 0 (FLOP/s per device), or null to look the GPU up")
+    if cfg.float8 not in (False, "torchao"):
+        bad("float8", "is not one of false, torchao (float8 matmuls from torchao: train.float8=torchao)")
     if cfg.prefetch < 0:
         bad("prefetch", "must be >= 0 (steps prepared ahead; 0 = none)")
     if cfg.probe_interval < 0:

@@ -26,6 +26,7 @@ from typing import Callable, Dict, cast
 import torch
 from torch import nn
 
+from lm.engine import float8
 from lm.engine.config import TrainSettings
 from lm.engine.dist import Dist, EngineError
 
@@ -53,6 +54,8 @@ class Engine:
         self.scaler = None
         self._snapshot_buffers: Dict = {}  # stage_state's CPU storages, reused by the next snapshot
         self.check_launch()
+        if train.float8:
+            float8.check(self.device)
 
     # -- identity
     @property
@@ -85,6 +88,8 @@ class Engine:
     # -- setup
     def wrap(self, model: nn.Module, make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> "Engine":
         self.module = model.to(self.device)
+        if self.train.float8:  # before DDP/FSDP2 wrap it and torch.compile traces it (torchao's order)
+            self.module = float8.to_float8(self.module)
         self.model = self._wrap(self.module)
         self.optimizer = make_optimizer(self.module)
         if self.train.precision == "fp16":

@@ -28,6 +28,9 @@ class TrainSettings(Protocol):
     @property
     def compile(self) -> bool: ...
 
+    @property
+    def float8(self): ...  # False | "torchao" (lm/engine/float8.py)
+
 
 @dataclass
 class EngineConfig:

@@ -23,11 +23,23 @@ def components(cfg: ModelConfig) -> Components:
 
     def build(slot):
         try:
-            return instantiate(getattr(cfg, slot))
+            return instantiate(kernel_node(cfg, slot))
         except Exception as e:  # Hydra wraps import and argument errors; say which slot failed
             raise ConfigError(f"model.{slot} could not be built ({e}); see conf/model/{slot}/ for the options") from e
 
     return Components(**{slot: build(slot) for slot in slots() if getattr(cfg, slot) is not None})
+
+
+def kernel_node(cfg: ModelConfig, slot: str):
+    """The slot's option node, with the fused module's target when model.kernels switches that slot's module
+    (lm/model/kernels.py; validate_model has refused a switch that does not apply)."""
+    node = getattr(cfg, slot)
+    switch = {"norm": "norm", "ffn": "glu"}.get(slot)
+    if switch is None or getattr(cfg.kernels, switch) == "torch":
+        return node
+    from lm.model.kernels import swap
+
+    return swap(switch, node, cfg)
 
 
 def build_model(cfg: ModelConfig):

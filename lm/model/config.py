@@ -19,7 +19,7 @@ from lm.config_base import ConfigError
 from lm.model.choices import (Activation, Arch, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401
                               OutputKind, TieEmbeddings)
 from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell, Component, ElectraConfig,  # noqa: F401
-                              FFNConfig, FixupConfig, GLUConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
+                              FFNConfig, FixupConfig, GLUConfig, KernelsConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
                               MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, PosConfig,
                               ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
                               ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, option_name,
@@ -71,6 +71,8 @@ class ModelConfig:
     loss_chunk_size: int = 0  # >0: chunked output projection + cross-entropy (tokens per chunk)
     activation_checkpointing: bool = False
     linear: LinearKind = LinearKind.torch
+    # Fused CUDA kernels per op (lm/model/kernels.py): torch (off) by default, each one switch
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
     norm: NormConfig = field(default_factory=LayerNormConfig)
     ffn: FFNConfig = field(default_factory=MLPConfig)
     pos: PosConfig = field(default_factory=LearnedConfig)
@@ -175,6 +177,9 @@ def model_from_saved(node) -> ModelConfig:
     from lm.config_base import to_typed
 
     data = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+    # Kernels say how the saving run computed, not what (the same weights): a saved model loads with the eager ops,
+    # so it can be read back where those kernels cannot run (a CPU); a run that wants them sets them again.
+    data.pop("kernels", None)
     if "attn" not in data:  # saved before model/attn existed: those models all used scaled_dot
         data["attn"] = {"_target_": ScaledDotConfig._target_}
     for slot in slots():

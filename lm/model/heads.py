@@ -98,6 +98,7 @@ class LMHead(nn.Module):
             self.proj.weight = tied.weight
         self.logit_scale = cfg.logit_scale
         self.chunk_size = cfg.loss_chunk_size
+        self.loss_kernel = cfg.kernels.cross_entropy.value  # model.kernels.cross_entropy: torch, liger or cce
 
     def _hidden(self, h: torch.Tensor) -> torch.Tensor:
         h = self.transform(h) * self.logit_scale
@@ -107,9 +108,10 @@ class LMHead(nn.Module):
         return self.proj(self._hidden(h))
 
     def output(self, h: torch.Tensor, labels: Optional[torch.Tensor]) -> LMOutput:
-        if labels is not None and self.chunk_size:
-            # The loss without the logits (lm/model/loss.py): far less memory traffic at large vocabularies.
-            return LMOutput(loss=self.proj(self._hidden(h), labels, self.chunk_size))
+        if labels is not None and (self.chunk_size or self.loss_kernel != "torch"):
+            # The loss without the logits (lm/model/loss.py, lm/model/kernels.py): far less memory traffic at large
+            # vocabularies.
+            return LMOutput(loss=self.proj(self._hidden(h), labels, self.chunk_size, self.loss_kernel))
         logits = self(h)  # (B, T, V)
         if labels is None:
             return LMOutput(logits=logits)
@@ -137,15 +139,21 @@ class TransposedLinear(MatmulCount, nn.Module):
 
 
 class OutputLinear(Linear):
-    """The output layer; given labels, it returns the chunked loss (lm/model/loss.py) instead of logits.
+    """The output layer; given labels, it returns the loss instead of logits: chunked (lm/model/loss.py), or a
+    fused kernel's (model.kernels.cross_entropy, lm/model/kernels.py).
 
     The loss reads the weight inside this module's own forward because ZeRO-3 and FSDP2 gather a
     sharded weight only around the forward (and backward) of the module that holds it.
     """
 
-    def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None, chunk_size: int = 0) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None, chunk_size: int = 0,
+                kernel: str = "torch") -> torch.Tensor:
         if labels is None:
             return super().forward(h)
+        if kernel != "torch":
+            from lm.model.kernels import fused_linear_cross_entropy
+
+            return fused_linear_cross_entropy(kernel, h, self.weight, self.bias, labels)
         return chunked_cross_entropy(h, self.weight, self.bias, labels, chunk_size)
 
 

@@ -85,6 +85,14 @@ def use_kind(model: nn.Module, kind: str) -> nn.Module:
     return model
 
 
+def float8_eligible(module: nn.Module) -> bool:
+    """Whether train.float8 (lm/engine/float8.py) may run this module's matmuls in float8: lm's plain Linears whose
+    widths are multiples of 16 (float8 GEMMs need them). Not the output layer (heads.py's OutputLinear, a subclass:
+    its forward computes the loss, and the vocabulary's logits keep bf16, as torchtitan keeps them), nor any other
+    subclass with a forward of its own."""
+    return type(module) is Linear and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
 class MatmulCount:
     """The interface lm/model/flops.py counts a module by when its matmul weights per token are not just the
     weights of the Linears below it (MoE's top-k experts, a block shared by several layers, a banded

@@ -365,6 +365,41 @@ class ElectraConfig:
                        factorized_embedding=0, electra=None)
 
 
+# -- model.kernels: fused kernels from well-kept libraries (lm/model/kernels.py; the `kernels` extra) --------
+
+class CrossEntropyKernel(Choice):
+    torch = "torch"  # the output layer's logits, then F.cross_entropy (or model.loss_chunk_size's chunked loss)
+    liger = "liger"  # Liger-Kernel's fused linear cross-entropy: the (B*T, V) logits are never materialised
+    cce = "cce"  # Cut Cross-Entropy (Wijmans et al. 2024): the same, logits tiled in on-chip memory
+
+
+class NormKernel(Choice):
+    torch = "torch"
+    liger = "liger"  # Liger-Kernel's Triton LayerNorm / RMSNorm (model/norm=layernorm|rmsnorm)
+
+
+class GLUKernel(Choice):
+    torch = "torch"
+    liger = "liger"  # Liger-Kernel's SwiGLU (silu) / GeGLU (gelu_tanh) elementwise product (model/ffn=swiglu|glu)
+
+
+@dataclass
+class KernelsConfig:
+    """model.kernels: one switch per fused op, each `torch` (PyTorch's eager ops) by default. They change how a
+    step computes, not what: the weights and their names are the same, so a checkpoint trained with any of them
+    loads with all of them off (lm.model.config.model_from_saved drops this node). The kernels run on CUDA only
+    and come from the `kernels` extra; lm/model/kernels.py refuses them elsewhere, in one line."""
+
+    cross_entropy: CrossEntropyKernel = CrossEntropyKernel.torch
+    norm: NormKernel = NormKernel.torch
+    glu: GLUKernel = GLUKernel.torch
+
+    def chosen(self) -> dict:
+        """{field: kernel} of the switches that are on."""
+        return {name: getattr(self, name).value for name in ("cross_entropy", "norm", "glu")
+                if getattr(self, name) != "torch"}
+
+
 # -- the slots -------------------------------------------------------------------------------------
 
 SLOTS = ("norm", "ffn", "pos", "attn")  # the component slots every Transformer fills (validate_model)

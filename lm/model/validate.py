@@ -66,6 +66,10 @@ def validate_model(cfg: ModelConfig) -> None:
     validate_sharing_and_tying(cfg)  # first: it checks model.tie_embeddings' value, which the next one reads
     validate_narang_options(cfg)
     validate_electra(cfg)
+    if cfg.kernels.chosen():  # imported only then: the kernels' module imports torch and the FFN/norm modules
+        from lm.model.kernels import check
+
+        check(cfg)
 
 
 # -- model/ffn=moe|switch ------------------------------------------------------------------------
