@@ -149,6 +149,19 @@ class DeepSpeedEngine(Engine):
         if load_path is None:
             raise EngineError(f"DeepSpeed found no checkpoint under {path}/{TAG}")
 
+    def load_resharded(self, path: Path, saved: Dict) -> None:
+        """Refused: DeepSpeed reloads its optimizer partitions only on the world size that wrote them (its own
+        check), and lm has no converter between its files and the torch engines' yet (docs/training.md)."""
+        from lm.engine import reshard
+
+        if saved["format"] == "deepspeed":
+            why = (f"DeepSpeed reloads ZeRO partitions only on the world size that wrote them; resume on "
+                   f"{saved['world_size']} rank(s), or start a new run_dir from the weights (lm export {path})")
+        else:
+            why = (f"lm cannot convert {saved['engine']}'s files into DeepSpeed's; resume with "
+                   f"engine=single|ddp|fsdp2, or start a new run_dir from the weights (lm export {path})")
+        raise reshard.refuse(path, saved, f"{self.name} (ZeRO-{self.stage}) on {self.world_size} rank(s)", why)
+
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
         """Stage 0: rank 0's module states; ZeRO-1/2/3: DeepSpeed's zero_to_fp32 merges the partitions."""
