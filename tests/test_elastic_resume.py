@@ -95,3 +95,70 @@ def test_fsdp2_checkpoint_on_zero2_is_refused_in_one_line(cache, tmp_path):
     assert "resume with engine=single|ddp|fsdp2" in refused.stderr
     ok(launch(2, overrides(run, STEPS, "fsdp2", 2), cache, log, 2))
     assert list(train_losses(run)) == list(range(1, STEPS + 1))
+
+
+# -- lm finetune: a task/seed pair stopped on one process continues on 2 DDP ranks --------------------------
+
+def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
+    """Ctrl-C inside step 15 of a 30-step pair (1 process), then the same command under torchrun on 2 ranks:
+    every step holds the uninterrupted run's examples and its loss to 1e-5 (dropout off: the streams of
+    per-rank dropout masks cannot continue across world sizes)."""
+    import signal
+
+    from tests.test_finetune_kill_resume import overrides as ft_overrides
+
+    files = _finetune_files(tmp_path / "files")
+    args = lambda run_dir: [a for a in ft_overrides(files, run_dir) if a != "model.dropout=0.1"] + [  # noqa: E731
+        "model.dropout=0.0", "tasks.sst2.dropout=0.0", "tasks.sst2.seeds=[0]", "engine=ddp"]
+    ft = [sys.executable, "-m", "lm.cli.finetune"]
+    env = dict(LM_PLUGINS=str(REPO / "tests" / "token_log.py"))
+    whole = subprocess.run(ft + args(tmp_path / "whole"), cwd=REPO, capture_output=True, text=True, timeout=600,
+                           env=subprocess_env(**env, LM_TOKEN_LOG=str(tmp_path / "whole_tokens")))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    flag = tmp_path / "paused"
+    stopped = subprocess.Popen(ft + args(tmp_path / "run"), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=subprocess_env(**env, LM_TOKEN_LOG=str(tmp_path / "tokens"),
+                                                             LM_FAULT_PAUSE_FILE=str(flag), LM_FAULT_PAUSE_AT_STEP="15",
+                                                             LM_PLUGINS=f"{env['LM_PLUGINS']},"
+                                                                        f"{REPO / 'benchmarks' / 'fault_pause.py'}"))
+    import time
+
+    deadline = time.time() + 600
+    while not flag.exists() and stopped.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    stopped.send_signal(signal.SIGINT)
+    out, err = stopped.communicate(timeout=300)
+    assert stopped.returncode == 1 and "stopped after step 15" in out + err, (out + err)[-3000:]
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+         "--master_port", str(free_port()), "-m", "lm.cli.finetune"] + args(tmp_path / "run"), cwd=REPO,
+        capture_output=True, text=True, timeout=600,
+        env=subprocess_env(**env, LM_TOKEN_LOG=str(tmp_path / "tokens"), LM_TOKEN_SEGMENT="1"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr
+    tokens, reference = token_steps(tmp_path / "tokens"), token_steps(tmp_path / "whole_tokens")
+    assert sorted(tokens) == sorted(reference) == list(range(30))
+    assert all(tokens[s] == reference[s] for s in reference)
+    got, want = train_losses(tmp_path / "run" / "sst2" / "seed0"), train_losses(tmp_path / "whole" / "sst2" / "seed0")
+    assert list(got) == list(want) == list(range(1, 31))
+    worst = max(abs(got[s] - want[s]) for s in want)
+    assert worst < TOL, f"finetune 1 -> 2 ranks: max |loss - uninterrupted| = {worst:.2e}"
+
+
+def _finetune_files(root):
+    """tests/test_finetune_kill_resume.py's task files (its module fixture's body, called directly)."""
+    import random
+
+    from lm.data.tokenizer import train as train_tokenizer
+    from tests.test_finetune import sentence, write_tsv
+
+    rng = random.Random(0)
+    for split, n in (("train", 160), ("dev", 60)):
+        write_tsv(root / "glue" / "SST-2" / f"{split}.tsv", ["sentence", "label"],
+                  [[sentence(rng, i % 2), i % 2] for i in range(n)])
+    write_tsv(root / "glue" / "SST-2" / "test.tsv", ["index", "sentence"], [[i, sentence(rng, i % 2)] for i in range(20)])
+    train_tokenizer("bpe", [sentence(rng, i % 2) for i in range(400)], vocab_size=300, n_sentinels=0).save(
+        root / "tokenizer.json")
+    return root

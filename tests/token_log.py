@@ -15,11 +15,13 @@ from typing import Dict, List
 
 
 def sample_digests(micro: List[Dict]) -> List[str]:
-    """One digest per sample row (input ids and labels) of a step's micro-batches."""
+    """One digest per sample row (its real input ids, and its labels) of a step's micro-batches; padding (GLUE
+    batches are padded to their longest row, which depends on how a step is cut into micro-batches) is left out."""
     out = []
     for batch in micro:
         ids, labels = batch["input_ids"].cpu().numpy(), batch["labels"].cpu().numpy()
-        out += [hashlib.sha1(i.tobytes() + b"|" + t.tobytes()).hexdigest()[:16] for i, t in zip(ids, labels)]
+        real = batch["attention_mask"].cpu().numpy().astype(bool) if "attention_mask" in batch else ids >= -1
+        out += [hashlib.sha1(i[m].tobytes() + b"|" + t.tobytes()).hexdigest()[:16] for i, m, t in zip(ids, real, labels)]
     return out
 
 

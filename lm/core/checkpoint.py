@@ -21,6 +21,10 @@ names anything else or a damaged checkpoint resumes from the newest intact step_
 refuses when none is intact: a run never starts over (pruning and overwriting its checkpoints) while any
 are there. The resume config check reads the checkpoint chosen here, the one loaded (lm/core/resume.py).
 lm export and lm finetune init= refuse a damaged checkpoint.
+A checkpoint resumes on another world size or engine class (elastic resume) when the engine can read the
+files (Engine.load_resharded: DCP reshards FSDP2's; lm/engine/reshard.py converts between single/DDP and
+FSDP2; DeepSpeed's stay on their own layout); a rank beyond the saved world size reads rank 0's task state
+(a global position) and keeps its freshly seeded RNGs.
 Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm export` (lm/cli/export.py).
 """
 
