@@ -157,3 +157,22 @@ def test_a_checkpoint_from_before_elastic_resume_is_refused_on_another_world_siz
     with pytest.raises(CheckpointError, match=r"before lm could resume on another engine or world size; this run "
                                               r"is DDPEngine on 2\. Resume with the same engine and world size"):
         Checkpointer(tmp_path, two).load(path)
+
+
+def glue_task(n_train, world):
+    from lm.glue.config import GlueTaskConfig
+    from lm.glue.tasks import get_task
+    from lm.glue.trainer import GlueTask, Split, TaskData
+
+    data = TaskData(task=get_task("sst2"), train=Split(features=[{"input_ids": [5, 6]}] * n_train), dev={}, test={})
+    return GlueTask(GlueTaskConfig(name="sst2", batch_size=16), data, seed=0, rank=0, world_size=world,
+                    micro_batch_size=8, pad_id=0)
+
+
+def test_a_finetune_pair_resumes_on_a_world_size_with_the_same_steps_per_epoch_only():
+    state = glue_task(16 * 5 + 2, 2).state_dict()  # a last batch of 2 examples: trained on 1 or 2 ranks
+    glue_task(16 * 5 + 2, 1).load_state_dict(state)  # 6 steps per epoch on 1 rank too
+    with pytest.raises(ConfigError, match=r"ran 6 steps per epoch, this world size gives 5 .*resume on at most 2 rank"):
+        glue_task(16 * 5 + 2, 4).load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"ran 5 steps per epoch, this world size gives 6 .*resume on more than 2"):
+        glue_task(16 * 5 + 2, 1).load_state_dict(glue_task(16 * 5 + 2, 3).state_dict())
