@@ -107,26 +107,22 @@ def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
     every step holds the uninterrupted run's examples and its loss to 1e-5 (dropout off: the streams of
     per-rank dropout masks cannot continue across world sizes)."""
     import signal
-
-    from tests.test_finetune_kill_resume import overrides as ft_overrides
-
-    files = _finetune_files(tmp_path / "files")
-    args = lambda run_dir: [a for a in ft_overrides(files, run_dir) if a != "model.dropout=0.1"] + [  # noqa: E731
-        "model.dropout=0.0", "tasks.sst2.dropout=0.0", "tasks.sst2.seeds=[0]", "engine=ddp"]
-    ft = [sys.executable, "-m", "lm.cli.finetune"]
-    env = dict(LM_PLUGINS=str(REPO / "tests" / "token_log.py"))
-    whole = subprocess.run(ft + args(tmp_path / "whole"), cwd=REPO, capture_output=True, text=True, timeout=600,
-                           env=subprocess_env(**env, LM_TOKEN_LOG=str(tmp_path / "whole_tokens")))
-    assert whole.returncode == 0, whole.stderr[-3000:]
-
-    flag = tmp_path / "paused"
-    stopped = subprocess.Popen(ft + args(tmp_path / "run"), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=subprocess_env(**env, LM_TOKEN_LOG=str(tmp_path / "tokens"),
-                                                             LM_FAULT_PAUSE_FILE=str(flag), LM_FAULT_PAUSE_AT_STEP="15",
-                                                             LM_PLUGINS=f"{env['LM_PLUGINS']},"
-                                                                        f"{REPO / 'benchmarks' / 'fault_pause.py'}"))
     import time
 
+    files = _finetune_files(tmp_path / "files")
+    token_log = str(REPO / "tests" / "token_log.py")
+    finetune = [sys.executable, "-m", "lm.cli.finetune"]
+    whole = subprocess.run(finetune + _finetune_args(files, tmp_path / "whole"), cwd=REPO, capture_output=True,
+                           text=True, timeout=600,
+                           env=subprocess_env(LM_PLUGINS=token_log, LM_TOKEN_LOG=str(tmp_path / "whole_tokens")))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    flag = tmp_path / "paused"  # benchmarks/fault_pause.py parks the run inside step 15, then Ctrl-C
+    stopped = subprocess.Popen(finetune + _finetune_args(files, tmp_path / "run"), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=subprocess_env(
+                                   LM_PLUGINS=f"{token_log},{REPO / 'benchmarks' / 'fault_pause.py'}",
+                                   LM_TOKEN_LOG=str(tmp_path / "tokens"), LM_FAULT_PAUSE_FILE=str(flag),
+                                   LM_FAULT_PAUSE_AT_STEP="15"))
     deadline = time.time() + 600
     while not flag.exists() and stopped.poll() is None and time.time() < deadline:
         time.sleep(0.2)
@@ -136,9 +132,9 @@ def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
 
     resumed = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(free_port()), "-m", "lm.cli.finetune"] + args(tmp_path / "run"), cwd=REPO,
-        capture_output=True, text=True, timeout=600,
-        env=subprocess_env(**env, LM_TOKEN_LOG=str(tmp_path / "tokens"), LM_TOKEN_SEGMENT="1"))
+         "--master_port", str(free_port()), "-m", "lm.cli.finetune"] + _finetune_args(files, tmp_path / "run"),
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env=subprocess_env(LM_PLUGINS=token_log, LM_TOKEN_LOG=str(tmp_path / "tokens"), LM_TOKEN_SEGMENT="1"))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout + resumed.stderr
     tokens, reference = token_steps(tmp_path / "tokens"), token_steps(tmp_path / "whole_tokens")
@@ -148,6 +144,14 @@ def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
     assert list(got) == list(want) == list(range(1, 31))
     worst = max(abs(got[s] - want[s]) for s in want)
     assert worst < TOL, f"finetune 1 -> 2 ranks: max |loss - uninterrupted| = {worst:.2e}"
+
+
+def _finetune_args(files, run_dir):
+    """tests/test_finetune_kill_resume.py's job, one seed (30 steps), DDP, dropout off."""
+    from tests.test_finetune_kill_resume import overrides as kill_resume_overrides
+
+    return [a for a in kill_resume_overrides(files, run_dir) if a != "model.dropout=0.1"] + [
+        "model.dropout=0.0", "tasks.sst2.dropout=0.0", "tasks.sst2.seeds=[0]", "engine=ddp"]
 
 
 def _finetune_files(root):
