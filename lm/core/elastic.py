@@ -28,7 +28,7 @@ def kept_grad_accum(samples_per_step: int, micro_batch_size: int, world_size: in
     micro_steps = samples_per_step // micro_batch_size if samples_per_step % micro_batch_size == 0 else 0
     worlds = [w for w in range(1, micro_steps + 1) if micro_steps % w == 0][:8]
     fix = (f"resume on a world size that divides {micro_steps} ({', '.join(map(str, worlds))})" if worlds
-           else f"resume with the micro-batch size it was trained with")
+           else "resume with the micro-batch size it was trained with")
     raise ConfigError(f"{where} trained on {samples_per_step} sequences per step, which {world_size} rank(s) of "
                       f"train.micro_batch_size={micro_batch_size} cannot split evenly: {fix}, or start a new run_dir "
                       f"from the weights (lm export)")
