@@ -22,6 +22,9 @@ async_save) on 2 ranks.
 --finetune-trials: SIGKILL `lm finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
 lm train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
 uninterrupted results.json (timings aside), submission files and per-step losses.
+--elastic-trials: issue 51's world-size and engine changes on resume (ELASTIC_LAYOUTS, in turn): SIGKILL on the
+first layout after a checkpoint, then the same command on another world size / engine; exact (losses of the
+uninterrupted 1-process run, global batch kept), or refused in one line and then exact on the first layout.
 Needs LM_DATA_MIRROR (tiny Shakespeare is prepared once into LM_CACHE; GLUE TSVs from <mirror>/glue_data).
 """
 
@@ -63,6 +66,19 @@ ZERO2_KINDS = ["kill"] * 3 + ["kill+damage"]
 FINETUNE_KINDS = ["kill"] * 4 + ["kill+damage"] + ["config_change"]
 GLUE_TASKS = ["cola", "mrpc", "rte", "sst2", "stsb"]  # those of glue/all with a local train.tsv in the mirror
 FINETUNE_CHANGED = "optim.weight_decay=0.05"
+# World-size / engine changes on resume (elastic resume): killed on the first layout, the same command rerun on
+# the second; 4 sequences per step (micro-batch 1 x grad_accum x world). name: (world, engine) before and after,
+# and what a refusal must name (None: it must resume exactly).
+ELASTIC_BASE = [a for a in BASE if not a.startswith("train.micro_batch_size=")] + ["train.micro_batch_size=1"]
+ELASTIC_GLOBAL = 4
+ELASTIC_LAYOUTS = {
+    "1->2": ((1, "single"), (2, "ddp"), None), "2->1": ((2, "ddp"), (1, "single"), None),
+    "2->4": ((2, "fsdp2"), (4, "fsdp2"), None), "ddp->fsdp2": ((2, "ddp"), (2, "fsdp2"), None),
+    "fsdp2->single": ((2, "fsdp2"), (1, "single"), None),
+    "fsdp2->zero2": ((2, "fsdp2"), (2, "zero2"), "engine=single|ddp|fsdp2"),
+    "2->3": ((2, "ddp"), (3, "ddp"), "world size that divides 4"),
+}
+ELASTIC_KINDS = list(ELASTIC_LAYOUTS)
 
 
 @dataclass
@@ -583,6 +599,44 @@ def trial(suite: Suite, kind: str, run_dir: Path, rng: random.Random) -> Dict:
     return {"kind": suite.kind(kind), "outcome": outcome, "notes": notes, "problems": problems}
 
 
+def elastic_suite(world: int, engine: str, first_world: int) -> Suite:
+    """lm train on `world` ranks of `engine` with the first layout's command (its grad_accum: lm keeps the
+    global batch by adjusting it)."""
+    args = [*ELASTIC_BASE, f"train.grad_accum={ELASTIC_GLOBAL // first_world}", f"engine={engine}"]
+    return Suite("elastic", world, "train", args, CHANGED, "ffn")
+
+
+def elastic_trial(kind: str, run_dir: Path, rng: random.Random, reference_losses: Dict[int, float]) -> Dict:
+    """SIGKILL on the first layout inside a random step after the first checkpoint, then the same command on the
+    second layout: the losses of all STEPS must equal the uninterrupted single-process run's, or the resume is
+    refused in one line naming the fix and the checkpoint still resumes exactly on the first layout."""
+    (w1, e1), (w2, e2), must_name = ELASTIC_LAYOUTS[kind]
+    first, second = elastic_suite(w1, e1, w1), elastic_suite(w2, e2, w1)
+    first.reference = second.reference = reference_losses
+    flag = run_dir.parent / f"{run_dir.name}.paused"
+    step = rng.randint(6, STEPS - 1)
+    proc = start(first, run_dir, {"LM_FAULT_PAUSE_AT_STEP": str(step)}, flag)
+    notes = [f"{e1} on {w1} killed inside step {step}" + ("" if wait_paused(proc, flag, w1) else " (never reached)")]
+    kill(proc)
+    flag.unlink(missing_ok=True)
+    problems: List[str] = []
+    resumed = run(second, run_dir)
+    if must_name is None:
+        if resumed.returncode != 0:
+            problems.append(f"resume as {e2} on {w2} failed: {(resumed.stdout + resumed.stderr)[-400:]}")
+        else:
+            notes.append(f"resumed as {e2} on {w2}")
+            problems += [why for why in [exact(run_dir, reference_losses)] if why]
+        problems += [why for why in [latest_damage(run_dir)] if why]
+        outcome = "silent_corruption" if problems else "exact_resume"
+        return {"kind": f"elastic:{kind}", "outcome": outcome, "notes": notes, "problems": problems}
+    why = refusal(resumed, must_name)
+    problems += [f"{e2} on {w2}: {why}"] if why else []
+    notes.append(f"{e2} on {w2} refused: {message(resumed)[:160]}")
+    result = finish(first, run_dir, kind, notes, problems, refused=True)
+    return {**result, "kind": f"elastic:{kind}"}
+
+
 def table(summary: Dict) -> str:
     rows = ["| fault kind | trials | exact resumes | clear refusals | silent corruptions | skipped |",
             "|---|---|---|---|---|---|"]
@@ -605,7 +659,8 @@ def outside_state(out: Path) -> List:
     """Name, mtime and bytes of every file in `out` that belongs to no run (the sentinel and anything else)."""
     return [(p.name, p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(out.iterdir())
             if not p.name.startswith(("trial_", "reference", "fault_injection.", "ddp_", "zero2_", "fsdp2_",
-                                      "finetune_"))]
+                                      "finetune_",
+                                      "elastic_"))]
 
 
 def reference(suite: Suite, run_dir: Path) -> None:
@@ -639,6 +694,8 @@ def main(argv=None) -> int:
     p.add_argument("--zero2-trials", type=int, default=0, help=f"2-rank ZeRO-2 trials (of {len(ZERO2_KINDS)})")
     p.add_argument("--fsdp2-trials", type=int, default=0, help=f"2-rank FSDP2 trials (of {len(FSDP2_KINDS)})")
     p.add_argument("--finetune-trials", type=int, default=0, help=f"lm finetune trials (of {len(FINETUNE_KINDS)})")
+    p.add_argument("--elastic-trials", type=int, default=0,
+                   help=f"world-size/engine changes on resume (of {', '.join(ELASTIC_KINDS)}, in turn)")
     p.add_argument("--kinds", default="", help="comma-separated: keep only these kinds of the single-process mix "
                                                  f"(of {', '.join(dict.fromkeys(KINDS))})")
     p.add_argument("--seed", type=int, default=0)
@@ -656,8 +713,9 @@ def main(argv=None) -> int:
     before = outside_state(args.out)
 
     single = Suite("", 1, "train", BASE, CHANGED, "ffn")
-    reference(single, args.out / "reference")  # also the init of the finetuning suite
-    plan = [(single, "trial", mix(args.trials, kinds))]
+    if args.trials or args.ddp_trials or args.zero2_trials or args.fsdp2_trials or args.finetune_trials:
+        reference(single, args.out / "reference")  # also the init of the finetuning suite
+    plan = [(single, "trial", mix(args.trials, kinds))] if args.trials else []
     for name, n, kinds in (("ddp", args.ddp_trials, DDP_KINDS), ("zero2", args.zero2_trials, ZERO2_KINDS),
                            ("fsdp2", args.fsdp2_trials, FSDP2_KINDS)):
         if n:
@@ -671,6 +729,15 @@ def main(argv=None) -> int:
         for i, kind in enumerate(kinds):
             r = trial(suite, kind, args.out / f"{prefix}_{i:02d}", rng)
             print(f"{prefix} {i:2d} {r['kind']:22s} {r['outcome']:18s} {'; '.join(r['notes'] + r['problems'])}",
+                  flush=True)
+            results.append(r)
+    if args.elastic_trials:
+        ref = Suite("elastic", 1, "train", [*ELASTIC_BASE, f"train.grad_accum={ELASTIC_GLOBAL}", "engine=single"],
+                    CHANGED, "ffn")
+        reference(ref, args.out / "elastic_reference")
+        for i in range(args.elastic_trials):
+            r = elastic_trial(ELASTIC_KINDS[i % len(ELASTIC_KINDS)], args.out / f"elastic_{i:02d}", rng, ref.reference)
+            print(f"elastic {i:2d} {r['kind']:22s} {r['outcome']:18s} {'; '.join(r['notes'] + r['problems'])}",
                   flush=True)
             results.append(r)
     outside = outside_state(args.out) != before

@@ -62,10 +62,19 @@ def test_resume_continues_bit_identically(tmp_path):
     assert resumed.state.step == 10
 
 
-def test_resume_refuses_another_engine_or_world(tmp_path):
-    run(tmp_path, steps=3)
-    with pytest.raises(CheckpointError, match="DDPEngine on 1"):
-        run(tmp_path, steps=6, extra=["engine=ddp"])
+def test_resume_on_another_engine_continues_exactly(tmp_path):
+    """Elastic resume (docs/training.md): a single-process checkpoint continues under DDP (one rank here: the
+    same arithmetic), with the uninterrupted run's losses. Refusals of what cannot change: tests/test_elastic.py."""
+    from lm.engine import dist as dist_utils
+
+    extra = ["sched=constant"]
+    run(tmp_path / "whole", steps=6, extra=extra)
+    run(tmp_path / "split", steps=3, extra=extra)
+    try:
+        run(tmp_path / "split", steps=6, extra=[*extra, "engine=ddp"])
+    finally:
+        dist_utils.shutdown()  # the 1-rank process group DDP made
+    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
 
 
 def _nan_at(monkeypatch, step_calls):

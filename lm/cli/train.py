@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from lm.cli.errors import entry
 from lm.config import ConfigError, check_known_keys, explain, register_train_configs, run_schema
 from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_train
+from lm.core.elastic import keep_global_batch
 from lm.core.files import atomic_write_text
 from lm.core.setup import engine_class, make_engine, quiet_other_ranks
 from lm.data.config import DataConfig
@@ -87,6 +88,8 @@ def train(cfg: DictConfig, loaders=None):
     if dist.is_main and short_schedule(train_cfg, sched_cfg):
         log.warning("%s", short_schedule(train_cfg, sched_cfg))
     train_cfg = resolve_batch(train_cfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
+    if run.resume:  # on another world size, grad_accum keeps the checkpoint's global batch (lm/core/elastic.py)
+        train_cfg = keep_global_batch(train_cfg, Path(run.run_dir), dist.world_size, dist.is_main)
     engine = make_engine(run, instantiate, train_cfg, dist)
 
     run_dir = Path(run.run_dir)

@@ -23,6 +23,10 @@ names anything else or a damaged checkpoint resumes from the newest intact step_
 refuses when none is intact: a run never starts over (pruning and overwriting its checkpoints) while any
 are there. The resume config check reads the checkpoint chosen here, the one loaded (lm/core/resume.py).
 lm export and lm finetune init= refuse a damaged checkpoint.
+A checkpoint resumes on another world size or engine class (elastic resume) when the engine can read the
+files (Engine.load_resharded: DCP reshards FSDP2's; lm/engine/reshard.py converts between single/DDP and
+FSDP2; DeepSpeed's stay on their own layout); a rank beyond the saved world size reads rank 0's task state
+(a global position) and keeps its freshly seeded RNGs.
 Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm export` (lm/cli/export.py).
 """
 
@@ -51,6 +55,9 @@ TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
 UNSEALED = (MANIFEST, "trainer.json")  # the checkpoint files the manifest does not list (it is in trainer.json)
 STEP_DIR = re.compile(r"step_\d{8}")  # the only names `latest` may hold
+# trainer.json key: the task state in the rank files is global and carries its batch guard (samples per step,
+# steps per epoch), so the checkpoint may resume on another world size or engine (Checkpointer._load_elsewhere)
+ELASTIC = "elastic"
 SAVE_PHASES = ("files", "manifest", "rename", "latest", "prune")  # Checkpointer.save's on_phase points, in order
 
 
@@ -225,7 +232,7 @@ class Checkpointer:
             try:
                 (tmp / "config.yaml").write_text(self.config_yaml)
                 manifest = _write_manifest(tmp)
-                trainer = {**trainer, "engine": self.engine.describe(), "time": time.time(),
+                trainer = {**trainer, "engine": self.engine.describe(), ELASTIC: True, "time": time.time(),
                            "manifest_sha256": manifest}
                 self.on_phase("manifest")  # manifest written, trainer.json not yet
                 _write_durably(tmp / "trainer.json", json.dumps(trainer, indent=1))  # marks completeness
@@ -289,16 +296,40 @@ class Checkpointer:
         returns (trainer.json, this rank's loader state)."""
         self._check_intact(path)
         trainer = read_trainer(path)
-        saved_world = trainer["engine"]["world_size"]
-        if saved_world != self.engine.world_size or trainer["engine"]["engine"] != self.engine.name:
-            raise CheckpointError(
-                f"{path} was written by {trainer['engine']['engine']} on {saved_world} rank(s); this run is "
-                f"{self.engine.name} on {self.engine.world_size}. Resume with the same engine and world size, "
-                f"or start a new run_dir from the weights (lm export {path})")
-        _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
-        own = load_rank_state(path / f"rank{self.engine.rank:05d}.pt")
-        set_rng_state(own["rng"])
+        saved = trainer["engine"]
+        if saved["world_size"] == self.engine.world_size and saved["engine"] == self.engine.name:
+            _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
+        else:
+            self._load_elsewhere(path, trainer)
+        own = load_rank_state(self._rank_file(path, saved["world_size"]))
+        if self.engine.rank < saved["world_size"]:  # a rank that did not exist continues its seeded streams
+            set_rng_state(own["rng"])
         return trainer, own["loader"]
+
+    def _load_elsewhere(self, path: Path, trainer: Dict) -> None:
+        """Another world size or engine class (elastic resume): the engine reshards what it can read
+        (lm.engine.Engine.load_resharded) or says why not, in one line."""
+        from lm.engine import EngineError
+
+        saved = trainer["engine"]
+        if not trainer.get(ELASTIC):
+            raise CheckpointError(
+                f"{path} was written by {saved['engine']} on {saved['world_size']} rank(s), before lm could resume "
+                f"on another engine or world size; this run is {self.engine.name} on {self.engine.world_size}. "
+                f"Resume with the same engine and world size, or start a new run_dir from the weights (lm export {path})")
+        try:
+            _weights_only(lambda: self.engine.load_resharded(path, saved), f"{path} ({saved['engine']}'s files)")
+        except EngineError as e:
+            raise CheckpointError(str(e)) from None
+        if self.engine.is_main:
+            log.info("resumed %s (%s on %d rank(s)) as %s on %d rank(s)", path, saved["engine"], saved["world_size"],
+                     self.engine.name, self.engine.world_size)
+
+    def _rank_file(self, path: Path, saved_world: int) -> Path:
+        """This rank's file; a rank beyond the saved world size reads rank 0's: the task states are global
+        positions (lm.data.packed, lm.glue.trainer), the same in every rank's file."""
+        rank = self.engine.rank if self.engine.rank < saved_world else 0
+        return path / f"rank{rank:05d}.pt"
 
 
 # -- checksums -------------------------------------------------------------------------------------

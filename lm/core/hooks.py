@@ -3,6 +3,8 @@ tests and benchmarks/fault_injection.py, step timers of the speed benchmarks). P
 them; it never knows why.
 
     step_begin(step)              as each optimizer step starts (lm.core.loop; step: the run's 0-based step)
+    step_batches(step, micro)     each optimizer step's micro-batches as the task handed them out, before the
+                                  forward (lm.core.loop; micro: this rank's list of batch dicts, read-only)
     after_backward(step, micro)   after each micro-batch's backward (lm.core.loop; step: the run's 0-based
                                   optimizer step, micro: the micro-batch's index in it)
     save_phase(phase)             at each point of Checkpointer.save (lm.core.checkpoint): "begin" on every
@@ -26,6 +28,7 @@ from typing import Callable, List, Mapping
 @dataclass
 class Hooks:
     step_begin: List[Callable[[int], None]] = field(default_factory=list)
+    step_batches: List[Callable[[int, list], None]] = field(default_factory=list)
     after_backward: List[Callable[[int, int], None]] = field(default_factory=list)
     save_phase: List[Callable[[str], None]] = field(default_factory=list)
 

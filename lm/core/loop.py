@@ -159,6 +159,8 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         engine.set_lr(lr)
         t0 = time.perf_counter()  # the step's time includes fetching its batches: data is part of the cost
         micro = next(task.batches)
+        for hook in hooks.step_batches:
+            hook(step, micro)
         loss, tokens = train_step(engine, micro, loss_fn=task.loss, dense_labels=dense, metrics=model_metrics,
                                   after_backward=[functools.partial(hook, step) for hook in hooks.after_backward])
         pending.losses.append(loss)

@@ -12,7 +12,9 @@ from typing import Dict, Iterable, List
 
 import torch
 
+from lm.config_base import ConfigError
 from lm.core import objectives
+from lm.core.elastic import SAMPLES_PER_STEP, kept_grad_accum
 from lm.core.tracking import perplexity
 
 log = logging.getLogger("lm")
@@ -36,10 +38,25 @@ class LoaderSteps:
             self._it = iter(self.loader)
         return [next(self._it) for _ in range(self.grad_accum)]
 
+    @property
+    def samples_per_step(self):
+        """The global batch G = micro-batch x grad_accum x world size (None: a loader without those sizes)."""
+        b, w = getattr(self.loader, "micro_batch_size", None), getattr(self.loader, "world_size", None)
+        return None if b is None or w is None else b * w * self.grad_accum
+
     def state_dict(self) -> Dict:
-        return self.loader.state_dict()
+        state = self.loader.state_dict()
+        return state if self.samples_per_step is None else {**state, SAMPLES_PER_STEP: self.samples_per_step}
 
     def load_state_dict(self, state: Dict) -> None:
+        """The loader continues at the saved global position; another global batch would put other samples
+        in each step than the run had (lm/core/elastic.py), so it is refused."""
+        saved = state.get(SAMPLES_PER_STEP)
+        if saved is not None and self.samples_per_step is not None and saved != self.samples_per_step:
+            kept = kept_grad_accum(saved, self.loader.micro_batch_size, self.loader.world_size)
+            raise ConfigError(f"the checkpoint trained on {saved} sequences per step, this run on "
+                              f"{self.samples_per_step}: set train.grad_accum={kept} (or leave train.grad_accum "
+                              f"and train.global_batch_size as the run had them)")
         self.loader.load_state_dict(state)
         self._it = None
 

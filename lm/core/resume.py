@@ -38,9 +38,10 @@ RESUMABLE = (
     # where the prepared data is found or made; the loader's own state (lm/data/packed.py
     # load_state_dict) refuses data that would give another sample order
     "data.dir", "data.mirror", "data.workers",
-    # the engine class and world size are checked by Checkpointer.load (lm/core/checkpoint.py), which
-    # names both; these options change speed and memory, not the maths (engine.config, DeepSpeed's
-    # JSON with its ZeRO stage and offload, and engine.cpu_adam must match)
+    # the engine class and world size may change too (elastic resume: Checkpointer.load in
+    # lm/core/checkpoint.py reshards, or refuses what it cannot in one line); these options change speed and
+    # memory, not the maths (engine.config, DeepSpeed's JSON with its ZeRO stage and offload, and
+    # engine.cpu_adam must match)
     "engine._target_", "engine._partial_", "engine.bucket_cap_mb", "engine.find_unused_parameters",
     "engine.reshard_after_forward", "engine.shm_comm",
 )

@@ -204,6 +204,21 @@ class Engine:
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
+    def load_resharded(self, path: Path, saved: Dict) -> None:
+        """Restore a checkpoint written by another engine class or world size (`saved`: its trainer.json
+        engine record), or raise EngineError saying why not. single/DDP: model_optim.pt is the full state
+        whatever the world size; FSDP2's DCP shards are consolidated (lm/engine/reshard.py)."""
+        from lm.engine import reshard
+
+        if saved["format"] == "torch":
+            self.load_state(path)
+        elif saved["format"] == "dcp":
+            reshard.set_full_state(self.module, self.optimizer, reshard.full_from_dcp(Path(path) / "dcp"))
+        else:
+            raise reshard.refuse(path, saved, self.name, f"a DeepSpeed checkpoint resumes only with "
+                                 f"engine=zero{saved.get('zero_stage', 0)}; or start a new run_dir from the "
+                                 f"weights (lm export {path})")
+
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
         """The full model state dict of checkpoint `path` in one process, no process group (lm export,

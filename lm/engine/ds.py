@@ -161,6 +161,28 @@ class DeepSpeedEngine(Engine):
         if load_path is None:
             raise EngineError(f"DeepSpeed found no checkpoint under {path}/{TAG}")
 
+    def load_resharded(self, path: Path, saved: Dict) -> None:
+        """Refused: DeepSpeed reloads its optimizer partitions only on the world size that wrote them (its own
+        check), and lm has no converter between its files and the torch engines' yet (docs/training.md).
+
+        The path chosen for later is DeepSpeed's universal checkpoint (deepspeed.checkpoint.ds_to_universal,
+        then `checkpoint.load_universal`), not consolidate-and-reshard: it is DeepSpeed's maintained converter
+        of the fp32 master partitions *and* both Adam moments for stages 1-3, while zero_to_fp32 consolidates
+        the weights only (a resume from it would drop the moments without a word), and its per-parameter files
+        are what a converter to and from the torch engines' full state (lm/engine/reshard.py) would read. Not
+        wired in yet: the conversion needs `universal_checkpoint_info` in the saved client state (or its
+        inject option), an offline multi-process pass over every rank's files, and load_universal set in the
+        JSON before deepspeed.initialize."""
+        from lm.engine import reshard
+
+        if saved["format"] == "deepspeed":
+            why = (f"DeepSpeed reloads ZeRO partitions only on the world size that wrote them; resume on "
+                   f"{saved['world_size']} rank(s), or start a new run_dir from the weights (lm export {path})")
+        else:
+            why = (f"lm cannot convert {saved['engine']}'s files into DeepSpeed's; resume with "
+                   f"engine=single|ddp|fsdp2, or start a new run_dir from the weights (lm export {path})")
+        raise reshard.refuse(path, saved, f"{self.name} (ZeRO-{self.stage}) on {self.world_size} rank(s)", why)
+
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
         """Stage 0: rank 0's module states; ZeRO-1/2/3: DeepSpeed's zero_to_fp32 merges the partitions."""

@@ -168,6 +168,19 @@ class FSDP2Engine(Engine):
         load(state, checkpoint_id=Path(path) / DCP)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
+    def load_resharded(self, path: Path, saved: Dict) -> None:
+        """Another world size: DCP reshards its own shards onto this mesh (load_state); single/DDP's full
+        model_optim.pt is sharded by set_state_dict (lm/engine/reshard.py)."""
+        from lm.engine import reshard
+
+        if saved["format"] == "dcp":
+            self.load_state(path)
+        elif saved["format"] == "torch":
+            reshard.set_full_state(self.module, self.optimizer,
+                                   reshard.full_from_torch_file(path, self.module, self.optimizer))
+        else:
+            super().load_resharded(path, saved)
+
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
         """DCP's offline conversion (any world size, no process group) to a torch.save file, read back."""

@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from lm.config_base import ConfigError
 from lm.glue.config import GlueTaskConfig
 from lm.core import objectives
 from lm.glue.encode import collate, encode_examples
@@ -226,9 +227,22 @@ class GlueTask:
 
     def state_dict(self) -> Dict:
         return {"batches": self.batches.state_dict(), "history": self.history, "best": self.best,
-                "seconds": self._seconds()}
+                "seconds": self._seconds(), "per_epoch": self.per_epoch}
 
     def load_state_dict(self, state: Dict) -> None:
+        """The state is the next step of a global order (every rank's file holds the same), so it continues on
+        any world size that cuts epochs into the same steps; a world size that keeps or drops the tail batch
+        where the run did not would change the schedule and is refused."""
+        saved = state.get("per_epoch", self.per_epoch)
+        if saved != self.per_epoch:
+            n, b = len(self.data.train.features), self.cfg.batch_size
+            raise ConfigError(
+                f"{self.data.task.dir} seed {self.seed}: the checkpoint ran {saved} steps per epoch, this world size "
+                f"gives {self.per_epoch} (the last batch of {n % b} examples is trained only on at most that many "
+                f"ranks): resume on at most {n % b} rank(s)" if self.per_epoch < saved else
+                f"{self.data.task.dir} seed {self.seed}: the checkpoint ran {saved} steps per epoch, this world size "
+                f"gives {self.per_epoch} (the last batch of {n % b} examples is dropped on more ranks than that): "
+                f"resume on more than {n % b} rank(s)")
         self.batches.load_state_dict(state["batches"])
         self.history, self.best = state["history"], state["best"]
         self.seconds, self._t0 = state["seconds"], time.perf_counter()

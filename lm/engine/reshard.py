@@ -1,0 +1,74 @@
+"""Loading a checkpoint written by another torch-native engine or world size (elastic resume).
+
+The interchange form is the *full* state keyed by parameter name (FQN), as torch.distributed.checkpoint's
+`get_state_dict(..., full_state_dict=True)` has it: {"model": {fqn: tensor}, "optim": {"state": {fqn: {...}},
+"param_groups": [{"params": [fqn, ...], ...}]}}. Each source format is read into it, and `set_state_dict`
+puts it into any torch-native engine's module and optimizer (FSDP2 shards it for the new mesh):
+
+    torch (single/DDP model_optim.pt): the full state already; the optimizer's integer ids -> names
+    dcp (FSDP2 shards): DCP's offline conversion to one file (any saved world size)
+
+Every rank reads the whole state (CPU memory: the model and both Adam moments once per rank). A resume on
+the same engine class and format (FSDP2 on another world size included: DCP reshards itself) never comes
+here: each engine's own load_state stays the path of an unchanged resume.
+"""
+
+import tempfile
+from pathlib import Path
+from typing import Dict
+
+import torch
+from torch import nn
+
+from lm.engine.dist import EngineError
+
+
+def full_from_torch_file(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> Dict:
+    """model_optim.pt (single/DDP) as the full FQN-keyed state. The file's optimizer numbers parameters in
+    param_groups order; lm builds those groups the same way for every engine (lm.core.optim.adamw), so
+    position i there is position i of this optimizer's groups, whose parameters have names."""
+    from lm.engine.base import MODEL_OPTIM
+
+    state = torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)
+    if "scaler" in state:
+        raise EngineError(f"{path} was trained with fp16 loss scaling, which only engine=single|ddp keep; "
+                          f"resume with engine=single or engine=ddp")
+    saved = state["optimizer"]
+    names = {id(p): n for n, p in module.named_parameters()}
+    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    ids = [i for g in saved["param_groups"] for i in g["params"]]
+    if len(ids) != len(order) or [len(g["params"]) for g in saved["param_groups"]] != \
+            [len(g["params"]) for g in optimizer.param_groups]:
+        raise EngineError(f"{path}: its optimizer has {len(ids)} parameters in {len(saved['param_groups'])} "
+                          f"groups, this model's {len(order)} in {len(optimizer.param_groups)}: not this model")
+    fqn = dict(zip(ids, order))
+    optim = {"state": {fqn[i]: s for i, s in saved["state"].items()},
+             "param_groups": [{**g, "params": [fqn[i] for i in g["params"]]} for g in saved["param_groups"]]}
+    return {"model": state["model"], "optim": optim}
+
+
+def full_from_dcp(dcp_dir: Path) -> Dict:
+    """FSDP2's DCP shards (any saved world size) as the full FQN-keyed state, without a process group."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from lm.engine.torch_engines import check_dcp_metadata
+
+    check_dcp_metadata(dcp_dir)
+    with tempfile.TemporaryDirectory(prefix="lm-reshard-") as scratch:  # private: every rank converts its own
+        out = Path(scratch) / "full.pt"
+        dcp_to_torch_save(dcp_dir, out)
+        return torch.load(out, map_location="cpu", weights_only=True)
+
+
+def set_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, full: Dict) -> None:
+    """Put a full FQN-keyed state into `module` and `optimizer` (plain, DDP's module, or FSDP2-sharded)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(module, optimizer, model_state_dict=full["model"], optim_state_dict=full["optim"],
+                   options=StateDictOptions(full_state_dict=True))
+
+
+def refuse(path: Path, saved: Dict, engine_name: str, why: str) -> EngineError:
+    """The one-line refusal of a resume this engine cannot do from `saved` (trainer.json's engine record)."""
+    return EngineError(f"{path} was written by {saved['engine']} on {saved['world_size']} rank(s) and cannot be "
+                       f"resumed by {engine_name}: {why}")
