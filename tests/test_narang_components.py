@@ -154,10 +154,10 @@ def test_undefined_combinations_are_refused_naming_both_fields(over, message):
      "model.stack.steps=2\\) with model/block=pkm \\(model.block.layers=\\[0\\]\\)"),
     (["model/stack=universal", "model.stack.steps=2", "model/memory=transparent"],
      "model.stack.steps=2\\) with model/memory=transparent"),
-    (["model.factorized_embedding=16", "model.embedding=adaptive", "model.tie_embeddings=false"],
-     "model.factorized_embedding=16 with model.embedding=adaptive"),
-    (["model.factorized_embedding=16", "model.output=mixture_of_softmaxes"],
-     "model.factorized_embedding=16 tied .* model.output=mixture_of_softmaxes"),
+    (["model.factorized_embedding=16", "model/embedding=adaptive", "model.tie_embeddings=false"],
+     "model.factorized_embedding=16 with model/embedding=adaptive"),
+    (["model.factorized_embedding=16", "model/output=mixture_of_softmaxes"],
+     "model.factorized_embedding=16 tied .* model/output=mixtureofsoftmaxes"),
 ])
 def test_combinations_with_the_other_issue_options_are_refused(over, message):
     with pytest.raises(ConfigError, match=message):

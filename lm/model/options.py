@@ -1,6 +1,7 @@
 """The slots' base schemas and the core's option schemas: one dataclass per option file of
 conf/model/<slot>/ (model/norm, model/ffn, model/pos, model/attn; model/block, model/stack and
-model/memory have zoo options only: lm/zoo), and the typed nodes model.rnn and model.electra.
+model/memory, model/embedding and model/output have zoo options only: lm/zoo), and the typed nodes model.rnn
+and model.electra.
 
 Each option holds its `_target_` and its own hyperparameters; the model (lm/model/config.py's
 ModelConfig) supplies the shapes. A new option is one subclass of its slot's base, registered with
@@ -297,6 +298,33 @@ class MemoryConfig(Component):
     built as memory(n_encoder_layers, n_decoder_layers): a module that maps the encoder's states (the
     embeddings and each layer's output) and its final norm to one memory per decoder layer (the zoo:
     transparent)."""
+
+
+@slot("embedding")
+@dataclass
+class EmbeddingConfig(Component):
+    """model/embedding: the token table in place of nn.Embedding(vocab_size, dim), built as embedding(cfg) -> a
+    module mapping ids (B, T) to (B, T, dim) (the zoo: adaptive input). Such a table is no (vocab_size, dim)
+    matrix: the output cannot reuse it unless its model/output option says it reads no table (`tieable`)."""
+
+
+@slot("output")
+@dataclass
+class OutputConfig(Component):
+    """model/output: the output layer in place of the softmax LM head, built as output(cfg, tied, bias, transform)
+    -> a module with forward(h) -> (..., V) logits or log-probabilities and output(h, labels) -> LMOutput (the zoo:
+    adaptive softmax, mixture of softmaxes). `tieable`: it can reuse the input token table (`tied`); the
+    chunked loss (model.loss_chunk_size) is the plain softmax's, never an option's."""
+
+    tieable: ClassVar[bool] = True
+
+    def check(self, model: "ModelConfig") -> None:
+        if model.loss_chunk_size:
+            raise ConfigError(f"model/output={option_name(self)} with model.loss_chunk_size={model.loss_chunk_size}: "
+                              f"the chunked loss is for a plain softmax only; set model.loss_chunk_size=0")
+        if model.output_tied and not self.tieable:
+            raise ConfigError(f"model/output={option_name(self)} with model.tie_embeddings={model.tie_embeddings}: it "
+                              f"owns its output weights, so tying is not supported here; set model.tie_embeddings=false")
 
 
 # -- recurrent baselines (model=lstm|gru|rnn): lm/model/rnn.py -------------------------------------

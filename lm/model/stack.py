@@ -33,6 +33,8 @@ class Components:
     block: Optional[Callable[..., Block]] = None  # model/block: block(parts: BlockParts); None = vanilla
     stack: Optional[Callable[..., nn.Module]] = None  # model/stack: stack(cfg, c, n_layers, causal, cross); None = Stack
     memory: Optional[Callable[..., nn.Module]] = None  # model/memory: memory(n_encoder_layers, n_decoder_layers)
+    embedding: Optional[Callable[..., nn.Module]] = None  # model/embedding: embedding(cfg); None = nn.Embedding
+    output: Optional[Callable[..., nn.Module]] = None  # model/output: output(cfg, tied, bias, transform); None = LMHead
 
 
 class BlockParts:
