@@ -19,13 +19,13 @@ from typing import List, Optional, Union
 from lm.config_base import ConfigError
 from lm.model.choices import Activation, Arch, Init, LinearKind, NormPosition, TieEmbeddings  # noqa: F401
 from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell, Component, ElectraConfig,  # noqa: F401
-                              EmbeddingConfig, FFNConfig, FixupConfig, GLUConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
+                              EmbeddingConfig, FFNConfig, GLUConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
                               MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, OutputConfig, PosConfig,
-                              ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
+                              RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
                               ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, option_name,
                               options, positive)
 from lm.model.registry import schema_name, slots  # noqa: F401
-from lm.model.upgrade import moved_override, upgrade_saved
+from lm.model.upgrade import MOVED_TARGETS, moved_override, upgrade_saved
 
 
 @dataclass
@@ -182,7 +182,8 @@ def _typed_option(slot: str, node: dict, name: str):
     """A saved option node merged onto the schema its `_target_` names (an MoE's expert node too)."""
     from omegaconf import OmegaConf
 
-    target = node.get("_target_")
+    target = MOVED_TARGETS.get(node.get("_target_"), node.get("_target_"))  # a zoo option saved at its old home
+    node = {**node, "_target_": target}
     by_target = {cls._target_: cls for cls in options(slot)}
     if target not in by_target and isinstance(target, str):
         _import_module_of(target)  # a zoo option registers its schema when its module is imported

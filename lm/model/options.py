@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 from lm.config_base import Choice, ConfigError
 from lm.model.choices import Activation
-from lm.model.registry import options, register, slot  # noqa: F401 (options: the one lookup, re-exported)
+from lm.model.registry import options, register, slot, target_option  # noqa: F401 (options: re-exported)
 
 if TYPE_CHECKING:  # type hints only: lm/model/config.py imports this module for its field defaults
     from lm.model.config import ModelConfig
@@ -42,14 +42,19 @@ class Component:
     def check(self, model: "ModelConfig") -> None:
         pass
 
+    def after_init(self, model) -> None:
+        """Called by lm/model/init.py after the init scheme's pass over the built model: an option whose weights
+        start by a rule of its own (Fixup's rescaling) applies it here."""
+
 
 @slot("norm")
 @dataclass
 class NormConfig(Component):
-    """model/norm: built as norm(dim, eps=model.norm_eps)."""
+    """model/norm: built as norm(dim, eps=model.norm_eps). `residual()`: the residual function the option
+    brings (lm/model/block.py's Residual; the zoo's ReZero and Fixup); None = model.norm_position's."""
 
-    # The residual function (lm/model/block.py RESIDUALS) an option needs; None = model.norm_position's.
-    residual: ClassVar[Optional[str]] = None
+    def residual(self):
+        return None
 
 
 @register("norm")
@@ -59,36 +64,7 @@ class LayerNormConfig(NormConfig):
     bias: bool = True
 
 
-@register("norm")
-@dataclass
-class RMSNormConfig(NormConfig):
-    _target_: str = "lm.model.norms.RMSNorm"
-
-
-class ReZeroNorm(Choice):
-    none = "none"  # ReZero proper: no norm anywhere
-    layernorm = "layernorm"  # Narang et al.'s "ReZero + LayerNorm"
-    rmsnorm = "rmsnorm"  # Narang et al.'s "ReZero + RMS Norm"
-
-
-@register("norm")
-@dataclass
-class ReZeroConfig(NormConfig):
-    """model/norm=rezero, rezero_layernorm, rezero_rmsnorm: each residual branch is scaled by a learned
-    scalar initialised to 0 (Bachlechner et al. 2020), with no norm or a norm inside the branch."""
-
-    _target_: str = "lm.model.norms.rezero_norm"
-    with_norm: ReZeroNorm = ReZeroNorm.none
-    residual: ClassVar[Optional[str]] = "rezero"
-
-
-@register("norm")
-@dataclass
-class FixupConfig(NormConfig):
-    """model/norm=fixup: no norm; scalar bias and multiplier per branch and Fixup's rescaled init (Zhang et al. 2019)."""
-
-    _target_: str = "lm.model.norms.fixup_norm"
-    residual: ClassVar[Optional[str]] = "fixup"
+RMSNormConfig = target_option("norm", "RMSNormConfig", "lm.model.norms.RMSNorm")
 
 
 # -- model/ffn -------------------------------------------------------------------------------------
@@ -105,10 +81,7 @@ class FFNConfig(Component):
     hidden_dim: Optional[int] = None
 
 
-@register("ffn")
-@dataclass
-class MLPConfig(FFNConfig):
-    _target_: str = "lm.model.ffn.MLP"
+MLPConfig = target_option("ffn", "MLPConfig", "lm.model.ffn.MLP")
 
 
 @register("ffn")
@@ -159,16 +132,8 @@ class PosConfig(Component):
     """model/pos: built as pos(dim, n_heads, head_dim, max_seq_len, causal)."""
 
 
-@register("pos")
-@dataclass
-class LearnedConfig(PosConfig):
-    _target_: str = "lm.model.position.Learned"
-
-
-@register("pos")
-@dataclass
-class NoPositionConfig(PosConfig):
-    _target_: str = "lm.model.position.NoPosition"
+LearnedConfig = target_option("pos", "LearnedConfig", "lm.model.position.Learned")
+NoPositionConfig = target_option("pos", "NoPositionConfig", "lm.model.position.NoPosition")
 
 
 @register("pos")
@@ -198,10 +163,7 @@ class RoPEConfig(PosConfig):
     original_max_seq_len: Optional[int] = None  # the trained context; None = model.max_seq_len
 
 
-@register("pos")
-@dataclass
-class ALiBiConfig(PosConfig):
-    _target_: str = "lm.model.position.ALiBi"
+ALiBiConfig = target_option("pos", "ALiBiConfig", "lm.model.position.ALiBi")
 
 
 @register("pos")
@@ -247,12 +209,8 @@ class AttnConfig(Component):
                               f"alibi, t5_bias or none")
 
 
-@register("attn")
-@dataclass
-class ScaledDotConfig(AttnConfig):
-    """softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default."""
-
-    _target_: str = "lm.model.scores.ScaledDot"
+ScaledDotConfig = target_option("attn", "ScaledDotConfig", "lm.model.scores.ScaledDot",
+                                "softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default.")
 
 
 def option_name(cfg: Component) -> str:

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lm.model.attention import CrossAttention, LayerCache, SelfAttention, build_mask
-from lm.model.block import Block
+from lm.model.block import RESIDUALS, Block
 from lm.model.scores import make_score
 
 if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
@@ -65,7 +65,7 @@ class BlockParts:
               prelude: Sequence[nn.Module] = ()) -> Block:
         """The Block: ffn=None has no FFN sub-layer; prelude: residual sub-layers run before self-attention."""
         return Block(self_attn=self_attn, ffn=ffn, norm=self.norm, dropout=self.cfg.dropout, cross_attn=cross_attn,
-                     residual=type(self.cfg.norm).residual or self.cfg.norm_position,  # ReZero / Fixup name their own
+                     residual=self.cfg.norm.residual() or RESIDUALS[self.cfg.norm_position],  # ReZero / Fixup: their own
                      prelude=prelude)
 
 

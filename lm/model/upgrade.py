@@ -18,6 +18,10 @@ _OLD_OUTPUTS = {"adaptive_softmax": ("lm.zoo.adaptive.adaptive_softmax", _ADAPTI
                 "mixture_of_softmaxes": ("lm.zoo.mos.MixtureOfSoftmaxes", _MOS)}
 _OLD_FIELDS = {**_ADAPTIVE_SOFTMAX, **_MOS}
 
+# `_target_`s of options that moved to the zoo: a config saved before names the old home.
+MOVED_TARGETS = {"lm.model.norms.rezero_norm": "lm.zoo.residual.rezero_norm",
+                 "lm.model.norms.fixup_norm": "lm.zoo.residual.fixup_norm"}
+
 # lm train overrides of those fields -> what to write now.
 MOVED = {
     "model.embedding": "model/embedding=adaptive (model.embedding=standard is the default: drop it)",

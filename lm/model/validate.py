@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 
 from lm.config_base import Choice, ConfigError
-from lm.model.choices import Arch, NormPosition, TieEmbeddings
+from lm.model.choices import Arch, TieEmbeddings
 from lm.model.config import ModelConfig
 from lm.model.registry import slots
-from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, ReZeroNorm, RNNConfig,
+from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, RNNConfig,
                               SwitchConfig, option_name, positive)
 
 
@@ -188,24 +188,6 @@ def check_objective(cfg: ModelConfig, objective: str) -> None:
 
 # -- Narang et al. 2021 options: combinations the papers do not define are refused, naming both fields --
 
-def _norm_option(cfg: ModelConfig) -> str:
-    return f"model/norm={type(cfg.norm).__name__.removesuffix('Config').lower()}"
-
-
-def _validate_residual(cfg: ModelConfig) -> None:
-    residual = type(cfg.norm).residual
-    if residual is None:
-        return
-    if cfg.norm_position != NormPosition.pre:
-        raise ConfigError(f"{_norm_option(cfg)} defines its own residual (x + scalar * f(x)); "
-                          f"model.norm_position={cfg.norm_position} does not apply: leave it at pre")
-    no_norm = residual == "fixup" or cfg.norm.with_norm == ReZeroNorm.none
-    for name in ("qk_norm", "embed_norm", "mlm_transform"):
-        if no_norm and getattr(cfg, name):
-            raise ConfigError(f"{_norm_option(cfg)} has no norm, but model.{name}=true needs one; set model.{name}=false"
-                              f" or pick model/norm=rezero_layernorm or rezero_rmsnorm")
-
-
 def _validate_embeddings(cfg: ModelConfig) -> None:
     if isinstance(cfg.tie_embeddings, str) and cfg.tie_embeddings not in TieEmbeddings.__members__:
         raise ConfigError(f"model.tie_embeddings={cfg.tie_embeddings!r} is not one of true, false, "
@@ -221,7 +203,6 @@ def _validate_embeddings(cfg: ModelConfig) -> None:
 def validate_sharing_and_tying(cfg: ModelConfig) -> None:
     """ReZero/Fixup, shared blocks and the Universal Transformer, factorized and tied embeddings (issue #19's
     part-1 rows and #20's Universal Transformer), alone and with the other helpers' options."""
-    _validate_residual(cfg)
     _validate_embeddings(cfg)
     _validate_with_other_options(cfg)
 
