@@ -75,7 +75,8 @@ class Block(nn.Module):
         self.residual = residual.fn
         self.prelude = nn.ModuleList(prelude) if prelude else None
         self.norm_prelude = nn.ModuleList(norm() for _ in prelude) if prelude else None
-        self.scalars_prelude = nn.ModuleList(_scalars(residual) for _ in prelude) if prelude and residual.scalars else None
+        self.scalars_prelude = (nn.ModuleList(_scalars(residual) for _ in prelude) if prelude and residual.scalars
+                                else None)
         self.self_attn, self.norm_self, self.scalars_self = self_attn, norm(), _scalars(residual)
         self.cross_attn = cross_attn
         self.norm_cross = norm() if cross_attn is not None else None

@@ -40,7 +40,8 @@ class Embedding(nn.Module):
     def __init__(self, cfg: "ModelConfig", table: Optional[Callable[..., nn.Module]] = None):
         """table: the model/embedding option's factory, built as table(cfg); None = one (V, D) table."""
         super().__init__()
-        self.tok = table(cfg) if table is not None else nn.Embedding(cfg.vocab_size, cfg.factorized_embedding or cfg.dim)
+        width = cfg.factorized_embedding or cfg.dim
+        self.tok = table(cfg) if table is not None else nn.Embedding(cfg.vocab_size, width)
         rank = cfg.factorized_embedding
         self.proj = Linear(rank, cfg.dim, bias=False) if rank else None
         self.seg = nn.Embedding(cfg.n_segments, cfg.dim) if cfg.n_segments else None

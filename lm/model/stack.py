@@ -65,7 +65,8 @@ class BlockParts:
               prelude: Sequence[nn.Module] = ()) -> Block:
         """The Block: ffn=None has no FFN sub-layer; prelude: residual sub-layers run before self-attention."""
         return Block(self_attn=self_attn, ffn=ffn, norm=self.norm, dropout=self.cfg.dropout, cross_attn=cross_attn,
-                     residual=self.cfg.norm.residual() or RESIDUALS[self.cfg.norm_position],  # ReZero / Fixup: their own
+                     # a model/norm option's own residual (the zoo's ReZero, Fixup), or model.norm_position's
+                     residual=self.cfg.norm.residual() or RESIDUALS[self.cfg.norm_position],
                      prelude=prelude)
 
 

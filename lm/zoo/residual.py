@@ -111,7 +111,8 @@ class ReZeroConfig(_ResidualNormConfig):
 @register("norm")
 @dataclass
 class FixupConfig(_ResidualNormConfig):
-    """model/norm=fixup: no norm; scalar bias and multiplier per branch and Fixup's rescaled init (Zhang et al. 2019)."""
+    """model/norm=fixup: no norm; a scalar bias and multiplier per branch and Fixup's rescaled init (Zhang et al.
+    2019)."""
 
     _target_: str = "lm.zoo.residual.fixup_norm"
 
@@ -135,7 +136,8 @@ def fixup_scale(n_branches: int, m: int = FIXUP_BRANCH_LAYERS) -> float:
 
 def residual_branches(model: nn.Module) -> int:
     """L: residual branches the input passes through, counting each application of a shared block."""
-    return sum(s.depth * (3 if s.blocks[0].cross_attn is not None else 2) for s in model.modules() if isinstance(s, Stack))
+    stacks = [m for m in model.modules() if isinstance(m, Stack)]
+    return sum(s.depth * (3 if s.blocks[0].cross_attn is not None else 2) for s in stacks)
 
 
 @torch.no_grad()

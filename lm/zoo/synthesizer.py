@@ -65,12 +65,12 @@ class _SynthesizerConfig(AttnConfig):
         super().check(model)
 
 
-SynthesizerDenseConfig = target_option("attn", "SynthesizerDenseConfig", "lm.zoo.synthesizer.SynthesizerDense",
-                                       "Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len).",
-                                       _SynthesizerConfig)
-SynthesizerRandomConfig = target_option("attn", "SynthesizerRandomConfig", "lm.zoo.synthesizer.SynthesizerRandom",
-                                        "Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head.",
-                                        _SynthesizerConfig)
+SynthesizerDenseConfig = target_option(
+    "attn", "SynthesizerDenseConfig", "lm.zoo.synthesizer.SynthesizerDense",
+    "Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len).", _SynthesizerConfig)
+SynthesizerRandomConfig = target_option(
+    "attn", "SynthesizerRandomConfig", "lm.zoo.synthesizer.SynthesizerRandom",
+    "Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head.", _SynthesizerConfig)
 
 
 @register("attn")
