@@ -39,3 +39,36 @@ def test_the_link_check_sees_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("[ok](page.md) [gone](missing.md#x) ![img](a.png) [web](https://example.com) [here](#top)\n")
     assert list(relative_links(page)) == ["page.md", "missing.md", "a.png"]
+
+
+def layout_map(text: str):
+    """{package dir: file names} of docs/architecture.md's "Layout" block: a line `lm/<pkg>/ ...` opens a
+    package, and each line's names ending in .py (before its description) are files of the open one."""
+    block = text.split("## Layout: one line per file", 1)[1].split("```")[1]
+    found, package = {}, "lm"
+    for line in block.splitlines():
+        head = line.split()[0] if line.strip() else ""
+        if not line.startswith(" ") and head.endswith("/"):
+            package = head.rstrip("/") if head.startswith("lm/") else None  # conf/, hydra_plugins/: not lm's
+            continue
+        if package is None or len(line) - len(line.lstrip()) > 2:
+            continue  # not lm's, or a description's continuation
+        for name in line.strip().split("  ")[0].split():  # the names before the description
+            name = name.removeprefix(f"{package}/")  # top-level files are written lm/config.py
+            if name.endswith(".py"):
+                folder, _, base = name.rpartition("/")  # tasks/data.py: a file of a sub-directory
+                found.setdefault(f"{package}/{folder}" if folder else package, set()).add(base)
+    return found
+
+
+def test_every_file_of_lm_is_in_the_architecture_map():
+    found = layout_map((REPO / "docs" / "architecture.md").read_text())
+    missing = [str(p.relative_to(REPO)) for p in sorted((REPO / "lm").rglob("*.py"))
+               if p.name not in found.get(str(p.parent.relative_to(REPO)), set())]
+    assert missing == [], f"add a line for each to docs/architecture.md's layout map: {missing}"
+
+
+def test_the_map_check_reads_packages_and_files():
+    text = ("## Layout: one line per file\n\n```\nlm/config.py   root\nlm/model/   the core\n"
+            "  lm.py heads.py   families\n  tasks/data.py   data\nconf/   x.py\n```\n")
+    assert layout_map(text) == {"lm": {"config.py"}, "lm/model": {"lm.py", "heads.py"}, "lm/model/tasks": {"data.py"}}

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from lm.config import ConfigError
 from lm.model import EncoderLM, build_model
-from lm.model.config import Arch, OutputKind, model_preset
+from lm.model.config import Arch, model_preset
+from lm.zoo.adaptive import AdaptiveSoftmaxConfig
 from lm.zoo.evolved import EvolvedConfig
 from lm.model.electra import MASKED_FRACTION, ElectraLM
 from lm.model.flops import active_matmul_params as count
@@ -147,8 +148,8 @@ def test_the_generator_is_a_stack_of_its_own_width_and_depth(cfg):
     (dict(electra=dict(disc_weight=0.0)), r"model.electra.disc_weight=0.0 must be > 0"),
     (dict(electra=dict(temperature=-1.0)), r"model.electra.temperature=-1.0 must be > 0"),
     (dict(electra=dict(generator_layers=0)), r"model.electra.generator_layers=0 must be a positive integer"),
-    (dict(output=OutputKind.adaptive_softmax, tie_embeddings=False),
-     r"model.electra with .*model.output=adaptive_softmax"),
+    (dict(output=AdaptiveSoftmaxConfig(), tie_embeddings=False),
+     r"model.electra with .*model/output=adaptivesoftmax"),
     (dict(loss_chunk_size=64), r"model.electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0"),
     (dict(electra=dict(generator_dim=9), block=EvolvedConfig()),
      r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: "

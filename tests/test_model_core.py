@@ -61,14 +61,16 @@ def test_every_zoo_option_is_registered_and_has_an_option_file():
         assert any(p.parent.name == slot and schema_name(cls) in t for p, t in texts.items()), (slot, cls)
 
 
-ZOO_SLOTS = ("attn", "block", "stack", "memory")
+ZOO_SLOTS = ("attn", "block", "stack", "memory", "embedding", "output")
 ZOO_OPTIONS = [(slot, p.stem) for slot in ZOO_SLOTS for p in sorted((ROOT / "conf" / "model" / slot).glob("*.yaml"))]
-EXTRA = {"funnel": ["model.stack.blocks=[1,1]"]}  # the groups must sum to model.n_layers
+# funnel: the groups must sum to model.n_layers; a banded table or torch's adaptive softmax cannot be tied
+EXTRA = {"funnel": ["model.stack.blocks=[1,1]"], "adaptive": ["model.tie_embeddings=false"],
+         "adaptive_softmax": ["model.tie_embeddings=false"]}
 
 
 @pytest.mark.parametrize("slot,option", ZOO_OPTIONS)
 def test_every_option_of_the_zoo_slots_composes_and_trains_one_step(slot, option):
-    """Each option file of model/attn|block|stack|memory composes into a tiny encoder-decoder (where every
+    """Each option file of model/attn|block|stack|memory|embedding|output composes into a tiny encoder-decoder (where every
     option applies) as lm-train would, builds, and takes one AdamW step with finite loss and gradients."""
     import torch
 

@@ -14,7 +14,7 @@ from lm.config import ConfigError
 from lm.model import Block, build_model
 from lm.model.config import model_from_saved, model_preset
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
-from lm.model.init import fixup_scale
+from lm.zoo.residual import fixup_scale
 
 V, D = 64, 48
 BASE = [f"model.vocab_size={V}", f"model.dim={D}", "model.n_heads=4"]
@@ -101,6 +101,16 @@ def test_rezero_alpha_is_learned_from_zero():
     assert all(a.grad is not None and a.grad.abs().item() > 0 for a in alphas)
 
 
+@pytest.mark.parametrize("old,new", [("lm.model.norms.rezero_norm", "lm.zoo.residual.rezero_norm"),
+                                     ("lm.model.norms.fixup_norm", "lm.zoo.residual.fixup_norm")])
+def test_a_config_saved_before_rezero_and_fixup_moved_to_the_zoo_loads(old, new):
+    node = OmegaConf.to_container(OmegaConf.structured(tiny("model/norm=rezero_layernorm")))
+    node["norm"] = {"_target_": old, "_partial_": True, **({"with_norm": "layernorm"} if "rezero" in old else {})}
+    cfg = model_from_saved(node)
+    assert cfg.norm._target_ == new and type(cfg.norm).__module__ == "lm.zoo.residual"
+    assert build_model(cfg).decoder.blocks[0].scalars_self is not None  # the option's residual scalars
+
+
 def test_fixup_scale_formula():
     assert fixup_scale(4) == pytest.approx(4 ** -0.5)  # m = 2: L^(-1/2)
     assert fixup_scale(16, m=3) == pytest.approx(16 ** -0.25)  # L^(-1/(2m-2))
@@ -154,10 +164,10 @@ def test_undefined_combinations_are_refused_naming_both_fields(over, message):
      "model.stack.steps=2\\) with model/block=pkm \\(model.block.layers=\\[0\\]\\)"),
     (["model/stack=universal", "model.stack.steps=2", "model/memory=transparent"],
      "model.stack.steps=2\\) with model/memory=transparent"),
-    (["model.factorized_embedding=16", "model.embedding=adaptive", "model.tie_embeddings=false"],
-     "model.factorized_embedding=16 with model.embedding=adaptive"),
-    (["model.factorized_embedding=16", "model.output=mixture_of_softmaxes"],
-     "model.factorized_embedding=16 tied .* model.output=mixture_of_softmaxes"),
+    (["model.factorized_embedding=16", "model/embedding=adaptive", "model.tie_embeddings=false"],
+     "model.factorized_embedding=16 with model/embedding=adaptive"),
+    (["model.factorized_embedding=16", "model/output=mixture_of_softmaxes"],
+     "model.factorized_embedding=16 tied .* model/output=mixtureofsoftmaxes"),
 ])
 def test_combinations_with_the_other_issue_options_are_refused(over, message):
     with pytest.raises(ConfigError, match=message):

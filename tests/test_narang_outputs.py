@@ -13,13 +13,16 @@ from lm.model import build_model
 from lm.model.config import ModelConfig
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
 from lm.model.generate import generate
+from lm.zoo.adaptive import AdaptiveConfig, AdaptiveSoftmaxConfig
 from lm.zoo.funnel import FunnelConfig
+from lm.zoo.mos import MixtureOfSoftmaxesConfig
 from lm.zoo.transparent import TransparentConfig
 
 V, D = 96, 32
-ASM = dict(output="adaptive_softmax", tie_embeddings=False, adaptive_cutoffs=[16, 48])
-ASM_NO_PROJ = dict(ASM, adaptive_tail_projection=False)
-MOS = dict(output="mixture_of_softmaxes", mos_components=3)
+ASM = dict(output=AdaptiveSoftmaxConfig(cutoffs=[16, 48]), tie_embeddings=False)
+ASM_NO_PROJ = dict(ASM, output=AdaptiveSoftmaxConfig(cutoffs=[16, 48], tail_projection=False))
+MOS = dict(output=MixtureOfSoftmaxesConfig(components=3))
+ADAPTIVE_IN = dict(embedding=AdaptiveConfig(cutoffs=[16, 48]), tie_embeddings=False)
 OUTPUTS = {"adaptive_softmax": ASM, "adaptive_softmax_no_proj": ASM_NO_PROJ, "mos": MOS}
 
 
@@ -126,7 +129,7 @@ def test_greedy_generation_is_the_argmax_of_the_log_probs(arch, kind):
 # -- adaptive input ------------------------------------------------------------------------------
 
 def test_adaptive_input_looks_each_token_up_in_its_band_and_projects_it():
-    model = built(embedding="adaptive", tie_embeddings=False, adaptive_cutoffs=[16, 48])
+    model = built(**ADAPTIVE_IN)
     emb = model.embed.tok
     assert [tuple(b.weight.shape) for b in emb.bands] == [(16, D), (32, D // 4), (48, D // 16)]
     ids = torch.tensor([[0, 15, 16, 47, 48, 95]])
@@ -137,7 +140,7 @@ def test_adaptive_input_looks_each_token_up_in_its_band_and_projects_it():
 
 
 def test_adaptive_input_trains_every_band():
-    model = built(embedding="adaptive", tie_embeddings=False, adaptive_cutoffs=[16, 48]).train()
+    model = built(**ADAPTIVE_IN).train()
     ids = torch.tensor([[1, 20, 60, 2, 30, 90]])
     model(input_ids=ids, labels=ids).loss.backward()
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.embed.tok.parameters())
@@ -188,7 +191,7 @@ def test_params_and_flops_follow_the_formulas():
     assert matmul_params(mos) == body + D * 3 + D * 3 * D + 3 * V * D
     assert num_params(mos) == num_params(cfg_of()) + D * 3 + D * 3 * D + 3 * D
 
-    adaptive_in = cfg_of(embedding="adaptive", tie_embeddings=False, adaptive_cutoffs=[16, 48])
+    adaptive_in = cfg_of(**ADAPTIVE_IN)
     table = 16 * D + 32 * (D // 4) + 48 * (D // 16)
     projs = D * D + (D // 4) * D + (D // 16) * D
     assert num_params(adaptive_in) == num_params(base) - V * D + table + projs
@@ -204,14 +207,14 @@ def test_params_and_flops_follow_the_formulas():
 # -- bad input -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw,fields", [
-    (dict(output="adaptive_softmax"), ["model.output=adaptive_softmax", "model.tie_embeddings=true"]),
-    (dict(embedding="adaptive"), ["model.embedding=adaptive", "model.tie_embeddings=true"]),
-    (dict(MOS, loss_chunk_size=64), ["model.output=mixture_of_softmaxes", "model.loss_chunk_size=64"]),
-    (dict(ASM, loss_chunk_size=64), ["model.output=adaptive_softmax", "model.loss_chunk_size=64"]),
+    (dict(output=AdaptiveSoftmaxConfig()), ["model/output=adaptivesoftmax", "model.tie_embeddings=True"]),
+    (dict(embedding=AdaptiveConfig()), ["model/embedding=adaptive", "model.tie_embeddings=true"]),
+    (dict(MOS, loss_chunk_size=64), ["model/output=mixtureofsoftmaxes", "model.loss_chunk_size=64"]),
+    (dict(ASM, loss_chunk_size=64), ["model/output=adaptivesoftmax", "model.loss_chunk_size=64"]),
     (dict(memory=TransparentConfig()), ["model/memory=transparent", "model.arch=decoder"]),
-    (dict(ASM, adaptive_cutoffs=[48, 16]), ["model.adaptive_cutoffs=[48, 16]", "model.vocab_size=96"]),
-    (dict(ASM, adaptive_cutoffs=[16, 96]), ["model.adaptive_cutoffs=[16, 96]"]),
-    (dict(MOS, mos_components=0), ["model.mos_components=0"]),
+    (dict(ASM, output=AdaptiveSoftmaxConfig(cutoffs=[48, 16])), ["model.output.cutoffs=[48, 16]", "model.vocab_size=96"]),
+    (dict(ADAPTIVE_IN, embedding=AdaptiveConfig(cutoffs=[16, 96])), ["model.embedding.cutoffs=[16, 96]"]),
+    (dict(output=MixtureOfSoftmaxesConfig(components=0)), ["model.output.components=0"]),
 ])
 def test_undefined_combinations_are_refused_naming_the_fields(kw, fields):
     with pytest.raises(ConfigError) as e:
@@ -234,25 +237,57 @@ def test_funnel_encoder_refuses_transparent_attention():
 def test_options_compose_from_the_command_line_grammar():
     from lm.model.config import model_preset
 
-    cfg = model_preset("tiny", ["model.output=mixture_of_softmaxes", "model.mos_components=2",
-                                "model.embedding=adaptive", "model.tie_embeddings=false", "model.adaptive_cutoffs=[64,128]"])
-    assert cfg.output == "mixture_of_softmaxes" and cfg.cutoffs == [64, 128]
-    with pytest.raises(ConfigError, match="model.output"):
-        model_preset("tiny", ["model.output=softermax"])
+    cfg = model_preset("tiny", ["model/output=mixture_of_softmaxes", "model.output.components=2",
+                                "model/embedding=adaptive", "model.tie_embeddings=false", "model.embedding.cutoffs=[64,128]"])
+    assert cfg.output == MixtureOfSoftmaxesConfig(components=2) and cfg.embedding.cutoffs == [64, 128]
+    with pytest.raises(ConfigError, match="model/output"):
+        model_preset("tiny", ["model/output=softermax"])
+
+
+@pytest.mark.parametrize("old,new", [
+    ("model.output=mixture_of_softmaxes", "model/output=adaptive_softmax or model/output=mixture_of_softmaxes"),
+    ("model.embedding=adaptive", "model/embedding=adaptive"),
+    ("model.adaptive_cutoffs=[64,128]", "model.embedding.cutoffs (model/embedding=adaptive) or model.output.cutoffs"),
+    ("model.adaptive_tail_projection=false", "model.output.tail_projection (model/output=adaptive_softmax)"),
+    ("model.mos_components=2", "model.output.components (model/output=mixture_of_softmaxes)"),
+])
+def test_the_fields_that_moved_to_the_zoo_are_refused_naming_the_new_override(old, new):
+    from lm.model.config import model_preset
+
+    with pytest.raises(ConfigError) as e:
+        model_preset("tiny", [old])
+    assert str(e.value).startswith(f"{old}: this option moved to the zoo") and new in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_config_saved_with_the_old_fields_loads_as_the_option_nodes():
+    from dataclasses import asdict
+
+    from lm.model.config import model_from_saved
+
+    saved = {k: v for k, v in asdict(cfg_of()).items() if k not in ("embedding", "output")}
+    old = dict(saved, embedding="adaptive", output="adaptive_softmax", adaptive_cutoffs=[16, 48],
+               adaptive_div_value=2.0, adaptive_tail_projection=False, adaptive_head_bias=True, mos_components=4)
+    cfg = model_from_saved(old)
+    assert cfg.embedding == AdaptiveConfig(cutoffs=[16, 48], div_value=2.0)
+    assert cfg.output == AdaptiveSoftmaxConfig(cutoffs=[16, 48], div_value=2.0, tail_projection=False, head_bias=True)
+    cfg = model_from_saved(dict(saved, embedding="standard", output="mixture_of_softmaxes", mos_components=3))
+    assert cfg.embedding is None and cfg.output == MixtureOfSoftmaxesConfig(components=3)
+    assert model_from_saved(dict(saved, embedding="standard", output="softmax")).output is None
 
 
 def test_hugging_face_export_refuses_these_options():
     from lm.model.convert import to_hf
 
-    with pytest.raises(ValueError, match="model.output=mixture_of_softmaxes"):
+    with pytest.raises(ValueError, match="model/output=mixtureofsoftmaxes"):
         to_hf(built(**MOS))
 
 
 # -- checkpoint / resume through lm train ----------------------------------------------------------
 
 @pytest.mark.parametrize("extra,objective", [
-    (["model.output=adaptive_softmax", "model.tie_embeddings=false", "model.adaptive_cutoffs=[64,128]"], "clm"),
-    (["model.output=mixture_of_softmaxes", "model.embedding=adaptive", "model.tie_embeddings=false"], "clm"),
+    (["model/output=adaptive_softmax", "model.tie_embeddings=false", "model.output.cutoffs=[64,128]"], "clm"),
+    (["model/output=mixture_of_softmaxes", "model/embedding=adaptive", "model.tie_embeddings=false"], "clm"),
     (["model.arch=encoder_decoder", "model/memory=transparent"], "span"),
 ])
 def test_training_resumes_bit_identically(tmp_path, extra, objective):

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from lm.cli.report import main
 from lm.model.config import model_preset
 from lm.model.flops import flops_per_token, num_params
-from lm.sweep.narang_rows import PAPER_ORDER, ROWS, by_name, row_node
+from lm.sweep.narang_rows import BANDS, PAPER_ORDER, ROWS, by_name, row_node
 from tests.fixtures.runs.synthetic import loss_at
 
 EFFECT = {"transparent_attention": 0.02, "swiglu": -0.1, "vanilla": 0.0, "adaptive_softmax": 0.05}  # job order
@@ -100,8 +100,9 @@ def test_every_row_composes_and_names_a_paper_row():
     assert all(r.paper in PAPER_ORDER for r in ROWS)
     assert [PAPER_ORDER.index(r.paper) for r in ROWS] == sorted(PAPER_ORDER.index(r.paper) for r in ROWS)
     node = row_node(by_name()["adaptive_softmax_no_proj"])
-    assert node == {"defaults": ["_self_"], "model": {"output": "adaptive_softmax", "tie_embeddings": False,
-                                                      "adaptive_tail_projection": False}}
+    assert node == {"defaults": [{"override /model/output": "adaptive_softmax"}, "_self_"],
+                    "model": {"output": {"cutoffs": yaml.safe_load(BANDS), "tail_projection": False},
+                              "tie_embeddings": False}}
     assert row_node(by_name()["swiglu"])["defaults"] == [{"override /model/ffn": "swiglu"}, "_self_"]
     for row in ROWS:  # each row through lm train's composition of experiment=narang
         cfg = compose_experiment(row.name)
@@ -114,13 +115,24 @@ def test_every_row_composes_and_names_a_paper_row():
                 assert node["_target_"] == compose_group(group, value)._target_, (row.name, o)
             else:  # model.x=1, model.attn.mix=plus, model.block.layers=[1]
                 expected = OmegaConf.select(cfg, value[2:-1]) if value.startswith("${") else yaml.safe_load(value)
+                if value == BANDS:  # the adaptive rows' band edges: [V/8, V/2] of the experiment's vocabulary
+                    expected = [cfg.model.vocab_size // 8, cfg.model.vocab_size // 2]
                 actual = OmegaConf.select(cfg, key)
                 if OmegaConf.is_list(actual):
                     actual = list(actual)
                 assert str(actual).lower() == str(expected).lower(), (row.name, o)
 
 
-def compose_experiment(row: str):
+@pytest.mark.parametrize("experiment,bands", [("narang", [512, 2048]), ("narang_gpu", [4096, 16384])])
+def test_the_adaptive_rows_keep_each_experiments_band_edges(experiment, bands):
+    """The edges experiment=narang and narang_gpu set as model.adaptive_cutoffs before the adaptive options moved to
+    the zoo (lm/zoo/adaptive.py): the rows now derive them from the experiment's vocabulary."""
+    for row, slot in (("adaptive_input", "embedding"), ("adaptive_softmax", "output"), ("adaptive_softmax_no_proj", "output")):
+        cfg = compose_experiment(row, experiment)
+        assert list(OmegaConf.select(cfg, f"model.{slot}.cutoffs")) == bands, row
+
+
+def compose_experiment(row: str, experiment: str = "narang"):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -129,4 +141,4 @@ def compose_experiment(row: str):
     register_train_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return compose(config_name="train", overrides=["experiment=narang", f"experiment/narang_row={row}"])
+        return compose(config_name="train", overrides=[f"experiment={experiment}", f"experiment/narang_row={row}"])

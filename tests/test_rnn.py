@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 
 from lm.config import ConfigError
 from lm.model import build_model
-from lm.model.config import check_objective, model_preset
+from lm.model.config import model_preset
+from lm.model.validate import check_objective
 from lm.model.flops import flops_per_token, num_params
 from lm.model.generate import generate
 from lm.model.lm import SequenceClassifier

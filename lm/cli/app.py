@@ -36,6 +36,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     _strip_launcher_args()
     _check_run_dir_arg(prog, config_name)
     sys.argv = [sys.argv[0], *cells_apart(sys.argv[1:])]
+    _refuse_moved_overrides(sys.argv[1:])
     if check_args is not None:
         check_args(sys.argv[1:])  # its errors reach main()'s lm.cli.errors.entry: one line
     _agree_on_run_stamp()
@@ -61,6 +62,17 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     finally:
         dist_utils.shutdown()
     dist_utils.exit_after_success()
+
+
+def _refuse_moved_overrides(args: List[str]) -> None:
+    """An override of a model field that became a zoo option (lm/model/upgrade.py): one line naming the new one."""
+    from lm.config import ConfigError
+    from lm.model.upgrade import moved_override
+
+    for arg in args:
+        line = moved_override(arg)
+        if line is not None:
+            raise ConfigError(line)
 
 
 def _new_run_dirs(config_name: str) -> List[Path]:

@@ -139,7 +139,6 @@ def run_tokenizer(cfg, ckpt: Path, given=None) -> Optional[Path]:
     since holds another vocabulary, whose ids would index the wrong embedding rows."""
     from lm.core.saved_model import recorded_tokenizer_sha256
     from lm.data.tokenizer import FILE_NAME, Tokenizer
-    from lm.model.hf_export import run_tokenizer_file
 
     path = Path(given).expanduser() if given else run_tokenizer_file(cfg)
     if path is not None and path.is_dir():
@@ -159,11 +158,30 @@ def run_tokenizer(cfg, ckpt: Path, given=None) -> Optional[Path]:
     return path
 
 
+def run_tokenizer_file(run_cfg) -> Optional[Path]:
+    """<data.dir>/tokenizer.json of a run's config (as lm prepare writes it), or None when not there."""
+    from omegaconf import OmegaConf
+
+    from lm.config import register_train_configs
+
+    data = run_cfg.get("data") if hasattr(run_cfg, "get") else None
+    if not data or not data.get("dir"):
+        return None
+    register_train_configs()  # the ${oc.env:...} resolvers of lm train's config
+    try:
+        path = Path(os.path.expanduser(str(OmegaConf.create({"data": data}).data.dir))) / "tokenizer.json"
+    except Exception:  # noqa: BLE001 - an unresolvable interpolation: no tokenizer to write
+        return None
+    return path if path.is_file() else None
+
+
 def _export_hf(model, out: Path, tokenizer_file: Optional[Path]) -> None:
+    from lm.data.tokenizer import to_transformers
     from lm.model.hf_export import write_hf_dir
 
     try:
-        write_hf_dir(model, out, tokenizer_file)  # the model, the run's tokenizer, bos/eos/pad ids
+        # the model, the run's tokenizer, bos/eos/pad ids
+        write_hf_dir(model, out, to_transformers(tokenizer_file) if tokenizer_file is not None else None)
     except ValueError as e:  # no Hugging Face family matches this architecture
         log.warning("no Hugging Face export: %s", e)
 

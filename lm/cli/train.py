@@ -60,7 +60,7 @@ def train(cfg: DictConfig, loaders=None):
     from lm.core.lock import held_run_dir
     from lm.engine import dist as dist_utils
     from lm.model import build_model, validate_model
-    from lm.model.config import check_objective
+    from lm.model.validate import check_objective
     from lm.model.flops import flops_per_token
     from lm.core.objectives import objective_for
     from lm.core.optim import lr_multiplier

@@ -4,7 +4,7 @@
 | decoder         | clm       | input_ids, labels shifted by one (Radford et al. 2018)                  |
 | encoder         | mlm       | 15% of tokens masked 80/10/10, labels -100 elsewhere (Devlin et al. 2019) |
 | encoder_decoder | span      | sentinel-replaced spans in, the spans out (Raffel et al. 2020)           |
-| rnn             | clm       | as decoder (a bidirectional RNN is refused: lm.model.config.check_objective) |
+| rnn             | clm       | as decoder (a bidirectional RNN is refused: lm.model.validate.check_objective) |
 
 An encoder with model.electra (ELECTRA, lm/model/electra.py) reads the mlm batch and returns its own loss:
 the generator's MLM loss + disc_weight x the replaced-token detection loss over every real token.

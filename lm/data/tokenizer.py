@@ -239,3 +239,18 @@ def iter_limited(texts: Iterable[str], max_chars: int) -> Iterator[str]:
             return
         seen += len(text)
         yield text
+
+
+HF_ROLES = ("bos", "eos", "pad", "unk", "mask", "sep", "cls")
+
+
+def to_transformers(path: Union[str, os.PathLike]):
+    """The tokenizer at `path` (roles found as Tokenizer finds them) as a transformers fast tokenizer, for lm
+    export's hf/ directory (lm/model/hf_export.py writes it beside the model)."""
+    from lm.extras import require
+
+    fast = require("hf", "writing the tokenizer into lm export's hf/ directory").PreTrainedTokenizerFast
+    ours = Tokenizer.load(path)
+    # to_str(): the tokenizer as loaded, with any role tokens it had to add, so the ids agree
+    tokens = {f"{role}_token": ours.id_to_token(getattr(ours, f"{role}_id")) for role in HF_ROLES}
+    return fast(tokenizer_object=HFTokenizer.from_str(ours.to_str()), **tokens)

@@ -11,7 +11,7 @@ import importlib
 _HOMES = {"build_model": "lm.model.build", "components": "lm.model.build", "ARCH_CLASSES": "lm.model.build",
           "Block": "lm.model.block", "DecoderLM": "lm.model.lm", "EncoderLM": "lm.model.lm",
           "EncoderDecoderLM": "lm.model.lm", "SequenceClassifier": "lm.model.lm", "RNNLM": "lm.model.rnn",
-          "ElectraLM": "lm.model.electra", "ModelConfig": "lm.model.config", "validate_model": "lm.model.config"}
+          "ElectraLM": "lm.model.electra", "ModelConfig": "lm.model.config", "validate_model": "lm.model.validate"}
 
 __all__ = ["build_model", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM", "RNNLM", "ElectraLM",
            "SequenceClassifier"]

@@ -2,7 +2,8 @@
 the factories of its slots (lm/model/registry.py), the model of its family, and initialise its weights."""
 
 from lm.config_base import ConfigError
-from lm.model.config import ModelConfig, validate_model
+from lm.model.config import ModelConfig
+from lm.model.validate import validate_model
 from lm.model.electra import ElectraLM
 from lm.model.init import init_weights
 from lm.model.linear import use_kind

@@ -32,17 +32,6 @@ class LinearKind(Choice):
     onednn = "onednn"  # fp32 CPU matmuls on oneDNN: lm/model/linear.py
 
 
-class EmbeddingKind(Choice):
-    standard = "standard"  # one (vocab_size, dim) table
-    adaptive = "adaptive"  # adaptive input (Baevski & Auli 2019): lm/model/adaptive.py
-
-
-class OutputKind(Choice):
-    softmax = "softmax"  # one (dim, vocab_size) projection and a softmax
-    adaptive_softmax = "adaptive_softmax"  # Grave et al. 2017: lm/model/adaptive.py
-    mixture_of_softmaxes = "mixture_of_softmaxes"  # Yang et al. 2018: lm/model/mos.py
-
-
 class Activation(Choice):
     relu = "relu"
     gelu = "gelu"

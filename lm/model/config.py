@@ -6,8 +6,9 @@ file in conf/model/<slot>/ that lists the dataclass as its schema, so a wrong ke
 composes the config. A choice inside one class is an Enum field of ModelConfig (lm/model/choices.py).
 Validation: lm/model/validate.py.
 
-`from lm.model.config import X` stays the one import path for the public names of the three modules
-it re-exports below (callers, tests and pickled configs name them here).
+`from lm.model.config import X` stays the one import path for the public names of the two modules it
+re-exports below (callers, tests and pickled configs name them here); validation is lm/model/validate.py's,
+which imports this module (never the reverse).
 """
 
 from __future__ import annotations
@@ -16,17 +17,15 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
 from lm.config_base import ConfigError
-from lm.model.choices import (Activation, Arch, EmbeddingKind, Init, LinearKind, NormPosition,  # noqa: F401
-                              OutputKind, TieEmbeddings)
+from lm.model.choices import Activation, Arch, Init, LinearKind, NormPosition, TieEmbeddings  # noqa: F401
 from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell, Component, ElectraConfig,  # noqa: F401
-                              FFNConfig, FixupConfig, GLUConfig, KernelsConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
-                              MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, PosConfig,
-                              ReZeroConfig, ReZeroNorm, RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
+                              EmbeddingConfig, FFNConfig, GLUConfig, KernelsConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
+                              MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, OutputConfig, PosConfig,
+                              RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
                               ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, option_name,
                               options, positive)
 from lm.model.registry import schema_name, slots  # noqa: F401
-from lm.model.validate import (RNN_FIELDS, check_objective, validate_model, validate_narang_options,  # noqa: F401
-                               validate_electra, validate_rnn, validate_sharing_and_tying)
+from lm.model.upgrade import MOVED_TARGETS, moved_override, upgrade_saved
 
 
 @dataclass
@@ -84,14 +83,8 @@ class ModelConfig:
     rnn: Optional[RNNConfig] = None  # arch=rnn only (model=lstm|gru|rnn): RNNConfig, validate_rnn
     # arch=encoder only: pretrain by ELECTRA's replaced-token detection (lm/model/electra.py); None = MLM
     electra: Optional[ElectraConfig] = None
-    # -- embeddings, output softmax, transparent attention (Narang et al. 2021, Table 1; issue #19) --
-    embedding: EmbeddingKind = EmbeddingKind.standard
-    output: OutputKind = OutputKind.softmax
-    adaptive_cutoffs: Optional[List[int]] = None  # band edges of adaptive input/softmax; None = [V/4, V/2]
-    adaptive_div_value: float = 4.0  # band i has width dim / div_value**i (both adaptive options)
-    adaptive_tail_projection: bool = True  # adaptive softmax: tail clusters project dim down first (false: none)
-    adaptive_head_bias: bool = False  # adaptive softmax: bias on the head cluster's logits
-    mos_components: int = 4  # mixture_of_softmaxes: number of softmaxes K
+    embedding: Optional[EmbeddingConfig] = None  # model/embedding (the zoo's adaptive input); None: one (V, D) table
+    output: Optional[OutputConfig] = None  # model/output (the zoo's adaptive softmax, MoS); None: the softmax LM head
     # -- embeddings (Narang et al. 2021; checked by validate_sharing_and_tying) --
     factorized_embedding: int = 0  # >0: ALBERT's vocab x rank table + rank x dim projection
 
@@ -129,11 +122,6 @@ class ModelConfig:
     def decoder_layers(self) -> int:
         return self.n_decoder_layers or self.n_layers
 
-    @property
-    def cutoffs(self) -> List[int]:
-        """The adaptive band edges: [c_1, ..., c_n] with 0 < c_1 < ... < c_n < vocab_size."""
-        return list(self.adaptive_cutoffs) if self.adaptive_cutoffs else [self.vocab_size // 4, self.vocab_size // 2]
-
 
 @dataclass
 class ModelSchema(ModelConfig):
@@ -147,13 +135,15 @@ class ModelSchema(ModelConfig):
 
 def register_model_configs() -> None:
     """model/schema (presets list it first) and model/<slot>/<option>_schema (option files list theirs), for
-    every option registered so far (lm/model/registry.py): the config root imports lm.zoo first; the resolver
-    presets derive values with: ${lm.inv_sqrt:${.dim}} (T5's logit_scale, dim^-1/2)."""
+    every option registered so far (lm/model/registry.py): the config root imports lm.zoo first; the resolvers presets
+    derive values with: ${lm.inv_sqrt:${.dim}} (T5's logit_scale, dim^-1/2), ${lm.div:${model.vocab_size},8}."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("lm.inv_sqrt"):
         OmegaConf.register_new_resolver("lm.inv_sqrt", lambda x: float(x) ** -0.5)
+    if not OmegaConf.has_resolver("lm.div"):  # ${lm.div:${model.vocab_size},8}: a share of the vocabulary
+        OmegaConf.register_new_resolver("lm.div", lambda x, n: int(x) // int(n))
     cs = ConfigStore.instance()
     cs.store(group="model", name="schema", node=ModelSchema)
     for slot in slots():
@@ -166,6 +156,10 @@ def model_preset(name: str = "tiny", overrides: Optional[List[str]] = None) -> M
     composed by Hydra as `lm train model=<name> ...` would: a typed ModelConfig."""
     from lm.config_base import compose_group
 
+    for arg in overrides or []:
+        line = moved_override(arg)
+        if line is not None:
+            raise ConfigError(line)
     return compose_group("model", name, overrides, register_model_configs)
 
 
@@ -180,6 +174,7 @@ def model_from_saved(node) -> ModelConfig:
     # Kernels say how the saving run computed, not what (the same weights): a saved model loads with the eager ops,
     # so it can be read back where those kernels cannot run (a CPU); a run that wants them sets them again.
     data.pop("kernels", None)
+    data = upgrade_saved(data)  # fields that became zoo options since (lm/model/upgrade.py)
     if "attn" not in data:  # saved before model/attn existed: those models all used scaled_dot
         data["attn"] = {"_target_": ScaledDotConfig._target_}
     for slot in slots():
@@ -192,7 +187,8 @@ def _typed_option(slot: str, node: dict, name: str):
     """A saved option node merged onto the schema its `_target_` names (an MoE's expert node too)."""
     from omegaconf import OmegaConf
 
-    target = node.get("_target_")
+    target = MOVED_TARGETS.get(node.get("_target_"), node.get("_target_"))  # a zoo option saved at its old home
+    node = {**node, "_target_": target}
     by_target = {cls._target_: cls for cls in options(slot)}
     if target not in by_target and isinstance(target, str):
         _import_module_of(target)  # a zoo option registers its schema when its module is imported

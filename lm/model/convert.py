@@ -395,8 +395,8 @@ def _check_common(cfg: ModelConfig, family: str) -> None:
         (not hasattr(cfg.ffn, "expert"), f"model/ffn={cfg.ffn._target_.rsplit('.', 1)[1].lower()} (experts)"),
         (cfg.block is None, f"model/block={cfg.block and option_name(cfg.block)} (a zoo block)"),
         (cfg.stack is None, f"model/stack={cfg.stack and option_name(cfg.stack)} (a zoo stack)"),
-        (cfg.embedding == "standard", f"model.embedding={cfg.embedding}"),
-        (cfg.output == "softmax", f"model.output={cfg.output}"),
+        (cfg.embedding is None, f"model/embedding={cfg.embedding and option_name(cfg.embedding)} (a zoo table)"),
+        (cfg.output is None, f"model/output={cfg.output and option_name(cfg.output)} (a zoo output layer)"),
         (cfg.memory is None, f"model/memory={cfg.memory and option_name(cfg.memory)} (a zoo memory)"),
         # Narang et al. 2021's options: no Hugging Face family of these has them.
         (not cfg.factorized_embedding, f"model.factorized_embedding={cfg.factorized_embedding}"),

@@ -63,7 +63,7 @@ class Generator(MatmulCount, nn.Module):
         # Back to the table's width (dense + activation + norm), then the tied output: ELECTRA's MLM head.
         transform = mlm_transform(cfg, c.norm(cfg.dim, eps=cfg.norm_eps), in_dim=gen.dim)
         tied = cfg.output_tied
-        self.head = make_head(cfg, embed.tok if tied else None, True, transform, embed.proj if tied else None)
+        self.head = make_head(cfg, c.output, embed.tok if tied else None, True, transform, embed.proj if tied else None)
 
     def forward(self, x: torch.Tensor, padding, where: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x: the shared embeddings of the masked input (B, T, D); where: the N masked positions (rows,
@@ -80,7 +80,7 @@ class ElectraLM(MatmulCount, _LanguageModel):
     """ELECTRA: a discriminator (EncoderLM's embeddings and stack + a binary head) and a small generator."""
 
     def __init__(self, cfg: ModelConfig, c: Components, generator_components: Components):
-        super().__init__(cfg)
+        super().__init__(cfg, c)
         self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         self.head = DiscriminatorHead(cfg)
         self.generator = Generator(cfg, generator_components, self.embed)

@@ -1,11 +1,11 @@
 """Embeddings in and heads out: token (+segment) embeddings, the LM/MLM output head, pooling.
 
-model.embedding and model.output pick the token embedding and the output layer (`make_head`);
-the adaptive and mixture-of-softmaxes kinds live in adaptive.py and mos.py.
+The model/embedding and model/output slots (lm/model/options.py) may replace the token table and the output
+layer (`make_head`): the zoo's adaptive input, adaptive softmax and mixture of softmaxes (lm/zoo).
 """
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 import math
 import torch
@@ -37,9 +37,11 @@ class Embedding(nn.Module):
     (V + D) r parameters instead of V D.
     """
 
-    def __init__(self, cfg: "ModelConfig"):
+    def __init__(self, cfg: "ModelConfig", table: Optional[Callable[..., nn.Module]] = None):
+        """table: the model/embedding option's factory, built as table(cfg); None = one (V, D) table."""
         super().__init__()
-        self.tok = token_embedding(cfg)  # (V, D), or (V, r) factorized
+        width = cfg.factorized_embedding or cfg.dim
+        self.tok = table(cfg) if table is not None else nn.Embedding(cfg.vocab_size, width)
         rank = cfg.factorized_embedding
         self.proj = Linear(rank, cfg.dim, bias=False) if rank else None
         self.seg = nn.Embedding(cfg.n_segments, cfg.dim) if cfg.n_segments else None
@@ -56,25 +58,12 @@ class Embedding(nn.Module):
         return x
 
 
-def token_embedding(cfg: "ModelConfig") -> nn.Module:
-    if cfg.embedding == "adaptive":
-        from lm.model.adaptive import AdaptiveInput
-
-        return AdaptiveInput(cfg)
-    return nn.Embedding(cfg.vocab_size, cfg.factorized_embedding or cfg.dim)
-
-
-def make_head(cfg: "ModelConfig", tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
-              tied_proj: Optional[nn.Linear] = None) -> nn.Module:
-    """The output layer of model.output: forward(h) -> logits or log-probs (..., V); output(h, labels) -> LMOutput."""
-    if cfg.output == "adaptive_softmax":
-        from lm.model.adaptive import AdaptiveSoftmax
-
-        return AdaptiveSoftmax(cfg, transform)  # tying is refused by validate_model
-    if cfg.output == "mixture_of_softmaxes":
-        from lm.model.mos import MixtureOfSoftmaxes
-
-        return MixtureOfSoftmaxes(cfg, tied, bias, transform)
+def make_head(cfg: "ModelConfig", output: Optional[Callable[..., nn.Module]], tied: Optional[nn.Embedding], bias: bool,
+              transform: nn.Module, tied_proj: Optional[nn.Linear] = None) -> nn.Module:
+    """The output layer: forward(h) -> logits or log-probs (..., V); output(h, labels) -> LMOutput. output: the
+    model/output option's factory, built as output(cfg, tied, bias, transform); None = the softmax LMHead."""
+    if output is not None:
+        return output(cfg, tied, bias, transform)  # an option that cannot tie refuses it in its check
     return LMHead(cfg, tied, bias, transform, tied_proj)
 
 

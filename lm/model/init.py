@@ -6,7 +6,8 @@ normal: N(0, std) everywhere, no residual scaling (BERT).
 t5:     N(0, fan_in^-1/2) for linear weights, N(0, 1) embeddings (Mesh TensorFlow defaults).
 torch:  PyTorch's own defaults (nothing is changed).
 
-model/norm=fixup then rescales any of them (Zhang et al. 2019, section 3): see fixup_rescale.
+An option whose weights start by a rule of its own then applies it: a module that is an OwnInit (the zoo's
+adaptive input), an option node's `after_init` (the zoo's Fixup rescales any scheme: lm/zoo/residual.py).
 """
 
 import math
@@ -14,8 +15,9 @@ import math
 import torch
 from torch import nn
 
-from lm.model.config import FixupConfig, ModelConfig
+from lm.model.config import ModelConfig
 from lm.model.linear import Linear
+from lm.model.registry import slots
 
 
 class OwnInit:
@@ -38,44 +40,10 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     for module in model.modules():
         if isinstance(module, OwnInit):
             module.init_weights(cfg)
-    if isinstance(cfg.norm, FixupConfig):
-        fixup_rescale(model)
-
-
-# Fixup's m: weight layers in series on each residual branch (value then output projection; up then down).
-FIXUP_BRANCH_LAYERS = 2
-
-
-def fixup_scale(n_branches: int, m: int = FIXUP_BRANCH_LAYERS) -> float:
-    """L^(-1/(2m-2)) for L residual branches of m layers each (Zhang et al. 2019, rule 2)."""
-    return n_branches ** (-1.0 / (2 * m - 2))
-
-
-def residual_branches(model: nn.Module) -> int:
-    """L: residual branches the input passes through, counting each application of a shared block."""
-    from lm.model.stack import Stack
-
-    return sum(s.depth * (3 if s.blocks[0].cross_attn is not None else 2) for s in model.modules() if isinstance(s, Stack))
-
-
-@torch.no_grad()
-def fixup_rescale(model: nn.Module) -> None:
-    """Fixup without norms (Zhang et al. 2019, section 3): the last layer of every residual branch (the
-    attention and FFN output projections) starts at 0, every other layer inside a branch is scaled by
-    L^(-1/(2m-2)), and an untied output layer (the classification layer) starts at 0. The per-branch
-    scalar bias and multiplier live in lm/model/block.py."""
-    from lm.model.block import Block
-
-    scale = fixup_scale(residual_branches(model))
-    for block in (m for m in model.modules() if isinstance(m, Block)):
-        for layer in (m for m in block.modules() if isinstance(m, nn.Linear)):
-            if isinstance(layer, Linear) and layer.residual:
-                layer.weight.zero_()
-            else:
-                layer.weight.mul_(scale)
-    head = getattr(model, "head", None)
-    if head is not None and not model.cfg.output_tied:
-        head.proj.weight.zero_()
+    for slot in slots():
+        option = getattr(cfg, slot, None)
+        if option is not None:
+            option.after_init(model)
 
 
 def _base_init(model: nn.Module, cfg: ModelConfig) -> None:

@@ -27,14 +27,15 @@ if TYPE_CHECKING:  # model code reads the config's values; it does not need its 
 
 
 class _LanguageModel(nn.Module):
-    def __init__(self, cfg: "ModelConfig"):
+    def __init__(self, cfg: "ModelConfig", c: Components):
         super().__init__()
         self.cfg = cfg
-        self.embed = Embedding(cfg)
+        self.embed = Embedding(cfg, c.embedding)
 
     def _head(self, c: Components, bias: bool, transform: nn.Module) -> nn.Module:
         tied = self.cfg.output_tied
-        return make_head(self.cfg, self.embed.tok if tied else None, bias, transform, self.embed.proj if tied else None)
+        return make_head(self.cfg, c.output, self.embed.tok if tied else None, bias, transform,
+                         self.embed.proj if tied else None)
 
     def classify_features(self, input_ids, attention_mask=None, token_type_ids=None):
         """(hidden states, padding) for a sequence classifier."""
@@ -57,7 +58,7 @@ class DecoderLM(_LanguageModel):
     """GPT / Llama: one causal stack and an LM head."""
 
     def __init__(self, cfg: "ModelConfig", c: Components):
-        super().__init__(cfg)
+        super().__init__(cfg, c)
         self.decoder = make_stack(cfg, c, cfg.n_layers, causal=True)
         self.head = self._head(c, bias=False, transform=nn.Identity())
 
@@ -80,7 +81,7 @@ class EncoderLM(_LanguageModel):
     """BERT: one bidirectional stack and a masked-LM head."""
 
     def __init__(self, cfg: "ModelConfig", c: Components):
-        super().__init__(cfg)
+        super().__init__(cfg, c)
         self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         transform = mlm_transform(cfg, c.norm(cfg.dim, eps=cfg.norm_eps)) if cfg.mlm_transform else nn.Identity()
         self.head = self._head(c, bias=True, transform=transform)
@@ -107,10 +108,10 @@ class EncoderDecoderLM(_LanguageModel):
     """T5 / the original Transformer: bidirectional encoder, causal decoder with cross-attention."""
 
     def __init__(self, cfg: "ModelConfig", c: Components):
-        super().__init__(cfg)
+        super().__init__(cfg, c)
         # `embed` is the decoder's input table; the encoder reads it too unless model.tie_embeddings
         # says the two stacks have their own (decoder_input_output, none: Narang et al. 2021).
-        self.encoder_embed = None if cfg.shared_inputs else Embedding(cfg)
+        self.encoder_embed = None if cfg.shared_inputs else Embedding(cfg, c.embedding)
         self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         self.decoder = make_stack(cfg, c, cfg.decoder_layers, causal=True, cross=True)
         self.head = self._head(c, bias=False, transform=nn.Identity())

@@ -1,7 +1,7 @@
 """Normalisation layers: the `model/norm` config group.
 
 Every norm is built as `norm(dim, eps)`: the option file holds only its own hyperparameters
-(e.g. `bias`), the parent supplies the width and epsilon.
+(e.g. `bias`), the parent supplies the width and epsilon. (No norm at all, ReZero and Fixup: lm/zoo/residual.py.)
 """
 
 import torch
@@ -35,29 +35,3 @@ class RMSNorm(nn.Module):
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
-
-
-# -- no norm: ReZero and Fixup (model/norm=rezero*, fixup) -----------------------------------------
-# These options change the residual function, not just the norm (lm/model/block.py's RESIDUALS):
-# their schemas in lm/model/options.py name it. The factories below build the norm each branch (and
-# the final, embedding and q/k norms) still applies: none, or the LayerNorm/RMSNorm of the
-# ReZero + norm rows of Narang et al. 2021.
-
-class NoNorm(nn.Identity):
-    """The identity, built as norm(dim, eps) like every other option."""
-
-    def __init__(self, dim: int, eps: float = 1e-5):
-        super().__init__()
-
-
-REZERO_NORMS = {"none": NoNorm, "layernorm": LayerNorm, "rmsnorm": RMSNorm}
-
-
-def rezero_norm(dim: int, eps: float = 1e-5, with_norm: str = "none") -> nn.Module:
-    """ReZero's norm: none (Bachlechner et al. 2020), or a LayerNorm / RMSNorm kept inside the branch."""
-    return REZERO_NORMS[with_norm](dim, eps=eps)
-
-
-def fixup_norm(dim: int, eps: float = 1e-5) -> nn.Module:
-    """Fixup has no norm at all (Zhang et al. 2019); its scalars live with the residual function."""
-    return NoNorm(dim, eps)

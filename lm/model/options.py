@@ -1,6 +1,7 @@
 """The slots' base schemas and the core's option schemas: one dataclass per option file of
 conf/model/<slot>/ (model/norm, model/ffn, model/pos, model/attn; model/block, model/stack and
-model/memory have zoo options only: lm/zoo), and the typed nodes model.rnn and model.electra.
+model/memory, model/embedding and model/output have zoo options only: lm/zoo), and the typed nodes model.rnn
+and model.electra.
 
 Each option holds its `_target_` and its own hyperparameters; the model (lm/model/config.py's
 ModelConfig) supplies the shapes. A new option is one subclass of its slot's base, registered with
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar, Optional
 
 from lm.config_base import Choice, ConfigError
 from lm.model.choices import Activation
-from lm.model.registry import options, register, slot  # noqa: F401 (options: the one lookup, re-exported)
+from lm.model.registry import options, register, slot, target_option  # noqa: F401 (options: re-exported)
 
 if TYPE_CHECKING:  # type hints only: lm/model/config.py imports this module for its field defaults
     from lm.model.config import ModelConfig
@@ -41,14 +42,19 @@ class Component:
     def check(self, model: "ModelConfig") -> None:
         pass
 
+    def after_init(self, model) -> None:
+        """Called by lm/model/init.py after the init scheme's pass over the built model: an option whose weights
+        start by a rule of its own (Fixup's rescaling) applies it here."""
+
 
 @slot("norm")
 @dataclass
 class NormConfig(Component):
-    """model/norm: built as norm(dim, eps=model.norm_eps)."""
+    """model/norm: built as norm(dim, eps=model.norm_eps). `residual()`: the residual function the option
+    brings (lm/model/block.py's Residual; the zoo's ReZero and Fixup); None = model.norm_position's."""
 
-    # The residual function (lm/model/block.py RESIDUALS) an option needs; None = model.norm_position's.
-    residual: ClassVar[Optional[str]] = None
+    def residual(self):
+        return None
 
 
 @register("norm")
@@ -58,37 +64,7 @@ class LayerNormConfig(NormConfig):
     bias: bool = True
 
 
-@register("norm")
-@dataclass
-class RMSNormConfig(NormConfig):
-    _target_: str = "lm.model.norms.RMSNorm"
-
-
-class ReZeroNorm(Choice):
-    none = "none"  # ReZero proper: no norm anywhere
-    layernorm = "layernorm"  # Narang et al.'s "ReZero + LayerNorm"
-    rmsnorm = "rmsnorm"  # Narang et al.'s "ReZero + RMS Norm"
-
-
-@register("norm")
-@dataclass
-class ReZeroConfig(NormConfig):
-    """model/norm=rezero, rezero_layernorm, rezero_rmsnorm: each residual branch is scaled by a learned
-    scalar initialised to 0 (Bachlechner et al. 2020), with no norm or a norm inside the branch."""
-
-    _target_: str = "lm.model.norms.rezero_norm"
-    with_norm: ReZeroNorm = ReZeroNorm.none
-    residual: ClassVar[Optional[str]] = "rezero"
-
-
-@register("norm")
-@dataclass
-class FixupConfig(NormConfig):
-    """model/norm=fixup: no norm; scalar bias and multiplier per branch and Fixup's rescaled init
-    (Zhang et al. 2019)."""
-
-    _target_: str = "lm.model.norms.fixup_norm"
-    residual: ClassVar[Optional[str]] = "fixup"
+RMSNormConfig = target_option("norm", "RMSNormConfig", "lm.model.norms.RMSNorm")
 
 
 # -- model/ffn -------------------------------------------------------------------------------------
@@ -105,10 +81,7 @@ class FFNConfig(Component):
     hidden_dim: Optional[int] = None
 
 
-@register("ffn")
-@dataclass
-class MLPConfig(FFNConfig):
-    _target_: str = "lm.model.ffn.MLP"
+MLPConfig = target_option("ffn", "MLPConfig", "lm.model.ffn.MLP")
 
 
 @register("ffn")
@@ -159,16 +132,8 @@ class PosConfig(Component):
     """model/pos: built as pos(dim, n_heads, head_dim, max_seq_len, causal)."""
 
 
-@register("pos")
-@dataclass
-class LearnedConfig(PosConfig):
-    _target_: str = "lm.model.position.Learned"
-
-
-@register("pos")
-@dataclass
-class NoPositionConfig(PosConfig):
-    _target_: str = "lm.model.position.NoPosition"
+LearnedConfig = target_option("pos", "LearnedConfig", "lm.model.position.Learned")
+NoPositionConfig = target_option("pos", "NoPositionConfig", "lm.model.position.NoPosition")
 
 
 @register("pos")
@@ -198,10 +163,7 @@ class RoPEConfig(PosConfig):
     original_max_seq_len: Optional[int] = None  # the trained context; None = model.max_seq_len
 
 
-@register("pos")
-@dataclass
-class ALiBiConfig(PosConfig):
-    _target_: str = "lm.model.position.ALiBi"
+ALiBiConfig = target_option("pos", "ALiBiConfig", "lm.model.position.ALiBi")
 
 
 @register("pos")
@@ -247,12 +209,8 @@ class AttnConfig(Component):
                               f"alibi, t5_bias or none")
 
 
-@register("attn")
-@dataclass
-class ScaledDotConfig(AttnConfig):
-    """softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default."""
-
-    _target_: str = "lm.model.scores.ScaledDot"
+ScaledDotConfig = target_option("attn", "ScaledDotConfig", "lm.model.scores.ScaledDot",
+                                "softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default.")
 
 
 def option_name(cfg: Component) -> str:
@@ -298,6 +256,33 @@ class MemoryConfig(Component):
     built as memory(n_encoder_layers, n_decoder_layers): a module that maps the encoder's states (the
     embeddings and each layer's output) and its final norm to one memory per decoder layer (the zoo:
     transparent)."""
+
+
+@slot("embedding")
+@dataclass
+class EmbeddingConfig(Component):
+    """model/embedding: the token table in place of nn.Embedding(vocab_size, dim), built as embedding(cfg) -> a
+    module mapping ids (B, T) to (B, T, dim) (the zoo: adaptive input). Such a table is no (vocab_size, dim)
+    matrix: the output cannot reuse it unless its model/output option says it reads no table (`tieable`)."""
+
+
+@slot("output")
+@dataclass
+class OutputConfig(Component):
+    """model/output: the output layer in place of the softmax LM head, built as output(cfg, tied, bias, transform)
+    -> a module with forward(h) -> (..., V) logits or log-probabilities and output(h, labels) -> LMOutput (the zoo:
+    adaptive softmax, mixture of softmaxes). `tieable`: it can reuse the input token table (`tied`); the
+    chunked loss (model.loss_chunk_size) is the plain softmax's, never an option's."""
+
+    tieable: ClassVar[bool] = True
+
+    def check(self, model: "ModelConfig") -> None:
+        if model.loss_chunk_size:
+            raise ConfigError(f"model/output={option_name(self)} with model.loss_chunk_size={model.loss_chunk_size}: "
+                              f"the chunked loss is for a plain softmax only; set model.loss_chunk_size=0")
+        if model.output_tied and not self.tieable:
+            raise ConfigError(f"model/output={option_name(self)} with model.tie_embeddings={model.tie_embeddings}: it "
+                              f"owns its output weights, so tying is not supported here; set model.tie_embeddings=false")
 
 
 # -- recurrent baselines (model=lstm|gru|rnn): lm/model/rnn.py -------------------------------------

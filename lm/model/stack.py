@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from lm.model.attention import CrossAttention, LayerCache, SelfAttention, build_mask
-from lm.model.block import Block
+from lm.model.block import RESIDUALS, Block
 from lm.model.scores import make_score
 
 if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
@@ -33,6 +33,8 @@ class Components:
     block: Optional[Callable[..., Block]] = None  # model/block: block(parts: BlockParts); None = vanilla
     stack: Optional[Callable[..., nn.Module]] = None  # model/stack: stack(cfg, c, n_layers, causal, cross); None = Stack
     memory: Optional[Callable[..., nn.Module]] = None  # model/memory: memory(n_encoder_layers, n_decoder_layers)
+    embedding: Optional[Callable[..., nn.Module]] = None  # model/embedding: embedding(cfg); None = nn.Embedding
+    output: Optional[Callable[..., nn.Module]] = None  # model/output: output(cfg, tied, bias, transform); None = LMHead
 
 
 class BlockParts:
@@ -63,7 +65,8 @@ class BlockParts:
               prelude: Sequence[nn.Module] = ()) -> Block:
         """The Block: ffn=None has no FFN sub-layer; prelude: residual sub-layers run before self-attention."""
         return Block(self_attn=self_attn, ffn=ffn, norm=self.norm, dropout=self.cfg.dropout, cross_attn=cross_attn,
-                     residual=type(self.cfg.norm).residual or self.cfg.norm_position,  # ReZero / Fixup name their own
+                     # a model/norm option's own residual (the zoo's ReZero, Fixup), or model.norm_position's
+                     residual=self.cfg.norm.residual() or RESIDUALS[self.cfg.norm_position],
                      prelude=prelude)
 
 

@@ -8,16 +8,13 @@ Types and choices are checked by the schemas at composition; an attention option
 from __future__ import annotations
 
 from dataclasses import fields, is_dataclass
-from typing import TYPE_CHECKING
 
 from lm.config_base import Choice, ConfigError
-from lm.model.choices import Arch, EmbeddingKind, NormPosition, OutputKind, TieEmbeddings
+from lm.model.choices import Arch, TieEmbeddings
+from lm.model.config import ModelConfig
 from lm.model.registry import slots
-from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, ReZeroNorm, RNNConfig,
+from lm.model.options import (SLOTS, Cell, Component, FFNConfig, MoEConfig, Nonlinearity, RNNConfig,
                               SwitchConfig, option_name, positive)
-
-if TYPE_CHECKING:  # lm/model/config.py imports this module; validate_rnn imports ModelConfig when it runs
-    from lm.model.config import ModelConfig
 
 
 # The ModelConfig fields a recurrent model reads (lm/model/rnn.py); every other field configures a
@@ -64,7 +61,6 @@ def validate_model(cfg: ModelConfig) -> None:
     if isinstance(cfg.ffn, MoEConfig):
         _validate_moe(cfg.ffn)
     validate_sharing_and_tying(cfg)  # first: it checks model.tie_embeddings' value, which the next one reads
-    validate_narang_options(cfg)
     validate_electra(cfg)
     if cfg.kernels.chosen():  # imported only then: the kernels' module imports torch and the FFN/norm modules
         from lm.model.kernels import check
@@ -121,11 +117,11 @@ def validate_electra(cfg: ModelConfig) -> None:
     if not e.temperature > 0:
         raise ConfigError(f"model.electra.temperature={e.temperature} must be > 0 (1.0 samples the generator's "
                           f"softmax as it is)")
-    if cfg.embedding != EmbeddingKind.standard or cfg.output != OutputKind.softmax or cfg.loss_chunk_size:
-        raise ConfigError(f"model.electra with model.embedding={cfg.embedding}, model.output={cfg.output}, "
-                          f"model.loss_chunk_size={cfg.loss_chunk_size}: the generator samples its replacements from "
-                          f"a plain softmax over the token table, so it needs model.embedding=standard, "
-                          f"model.output=softmax and model.loss_chunk_size=0")
+    if cfg.embedding is not None or cfg.output is not None or cfg.loss_chunk_size:
+        raise ConfigError(f"model.electra with model/embedding={_named(cfg.embedding)}, model/output="
+                          f"{_named(cfg.output)}, model.loss_chunk_size={cfg.loss_chunk_size}: the generator samples its "
+                          f"replacements from a plain softmax over the token table, so it needs model.embedding=null, "
+                          f"model.output=null and model.loss_chunk_size=0")
     try:
         validate_model(e.generator_config(cfg))
     except ConfigError as err:
@@ -150,8 +146,6 @@ def validate_rnn(cfg: ModelConfig) -> None:
     if cfg.rnn.cell != Cell.rnn and cfg.rnn.nonlinearity != Nonlinearity.tanh:
         raise ConfigError(f"model.rnn.nonlinearity={cfg.rnn.nonlinearity.value} applies to model.rnn.cell=rnn only "
                           f"(an {cfg.rnn.cell.value.upper()} has fixed gate nonlinearities); remove it")
-    from lm.model.config import ModelConfig  # at call time: lm/model/config.py imports this module
-
     defaults = ModelConfig()
     for f in fields(ModelConfig):
         value = getattr(cfg, f.name)
@@ -178,6 +172,11 @@ def _option_name(node: Component) -> str:
     return option_name(node)
 
 
+def _named(node) -> str:
+    """An optional slot's option name for messages: null when unset."""
+    return "null" if node is None else option_name(node)
+
+
 def check_objective(cfg: ModelConfig, objective: str) -> None:
     """Refuse a model that cannot learn `objective` honestly: an RNN learns next-token prediction
     (clm) left to right only; a bidirectional one would read the very token it predicts."""
@@ -191,49 +190,7 @@ def check_objective(cfg: ModelConfig, objective: str) -> None:
                           "pretrained on clm; pretrain with model.rnn.bidirectional=false and finetune a "
                           "bidirectional classifier with lm finetune bidirectional=true (docs/architecture.md)")
 
-def validate_narang_options(cfg: ModelConfig) -> None:
-    """Embedding/output/transparent-attention combinations that the papers do not define, refused
-    naming both fields (Narang et al. 2021, Table 1 options; issue #19)."""
-    adaptive_in, out = cfg.embedding == EmbeddingKind.adaptive, cfg.output
-    if adaptive_in or out == OutputKind.adaptive_softmax:
-        c = cfg.cutoffs
-        if any(not isinstance(x, int) for x in c) or c != sorted(set(c)) or c[0] < 1 or c[-1] >= cfg.vocab_size:
-            raise ConfigError(f"model.adaptive_cutoffs={c} must be increasing integers in [1, "
-                              f"model.vocab_size={cfg.vocab_size}); e.g. [{cfg.vocab_size // 4}, {cfg.vocab_size // 2}]")
-        if cfg.adaptive_div_value < 1:
-            raise ConfigError(f"model.adaptive_div_value={cfg.adaptive_div_value} must be >= 1 (1 = every band full width)")
-    if cfg.output_tied and adaptive_in and out != OutputKind.adaptive_softmax:
-        raise ConfigError(f"model.embedding=adaptive with model.tie_embeddings=true and model.output={out}: "
-                          "a banded input table cannot be a (vocab_size, dim) output matrix; set model.tie_embeddings=false")
-    if cfg.output_tied and out == OutputKind.adaptive_softmax:
-        raise ConfigError(f"model.output=adaptive_softmax with model.tie_embeddings=true: torch's adaptive softmax "
-                          f"owns its cluster weights, so tying is not supported here; set model.tie_embeddings=false")
-    if out != OutputKind.softmax and cfg.loss_chunk_size:
-        raise ConfigError(f"model.output={out} with model.loss_chunk_size={cfg.loss_chunk_size}: the chunked loss "
-                          f"is for a plain softmax only; set model.loss_chunk_size=0")
-    if out == OutputKind.mixture_of_softmaxes and cfg.mos_components < 1:
-        raise ConfigError(f"model.mos_components={cfg.mos_components} must be a positive integer")
-
-
 # -- Narang et al. 2021 options: combinations the papers do not define are refused, naming both fields --
-
-def _norm_option(cfg: ModelConfig) -> str:
-    return f"model/norm={type(cfg.norm).__name__.removesuffix('Config').lower()}"
-
-
-def _validate_residual(cfg: ModelConfig) -> None:
-    residual = type(cfg.norm).residual
-    if residual is None:
-        return
-    if cfg.norm_position != NormPosition.pre:
-        raise ConfigError(f"{_norm_option(cfg)} defines its own residual (x + scalar * f(x)); "
-                          f"model.norm_position={cfg.norm_position} does not apply: leave it at pre")
-    no_norm = residual == "fixup" or cfg.norm.with_norm == ReZeroNorm.none
-    for name in ("qk_norm", "embed_norm", "mlm_transform"):
-        if no_norm and getattr(cfg, name):
-            raise ConfigError(f"{_norm_option(cfg)} has no norm, but model.{name}=true needs one; set model.{name}=false"
-                              f" or pick model/norm=rezero_layernorm or rezero_rmsnorm")
-
 
 def _validate_embeddings(cfg: ModelConfig) -> None:
     if isinstance(cfg.tie_embeddings, str) and cfg.tie_embeddings not in TieEmbeddings.__members__:
@@ -250,16 +207,15 @@ def _validate_embeddings(cfg: ModelConfig) -> None:
 def validate_sharing_and_tying(cfg: ModelConfig) -> None:
     """ReZero/Fixup, shared blocks and the Universal Transformer, factorized and tied embeddings (issue #19's
     part-1 rows and #20's Universal Transformer), alone and with the other helpers' options."""
-    _validate_residual(cfg)
     _validate_embeddings(cfg)
     _validate_with_other_options(cfg)
 
 
 def _validate_with_other_options(cfg: ModelConfig) -> None:
-    if cfg.factorized_embedding and cfg.embedding != EmbeddingKind.standard:
-        raise ConfigError(f"model.factorized_embedding={cfg.factorized_embedding} with model.embedding={cfg.embedding}:"
-                          f" both replace the token table; drop one of them")
-    if cfg.factorized_embedding and cfg.output_tied and cfg.output != OutputKind.softmax:
+    if cfg.factorized_embedding and cfg.embedding is not None:
+        raise ConfigError(f"model.factorized_embedding={cfg.factorized_embedding} with model/embedding="
+                          f"{_named(cfg.embedding)}: both replace the token table; drop one of them")
+    if cfg.factorized_embedding and cfg.output_tied and cfg.output is not None:
         raise ConfigError(f"model.factorized_embedding={cfg.factorized_embedding} tied (model.tie_embeddings="
-                          f"{cfg.tie_embeddings}) with model.output={cfg.output}: only a plain softmax runs the "
+                          f"{cfg.tie_embeddings}) with model/output={_named(cfg.output)}: only a plain softmax runs the "
                           f"factorization backwards; set model.tie_embeddings=false")

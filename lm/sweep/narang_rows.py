@@ -15,6 +15,9 @@ from __future__ import annotations
 from typing import Dict, List, NamedTuple, Optional
 
 
+# Band edges of the adaptive rows: [V/8, V/2] of the experiment's vocabulary (experiment=narang: [512, 2048] of
+# 4096 BPE ids; narang_gpu: [4096, 16384] of 32768), quoted so the row's YAML reads each as one interpolation.
+BANDS = "['${lm.div:${model.vocab_size},8}','${lm.div:${model.vocab_size},2}']"
 # Rank of the factorized-embedding rows: ALBERT's 128 of 768 is 1/6 of the width; 32 of 128 is the
 # nearest power of two at this base's width.
 FACTOR_RANK = 32
@@ -71,11 +74,14 @@ ROWS: List[Row] = [
     Row("tied_decoder_input_output", "Tied decoder input and output embeddings",
         ["model.tie_embeddings=decoder_input_output"]),
     Row("untied_embeddings", "Untied embeddings", ["model.tie_embeddings=none"]),
-    Row("adaptive_input", "Adaptive input embeddings", ["model.embedding=adaptive", "model.tie_embeddings=false"]),
-    Row("adaptive_softmax", "Adaptive softmax", ["model.output=adaptive_softmax", "model.tie_embeddings=false"]),
+    Row("adaptive_input", "Adaptive input embeddings",
+        ["model/embedding=adaptive", f"model.embedding.cutoffs={BANDS}", "model.tie_embeddings=false"]),
+    Row("adaptive_softmax", "Adaptive softmax",
+        ["model/output=adaptive_softmax", f"model.output.cutoffs={BANDS}", "model.tie_embeddings=false"]),
     Row("adaptive_softmax_no_proj", "Adaptive softmax without projection",
-        ["model.output=adaptive_softmax", "model.tie_embeddings=false", "model.adaptive_tail_projection=false"]),
-    Row("mixture_of_softmaxes", "Mixture of softmaxes", ["model.output=mixture_of_softmaxes"]),
+        ["model/output=adaptive_softmax", f"model.output.cutoffs={BANDS}", "model.tie_embeddings=false",
+         "model.output.tail_projection=false"]),
+    Row("mixture_of_softmaxes", "Mixture of softmaxes", ["model/output=mixture_of_softmaxes"]),
     Row("transparent_attention", "Transparent attention", ["model/memory=transparent"]),
     # Convolutions replace self-attention and with it the relative position bias (Mesh TF's bias lives in the
     # attention layers): position comes from the causal/centred window alone.

@@ -8,4 +8,6 @@ One module per variant: its option schema(s) (registered with lm.model.registry.
 and its checks; its YAML lives in conf/model/<slot>/. docs/architecture.md has the recipe.
 """
 
-from lm.zoo import conv_attn, evolved, funnel, pkm, scores, sharing, synthesizer, transparent, weighted  # noqa: F401 (each registers)
+# each registers its options when imported
+from lm.zoo import (adaptive, conv_attn, evolved, funnel, mos, pkm, residual, scores, sharing,  # noqa: F401
+                    synthesizer, transparent, weighted)

@@ -33,7 +33,7 @@ from torch import nn
 
 from lm.config_base import Choice, ConfigError
 from lm.model.options import AttnConfig
-from lm.model.registry import register
+from lm.model.registry import register, target_option
 from lm.model.scores import Score
 
 
@@ -65,20 +65,12 @@ class _SynthesizerConfig(AttnConfig):
         super().check(model)
 
 
-@register("attn")
-@dataclass
-class SynthesizerDenseConfig(_SynthesizerConfig):
-    """Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len)."""
-
-    _target_: str = "lm.zoo.synthesizer.SynthesizerDense"
-
-
-@register("attn")
-@dataclass
-class SynthesizerRandomConfig(_SynthesizerConfig):
-    """Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head."""
-
-    _target_: str = "lm.zoo.synthesizer.SynthesizerRandom"
+SynthesizerDenseConfig = target_option(
+    "attn", "SynthesizerDenseConfig", "lm.zoo.synthesizer.SynthesizerDense",
+    "Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len).", _SynthesizerConfig)
+SynthesizerRandomConfig = target_option(
+    "attn", "SynthesizerRandomConfig", "lm.zoo.synthesizer.SynthesizerRandom",
+    "Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head.", _SynthesizerConfig)
 
 
 @register("attn")

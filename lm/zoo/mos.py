@@ -3,28 +3,48 @@
 One softmax over h W^T has rank at most dim; a mixture of K softmaxes does not:
     P(y | h) = sum_k pi_k(h) softmax(W h_k)_y,   pi = softmax(W_pi h),   h_k = tanh(W_k h)
 with the output matrix W shared by the K components (and tied to the input embedding when
-model.tie_embeddings is true, as in Yang et al.).
+model.tie_embeddings is true, as in Yang et al.). model/output=mixture_of_softmaxes, K = model.output.components
+(it was the ModelConfig fields model.output=mixture_of_softmaxes, model.mos_components: lm/model/upgrade.py).
 """
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lm.config_base import ConfigError
 from lm.constants import IGNORE_INDEX
 from lm.model.config import ModelConfig
 from lm.model.heads import LMOutput, OutputLinear
 from lm.model.linear import Linear, MatmulCount
+from lm.model.options import OutputConfig
+from lm.model.registry import register
+
+
+@register("output")
+@dataclass
+class MixtureOfSoftmaxesConfig(OutputConfig):
+    """model/output=mixture_of_softmaxes (conf/model/output/mixture_of_softmaxes.yaml)."""
+
+    _target_: str = "lm.zoo.mos.MixtureOfSoftmaxes"
+    components: int = 4  # K, the number of softmaxes
+
+    def check(self, model: ModelConfig) -> None:
+        if not isinstance(self.components, int) or self.components < 1:
+            raise ConfigError(f"model.output.components={self.components} must be a positive integer")
+        super().check(model)
 
 
 class MixtureOfSoftmaxes(MatmulCount, nn.Module):
     """The LM head's interface: forward(h) gives log-probabilities (..., V) that sum to 1 (evaluation
     and sampling use them as logits); output(h, labels) the mean NLL over labels != -100."""
 
-    def __init__(self, cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module):
+    def __init__(self, cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
+                 components: int = 4):
         super().__init__()
-        self.k, self.dim = cfg.mos_components, cfg.dim
+        self.k, self.dim = components, cfg.dim
         self.transform = transform
         self.prior = Linear(cfg.dim, self.k, bias=False)  # W_pi
         self.latent = Linear(cfg.dim, self.k * cfg.dim, bias=cfg.bias)  # the K matrices W_k, stacked

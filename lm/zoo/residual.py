@@ -1,0 +1,158 @@
+"""ReZero (Bachlechner et al. 2020) and Fixup (Zhang et al. 2019): model/norm=rezero | rezero_layernorm |
+rezero_rmsnorm | fixup, the norm options of Narang et al. 2021's Table 1 that change the residual itself.
+
+Each names its residual function (lm/model/block.py's Residual: the function and the learned scalars each
+branch holds, in the block's `scalars_*` modules) through NormConfig.residual(), so the Block stays one class;
+the norm it builds is the one each branch (and the final, embedding and q/k norms) still applies: none, or the
+LayerNorm/RMSNorm of the "ReZero + norm" rows. Fixup also rescales the initial weights (`after_init`).
+"""
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from lm.config_base import Choice, ConfigError
+from lm.model.block import Block, BranchScalars, Residual, carried
+from lm.model.choices import NormPosition
+from lm.model.linear import Linear
+from lm.model.norms import LayerNorm, RMSNorm
+from lm.model.options import NormConfig, option_name
+from lm.model.registry import register
+from lm.model.stack import Stack
+
+
+# -- the residual functions ------------------------------------------------------------------------
+
+def rezero(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s: BranchScalars,
+           skip: Optional[Callable] = None) -> torch.Tensor:
+    """x + alpha * drop(f(norm(x))), alpha learned from 0: every block starts as the identity, so deep
+    stacks train without a norm (Bachlechner et al. 2020). norm is the identity unless rezero_layernorm/_rmsnorm."""
+    return carried(x, skip) + s.alpha * drop(f(norm(x)))
+
+
+def fixup(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s: BranchScalars,
+          skip: Optional[Callable] = None) -> torch.Tensor:
+    """x + multiplier * drop(f(x + bias)): Fixup's scalar bias before the branch and scalar multiplier after
+    it (Zhang et al. 2019); with no norm, the rescaled init (fixup_rescale) keeps the updates bounded."""
+    return carried(x, skip) + s.multiplier * drop(f(norm(x) + s.bias))
+
+
+REZERO = Residual(rezero, {"alpha": 0.0})
+FIXUP = Residual(fixup, {"bias": 0.0, "multiplier": 1.0})
+
+
+# -- the norms the branches apply ------------------------------------------------------------------
+
+class NoNorm(nn.Identity):
+    """The identity, built as norm(dim, eps) like every other option."""
+
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+
+
+REZERO_NORMS = {"none": NoNorm, "layernorm": LayerNorm, "rmsnorm": RMSNorm}
+
+
+def rezero_norm(dim: int, eps: float = 1e-5, with_norm: str = "none") -> nn.Module:
+    """ReZero's norm: none (Bachlechner et al. 2020), or a LayerNorm / RMSNorm kept inside the branch."""
+    return REZERO_NORMS[with_norm](dim, eps=eps)
+
+
+def fixup_norm(dim: int, eps: float = 1e-5) -> nn.Module:
+    """Fixup has no norm at all (Zhang et al. 2019); its scalars live with the residual function."""
+    return NoNorm(dim, eps)
+
+
+# -- the option schemas (conf/model/norm/rezero*.yaml, fixup.yaml) ---------------------------------
+
+class ReZeroNorm(Choice):
+    none = "none"  # ReZero proper: no norm anywhere
+    layernorm = "layernorm"  # Narang et al.'s "ReZero + LayerNorm"
+    rmsnorm = "rmsnorm"  # Narang et al.'s "ReZero + RMS Norm"
+
+
+@dataclass
+class _ResidualNormConfig(NormConfig):
+    """What ReZero and Fixup refuse alike: a norm position (they define the residual) and, without a norm, the
+    fields that need one."""
+
+    def has_norm(self) -> bool:
+        return False
+
+    def check(self, model) -> None:
+        name = f"model/norm={option_name(self)}"
+        if model.norm_position != NormPosition.pre:
+            raise ConfigError(f"{name} defines its own residual (x + scalar * f(x)); model.norm_position="
+                              f"{model.norm_position} does not apply: leave it at pre")
+        for field in ("qk_norm", "embed_norm", "mlm_transform"):
+            if not self.has_norm() and getattr(model, field):
+                raise ConfigError(f"{name} has no norm, but model.{field}=true needs one; set model.{field}=false"
+                                  f" or pick model/norm=rezero_layernorm or rezero_rmsnorm")
+
+
+@register("norm")
+@dataclass
+class ReZeroConfig(_ResidualNormConfig):
+    """model/norm=rezero, rezero_layernorm, rezero_rmsnorm: each residual branch is scaled by a learned
+    scalar initialised to 0 (Bachlechner et al. 2020), with no norm or a norm inside the branch."""
+
+    _target_: str = "lm.zoo.residual.rezero_norm"
+    with_norm: ReZeroNorm = ReZeroNorm.none
+
+    def residual(self) -> Residual:
+        return REZERO
+
+    def has_norm(self) -> bool:
+        return self.with_norm != ReZeroNorm.none
+
+
+@register("norm")
+@dataclass
+class FixupConfig(_ResidualNormConfig):
+    """model/norm=fixup: no norm; a scalar bias and multiplier per branch and Fixup's rescaled init (Zhang et al.
+    2019)."""
+
+    _target_: str = "lm.zoo.residual.fixup_norm"
+
+    def residual(self) -> Residual:
+        return FIXUP
+
+    def after_init(self, model: nn.Module) -> None:
+        fixup_rescale(model)
+
+
+# -- Fixup's initialisation ------------------------------------------------------------------------
+
+# Fixup's m: weight layers in series on each residual branch (value then output projection; up then down).
+FIXUP_BRANCH_LAYERS = 2
+
+
+def fixup_scale(n_branches: int, m: int = FIXUP_BRANCH_LAYERS) -> float:
+    """L^(-1/(2m-2)) for L residual branches of m layers each (Zhang et al. 2019, rule 2)."""
+    return n_branches ** (-1.0 / (2 * m - 2))
+
+
+def residual_branches(model: nn.Module) -> int:
+    """L: residual branches the input passes through, counting each application of a shared block."""
+    stacks = [m for m in model.modules() if isinstance(m, Stack)]
+    return sum(s.depth * (3 if s.blocks[0].cross_attn is not None else 2) for s in stacks)
+
+
+@torch.no_grad()
+def fixup_rescale(model: nn.Module) -> None:
+    """Fixup without norms (Zhang et al. 2019, section 3): the last layer of every residual branch (the
+    attention and FFN output projections) starts at 0, every other layer inside a branch is scaled by
+    L^(-1/(2m-2)), and an untied output layer (the classification layer) starts at 0. The per-branch
+    scalar bias and multiplier are the block's `scalars_*`."""
+    scale = fixup_scale(residual_branches(model))
+    for block in (m for m in model.modules() if isinstance(m, Block)):
+        for layer in (m for m in block.modules() if isinstance(m, nn.Linear)):
+            if isinstance(layer, Linear) and layer.residual:
+                layer.weight.zero_()
+            else:
+                layer.weight.mul_(scale)
+    head = getattr(model, "head", None)
+    if head is not None and not model.cfg.output_tied:
+        head.proj.weight.zero_()
