@@ -26,7 +26,7 @@ def manifest(ckpt):
     files = json.loads((ckpt / "manifest.json").read_text())["files"]
     out = {name: entry for name, entry in files.items() if name not in ("config.yaml", "dcp/.metadata")}
     if "dcp/.metadata" in files:
-        from lm.engine.torch_engines import _DCPMetadataUnpickler
+        from lm.engine.formats import _DCPMetadataUnpickler
 
         with open(ckpt / "dcp" / ".metadata", "rb") as f:
             meta = _DCPMetadataUnpickler(f).load()

@@ -149,7 +149,7 @@ def test_the_generator_is_a_stack_of_its_own_width_and_depth(cfg):
     (dict(electra=dict(temperature=-1.0)), r"model.electra.temperature=-1.0 must be > 0"),
     (dict(electra=dict(generator_layers=0)), r"model.electra.generator_layers=0 must be a positive integer"),
     (dict(output=AdaptiveSoftmaxConfig(), tie_embeddings=False),
-     r"model.electra with .*model/output=adaptivesoftmax"),
+     r"model.electra with .*model/output=adaptive_softmax"),
     (dict(loss_chunk_size=64), r"model.electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0"),
     (dict(electra=dict(generator_dim=9), block=EvolvedConfig()),
      r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: "

@@ -8,10 +8,7 @@ LM = Path(__file__).resolve().parent.parent / "lm"
 
 
 # Module-level import cycles that another branch removes: each named, with the change that removes it.
-KNOWN_CYCLES = [
-    # removed by the quickstart preset (helper front2's branch): delete this entry when it merges
-    ["lm.cli.quickstart", "lm.cli.transfer", "lm.cli.transfer_join"],
-]
+KNOWN_CYCLES: list = []  # none: a cycle is fixed, not listed
 
 
 def _all_imports(tree):
@@ -107,7 +104,7 @@ def cycles(graph):
 def test_no_import_cycles_among_lm_modules():
     """Modules import each other in one direction. A cycle, even through an import deferred into a function,
     means two modules are one layer split in two files (and a load-time one makes the import order decide which
-    names exist). Only the named KNOWN_CYCLES, removed elsewhere, remain."""
+    names exist). KNOWN_CYCLES is empty."""
     assert cycles(import_graph(_run_time_imports)) == sorted(KNOWN_CYCLES)
 
 

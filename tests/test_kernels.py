@@ -91,8 +91,8 @@ def test_lm_train_refuses_a_kernel_on_the_cpu_in_one_line(tmp_path):
     (["model/ffn=gelu", "model.kernels.glu=liger"], "model/ffn=swiglu|glu only, not model/ffn=mlp"),
     (["model/ffn=geglu", "model.kernels.glu=liger"], "set model.ffn.activation=gelu_tanh"),
     (["model.loss_chunk_size=64", "model.kernels.cross_entropy=liger"], "set model.loss_chunk_size=0"),
-    (["model.output=adaptive_softmax", "model.tie_embeddings=false", "model.kernels.cross_entropy=cce"],
-     "model.output=adaptive_softmax does not use"),
+    (["model/output=adaptive_softmax", "model.tie_embeddings=false", "model.kernels.cross_entropy=cce"],
+     "model/output=adaptive_softmax does not use"),
 ])
 def test_a_switch_the_model_does_not_use_is_refused(cuda, overrides, says):
     with pytest.raises(ConfigError) as e:

@@ -167,7 +167,7 @@ def test_undefined_combinations_are_refused_naming_both_fields(over, message):
     (["model.factorized_embedding=16", "model/embedding=adaptive", "model.tie_embeddings=false"],
      "model.factorized_embedding=16 with model/embedding=adaptive"),
     (["model.factorized_embedding=16", "model/output=mixture_of_softmaxes"],
-     "model.factorized_embedding=16 tied .* model/output=mixtureofsoftmaxes"),
+     "model.factorized_embedding=16 tied .* model/output=mixture_of_softmaxes"),
 ])
 def test_combinations_with_the_other_issue_options_are_refused(over, message):
     with pytest.raises(ConfigError, match=message):

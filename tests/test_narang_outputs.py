@@ -207,10 +207,10 @@ def test_params_and_flops_follow_the_formulas():
 # -- bad input -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw,fields", [
-    (dict(output=AdaptiveSoftmaxConfig()), ["model/output=adaptivesoftmax", "model.tie_embeddings=True"]),
+    (dict(output=AdaptiveSoftmaxConfig()), ["model/output=adaptive_softmax", "model.tie_embeddings=True"]),
     (dict(embedding=AdaptiveConfig()), ["model/embedding=adaptive", "model.tie_embeddings=true"]),
-    (dict(MOS, loss_chunk_size=64), ["model/output=mixtureofsoftmaxes", "model.loss_chunk_size=64"]),
-    (dict(ASM, loss_chunk_size=64), ["model/output=adaptivesoftmax", "model.loss_chunk_size=64"]),
+    (dict(MOS, loss_chunk_size=64), ["model/output=mixture_of_softmaxes", "model.loss_chunk_size=64"]),
+    (dict(ASM, loss_chunk_size=64), ["model/output=adaptive_softmax", "model.loss_chunk_size=64"]),
     (dict(memory=TransparentConfig()), ["model/memory=transparent", "model.arch=decoder"]),
     (dict(ASM, output=AdaptiveSoftmaxConfig(cutoffs=[48, 16])), ["model.output.cutoffs=[48, 16]", "model.vocab_size=96"]),
     (dict(ADAPTIVE_IN, embedding=AdaptiveConfig(cutoffs=[16, 96])), ["model.embedding.cutoffs=[16, 96]"]),
@@ -279,7 +279,7 @@ def test_a_config_saved_with_the_old_fields_loads_as_the_option_nodes():
 def test_hugging_face_export_refuses_these_options():
     from lm.model.convert import to_hf
 
-    with pytest.raises(ValueError, match="model/output=mixtureofsoftmaxes"):
+    with pytest.raises(ValueError, match="model/output=mixture_of_softmaxes"):
         to_hf(built(**MOS))
 
 

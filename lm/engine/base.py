@@ -26,11 +26,11 @@ from typing import Callable, Dict, cast
 import torch
 from torch import nn
 
-from lm.engine import float8
+import lm.engine.float8 as float8
 from lm.engine.config import TrainSettings
 from lm.engine.dist import Dist, EngineError
+from lm.engine.formats import MODEL_OPTIM
 
-MODEL_OPTIM = "model_optim.pt"  # the single/DDP checkpoint file (rank 0 writes it)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -208,7 +208,7 @@ class Engine:
         """Restore a checkpoint written by another engine class or world size (`saved`: its trainer.json
         engine record), or raise EngineError saying why not. single/DDP: model_optim.pt is the full state
         whatever the world size; FSDP2's DCP shards are consolidated (lm/engine/reshard.py)."""
-        from lm.engine import reshard
+        import lm.engine.reshard as reshard
 
         if saved["format"] == "torch":
             self.load_state(path)

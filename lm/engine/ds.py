@@ -173,7 +173,7 @@ class DeepSpeedEngine(Engine):
         wired in yet: the conversion needs `universal_checkpoint_info` in the saved client state (or its
         inject option), an offline multi-process pass over every rank's files, and load_universal set in the
         JSON before deepspeed.initialize."""
-        from lm.engine import reshard
+        import lm.engine.reshard as reshard
 
         if saved["format"] == "deepspeed":
             why = (f"DeepSpeed reloads ZeRO partitions only on the world size that wrote them; resume on "

@@ -21,14 +21,13 @@ import torch
 from torch import nn
 
 from lm.engine.dist import EngineError
+from lm.engine.formats import MODEL_OPTIM, check_dcp_metadata
 
 
 def full_from_torch_file(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> Dict:
     """model_optim.pt (single/DDP) as the full FQN-keyed state. The file's optimizer numbers parameters in
     param_groups order; lm builds those groups the same way for every engine (lm.core.optim.adamw), so
     position i there is position i of this optimizer's groups, whose parameters have names."""
-    from lm.engine.base import MODEL_OPTIM
-
     state = torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)
     if "scaler" in state:
         raise EngineError(f"{path} was trained with fp16 loss scaling, which only engine=single|ddp keep; "
@@ -50,8 +49,6 @@ def full_from_torch_file(path: Path, module: nn.Module, optimizer: torch.optim.O
 def full_from_dcp(dcp_dir: Path) -> Dict:
     """FSDP2's DCP shards (any saved world size) as the full FQN-keyed state, without a process group."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    from lm.engine.torch_engines import check_dcp_metadata
 
     check_dcp_metadata(dcp_dir)
     with tempfile.TemporaryDirectory(prefix="lm-reshard-") as scratch:  # private: every rank converts its own

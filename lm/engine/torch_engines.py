@@ -1,7 +1,6 @@
 """PyTorch-native data parallelism: DDP (replicated) and FSDP2 (`fully_shard`, sharded per Block)."""
 
 import contextlib
-import pickle
 from pathlib import Path
 from typing import Callable, Dict, cast
 
@@ -9,29 +8,7 @@ import torch
 from torch import nn
 
 from lm.engine.base import Engine
-
-DCP = "dcp"  # sub-directory of an FSDP2 checkpoint: torch.distributed.checkpoint shards, one file per rank
-
-
-class _DCPMetadataUnpickler(pickle.Unpickler):
-    """DCP reads its .metadata with plain pickle.load, which runs whatever the file names; this reader
-    admits only the classes DCP's metadata is made of (checked before DCP reads it)."""
-
-    def find_class(self, module: str, name: str):
-        plain = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                 ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
-                 ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
-        if (module == "torch.distributed.checkpoint.metadata" or (module, name) in plain
-                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"Unsupported global: {module}.{name} is not part of DCP's metadata")
-
-
-def check_dcp_metadata(dcp_dir: Path) -> None:
-    """Raise pickle.UnpicklingError if `dcp_dir`/.metadata names anything but DCP's metadata classes."""
-    with open(Path(dcp_dir) / ".metadata", "rb") as f:
-        _DCPMetadataUnpickler(f).load()
-
+from lm.engine.formats import DCP, check_dcp_metadata
 
 class DDPEngine(Engine):
     """DistributedDataParallel: gradients all-reduced (averaged) in buckets during backward."""
@@ -171,7 +148,7 @@ class FSDP2Engine(Engine):
     def load_resharded(self, path: Path, saved: Dict) -> None:
         """Another world size: DCP reshards its own shards onto this mesh (load_state); single/DDP's full
         model_optim.pt is sharded by set_state_dict (lm/engine/reshard.py)."""
-        from lm.engine import reshard
+        import lm.engine.reshard as reshard
 
         if saved["format"] == "dcp":
             self.load_state(path)

@@ -19,8 +19,8 @@ from typing import List, Optional, Union
 from lm.config_base import ConfigError
 from lm.model.choices import Activation, Arch, Init, LinearKind, NormPosition, TieEmbeddings  # noqa: F401
 from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell, Component, ElectraConfig,  # noqa: F401
-                              EmbeddingConfig, FFNConfig, GLUConfig, KernelsConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
-                              MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, OutputConfig, PosConfig,
+                              CrossEntropyKernel, EmbeddingConfig, FFNConfig, GLUConfig, GLUKernel, KernelsConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
+                              MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, NormKernel, OutputConfig, PosConfig,
                               RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
                               ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, option_name,
                               options, positive)

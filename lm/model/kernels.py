@@ -63,9 +63,9 @@ def _check_applies(name: str, kernel: str, cfg: "ModelConfig", setting: str, off
     from lm.model.options import option_name
 
     if name == "cross_entropy":
-        if cfg.output != "softmax" or cfg.electra is not None:
+        if cfg.output is not None or cfg.electra is not None:
             what = "model.electra (its generator's loss is its own)" if cfg.electra is not None \
-                else f"model.output={cfg.output.value}"
+                else f"model/output={option_name(cfg.output)}"
             raise ConfigError(f"{setting} fuses the plain softmax output layer with its loss, which {what} does not "
                               f"use: set {off}")
         if cfg.loss_chunk_size:

@@ -214,8 +214,9 @@ ScaledDotConfig = target_option("attn", "ScaledDotConfig", "lm.model.scores.Scal
 
 
 def option_name(cfg: Component) -> str:
-    """How a user picks it: LinformerConfig -> linformer (the option file's name, for messages)."""
-    return type(cfg).__name__.removesuffix("Config").lower()
+    """How a user picks it: LinformerConfig -> linformer (the option file's name, for messages); a class whose
+    file name is not its lowered name says it (`option_file`: AdaptiveSoftmaxConfig -> adaptive_softmax)."""
+    return getattr(type(cfg), "option_file", None) or type(cfg).__name__.removesuffix("Config").lower()
 
 
 # -- the slots the core leaves empty (None): extension points for the zoo (lm/zoo) -----------------

@@ -76,6 +76,7 @@ class AdaptiveSoftmaxConfig(OutputConfig):
     tail_projection: bool = True  # tail clusters project dim down first (false: none, Narang et al.'s row)
     head_bias: bool = False  # a bias on the head cluster's logits
     tieable: ClassVar[bool] = False  # torch's adaptive softmax owns its cluster weights
+    option_file: ClassVar[str] = "adaptive_softmax"
 
     def check(self, model: ModelConfig) -> None:
         check_bands("output", self.cutoffs, self.div_value, model.vocab_size)

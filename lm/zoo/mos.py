@@ -8,7 +8,7 @@ model.tie_embeddings is true, as in Yang et al.). model/output=mixture_of_softma
 """
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,7 @@ class MixtureOfSoftmaxesConfig(OutputConfig):
     """model/output=mixture_of_softmaxes (conf/model/output/mixture_of_softmaxes.yaml)."""
 
     _target_: str = "lm.zoo.mos.MixtureOfSoftmaxes"
+    option_file: ClassVar[str] = "mixture_of_softmaxes"
     components: int = 4  # K, the number of softmaxes
 
     def check(self, model: ModelConfig) -> None:
