@@ -38,8 +38,16 @@ def parse_args():
 
 def make(ffn: str, norm: str, args):
     torch.manual_seed(0)
-    cfg = model_preset("tiny", [f"model/ffn={ffn}", f"model/norm={norm}", f"model.dim={args.dim}",
-                                f"model.n_layers={args.layers}", f"model.n_heads={args.heads}"])
+    cfg = model_preset(
+        "tiny",
+        [
+            f"model/ffn={ffn}",
+            f"model/norm={norm}",
+            f"model.dim={args.dim}",
+            f"model.n_layers={args.layers}",
+            f"model.n_heads={args.heads}",
+        ],
+    )
     model = build_model(cfg)
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -60,8 +68,11 @@ def norm_ops(args, calls: int = 200) -> dict:
 
     x = torch.randn(args.batch, args.seq, args.dim, requires_grad=True)
     rms = RMSNorm(args.dim)
-    ops = {"LayerNorm (lm, F.layer_norm)": LayerNorm(args.dim), "RMSNorm (lm)": rms,
-           "F.rms_norm (torch)": lambda h: F.rms_norm(h, (args.dim,), rms.weight, rms.eps)}
+    ops = {
+        "LayerNorm (lm, F.layer_norm)": LayerNorm(args.dim),
+        "RMSNorm (lm)": rms,
+        "F.rms_norm (torch)": lambda h: F.rms_norm(h, (args.dim,), rms.weight, rms.eps),
+    }
     assert torch.equal(ops["RMSNorm (lm)"](x), ops["F.rms_norm (torch)"](x))  # the same function
     times = {k: [] for k in ops}
     for _ in range(args.rounds):
@@ -86,15 +97,19 @@ def main():
         for v, (model, opt) in runs.items():
             rates[v].append(args.steps * args.batch * args.seq / steps(model, opt, x, y, args.steps))
     base = statistics.median(rates[VARIANTS[0]])
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS')}, dim {args.dim}, layers {args.layers}, batch {args.batch}x{args.seq}, "
-          f"{args.rounds} rounds x {args.steps} steps, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS')}, dim {args.dim}, layers {args.layers}, batch {args.batch}x{args.seq}, "
+        f"{args.rounds} rounds x {args.steps} steps, load average {os.getloadavg()[0]:.1f}"
+    )
     print("| variant | params | tokens/s (median) | min–max over rounds | vs gelu+layernorm |")
     print("|---|---|---|---|---|")
     for v, r in rates.items():
         n = sum(p.numel() for p in runs[v][0].parameters())
-        print(f"| ffn={v[0]} norm={v[1]} | {n / 1e3:.1f}k | {statistics.median(r):.0f} | {min(r):.0f}–{max(r):.0f} | "
-              f"{statistics.median(r) / base:.3f} |")
+        print(
+            f"| ffn={v[0]} norm={v[1]} | {n / 1e3:.1f}k | {statistics.median(r):.0f} | {min(r):.0f}–{max(r):.0f} | "
+            f"{statistics.median(r) / base:.3f} |"
+        )
     us = norm_ops(args)
     print(f"\n| norm, forward + backward on ({args.batch}, {args.seq}, {args.dim}) | µs (median) | vs LayerNorm |")
     print("|---|---|---|")

@@ -31,8 +31,10 @@ VARIANTS = {
     "switch": ("vanilla", ["model/ffn=switch"]),
     "pkm": ("vanilla", ["model/block=pkm", "model.block.layers=[{mid}]"]),
     "vanilla_encoder": ("vanilla_encoder", ["model.arch=encoder"]),
-    "funnel": ("vanilla_encoder", ["model.arch=encoder", "model/stack=funnel",
-                                   "model.stack.blocks={groups}", "model.stack.decoder_layers=0"]),
+    "funnel": (
+        "vanilla_encoder",
+        ["model.arch=encoder", "model/stack=funnel", "model.stack.blocks={groups}", "model.stack.decoder_layers=0"],
+    ),
     "synth_dense": ("vanilla", ["model/attn=synthesizer_dense"]),
     "synth_dense_plus_alpha": ("vanilla", ["model/attn=synthesizer_dense", "model.attn.mix=plus_alpha"]),
     "synth_random": ("vanilla", ["model/attn=synthesizer_random"]),
@@ -62,8 +64,16 @@ def config(name: str, args):
     half = args.layers // 2
     fill = {"mid": args.layers // 2, "groups": f"[{half},{args.layers - half}]"}
     overrides = [o.format(**fill) for o in VARIANTS[name][1]]
-    return model_preset("tiny", overrides + [f"model.dim={args.dim}", f"model.n_layers={args.layers}",
-                                             f"model.n_heads={args.heads}", f"model.max_seq_len={args.seq}"])
+    return model_preset(
+        "tiny",
+        overrides
+        + [
+            f"model.dim={args.dim}",
+            f"model.n_layers={args.layers}",
+            f"model.n_heads={args.heads}",
+            f"model.max_seq_len={args.seq}",
+        ],
+    )
 
 
 def make(name: str, args):
@@ -103,13 +113,17 @@ def main():
             times[name].append(steps(model, opt, batch, args.steps))
     tokens = args.batch * args.seq * args.steps
     rate = {n: tokens / statistics.median(t) for n, t in times.items()}
-    print(f"dim {args.dim}, {args.layers} layers, batch {args.batch} x {args.seq}, {args.rounds} rounds x "
-          f"{args.steps} steps, {torch.get_num_threads()} threads, {args.device}")
+    print(
+        f"dim {args.dim}, {args.layers} layers, batch {args.batch} x {args.seq}, {args.rounds} rounds x "
+        f"{args.steps} steps, {torch.get_num_threads()} threads, {args.device}"
+    )
     print(f"{'variant':<24} {'Params':>12} {'Ops/token':>12} {'tokens/s':>10} {'vs vanilla':>10}")
     for name in names:
         cfg, base = config(name, args), VARIANTS[name][0]
         ratio = f"{rate[name] / rate[base]:.3f}" if base in rate else "-"
-        print(f"{name:<24} {num_params(cfg):>12,} {flops_per_token(cfg, args.seq):>12,} {rate[name]:>10.0f} {ratio:>10}")
+        print(
+            f"{name:<24} {num_params(cfg):>12,} {flops_per_token(cfg, args.seq):>12,} {rate[name]:>10.0f} {ratio:>10}"
+        )
 
 
 if __name__ == "__main__":

@@ -83,13 +83,26 @@ def main(argv=None) -> int:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)
     ratio = medians["async_blocked_s"] / medians["sync_s"]
-    print(f"model={args.model} ({params / 1e6:.1f}M parameters), checkpoint {size / 2**20:.0f} MiB, "
-          f"{args.saves} saves each, load average {os.getloadavg()[0]:.2f}")
+    print(
+        f"model={args.model} ({params / 1e6:.1f}M parameters), checkpoint {size / 2**20:.0f} MiB, "
+        f"{args.saves} saves each, load average {os.getloadavg()[0]:.2f}"
+    )
     print(f"synchronous save:             {medians['sync_s']:.3f} s (median)")
     print(f"asynchronous, loop blocked:   {medians['async_blocked_s']:.3f} s (median) = {ratio:.1%} of synchronous")
     print(f"asynchronous, background:     {medians['async_write_s']:.3f} s (median)")
-    print(json.dumps({"model": args.model, "params": params, "bytes": size, **medians, "blocked_ratio": ratio,
-                      "all": times, "load_average": os.getloadavg()[0]}))
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "params": params,
+                "bytes": size,
+                **medians,
+                "blocked_ratio": ratio,
+                "all": times,
+                "load_average": os.getloadavg()[0],
+            }
+        )
+    )
     return 0
 
 

@@ -55,10 +55,16 @@ def parse_args(argv=None):
     p.add_argument("--linformer-k", type=int, default=256)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cuda" if _cuda() else "cpu", choices=["cpu", "cuda"])
-    p.add_argument("--mem-cap-gb", type=float, default=None,
-                   help="stop a curve before a point would need more (default: CPU 8 GB, CUDA 80%% of the GPU)")
+    p.add_argument(
+        "--mem-cap-gb",
+        type=float,
+        default=None,
+        help="stop a curve before a point would need more (default: CPU 8 GB, CUDA 80%% of the GPU)",
+    )
     p.add_argument("--max-point-s", type=float, default=120.0, help="stop a curve before a pass would take longer")
-    p.add_argument("--fit-from", type=int, default=512, help="fit slopes on points with T >= this (all if fewer than 2)")
+    p.add_argument(
+        "--fit-from", type=int, default=512, help="fit slopes on points with T >= this (all if fewer than 2)"
+    )
     p.add_argument("--out", type=Path, default=Path("bench/attention_cost"))
     p.add_argument("--point", nargs=2, metavar=("VARIANT", "T"), help=argparse.SUPPRESS)  # the subprocess' job
     return p.parse_args(argv)
@@ -75,6 +81,7 @@ def _cuda() -> bool:
 
 # -- one point, in its own process -------------------------------------------------------------------
 
+
 def build_layer(variant: str, T: int, args):
     """The layer and its forward function: x (B, T, D) -> (B, T, D)."""
     from lm.model import components
@@ -85,17 +92,36 @@ def build_layer(variant: str, T: int, args):
     if variant == "lstm":
         from lm.model.rnn import recurrent_layers
 
-        cfg = model_preset("lstm", [f"model.dim={args.dim}", "model.n_layers=1", "model.dropout=0.0",
-                                    f"model.max_seq_len={T}"])
+        cfg = model_preset(
+            "lstm", [f"model.dim={args.dim}", "model.n_layers=1", "model.dropout=0.0", f"model.max_seq_len={T}"]
+        )
         lstm = recurrent_layers(cfg)
         return lstm, lambda x: lstm(x)[0]
     k = min(args.linformer_k, T)
     extra = [f"model.attn.k={k}"] if variant == "linformer" else []
-    cfg = model_preset("tiny", ["model.arch=encoder", f"model.dim={args.dim}", f"model.n_heads={args.heads}",
-                                f"model.max_seq_len={T}", "model.dropout=0.0", f"model/attn={variant}", *extra])
+    cfg = model_preset(
+        "tiny",
+        [
+            "model.arch=encoder",
+            f"model.dim={args.dim}",
+            f"model.n_heads={args.heads}",
+            f"model.max_seq_len={T}",
+            "model.dropout=0.0",
+            f"model/attn={variant}",
+            *extra,
+        ],
+    )
     c = components(cfg)
-    score = make_score(c.attn, False, n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_head,
-                       max_seq_len=T, scale=None, dropout=0.0)
+    score = make_score(
+        c.attn,
+        False,
+        n_heads=cfg.n_heads,
+        n_kv_heads=cfg.kv_heads,
+        head_dim=cfg.d_head,
+        max_seq_len=T,
+        scale=None,
+        dropout=0.0,
+    )
     layer = SelfAttention(cfg.dim, cfg.n_heads, cfg.kv_heads, cfg.d_head, True, 0.0, None, None, score)
     no_pos = lambda q, k: (q, k)  # noqa: E731 - position schemes are not what is measured
     return layer, lambda x: layer(x, False, None, no_pos)
@@ -137,11 +163,17 @@ def measure_point(variant: str, T: int, args) -> dict:
         step()
         sync()
         times.append(time.perf_counter() - t0)
-    return {"variant": variant, "T": T, "seconds": statistics.median(times), "peak_bytes": int(peak),
-            "linformer_k": min(args.linformer_k, T) if variant == "linformer" else None}
+    return {
+        "variant": variant,
+        "T": T,
+        "seconds": statistics.median(times),
+        "peak_bytes": int(peak),
+        "linformer_k": min(args.linformer_k, T) if variant == "linformer" else None,
+    }
 
 
 # -- the sweep ------------------------------------------------------------------------------------
+
 
 def run_point(variant: str, T: int, argv, timeout: float) -> dict:
     cmd = [sys.executable, __file__, *argv, "--point", variant, str(T)]
@@ -177,8 +209,8 @@ def fit_slope(points: list, key: str) -> float:
 
 
 def sweep(args, argv) -> dict:
-    lengths = [T for T in (2 ** i for i in range(4, 20)) if args.tmin <= T <= args.tmax]
-    cap = args.mem_cap_gb * 2 ** 30 if args.mem_cap_gb else _default_cap(args.device)
+    lengths = [T for T in (2**i for i in range(4, 20)) if args.tmin <= T <= args.tmax]
+    cap = args.mem_cap_gb * 2**30 if args.mem_cap_gb else _default_cap(args.device)
     curves = {}
     for variant in [v.strip() for v in args.variants.split(",") if v.strip()]:
         if variant not in VARIANTS:
@@ -186,7 +218,7 @@ def sweep(args, argv) -> dict:
         points, stopped = [], None
         for T in lengths:
             if next_over(points, T, "peak_bytes", cap):
-                stopped = f"T={T} would need more than {cap / 2 ** 30:.1f} GB (--mem-cap-gb)"
+                stopped = f"T={T} would need more than {cap / 2**30:.1f} GB (--mem-cap-gb)"
                 break
             if next_over(points, T, "seconds", args.max_point_s):
                 stopped = f"T={T} would take more than {args.max_point_s:.0f} s a pass (--max-point-s)"
@@ -196,12 +228,18 @@ def sweep(args, argv) -> dict:
                 stopped = f"T={T} failed: {point['error']}"
                 break
             points.append(point)
-            print(f"{variant:>14} T={T:>5}: {point['seconds'] * 1e3:9.2f} ms, {point['peak_bytes'] / 2 ** 20:9.1f} MiB",
-                  flush=True)
+            print(
+                f"{variant:>14} T={T:>5}: {point['seconds'] * 1e3:9.2f} ms, {point['peak_bytes'] / 2**20:9.1f} MiB",
+                flush=True,
+            )
         fit = [p for p in points if p["T"] >= args.fit_from]
         fit = fit if len(fit) >= 2 else points
-        curves[variant] = {"points": points, "stopped": stopped,
-                           "slope_time": fit_slope(fit, "seconds"), "slope_memory": fit_slope(fit, "peak_bytes")}
+        curves[variant] = {
+            "points": points,
+            "stopped": stopped,
+            "slope_time": fit_slope(fit, "seconds"),
+            "slope_memory": fit_slope(fit, "peak_bytes"),
+        }
     return curves
 
 
@@ -210,7 +248,7 @@ def _default_cap(device: str) -> float:
         import torch
 
         return 0.8 * torch.cuda.get_device_properties(0).total_memory
-    return 8 * 2 ** 30
+    return 8 * 2**30
 
 
 def machine(device: str) -> str:
@@ -218,31 +256,53 @@ def machine(device: str) -> str:
 
     if device == "cuda":
         return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}"
-    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-            f"{torch.get_num_threads()} torch threads, torch {torch.__version__}")
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    )
 
 
 def markdown(curves: dict, args, command: str) -> str:
     lengths = sorted({p["T"] for c in curves.values() for p in c["points"]})
     names = list(curves)
-    lines = [f"# The cost of attention: one layer, forward+backward ({args.device})", "",
-             f"Machine: {machine(args.device)}. Date: {datetime.date.today().isoformat()}. Command: `{command}`.",
-             f"Width {args.dim}, {args.heads} heads, batch {args.batch}, fp32; Linformer k = {args.linformer_k} "
-             f"(k = T below it); LSTM hidden = width. Peak memory: "
-             + ("torch.cuda.max_memory_allocated over the step." if args.device == "cuda" else
-                "rise of the process's ru_maxrss high-water mark over the step (a fresh process per point)."),
-             "", "Time per forward+backward (ms):", "",
-             "| T | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines = [
+        f"# The cost of attention: one layer, forward+backward ({args.device})",
+        "",
+        f"Machine: {machine(args.device)}. Date: {datetime.date.today().isoformat()}. Command: `{command}`.",
+        f"Width {args.dim}, {args.heads} heads, batch {args.batch}, fp32; Linformer k = {args.linformer_k} "
+        f"(k = T below it); LSTM hidden = width. Peak memory: "
+        + (
+            "torch.cuda.max_memory_allocated over the step."
+            if args.device == "cuda"
+            else "rise of the process's ru_maxrss high-water mark over the step (a fresh process per point)."
+        ),
+        "",
+        "Time per forward+backward (ms):",
+        "",
+        "| T | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
     table = {(v, p["T"]): p for v, c in curves.items() for p in c["points"]}
     for T in lengths:
-        lines.append(f"| {T} | " + " | ".join(f"{table[v, T]['seconds'] * 1e3:.2f}" if (v, T) in table else "–"
-                                              for v in names) + " |")
+        lines.append(
+            f"| {T} | "
+            + " | ".join(f"{table[v, T]['seconds'] * 1e3:.2f}" if (v, T) in table else "–" for v in names)
+            + " |"
+        )
     lines += ["", "Peak memory (MiB):", "", "| T | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for T in lengths:
-        lines.append(f"| {T} | " + " | ".join(f"{table[v, T]['peak_bytes'] / 2 ** 20:.1f}" if (v, T) in table else "–"
-                                              for v in names) + " |")
-    lines += ["", f"Fitted log-log slopes (points with T >= {args.fit_from}; ~2 quadratic, ~1 linear):", "",
-              "| variant | time slope | memory slope | stopped |", "|---|---|---|---|"]
+        lines.append(
+            f"| {T} | "
+            + " | ".join(f"{table[v, T]['peak_bytes'] / 2**20:.1f}" if (v, T) in table else "–" for v in names)
+            + " |"
+        )
+    lines += [
+        "",
+        f"Fitted log-log slopes (points with T >= {args.fit_from}; ~2 quadratic, ~1 linear):",
+        "",
+        "| variant | time slope | memory slope | stopped |",
+        "|---|---|---|---|",
+    ]
     for v, c in curves.items():
         lines.append(f"| {v} | {c['slope_time']:.2f} | {c['slope_memory']:.2f} | {c['stopped'] or '–'} |")
     return "\n".join(lines) + "\n"
@@ -258,11 +318,21 @@ def plot(curves: dict, path: Path, device: str) -> None:
     for i, (v, c) in enumerate(curves.items()):
         pts = [p for p in c["points"] if p["peak_bytes"] > 0]
         if c["points"]:
-            axes[0].loglog([p["T"] for p in c["points"]], [p["seconds"] * 1e3 for p in c["points"]], "o-",
-                           color=f"C{i}", label=f"{v} (slope {c['slope_time']:.2f})")
+            axes[0].loglog(
+                [p["T"] for p in c["points"]],
+                [p["seconds"] * 1e3 for p in c["points"]],
+                "o-",
+                color=f"C{i}",
+                label=f"{v} (slope {c['slope_time']:.2f})",
+            )
         if pts:
-            axes[1].loglog([p["T"] for p in pts], [p["peak_bytes"] / 2 ** 20 for p in pts], "o-",
-                           color=f"C{i}", label=f"{v} (slope {c['slope_memory']:.2f})")
+            axes[1].loglog(
+                [p["T"] for p in pts],
+                [p["peak_bytes"] / 2**20 for p in pts],
+                "o-",
+                color=f"C{i}",
+                label=f"{v} (slope {c['slope_memory']:.2f})",
+            )
     for ax, label in zip(axes, ["forward+backward (ms)", "peak memory (MiB)"]):
         ax.set_xlabel("sequence length T")
         ax.set_ylabel(label)
@@ -286,9 +356,18 @@ def main(argv=None) -> int:
     curves = sweep(args, list(argv))
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/attention_cost.py " + " ".join(argv)
-    (args.out / "attention_cost.json").write_text(json.dumps(
-        {"device": args.device, "machine": machine(args.device), "date": datetime.date.today().isoformat(),
-         "command": command, "curves": curves}, indent=1))
+    (args.out / "attention_cost.json").write_text(
+        json.dumps(
+            {
+                "device": args.device,
+                "machine": machine(args.device),
+                "date": datetime.date.today().isoformat(),
+                "command": command,
+                "curves": curves,
+            },
+            indent=1,
+        )
+    )
     (args.out / "attention_cost.md").write_text(markdown(curves, args, command))
     plot(curves, args.out / "attention_cost.png", args.device)
     print(f"wrote {args.out}/attention_cost.{{md,json,png}}")

@@ -36,7 +36,6 @@ import platform
 import re
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,19 +111,32 @@ def raw_encode(tokenizer: str, corpus: str, batch_chars: int) -> dict:
     tok.encode_batch_fast(batches[0][:100], add_special_tokens=False)  # warm the thread pool
     t0, c0 = time.perf_counter(), time.process_time()
     tokens = sum(len(e.ids) for b in batches for e in tok.encode_batch_fast(b, add_special_tokens=False))
-    return {"tokens": tokens, "documents": len(docs), "seconds": time.perf_counter() - t0,
-            "cpu_s": time.process_time() - c0}
+    return {
+        "tokens": tokens,
+        "documents": len(docs),
+        "seconds": time.perf_counter() - t0,
+        "cpu_s": time.process_time() - c0,
+    }
 
 
 def run_raw(args, tokenizer: Path, corpus: Path, threads: int) -> dict:
-    env = {**os.environ, "RAYON_NUM_THREADS": str(threads), "OMP_NUM_THREADS": "1",
-           "TOKENIZERS_PARALLELISM": "true" if threads > 1 else "false"}
+    env = {
+        **os.environ,
+        "RAYON_NUM_THREADS": str(threads),
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "true" if threads > 1 else "false",
+    }
     cmd = [sys.executable, __file__, "--_raw", str(tokenizer), str(corpus), str(args.task_bytes)]
     load = loadavg()
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
-    return {**r, "tokens_per_s": r["tokens"] / r["seconds"], "tokens_per_cpu_s": r["tokens"] / r["cpu_s"],
-            "threads": threads, "loadavg": load}
+    return {
+        **r,
+        "tokens_per_s": r["tokens"] / r["seconds"],
+        "tokens_per_cpu_s": r["tokens"] / r["cpu_s"],
+        "threads": threads,
+        "loadavg": load,
+    }
 
 
 # -- lm prepare, with the RSS of its process tree ---------------------------------------------------
@@ -177,8 +189,22 @@ class TreeSampler:
 def run_prepare(args, tokenizer: Path, corpus: Path, workers: int, out: Path) -> dict:
     """One `lm prepare` command, timed end to end, its tree RSS sampled; tokens from its meta.json."""
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "lm.cli.prepare", str(corpus), "--out", str(out), "--tokenizer", str(tokenizer),
-           "--doc-split", "blank_line", "--workers", str(workers), "--task-bytes", str(args.task_bytes)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lm.cli.prepare",
+        str(corpus),
+        "--out",
+        str(out),
+        "--tokenizer",
+        str(tokenizer),
+        "--doc-split",
+        "blank_line",
+        "--workers",
+        str(workers),
+        "--task-bytes",
+        str(args.task_bytes),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     load = loadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -190,22 +216,33 @@ def run_prepare(args, tokenizer: Path, corpus: Path, workers: int, out: Path) ->
         wall = time.perf_counter() - t0
         sampler.close()
     if rc:
-        raise SystemExit(f"lm prepare failed ({rc}); see {out.with_suffix('.log')}:\n"
-                         + out.with_suffix(".log").read_text()[-2000:])
+        raise SystemExit(
+            f"lm prepare failed ({rc}); see {out.with_suffix('.log')}:\n" + out.with_suffix(".log").read_text()[-2000:]
+        )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its (waited-for) workers
     cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     meta = json.loads((out / "meta.json").read_text())
     tokens = sum(s["tokens"] for s in meta["splits"].values())
     docs = sum(s["documents"] for s in meta["splits"].values())
     text_tokens = tokens - docs  # one EOS per document; the raw baseline has none
-    return {"workers": workers, "wall_s": wall, "pipeline_s": meta["seconds"], "tokens": tokens,
-            "text_tokens": text_tokens, "documents": docs, "tokens_per_s": text_tokens / wall,
-            "cpu_s": cpu_s, "tokens_per_cpu_s": text_tokens / cpu_s,
-            "busiest_process_cpu_s": max(sampler.cpu.values()), "main_cpu_s": sampler.cpu.get(proc.pid, 0.0),
-            "other_cpu_s": sorted((v for k, v in sampler.cpu.items() if k != proc.pid), reverse=True),
-            "quiet_wall_s": quiet_wall(cpu_s, max(sampler.cpu.values()), workers),
-            "peak_rss_mb": sampler.peak / 2**20, "loadavg": load,
-            "command": "lm prepare " + " ".join(cmd[3:])}
+    return {
+        "workers": workers,
+        "wall_s": wall,
+        "pipeline_s": meta["seconds"],
+        "tokens": tokens,
+        "text_tokens": text_tokens,
+        "documents": docs,
+        "tokens_per_s": text_tokens / wall,
+        "cpu_s": cpu_s,
+        "tokens_per_cpu_s": text_tokens / cpu_s,
+        "busiest_process_cpu_s": max(sampler.cpu.values()),
+        "main_cpu_s": sampler.cpu.get(proc.pid, 0.0),
+        "other_cpu_s": sorted((v for k, v in sampler.cpu.items() if k != proc.pid), reverse=True),
+        "quiet_wall_s": quiet_wall(cpu_s, max(sampler.cpu.values()), workers),
+        "peak_rss_mb": sampler.peak / 2**20,
+        "loadavg": load,
+        "command": "lm prepare " + " ".join(cmd[3:]),
+    }
 
 
 def quiet_wall(cpu_s: float, busiest_s: float, workers: int) -> float:
@@ -231,14 +268,15 @@ def loader_tokens_per_s(data: Path, objective: str, seq_len: int, batch: int, se
     return n * batch * seq_len / (time.perf_counter() - t0)
 
 
-def train_tokens_per_s(preset: str, overrides: list, data: Path, seq_len: int, batch: int, warmup: int,
-                       steps: int) -> dict:
+def train_tokens_per_s(
+    preset: str, overrides: list, data: Path, seq_len: int, batch: int, warmup: int, steps: int
+) -> dict:
     """Forward + backward + AdamW steps of a model on real batches of the loader (fp32)."""
     import torch
 
-    from lm.model.config import model_preset
     from lm.data.packed import PackedLoader
     from lm.model import build_model
+    from lm.model.config import model_preset
 
     torch.manual_seed(0)
     torch.set_num_threads(os.cpu_count() or 1)  # the model at its fastest: the loader's hardest customer
@@ -259,8 +297,13 @@ def train_tokens_per_s(preset: str, overrides: list, data: Path, seq_len: int, b
         step(b)
     seconds = time.perf_counter() - t0
     params = sum(p.numel() for p in model.parameters())
-    return {"preset": preset, "overrides": overrides, "params_m": params / 1e6,
-            "tokens_per_s": steps * batch * seq_len / seconds, "torch_threads": torch.get_num_threads()}
+    return {
+        "preset": preset,
+        "overrides": overrides,
+        "params_m": params / 1e6,
+        "tokens_per_s": steps * batch * seq_len / seconds,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 # -- the run -----------------------------------------------------------------------------------------
@@ -285,19 +328,28 @@ def tokenization(args, work: Path, tokenizer: Path, corpus: Path) -> dict:
             else:
                 res = run_raw(args, tokenizer, corpus, int(name[3]))
             rounds[name].append(res)
-            say(f"  round {r} {name:4s} {res['tokens_per_s']:>10,.0f} tokens/s  "
-                f"{res['tokens_per_cpu_s']:>10,.0f} tokens per CPU-s   loadavg {res['loadavg']}")
+            say(
+                f"  round {r} {name:4s} {res['tokens_per_s']:>10,.0f} tokens/s  "
+                f"{res['tokens_per_cpu_s']:>10,.0f} tokens per CPU-s   loadavg {res['loadavg']}"
+            )
     b = {k: best(v) for k, v in rounds.items()}
     if b["w1"]["text_tokens"] != b["raw1"]["tokens"]:
         say(f"  note: lm prepare made {b['w1']['text_tokens']:,} text tokens, raw {b['raw1']['tokens']:,}")
     c = {k: best(v, "tokens_per_cpu_s") for k, v in rounds.items()}  # the least disturbed CPU accounting
-    return {"rounds": rounds, "best": b, "scaling": b["w2"]["tokens_per_s"] / b["w1"]["tokens_per_s"],
-            "vs_raw_1": b["w1"]["tokens_per_s"] / b["raw1"]["tokens_per_s"],
-            "vs_raw_2": b["w2"]["tokens_per_s"] / b["raw2"]["tokens_per_s"],
-            "raw_scaling": b["raw2"]["tokens_per_s"] / b["raw1"]["tokens_per_s"],
-            "cpu": {"best": c, "scaling": c["w1"]["quiet_wall_s"] / c["w2"]["quiet_wall_s"],
-                    "vs_raw_1": c["w1"]["tokens_per_cpu_s"] / c["raw1"]["tokens_per_cpu_s"],
-                    "vs_raw_2": c["w2"]["tokens_per_cpu_s"] / c["raw1"]["tokens_per_cpu_s"]}}
+    return {
+        "rounds": rounds,
+        "best": b,
+        "scaling": b["w2"]["tokens_per_s"] / b["w1"]["tokens_per_s"],
+        "vs_raw_1": b["w1"]["tokens_per_s"] / b["raw1"]["tokens_per_s"],
+        "vs_raw_2": b["w2"]["tokens_per_s"] / b["raw2"]["tokens_per_s"],
+        "raw_scaling": b["raw2"]["tokens_per_s"] / b["raw1"]["tokens_per_s"],
+        "cpu": {
+            "best": c,
+            "scaling": c["w1"]["quiet_wall_s"] / c["w2"]["quiet_wall_s"],
+            "vs_raw_1": c["w1"]["tokens_per_cpu_s"] / c["raw1"]["tokens_per_cpu_s"],
+            "vs_raw_2": c["w2"]["tokens_per_cpu_s"] / c["raw1"]["tokens_per_cpu_s"],
+        },
+    }
 
 
 def loader_vs_models(args, data: Path, vocab: int) -> dict:
@@ -306,10 +358,25 @@ def loader_vs_models(args, data: Path, vocab: int) -> dict:
     loader = {obj: loader_tokens_per_s(data, obj, T, B, args.loader_seconds) for obj in ("clm", "mlm", "span")}
     models = [train_tokens_per_s("tiny", [f"model.vocab_size={vocab}", f"model.max_seq_len={T}"], data, T, B, 2, 6)]
     if not args.skip_gpt2:
-        models.append(train_tokens_per_s("gpt2", [f"model.vocab_size={vocab}", f"model.max_seq_len={T}",
-                                                  f"model.n_layers={args.gpt2_layers}"], data, T, B, 1, 2))
-    return {"loader": loader, "models": models, "loadavg": load, "seq_len": T, "batch": B,
-            "ratio": {m["preset"]: {o: v / m["tokens_per_s"] for o, v in loader.items()} for m in models}}
+        models.append(
+            train_tokens_per_s(
+                "gpt2",
+                [f"model.vocab_size={vocab}", f"model.max_seq_len={T}", f"model.n_layers={args.gpt2_layers}"],
+                data,
+                T,
+                B,
+                1,
+                2,
+            )
+        )
+    return {
+        "loader": loader,
+        "models": models,
+        "loadavg": load,
+        "seq_len": T,
+        "batch": B,
+        "ratio": {m["preset"]: {o: v / m["tokens_per_s"] for o, v in loader.items()} for m in models},
+    }
 
 
 def report(res: dict) -> None:
@@ -317,31 +384,43 @@ def report(res: dict) -> None:
     b = tk["best"]
     say("\n== Data pipeline benchmark ==")
     say(f"machine: {res['machine']}; date: {res['date']}")
-    say(f"corpus: {res['corpus_mb']:.1f} MB of real text ({res['sources']}), {b['w1']['documents']:,} documents "
-        f"(--doc-split blank_line), {b['w1']['text_tokens']:,} text tokens, BPE vocab {res['vocab_size']}")
+    say(
+        f"corpus: {res['corpus_mb']:.1f} MB of real text ({res['sources']}), {b['w1']['documents']:,} documents "
+        f"(--doc-split blank_line), {b['w1']['text_tokens']:,} text tokens, BPE vocab {res['vocab_size']}"
+    )
     say(f"\n-- tokenization (best of {res['rounds']} rounds, wall time of the whole command; tokens/s) --")
     for key, threads in (("raw1", "1 thread "), ("raw2", "2 threads")):
-        say(f"raw tokenizers encode_batch_fast, {threads}   {b[key]['tokens_per_s']:>12,.0f}   load {b[key]['loadavg']}")
+        say(
+            f"raw tokenizers encode_batch_fast, {threads}   {b[key]['tokens_per_s']:>12,.0f}   load {b[key]['loadavg']}"
+        )
     say(f"lm prepare --workers 1                        {b['w1']['tokens_per_s']:>12,.0f}   load {b['w1']['loadavg']}")
     say(f"lm prepare --workers 2                        {b['w2']['tokens_per_s']:>12,.0f}   load {b['w2']['loadavg']}")
-    say(f"2 workers / 1 worker         = {tk['scaling']:.2f}x   target >= 1.70x  {verdict(tk['scaling'] >= 1.7)}"
-        f"   (raw tokenizers 2 threads / 1 thread = {tk['raw_scaling']:.2f}x)")
+    say(
+        f"2 workers / 1 worker         = {tk['scaling']:.2f}x   target >= 1.70x  {verdict(tk['scaling'] >= 1.7)}"
+        f"   (raw tokenizers 2 threads / 1 thread = {tk['raw_scaling']:.2f}x)"
+    )
     say(f"lm prepare / raw, 1 worker   = {tk['vs_raw_1']:.0%}     target >= 80%    {verdict(tk['vs_raw_1'] >= 0.8)}")
     say(f"lm prepare / raw, 2 workers  = {tk['vs_raw_2']:.0%}     target >= 80%    {verdict(tk['vs_raw_2'] >= 0.8)}")
     c = tk["cpu"]
     say("CPU-time accounting (robust to neighbours' load; what a quiet machine would show):")
     for name in ("w1", "w2"):
         r = c["best"][name]
-        say(f"  lm prepare --workers {name[1]}: {r['cpu_s']:.1f} CPU-s in all, "
+        say(
+            f"  lm prepare --workers {name[1]}: {r['cpu_s']:.1f} CPU-s in all, "
             f"busiest process {r['busiest_process_cpu_s']:.1f} CPU-s, {r['tokens_per_cpu_s']:,.0f} tokens per CPU-s; "
             f"alone on {min(int(name[1]), os.cpu_count())} "
-            f"cores: {r['quiet_wall_s']:.1f}s")
+            f"cores: {r['quiet_wall_s']:.1f}s"
+        )
     w2 = c["best"]["w2"]
-    say(f"  --workers 2 by process: main (reading, hashing, pickling, shard writer, progress bar) "
-        f"{w2['main_cpu_s']:.1f} CPU-s; workers " + ", ".join(f"{x:.1f}" for x in w2["other_cpu_s"][:2]) + " CPU-s")
+    say(
+        f"  --workers 2 by process: main (reading, hashing, pickling, shard writer, progress bar) "
+        f"{w2['main_cpu_s']:.1f} CPU-s; workers " + ", ".join(f"{x:.1f}" for x in w2["other_cpu_s"][:2]) + " CPU-s"
+    )
     say(f"  raw tokenizers, 1 thread: {c['best']['raw1']['tokens_per_cpu_s']:,.0f} tokens per CPU-s")
-    say(f"  2 workers / 1 worker (quiet-machine estimate)     = {c['scaling']:.2f}x   target >= 1.70x  "
-        f"{verdict(c['scaling'] >= 1.7)}")
+    say(
+        f"  2 workers / 1 worker (quiet-machine estimate)     = {c['scaling']:.2f}x   target >= 1.70x  "
+        f"{verdict(c['scaling'] >= 1.7)}"
+    )
     for key, workers in (("vs_raw_1", "1 worker "), ("vs_raw_2", "2 workers")):
         say(f"  lm prepare / raw per CPU-s, {workers} = {c[key]:.0%}    target >= 80%   {verdict(c[key] >= 0.8)}")
     say(f"command: {b['w2']['command']}")
@@ -349,23 +428,33 @@ def report(res: dict) -> None:
     for obj, v in ld["loader"].items():
         say(f"PackedLoader {obj:4s}                         {v:>12,.0f}")
     for m in ld["models"]:
-        say(f"train step {m['preset']:5s} ({m['params_m']:.1f}M params, {m['torch_threads']} threads) "
-            f"{m['tokens_per_s']:>10,.0f}")
+        say(
+            f"train step {m['preset']:5s} ({m['params_m']:.1f}M params, {m['torch_threads']} threads) "
+            f"{m['tokens_per_s']:>10,.0f}"
+        )
     for name, ratios in ld["ratio"].items():
         worst = min(ratios.values())
-        say(f"loader / {name} training = " + ", ".join(f"{o} {r:,.0f}x" for o, r in ratios.items())
-            + f"   target >= 100x  {verdict(worst >= 100)}")
+        say(
+            f"loader / {name} training = "
+            + ", ".join(f"{o} {r:,.0f}x" for o, r in ratios.items())
+            + f"   target >= 100x  {verdict(worst >= 100)}"
+        )
     say(f"load {ld['loadavg']}")
     say("\n-- lm prepare peak RSS of the process tree (main + workers), --workers 2 --")
     for row in mem["runs"]:
         say(f"corpus {row['corpus_mb']:6.1f} MB: peak {row['peak_rss_mb']:7.1f} MB   load {row['loadavg']}")
-    say(f"growth {mem['growth']:.2f}x for {mem['size_ratio']:.1f}x the corpus   target: bounded (< 1.2x)  "
-        f"{verdict(mem['growth'] < 1.2)}")
+    say(
+        f"growth {mem['growth']:.2f}x for {mem['size_ratio']:.1f}x the corpus   target: bounded (< 1.2x)  "
+        f"{verdict(mem['growth'] < 1.2)}"
+    )
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--mb", type=float, default=64, help="corpus size in MB for throughput and the larger memory run")
     p.add_argument("--small-mb", type=float, default=16, help="corpus size in MB of the smaller memory run")
     p.add_argument("--vocab-size", type=int, default=8192, help="BPE vocabulary trained on the corpus")
@@ -405,14 +494,23 @@ def main(argv=None) -> None:
         from lm.data.tokenizer import Tokenizer
 
         ld = loader_vs_models(args, work / "out_w1", Tokenizer.load(tokenizer).vocab_size)
-        res = {"machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
-                          f"Python {platform.python_version()}",
-               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "command": " ".join(sys.argv),
-               "corpus_mb": large.stat().st_size / 2**20, "vocab_size": args.vocab_size, "rounds": args.rounds,
-               "sources": ", ".join(sorted({p.parent.name for p in (mirror / "text").rglob("*") if p.is_file()})),
-               "tokenization": tk, "loader": ld,
-               "memory": {"runs": mem_runs, "size_ratio": mem_runs[1]["corpus_mb"] / mem_runs[0]["corpus_mb"],
-                          "growth": mem_runs[1]["peak_rss_mb"] / mem_runs[0]["peak_rss_mb"]}}
+        res = {
+            "machine": f"{platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+            f"Python {platform.python_version()}",
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "command": " ".join(sys.argv),
+            "corpus_mb": large.stat().st_size / 2**20,
+            "vocab_size": args.vocab_size,
+            "rounds": args.rounds,
+            "sources": ", ".join(sorted({p.parent.name for p in (mirror / "text").rglob("*") if p.is_file()})),
+            "tokenization": tk,
+            "loader": ld,
+            "memory": {
+                "runs": mem_runs,
+                "size_ratio": mem_runs[1]["corpus_mb"] / mem_runs[0]["corpus_mb"],
+                "growth": mem_runs[1]["peak_rss_mb"] / mem_runs[0]["peak_rss_mb"],
+            },
+        }
         report(res)
         if args.json:
             Path(args.json).write_text(json.dumps(res, indent=1))

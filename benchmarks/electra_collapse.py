@@ -46,20 +46,30 @@ def parse(argv=None):
     p.add_argument("--generator-warmup", type=int, default=0, help="steps with lambda = 0 (generator alone)")
     p.add_argument("--detach-embeddings", action="store_true", help="the discriminator's input embeddings detached")
     p.add_argument("--disc-weight", type=float, default=None, help="lambda (default the preset's, 50)")
-    p.add_argument("--temperature", type=float, default=None,
-                   help="the generator's sampling temperature (default the preset's, 1): above 1, easier replacements")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="the generator's sampling temperature (default the preset's, 1): above 1, easier replacements",
+    )
     p.add_argument("--mlm", action="store_true", help="the same encoder trained by masked-LM (model.electra=null)")
-    p.add_argument("--hf", action="store_true",
-                   help="transformers' ElectraForPreTraining + ElectraForMaskedLM at the preset's sizes (a reference "
-                        "implementation: post-norm, learned positions, dropout off), on the same batches")
+    p.add_argument(
+        "--hf",
+        action="store_true",
+        help="transformers' ElectraForPreTraining + ElectraForMaskedLM at the preset's sizes (a reference "
+        "implementation: post-norm, learned positions, dropout off), on the same batches",
+    )
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
 def build(a):
     torch.manual_seed(a.seed)
-    cfg = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/nonexistent"),
-                                 pretrain=["model.electra=null"] if a.mlm else []))
+    cfg = pretrain_config(
+        Recipe(
+            preset="glue_transfer_electra", out=Path("/nonexistent"), pretrain=["model.electra=null"] if a.mlm else []
+        )
+    )
     model = HFElectra(cfg.model) if a.hf else build_model(OmegaConf.to_object(cfg.model))
     if a.temperature is not None:
         model.temperature = a.temperature
@@ -82,9 +92,18 @@ class HFElectra(torch.nn.Module):
         from transformers import ElectraConfig, ElectraForMaskedLM, ElectraForPreTraining
 
         def config(dim, heads, ffn):
-            return ElectraConfig(vocab_size=m.vocab_size, embedding_size=m.dim, hidden_size=dim, num_hidden_layers=m.n_layers,
-                                 num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=m.max_seq_len,
-                                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, type_vocab_size=1)
+            return ElectraConfig(
+                vocab_size=m.vocab_size,
+                embedding_size=m.dim,
+                hidden_size=dim,
+                num_hidden_layers=m.n_layers,
+                num_attention_heads=heads,
+                intermediate_size=ffn,
+                max_position_embeddings=m.max_seq_len,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+                type_vocab_size=1,
+            )
 
         e = m.electra
         self.disc = ElectraForPreTraining(config(m.dim, m.n_heads, 4 * m.dim))
@@ -109,8 +128,12 @@ class HFElectra(torch.nn.Module):
         disc_logits = self.disc(corrupted).logits  # (B, T)
         disc_loss = F.binary_cross_entropy_with_logits(disc_logits, replaced)
         accuracy = ((disc_logits > 0).float() == replaced).float().mean()
-        metrics = {"electra/gen_loss": gen_loss, "electra/disc_loss": disc_loss,
-                   "electra/disc_accuracy": accuracy, "electra/replaced": replaced.mean()}
+        metrics = {
+            "electra/gen_loss": gen_loss,
+            "electra/disc_loss": disc_loss,
+            "electra/disc_accuracy": accuracy,
+            "electra/replaced": replaced.mean(),
+        }
         return SimpleNamespace(loss=gen_loss + self.disc_weight * disc_loss, metrics=metrics)
 
 
@@ -122,8 +145,9 @@ def windows(cfg, seed):
     collate, rng, i = make_collator("mlm", SEQ, meta, seed, 0), np.random.default_rng(seed), 0
     while True:
         starts = rng.integers(0, len(tokens) - SEQ - 2, BATCH)
-        batch = collate(np.stack([np.asarray(tokens[s:s + SEQ], dtype=np.int64) for s in starts]),
-                        list(range(i, i + BATCH)))
+        batch = collate(
+            np.stack([np.asarray(tokens[s : s + SEQ], dtype=np.int64) for s in starts]), list(range(i, i + BATCH))
+        )
         i += BATCH
         yield torch.from_numpy(batch["input_ids"]), torch.from_numpy(batch["labels"])
 
@@ -150,8 +174,10 @@ def main(argv=None):
             m = {k.split("/")[1]: round(float(v), 3) for k, v in out.metrics.items()}
             line = f"step {step}: loss {out.loss.item():.3f}, grad_norm {norm:.2f}"
             if m:
-                line += (f", disc accuracy {m['disc_accuracy']:.3f} (base rate {1 - m['replaced']:.3f}), "
-                         f"disc loss {m['disc_loss']:.3f}, gen loss {m['gen_loss']:.3f}")
+                line += (
+                    f", disc accuracy {m['disc_accuracy']:.3f} (base rate {1 - m['replaced']:.3f}), "
+                    f"disc loss {m['disc_loss']:.3f}, gen loss {m['gen_loss']:.3f}"
+                )
             std = hidden["h"].float().std(1).mean().item()  # (B, T, D) -> std over T -> mean over B, D
             print(line + f", hidden std over positions {std:.4f}", flush=True)
 

@@ -24,8 +24,15 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODEL = ["model=gpt2", "model.dim=192", "model.n_layers=6", "model.n_heads=6", "model.vocab_size=128",
-         "model.max_seq_len=256", "model.dropout=0.0"]
+MODEL = [
+    "model=gpt2",
+    "model.dim=192",
+    "model.n_layers=6",
+    "model.n_heads=6",
+    "model.vocab_size=128",
+    "model.max_seq_len=256",
+    "model.dropout=0.0",
+]
 
 
 def compose(overrides):
@@ -43,12 +50,25 @@ def compose(overrides):
 
 def run_overrides(run_dir, steps, extra=()):
     half = steps // 2
-    return [f"run_dir={run_dir}", "data=shakespeare_char", *MODEL, "train.seq_len=256", "train.micro_batch_size=8",
-            f"train.max_steps={steps}", f"train.log_interval={half}", "train.eval_interval=0", "train.eval_batches=1",
-            "train.ckpt_interval=0", "train.progress=false", "sched.warmup_steps=5", *extra]
+    return [
+        f"run_dir={run_dir}",
+        "data=shakespeare_char",
+        *MODEL,
+        "train.seq_len=256",
+        "train.micro_batch_size=8",
+        f"train.max_steps={steps}",
+        f"train.log_interval={half}",
+        "train.eval_interval=0",
+        "train.eval_batches=1",
+        "train.ckpt_interval=0",
+        "train.progress=false",
+        "sched.warmup_steps=5",
+        *extra,
+    ]
 
 
 # -- overhead ---------------------------------------------------------------------------------------
+
 
 def lm_train_tokens_per_s(steps):
     """lm train's own tokens/s over the second half of the run (the first half warms up)."""
@@ -66,9 +86,9 @@ def bare_tokens_per_s(steps):
     from omegaconf import OmegaConf
 
     from lm.core.config import OptimConfig
+    from lm.core.optim import adamw
     from lm.data.packed import PackedLoader
     from lm.model import build_model
-    from lm.core.optim import adamw
 
     cfg = compose(run_overrides("unused", steps))
     torch.manual_seed(0)
@@ -106,14 +126,19 @@ def overhead(args):
         ours.append(lm_train_tokens_per_s(args.steps))
         print(f"round {r + 1}: bare {bare[-1]:.0f} tok/s, lm train {ours[-1]:.0f} tok/s", flush=True)
     b, o = statistics.median(bare), statistics.median(ours)
-    print(f"\nGPT-2 layout {' '.join(MODEL[1:5])}, seq 256, batch 8, {args.threads} threads, fp32, median of "
-          f"{args.rounds} rounds of {args.steps // 2} timed steps")
-    print(f"| bare loop | lm train (engine=single) | lm train / bare |\n|---|---|---|\n| {b:.0f} tok/s | {o:.0f} tok/s "
-          f"| {o / b:.3f} |")
+    print(
+        f"\nGPT-2 layout {' '.join(MODEL[1:5])}, seq 256, batch 8, {args.threads} threads, fp32, median of "
+        f"{args.rounds} rounds of {args.steps // 2} timed steps"
+    )
+    print(
+        f"| bare loop | lm train (engine=single) | lm train / bare |\n|---|---|---|\n| {b:.0f} tok/s | {o:.0f} tok/s "
+        f"| {o / b:.3f} |"
+    )
     print(f"target >= 0.90: {'met' if o / b >= 0.9 else 'NOT met'}")
 
 
 # -- ZeRO memory per rank ---------------------------------------------------------------------------
+
 
 def _inner_torch_optimizer(opt):
     """DeepSpeed wraps the client AdamW (ZeRO-1/2/3); stage 0 uses it as it is."""
@@ -138,13 +163,25 @@ def zero_worker(stage):
         result = train(compose(run_overrides(d, 2, [f"engine={engine}", "train.micro_batch_size=2"])))
     eng = result.engine
     inner = _inner_torch_optimizer(eng.optimizer)
-    state = sum(t.numel() * t.element_size() for s in inner.state.values() for t in s.values()
-                if torch.is_tensor(t) and t.dim() > 0)
+    state = sum(
+        t.numel() * t.element_size()
+        for s in inner.state.values()
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )
     model_ids = {id(p) for p in eng.module.parameters()}
-    master = sum(p.numel() * p.element_size() for g in inner.param_groups for p in g["params"] if id(p) not in model_ids)
-    report = {"stage": stage, "rank": eng.rank, "world": eng.world_size, "psi": sum(
-        p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in eng.module.parameters()),
-              "param_bytes": eng.local_numel() * 4, "adam_bytes": state, "master_bytes": master}
+    master = sum(
+        p.numel() * p.element_size() for g in inner.param_groups for p in g["params"] if id(p) not in model_ids
+    )
+    report = {
+        "stage": stage,
+        "rank": eng.rank,
+        "world": eng.world_size,
+        "psi": sum(p.ds_numel if hasattr(p, "ds_numel") else p.numel() for p in eng.module.parameters()),
+        "param_bytes": eng.local_numel() * 4,
+        "adam_bytes": state,
+        "master_bytes": master,
+    }
     # one file per rank: torchrun interleaves the ranks' stdout
     Path(os.environ["LM_BENCH_OUT"], f"stage{stage}_rank{eng.rank}.json").write_text(json.dumps(report))
     from lm.engine import dist
@@ -155,22 +192,43 @@ def zero_worker(stage):
 def zero_memory(args):
     rows, out_dir = [], tempfile.mkdtemp()
     for stage in (0, 1, 2, 3):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(29600 + stage), __file__, "zero-worker", "--stage", str(stage)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "PYTHONPATH": str(REPO), "LM_BENCH_OUT": out_dir}
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(29600 + stage),
+            __file__,
+            "zero-worker",
+            "--stage",
+            str(stage),
+        ]
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "WANDB_MODE": "disabled",
+            "PYTHONPATH": str(REPO),
+            "LM_BENCH_OUT": out_dir,
+        }
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if out.returncode:
             sys.exit(f"stage {stage} failed:\n{out.stderr[-3000:]}")
         rows += [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob(f"stage{stage}_rank*.json"))]
-    print("| ZeRO stage | rank | params/rank measured | formula | Adam m+v/rank measured | formula "
-          "| DeepSpeed fp32 master/rank |\n|---|---|---|---|---|---|---|")
+    print(
+        "| ZeRO stage | rank | params/rank measured | formula | Adam m+v/rank measured | formula "
+        "| DeepSpeed fp32 master/rank |\n|---|---|---|---|---|---|---|"
+    )
     for r in sorted(rows, key=lambda r: (r["stage"], r["rank"])):
         psi, n = r["psi"], r["world"]
         params_formula = 4 * psi / (n if r["stage"] == 3 else 1)
         adam_formula = 8 * psi / (n if r["stage"] >= 1 else 1)
-        print(f"| {r['stage']} | {r['rank']} | {r['param_bytes'] / 2**20:.2f} MiB | {params_formula / 2**20:.2f} MiB "
-              f"| {r['adam_bytes'] / 2**20:.2f} MiB | {adam_formula / 2**20:.2f} MiB "
-              f"| {r['master_bytes'] / 2**20:.2f} MiB |")
+        print(
+            f"| {r['stage']} | {r['rank']} | {r['param_bytes'] / 2**20:.2f} MiB | {params_formula / 2**20:.2f} MiB "
+            f"| {r['adam_bytes'] / 2**20:.2f} MiB | {adam_formula / 2**20:.2f} MiB "
+            f"| {r['master_bytes'] / 2**20:.2f} MiB |"
+        )
     print(f"\nPsi = {rows[0]['psi']:,} parameters (fp32), N = {rows[0]['world']} ranks")
 
 

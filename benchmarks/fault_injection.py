@@ -42,7 +42,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -51,13 +50,32 @@ from lm.core.checkpoint import SAVE_PHASES, damage  # noqa: E402 - needs the rep
 
 STEPS = 30
 TOL = 1e-5
-BASE = ["model=tiny", "model.vocab_size=128", "model.max_seq_len=64", "data=shakespeare_char",
-        "train.seq_len=64", "train.micro_batch_size=4", "train.ckpt_interval=5", f"train.max_steps={STEPS}",
-        "train.log_interval=1", "train.eval_interval=0"]
+BASE = [
+    "model=tiny",
+    "model.vocab_size=128",
+    "model.max_seq_len=64",
+    "data=shakespeare_char",
+    "train.seq_len=64",
+    "train.micro_batch_size=4",
+    "train.ckpt_interval=5",
+    f"train.max_steps={STEPS}",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+]
 CHANGED = "model/ffn=relu"  # the config change tried on resume; the refusal must name the ffn field
-KINDS = (["kill"] * 15 + ["kill+damage"] * 5 + ["concurrent"] * 3 + ["config_change"] * 3 + ["disk_full"] * 2
-         + ["damage+config_change"] * 2 + ["deleted_latest"] * 2 + ["symlinked_lock"] + ["inf_grad"]
-         + ["latest_outside"] * 2 + ["async_kill"] * 4)
+KINDS = (
+    ["kill"] * 15
+    + ["kill+damage"] * 5
+    + ["concurrent"] * 3
+    + ["config_change"] * 3
+    + ["disk_full"] * 2
+    + ["damage+config_change"] * 2
+    + ["deleted_latest"] * 2
+    + ["symlinked_lock"]
+    + ["inf_grad"]
+    + ["latest_outside"] * 2
+    + ["async_kill"] * 4
+)
 ISSUE49_KINDS = ["damage+config_change", "deleted_latest", "symlinked_lock", "inf_grad", "latest_outside"]
 DDP_KINDS = ["kill"] * 6 + ["kill+damage"] * 2 + ["concurrent"] + ["config_change"] + ["async_kill"] * 2
 FSDP2_KINDS = ["async_kill"] * 4
@@ -72,8 +90,10 @@ FINETUNE_CHANGED = "optim.weight_decay=0.05"
 ELASTIC_BASE = [a for a in BASE if not a.startswith("train.micro_batch_size=")] + ["train.micro_batch_size=1"]
 ELASTIC_GLOBAL = 4
 ELASTIC_LAYOUTS = {
-    "1->2": ((1, "single"), (2, "ddp"), None), "2->1": ((2, "ddp"), (1, "single"), None),
-    "2->4": ((2, "fsdp2"), (4, "fsdp2"), None), "ddp->fsdp2": ((2, "ddp"), (2, "fsdp2"), None),
+    "1->2": ((1, "single"), (2, "ddp"), None),
+    "2->1": ((2, "ddp"), (1, "single"), None),
+    "2->4": ((2, "fsdp2"), (4, "fsdp2"), None),
+    "ddp->fsdp2": ((2, "ddp"), (2, "fsdp2"), None),
     "fsdp2->single": ((2, "fsdp2"), (1, "single"), None),
     "fsdp2->zero2": ((2, "fsdp2"), (2, "zero2"), "engine=single|ddp|fsdp2"),
     "2->3": ((2, "ddp"), (3, "ddp"), "world size that divides 4"),
@@ -88,32 +108,41 @@ class Suite:
     name: str  # prefix of its trial kinds in the summary ("" for single-process lm train)
     world: int
     app: str  # "train" | "finetune"
-    args: List[str]
+    args: list[str]
     changed: str  # the config change tried on resume
     changed_names: str  # what its refusal must name
     steps: int = STEPS  # optimizer steps of the whole uninterrupted job (set from the reference)
     saves: int = STEPS // 5  # checkpoints it writes
     seconds: float = 20.0  # its wall time
-    reference: Dict = field(default_factory=dict)
-    ref_dir: Optional[Path] = None
+    reference: dict = field(default_factory=dict)
+    ref_dir: Path | None = None
 
     def kind(self, k: str) -> str:
         return f"{self.name}:{k}" if self.name else k
 
 
-def mix(n: int, kinds: List[str] = KINDS) -> List[str]:
+def mix(n: int, kinds: list[str] = KINDS) -> list[str]:
     """The first n trials of an interleaving of `kinds` (every kind appears early)."""
     queues = {k: [k] * kinds.count(k) for k in dict.fromkeys(kinds)}
     order = []
     while any(queues.values()):
-        for k in ["kill", "kill+damage", "concurrent", "config_change", "disk_full", *ISSUE49_KINDS, "async_kill",
-                  "kill", "kill"]:
+        for k in [
+            "kill",
+            "kill+damage",
+            "concurrent",
+            "config_change",
+            "disk_full",
+            *ISSUE49_KINDS,
+            "async_kill",
+            "kill",
+            "kill",
+        ]:
             if queues.get(k):
                 order.append(queues[k].pop())
     return order[:n]
 
 
-def env(**extra) -> Dict[str, str]:
+def env(**extra) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LM_RUN_STAMP")}
     e.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", **extra})
     return e
@@ -125,18 +154,31 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def command(suite: Suite, run_dir: Path, *extra: str) -> List[str]:
+def command(suite: Suite, run_dir: Path, *extra: str) -> list[str]:
     launcher = [sys.executable, "-m"]
     if suite.world > 1:  # each rank's output goes to files under <run_dir>.ranks (see output())
-        launcher += ["torch.distributed.run", "--nproc_per_node", str(suite.world), "--master_addr", "127.0.0.1",
-                     "--master_port", str(free_port()), "--log-dir", f"{run_dir}.ranks", "--redirects", "3", "-m"]
+        launcher += [
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(suite.world),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "--log-dir",
+            f"{run_dir}.ranks",
+            "--redirects",
+            "3",
+            "-m",
+        ]
     return [*launcher, f"lm.cli.{suite.app}", f"run_dir={run_dir}", *suite.args, *extra]
 
 
 def run(suite: Suite, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     shutil.rmtree(f"{run_dir}.ranks", ignore_errors=True)
-    proc = subprocess.run(command(suite, run_dir, *extra), cwd=REPO, env=env(), capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run(
+        command(suite, run_dir, *extra), cwd=REPO, env=env(), capture_output=True, text=True, timeout=900
+    )
     if suite.world > 1:  # what lm printed: the ranks' own output (torchrun adds its ChildFailedError summary)
         proc.stdout, proc.stderr = output(run_dir, rank0=True), output(run_dir, rank0=False)
     return proc
@@ -148,11 +190,21 @@ def output(run_dir: Path, rank0: bool) -> str:
     return "".join(f.read_text(errors="replace") for f in files if (f.parent.name == "0") == rank0)
 
 
-def start(suite: Suite, run_dir: Path, pause: Dict[str, str], flag: Path) -> subprocess.Popen:
+def start(suite: Suite, run_dir: Path, pause: dict[str, str], flag: Path) -> subprocess.Popen:
     # benchmarks/fault_pause.py, installed through lm's LM_PLUGINS hook point, reads the LM_FAULT_* variables
-    extra = {**pause, "LM_FAULT_PAUSE_FILE": str(flag), "LM_PLUGINS": str(REPO / "benchmarks" / "fault_pause.py")} if pause else {}
-    return subprocess.Popen(command(suite, run_dir), cwd=REPO, env=env(**extra), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    extra = (
+        {**pause, "LM_FAULT_PAUSE_FILE": str(flag), "LM_PLUGINS": str(REPO / "benchmarks" / "fault_pause.py")}
+        if pause
+        else {}
+    )
+    return subprocess.Popen(
+        command(suite, run_dir),
+        cwd=REPO,
+        env=env(**extra),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def wait_paused(proc: subprocess.Popen, flag: Path, world: int = 1) -> bool:
@@ -189,8 +241,8 @@ def _stat(pid: int):
         return 0, ""
 
 
-def descendants(pid: int) -> List[int]:
-    children: Dict[int, List[int]] = {}
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             children.setdefault(_stat(int(entry.name))[0], []).append(int(entry.name))
@@ -202,7 +254,7 @@ def descendants(pid: int) -> List[int]:
     return out
 
 
-def losses(run_dir: Path) -> Dict[int, float]:
+def losses(run_dir: Path) -> dict[int, float]:
     out = {}
     path = run_dir / "metrics.jsonl"
     for line in path.read_text().splitlines() if path.exists() else []:
@@ -215,7 +267,7 @@ def losses(run_dir: Path) -> Dict[int, float]:
     return out
 
 
-def exact(run_dir: Path, reference: Dict[int, float], steps: int = STEPS) -> Optional[str]:
+def exact(run_dir: Path, reference: dict[int, float], steps: int = STEPS) -> str | None:
     """None if the run's per-step losses match the reference to TOL, else why not."""
     got = losses(run_dir)
     if sorted(got) != sorted(reference):
@@ -233,21 +285,23 @@ def _untimed(node):
     return node
 
 
-def pairs(run_dir: Path) -> List[Path]:
+def pairs(run_dir: Path) -> list[Path]:
     return sorted(p for p in run_dir.glob("*/seed*") if p.is_dir())
 
 
-def finetune_exact(run_dir: Path, ref: Path) -> Optional[str]:
+def finetune_exact(run_dir: Path, ref: Path) -> str | None:
     """None if results.json (timings aside), the submission files and every pair's losses equal the reference."""
     if not (run_dir / "results.json").is_file():
         return "no results.json"
-    got, want = (_untimed(json.loads((d / "results.json").read_text().replace(str(d), "<run_dir>")))
-                 for d in (run_dir, ref))  # timings and the run_dir in file paths aside
+    got, want = (
+        _untimed(json.loads((d / "results.json").read_text().replace(str(d), "<run_dir>"))) for d in (run_dir, ref)
+    )  # timings and the run_dir in file paths aside
     if got != want:
         return "results.json differs from the uninterrupted run's"
     subs = [sorted(p.name for p in (d / "submission").glob("*.tsv")) for d in (run_dir, ref)]
-    if subs[0] != subs[1] or any((run_dir / "submission" / n).read_bytes() != (ref / "submission" / n).read_bytes()
-                                 for n in subs[1]):
+    if subs[0] != subs[1] or any(
+        (run_dir / "submission" / n).read_bytes() != (ref / "submission" / n).read_bytes() for n in subs[1]
+    ):
         return f"submission files differ ({subs[0]} vs {subs[1]})"
     if [p.relative_to(run_dir) for p in pairs(run_dir)] != [p.relative_to(ref) for p in pairs(ref)]:
         return "a different set of task/seed directories"
@@ -258,7 +312,7 @@ def finetune_exact(run_dir: Path, ref: Path) -> Optional[str]:
     return None
 
 
-def same_result(suite: Suite, run_dir: Path) -> Optional[str]:
+def same_result(suite: Suite, run_dir: Path) -> str | None:
     if suite.app == "finetune":
         return finetune_exact(run_dir, suite.ref_dir)
     return exact(run_dir, suite.reference)
@@ -268,10 +322,10 @@ def message(proc: subprocess.CompletedProcess) -> str:
     """The error message the app ended with: from its last `SomethingError: ` line (stdout) to the end."""
     lines = proc.stdout.strip().splitlines()
     starts = [i for i, line in enumerate(lines) if re.match(r"^\w+(Error|Locked|Unwritable|Diverged): ", line)]
-    return "\n".join(lines[starts[-1]:]) if starts else ""
+    return "\n".join(lines[starts[-1] :]) if starts else ""
 
 
-def refusal(proc: subprocess.CompletedProcess, must_name: str) -> Optional[str]:
+def refusal(proc: subprocess.CompletedProcess, must_name: str) -> str | None:
     """None if `proc` is a clear refusal (exit 1, no traceback, an error message naming must_name)."""
     text = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 1:
@@ -284,12 +338,12 @@ def refusal(proc: subprocess.CompletedProcess, must_name: str) -> Optional[str]:
     return None
 
 
-def checkpoint_dirs(run_dir: Path) -> List[Path]:
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
     """Every checkpoints/ directory of a job: the run's, or each task/seed pair's."""
     return sorted(p for p in [run_dir / "checkpoints", *run_dir.glob("*/seed*/checkpoints")] if p.is_dir())
 
 
-def latest_damage(run_dir: Path) -> Optional[str]:
+def latest_damage(run_dir: Path) -> str | None:
     """None if every checkpoints/latest is absent or names a checkpoint that passes its manifest check."""
     for ckpts in checkpoint_dirs(run_dir):
         pointer = ckpts / "latest"
@@ -368,16 +422,21 @@ def _killed_after_delay(suite: Suite, run_dir: Path, rng: random.Random, flag: P
     return f"SIGKILL after {delay:.2f}s"
 
 
-def disk_full(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+def disk_full(suite: Suite, run_dir: Path, rng: random.Random) -> dict:
     """The run dir is a tmpfs too small for the checkpoints (one is ~1.4 MB): the run must stop with a clear
     message and leave `latest` intact; after the disk grows (remount), the same command continues exactly."""
     run_dir.mkdir()
     size_kb = rng.randint(1500, 4000)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(run_dir)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(run_dir)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
-        return {"kind": "disk_full", "outcome": "skipped", "notes": [f"mount failed: {mounted.stderr.strip()}"],
-                "problems": []}
+        return {
+            "kind": "disk_full",
+            "outcome": "skipped",
+            "notes": [f"mount failed: {mounted.stderr.strip()}"],
+            "problems": [],
+        }
     try:
         notes, problems = [f"run dir on a {size_kb} kB tmpfs"], []
         full = run(suite, run_dir)
@@ -399,7 +458,7 @@ def disk_full(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
     return {"kind": "disk_full", "outcome": outcome, "notes": notes, "problems": problems}
 
 
-def holder_pid(first: subprocess.Popen, run_dir: Path) -> Optional[int]:
+def holder_pid(first: subprocess.Popen, run_dir: Path) -> int | None:
     """The pid the lock of run_dir names, if it is `first` or one of its ranks."""
     try:
         pid = json.loads((run_dir / ".lock").read_text())["pid"]
@@ -415,6 +474,7 @@ def resumable_state(run_dir: Path) -> bool:
 
 # -- issue 49: the checkpoint resumed is the one checked; a lock that is a symlink; an infinite gradient --------
 
+
 def killed_after_checkpoints(suite: Suite, run_dir: Path, rng: random.Random) -> str:
     """SIGKILL the run inside a random step after its second checkpoint (so an older intact one exists)."""
     flag = run_dir.parent / f"{run_dir.name}.paused"
@@ -426,16 +486,16 @@ def killed_after_checkpoints(suite: Suite, run_dir: Path, rng: random.Random) ->
     return f"SIGKILL inside step {step}" + ("" if paused else " (never reached: the job ended first)")
 
 
-def pointed(run_dir: Path) -> Optional[Path]:
+def pointed(run_dir: Path) -> Path | None:
     pointer = run_dir / "checkpoints" / "latest"
     return run_dir / "checkpoints" / pointer.read_text().strip() if pointer.is_file() else None
 
 
-def resumed_from(proc: subprocess.CompletedProcess) -> List[str]:
+def resumed_from(proc: subprocess.CompletedProcess) -> list[str]:
     return re.findall(r"resumed from (\S+) \(step", proc.stdout + proc.stderr)
 
 
-def finish(suite: Suite, run_dir: Path, kind: str, notes: List[str], problems: List[str], refused: bool) -> Dict:
+def finish(suite: Suite, run_dir: Path, kind: str, notes: list[str], problems: list[str], refused: bool) -> dict:
     """The same command as the reference, to the end: it must give the reference's losses."""
     final = run(suite, run_dir)
     if final.returncode != 0:
@@ -449,7 +509,7 @@ def finish(suite: Suite, run_dir: Path, kind: str, notes: List[str], problems: L
     return {"kind": suite.kind(kind), "outcome": outcome, "notes": notes, "problems": problems}
 
 
-def damage_config_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+def damage_config_trial(suite: Suite, run_dir: Path, rng: random.Random) -> dict:
     """Damage the checkpoint `latest` names (the issue's repros: manifest.json cut to 10 bytes, or one byte of
     config.yaml flipped), then resume with a changed model: the fallback checkpoint's config must refuse it.
     Then the unchanged command resumes from that fallback, exactly."""
@@ -471,7 +531,7 @@ def damage_config_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict
     return finish(suite, run_dir, "damage+config_change", notes, problems, why is None)
 
 
-def deleted_latest_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+def deleted_latest_trial(suite: Suite, run_dir: Path, rng: random.Random) -> dict:
     """Delete checkpoints/latest of a killed run: the same command must resume from the newest intact step_*
     (saying so), not start over on top of the checkpoints (which gives the same losses, so the log is checked)."""
     notes, problems = [killed_after_checkpoints(suite, run_dir, rng)], []
@@ -489,7 +549,7 @@ def deleted_latest_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dic
     return {"kind": suite.kind("deleted_latest"), "outcome": outcome, "notes": notes, "problems": problems}
 
 
-def symlinked_lock_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+def symlinked_lock_trial(suite: Suite, run_dir: Path, rng: random.Random) -> dict:
     """Replace <run_dir>/.lock of a killed run by a symlink to a user file outside it: the run must refuse in one
     line, leaving the file as it was; without the symlink, the same command resumes exactly."""
     notes = [interrupt(suite, run_dir, rng, run_dir.parent / f"{run_dir.name}.paused")]
@@ -507,7 +567,7 @@ def symlinked_lock_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dic
     return finish(suite, run_dir, "symlinked_lock", notes, problems, why is None)
 
 
-def inf_grad_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+def inf_grad_trial(suite: Suite, run_dir: Path, rng: random.Random) -> dict:
     """optim.lr=1e3 (constant schedule): the gradient norm becomes inf while the loss stays finite. Under
     on_nonfinite=stop, or skip (after max_nonfinite in a row), the run must stop with a clear message, leaving an
     intact `latest`, instead of finishing (exit 0) with every later update skipped."""
@@ -521,7 +581,7 @@ def inf_grad_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
     return {"kind": suite.kind("inf_grad"), "outcome": outcome, "notes": notes, "problems": problems}
 
 
-def latest_outside_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dict:
+def latest_outside_trial(suite: Suite, run_dir: Path, rng: random.Random) -> dict:
     """Point `latest` of a killed run at a checkpoint of the reference run (by a relative or an absolute path):
     the run must never resume it; it resumes from its own newest intact checkpoint."""
     notes, problems = [killed_after_checkpoints(suite, run_dir, rng)], []
@@ -534,12 +594,16 @@ def latest_outside_trial(suite: Suite, run_dir: Path, rng: random.Random) -> Dic
     return finish(suite, run_dir, "latest_outside", notes, problems, False)
 
 
-ISSUE49_TRIALS = {"damage+config_change": damage_config_trial, "deleted_latest": deleted_latest_trial,
-                  "symlinked_lock": symlinked_lock_trial, "inf_grad": inf_grad_trial,
-                  "latest_outside": latest_outside_trial}
+ISSUE49_TRIALS = {
+    "damage+config_change": damage_config_trial,
+    "deleted_latest": deleted_latest_trial,
+    "symlinked_lock": symlinked_lock_trial,
+    "inf_grad": inf_grad_trial,
+    "latest_outside": latest_outside_trial,
+}
 
 
-def trial(suite: Suite, kind: str, run_dir: Path, rng: random.Random) -> Dict:
+def trial(suite: Suite, kind: str, run_dir: Path, rng: random.Random) -> dict:
     if kind == "disk_full":
         return disk_full(suite, run_dir, rng)
     if kind in ISSUE49_TRIALS:
@@ -555,7 +619,7 @@ def trial(suite: Suite, kind: str, run_dir: Path, rng: random.Random) -> Dict:
             problems.append("the first run ended before its pause step")
         pid = holder_pid(first, run_dir)
         second = run(suite, run_dir)
-        why = refusal(second, f"pid {pid}") if pid else f"the lock names no process of the first run"
+        why = refusal(second, f"pid {pid}") if pid else "the lock names no process of the first run"
         problems += [f"second run: {why}"] if why else []
         refused = why is None
         kill(first)
@@ -606,7 +670,7 @@ def elastic_suite(world: int, engine: str, first_world: int) -> Suite:
     return Suite("elastic", world, "train", args, CHANGED, "ffn")
 
 
-def elastic_trial(kind: str, run_dir: Path, rng: random.Random, reference_losses: Dict[int, float]) -> Dict:
+def elastic_trial(kind: str, run_dir: Path, rng: random.Random, reference_losses: dict[int, float]) -> dict:
     """SIGKILL on the first layout inside a random step after the first checkpoint, then the same command on the
     second layout: the losses of all STEPS must equal the uninterrupted single-process run's, or the resume is
     refused in one line naming the fix and the checkpoint still resumes exactly on the first layout."""
@@ -619,7 +683,7 @@ def elastic_trial(kind: str, run_dir: Path, rng: random.Random, reference_losses
     notes = [f"{e1} on {w1} killed inside step {step}" + ("" if wait_paused(proc, flag, w1) else " (never reached)")]
     kill(proc)
     flag.unlink(missing_ok=True)
-    problems: List[str] = []
+    problems: list[str] = []
     resumed = run(second, run_dir)
     if must_name is None:
         if resumed.returncode != 0:
@@ -637,30 +701,42 @@ def elastic_trial(kind: str, run_dir: Path, rng: random.Random, reference_losses
     return {**result, "kind": f"elastic:{kind}"}
 
 
-def table(summary: Dict) -> str:
-    rows = ["| fault kind | trials | exact resumes | clear refusals | silent corruptions | skipped |",
-            "|---|---|---|---|---|---|"]
+def table(summary: dict) -> str:
+    rows = [
+        "| fault kind | trials | exact resumes | clear refusals | silent corruptions | skipped |",
+        "|---|---|---|---|---|---|",
+    ]
     for kind, c in [*summary["by_kind"].items(), ("**all**", summary["total"])]:
-        rows.append(f"| {kind} | {c['trials']} | {c['exact_resume']} | {c['clear_refusal']} | "
-                    f"{c['silent_corruption']} | {c['skipped']} |")
+        rows.append(
+            f"| {kind} | {c['trials']} | {c['exact_resume']} | {c['clear_refusal']} | "
+            f"{c['silent_corruption']} | {c['skipped']} |"
+        )
     return "\n".join(rows) + "\n"
 
 
-def summarize(results: List[Dict], outside_touched: bool) -> Dict:
+def summarize(results: list[dict], outside_touched: bool) -> dict:
     def counts(rs):
-        return {"trials": len(rs), **{o: sum(r["outcome"] == o for r in rs)
-                                     for o in ("exact_resume", "clear_refusal", "silent_corruption", "skipped")}}
+        return {
+            "trials": len(rs),
+            **{
+                o: sum(r["outcome"] == o for r in rs)
+                for o in ("exact_resume", "clear_refusal", "silent_corruption", "skipped")
+            },
+        }
+
     by_kind = {k: counts([r for r in results if r["kind"] == k]) for k in dict.fromkeys(r["kind"] for r in results)}
-    return {"by_kind": by_kind, "total": counts(results), "outside_run_dir_touched": outside_touched,
-            "trials": results}
+    return {"by_kind": by_kind, "total": counts(results), "outside_run_dir_touched": outside_touched, "trials": results}
 
 
-def outside_state(out: Path) -> List:
+def outside_state(out: Path) -> list:
     """Name, mtime and bytes of every file in `out` that belongs to no run (the sentinel and anything else)."""
-    return [(p.name, p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None) for p in sorted(out.iterdir())
-            if not p.name.startswith(("trial_", "reference", "fault_injection.", "ddp_", "zero2_", "fsdp2_",
-                                      "finetune_",
-                                      "elastic_"))]
+    return [
+        (p.name, p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else None)
+        for p in sorted(out.iterdir())
+        if not p.name.startswith(
+            ("trial_", "reference", "fault_injection.", "ddp_", "zero2_", "fsdp2_", "finetune_", "elastic_")
+        )
+    ]
 
 
 def reference(suite: Suite, run_dir: Path) -> None:
@@ -679,11 +755,19 @@ def reference(suite: Suite, run_dir: Path) -> None:
 
 def finetune_suite(init: Path) -> Suite:
     """Tiny lm finetune task=glue/all: 48 train examples per task, 2 epochs of 3 steps, rte with 2 seeds."""
-    per_task = [f"tasks.{t}.{k}" for t in GLUE_TASKS for k in
-                ("epochs=2", "batch_size=16", "max_len=32", "seeds=[0]")]
+    per_task = [f"tasks.{t}.{k}" for t in GLUE_TASKS for k in ("epochs=2", "batch_size=16", "max_len=32", "seeds=[0]")]
     per_task[per_task.index("tasks.rte.seeds=[0]")] = "tasks.rte.seeds=[0,1]"
-    args = ["task=glue/all", f"init={init}", "skip_missing=true", "hf=false", "glue.max_train_examples=48",
-            "train.log_interval=1", "train.threads=1", "train.progress=false", *per_task]
+    args = [
+        "task=glue/all",
+        f"init={init}",
+        "skip_missing=true",
+        "hf=false",
+        "glue.max_train_examples=48",
+        "train.log_interval=1",
+        "train.threads=1",
+        "train.progress=false",
+        *per_task,
+    ]
     return Suite("finetune", 1, "finetune", args, FINETUNE_CHANGED, "optim.weight_decay")
 
 
@@ -694,10 +778,17 @@ def main(argv=None) -> int:
     p.add_argument("--zero2-trials", type=int, default=0, help=f"2-rank ZeRO-2 trials (of {len(ZERO2_KINDS)})")
     p.add_argument("--fsdp2-trials", type=int, default=0, help=f"2-rank FSDP2 trials (of {len(FSDP2_KINDS)})")
     p.add_argument("--finetune-trials", type=int, default=0, help=f"lm finetune trials (of {len(FINETUNE_KINDS)})")
-    p.add_argument("--elastic-trials", type=int, default=0,
-                   help=f"world-size/engine changes on resume (of {', '.join(ELASTIC_KINDS)}, in turn)")
-    p.add_argument("--kinds", default="", help="comma-separated: keep only these kinds of the single-process mix "
-                                                 f"(of {', '.join(dict.fromkeys(KINDS))})")
+    p.add_argument(
+        "--elastic-trials",
+        type=int,
+        default=0,
+        help=f"world-size/engine changes on resume (of {', '.join(ELASTIC_KINDS)}, in turn)",
+    )
+    p.add_argument(
+        "--kinds",
+        default="",
+        help=f"comma-separated: keep only these kinds of the single-process mix (of {', '.join(dict.fromkeys(KINDS))})",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
@@ -716,8 +807,11 @@ def main(argv=None) -> int:
     if args.trials or args.ddp_trials or args.zero2_trials or args.fsdp2_trials or args.finetune_trials:
         reference(single, args.out / "reference")  # also the init of the finetuning suite
     plan = [(single, "trial", mix(args.trials, kinds))] if args.trials else []
-    for name, n, kinds in (("ddp", args.ddp_trials, DDP_KINDS), ("zero2", args.zero2_trials, ZERO2_KINDS),
-                           ("fsdp2", args.fsdp2_trials, FSDP2_KINDS)):
+    for name, n, kinds in (
+        ("ddp", args.ddp_trials, DDP_KINDS),
+        ("zero2", args.zero2_trials, ZERO2_KINDS),
+        ("fsdp2", args.fsdp2_trials, FSDP2_KINDS),
+    ):
         if n:
             plan.append((Suite(name, 2, "train", [*BASE, f"engine={name}"], CHANGED, "ffn"), name, mix(n, kinds)))
     if args.finetune_trials:
@@ -728,17 +822,26 @@ def main(argv=None) -> int:
             reference(suite, args.out / f"{prefix}_reference")
         for i, kind in enumerate(kinds):
             r = trial(suite, kind, args.out / f"{prefix}_{i:02d}", rng)
-            print(f"{prefix} {i:2d} {r['kind']:22s} {r['outcome']:18s} {'; '.join(r['notes'] + r['problems'])}",
-                  flush=True)
+            print(
+                f"{prefix} {i:2d} {r['kind']:22s} {r['outcome']:18s} {'; '.join(r['notes'] + r['problems'])}",
+                flush=True,
+            )
             results.append(r)
     if args.elastic_trials:
-        ref = Suite("elastic", 1, "train", [*ELASTIC_BASE, f"train.grad_accum={ELASTIC_GLOBAL}", "engine=single"],
-                    CHANGED, "ffn")
+        ref = Suite(
+            "elastic",
+            1,
+            "train",
+            [*ELASTIC_BASE, f"train.grad_accum={ELASTIC_GLOBAL}", "engine=single"],
+            CHANGED,
+            "ffn",
+        )
         reference(ref, args.out / "elastic_reference")
         for i in range(args.elastic_trials):
             r = elastic_trial(ELASTIC_KINDS[i % len(ELASTIC_KINDS)], args.out / f"elastic_{i:02d}", rng, ref.reference)
-            print(f"elastic {i:2d} {r['kind']:22s} {r['outcome']:18s} {'; '.join(r['notes'] + r['problems'])}",
-                  flush=True)
+            print(
+                f"elastic {i:2d} {r['kind']:22s} {r['outcome']:18s} {'; '.join(r['notes'] + r['problems'])}", flush=True
+            )
             results.append(r)
     outside = outside_state(args.out) != before
     summary = summarize(results, outside)

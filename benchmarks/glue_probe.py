@@ -31,7 +31,7 @@ def features(model, tokenizer, examples, arch: str, max_len: int, batch: int = 2
     out = {p: [] for p in POOLINGS}
     with torch.no_grad():
         for i in range(0, len(enc), batch):
-            b = collate(enc[i:i + batch], tokenizer.pad_id)
+            b = collate(enc[i : i + batch], tokenizer.pad_id)
             h = model.features(b["input_ids"], b["attention_mask"], b["token_type_ids"])  # (B, T, D)
             for p in POOLINGS:
                 out[p].append(pool(h, b["attention_mask"], p).numpy())
@@ -49,7 +49,7 @@ def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: i
     if get_task(task).n_labels == 1:
         raise SystemExit(f"glue_probe: {task} is a regression task; probe a classification task")
     bb = load_backbone(init)
-    train = load_split(task, "train", root, hf=False)[:train_examples or None]
+    train = load_split(task, "train", root, hf=False)[: train_examples or None]
     dev = load_split(task, "dev", root, hf=False)
     rows = {}
     for name in ("pretrained", "random init"):

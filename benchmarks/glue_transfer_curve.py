@@ -38,7 +38,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from lm.cli.transfer import run_transfer
 from lm.cli.transfer_lane import recipe_argv
@@ -51,34 +50,61 @@ TOKENS = "0,3e6,1e7,3e7"
 SCRATCH_OF = {"electra": "encoder"}
 BEGIN, END = "<!-- curve:begin -->", "<!-- curve:end -->"
 ARCHIVE = Path("docs/glue_transfer/points")
-TINY_PRETRAIN = ["data=tinystories_sample_bpe", "data.vocab_size=512", "model.vocab_size=512", "model.dim=32",
-                 "model.n_layers=1", "model.n_heads=2", "train.progress=false", "train.eval_interval=0",
-                 "sched.warmup_steps=5"]
+TINY_PRETRAIN = [
+    "data=tinystories_sample_bpe",
+    "data.vocab_size=512",
+    "model.vocab_size=512",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "train.progress=false",
+    "train.eval_interval=0",
+    "sched.warmup_steps=5",
+]
 TINY_FINETUNE = ["glue.max_train_examples=64", "train.progress=false"]  # + 1 epoch for each task
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--tokens", default=TOKENS, help="comma-separated pretraining token counts (default %(default)s)")
-    p.add_argument("--arches", default="decoder,encoder",
-                   help="presets glue_transfer_<arch>: decoder, encoder, electra (default %(default)s)")
+    p.add_argument(
+        "--arches",
+        default="decoder,encoder",
+        help="presets glue_transfer_<arch>: decoder, encoder, electra (default %(default)s)",
+    )
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local data)")
     p.add_argument("--root", type=Path, default=Path("runs/glue_transfer"), help="runs go to <root>/<arch>/<tokens>")
-    p.add_argument("--doc", type=Path, default=Path("docs/glue_transfer.md"), help="page whose curve section is rewritten")
-    p.add_argument("--archive", type=Path, default=None,
-                   help=f"committed copies of every finished point's {TRANSFER}, from which the page is built "
-                        f"(default {ARCHIVE}; with --tiny <root>/points)")
-    p.add_argument("--scratch-archive", type=Path, default=None,
-                   help="finished scratch arms (their result.pt files), restored by a later curve instead of "
-                        "finetuned again (default <root>/scratch_archive; outside git)")
+    p.add_argument(
+        "--doc", type=Path, default=Path("docs/glue_transfer.md"), help="page whose curve section is rewritten"
+    )
+    p.add_argument(
+        "--archive",
+        type=Path,
+        default=None,
+        help=f"committed copies of every finished point's {TRANSFER}, from which the page is built "
+        f"(default {ARCHIVE}; with --tiny <root>/points)",
+    )
+    p.add_argument(
+        "--scratch-archive",
+        type=Path,
+        default=None,
+        help="finished scratch arms (their result.pt files), restored by a later curve instead of "
+        "finetuned again (default <root>/scratch_archive; outside git)",
+    )
     p.add_argument("--logger", default="none", choices=["none", "wandb", "tensorboard", "all"])
     p.add_argument("--pretrain", nargs="*", default=[], metavar="KEY=VALUE", help="lm train overrides for every run")
     p.add_argument("--finetune", nargs="*", default=[], metavar="KEY=VALUE", help="lm finetune overrides for every run")
-    p.add_argument("--parallel", action="store_true",
-                   help="lm transfer --parallel: each point's scratch arm beside its pretraining (the first point that "
-                        "finetunes it; the others read it back)")
+    p.add_argument(
+        "--parallel",
+        action="store_true",
+        help="lm transfer --parallel: each point's scratch arm beside its pretraining (the first point that "
+        "finetunes it; the others read it back)",
+    )
     p.add_argument("--tiny", action="store_true", help="a few-minute end-to-end check (see above)")
     return p
 
@@ -126,8 +152,11 @@ def scratch_key(record) -> str:
 
 def _arm_files(scratch: Path):
     """The files a finished scratch arm is resumed from: its record and each task/seed pair's sealed result."""
-    return [scratch / "transfer_arm.json", *sorted(scratch.glob("*/seed*/result.pt")),
-            *sorted(scratch.glob("*/seed*/result.sha256"))]
+    return [
+        scratch / "transfer_arm.json",
+        *sorted(scratch.glob("*/seed*/result.pt")),
+        *sorted(scratch.glob("*/seed*/result.sha256")),
+    ]
 
 
 def archive_scratch(scratch: Path, archive: Path) -> Path:
@@ -145,16 +174,20 @@ def archive_scratch(scratch: Path, archive: Path) -> Path:
         shutil.copyfile(f, tmp)
         os.replace(tmp, target)  # a copy cut short never looks like a finished pair
     results = list(scratch.glob("*/seed*/result.pt"))
-    measured = {"run_dir": str(scratch), "machine": f"{platform.node()} ({platform.machine()})",
-                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z",
-                                          time.localtime(max((f.stat().st_mtime for f in results), default=0)))}
+    measured = {
+        "run_dir": str(scratch),
+        "machine": f"{platform.node()} ({platform.machine()})",
+        "finished": time.strftime(
+            "%Y-%m-%d %H:%M:%S %Z", time.localtime(max((f.stat().st_mtime for f in results), default=0))
+        ),
+    }
     if (scratch / PROVENANCE).is_file():
         measured = json.loads((scratch / PROVENANCE).read_text())
     atomic_write_text(dest / PROVENANCE, json.dumps(measured, indent=2) + "\n")
     return dest
 
 
-def restore_scratch(r: Recipe, archive: Path) -> Optional[Path]:
+def restore_scratch(r: Recipe, archive: Path) -> Path | None:
     """Before a curve's first run of a session: fill an empty scratch directory from the archived arm with the
     same record, if there is one (lm transfer then resumes each pair instead of training it)."""
     if (r.scratch / "transfer_arm.json").is_file():
@@ -163,24 +196,36 @@ def restore_scratch(r: Recipe, archive: Path) -> Optional[Path]:
     if not (src / "transfer_arm.json").is_file():
         return None
     shutil.copytree(src, r.scratch, dirs_exist_ok=True)
-    logging.info("scratch arm %s restored from %s (measured %s)", r.scratch, src,
-                 json.loads((src / PROVENANCE).read_text())["finished"])
+    logging.info(
+        "scratch arm %s restored from %s (measured %s)",
+        r.scratch,
+        src,
+        json.loads((src / PROVENANCE).read_text())["finished"],
+    )
     return src
 
 
 def section(summaries, png: Path, command: str) -> str:
     # the series and the directory name each run: a preset whose model changed since (the encoder's positions)
     # ran the same command text into a directory that was moved afterwards (its recipe's note says so)
-    runs = "\n".join(f"- {label}, {s['recipe']['tokens']:,} tokens, in `{s.get('run_dir') or s['dir']}`: "
-                     f"`{s['run']['command']}`: "
-                     f"{s['run']['machine']}, finished {s['run']['finished']}, {s['run']['seconds']:.0f} s"
-                     + (f" ({s['recipe']['note']})" if s["recipe"].get("note") else "")
-                     + (f" (the scratch arm restored from the archive: measured in `{s['scratch_measured']['run_dir']}`, "
-                        f"finished {s['scratch_measured']['finished']}; the seconds are this point's own work)"
-                        if s.get("scratch_measured") else "") for s, label in zip(summaries, series_labels(summaries)))
-    return (f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{curve_table(summaries)}\n"
-            f"![GLUE dev gain over scratch against pretraining tokens]({png.name})\n\nRuns (every one, none dropped):\n\n"
-            f"{runs}\n")
+    runs = "\n".join(
+        f"- {label}, {s['recipe']['tokens']:,} tokens, in `{s.get('run_dir') or s['dir']}`: "
+        f"`{s['run']['command']}`: "
+        f"{s['run']['machine']}, finished {s['run']['finished']}, {s['run']['seconds']:.0f} s"
+        + (f" ({s['recipe']['note']})" if s["recipe"].get("note") else "")
+        + (
+            f" (the scratch arm restored from the archive: measured in `{s['scratch_measured']['run_dir']}`, "
+            f"finished {s['scratch_measured']['finished']}; the seconds are this point's own work)"
+            if s.get("scratch_measured")
+            else ""
+        )
+        for s, label in zip(summaries, series_labels(summaries))
+    )
+    return (
+        f"Written by `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{curve_table(summaries)}\n"
+        f"![GLUE dev gain over scratch against pretraining tokens]({png.name})\n\nRuns (every one, none dropped):\n\n"
+        f"{runs}\n"
+    )
 
 
 def main(argv=None) -> None:
@@ -206,9 +251,19 @@ def main(argv=None) -> None:
         scratch = a.root / SCRATCH_OF.get(arch, arch) / "scratch"
         for n in tokens:
             out = a.root / arch / str(n)
-            recipe = Recipe(preset=f"glue_transfer_{arch}", tokens=n, out=out, scratch=scratch, seeds=seeds,
-                            tasks=tasks, group=f"glue_transfer_{arch}_{n}", logger=a.logger, pretrain=pretrain,
-                            finetune=finetune, parallel=a.parallel and n > 0)
+            recipe = Recipe(
+                preset=f"glue_transfer_{arch}",
+                tokens=n,
+                out=out,
+                scratch=scratch,
+                seeds=seeds,
+                tasks=tasks,
+                group=f"glue_transfer_{arch}_{n}",
+                logger=a.logger,
+                pretrain=pretrain,
+                finetune=finetune,
+                parallel=a.parallel and n > 0,
+            )
             recipe.command = "lm transfer " + " ".join(map(shlex.quote, recipe_argv(recipe)))
             recipe.command += " --parallel" if recipe.parallel else ""
             restore_scratch(recipe, scratch_archive)

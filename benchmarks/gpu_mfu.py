@@ -17,7 +17,7 @@ by eager steps of doubling size until out of memory, then the compiled step is t
     python benchmarks/gpu_mfu.py --device cpu --preset tiny --seq 64 --batch 2 --steps 2 --no-compile  # a smoke run
     python benchmarks/gpu_mfu.py --preset gpt2 --batch 64 model.kernels.cross_entropy=liger       # a fused kernel
     python benchmarks/gpu_mfu.py --preset llama --seq 2048 --batch 8 --float8                     # torchao float8
-    python benchmarks/gpu_mfu.py --preset experiment=glue_transfer_gpu --seq 128 --batch 256      # an experiment's model
+    python benchmarks/gpu_mfu.py --preset experiment=glue_transfer_gpu --seq 128 --batch 256  # an experiment's model
 
 --inductor KEY=VALUE sets a torch._inductor.config field (e.g. coordinate_descent_tuning=True); each row
 records it. The model starts from seed 0 and each row gives its last step's loss, so two runs of one preset
@@ -106,8 +106,19 @@ def build(preset: str, seq: int, overrides, device: str):
     return cfg, model
 
 
-def timed(model, cfg, seq: int, batch: int, steps: int, device: str, compile_model: bool = False,
-          compile_mode: str = "default", warmup: int = 3, around=contextlib.nullcontext, float8=False):
+def timed(
+    model,
+    cfg,
+    seq: int,
+    batch: int,
+    steps: int,
+    device: str,
+    compile_model: bool = False,
+    compile_mode: str = "default",
+    warmup: int = 3,
+    around=contextlib.nullcontext,
+    float8=False,
+):
     """(tokens/s of `steps` steps after `warmup` (compilation happens there), the last step's loss, what `around()`
     gave): lm's loop and single engine through the run harness on one fixed batch; `around()` is entered and left
     around the timed steps (a profiler). The run ends after them (the loop's last step would write a checkpoint).
@@ -132,12 +143,25 @@ def timed(model, cfg, seq: int, batch: int, steps: int, device: str, compile_mod
             inside.close()
             raise TimedStepsDone
 
-    train = TrainConfig(micro_batch_size=batch, seq_len=seq, max_steps=total + 1, precision="bf16", device=device,
-                        log_interval=total, eval_interval=0, ckpt_interval=0, progress=False, float8=float8)
+    train = TrainConfig(
+        micro_batch_size=batch,
+        seq_len=seq,
+        max_steps=total + 1,
+        precision="bf16",
+        device=device,
+        log_interval=total,
+        eval_interval=0,
+        ckpt_interval=0,
+        progress=False,
+        float8=float8,
+    )
     engine = SingleEngine(train, Dist(rank=0, world_size=1, local_rank=0, device=torch.device(device)))
     records = Records()
-    with tempfile.TemporaryDirectory(prefix="gpu-mfu-") as run_dir, inside, \
-            Session(train, engine, task, run_dir, "", hooks=Hooks(step_begin=[step_begin])) as session:
+    with (
+        tempfile.TemporaryDirectory(prefix="gpu-mfu-") as run_dir,
+        inside,
+        Session(train, engine, task, run_dir, "", hooks=Hooks(step_begin=[step_begin])) as session,
+    ):
         session.build(lambda: model, 0, OptimConfig(lr=1e-4))
         if compile_model:  # dynamic=False: each batch gets its own static graph, as a training run of one shape would
             engine.model = torch.compile(engine.model, dynamic=False, mode=compile_mode)
@@ -179,15 +203,17 @@ def largest_batch(model, cfg, seq: int, device: str, start: int = 4, limit: int 
     return best
 
 
-def profile_table(model, cfg, seq: int, batch: int, device: str, rows: int, compile_model: bool,
-                  compile_mode: str) -> str:
+def profile_table(
+    model, cfg, seq: int, batch: int, device: str, rows: int, compile_model: bool, compile_mode: str
+) -> str:
     """torch.profiler's table of 3 steps after 3 warm-up steps of lm's loop, by self time on the device: where a
     step goes."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
-    prof = timed(model, cfg, seq, batch, 3, device, compile_model, compile_mode,
-                 around=lambda: profile(activities=activities))[2]
+    prof = timed(
+        model, cfg, seq, batch, 3, device, compile_model, compile_mode, around=lambda: profile(activities=activities)
+    )[2]
     if device == "cpu":
         return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
     try:
@@ -211,8 +237,19 @@ def plan_batches(batches, model, cfg, seq: int, device: str, compile_model: bool
     return plan
 
 
-def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, overrides, device: str = "cuda",
-            profile: int = 0, compile_mode: str = "default", tags=None, float8=False):
+def measure(
+    preset: str,
+    seq: int,
+    batches,
+    steps: int,
+    compile_model: bool,
+    overrides,
+    device: str = "cuda",
+    profile: int = 0,
+    compile_mode: str = "default",
+    tags=None,
+    float8=False,
+):
     """One JSON-able row per micro-batch in `batches` (0 = the largest that fits: plan_batches), from one
     built model; `profile` > 0 prints that many rows of the profiler's table of the last timed batch's step;
     `tags` are added to every row."""
@@ -224,8 +261,9 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
             try:
                 if device != "cpu":
                     torch.cuda.reset_peak_memory_stats()
-                tokens_per_s, loss, _ = timed(model, cfg, seq, batch, steps, device, compile_model, compile_mode,
-                                              float8=float8)
+                tokens_per_s, loss, _ = timed(
+                    model, cfg, seq, batch, steps, device, compile_model, compile_mode, float8=float8
+                )
                 break
             except torch.OutOfMemoryError:
                 free(device, model)
@@ -237,14 +275,25 @@ def measure(preset: str, seq: int, batches, steps: int, compile_model: bool, ove
         if optional and tokens_per_s is None:
             print(f"{preset}: micro-batch {batch} does not fit compiled either", file=sys.stderr, flush=True)
             continue
-        rows.append({"preset": preset, "seq": seq, "batch": batch, "compiled": compile_mode if compile_model else False,
-                     "tokens_per_s": round(tokens_per_s), "loss": round(loss, 4), "flops_per_token": fpt,
-                     "mfu": round(tokens_per_s * fpt / peak, 4) if peak else None,
-                     "hfu": round(tokens_per_s * hardware_flops_per_token(cfg, fpt) / peak, 4) if peak else None,
-                     "float8": float8, "overrides": list(overrides),
-                     "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
-                     "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
-                     "torch": torch.__version__, **(tags or {})})
+        rows.append(
+            {
+                "preset": preset,
+                "seq": seq,
+                "batch": batch,
+                "compiled": compile_mode if compile_model else False,
+                "tokens_per_s": round(tokens_per_s),
+                "loss": round(loss, 4),
+                "flops_per_token": fpt,
+                "mfu": round(tokens_per_s * fpt / peak, 4) if peak else None,
+                "hfu": round(tokens_per_s * hardware_flops_per_token(cfg, fpt) / peak, 4) if peak else None,
+                "float8": float8,
+                "overrides": list(overrides),
+                "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device != "cpu" else None,
+                "device": torch.cuda.get_device_name() if device != "cpu" else "cpu",
+                "torch": torch.__version__,
+                **(tags or {}),
+            }
+        )
         last = batch
         free(device, model)
     if profile:
@@ -276,7 +325,10 @@ def attention_sweep(heads=12, head_dim=64, batch=1) -> list:
     rows = []
     for T in (512, 1024, 2048, 4096, 8192, 16384):
         for name, backend in (("flash", SDPBackend.FLASH_ATTENTION), ("math", SDPBackend.MATH)):
-            q, k, v = (torch.randn(batch, heads, T, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+            q, k, v = (
+                torch.randn(batch, heads, T, head_dim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(3)
+            )
             torch.cuda.reset_peak_memory_stats()
             try:
                 with sdpa_kernel(backend):
@@ -287,8 +339,14 @@ def attention_sweep(heads=12, head_dim=64, batch=1) -> list:
                         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
                     torch.cuda.synchronize()
                 ms = (time.perf_counter() - start) / 3 * 1e3
-                rows.append({"T": T, "backend": name, "ms_fwd_bwd": round(ms, 2),
-                             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)})
+                rows.append(
+                    {
+                        "T": T,
+                        "backend": name,
+                        "ms_fwd_bwd": round(ms, 2),
+                        "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+                    }
+                )
             except torch.OutOfMemoryError:
                 rows.append({"T": T, "backend": name, "ms_fwd_bwd": None, "peak_mem_gib": "OOM"})
             del q, k, v
@@ -301,21 +359,46 @@ def main():
     p.add_argument("--preset", default="gpt2")
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=0, help="0 = the largest power of two that fits")
-    p.add_argument("--also-batch", type=int, action="append", default=[],
-                   help="also time this micro-batch (GPT-2 in --all; repeatable), e.g. 12 to match nanoGPT's bench.py")
+    p.add_argument(
+        "--also-batch",
+        type=int,
+        action="append",
+        default=[],
+        help="also time this micro-batch (GPT-2 in --all; repeatable), e.g. 12 to match nanoGPT's bench.py",
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no MFU: no peak is known)")
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--compile-mode", default="default",
-                   help="torch.compile mode: default, max-autotune-no-cudagraphs (Triton autotunes matmuls and fusions; "
-                        "minutes of compiling), reduce-overhead, max-autotune")
-    p.add_argument("--profile", type=int, nargs="?", const=25, default=0, metavar="ROWS",
-                   help="print torch.profiler's table (25 rows, or ROWS) of the last batch's step; before a model override "
-                        "give ROWS (--profile 25 model.x=...), or the override is read as ROWS")
-    p.add_argument("--inductor", action="append", default=[], metavar="KEY=VALUE",
-                   help="set torch._inductor.config.KEY (repeatable), e.g. coordinate_descent_tuning=True")
-    p.add_argument("--float8", action="store_const", const="torchao", default=False,
-                   help="train.float8=torchao: the engine swaps the Linears for torchao's Float8Linear before compiling")
+    p.add_argument(
+        "--compile-mode",
+        default="default",
+        help="torch.compile mode: default, max-autotune-no-cudagraphs (Triton autotunes matmuls and fusions; "
+        "minutes of compiling), reduce-overhead, max-autotune",
+    )
+    p.add_argument(
+        "--profile",
+        type=int,
+        nargs="?",
+        const=25,
+        default=0,
+        metavar="ROWS",
+        help="print torch.profiler's table (25 rows, or ROWS) of the last batch's step; before a model override "
+        "give ROWS (--profile 25 model.x=...), or the override is read as ROWS",
+    )
+    p.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set torch._inductor.config.KEY (repeatable), e.g. coordinate_descent_tuning=True",
+    )
+    p.add_argument(
+        "--float8",
+        action="store_const",
+        const="torchao",
+        default=False,
+        help="train.float8=torchao: the engine swaps the Linears for torchao's Float8Linear before compiling",
+    )
     p.add_argument("--attention-sweep", action="store_true")
     p.add_argument("--all", action="store_true", help="GPT-2 124M at T=1024, the 1.1B Llama at T=2048, then the sweep")
     p.add_argument("overrides", nargs="*", help="model overrides, e.g. model.loss_chunk_size=4096 model/ffn=swiglu")
@@ -325,16 +408,36 @@ def main():
     tags = apply_inductor_config(args.inductor)
     if args.all:
         for preset, seq, also in (("gpt2", 1024, args.also_batch), ("llama", 2048, [])):
-            for row in measure(preset, seq, [0, *also], args.steps, compile_model, args.overrides, args.device,
-                               compile_mode=args.compile_mode, tags=tags):
+            for row in measure(
+                preset,
+                seq,
+                [0, *also],
+                args.steps,
+                compile_model,
+                args.overrides,
+                args.device,
+                compile_mode=args.compile_mode,
+                tags=tags,
+            ):
                 print(json.dumps(row), flush=True)
         args.attention_sweep = True
     if args.attention_sweep:
         for row in attention_sweep():
             print(json.dumps(row), flush=True)
         return
-    for row in measure(args.preset, args.seq, [args.batch, *args.also_batch], args.steps, compile_model,
-                       args.overrides, args.device, args.profile, args.compile_mode, tags, args.float8):
+    for row in measure(
+        args.preset,
+        args.seq,
+        [args.batch, *args.also_batch],
+        args.steps,
+        compile_model,
+        args.overrides,
+        args.device,
+        args.profile,
+        args.compile_mode,
+        tags,
+        args.float8,
+    ):
         print(json.dumps(row), flush=True)
 
 

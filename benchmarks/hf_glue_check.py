@@ -61,8 +61,14 @@ def encode(tok, rows, max_len: int):
         while len(ta) + len(tb) > max_len - 3:
             (ta if len(ta) > len(tb) else tb).pop()
         ids = [tok.cls_token_id, *ta, tok.sep_token_id, *tb, tok.sep_token_id]
-        out.append({"input_ids": ids, "token_type_ids": [0] * (len(ta) + 2) + [1] * (len(tb) + 1),
-                    "attention_mask": [1] * len(ids), "labels": y})
+        out.append(
+            {
+                "input_ids": ids,
+                "token_type_ids": [0] * (len(ta) + 2) + [1] * (len(tb) + 1),
+                "attention_mask": [1] * len(ids),
+                "labels": y,
+            }
+        )
     return out
 
 
@@ -92,8 +98,9 @@ def layout_mismatches(hf_dir: Path, root: Path, task: str, max_len: int) -> int:
     from lm.glue.encode import encode_examples
     from lm.glue.readers import load_split
 
-    ours = encode_examples(Tokenizer.load(hf_dir / "tokenizer.json"), load_split(task, "dev", root, hf=False),
-                           max_len, "encoder")
+    ours = encode_examples(
+        Tokenizer.load(hf_dir / "tokenizer.json"), load_split(task, "dev", root, hf=False), max_len, "encoder"
+    )
     theirs = encode(AutoTokenizer.from_pretrained(hf_dir), read_tsv(root, task, "dev"), max_len)
     keys = ("input_ids", "token_type_ids", "labels")
     return sum(any(o[k] != t[k] for k in keys) for o, t in zip(ours, theirs)) + abs(len(ours) - len(theirs))
@@ -110,7 +117,7 @@ def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> 
     )
 
     tok = AutoTokenizer.from_pretrained(hf_dir)
-    train = encode(tok, read_tsv(root, task, "train")[:args.max_train_examples], args.max_len)
+    train = encode(tok, read_tsv(root, task, "train")[: args.max_train_examples], args.max_len)
     dev = encode(tok, read_tsv(root, task, "dev"), args.max_len)
     n_labels = 1 if TASKS[task][4] is None else len(TASKS[task][4])
     # run_glue: num_labels=1 makes the model's loss MSE (problem_type "regression")
@@ -123,28 +130,65 @@ def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> 
         return m
 
     targs = TrainingArguments(
-        output_dir=str(args.out / "hf_tmp"), learning_rate=lr, num_train_epochs=args.epochs,
-        per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128, weight_decay=0.01,
+        output_dir=str(args.out / "hf_tmp"),
+        learning_rate=lr,
+        num_train_epochs=args.epochs,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=128,
+        weight_decay=0.01,
         warmup_steps=round(0.1 * math.ceil(args.epochs * math.ceil(len(train) / args.batch_size))),
-        lr_scheduler_type="linear", max_grad_norm=1.0, eval_strategy="epoch",
-        save_strategy="no", logging_strategy="no", report_to=[], seed=seed, use_cpu=True,
-        disable_tqdm=True, dataloader_num_workers=0)
-    Trainer(model=model, args=targs, train_dataset=train, eval_dataset=dev, compute_metrics=compute,
-            data_collator=DataCollatorWithPadding(tok)).train()
+        lr_scheduler_type="linear",
+        max_grad_norm=1.0,
+        eval_strategy="epoch",
+        save_strategy="no",
+        logging_strategy="no",
+        report_to=[],
+        seed=seed,
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    Trainer(
+        model=model,
+        args=targs,
+        train_dataset=train,
+        eval_dataset=dev,
+        compute_metrics=compute,
+        data_collator=DataCollatorWithPadding(tok),
+    ).train()
     best = max(history, key=lambda m: m["score"])
-    return {"best": best["score"], "last": history[-1]["score"], "epochs": [m["score"] for m in history],
-            "best_metrics": best}
+    return {
+        "best": best["score"],
+        "last": history[-1]["score"],
+        "epochs": [m["score"] for m in history],
+        "best_metrics": best,
+    }
 
 
 def lm_side(run: Path, task: str, seeds, lr: float, args) -> dict:
     """lm-finetune from the run itself (pooling=first: [CLS] through a dense+tanh pooler, as BERT)."""
     out = args.out / f"lm_{task}_lr{lr:g}"
-    cmd = [sys.executable, "-m", "lm.cli.finetune", f"task=glue/{task}", f"init={run}", f"run_dir={out}",
-           f"optim.lr={lr}", "optim.weight_decay=0.01", "pooling=first", "predict_test=false",
-           "train.progress=false", "train.precision=fp32", f"tasks.{task}.epochs={args.epochs}",
-           f"tasks.{task}.batch_size={args.batch_size}", f"tasks.{task}.max_len={args.max_len}",
-           f"tasks.{task}.warmup_ratio=0.1", f"tasks.{task}.seeds=[{','.join(map(str, seeds))}]",
-           f"tasks.{task}.dropout=0.1", "hf=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lm.cli.finetune",
+        f"task=glue/{task}",
+        f"init={run}",
+        f"run_dir={out}",
+        f"optim.lr={lr}",
+        "optim.weight_decay=0.01",
+        "pooling=first",
+        "predict_test=false",
+        "train.progress=false",
+        "train.precision=fp32",
+        f"tasks.{task}.epochs={args.epochs}",
+        f"tasks.{task}.batch_size={args.batch_size}",
+        f"tasks.{task}.max_len={args.max_len}",
+        f"tasks.{task}.warmup_ratio=0.1",
+        f"tasks.{task}.seeds=[{','.join(map(str, seeds))}]",
+        f"tasks.{task}.dropout=0.1",
+        "hf=false",
+    ]
     if args.max_train_examples:
         cmd.append(f"tasks.{task}.max_train_examples={args.max_train_examples}")
     if args.data_root:
@@ -152,8 +196,10 @@ def lm_side(run: Path, task: str, seeds, lr: float, args) -> dict:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
     res = json.loads((out / "results.json").read_text())
     runs = res["tasks"][task]["runs"]
-    return {int(s): {"best": r["main"], "last": r["history"][-1]["main"], "epochs": [h["main"] for h in r["history"]]}
-            for s, r in runs.items()}
+    return {
+        int(s): {"best": r["main"], "last": r["history"][-1]["main"], "epochs": [h["main"] for h in r["history"]]}
+        for s, r in runs.items()
+    }
 
 
 def export_dir(run: Path) -> Path:
@@ -167,19 +213,26 @@ def export_dir(run: Path) -> Path:
 
 
 def table(rows) -> str:
-    lines = ["| task | lr | side | seeds: best epoch's dev score | median | last-epoch median |",
-             "|---|---:|---|---|---:|---:|"]
+    lines = [
+        "| task | lr | side | seeds: best epoch's dev score | median | last-epoch median |",
+        "|---|---:|---|---|---:|---:|",
+    ]
     for task, lr, side, per_seed in rows:
         best = [per_seed[s]["best"] for s in sorted(per_seed)]
         last = [per_seed[s]["last"] for s in sorted(per_seed)]
-        lines.append(f"| {task} | {lr:g} | {side} | {', '.join(f'{v:.1f}' for v in best)} | "
-                     f"{statistics.median(best):.1f} | {statistics.median(last):.1f} |")
+        lines.append(
+            f"| {task} | {lr:g} | {side} | {', '.join(f'{v:.1f}' for v in best)} | "
+            f"{statistics.median(best):.1f} | {statistics.median(last):.1f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--run", type=Path, required=True, help="lm-train run dir of a BERT-family model, exported")
     p.add_argument("--tasks", default="stsb,mrpc", help=f"comma-separated, of {sorted(TASKS)}")
     p.add_argument("--seeds", default="0,1,2")
@@ -200,15 +253,19 @@ def main(argv=None) -> None:
     rows, t0 = [], time.time()
     for task in args.tasks.split(","):
         if hf is not None:
-            print(f"{task}: dev rows encoded differently by the two sides: "
-                  f"{layout_mismatches(hf, root, task, args.max_len)}", flush=True)
+            print(
+                f"{task}: dev rows encoded differently by the two sides: "
+                f"{layout_mismatches(hf, root, task, args.max_len)}",
+                flush=True,
+            )
         for lr in (float(x) for x in args.lrs.split(",")):
             if "hf" in args.sides:
                 rows.append((task, lr, "hf", {s: hf_side(hf, root, task, s, lr, args) for s in seeds}))
             if "lm" in args.sides:
                 rows.append((task, lr, "lm", lm_side(args.run, task, seeds, lr, args)))
-            (args.out / "check.json").write_text(json.dumps(
-                [{"task": t, "lr": r, "side": s, "seeds": v} for t, r, s, v in rows], indent=1))
+            (args.out / "check.json").write_text(
+                json.dumps([{"task": t, "lr": r, "side": s, "seeds": v} for t, r, s, v in rows], indent=1)
+            )
             print(table(rows), flush=True)
     print(f"\n{time.strftime('%Y-%m-%d')}, {time.time() - t0:.0f} s; command: {' '.join(sys.argv)}")
 

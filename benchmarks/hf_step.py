@@ -31,14 +31,24 @@ from lm.cli.errors import entry
 from lm.constants import IGNORE_INDEX
 from lm.core.fixed_task import TimedStepsDone
 from lm.extras import exit_if_missing
-from lm.model.config import (GLUConfig, LayerNormConfig, LearnedConfig, MLPConfig, ModelConfig, RMSNormConfig,
-                             RoPEConfig)
+from lm.model.config import GLUConfig, LayerNormConfig, LearnedConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig
 
 LAYOUTS = {
-    "gpt2": dict(norm=LayerNormConfig(), ffn=MLPConfig(activation="gelu_tanh"), pos=LearnedConfig(), bias=True,
-                 tie_embeddings=True),
-    "llama": dict(norm=RMSNormConfig(), ffn=GLUConfig(activation="silu", hidden_mult=8 / 3), pos=RoPEConfig(),
-                  bias=False, tie_embeddings=False, init="normal"),
+    "gpt2": dict(
+        norm=LayerNormConfig(),
+        ffn=MLPConfig(activation="gelu_tanh"),
+        pos=LearnedConfig(),
+        bias=True,
+        tie_embeddings=True,
+    ),
+    "llama": dict(
+        norm=RMSNormConfig(),
+        ffn=GLUConfig(activation="silu", hidden_mult=8 / 3),
+        pos=RoPEConfig(),
+        bias=False,
+        tie_embeddings=False,
+        init="normal",
+    ),
 }
 AUTO_CHUNK_VOCAB, AUTO_CHUNK = 8192, 256
 LR, WEIGHT_DECAY, GRAD_CLIP = 1e-4, 0.1, 1.0
@@ -51,9 +61,18 @@ def loss_chunk(args) -> int:
 
 
 def model_config(args) -> ModelConfig:
-    return ModelConfig(arch="decoder", vocab_size=args.vocab, dim=args.dim, n_layers=args.layers, n_heads=args.heads,
-                       n_kv_heads=args.kv_heads, max_seq_len=args.seq, loss_chunk_size=loss_chunk(args),
-                       linear=args.linear, **LAYOUTS[args.layout])
+    return ModelConfig(
+        arch="decoder",
+        vocab_size=args.vocab,
+        dim=args.dim,
+        n_layers=args.layers,
+        n_heads=args.heads,
+        n_kv_heads=args.kv_heads,
+        max_seq_len=args.seq,
+        loss_chunk_size=loss_chunk(args),
+        linear=args.linear,
+        **LAYOUTS[args.layout],
+    )
 
 
 def batches(args) -> dict:
@@ -139,12 +158,23 @@ def train_ours(model, batches, pairs: Pairs, threads: int) -> None:
     from lm.engine import Dist, SingleEngine
 
     steps = len(batches)
-    train = TrainConfig(micro_batch_size=batches[0]["input_ids"].shape[0], seq_len=batches[0]["input_ids"].shape[1],
-                        max_steps=steps + 1, grad_clip=GRAD_CLIP, device="cpu", log_interval=steps, eval_interval=0,
-                        ckpt_interval=0, progress=False, threads=threads)
+    train = TrainConfig(
+        micro_batch_size=batches[0]["input_ids"].shape[0],
+        seq_len=batches[0]["input_ids"].shape[1],
+        max_steps=steps + 1,
+        grad_clip=GRAD_CLIP,
+        device="cpu",
+        log_interval=steps,
+        eval_interval=0,
+        ckpt_interval=0,
+        progress=False,
+        threads=threads,
+    )
     engine = SingleEngine(train, Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
-    with tempfile.TemporaryDirectory(prefix="lm-bench-") as run_dir, \
-            Session(train, engine, FixedTask(batches), run_dir, "", hooks=Hooks(step_begin=[pairs])) as session:
+    with (
+        tempfile.TemporaryDirectory(prefix="lm-bench-") as run_dir,
+        Session(train, engine, FixedTask(batches), run_dir, "", hooks=Hooks(step_begin=[pairs])) as session,
+    ):
         session.build(lambda: model, 0, OptimConfig(lr=LR, weight_decay=WEIGHT_DECAY, betas=[0.9, 0.999]))
         try:
             session.train(lambda step: LR)
@@ -168,12 +198,21 @@ def run(args) -> dict:
     wall, cpu, first_loss = pairs.wall, pairs.cpu, {"ours": first_loss_ours, "hf": pairs.first_loss_hf}
     tokens = args.batch * args.seq
     return {
-        "layout": args.layout, "vocab": args.vocab, "layers": args.layers, "dim": args.dim, "heads": args.heads,
-        "seq": args.seq, "batch": args.batch, "threads": args.threads, "steps": args.steps,
-        "loss_chunk": loss_chunk(args), "linear": args.linear,
+        "layout": args.layout,
+        "vocab": args.vocab,
+        "layers": args.layers,
+        "dim": args.dim,
+        "heads": args.heads,
+        "seq": args.seq,
+        "batch": args.batch,
+        "threads": args.threads,
+        "steps": args.steps,
+        "loss_chunk": loss_chunk(args),
+        "linear": args.linear,
         "params_ours": sum(p.numel() for p in models["ours"].parameters()),
         "params_hf": sum(p.numel() for p in models["hf"].parameters()),
-        "first_loss_ours": round(first_loss["ours"], 5), "first_loss_hf": round(first_loss["hf"], 5),
+        "first_loss_ours": round(first_loss["ours"], 5),
+        "first_loss_hf": round(first_loss["hf"], 5),
         "tokens_per_s_ours": round(tokens / statistics.median(wall["ours"]), 1),
         "tokens_per_s_hf": round(tokens / statistics.median(wall["hf"]), 1),
         # Each pair ran back to back, so their ratio cancels load that drifts over the run.
@@ -182,12 +221,15 @@ def run(args) -> dict:
         "cpu_ratio": round(statistics.median(h / o for h, o in zip(cpu["hf"], cpu["ours"])), 3),
         "loadavg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-        "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(prog="benchmarks/hf_step.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="benchmarks/hf_step.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="gpt2")
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--layers", type=int, default=6)
@@ -199,12 +241,19 @@ def parse(argv=None):
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads, the same for both")
     p.add_argument("--steps", type=int, default=8, help="timed steps per model, alternating; medians are reported")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
-    p.add_argument("--loss-chunk", default="auto",
-                   help="our output+loss chunk in tokens: 0 = plain logits + cross-entropy; auto = "
-                        f"{AUTO_CHUNK} when --vocab >= {AUTO_CHUNK_VOCAB}, else 0")
-    p.add_argument("--linear", choices=["torch", "onednn"], default="torch",
-                   help="our Linear layers (model.linear): torch = F.linear, as lm train by default; onednn = the "
-                        "oneDNN fp32 CPU path (lm/model/linear.py)")
+    p.add_argument(
+        "--loss-chunk",
+        default="auto",
+        help="our output+loss chunk in tokens: 0 = plain logits + cross-entropy; auto = "
+        f"{AUTO_CHUNK} when --vocab >= {AUTO_CHUNK_VOCAB}, else 0",
+    )
+    p.add_argument(
+        "--linear",
+        choices=["torch", "onednn"],
+        default="torch",
+        help="our Linear layers (model.linear): torch = F.linear, as lm train by default; onednn = the "
+        "oneDNN fp32 CPU path (lm/model/linear.py)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
@@ -222,13 +271,17 @@ def main(argv=None):
     if args.json:
         print(json.dumps(r))
         return
-    print(f"{r['layout']} layout, vocab {r['vocab']}, {r['layers']}x{r['dim']}, {r['heads']} heads, T={r['seq']}, "
-          f"B={r['batch']}, {r['threads']} thread(s), fp32, loss chunk {r['loss_chunk'] or 'off'}, linear {r['linear']}; "
-          f"params ours={r['params_ours']:,} hf={r['params_hf']:,}; first-step loss ours={r['first_loss_ours']:.4f} "
-          f"hf={r['first_loss_hf']:.4f}")
-    print(f"  ours {r['tokens_per_s_ours']:.0f} tokens/s | Hugging Face {r['tokens_per_s_hf']:.0f} tokens/s | "
-          f"ratio {r['ratio']:.2f}x (CPU-time ratio {r['cpu_ratio']:.2f}x) | {r['steps']} steps each, "
-          f"loadavg {r['loadavg'][0]} -> {r['loadavg'][1]}, {r['machine']}, torch {r['torch']}, {r['date']}")
+    print(
+        f"{r['layout']} layout, vocab {r['vocab']}, {r['layers']}x{r['dim']}, {r['heads']} heads, T={r['seq']}, "
+        f"B={r['batch']}, {r['threads']} thread(s), fp32, loss chunk {r['loss_chunk'] or 'off'}, linear {r['linear']}; "
+        f"params ours={r['params_ours']:,} hf={r['params_hf']:,}; first-step loss ours={r['first_loss_ours']:.4f} "
+        f"hf={r['first_loss_hf']:.4f}"
+    )
+    print(
+        f"  ours {r['tokens_per_s_ours']:.0f} tokens/s | Hugging Face {r['tokens_per_s_hf']:.0f} tokens/s | "
+        f"ratio {r['ratio']:.2f}x (CPU-time ratio {r['cpu_ratio']:.2f}x) | {r['steps']} steps each, "
+        f"loadavg {r['loadavg'][0]} -> {r['loadavg'][1]}, {r['machine']}, torch {r['torch']}, {r['date']}"
+    )
 
 
 if __name__ == "__main__":

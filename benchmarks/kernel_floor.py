@@ -77,14 +77,29 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--steps", type=int, default=10)
     args, shape = p.parse_known_args(argv)  # the rest are benchmarks/hf_step.py's shape flags (--layers, --dim, ...)
-    bargs = bench.parse(["--layout", args.layout, "--vocab", str(args.vocab), "--threads", str(args.threads),
-                         "--steps", str(args.steps)] + shape)
+    bargs = bench.parse(
+        [
+            "--layout",
+            args.layout,
+            "--vocab",
+            str(args.vocab),
+            "--threads",
+            str(args.threads),
+            "--steps",
+            str(args.steps),
+        ]
+        + shape
+    )
     torch.set_num_threads(args.threads)
     hf = bench.build(bargs)["hf"]
     data = bench.batches(bargs)["hf"]
     opt = torch.optim.AdamW(hf.parameters(), lr=1e-4, weight_decay=0.1)
-    kernels = floor_step(linear_shapes(hf), bargs.batch * bargs.seq,
-                         (bargs.batch, bargs.heads, bargs.seq, bargs.dim // bargs.heads), bargs.layers)
+    kernels = floor_step(
+        linear_shapes(hf),
+        bargs.batch * bargs.seq,
+        (bargs.batch, bargs.heads, bargs.seq, bargs.dim // bargs.heads),
+        bargs.layers,
+    )
     for i in range(bargs.warmup):
         bench.train_step(hf, opt, *data[i])
         kernels()
@@ -97,10 +112,12 @@ def main(argv=None):
         step_s.append(t1 - t0)
         floor_s.append(time.perf_counter() - t1)
     fraction = statistics.median(f / s for f, s in zip(floor_s, step_s))
-    print(f"{args.layout} layout, vocab {args.vocab}, {args.threads} thread(s), {args.steps} pairs: Hugging Face step "
-          f"{statistics.median(step_s) * 1e3:.0f} ms, "
-          f"its matmuls + attention alone {statistics.median(floor_s) * 1e3:.0f} ms; "
-          f"floor fraction {fraction:.3f}, ceiling on any ratio against it {1 / fraction:.2f}x")
+    print(
+        f"{args.layout} layout, vocab {args.vocab}, {args.threads} thread(s), {args.steps} pairs: Hugging Face step "
+        f"{statistics.median(step_s) * 1e3:.0f} ms, "
+        f"its matmuls + attention alone {statistics.median(floor_s) * 1e3:.0f} ms; "
+        f"floor fraction {fraction:.3f}, ceiling on any ratio against it {1 / fraction:.2f}x"
+    )
 
 
 if __name__ == "__main__":

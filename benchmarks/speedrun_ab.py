@@ -17,7 +17,6 @@ Speed only: whether a variant keeps the val loss is the speedrun's to show (`lm 
 import argparse
 import statistics
 import time
-from typing import Dict, List
 
 import torch
 
@@ -44,8 +43,9 @@ class NanoGPT:
         from model import GPT, GPTConfig  # nanoGPT's model.py (measured, never copied)
 
         torch.manual_seed(1337)
-        self.model = GPT(GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0,
-                                   bias=False))
+        self.model = GPT(
+            GPTConfig(block_size=64, vocab_size=65, n_layer=4, n_head=4, n_embd=128, dropout=0.0, bias=False)
+        )
         self.opt = self.model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
         g = torch.Generator().manual_seed(0)
         self.batches = [torch.randint(0, 65, (12, 65), generator=g) for _ in range(8)]
@@ -65,7 +65,7 @@ class NanoGPT:
 
 
 class Variant:
-    def __init__(self, name: str, overrides: List[str], experiment: str):
+    def __init__(self, name: str, overrides: list[str], experiment: str):
         from hydra import compose, initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
@@ -88,10 +88,12 @@ class Variant:
         self.engine.set_lr(run.optim.lr)
         g = torch.Generator().manual_seed(0)
         t, b, v = run.train.seq_len, run.train.micro_batch_size, min(run.model.vocab_size, 65)
-        self.batches = [{"input_ids": x[:, :-1], "labels": x[:, 1:]}
-                        for x in (torch.randint(0, v, (b, t + 1), generator=g) for _ in range(8))]
-        self.wall: List[float] = []
-        self.cpu: List[float] = []
+        self.batches = [
+            {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+            for x in (torch.randint(0, v, (b, t + 1), generator=g) for _ in range(8))
+        ]
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
 
     def steps(self, n: int) -> None:
         from lm.core.loop import train_step
@@ -122,7 +124,7 @@ def main() -> None:
         v.steps(3)
         v.wall, v.cpu = [], []
     for r in range(args.rounds):
-        for v in (variants if r % 2 == 0 else variants[::-1]):  # alternate the order too
+        for v in variants if r % 2 == 0 else variants[::-1]:  # alternate the order too
             v.steps(args.steps)
     base = statistics.median(variants[0].wall)
     print(f"threads {torch.get_num_threads()}, {args.rounds} rounds x {args.steps} steps, alternated")

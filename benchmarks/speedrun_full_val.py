@@ -30,7 +30,7 @@ def windows(tokens: np.ndarray):
     """(N, T) inputs and (N, T) next-token targets: every whole 64-token window from the split's start."""
     n = (len(tokens) - 1) // T
     x = torch.from_numpy(tokens[: n * T].astype(np.int64)).view(n, T)  # (N, T)
-    y = torch.from_numpy(tokens[1: n * T + 1].astype(np.int64)).view(n, T)  # (N, T)
+    y = torch.from_numpy(tokens[1 : n * T + 1].astype(np.int64)).view(n, T)  # (N, T)
     return x, y
 
 
@@ -38,8 +38,8 @@ def windows(tokens: np.ndarray):
 def mean_ce(logits_of, x, y, batch: int = 256) -> float:
     total = 0.0
     for i in range(0, len(x), batch):
-        logits = logits_of(x[i:i + batch])  # (b, T, V)
-        total += F.cross_entropy(logits.flatten(0, 1).float(), y[i:i + batch].flatten(), reduction="sum").item()
+        logits = logits_of(x[i : i + batch])  # (b, T, V)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), y[i : i + batch].flatten(), reduction="sum").item()
     return total / y.numel()
 
 

@@ -8,10 +8,7 @@ composition naming the field; `OmegaConf.to_object` then turns the composed tree
 once, at the entry point (lm.cli.train.train).
 """
 
-
 from dataclasses import dataclass, field
-from typing import List, Optional
-
 
 from lm.config_base import Choice, ConfigError, conf_dir, explain, to_typed  # noqa: F401 - the root re-exports the leaf
 from lm.config_base import compose_group as _compose_group
@@ -22,7 +19,8 @@ def check_known_keys(cfg, prefix: str = "") -> None:
     a typed node (its own advice for a mistyped key), and OmegaConf.to_object keeps it as an attribute that
     nothing reads: `+train.max_step=20` would train the default number of steps without a word."""
     import difflib
-    from dataclasses import fields as dataclass_fields, is_dataclass
+    from dataclasses import fields as dataclass_fields
+    from dataclasses import is_dataclass
 
     from omegaconf import DictConfig, OmegaConf
 
@@ -32,15 +30,20 @@ def check_known_keys(cfg, prefix: str = "") -> None:
         if known is not None and key not in known:
             close = difflib.get_close_matches(str(key), known, n=1)
             where = prefix.rstrip(".") or "the top level"
-            raise ConfigError(f"{prefix}{key} is not a key of {where} ({kind.__name__}), so nothing would read it"
-                              + (f"; did you mean {prefix}{close[0]}? Set it without the +" if close else
-                                 f"; drop it (the keys there: {', '.join(known)})"))
+            raise ConfigError(
+                f"{prefix}{key} is not a key of {where} ({kind.__name__}), so nothing would read it"
+                + (
+                    f"; did you mean {prefix}{close[0]}? Set it without the +"
+                    if close
+                    else f"; drop it (the keys there: {', '.join(known)})"
+                )
+            )
         child = cfg._get_node(key)  # the node itself: values are not resolved here
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             check_known_keys(child, f"{prefix}{key}.")
 
 
-def compose_group(group: str, option: str, overrides: Optional[List[str]] = None):
+def compose_group(group: str, option: str, overrides: list[str] | None = None):
     """lm.config_base.compose_group with every section's schemas registered (any group of conf/train.yaml)."""
     return _compose_group(group, option, overrides, register_train_configs)
 
@@ -49,7 +52,9 @@ def compose_group(group: str, option: str, overrides: Optional[List[str]] = None
 class RunFields:
     """The run-level keys at the top of conf/train.yaml (the sections are added by run_schema())."""
 
-    run_dir: str = "runs/${lm.run_name:}${lm.cell:}"  # named by the overrides (a sweep: its stamp + cell): rerun = resume
+    run_dir: str = (
+        "runs/${lm.run_name:}${lm.cell:}"  # named by the overrides (a sweep: its stamp + cell): rerun = resume
+    )
     seed: int = 1337
     resume: bool = True  # continue from <run_dir>/checkpoints/latest when it exists
 
@@ -94,11 +99,10 @@ def register_train_configs() -> None:
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
+    import lm.zoo  # noqa: F401 (the paper variants register their options before Hydra composes: lm/model/registry.py)
     from lm.data.config import register_data_configs
     from lm.engine.config import register_engine_configs
     from lm.model.config import register_model_configs
-
-    import lm.zoo  # noqa: F401 (the paper variants register their options before Hydra composes: lm/model/registry.py)
 
     register_model_configs()
     register_data_configs()
@@ -114,7 +118,7 @@ def register_train_configs() -> None:
 
 
 def sweep_cell() -> str:
-    """"/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm train -m ...` gets its own
+    """ "/<job number>" inside a Hydra multirun, "" otherwise: every cell of `lm train -m ...` gets its own
     run directory under runs/<stamp>/ instead of resuming the previous cell's checkpoints."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -126,9 +130,22 @@ def sweep_cell() -> str:
 
 # Keys that say how long, how often or how a run is watched, not what it computes: left out of the default
 # run directory's name, so `train.max_steps=2000` continues the run that `train.max_steps=1000` started.
-NOT_IN_RUN_NAME = ("run_dir", "resume", "logger", "hydra", "train.max_steps", "train.log_interval",
-                   "train.eval_interval", "train.eval_batches", "train.ckpt_interval", "train.keep_last",
-                   "train.async_checkpoint", "train.progress", "train.threads", "skip_missing")
+NOT_IN_RUN_NAME = (
+    "run_dir",
+    "resume",
+    "logger",
+    "hydra",
+    "train.max_steps",
+    "train.log_interval",
+    "train.eval_interval",
+    "train.eval_batches",
+    "train.ckpt_interval",
+    "train.keep_last",
+    "train.async_checkpoint",
+    "train.progress",
+    "train.threads",
+    "skip_missing",
+)
 RUN_NAME_MAX = 96
 
 
@@ -152,7 +169,7 @@ def run_name() -> str:
     # no `=` or `,` in the name: it must work unquoted as a value on a command line (init=runs/<name>)
     name = re.sub(r"[^A-Za-z0-9._+-]+", "_", "+".join(sorted(keep))) or "default"
     if len(name) > RUN_NAME_MAX:  # file names have limits; the digest keeps long ones apart
-        name = f"{name[:RUN_NAME_MAX - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+        name = f"{name[: RUN_NAME_MAX - 9]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
     return name
 
 
@@ -162,5 +179,3 @@ def run_stamp() -> str:
     import time
 
     return os.environ.setdefault("LM_RUN_STAMP", time.strftime("%Y-%m-%d_%H-%M-%S"))
-
-

@@ -5,9 +5,9 @@ which assembles RunSchema from the sections) is the only module that imports the
 the sections import this leaf, never the root (no import cycle). lm/config.py re-exports every name.
 """
 
+from collections.abc import Callable
 from dataclasses import fields
 from enum import Enum
-from typing import Callable, List, Optional
 
 
 class ConfigError(ValueError):
@@ -41,8 +41,9 @@ def to_typed(schema, data, prefix: str):
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), data))
     except OmegaConfBaseException as e:
-        raise ConfigError(f"bad {prefix} config: {explain(e, prefix)}. Allowed fields: "
-                          f"{sorted(f.name for f in fields(schema))}") from None
+        raise ConfigError(
+            f"bad {prefix} config: {explain(e, prefix)}. Allowed fields: {sorted(f.name for f in fields(schema))}"
+        ) from None
 
 
 def explain(e: Exception, prefix: str = "") -> str:
@@ -54,8 +55,9 @@ def explain(e: Exception, prefix: str = "") -> str:
     return f"{key}: {msg}" if key else msg
 
 
-def compose_group(group: str, option: str, overrides: Optional[List[str]] = None,
-                  register: Callable[[], None] = lambda: None):
+def compose_group(
+    group: str, option: str, overrides: list[str] | None = None, register: Callable[[], None] = lambda: None
+):
     """One config group option plus overrides in lm-train's own grammar (`model/ffn=swiglu`,
     `model.dim=128`), composed by Hydra exactly as `lm-train <group>=<option> ...` would compose that
     section, and returned typed (the section's dataclass). `register` stores the schemas the group's

@@ -10,7 +10,6 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import torch
 
@@ -21,8 +20,18 @@ MASK_ID = 3
 class SyntheticLoader:
     """Random walks over the vocabulary (learnable: the next token is near the current one)."""
 
-    def __init__(self, vocab_size: int, seq_len: int, micro_batch_size: int, objective: str = "clm", rank: int = 0,
-                 world_size: int = 1, seed: int = 0, split: str = "train", n_batches: Optional[int] = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        seq_len: int,
+        micro_batch_size: int,
+        objective: str = "clm",
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        split: str = "train",
+        n_batches: int | None = None,
+    ):
         self.vocab_size, self.seq_len, self.b = vocab_size, seq_len, micro_batch_size
         self.objective, self.rank, self.world = objective, rank, world_size
         self.seed = seed + (0 if split == "train" else 10_000_000)
@@ -36,7 +45,7 @@ class SyntheticLoader:
         start = torch.randint(8, self.vocab_size, (1,), generator=g)
         return (start + steps.cumsum(0)) % (self.vocab_size - 8) + 8  # ids 0-7 stay special
 
-    def batch(self, i: int) -> Dict[str, torch.Tensor]:
+    def batch(self, i: int) -> dict[str, torch.Tensor]:
         first = (i * self.world + self.rank) * self.b
         x = torch.stack([self._sample(s) for s in range(first, first + self.b)])  # (B, T + 1)
         if self.objective == "clm":
@@ -64,21 +73,28 @@ class SyntheticLoader:
             self.index += 1
             yield batch
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         return {"index": self.index}
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.index = state["index"]
 
 
 def loaders(cfg, rank: int = 0, world_size: int = 1, objective: str = "clm"):
     t = cfg.train
-    kw = dict(vocab_size=cfg.model.vocab_size, seq_len=t.seq_len, micro_batch_size=t.micro_batch_size,
-              objective=objective, rank=rank, world_size=world_size, seed=cfg.seed)
+    kw = dict(
+        vocab_size=cfg.model.vocab_size,
+        seq_len=t.seq_len,
+        micro_batch_size=t.micro_batch_size,
+        objective=objective,
+        rank=rank,
+        world_size=world_size,
+        seed=cfg.seed,
+    )
     return SyntheticLoader(split="train", **kw), SyntheticLoader(split="val", **kw)
 
 
-def compose(overrides: List[str]):
+def compose(overrides: list[str]):
     """The config `lm train <overrides>` would run, without the data group (tests inject loaders)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
@@ -92,19 +108,28 @@ def compose(overrides: List[str]):
         return hydra_compose(config_name="train", overrides=["~data", *overrides])
 
 
-def tiny_overrides(run_dir, steps: int = 10, **train) -> List[str]:
-    base = {"micro_batch_size": 4, "seq_len": 32, "max_steps": steps, "log_interval": 1, "eval_interval": 0,
-            "eval_batches": 2, "ckpt_interval": 0, "progress": False}
+def tiny_overrides(run_dir, steps: int = 10, **train) -> list[str]:
+    base = {
+        "micro_batch_size": 4,
+        "seq_len": 32,
+        "max_steps": steps,
+        "log_interval": 1,
+        "eval_interval": 0,
+        "eval_batches": 2,
+        "ckpt_interval": 0,
+        "progress": False,
+    }
     base.update(train)
     return [f"run_dir={run_dir}", "model=tiny", "model.max_seq_len=64", "sched.warmup_steps=2"] + [
-        f"train.{k}={v}" for k, v in base.items()]
+        f"train.{k}={v}" for k, v in base.items()
+    ]
 
 
-def metrics(run_dir) -> List[Dict]:
+def metrics(run_dir) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
-def train_losses(run_dir) -> Dict[int, float]:
+def train_losses(run_dir) -> dict[int, float]:
     return {m["step"]: m["loss"] for m in metrics(run_dir) if "loss" in m}
 
 
@@ -114,28 +139,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def subprocess_env(**extra) -> Dict[str, str]:
+def subprocess_env(**extra) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LM_RUN_STAMP")}
     env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", **extra})
     return env
 
 
-
-def _worker(rank: int, world: int, port: int, overrides: List[str], objective: str, out) -> None:
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-                       "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+def _worker(rank: int, world: int, port: int, overrides: list[str], objective: str, out) -> None:
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world),
+            "OMP_NUM_THREADS": "1",
+            "WANDB_MODE": "disabled",
+        }
+    )
     torch.set_num_threads(1)
-    from lm.engine import dist as dist_utils
     from lm.cli.train import train
+    from lm.engine import dist as dist_utils
 
     try:
         cfg = compose(overrides)
         result = train(cfg, loaders=loaders(cfg, rank, world, objective))
         engine = result.engine
-        out.put((rank, "ok", {"world_size": engine.world_size, "local_numel": engine.local_numel(),
-                              "numel": sum(p.numel() for p in engine.module.parameters()) if engine.format != "dcp"
-                              else None, "engine": engine.name}))
+        out.put(
+            (
+                rank,
+                "ok",
+                {
+                    "world_size": engine.world_size,
+                    "local_numel": engine.local_numel(),
+                    "numel": sum(p.numel() for p in engine.module.parameters()) if engine.format != "dcp" else None,
+                    "engine": engine.name,
+                },
+            )
+        )
     except BaseException:  # report, then let the parent fail the test
         import traceback
 
@@ -144,7 +186,7 @@ def _worker(rank: int, world: int, port: int, overrides: List[str], objective: s
         dist_utils.shutdown()
 
 
-def spawn(world: int, overrides: List[str], objective: str = "clm", timeout: float = 300) -> List:
+def spawn(world: int, overrides: list[str], objective: str = "clm", timeout: float = 300) -> list:
     """Run lm.cli.train.train on `world` gloo ranks (torch.multiprocessing spawn); returns each rank's report."""
     import torch.multiprocessing as mp
 

@@ -12,7 +12,7 @@ def greedy_by_recompute(model, prompt: torch.Tensor, arch: str, n: int) -> torch
         seq = prompt
         for _ in range(n):
             seq = torch.cat([seq, model(seq).logits[:, -1:].argmax(-1)], dim=1)
-        return seq[:, prompt.shape[1]:]
+        return seq[:, prompt.shape[1] :]
     dec = torch.zeros(prompt.shape[0], 1, dtype=torch.long)
     for _ in range(n):
         dec = torch.cat([dec, model(prompt, decoder_input_ids=dec).logits[:, -1:].argmax(-1)], dim=1)

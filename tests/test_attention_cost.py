@@ -14,8 +14,9 @@ import attention_cost as bench  # noqa: E402
 
 
 def tiny_args(*extra):
-    return bench.parse_args(["--dim", "32", "--heads", "2", "--repeats", "1", "--linformer-k", "16",
-                             "--device", "cpu", *extra])
+    return bench.parse_args(
+        ["--dim", "32", "--heads", "2", "--repeats", "1", "--linformer-k", "16", "--device", "cpu", *extra]
+    )
 
 
 @pytest.mark.parametrize("variant", bench.VARIANTS)
@@ -35,7 +36,7 @@ def test_each_variant_measures_one_layer(variant):
 
 
 def test_slopes_and_the_stopping_rule():
-    quadratic = [{"T": T, "seconds": 1e-6 * T ** 2, "peak_bytes": 100 * T} for T in (128, 256, 512, 1024)]
+    quadratic = [{"T": T, "seconds": 1e-6 * T**2, "peak_bytes": 100 * T} for T in (128, 256, 512, 1024)]
     assert math.isclose(bench.fit_slope(quadratic, "seconds"), 2.0, rel_tol=1e-9)
     assert math.isclose(bench.fit_slope(quadratic, "peak_bytes"), 1.0, rel_tol=1e-9)
     # next 2048: 1.048576 s * 2**2 = 4.19 s; memory 102400 * 2 = 204800 bytes
@@ -47,8 +48,28 @@ def test_slopes_and_the_stopping_rule():
 @pytest.mark.slow
 def test_the_script_writes_its_table_plot_and_json(tmp_path):
     out = tmp_path / "cost"
-    argv = ["--tmin", "16", "--tmax", "32", "--dim", "32", "--heads", "2", "--repeats", "1", "--linformer-k", "16",
-            "--device", "cpu", "--variants", "scaled_dot,lstm", "--fit-from", "16", "--out", str(out)]
+    argv = [
+        "--tmin",
+        "16",
+        "--tmax",
+        "32",
+        "--dim",
+        "32",
+        "--heads",
+        "2",
+        "--repeats",
+        "1",
+        "--linformer-k",
+        "16",
+        "--device",
+        "cpu",
+        "--variants",
+        "scaled_dot,lstm",
+        "--fit-from",
+        "16",
+        "--out",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     result = json.loads((out / "attention_cost.json").read_text())
     assert [p["T"] for p in result["curves"]["scaled_dot"]["points"]] == [16, 32]

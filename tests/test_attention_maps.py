@@ -33,8 +33,16 @@ def decoder_run(tmp_path_factory):
     words = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "in", "fog"]
     lines = [" ".join(words[(i * j + j) % len(words)] for j in range(6)) for i in range(120)]  # distinct documents
     (work / "corpus.txt").write_text("\n".join(lines) + "\n")
-    data = {"name": "cats", "dir": work / "data", "source": work / "corpus.txt", "tokenizer": "char",
-            "n_sentinels": 0, "workers": 1, "val_fraction": 0.1, "doc_split": "line"}
+    data = {
+        "name": "cats",
+        "dir": work / "data",
+        "source": work / "corpus.txt",
+        "tokenizer": "char",
+        "n_sentinels": 0,
+        "workers": 1,
+        "val_fraction": 0.1,
+        "doc_split": "line",
+    }
     overrides = [o for o in tiny_overrides(work / "run", 2) if not o.startswith("train.eval_batches")]
     overrides += ["train.eval_batches=1", "train.ckpt_interval=2", "~data", *(f"data.{k}={v}" for k, v in data.items())]
     register_train_configs()
@@ -65,8 +73,12 @@ def synthetic_run(root, name, extra, objective):
 
 @pytest.fixture(scope="module")
 def linformer_run(tmp_path_factory):
-    return synthetic_run(tmp_path_factory.mktemp("attn_ed"), "run",
-                         ["model.arch=encoder_decoder", "model.n_decoder_layers=1", "model/attn=linformer"], "span")
+    return synthetic_run(
+        tmp_path_factory.mktemp("attn_ed"),
+        "run",
+        ["model.arch=encoder_decoder", "model.n_decoder_layers=1", "model/attn=linformer"],
+        "span",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +125,7 @@ def test_decoder_run_writes_grid_single_and_page(decoder_run, tmp_path, capsys):
 def test_decoder_grid_is_layers_by_heads_of_causal_probabilities(decoder_run):
     loaded = load_model(decoder_run)
     ids = encode_text(loaded, TEXT)
-    (key, layer_maps), = groups(attention_maps(loaded, ids)).items()
+    ((key, layer_maps),) = groups(attention_maps(loaded, ids)).items()
     assert key == ("decoder", "self")
     panels = grid_panels(layer_maps)
     assert len(panels) == 2 and all(len(row) == 4 for row in panels)  # model=tiny: 2 layers x 4 heads
@@ -126,8 +138,10 @@ def test_decoder_grid_is_layers_by_heads_of_causal_probabilities(decoder_run):
 
 def test_encoder_decoder_linformer_draws_cross_attention_over_projected_rows(linformer_run, tokenizer_file, tmp_path):
     out = tmp_path / "maps"
-    assert main([str(linformer_run), "--text", TEXT, "--tokenizer", str(tokenizer_file), "--head", "0",
-                 "--out", str(out)]) == 0
+    assert (
+        main([str(linformer_run), "--text", TEXT, "--tokenizer", str(tokenizer_file), "--head", "0", "--out", str(out)])
+        == 0
+    )
     names = {p.name for p in out.iterdir()}
     assert {"grid_encoder_self.png", "grid_decoder_self.png", "grid_decoder_cross.png"} <= names
     assert {"encoder_self_layer1_head0.png", "decoder_cross_layer0_head0.png"} <= names
@@ -145,8 +159,11 @@ def test_encoder_decoder_linformer_draws_cross_attention_over_projected_rows(lin
     assert enc[0].keys == [f"E{i}" for i in range(1, k + 1)] and cross[0].keys == enc[0].keys
     assert dec[0].keys == dec[0].queries and dec[0].queries[0] != "t"  # decoder start token first, then the text
     assert dec[0].queries[1:] == [c.replace(" ", "·") for c in TEXT[:-1]]
-    for g, shape, causal in ((enc, (len(TEXT), k), False), (cross, (len(TEXT), k), False),
-                             (dec, (len(TEXT), len(TEXT)), True)):
+    for g, shape, causal in (
+        (enc, (len(TEXT), k), False),
+        (cross, (len(TEXT), k), False),
+        (dec, (len(TEXT), len(TEXT)), True),
+    ):
         for panel in grid_panels(g)[0]:
             assert panel.shape == shape
             _assert_probabilities(panel, causal)
@@ -215,8 +232,9 @@ def test_an_export_directory_is_read_and_left_replaceable(decoder_run, tmp_path,
     out = export(decoder_run, hf=False)  # <checkpoint>/export: the checkpoint's config.yaml names the tokenizer
     assert main([str(out), "--text", TEXT, "--head", "1"]) == 0
     maps = out.with_name("export-attention")
-    assert {"grid_decoder_self.png", "decoder_self_layer0_head1.png", "decoder_self_layer1_head1.png"} <= \
-        {p.name for p in maps.iterdir()}
+    assert {"grid_decoder_self.png", "decoder_self_layer0_head1.png", "decoder_self_layer1_head1.png"} <= {
+        p.name for p in maps.iterdir()
+    }
     assert is_export(out)  # nothing was written into the export: lm export --force can still replace it
     alone = export(decoder_run, tmp_path / "alone", hf=False)  # no config.yaml beside it: no tokenizer known
     assert "needs --tokenizer <path to tokenizer.json" in _error([str(alone), "--text", TEXT], capsys)
@@ -239,8 +257,9 @@ def test_synthesizer_and_convolution_maps(option, tmp_path, tokenizer_file):
 def test_the_text_is_escaped_in_the_html_page(decoder_run, tmp_path):
     """issue 49 item 7: --text '<script>...' landed in attention.html as markup."""
     out = tmp_path / "maps"
-    assert main([str(decoder_run), "--text", "<script>alert(1)</script> [a](javascript:alert(2))", "--out",
-                 str(out)]) == 0
+    assert (
+        main([str(decoder_run), "--text", "<script>alert(1)</script> [a](javascript:alert(2))", "--out", str(out)]) == 0
+    )
     html = (out / "attention.html").read_text()
     assert "<script" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert 'href="javascript:' not in html and '<a href="#">a</a>' in html  # a link's script scheme dropped
@@ -250,6 +269,8 @@ def test_an_out_that_is_a_file_is_one_line(decoder_run, tmp_path, capsys):
     (tmp_path / "notes.md").write_text("mine")
     for out in (tmp_path / "notes.md", tmp_path / "notes.md" / "maps"):
         err = _error([str(decoder_run), "--text", TEXT, "--out", str(out)], capsys)
-        assert err == (f"lm attention: error: --out {out}: {tmp_path / 'notes.md'} is a file, not a directory; name a "
-                       f"directory (new, or one lm attention wrote before)")
+        assert err == (
+            f"lm attention: error: --out {out}: {tmp_path / 'notes.md'} is a file, not a directory; name a "
+            f"directory (new, or one lm attention wrote before)"
+        )
     assert (tmp_path / "notes.md").read_text() == "mine"

@@ -15,10 +15,10 @@ from lm.model.attention import capture
 from lm.model.config import AttnConfig, ModelConfig, model_from_saved, model_preset, options, schema_name
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
 from lm.model.generate import generate
-from tests.model_support import greedy_by_recompute
 from lm.model.registry import register
 from lm.model.scores import ScaledDot, Score
 from lm.zoo.scores import Additive, Dot, Linformer, LinformerConfig, Multiplicative
+from tests.model_support import greedy_by_recompute
 
 OPTIONS = ["scaled_dot", "dot", "multiplicative", "additive", "linformer"]
 CAUSAL = [o for o in OPTIONS if o != "linformer"]
@@ -29,8 +29,15 @@ B, H, KVH, Dh = 2, 4, 2, 8
 def cfg_of(option, arch="decoder", picks=(), **over) -> ModelConfig:
     """A tiny model with a large init (every dependency visible), composed as lm train would; picks: group
     options (model/stack=funnel)."""
-    args = [f"model/attn={option}", f"model.arch={arch}", f"model.vocab_size={V}", "model.dim=32",
-            "model.max_seq_len=32", "model.init_std=0.1", *picks]
+    args = [
+        f"model/attn={option}",
+        f"model.arch={arch}",
+        f"model.vocab_size={V}",
+        "model.dim=32",
+        "model.max_seq_len=32",
+        "model.init_std=0.1",
+        *picks,
+    ]
     return model_preset("tiny", args + [f"model.{k}={v}" for k, v in over.items()])
 
 
@@ -45,8 +52,11 @@ def ids(*shape, seed=0):
 
 def qkv(Tq=5, Tk=7, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, H, Tq, Dh, generator=g), torch.randn(B, KVH, Tk, Dh, generator=g),
-            torch.randn(B, KVH, Tk, Dh, generator=g))
+    return (
+        torch.randn(B, H, Tq, Dh, generator=g),
+        torch.randn(B, KVH, Tk, Dh, generator=g),
+        torch.randn(B, KVH, Tk, Dh, generator=g),
+    )
 
 
 def reference(logits, v, mask=None):
@@ -63,6 +73,7 @@ def additive_mask(visible):
 
 # -- each score against its formula, written out on small tensors ----------------------------------
 
+
 def _loop_logits(q, k, pair):
     """logits[b, h, i, j] = pair(h, q[b, h, i], k[b, h // (H/KVH), j]), one pair at a time."""
     out = torch.empty(B, H, q.shape[2], k.shape[2])
@@ -78,7 +89,7 @@ def _loop_logits(q, k, pair):
 def test_scaled_dot_and_dot(capturing):
     q, k, v = qkv()
     visible = torch.rand(B, 1, 5, 7, generator=torch.Generator().manual_seed(3)) > 0.3
-    for cls, scale in [(ScaledDot, Dh ** -0.5), (Dot, 1.0)]:
+    for cls, scale in [(ScaledDot, Dh**-0.5), (Dot, 1.0)]:
         score = cls(H, KVH, Dh, 16, None, 0.0, False)
         score.record = (lambda p: None) if capturing else None  # the explicit path, as capture() uses
         expected = reference(_loop_logits(q, k, lambda h, a, b, scale=scale: a @ b * scale), v, visible)
@@ -152,6 +163,7 @@ def test_causal_flag_without_mask_masks_the_future():
 
 # -- the default keeps SDPA's fast path ------------------------------------------------------------
 
+
 def test_default_runs_on_sdpa_with_is_causal(monkeypatch):
     import lm.model.scores as scores
 
@@ -188,6 +200,7 @@ def test_default_explicit_path_equals_sdpa(arch):
 
 
 # -- masks in every stack: the future and padding have exactly zero influence ----------------------
+
 
 @pytest.mark.parametrize("option", CAUSAL)
 def test_decoder_never_sees_the_future(option):
@@ -230,8 +243,9 @@ def _perturb_pads(x, mask):
 
 
 # every option in every stack it can serve (a decoder with Linformer is refused: test_bad_values_...)
-ARCH_OPTIONS = [(o, a) for a in ("decoder", "encoder", "encoder_decoder") for o in OPTIONS
-                if (o, a) != ("linformer", "decoder")]
+ARCH_OPTIONS = [
+    (o, a) for a in ("decoder", "encoder", "encoder_decoder") for o in OPTIONS if (o, a) != ("linformer", "decoder")
+]
 
 
 @pytest.mark.parametrize("option,arch", ARCH_OPTIONS)
@@ -247,8 +261,12 @@ def test_padding_has_exactly_zero_influence(option, arch):
             tmask = torch.ones_like(tgt)
             tmask[1, 4:] = 0
             a = model(x, attention_mask=mask, decoder_input_ids=tgt, decoder_attention_mask=tmask).logits
-            b = model(_perturb_pads(x, mask), attention_mask=mask, decoder_input_ids=_perturb_pads(tgt, tmask),
-                      decoder_attention_mask=tmask).logits
+            b = model(
+                _perturb_pads(x, mask),
+                attention_mask=mask,
+                decoder_input_ids=_perturb_pads(tgt, tmask),
+                decoder_attention_mask=tmask,
+            ).logits
             assert torch.equal(a[tmask.bool()], b[tmask.bool()])
         else:
             a = model(x, attention_mask=mask).logits
@@ -272,6 +290,7 @@ def test_linformer_right_padding_equals_the_unpadded_input(arch):
 
 # -- GQA and KV-cache generation -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("option,arch", [(o, a) for o, a in ARCH_OPTIONS if a != "encoder"])
 def test_kv_cache_generation_equals_full_recompute(option, arch):
     model = model_of(option, arch, n_kv_heads=2)
@@ -290,6 +309,7 @@ def test_encoder_decoder_linformer_keeps_scaled_dot_in_the_decoder_self_attentio
 
 # -- capture(): probabilities of any option --------------------------------------------------------
 
+
 @pytest.mark.parametrize("option", OPTIONS)
 def test_capture_reads_probabilities(option):
     arch = "encoder_decoder" if option == "linformer" else "decoder"
@@ -304,14 +324,24 @@ def test_capture_reads_probabilities(option):
         with capture(model) as maps:
             seen = model(x, attention_mask=mask, **kw).logits
     torch.testing.assert_close(seen, plain, rtol=1e-5, atol=1e-5)  # capturing does not change the output
-    assert all(type(b.self_attn.score).__name__ and b.self_attn.score.record is None
-               for s in ("encoder", "decoder") if hasattr(model, s) for b in getattr(model, s).blocks)
+    assert all(
+        type(b.self_attn.score).__name__ and b.self_attn.score.record is None
+        for s in ("encoder", "decoder")
+        if hasattr(model, s)
+        for b in getattr(model, s).blocks
+    )
     where = [(m["stack"], m["layer"], m["kind"]) for m in maps]
     if arch == "decoder":
         assert where == [("decoder", 0, "self"), ("decoder", 1, "self")]
     else:
-        assert where == [("encoder", 0, "self"), ("encoder", 1, "self"), ("decoder", 0, "self"),
-                         ("decoder", 0, "cross"), ("decoder", 1, "self"), ("decoder", 1, "cross")]
+        assert where == [
+            ("encoder", 0, "self"),
+            ("encoder", 1, "self"),
+            ("decoder", 0, "self"),
+            ("decoder", 0, "cross"),
+            ("decoder", 1, "self"),
+            ("decoder", 1, "cross"),
+        ]
     for m in maps:
         p = m["probs"]
         assert p.shape[:2] == (2, 4) and not p.requires_grad
@@ -336,6 +366,7 @@ def test_capture_during_cached_generation_records_one_query_per_step():
 
 
 # -- parameters and FLOPs per option ---------------------------------------------------------------
+
 
 def test_parameters_of_each_option():
     L, h, dh = 2, 4, 8  # cfg_of: tiny preset at dim 32 (4 heads of 8)
@@ -379,8 +410,12 @@ def test_every_option_has_a_schema_a_file_and_every_preset_picks_scaled_dot():
     others = {"synthesizer_dense", "synthesizer_random", "synthesizer_factorized", "lightweight_conv", "dynamic_conv"}
     assert set(files) == set(OPTIONS) | others
     ours = [c for c in options("attn") if c.__module__.startswith("lm.")]  # not this file's CosineConfig
-    assert {c.__module__ for c in ours} == {"lm.model.options", "lm.zoo.scores", "lm.zoo.synthesizer",
-                                            "lm.zoo.conv_attn"}  # the core's and the zoo's options
+    assert {c.__module__ for c in ours} == {
+        "lm.model.options",
+        "lm.zoo.scores",
+        "lm.zoo.synthesizer",
+        "lm.zoo.conv_attn",
+    }  # the core's and the zoo's options
     for cls in ours:
         assert any(schema_name(cls) in text for text in files.values()), cls
     for preset in (conf_dir() / "model").glob("*.yaml"):
@@ -416,15 +451,24 @@ def test_option_trains_a_tiny_model(option):
     assert loss.item() < 0.5 * first, (first, loss.item())
 
 
-@pytest.mark.parametrize("over,message", [
-    (["model/attn=linformer"], "model/attn=linformer cannot be used with model.arch=decoder: Linformer projects"),
-    (["model/attn=linformer", "model.arch=encoder", "model.attn.k=0"], "model.attn.k=0 must be in [1, model.max_seq_len=256]"),
-    (["model/attn=linformer", "model.arch=encoder", "model.attn.k=257"], "model.attn.k=257 must be in [1, model.max_seq_len=256]"),
-    (["model/attn=linformer", "model.arch=encoder", "model/pos=alibi"], "adds a bias per key position"),
-    (["model/attn=dot", "model.attn_scale=0.5"], "have no effect with model/attn=dot"),
-    (["model/attn=additive", "model.attn.query_chunk=-1"], "model.attn.query_chunk=-1"),
-    (["model/attn=additive", "model.attn.d_attn=0"], "model.attn.d_attn=0 must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        (["model/attn=linformer"], "model/attn=linformer cannot be used with model.arch=decoder: Linformer projects"),
+        (
+            ["model/attn=linformer", "model.arch=encoder", "model.attn.k=0"],
+            "model.attn.k=0 must be in [1, model.max_seq_len=256]",
+        ),
+        (
+            ["model/attn=linformer", "model.arch=encoder", "model.attn.k=257"],
+            "model.attn.k=257 must be in [1, model.max_seq_len=256]",
+        ),
+        (["model/attn=linformer", "model.arch=encoder", "model/pos=alibi"], "adds a bias per key position"),
+        (["model/attn=dot", "model.attn_scale=0.5"], "have no effect with model/attn=dot"),
+        (["model/attn=additive", "model.attn.query_chunk=-1"], "model.attn.query_chunk=-1"),
+        (["model/attn=additive", "model.attn.d_attn=0"], "model.attn.d_attn=0 must be a positive integer"),
+    ],
+)
 def test_bad_values_fail_before_building(over, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         build_model(model_preset("tiny", over))
@@ -441,8 +485,9 @@ def test_saved_configs_from_before_the_slot_load_as_scaled_dot():
     saved = OmegaConf.to_container(OmegaConf.structured(cfg_of("scaled_dot")), enum_to_str=True)
     del saved["attn"]
     assert type(model_from_saved(saved).attn).__name__ == "ScaledDotConfig"
-    again = model_from_saved(OmegaConf.to_container(OmegaConf.structured(cfg_of("linformer", "encoder",
-                                                                                **{"attn.k": 5}))))
+    again = model_from_saved(
+        OmegaConf.to_container(OmegaConf.structured(cfg_of("linformer", "encoder", **{"attn.k": 5})))
+    )
     assert isinstance(again.attn, LinformerConfig) and again.attn.k == 5
 
 
@@ -456,6 +501,7 @@ def test_hugging_face_export_refuses_other_scores():
 
 # -- a new option is one Score subclass, one registered schema, one YAML file, and capture() reads it ---
 
+
 class Cosine(Score):
     """A made-up option for the extension test: cosine similarity times a temperature."""
 
@@ -464,7 +510,11 @@ class Cosine(Score):
         self.tau = tau
 
     def logits(self, q, k):
-        return self.tau * torch.nn.functional.normalize(q, dim=-1) @ torch.nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+        return (
+            self.tau
+            * torch.nn.functional.normalize(q, dim=-1)
+            @ torch.nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+        )
 
 
 @register("attn")
@@ -479,7 +529,9 @@ def test_a_new_option_is_one_class_one_schema_one_file(tmp_path):
     (tmp_path / "model" / "attn" / "cosine.yaml").write_text("defaults:\n  - cosine_schema\n  - _self_\ntau: 5.0\n")
     cfg = model_preset("tiny", [f"hydra.searchpath=[file://{tmp_path}]", "model/attn=cosine"])
     model = build_model(cfg).eval()
-    assert type(model.decoder.blocks[1].self_attn.score) is Cosine and model.decoder.blocks[1].self_attn.score.tau == 5.0
+    assert (
+        type(model.decoder.blocks[1].self_attn.score) is Cosine and model.decoder.blocks[1].self_attn.score.tau == 5.0
+    )
     x = ids(1, 6)
     with torch.no_grad(), capture(model) as maps:
         model(x)
@@ -487,6 +539,7 @@ def test_a_new_option_is_one_class_one_schema_one_file(tmp_path):
 
 
 # -- the experiment --------------------------------------------------------------------------------
+
 
 def test_ablate_attention_runs_every_option_on_one_encoder():
     from hydra import compose, initialize_config_dir
@@ -501,14 +554,22 @@ def test_ablate_attention_runs_every_option_on_one_encoder():
             cfg = compose("train", overrides=["experiment=ablate_attention"], return_hydra_config=True)
             params = {k: str(v).split(",") for k, v in cfg.hydra.sweeper.params.items()}
             assert params == {"model/attn": OPTIONS, "seed": ["0", "1", "2"]}
-            models = {o: OmegaConf.to_object(compose("train", overrides=["experiment=ablate_attention",
-                                                                          f"model/attn={o}"]).model)
-                      for o in OPTIONS}
+            models = {
+                o: OmegaConf.to_object(
+                    compose("train", overrides=["experiment=ablate_attention", f"model/attn={o}"]).model
+                )
+                for o in OPTIONS
+            }
     finally:
         GlobalHydra.instance().clear()
     assert {(m.arch, m.max_seq_len) for m in models.values()} == {("encoder", cfg.train.seq_len)}
-    assert [type(m.attn).__name__.removesuffix("Config").lower() for m in models.values()] == \
-        ["scaleddot", "dot", "multiplicative", "additive", "linformer"]
+    assert [type(m.attn).__name__.removesuffix("Config").lower() for m in models.values()] == [
+        "scaleddot",
+        "dot",
+        "multiplicative",
+        "additive",
+        "linformer",
+    ]
     for m in models.values():
         build_model(m)  # Linformer included: an encoder accepts it
 

@@ -12,8 +12,24 @@ from tests.benchmark_scripts import load
 
 bench = load("hf_step")
 
-TINY = ["--layers", "2", "--dim", "32", "--heads", "4", "--seq", "16", "--batch", "2", "--threads", "1",
-        "--steps", "2", "--warmup", "1"]
+TINY = [
+    "--layers",
+    "2",
+    "--dim",
+    "32",
+    "--heads",
+    "4",
+    "--seq",
+    "16",
+    "--batch",
+    "2",
+    "--threads",
+    "1",
+    "--steps",
+    "2",
+    "--warmup",
+    "1",
+]
 
 
 @pytest.mark.parametrize("layout", ["gpt2", "llama"])
@@ -99,13 +115,16 @@ def test_gpu_mfu_inductor_settings_apply_and_are_recorded(monkeypatch):
 
     gpu_mfu = load("gpu_mfu")
     monkeypatch.setattr(inductor, "coordinate_descent_tuning", False)
-    assert gpu_mfu.apply_inductor_config(["coordinate_descent_tuning=True"]) == {"inductor.coordinate_descent_tuning": True}
+    assert gpu_mfu.apply_inductor_config(["coordinate_descent_tuning=True"]) == {
+        "inductor.coordinate_descent_tuning": True
+    }
     assert inductor.coordinate_descent_tuning is True
     with pytest.raises(SystemExit, match="no_such_field"):
         gpu_mfu.apply_inductor_config(["no_such_field=1"])
     overrides = ["model.n_layers=1", "model.dim=32", "model.n_heads=2"]
-    first, again = (gpu_mfu.measure("tiny", 16, [2], 2, False, overrides, device="cpu", tags={"tag": 1})[0]
-                    for _ in range(2))
+    first, again = (
+        gpu_mfu.measure("tiny", 16, [2], 2, False, overrides, device="cpu", tags={"tag": 1})[0] for _ in range(2)
+    )
     assert first["tag"] == 1
     assert first["loss"] == again["loss"]  # seed 0: the same weights and tokens, the same loss
 

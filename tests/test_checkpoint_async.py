@@ -64,7 +64,9 @@ def test_cpu_copy_is_a_snapshot_with_the_original_structure():
     with torch.no_grad():
         model[0].weight.add_(1.0)
     assert torch.equal(snap["model"]["0.weight"], before)
-    assert snap["model"]["0.weight"].untyped_storage().data_ptr() == snap["model"]["1.weight"].untyped_storage().data_ptr()
+    assert (
+        snap["model"]["0.weight"].untyped_storage().data_ptr() == snap["model"]["1.weight"].untyped_storage().data_ptr()
+    )
     assert snap["groups"][0]["betas"] is snap["groups"][1]["betas"]
     assert snap["model"]._metadata == state["model"]._metadata
     saved = [io.BytesIO(), io.BytesIO()]
@@ -117,7 +119,7 @@ def test_the_loop_trains_on_while_the_checkpoint_is_written(tmp_path, monkeypatc
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "sync")
 
 
-SLOW_WRITE_THEN_STOP = '''
+SLOW_WRITE_THEN_STOP = """
 import os
 import signal
 import time
@@ -126,7 +128,7 @@ import time
 def install(hooks):
     hooks.step_begin.append(lambda step: os.kill(os.getpid(), signal.SIGTERM) if step == 4 else None)
     hooks.save_phase.append(lambda phase: time.sleep(1.0) if phase == "manifest" else None)  # a slow disk
-'''
+"""
 
 
 def test_a_stop_signal_waits_for_the_write_of_its_checkpoint(tmp_path, monkeypatch):
@@ -162,14 +164,14 @@ def test_a_failed_background_write_stops_the_run_naming_the_intact_checkpoint(tm
         def fail():
             write()
             raise OSError(28, "No space left on device")
+
         return fail
 
     monkeypatch.setattr(Engine, "stage_state", full_disk_on_second)
     with pytest.raises(CheckpointError) as e:
         run(tmp_path, steps, True, ckpt_interval=3)
     ckpts = tmp_path / "checkpoints"
-    assert (f"checkpoint {ckpts / 'step_00000006'} could not be written (No space left on device; "
-            in str(e.value))
+    assert f"checkpoint {ckpts / 'step_00000006'} could not be written (No space left on device; " in str(e.value)
     assert f"the previous checkpoint {ckpts / 'step_00000003'} is intact" in str(e.value)
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no .tmp-*, no step 9
     assert (ckpts / "latest").read_text() == "step_00000003"
@@ -193,8 +195,11 @@ def test_deepspeed_refuses_async_checkpoints_in_one_line():
 
     cfg = types.SimpleNamespace(engine=types.SimpleNamespace(_target_="x"))
     train = types.SimpleNamespace(on_nonfinite="stop", async_checkpoint=True)
-    with pytest.raises(ConfigError, match=r"^train.async_checkpoint=true does not work with DeepSpeed engines .*"
-                                          r"use train.async_checkpoint=false$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^train.async_checkpoint=true does not work with DeepSpeed engines .*"
+        r"use train.async_checkpoint=false$",
+    ):
         make_engine(cfg, lambda node: FakeDeepSpeed, train, None)
 
 
@@ -206,8 +211,11 @@ def test_two_ranks_write_the_same_checkpoints_asynchronously_and_resume_exactly(
     extra = ["sched=constant", f"engine={engine}"]
     spawn(2, tiny_overrides(tmp_path / "sync", 8, micro_batch_size=2, ckpt_interval=4) + extra)
     for steps in (4, 8):
-        spawn(2, tiny_overrides(tmp_path / "async", steps, micro_batch_size=2, ckpt_interval=4,
-                                async_checkpoint="true") + extra)
+        spawn(
+            2,
+            tiny_overrides(tmp_path / "async", steps, micro_batch_size=2, ckpt_interval=4, async_checkpoint="true")
+            + extra,
+        )
     assert train_losses(tmp_path / "async") == train_losses(tmp_path / "sync")
     for step in (4, 8):
         name = f"checkpoints/step_{step:08d}"

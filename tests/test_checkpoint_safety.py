@@ -26,8 +26,15 @@ def run(run_dir, steps=4, extra=(), **train_kw):
 
 
 def python(code: str, **popen):
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=subprocess_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=subprocess_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
 
 
 # -- item 2: one writer per run_dir ------------------------------------------------------------------
@@ -43,12 +50,20 @@ HOLD = """
 
 def test_second_run_on_a_held_run_dir_refuses_naming_the_holder(tmp_path):
     tmp_path.mkdir(exist_ok=True)
-    first = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD), str(tmp_path)], env=subprocess_env(),
-                             cwd=REPO, stdout=subprocess.PIPE, text=True)
+    first = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLD), str(tmp_path)],
+        env=subprocess_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert first.stdout.readline().strip() == "holding"
-        with pytest.raises(RunDirLocked, match=rf"in use by another run \(pid {first.pid} on "
-                                               rf"{socket.gethostname()}, started 20\d\d-.*-c") as e:
+        with pytest.raises(
+            RunDirLocked,
+            match=rf"in use by another run \(pid {first.pid} on "
+            rf"{socket.gethostname()}, started 20\d\d-.*-c",
+        ) as e:
             run(tmp_path)
         assert "wait for it to finish, stop it, or pick another run_dir" in str(e.value)
         assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()
@@ -63,8 +78,17 @@ def test_second_run_on_a_held_run_dir_refuses_naming_the_holder(tmp_path):
 
 
 def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
-    (tmp_path / LOCK_NAME).write_text(json.dumps({"pid": 999999999, "host": socket.gethostname(),
-                                                  "start": "2026-01-01T00:00:00+00:00", "command": "lm train"}) + "\n")
+    (tmp_path / LOCK_NAME).write_text(
+        json.dumps(
+            {
+                "pid": 999999999,
+                "host": socket.gethostname(),
+                "start": "2026-01-01T00:00:00+00:00",
+                "command": "lm train",
+            }
+        )
+        + "\n"
+    )
     run(tmp_path, steps=2)
     assert holder(tmp_path)["pid"] == os.getpid()
     acquire(tmp_path)  # the run released it on return; hold it again, as a long run would
@@ -104,10 +128,9 @@ def test_a_run_releases_its_run_dir_when_it_returns_or_raises(tmp_path):
 
     run(tmp_path / "a", steps=2)
     assert holder(tmp_path / "a")["pid"] == os.getpid() and _free(tmp_path / "a")
-    with pytest.raises(RuntimeError, match="boom"):
-        with held_run_dir(tmp_path / "b"):
-            assert not _free(tmp_path / "b")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), held_run_dir(tmp_path / "b"):
+        assert not _free(tmp_path / "b")
+        raise RuntimeError("boom")
     assert _free(tmp_path / "b")
 
 
@@ -124,8 +147,11 @@ def test_a_lock_file_planted_as_a_symlink_is_refused_and_its_target_left_alone(t
     victim.write_text("precious\n")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / LOCK_NAME).symlink_to(victim)
-    with pytest.raises(RunDirUnwritable, match=rf"the lock file {tmp_path / 'run' / LOCK_NAME} is a symbolic link; "
-                                               rf"lm never writes through it. Remove it \(rm "):
+    with pytest.raises(
+        RunDirUnwritable,
+        match=rf"the lock file {tmp_path / 'run' / LOCK_NAME} is a symbolic link; "
+        rf"lm never writes through it. Remove it \(rm ",
+    ):
         run(tmp_path / "run", steps=2)
     assert victim.read_text() == "precious\n" and (tmp_path / "run" / LOCK_NAME).is_symlink()
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_NAME]  # nothing written
@@ -144,6 +170,7 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused(tmp_path):
 
 
 # -- item 3: a full disk -------------------------------------------------------------------------------
+
 
 def test_torch_save_failing_mid_write_removes_the_partial_checkpoint(tmp_path, monkeypatch):
     """torch.save reports ENOSPC as RuntimeError ('unexpected pos'), not OSError: the half-written
@@ -192,6 +219,7 @@ def test_rank_state_failing_to_write_is_cleaned_up_too(tmp_path, monkeypatch):
 
 
 # -- item 7: no pickled code ---------------------------------------------------------------------------
+
 
 class Payload:
     """Unpickling this would create a file: what a malicious checkpoint would do instead."""
@@ -242,8 +270,13 @@ def test_rank_state_of_an_older_checkpoint_still_resumes(tmp_path):
     path = resolve(tmp_path) / "rank00000.pt"
     state = torch.load(path, weights_only=True)
     n = state["rng"]["numpy"]
-    state["rng"]["numpy"] = (n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                             n["cached_gaussian"])
+    state["rng"]["numpy"] = (
+        n["kind"],
+        n["key"].numpy().astype(np.uint32),
+        n["pos"],
+        n["has_gauss"],
+        n["cached_gaussian"],
+    )
     torch.save(state, path)
     trainer = json.loads((path.parent / "trainer.json").read_text())
     del trainer["manifest_sha256"]
@@ -255,6 +288,7 @@ def test_rank_state_of_an_older_checkpoint_still_resumes(tmp_path):
 
 
 # -- item 6: checksums ---------------------------------------------------------------------------------
+
 
 def flip_bytes(path, n=100):
     data = bytearray(path.read_bytes())
@@ -273,24 +307,33 @@ def test_a_damaged_latest_is_named_and_the_run_resumes_from_the_newest_intact_on
     flip_bytes(ckpts / "step_00000008" / "model_optim.pt")
     with caplog.at_level("WARNING", logger="lm"):
         assert run(tmp_path / "run", steps=10, extra=constant, ckpt_interval=4).state.step == 10
-    assert (f"checkpoint {ckpts / 'step_00000008'} is damaged (model_optim.pt does not match the sha256 written "
-            f"with it" in caplog.text and f"resuming from {ckpts / 'step_00000004'}" in caplog.text), caplog.text
+    assert (
+        f"checkpoint {ckpts / 'step_00000008'} is damaged (model_optim.pt does not match the sha256 written with it"
+        in caplog.text
+        and f"resuming from {ckpts / 'step_00000004'}" in caplog.text
+    ), caplog.text
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")  # steps 5-8 redone exactly
 
 
 def test_no_intact_checkpoint_refuses_with_the_options(tmp_path):
     run(tmp_path, steps=2, ckpt_interval=2)
     (resolve(tmp_path) / "rank00000.pt").unlink()
-    with pytest.raises(CheckpointError, match=r"step_00000002 is damaged \(rank00000.pt is missing\) and no older "
-                                              r"checkpoint .* is intact. Options: restore"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"step_00000002 is damaged \(rank00000.pt is missing\) and no older "
+        r"checkpoint .* is intact. Options: restore",
+    ):
         run(tmp_path, steps=4, ckpt_interval=2)
 
 
-@pytest.mark.parametrize("damage, reason", [
-    ("truncate", r"model_optim.pt has \d+ bytes, \d+ when written"),
-    ("flip", "model_optim.pt does not match the sha256"),
-    ("trainer", r"trainer.json cannot be read"),
-])
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        ("truncate", r"model_optim.pt has \d+ bytes, \d+ when written"),
+        ("flip", "model_optim.pt does not match the sha256"),
+        ("trainer", r"trainer.json cannot be read"),
+    ],
+)
 def test_export_and_finetune_init_refuse_a_damaged_checkpoint(tmp_path, damage, reason):
     run(tmp_path, steps=4, ckpt_interval=2)
     ckpt = resolve(tmp_path)
@@ -301,8 +344,11 @@ def test_export_and_finetune_init_refuse_a_damaged_checkpoint(tmp_path, damage, 
         flip_bytes(ckpt / "model_optim.pt")
     else:
         (ckpt / "trainer.json").write_text('{"step": 4, "eng')
-    with pytest.raises(CheckpointError, match=rf"step_00000004 is damaged: {reason}.*Intact checkpoints of this "
-                                              rf"run: step_00000002 \(pass one of them\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"step_00000004 is damaged: {reason}.*Intact checkpoints of this "
+        rf"run: step_00000002 \(pass one of them\)",
+    ):
         consolidated_state_dict(ckpt)  # what lm export and lm finetune init= read
     assert consolidated_state_dict(ckpt.parent / "step_00000002")
 
@@ -314,8 +360,9 @@ def fake_fsdp2_checkpoint(ckpt, metadata=None):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt / "dcp", no_dist=True)
-    (ckpt / "trainer.json").write_text(json.dumps({"step": 1, "engine": {"engine": "FSDP2Engine", "format": "dcp",
-                                                                         "world_size": 2}}))
+    (ckpt / "trainer.json").write_text(
+        json.dumps({"step": 1, "engine": {"engine": "FSDP2Engine", "format": "dcp", "world_size": 2}})
+    )
     if metadata is not None:
         (ckpt / "dcp" / ".metadata").write_bytes(metadata)
     return model
@@ -329,8 +376,11 @@ def test_dcp_metadata_is_read_without_running_pickled_code(tmp_path):
     assert torch.equal(consolidated_state_dict(tmp_path / "good")["weight"], model.weight)
     marker = tmp_path / "pwned"
     fake_fsdp2_checkpoint(tmp_path / "bad", metadata=pickle.dumps(Payload(str(marker))))
-    with pytest.raises(CheckpointError, match=r"bad \(FSDP2Engine's files\) holds pickled objects .*could run "
-                                              r"code: Unsupported global: (io|builtins).open"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"bad \(FSDP2Engine's files\) holds pickled objects .*could run "
+        r"code: Unsupported global: (io|builtins).open",
+    ):
         consolidated_state_dict(tmp_path / "bad")
     assert not marker.exists()
 
@@ -351,15 +401,19 @@ def test_task_state_with_numpy_values_is_stored_as_plain_types(tmp_path):
 
 # -- issue 49 items 1, 2, 8: the checkpoint resumed is the one checked, found by scanning if need be ------
 
+
 def _sealed(ckpts):
     """Every file of every checkpoint, as bytes (trainer.json holds its write time: a rewrite shows)."""
     return {str(f.relative_to(ckpts)): f.read_bytes() for f in sorted(ckpts.rglob("*")) if f.is_file()}
 
 
-@pytest.mark.parametrize("damage, change, field", [
-    ("truncate manifest.json", "model/ffn=relu", r"model\.ffn\.activation: 'gelu' -> 'relu'"),
-    ("flip config.yaml", "model/norm=rmsnorm", r"model\.norm\._target_: 'lm\.model\.norms\.LayerNorm' -> "),
-])
+@pytest.mark.parametrize(
+    "damage, change, field",
+    [
+        ("truncate manifest.json", "model/ffn=relu", r"model\.ffn\.activation: 'gelu' -> 'relu'"),
+        ("flip config.yaml", "model/norm=rmsnorm", r"model\.norm\._target_: 'lm\.model\.norms\.LayerNorm' -> "),
+    ],
+)
 def test_a_damaged_latest_checks_the_config_of_the_checkpoint_actually_loaded(tmp_path, damage, change, field):
     """Resuming falls back from a damaged step 8 to step 4: step 4's config is the one compared, so a changed
     model is refused (it trained on with relu, or ended in a state_dict traceback, when step 8's was skipped)."""
@@ -374,8 +428,11 @@ def test_a_damaged_latest_checks_the_config_of_the_checkpoint_actually_loaded(tm
         data[5] ^= 1
         (ckpt / "config.yaml").write_bytes(bytes(data))
     losses = train_losses(tmp_path)
-    with pytest.raises(ConfigError, match=rf"(?s)cannot resume {tmp_path / 'checkpoints' / 'step_00000004'} with a "
-                                          rf"different config.*{field}"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"(?s)cannot resume {tmp_path / 'checkpoints' / 'step_00000004'} with a "
+        rf"different config.*{field}",
+    ):
         run(tmp_path, steps=10, ckpt_interval=4, extra=[change])
     assert train_losses(tmp_path) == losses  # nothing trained
 
@@ -403,14 +460,24 @@ def test_a_deleted_latest_with_no_intact_checkpoint_refuses_and_keeps_everything
     for step in ("step_00000002", "step_00000004"):
         (ckpts / step / "rank00000.pt").unlink()
     before, metrics_before = _sealed(ckpts), (tmp_path / "metrics.jsonl").read_bytes()
-    with pytest.raises(CheckpointError, match=rf"{ckpts / 'latest'} is missing and no checkpoint in {ckpts} is "
-                                              rf"intact. Options: restore"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{ckpts / 'latest'} is missing and no checkpoint in {ckpts} is "
+        rf"intact. Options: restore",
+    ):
         run(tmp_path, steps=6, ckpt_interval=2)
     assert _sealed(ckpts) == before and (tmp_path / "metrics.jsonl").read_bytes() == metrics_before
 
 
-@pytest.mark.parametrize("pointer", ["../../other/checkpoints/step_00000004", "{other}/checkpoints/step_00000004",
-                                     "step_00000009", "step_00000004/../step_00000002"])
+@pytest.mark.parametrize(
+    "pointer",
+    [
+        "../../other/checkpoints/step_00000004",
+        "{other}/checkpoints/step_00000004",
+        "step_00000009",
+        "step_00000004/../step_00000002",
+    ],
+)
 def test_latest_must_name_a_checkpoint_directory_of_this_run(tmp_path, caplog, pointer):
     """`latest` naming another run's checkpoint (by a relative or absolute path, or through a step_* symlink)
     is damaged: this run resumes from its own newest intact checkpoint, never from the other run's."""
@@ -423,8 +490,10 @@ def test_latest_must_name_a_checkpoint_directory_of_this_run(tmp_path, caplog, p
     (ckpts / "latest").write_text(pointer.format(other=tmp_path / "other"))
     with caplog.at_level("WARNING", logger="lm"):
         run(tmp_path / "run", steps=6, extra=constant, ckpt_interval=2)
-    assert (f"{ckpts / 'latest'} names {pointer.format(other=tmp_path / 'other')!r}, which is not a step_NNNNNNNN "
-            f"directory in {ckpts} (treated as damaged); resuming from {ckpts / 'step_00000004'}") in caplog.text
+    assert (
+        f"{ckpts / 'latest'} names {pointer.format(other=tmp_path / 'other')!r}, which is not a step_NNNNNNNN "
+        f"directory in {ckpts} (treated as damaged); resuming from {ckpts / 'step_00000004'}"
+    ) in caplog.text
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")
     (ckpts / "latest").write_text(pointer.format(other=tmp_path / "other"))
     with pytest.raises(CheckpointError, match="which is not a step_NNNNNNNN directory"):

@@ -27,13 +27,17 @@ def test_user_errors_become_one_line_with_status_1(capsys):
         @entry("lm-x")
         def main():
             raise e
+
         return _exit(main)
 
     full = OSError(errno.ENOSPC, "No space left on device", "/out/model.safetensors")
-    assert fails(full) == "lm-x: No space left on device (/out/model.safetensors) — free space on that disk, or " \
-                          "write somewhere else"
+    assert (
+        fails(full) == "lm-x: No space left on device (/out/model.safetensors) — free space on that disk, or "
+        "write somewhere else"
+    )
     assert fails(NotADirectoryError(errno.ENOTDIR, "Not a directory", "/f/x")).startswith(
-        "lm-x: Not a directory (/f/x) — a part of that path is a file")
+        "lm-x: Not a directory (/f/x) — a part of that path is a file"
+    )
     assert fails(FileExistsError(errno.EEXIST, "File exists", "out")).endswith("remove it, or pick another path")
     assert fails(ConfigError("train.lr=-1 must be > 0")) == "lm-x: train.lr=-1 must be > 0"
     assert "not UTF-8 text" in fails(UnicodeDecodeError("utf-8", b"a\xff", 1, 2, "invalid start byte"))
@@ -42,7 +46,10 @@ def test_user_errors_become_one_line_with_status_1(capsys):
     from lm.core.loop import Aborted  # the loop's second Ctrl-C: the same line, and where a resume starts
 
     assert fails(Aborted("run the same command to resume from r/checkpoints/step_00000004")) == 130
-    assert capsys.readouterr().err == "lm-x: interrupted; run the same command to resume from r/checkpoints/step_00000004\n"
+    assert (
+        capsys.readouterr().err
+        == "lm-x: interrupted; run the same command to resume from r/checkpoints/step_00000004\n"
+    )
 
 
 def test_usage_errors_exit_2_and_bugs_keep_their_traceback(capsys):
@@ -70,10 +77,18 @@ def test_safetensors_full_disk_is_one_line():
 
 # -- lm quickstart / lm transfer arguments ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", ["quickstart", "transfer"])
-@pytest.mark.parametrize("args,what", [(["--tokens", "nan"], "must be finite"), (["--tokens", "inf"], "must be finite"),
-                                       (["--tokens", "x"], "not a number of tokens"),
-                                       (["--seeds", "a"], "integer seeds"), (["--seeds="], "integer seeds")])
+@pytest.mark.parametrize(
+    "args,what",
+    [
+        (["--tokens", "nan"], "must be finite"),
+        (["--tokens", "inf"], "must be finite"),
+        (["--tokens", "x"], "not a number of tokens"),
+        (["--seeds", "a"], "integer seeds"),
+        (["--seeds="], "integer seeds"),
+    ],
+)
 def test_bad_numbers_are_usage_errors(command, args, what, capsys, tmp_path):
     from lm.cli import transfer
 
@@ -83,13 +98,18 @@ def test_bad_numbers_are_usage_errors(command, args, what, capsys, tmp_path):
     assert f"lm {command}: error: argument {args[0].rstrip('=')}" in err and what in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("kw,what", [
-    ({"preset": "bogus"}, "--preset bogus: no such experiment (conf/experiment/bogus.yaml); pick one of "
-                          "glue_transfer_decoder"),
-    ({"pretrain": ["bogus.key=1"]}, "--pretrain bogus.key=1: Could not override 'bogus.key'. (Key 'bogus' not in"),
-    ({"pretrain": ["model=lstm", "model.arch=rnn"]}, "model.arch=rnn is not a family the recipe finetunes"),
-    ({"pretrain": ["+train.max_step=20"]}, "did you mean train.max_steps?"),
-])
+@pytest.mark.parametrize(
+    "kw,what",
+    [
+        (
+            {"preset": "bogus"},
+            "--preset bogus: no such experiment (conf/experiment/bogus.yaml); pick one of glue_transfer_decoder",
+        ),
+        ({"pretrain": ["bogus.key=1"]}, "--pretrain bogus.key=1: Could not override 'bogus.key'. (Key 'bogus' not in"),
+        ({"pretrain": ["model=lstm", "model.arch=rnn"]}, "model.arch=rnn is not a family the recipe finetunes"),
+        ({"pretrain": ["+train.max_step=20"]}, "did you mean train.max_steps?"),
+    ],
+)
 def test_bad_recipes_are_refused_before_any_work(kw, what, tmp_path):
     from lm.cli.transfer_recipe import Recipe, TransferError, plan
 
@@ -100,20 +120,32 @@ def test_bad_recipes_are_refused_before_any_work(kw, what, tmp_path):
 
 
 def test_the_cli_says_a_bad_preset_in_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "lm.cli.transfer", "--preset", "bogus", "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "lm.cli.transfer", "--preset", "bogus", "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert p.returncode == 1 and p.stderr.startswith("lm transfer: --preset bogus: no such experiment"), p.stderr
     assert p.stderr.count("\n") == 1
 
 
 # -- typed schemas: `+key=` -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("override,message", [
-    ("+train.max_step=20", "train.max_step is not a key of train (TrainConfig), so nothing would read it; did you "
-                           "mean train.max_steps? Set it without the +"),
-    ("+model.dimm=64", "did you mean model.dim?"),
-    ("+bogus=1", "bogus is not a key of the top level (RunSchema)"),
-])
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "+train.max_step=20",
+            "train.max_step is not a key of train (TrainConfig), so nothing would read it; did you "
+            "mean train.max_steps? Set it without the +",
+        ),
+        ("+model.dimm=64", "did you mean model.dim?"),
+        ("+bogus=1", "bogus is not a key of the top level (RunSchema)"),
+    ],
+)
 def test_a_key_added_with_plus_is_refused_naming_the_close_match(tmp_path, override, message):
     from lm.cli.train import train
 
@@ -132,9 +164,14 @@ def test_a_refused_config_leaves_no_empty_run_directory(tmp_path):
     """Hydra creates run_dir before the job starts; a job refused before writing removes what it created."""
     (tmp_path / "keep").mkdir()
     for run_dir, gone in ((tmp_path / "new" / "deeper" / "run", tmp_path / "new"), (tmp_path / "keep", None)):
-        p = subprocess.run([sys.executable, "-m", "lm.cli.train", "model=tiny", "train.max_steps=0",
-                            f"run_dir={run_dir}"], capture_output=True, text=True, env=subprocess_env(), timeout=300,
-                           cwd=tmp_path)
+        p = subprocess.run(
+            [sys.executable, "-m", "lm.cli.train", "model=tiny", "train.max_steps=0", f"run_dir={run_dir}"],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=300,
+            cwd=tmp_path,
+        )
         assert p.returncode == 1 and "train.max_steps=0 must be a positive integer" in p.stdout + p.stderr
         assert "Traceback" not in p.stdout + p.stderr
         if gone is not None:
@@ -149,9 +186,11 @@ def test_a_schedule_that_ends_in_its_warmup_warns_once(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="lm"):
         train(cfg, loaders=loaders(cfg))
     warnings = [r.getMessage() for r in caplog.records if "warmup" in r.getMessage()]
-    assert warnings == ["train.max_steps=2 <= sched.warmup_steps=5: the run ends inside its warmup and never "
-                        "reaches optim.lr; lower sched.warmup_steps (e.g. sched.warmup_steps=0) or raise "
-                        "train.max_steps"]
+    assert warnings == [
+        "train.max_steps=2 <= sched.warmup_steps=5: the run ends inside its warmup and never "
+        "reaches optim.lr; lower sched.warmup_steps (e.g. sched.warmup_steps=0) or raise "
+        "train.max_steps"
+    ]
     caplog.clear()
     cfg = compose(tiny_overrides(tmp_path / "run2", 2) + ["sched.warmup_steps=1"])
     with caplog.at_level(logging.WARNING, logger="lm"):

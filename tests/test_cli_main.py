@@ -2,15 +2,25 @@
 --help` works for the Hydra apps and the argparse ones, the dispatched command names itself `lm <cmd>`
 in its usage and errors, and `lm` is the only console script."""
 
-import tomllib
-
 import pytest
+import tomllib
 
 from lm.cli.main import COMMANDS, usage
 from tests.engine_support import REPO
 from tests.test_validation_errors import run_cli
 
-EXPECTED = {"train", "finetune", "prepare", "export", "report", "attention", "preflight", "quickstart", "transfer", "eval"}
+EXPECTED = {
+    "train",
+    "finetune",
+    "prepare",
+    "export",
+    "report",
+    "attention",
+    "preflight",
+    "quickstart",
+    "transfer",
+    "eval",
+}
 
 
 def test_lm_help_lists_every_command_once_in_one_line(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
-from lm.model.config import (GLUConfig, LayerNormConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig)  # noqa: E402
 from lm.model import build_model  # noqa: E402
+from lm.model.config import GLUConfig, LayerNormConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig  # noqa: E402
 from lm.model.convert import from_hf, to_hf  # noqa: E402
 from lm.model.generate import generate  # noqa: E402
 
@@ -40,20 +40,47 @@ def gpt2(**kw):
 
 
 def llama(**kw):
-    base = dict(vocab_size=V, hidden_size=32, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    base = dict(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=88,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
     return T.LlamaForCausalLM(T.LlamaConfig(**{**base, **kw}))
 
 
 def bert(**kw):
-    return T.BertForMaskedLM(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                          intermediate_size=64, max_position_embeddings=64, **kw))
+    return T.BertForMaskedLM(
+        T.BertConfig(
+            vocab_size=V,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+            **kw,
+        )
+    )
 
 
 def t5(untied=False, num_decoder_layers=3, **kw):
-    hf = T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2,
-                                                 num_decoder_layers=num_decoder_layers, num_heads=4,
-                                                 decoder_start_token_id=0, **kw))
+    hf = T.T5ForConditionalGeneration(
+        T.T5Config(
+            vocab_size=V,
+            d_model=32,
+            d_kv=8,
+            d_ff=48,
+            num_layers=2,
+            num_decoder_layers=num_decoder_layers,
+            num_heads=4,
+            decoder_start_token_id=0,
+            **kw,
+        )
+    )
     return untie_head(hf) if untied else hf
 
 
@@ -72,11 +99,19 @@ HF_CASES = {
     "llama_gelu": lambda: llama(hidden_act="gelu"),
     "llama_rope_linear": lambda: llama(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 500.0}),
     # max_position_embeddings 8 < 12 input tokens: the dynamic base is in play
-    "llama_rope_dynamic": lambda: llama(max_position_embeddings=8,
-                                        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0}),
-    "llama_rope_llama3": lambda: llama(rope_parameters={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 16, "rope_theta": 500.0}),
+    "llama_rope_dynamic": lambda: llama(
+        max_position_embeddings=8, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 100.0}
+    ),
+    "llama_rope_llama3": lambda: llama(
+        rope_parameters={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+            "rope_theta": 500.0,
+        }
+    ),
     "bert": lambda: bert(),
     "bert_relu": lambda: bert(hidden_act="relu"),
     "bert_silu": lambda: bert(hidden_act="silu"),
@@ -124,8 +159,9 @@ def test_from_hf_and_back_with_perturbed_weights(name, tmp_path):
     assert diff < TOL, f"{name} from_hf: max |logit diff| {diff}"
     # not vacuous: the same config with other weights disagrees
     assert max_diff(hf, perturb(build_model(cfg), seed=5), kw) > 1e-2
-    assert cfg.tie_embeddings == (hf.get_output_embeddings().weight.data_ptr()
-                                  == hf.get_input_embeddings().weight.data_ptr())
+    assert cfg.tie_embeddings == (
+        hf.get_output_embeddings().weight.data_ptr() == hf.get_input_embeddings().weight.data_ptr()
+    )
     exported = to_hf(ours)
     assert type(exported) is type(hf)
     assert max_diff(hf, exported, kw) < TOL, f"{name} to_hf"
@@ -144,30 +180,63 @@ def _ours(**kw):
 
 OUR_CASES = {
     # the issue's T5 v1.1 layout: GeGLU with tanh GELU, untied, unscaled logits
-    "t5_v1_1": lambda: _ours(arch="encoder_decoder", n_decoder_layers=3, head_dim=8, bias=False, attn_scale=1.0,
-                             tie_embeddings=False, logit_scale=1.0, norm=RMSNormConfig(),
-                             ffn=GLUConfig(activation="gelu_tanh", hidden_dim=48),
-                             pos=T5BiasConfig()),
-    "t5_mlp_gelu_tanh": lambda: _ours(arch="encoder_decoder", bias=False, attn_scale=1.0, logit_scale=32 ** -0.5,
-                                      norm=RMSNormConfig(),
-                                      ffn=MLPConfig(activation="gelu_tanh"),
-                                      pos=T5BiasConfig()),
+    "t5_v1_1": lambda: _ours(
+        arch="encoder_decoder",
+        n_decoder_layers=3,
+        head_dim=8,
+        bias=False,
+        attn_scale=1.0,
+        tie_embeddings=False,
+        logit_scale=1.0,
+        norm=RMSNormConfig(),
+        ffn=GLUConfig(activation="gelu_tanh", hidden_dim=48),
+        pos=T5BiasConfig(),
+    ),
+    "t5_mlp_gelu_tanh": lambda: _ours(
+        arch="encoder_decoder",
+        bias=False,
+        attn_scale=1.0,
+        logit_scale=32**-0.5,
+        norm=RMSNormConfig(),
+        ffn=MLPConfig(activation="gelu_tanh"),
+        pos=T5BiasConfig(),
+    ),
     "t5_glu_exact_gelu_tied_unscaled": lambda: _ours(
-        arch="encoder_decoder", bias=False, attn_scale=1.0, norm=RMSNormConfig(),
-        ffn=GLUConfig(activation="gelu"), pos=T5BiasConfig()),
-    "bert_relu": lambda: _ours(arch="encoder", norm_position="post", embed_norm=True, final_norm=False, n_segments=2,
-                               mlm_transform=True, mlm_activation="relu",
-                               ffn=MLPConfig(activation="relu")),
+        arch="encoder_decoder",
+        bias=False,
+        attn_scale=1.0,
+        norm=RMSNormConfig(),
+        ffn=GLUConfig(activation="gelu"),
+        pos=T5BiasConfig(),
+    ),
+    "bert_relu": lambda: _ours(
+        arch="encoder",
+        norm_position="post",
+        embed_norm=True,
+        final_norm=False,
+        n_segments=2,
+        mlm_transform=True,
+        mlm_activation="relu",
+        ffn=MLPConfig(activation="relu"),
+    ),
     "gpt2_layer_scaled": lambda: _ours(attn_scale_by_layer=True, ffn=MLPConfig(activation="gelu_tanh")),
     "gpt2_exact_gelu_untied": lambda: _ours(tie_embeddings=False),
     "llama_rope_llama3_biases": lambda: _ours(
-        bias=True, ffn_bias=False, n_kv_heads=2, tie_embeddings=False, norm=RMSNormConfig(),
+        bias=True,
+        ffn_bias=False,
+        n_kv_heads=2,
+        tie_embeddings=False,
+        norm=RMSNormConfig(),
         ffn=GLUConfig(activation="silu"),
-        pos=RoPEConfig(theta=500.0, scaling="llama3", factor=8.0, original_max_seq_len=16)),
+        pos=RoPEConfig(theta=500.0, scaling="llama3", factor=8.0, original_max_seq_len=16),
+    ),
     "llama_mlp_bias_rope_linear": lambda: _ours(
-        bias=False, ffn_bias=True, norm=RMSNormConfig(),
+        bias=False,
+        ffn_bias=True,
+        norm=RMSNormConfig(),
         ffn=GLUConfig(activation="silu"),
-        pos=RoPEConfig(scaling="linear", factor=2.0)),
+        pos=RoPEConfig(scaling="linear", factor=2.0),
+    ),
 }
 
 
@@ -187,30 +256,57 @@ def test_to_hf_of_our_layouts(name, tmp_path):
     assert max_diff(ours, back, kw) < TOL
 
 
-@pytest.mark.parametrize("hf_factory, match", [
-    (lambda: llama(rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0,
-                                    "original_max_position_embeddings": 16}), "rope_type"),
-    (lambda: gpt2(add_cross_attention=True), "add_cross_attention=True"),
-    (lambda: bert(is_decoder=True), "is_decoder=True"),
-    (lambda: T.BertForMaskedLM(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                            intermediate_size=64, position_embedding_type="relative_key")),
-     "position_embedding_type"),
-    (lambda: t5(feed_forward_proj="gated-gelu_fast"), "feed_forward_proj='gelu_fast'"),
-])
+@pytest.mark.parametrize(
+    "hf_factory, match",
+    [
+        (
+            lambda: llama(
+                rope_parameters={
+                    "rope_type": "yarn",
+                    "factor": 4.0,
+                    "rope_theta": 10000.0,
+                    "original_max_position_embeddings": 16,
+                }
+            ),
+            "rope_type",
+        ),
+        (lambda: gpt2(add_cross_attention=True), "add_cross_attention=True"),
+        (lambda: bert(is_decoder=True), "is_decoder=True"),
+        (
+            lambda: T.BertForMaskedLM(
+                T.BertConfig(
+                    vocab_size=V,
+                    hidden_size=32,
+                    num_hidden_layers=1,
+                    num_attention_heads=4,
+                    intermediate_size=64,
+                    position_embedding_type="relative_key",
+                )
+            ),
+            "position_embedding_type",
+        ),
+        (lambda: t5(feed_forward_proj="gated-gelu_fast"), "feed_forward_proj='gelu_fast'"),
+    ],
+)
 def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
     with pytest.raises(ValueError, match=match):
         from_hf(hf_factory())
 
 
-@pytest.mark.parametrize("cfg, match", [
-    (lambda: OUR_CASES["bert_relu"]().__class__(**{**vars(OUR_CASES["bert_relu"]()), "mlm_activation": "gelu"}),
-     "mlm_activation='gelu' != model.ffn.activation='relu'"),
-    (lambda: _ours(qk_norm=True), "qk_norm"),
-    (lambda: _ours(ffn_bias=False), "ffn_bias=False"),
-    (lambda: _ours(bias=False), "without biases"),
-    (lambda: _ours(n_kv_heads=2), "n_kv_heads=2"),
-    (lambda: _ours(norm=LayerNormConfig(bias=False)), "norm.bias=false"),
-])
+@pytest.mark.parametrize(
+    "cfg, match",
+    [
+        (
+            lambda: OUR_CASES["bert_relu"]().__class__(**{**vars(OUR_CASES["bert_relu"]()), "mlm_activation": "gelu"}),
+            "mlm_activation='gelu' != model.ffn.activation='relu'",
+        ),
+        (lambda: _ours(qk_norm=True), "qk_norm"),
+        (lambda: _ours(ffn_bias=False), "ffn_bias=False"),
+        (lambda: _ours(bias=False), "without biases"),
+        (lambda: _ours(n_kv_heads=2), "n_kv_heads=2"),
+        (lambda: _ours(norm=LayerNormConfig(bias=False)), "norm.bias=false"),
+    ],
+)
 def test_to_hf_refuses_what_it_cannot_represent(cfg, match):
     with pytest.raises(ValueError, match=match):
         to_hf(build_model(cfg()))
@@ -222,8 +318,9 @@ GENERATION_CASES = {
     "llama_rope_dynamic": HF_CASES["llama_rope_dynamic"],  # 6 + 20 tokens: past max_position_embeddings=8
     "llama_both_biases": HF_CASES["llama_both_biases"],
     # transformers' generate cache breaks when a T5 has more decoder than encoder layers: equal stacks here
-    "t5_gated_gelu_untied": lambda: t5(untied=True, num_decoder_layers=2, feed_forward_proj="gated-gelu",
-                                       tie_word_embeddings=False),
+    "t5_gated_gelu_untied": lambda: t5(
+        untied=True, num_decoder_layers=2, feed_forward_proj="gated-gelu", tie_word_embeddings=False
+    ),
     "t5": lambda: t5(num_decoder_layers=2),
 }
 
@@ -248,13 +345,19 @@ def test_rope_scaling_options_build_and_train(option):
     """The scaled RoPE variants are ordinary model/pos options: compose, build, one gradient step."""
     from lm.model.config import model_preset
 
-    cfg = model_preset("tiny", ["model/ffn=swiglu", f"model/pos={option}", "model.max_seq_len=16", "model.pos.factor=4.0"]
-                       + (["model.pos.original_max_seq_len=8"] if option != "rope_linear" else []))
+    cfg = model_preset(
+        "tiny",
+        ["model/ffn=swiglu", f"model/pos={option}", "model.max_seq_len=16", "model.pos.factor=4.0"]
+        + (["model.pos.original_max_seq_len=8"] if option != "rope_linear" else []),
+    )
     assert cfg.pos.scaling == option.split("_")[1]
     torch.manual_seed(0)
     model = build_model(cfg)
-    plain = build_model(model_preset("tiny", ["model/ffn=swiglu", "model/pos=rope", "model.max_seq_len=16",
-                                              f"model.pos.theta={cfg.pos.theta}"]))
+    plain = build_model(
+        model_preset(
+            "tiny", ["model/ffn=swiglu", "model/pos=rope", "model.max_seq_len=16", f"model.pos.theta={cfg.pos.theta}"]
+        )
+    )
     plain.load_state_dict(model.state_dict())
     x = torch.randint(0, cfg.vocab_size, (2, 16))
     out = model(input_ids=x, labels=x)

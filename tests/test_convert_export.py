@@ -13,10 +13,10 @@ import torch
 transformers = pytest.importorskip("transformers")
 from omegaconf import OmegaConf  # noqa: E402
 
-from lm.model.config import (GLUConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig)  # noqa: E402
 from lm.cli.export import export  # noqa: E402
 from lm.data.tokenizer import Tokenizer, train  # noqa: E402
 from lm.model import build_model  # noqa: E402
+from lm.model.config import GLUConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig  # noqa: E402
 
 TEXT = ["the quick brown fox jumps over the lazy dog", "pack my box with five dozen liquor jugs"]
 
@@ -34,8 +34,9 @@ def _checkpoint(tmp_path, model_cfg: ModelConfig, tokenizer: Tokenizer):
     ckpt.mkdir()
     (ckpt / "trainer.json").write_text(json.dumps({"engine": {"format": "torch"}}))
     torch.save({"model": model.state_dict()}, ckpt / "model_optim.pt")
-    OmegaConf.save({"model": dataclasses.asdict(model_cfg), "data": {"name": "t", "dir": str(data_dir)}},
-                   ckpt / "config.yaml")
+    OmegaConf.save(
+        {"model": dataclasses.asdict(model_cfg), "data": {"name": "t", "dir": str(data_dir)}}, ckpt / "config.yaml"
+    )
     return ckpt, model.eval()
 
 
@@ -44,26 +45,61 @@ def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
     tok = train("char", TEXT, n_sentinels=4)
     vocab = 64 * ((tok.vocab_size + 63) // 64)
     if family == "gpt2":  # both of GPT-2's attention-scaling flags off their defaults, untied
-        cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=3, n_heads=4, attn_scale=1.0, attn_scale_by_layer=True,
-                          tie_embeddings=False)
+        cfg = ModelConfig(
+            vocab_size=vocab,
+            dim=32,
+            n_layers=3,
+            n_heads=4,
+            attn_scale=1.0,
+            attn_scale_by_layer=True,
+            tie_embeddings=False,
+        )
         auto = transformers.AutoModelForCausalLM
     elif family == "bert":  # ReLU in the FFN and the MLM-head transform
-        cfg = ModelConfig(arch="encoder", vocab_size=vocab, dim=32, n_layers=2, n_heads=4, norm_position="post",
-                          embed_norm=True, final_norm=False, n_segments=2, mlm_transform=True, mlm_activation="relu",
-                          ffn=MLPConfig(activation="relu"))
+        cfg = ModelConfig(
+            arch="encoder",
+            vocab_size=vocab,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            norm_position="post",
+            embed_norm=True,
+            final_norm=False,
+            n_segments=2,
+            mlm_transform=True,
+            mlm_activation="relu",
+            ffn=MLPConfig(activation="relu"),
+        )
         auto = transformers.AutoModelForMaskedLM
     elif family == "llama":  # Llama 3.1-style RoPE scaling, attention biases without MLP biases
-        cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, bias=True, ffn_bias=False,
-                          tie_embeddings=False, norm=RMSNormConfig(),
-                          ffn=GLUConfig(activation="silu"),
-                          pos=RoPEConfig(theta=500.0, scaling="llama3", factor=8.0,
-                                        original_max_seq_len=16))
+        cfg = ModelConfig(
+            vocab_size=vocab,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            bias=True,
+            ffn_bias=False,
+            tie_embeddings=False,
+            norm=RMSNormConfig(),
+            ffn=GLUConfig(activation="silu"),
+            pos=RoPEConfig(theta=500.0, scaling="llama3", factor=8.0, original_max_seq_len=16),
+        )
         auto = transformers.AutoModelForCausalLM
     else:  # T5 v1.1 layout: untied, GeGLU (tanh), unscaled logits
-        cfg = ModelConfig(arch="encoder_decoder", vocab_size=vocab, dim=32, n_layers=2, n_heads=4, bias=False,
-                          attn_scale=1.0, tie_embeddings=False, norm=RMSNormConfig(),
-                          ffn=GLUConfig(activation="gelu_tanh"),
-                          pos=T5BiasConfig())
+        cfg = ModelConfig(
+            arch="encoder_decoder",
+            vocab_size=vocab,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            bias=False,
+            attn_scale=1.0,
+            tie_embeddings=False,
+            norm=RMSNormConfig(),
+            ffn=GLUConfig(activation="gelu_tanh"),
+            pos=T5BiasConfig(),
+        )
         auto = transformers.AutoModelForSeq2SeqLM
     ckpt, model = _checkpoint(tmp_path, cfg, tok)
     out = export(ckpt, tmp_path / "export")
@@ -72,7 +108,11 @@ def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
     hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
     assert hf_tok(TEXT[0], add_special_tokens=False)["input_ids"] == tok.encode(TEXT[0])
     config = json.loads((hf_dir / "config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (tok.bos_id, tok.eos_id, tok.pad_id)
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (
+        tok.bos_id,
+        tok.eos_id,
+        tok.pad_id,
+    )
     assert (hf_tok.bos_token_id, hf_tok.eos_token_id, hf_tok.pad_token_id) == (tok.bos_id, tok.eos_id, tok.pad_id)
 
     hf = auto.from_pretrained(hf_dir).eval()

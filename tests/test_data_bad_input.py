@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from lm.config import ConfigError
-from lm.data.packed import PackedLoader
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
+from lm.data.packed import PackedLoader
 from lm.data.prepare import data_config, prepare
 
 GOOD = [f"Document number {i} tells of a fox, a stone and a river." for i in range(60)]
@@ -64,8 +64,11 @@ def test_jsonl_bad_records_error_with_line_or_counted_skip(tmp_path):
     lines[20] = json.dumps({"text": None})
     path = tmp_path / "docs.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(DataError, match=r"docs.jsonl:4: no string field 'text' \(has: \['body'\]\).*--text-field.*"
-                                         r"--bad-records skip"):
+    with pytest.raises(
+        DataError,
+        match=r"docs.jsonl:4: no string field 'text' \(has: \['body'\]\).*--text-field.*"
+        r"--bad-records skip",
+    ):
         run(tmp_path, source=str(path))
     out = run(tmp_path, source=str(path), bad_records="skip")
     meta = open_prepared(out)
@@ -88,7 +91,9 @@ def test_missing_paths_and_bad_settings(tmp_path):
         run(tmp_path, source=str(tmp_path / "nope.txt"))
     with pytest.raises(DataError, match="no file matches this glob"):
         run(tmp_path, source=str(tmp_path / "*.jsonl"))
-    with pytest.raises(ConfigError, match=r"data.split: Invalid value 'random', expected one of \[document, contiguous\]"):
+    with pytest.raises(
+        ConfigError, match=r"data.split: Invalid value 'random', expected one of \[document, contiguous\]"
+    ):
         data_config({"split": "random"})
     with pytest.raises(ConfigError, match="capturing groups"):
         data_config({"doc_split": "regex", "doc_separator": "(a|b)"})
@@ -120,8 +125,11 @@ def test_registry_download_offline_says_where_to_put_the_file(tmp_path, monkeypa
         raise corpora.urllib.error.URLError("[Errno -2] Name or service not known")
 
     monkeypatch.setattr(corpora.urllib.request, "urlopen", offline)
-    with pytest.raises(DataError, match=r"could not download https://wikitext.smerity.com/wikitext-2-raw-v1.zip .*"
-                                        r"offline.*empty_mirror/text/wikitext-2-raw/wiki.train.raw"):
+    with pytest.raises(
+        DataError,
+        match=r"could not download https://wikitext.smerity.com/wikitext-2-raw-v1.zip .*"
+        r"offline.*empty_mirror/text/wikitext-2-raw/wiki.train.raw",
+    ):
         run(tmp_path, source="wikitext2")
     assert not list((tmp_path / "cache").rglob("*.part*"))  # no half download left behind
 
@@ -129,8 +137,11 @@ def test_registry_download_offline_says_where_to_put_the_file(tmp_path, monkeypa
 def test_hf_source_without_datasets_or_network_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path / "empty_mirror"))
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    with pytest.raises(DataError, match=r"hf:Skylion007/openwebtext: (reading a Hugging Face dataset needs the "
-                                        r"`datasets` package|could not load split)"):
+    with pytest.raises(
+        DataError,
+        match=r"hf:Skylion007/openwebtext: (reading a Hugging Face dataset needs the "
+        r"`datasets` package|could not load split)",
+    ):
         run(tmp_path, source="openwebtext", tokenizer="bpe", vocab_size=500)
 
 

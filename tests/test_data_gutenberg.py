@@ -17,16 +17,21 @@ from lm.data.prepare import prepare
 from lm.data.sources import resolve
 
 BOOK = "It was a bright cold day in April, and the clocks were striking thirteen. " * 8
-BOOKS = [{"text": f"Book {i}. {BOOK}Chapter {i} ends here.", "title": f"Title {i}", "author": "A. Writer"}
-         for i in range(40)]
+BOOKS = [
+    {"text": f"Book {i}. {BOOK}Chapter {i} ends here.", "title": f"Title {i}", "author": "A. Writer"} for i in range(40)
+]
 
 
 def shard(path, records, frames=1):
     """A .jsonl.zst shard as the mirror's are made (one JSON object per line, zstd frames)."""
     lines = [(json.dumps(r) if isinstance(r, dict) else r) + "\n" for r in records]
     step = -(-len(lines) // frames)
-    path.write_bytes(b"".join(zstandard.ZstdCompressor(level=3).compress("".join(lines[i:i + step]).encode())
-                              for i in range(0, len(lines), step)))
+    path.write_bytes(
+        b"".join(
+            zstandard.ZstdCompressor(level=3).compress("".join(lines[i : i + step]).encode())
+            for i in range(0, len(lines), step)
+        )
+    )
     return path
 
 
@@ -40,7 +45,7 @@ def mirror_like(root, books=BOOKS, n_train=10):
     d = root / "text" / "gutenberg"
     d.mkdir(parents=True)
     for i in range(n_train):
-        shard(d / f"train-{i:05d}-of-00010.jsonl.zst", books[i * 3:(i + 1) * 3])
+        shard(d / f"train-{i:05d}-of-00010.jsonl.zst", books[i * 3 : (i + 1) * 3])
     shard(d / "validation-00000-of-00001.jsonl.zst", books[30:34])
     return root
 
@@ -52,9 +57,9 @@ def test_registry_reads_the_mirror_shards_with_their_own_splits(tmp_path):
     mirror = mirror_like(tmp_path / "mirror")
     files, corpus = resolve("gutenberg", mirror=str(mirror))
     assert corpus is CORPORA["gutenberg"]
-    assert [(f.path.rsplit("/", 1)[1], f.format, f.split) for f in files] == \
-        [(f"train-{i:05d}-of-00010.jsonl.zst", "jsonl", "train") for i in range(10)] + \
-        [("validation-00000-of-00001.jsonl.zst", "jsonl", "val")]
+    assert [(f.path.rsplit("/", 1)[1], f.format, f.split) for f in files] == [
+        (f"train-{i:05d}-of-00010.jsonl.zst", "jsonl", "train") for i in range(10)
+    ] + [("validation-00000-of-00001.jsonl.zst", "jsonl", "val")]
     out = run(tmp_path, source="gutenberg", mirror=str(mirror), workers=2)  # spawned tokenizer processes
     meta = open_prepared(out)
     assert meta["splits"]["train"]["documents"] == 30 and meta["splits"]["val"]["documents"] == 4  # books, not lines
@@ -67,15 +72,20 @@ def test_without_a_mirror_copy_the_download_source_is_pg19_on_the_hub(tmp_path, 
     monkeypatch.setenv("LM_CACHE", str(tmp_path / "cache"))
     files, _ = resolve("gutenberg", mirror=str(tmp_path / "empty"))
     assert [(f.path, f.format, f.split, f.hf_split) for f in files] == [
-        ("hf:emozilla/pg19", "hf", "train", "train"), ("hf:emozilla/pg19", "hf", "val", "validation")]
+        ("hf:emozilla/pg19", "hf", "train", "train"),
+        ("hf:emozilla/pg19", "hf", "val", "validation"),
+    ]
 
 
 def test_a_partial_mirror_copy_is_refused_naming_the_missing_shards(tmp_path, monkeypatch):
     monkeypatch.setenv("LM_CACHE", str(tmp_path / "cache"))
     mirror = mirror_like(tmp_path / "mirror")
     (mirror / "text" / "gutenberg" / "train-00007-of-00010.jsonl.zst").unlink()
-    with pytest.raises(DataError, match=r"gutenberg: the mirror .* holds only part of this corpus; missing: "
-                                        r"\['text/gutenberg/train-00007-of-00010.jsonl.zst'\]. Copy the missing"):
+    with pytest.raises(
+        DataError,
+        match=r"gutenberg: the mirror .* holds only part of this corpus; missing: "
+        r"\['text/gutenberg/train-00007-of-00010.jsonl.zst'\]. Copy the missing",
+    ):
         resolve("gutenberg", mirror=str(mirror))
 
 
@@ -125,8 +135,12 @@ def _fails_cleanly(tmp_path, finished, bad, match):
         run(tmp_path, "fresh", source=str(bad))
     assert not (tmp_path / "fresh").exists()  # nothing that looks finished
     with pytest.raises(DataError, match=match):
-        prepare({"source": str(bad), "tokenizer": "bpe", "vocab_size": 300, "n_sentinels": 0, "workers": 1},
-                out, force=True, progress=False)
+        prepare(
+            {"source": str(bad), "tokenizer": "bpe", "vocab_size": 300, "n_sentinels": 0, "workers": 1},
+            out,
+            force=True,
+            progress=False,
+        )
     assert (out / "meta.json").read_bytes() == meta and open_prepared(out)  # the old data is intact
 
 
@@ -134,29 +148,49 @@ def test_truncated_shard_names_file_and_byte(tmp_path, finished):
     whole = shard(tmp_path / "whole.jsonl.zst", BOOKS * 20).read_bytes()
     bad = tmp_path / "cut.jsonl.zst"
     bad.write_bytes(whole[: len(whole) * 2 // 3])  # a copy that stopped two thirds of the way
-    _fails_cleanly(tmp_path, finished, bad, rf"cut.jsonl.zst: is not a complete, valid zstd file .*ends inside a zstd "
-                                            rf"frame, at compressed byte {len(whole) * 2 // 3}.*download or compress it again")
+    _fails_cleanly(
+        tmp_path,
+        finished,
+        bad,
+        rf"cut.jsonl.zst: is not a complete, valid zstd file .*ends inside a zstd "
+        rf"frame, at compressed byte {len(whole) * 2 // 3}.*download or compress it again",
+    )
 
 
 def test_a_file_that_is_not_zstd_says_so(tmp_path, finished):
     bad = tmp_path / "plain.jsonl.zst"
     bad.write_text("".join(json.dumps(b) + "\n" for b in BOOKS))
-    _fails_cleanly(tmp_path, finished, bad, r"plain.jsonl.zst: not a zstd file \(its first bytes 7b 22 74 65 are not "
-                                            r"the zstd magic number 28 b5 2f fd\); .*rename it without the .zst suffix")
+    _fails_cleanly(
+        tmp_path,
+        finished,
+        bad,
+        r"plain.jsonl.zst: not a zstd file \(its first bytes 7b 22 74 65 are not "
+        r"the zstd magic number 28 b5 2f fd\); .*rename it without the .zst suffix",
+    )
 
 
 def test_a_line_that_is_not_json_names_file_and_line(tmp_path, finished):
     records = [*BOOKS[:25], '{"text": "a book cut off', *BOOKS[25:]]
     bad = shard(tmp_path / "broken.jsonl.zst", records, frames=3)  # the line sits in the second frame
-    _fails_cleanly(tmp_path, finished, bad, r"broken.jsonl.zst:26: not valid JSON .*Fix or remove the line.*"
-                                            r"--bad-records skip")
+    _fails_cleanly(
+        tmp_path,
+        finished,
+        bad,
+        r"broken.jsonl.zst:26: not valid JSON .*Fix or remove the line.*"
+        r"--bad-records skip",
+    )
 
 
 def test_a_line_without_the_text_field_names_file_line_and_keys(tmp_path, finished):
     records = [*BOOKS[:7], {"body": BOOK, "title": "Untitled"}, *BOOKS[7:]]
     bad = shard(tmp_path / "nofield.jsonl.zst", records)
-    _fails_cleanly(tmp_path, finished, bad, r"nofield.jsonl.zst:8: no string field 'text' \(has: \['body', 'title'\]\)"
-                                            r".*--text-field KEY")
+    _fails_cleanly(
+        tmp_path,
+        finished,
+        bad,
+        r"nofield.jsonl.zst:8: no string field 'text' \(has: \['body', 'title'\]\)"
+        r".*--text-field KEY",
+    )
     out = run(tmp_path, "skipped", source=str(bad), bad_records="skip")  # the documented way past it: counted
     assert open_prepared(out)["skipped"]["bad_records"] == 1
 
@@ -171,8 +205,11 @@ def test_the_reader_streams_a_long_shard_in_bounded_pieces(tmp_path):
     longest = max(len(json.dumps(b)) + 1 for b in BOOKS)
     assert len(tasks) > 100 and max(len(t.payload) for t in tasks) <= 4096 + longest
     assert sum(t.payload.count(b"\n") for t in tasks) == len(BOOKS) * 50
-    assert [t.first_line for t in islice(tasks, 3)] == [1, 1 + tasks[0].payload.count(b"\n"),
-                                                          1 + tasks[0].payload.count(b"\n") + tasks[1].payload.count(b"\n")]
+    assert [t.first_line for t in islice(tasks, 3)] == [
+        1,
+        1 + tasks[0].payload.count(b"\n"),
+        1 + tasks[0].payload.count(b"\n") + tasks[1].payload.count(b"\n"),
+    ]
 
 
 # -- the mixed corpus -------------------------------------------------------------------------------
@@ -200,8 +237,14 @@ def test_glue_source_is_the_train_sentences_and_mixes_with_books(tmp_path, monke
     meta = open_prepared(out)
     docs = meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"]
     assert docs == 2 * len(train) + 34  # every sentence and every book, once
-    out = run(tmp_path, name="twice", source=["glue:rte", "gutenberg", "glue:rte"], mirror=str(mirror),
-              doc_split="line", val_fraction=0.05)
+    out = run(
+        tmp_path,
+        name="twice",
+        source=["glue:rte", "gutenberg", "glue:rte"],
+        mirror=str(mirror),
+        doc_split="line",
+        val_fraction=0.05,
+    )
     meta = open_prepared(out)
     docs = meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"]
     assert docs == 2 * 2 * len(train) + 34  # a source listed twice counts twice (the tapt mix's weighting)
@@ -238,7 +281,8 @@ def test_the_glue_source_is_train_text_only(tmp_path, data_mirror):
     assert lines[0] == train_rte[0].text_a and lines[1] == train_rte[0].text_b
     assert lines[-1] == train_cola[-1].text_a
     text = set(lines)
-    dev_only = [e.text_a for e in load_split("cola", "dev", root, hf=False) if e.text_a not in
-                {t.text_a for t in train_cola}]
+    dev_only = [
+        e.text_a for e in load_split("cola", "dev", root, hf=False) if e.text_a not in {t.text_a for t in train_cola}
+    ]
     assert dev_only and not any(s in text for s in dev_only)  # no dev sentence leaks into pretraining
     assert not any("\t" in line for line in lines)  # text only: no label or source columns (CoLA has both)

@@ -79,5 +79,5 @@ def test_one_long_line_prepares_in_bounded_memory(tmp_path):
     tok = Tokenizer.load(out / "tokenizer.json")
     step = 1 << 20  # ASCII byte-level tokens: any token boundary is a character boundary
     body = ids[:-1]
-    decoded = "".join(tok.decode(body[i:i + step].tolist()) for i in range(0, len(body), step))
+    decoded = "".join(tok.decode(body[i : i + step].tolist()) for i in range(0, len(body), step))
     assert decoded == text

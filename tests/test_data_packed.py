@@ -18,9 +18,20 @@ def data(tmp_path_factory, data_mirror):
     root = tmp_path_factory.mktemp("packed")
     text = (data_mirror / "text/tinystories/tiny_stories_train_slice.txt").read_text().split("\n")
     (root / "stories.txt").write_text("\n".join(text[:400]))
-    return prepare({"source": str(root / "stories.txt"), "doc_split": "line", "tokenizer": "bpe", "vocab_size": 600,
-                    "n_sentinels": 20, "val_fraction": 0.1, "workers": 1, "shard_tokens": 5000},
-                   root / "data", progress=False)
+    return prepare(
+        {
+            "source": str(root / "stories.txt"),
+            "doc_split": "line",
+            "tokenizer": "bpe",
+            "vocab_size": 600,
+            "n_sentinels": 20,
+            "val_fraction": 0.1,
+            "workers": 1,
+            "shard_tokens": 5000,
+        },
+        root / "data",
+        progress=False,
+    )
 
 
 def stream(root, split):
@@ -44,7 +55,7 @@ def test_clm_windows_are_contiguous_shifted_and_unpadded(data):
     assert batch["input_ids"].dtype == torch.long and batch["input_ids"].shape == (B, T)
     assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])  # labels are the inputs shifted
     for row, i in zip(batch["input_ids"], loader.sample_ids(np.arange(B))):
-        assert np.array_equal(row.numpy(), tokens[i * T: i * T + T])
+        assert np.array_equal(row.numpy(), tokens[i * T : i * T + T])
 
 
 def test_every_window_reads_the_joined_stream_also_across_shards(data):
@@ -57,7 +68,7 @@ def test_every_window_reads_the_joined_stream_also_across_shards(data):
     ids = np.arange(loader.n_samples)
     windows = np.empty((ids.size, 64), dtype=np.int64)  # (B, T + 1)
     loader.stream.read_windows(ids * 63, windows)
-    assert np.array_equal(windows, np.stack([tokens[i * 63: i * 63 + 64] for i in ids]))
+    assert np.array_equal(windows, np.stack([tokens[i * 63 : i * 63 + 64] for i in ids]))
     batch = loader._batch(np.array(crossing[:4]), np.arange(4))
     assert np.array_equal(batch["input_ids"].numpy(), windows[crossing[:4], :-1])
 
@@ -92,8 +103,10 @@ def test_ranks_get_disjoint_slices_that_cover_the_single_process_order(data):
     ranks = [take(PackedLoader(data, "train", T, 2, rank=r, world_size=2), 3) for r in range(2)]
     interleaved = torch.cat([torch.cat([ranks[0][s]["input_ids"], ranks[1][s]["input_ids"]]) for s in range(3)])
     assert torch.equal(interleaved, single)
-    ids = [set(PackedLoader(data, "train", T, 2, rank=r, world_size=2).sample_ids(np.arange(r * 2, r * 2 + 2)))
-           for r in range(2)]
+    ids = [
+        set(PackedLoader(data, "train", T, 2, rank=r, world_size=2).sample_ids(np.arange(r * 2, r * 2 + 2)))
+        for r in range(2)
+    ]
     assert not ids[0] & ids[1]
 
 
@@ -105,10 +118,10 @@ def test_train_stride_makes_every_offset_a_window_and_leaves_val_tiled(data):
     assert np.array_equal(np.sort(ids), np.arange(loader.n_samples))  # an epoch is every offset once
     batch = next(iter(loader))
     for row, i in zip(batch["input_ids"], loader.sample_ids(np.arange(B))):
-        assert np.array_equal(row.numpy(), tokens[i: i + T])
+        assert np.array_equal(row.numpy(), tokens[i : i + T])
     last = np.empty((1, T + 1), dtype=np.int64)
     loader.stream.read_windows(np.array([loader.n_samples - 1]), last)
-    assert np.array_equal(last[0], tokens[-T - 1:])  # the last window ends at the last token
+    assert np.array_equal(last[0], tokens[-T - 1 :])  # the last window ends at the last token
     three = PackedLoader(data, "train", T, B, "clm", train_stride=3)
     assert three.n_samples == (tokens.size - T - 1) // 3 + 1
     val = PackedLoader(data, "val", T, B, "clm", train_stride=1)
@@ -154,7 +167,7 @@ def test_validation_is_finite_in_order_and_equal_across_ranks(data):
     batches = list(val)
     assert len(batches) == len(val) == -(-val.n_samples // 5)
     got = torch.cat([b["input_ids"] for b in batches]).numpy()
-    want = np.stack([tokens[i * T: i * T + T] for i in range(val.n_samples)])
+    want = np.stack([tokens[i * T : i * T + T] for i in range(val.n_samples)])
     assert np.array_equal(got, want)
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, list(val)))  # same every pass
     ranks = [[b["input_ids"] for b in PackedLoader(data, "val", T, 5, rank=r, world_size=3)] for r in range(3)]
@@ -176,8 +189,12 @@ def test_mlm_masks_15_percent_80_10_10_never_specials(data):
     for _ in range(10):
         positions = np.arange(loader.consumed, loader.consumed + 16)
         batch = next(it)
-        orig = torch.stack([torch.from_numpy(np.concatenate([stream(data, "train")[i * 128: i * 128 + 128]]))
-                            for i in loader.sample_ids(positions)]).long()
+        orig = torch.stack(
+            [
+                torch.from_numpy(np.concatenate([stream(data, "train")[i * 128 : i * 128 + 128]]))
+                for i in loader.sample_ids(positions)
+            ]
+        ).long()
         target = batch["labels"] != -100
         assert torch.equal(batch["labels"][target], orig[target])
         assert not torch.isin(orig[target], torch.tensor(tok.special_ids)).any()  # EOS etc. are never targets
@@ -211,7 +228,7 @@ def test_span_corruption_hides_spans_behind_sentinels_and_targets_restore_them(d
             else:
                 spans[current].append(t)
         restored = [t for s in row[:-1] for t in (spans[s] if s in sentinels else [s])]
-        assert restored == tokens[i * raw: i * raw + raw].tolist()
+        assert restored == tokens[i * raw : i * raw + raw].tolist()
         used = [t for t in row if t in sentinels]
         assert used == tok.sentinel_ids[: len(used)] and 0.1 < sum(map(len, spans.values())) / raw < 0.2
 
@@ -223,12 +240,12 @@ def test_span_corruption_needs_enough_sentinels():
 
 @pytest.mark.parametrize("arch,objective", [("decoder", "clm"), ("encoder", "mlm"), ("encoder_decoder", "span")])
 def test_batches_fit_the_model_contract(data, arch, objective):
-    from lm.model.config import ModelConfig
     from lm.model import build_model
+    from lm.model.config import ModelConfig
 
     loader = PackedLoader(data, "train", 32, 2, objective)
-    model = build_model(ModelConfig(arch=arch, vocab_size=loader.vocab_size, dim=32, n_layers=1, n_heads=2,
-                                    max_seq_len=64))
+    model = build_model(
+        ModelConfig(arch=arch, vocab_size=loader.vocab_size, dim=32, n_layers=1, n_heads=2, max_seq_len=64)
+    )
     out = model(**next(iter(loader)))
     assert torch.isfinite(out.loss) and abs(out.loss.item() - np.log(loader.vocab_size)) < 1.5
-

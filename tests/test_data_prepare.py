@@ -15,8 +15,9 @@ from lm.data.manifest import open_prepared
 from lm.data.prepare import ensure_prepared, prepare
 from lm.data.tokenizer import Tokenizer
 
-STORIES = [f"Story {i}: " + " ".join(["Once upon a time a little fox found a shiny stone."] * (1 + i % 4))
-           for i in range(200)]
+STORIES = [
+    f"Story {i}: " + " ".join(["Once upon a time a little fox found a shiny stone."] * (1 + i % 4)) for i in range(200)
+]
 
 
 def tokens(out, split):
@@ -25,8 +26,15 @@ def tokens(out, split):
 
 
 def run(tmp_path, name="out", **cfg):
-    cfg = {"tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 4, "val_fraction": 0.2, "workers": 1,
-           "task_bytes": 2048, **cfg}
+    cfg = {
+        "tokenizer": "bpe",
+        "vocab_size": 320,
+        "n_sentinels": 4,
+        "val_fraction": 0.2,
+        "workers": 1,
+        "task_bytes": 2048,
+        **cfg,
+    }
     return prepare(cfg, tmp_path / name, progress=False)
 
 
@@ -45,7 +53,7 @@ def test_shakespeare_char_preset_reproduces_nanogpt_split(tmp_path, monkeypatch,
     stoi = {c: 7 + 16 + i for i, c in enumerate(sorted(set(text)))}  # specials and sentinels come first
     n = len(text)
     train = np.array([stoi[c] for c in text[: int(n * 0.9)]])  # nanoGPT's data/shakespeare_char/prepare.py
-    val = np.array([stoi[c] for c in text[int(n * 0.9):]])
+    val = np.array([stoi[c] for c in text[int(n * 0.9) :]])
     assert np.array_equal(tokens(out, "train"), train) and np.array_equal(tokens(out, "val"), val)
     meta = open_prepared(out, checksums=True)
     assert meta["tokenizer"]["vocab_size"] == 88 and meta["dtype"] == "uint16"
@@ -73,11 +81,24 @@ def test_documents_end_with_eos_and_split_by_document(tmp_path, stories):
 def test_output_does_not_depend_on_worker_count_and_progress_is_shown(tmp_path, stories, capsys):
     one = run(tmp_path, "one", source=str(stories), doc_split="line", workers=1)
     capsys.readouterr()
-    two = prepare({"tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 4, "val_fraction": 0.2, "workers": 2,
-                   "task_bytes": 2048, "source": str(stories), "doc_split": "line"}, tmp_path / "two", progress=True)
+    two = prepare(
+        {
+            "tokenizer": "bpe",
+            "vocab_size": 320,
+            "n_sentinels": 4,
+            "val_fraction": 0.2,
+            "workers": 2,
+            "task_bytes": 2048,
+            "source": str(stories),
+            "doc_split": "line",
+        },
+        tmp_path / "two",
+        progress=True,
+    )
     bar = capsys.readouterr().err
-    assert "tokenize: 100%" in bar and f"{stories.stat().st_size / 1000:.1f}k/{stories.stat().st_size / 1000:.1f}k" \
-        in bar  # the bar counts source bytes and ends at the file size
+    assert (
+        "tokenize: 100%" in bar and f"{stories.stat().st_size / 1000:.1f}k/{stories.stat().st_size / 1000:.1f}k" in bar
+    )  # the bar counts source bytes and ends at the file size
     for split in ("train", "val"):
         assert np.array_equal(tokens(one, split), tokens(two, split))
     assert (one / "tokenizer.json").read_bytes() == (two / "tokenizer.json").read_bytes()
@@ -102,13 +123,17 @@ def test_jsonl_gz_zst_and_parquet_give_the_same_tokens(tmp_path):
     (tmp_path / "a.jsonl.gz").write_bytes(gzip.compress(lines))
     (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(lines))
     pq.write_table(pa.table({"body": STORIES}), tmp_path / "a.parquet", row_group_size=64)
-    outs = [run(tmp_path, f"o{i}", source=str(tmp_path / name), text_field="body")
-            for i, name in enumerate(["a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.parquet"])]
+    outs = [
+        run(tmp_path, f"o{i}", source=str(tmp_path / name), text_field="body")
+        for i, name in enumerate(["a.jsonl", "a.jsonl.gz", "a.jsonl.zst", "a.parquet"])
+    ]
     for out in outs[1:]:
         assert np.array_equal(tokens(out, "train"), tokens(outs[0], "train"))
         assert np.array_equal(tokens(out, "val"), tokens(outs[0], "val"))
-    assert open_prepared(outs[0])["splits"]["train"]["documents"] + open_prepared(outs[0])["splits"]["val"][
-        "documents"] == 200
+    assert (
+        open_prepared(outs[0])["splits"]["train"]["documents"] + open_prepared(outs[0])["splits"]["val"]["documents"]
+        == 200
+    )
 
 
 def test_directory_glob_and_val_source(tmp_path, stories):
@@ -180,12 +205,27 @@ def test_finished_output_is_kept_unless_forced_and_survives_a_failed_rebuild(tmp
 
     monkeypatch.setattr(prep, "write_json", crash)
     with pytest.raises(RuntimeError):
-        prepare({"source": str(stories), "doc_split": "line", "vocab_size": 300, "n_sentinels": 4, "workers": 1},
-                out, force=True, progress=False)
+        prepare(
+            {"source": str(stories), "doc_split": "line", "vocab_size": 300, "n_sentinels": 4, "workers": 1},
+            out,
+            force=True,
+            progress=False,
+        )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the failed rebuild touched nothing
     monkeypatch.undo()
-    prepare({"source": str(stories), "doc_split": "line", "vocab_size": 300, "n_sentinels": 4, "val_fraction": 0.2,
-             "workers": 1}, out, force=True, progress=False)
+    prepare(
+        {
+            "source": str(stories),
+            "doc_split": "line",
+            "vocab_size": 300,
+            "n_sentinels": 4,
+            "val_fraction": 0.2,
+            "workers": 1,
+        },
+        out,
+        force=True,
+        progress=False,
+    )
     assert open_prepared(out)["config"]["vocab_size"] == 300
 
 
@@ -199,8 +239,23 @@ def _cli_error(argv) -> str:
 def test_force_replaces_only_a_directory_lm_prepare_wrote(tmp_path, stories):
     """issue 49 item 5: a user's directory that merely holds a meta.json was deleted by --force."""
     out = run(tmp_path, source=str(stories), doc_split="line")
-    argv = [str(stories), "--out", None, "--doc-split", "line", "--vocab-size", "300", "--n-sentinels", "4",
-            "--val-fraction", "0.2", "--workers", "1", "--no-progress", "--force"]
+    argv = [
+        str(stories),
+        "--out",
+        None,
+        "--doc-split",
+        "line",
+        "--vocab-size",
+        "300",
+        "--n-sentinels",
+        "4",
+        "--val-fraction",
+        "0.2",
+        "--workers",
+        "1",
+        "--no-progress",
+        "--force",
+    ]
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "meta.json").write_text((out / "meta.json").read_text())  # lm prepare's manifest, copied
@@ -221,8 +276,10 @@ def test_a_meta_json_that_is_not_an_object_is_one_line(tmp_path, stories):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "meta.json").write_text("[1, 2]")
     msg = _cli_error([str(stories), "--out", str(tmp_path / "out"), "--workers", "1", "--no-progress", "--force"])
-    assert msg.startswith(f"lm prepare: {tmp_path / 'out'} exists, is not empty and is not a finished lm prepare "
-                          f"directory (no readable meta.json object)")
+    assert msg.startswith(
+        f"lm prepare: {tmp_path / 'out'} exists, is not empty and is not a finished lm prepare "
+        f"directory (no readable meta.json object)"
+    )
     assert (tmp_path / "out" / "meta.json").read_text() == "[1, 2]"
     assert "no readable meta.json" in _cli_error(["--verify", str(tmp_path / "out")])
 
@@ -239,8 +296,23 @@ def test_a_full_disk_is_one_line_and_loses_nothing(tmp_path, stories, monkeypatc
         raise OSError(errno.ENOSPC, "No space left on device", str(self._tmp))
 
     monkeypatch.setattr(ShardWriter, "write", full)
-    msg = _cli_error([str(stories), "--out", str(out), "--doc-split", "line", "--vocab-size", "300", "--n-sentinels",
-                      "4", "--workers", "1", "--no-progress", "--force"])
+    msg = _cli_error(
+        [
+            str(stories),
+            "--out",
+            str(out),
+            "--doc-split",
+            "line",
+            "--vocab-size",
+            "300",
+            "--n-sentinels",
+            "4",
+            "--workers",
+            "1",
+            "--no-progress",
+            "--force",
+        ]
+    )
     assert msg.startswith(f"lm prepare: No space left on device ({tmp_path / '.out.partial'}")
     assert msg.endswith("— free space on that disk, or write somewhere else")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
@@ -255,8 +327,25 @@ def test_cli_help_list_and_run(tmp_path, stories, capsys):
         assert word in help_text
     main(["--list"])
     assert "fineweb_edu_sample" in capsys.readouterr().out
-    main([str(stories), "--out", str(tmp_path / "cli"), "--doc-split", "line", "--vocab-size", "300", "--n-sentinels", "4",
-          "--val-fraction", "0.2", "--workers", "1", "--no-progress", "--no-append-eos"])
+    main(
+        [
+            str(stories),
+            "--out",
+            str(tmp_path / "cli"),
+            "--doc-split",
+            "line",
+            "--vocab-size",
+            "300",
+            "--n-sentinels",
+            "4",
+            "--val-fraction",
+            "0.2",
+            "--workers",
+            "1",
+            "--no-progress",
+            "--no-append-eos",
+        ]
+    )
     meta = open_prepared(tmp_path / "cli")
     assert meta["config"]["append_eos"] is False and meta["tokenizer"]["vocab_size"] == 300
     main(["--verify", str(tmp_path / "cli")])
@@ -286,7 +375,9 @@ def test_every_data_preset_composes_with_hydra(monkeypatch, tmp_path):
     assert data_preset("text", [f"data.source={text}"]).source == str(text)
     assert data_preset("prepared", [f"data.dir={tmp_path}"]).dir == str(tmp_path)
     # The schema types every preset: a wrong choice fails at composition, naming the field and the choices.
-    with pytest.raises(ConfigError, match=r"data.doc_split: Invalid value 'para', expected one of \[file, line, blank_line, regex\]"):
+    with pytest.raises(
+        ConfigError, match=r"data.doc_split: Invalid value 'para', expected one of \[file, line, blank_line, regex\]"
+    ):
         data_preset("shakespeare_char", ["data.doc_split=para"])
     with pytest.raises(ConfigError, match="known presets"):
         data_preset("no_such_corpus")

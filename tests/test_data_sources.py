@@ -8,19 +8,27 @@ import numpy as np
 import pytest
 import torch
 
-from lm.data.packed import PackedLoader
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
+from lm.data.packed import PackedLoader
 from lm.data.prepare import prepare
 from lm.data.tokenizer import Tokenizer
 
-STORIES = [f"Story {i}: " + " ".join(["A small fox found a shiny stone by the river."] * (1 + i % 3))
-           for i in range(120)]
+STORIES = [
+    f"Story {i}: " + " ".join(["A small fox found a shiny stone by the river."] * (1 + i % 3)) for i in range(120)
+]
 
 
 def run(tmp_path, name="out", **cfg):
-    cfg = {"tokenizer": "bpe", "vocab_size": 320, "n_sentinels": 4, "val_fraction": 0.2, "workers": 1,
-           "task_bytes": 2048, **cfg}
+    cfg = {
+        "tokenizer": "bpe",
+        "vocab_size": 320,
+        "n_sentinels": 4,
+        "val_fraction": 0.2,
+        "workers": 1,
+        "task_bytes": 2048,
+        **cfg,
+    }
     return prepare(cfg, tmp_path / name, progress=False)
 
 
@@ -47,8 +55,17 @@ def test_hf_dataset_by_name_gives_the_tokens_of_the_same_records_as_jsonl(tmp_pa
     for split in ("train", "val"):
         assert np.array_equal(tokens(out, split), tokens(reference, split))
     meta = open_prepared(out)
-    assert meta["sources"] == [{"path": f"hf:{repo}", "format": "hf", "split": None, "bytes": None, "sha256": None,
-                                "records": len(STORIES), "hf_split": "train"}]
+    assert meta["sources"] == [
+        {
+            "path": f"hf:{repo}",
+            "format": "hf",
+            "split": None,
+            "bytes": None,
+            "sha256": None,
+            "records": len(STORIES),
+            "hf_split": "train",
+        }
+    ]
     assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == len(STORIES)
 
 
@@ -120,10 +137,16 @@ def test_truncated_or_corrupt_compressed_files_name_the_file(tmp_path):
     (tmp_path / "cut.jsonl.zst").write_bytes(zst[: len(zst) // 2])  # a download that stopped half way
     (tmp_path / "cut.jsonl.gz").write_bytes(gz[: len(gz) // 2])
     (tmp_path / "junk.jsonl.gz").write_bytes(b"this is not gzip at all")
-    for name, reason in [("cut.jsonl.zst", "ends inside a zstd frame"), ("cut.jsonl.gz", "EOFError"),
-                         ("junk.jsonl.gz", "Not a gzipped file")]:
-        with pytest.raises(DataError, match=rf"{name}: is not a complete, valid (zstd|gzip) file .*{reason}.*"
-                                            rf"truncated or corrupt"):
+    for name, reason in [
+        ("cut.jsonl.zst", "ends inside a zstd frame"),
+        ("cut.jsonl.gz", "EOFError"),
+        ("junk.jsonl.gz", "Not a gzipped file"),
+    ]:
+        with pytest.raises(
+            DataError,
+            match=rf"{name}: is not a complete, valid (zstd|gzip) file .*{reason}.*"
+            rf"truncated or corrupt",
+        ):
             run(tmp_path, source=str(tmp_path / name))
         assert not (tmp_path / "out").exists()
     (tmp_path / "whole.jsonl.zst").write_bytes(zst + zstandard.ZstdCompressor().compress(lines))  # two frames

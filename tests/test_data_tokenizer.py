@@ -8,8 +8,12 @@ from tokenizers import models, pre_tokenizers
 
 from lm.data.tokenizer import SPECIAL_TOKENS, Tokenizer, TokenizerError, char_symbols, train
 
-TEXT = ["The quick brown fox jumps over the lazy dog.", "Pack my box with five dozen liquor jugs!",
-        "Sphinx of black quartz, judge my vow.", "How vexingly quick daft zebras jump."] * 50
+TEXT = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Pack my box with five dozen liquor jugs!",
+    "Sphinx of black quartz, judge my vow.",
+    "How vexingly quick daft zebras jump.",
+] * 50
 
 
 @pytest.mark.parametrize("kind,vocab", [("bpe", 400), ("unigram", 150), ("char", 0)])

@@ -31,7 +31,9 @@ def _die_on_line_3(task: SourcePiece) -> int:
 
 
 def _tasks(n: int):
-    return [SourcePiece(path=f"shard-{i}.jsonl.zst", format="jsonl", payload=b"", first_line=i) for i in range(1, n + 1)]
+    return [
+        SourcePiece(path=f"shard-{i}.jsonl.zst", format="jsonl", payload=b"", first_line=i) for i in range(1, n + 1)
+    ]
 
 
 def test_results_come_in_task_order_from_initialised_workers():
@@ -42,7 +44,9 @@ def test_results_come_in_task_order_from_initialised_workers():
 @pytest.mark.parametrize("line, work", [(1, _die_on_line_1), (3, _die_on_line_3)])
 def test_a_killed_worker_is_an_error_naming_the_tasks_in_flight_not_a_hang(line, work):
     done = []
-    with pytest.raises(DataError, match=r"worker process died with these tasks in flight: .*data\.workers=N, now 2") as e:
+    with pytest.raises(
+        DataError, match=r"worker process died with these tasks in flight: .*data\.workers=N, now 2"
+    ) as e:
         for r in tokenize_tasks(_tasks(6), 2, ("w",), work=work, init=_init):
             done.append(r)
     # the pool fails every task in flight (which one killed it is unknown): results before them came in order

@@ -30,8 +30,12 @@ def relative_links(page: Path):
 
 def test_every_relative_link_in_readme_and_docs_resolves():
     pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-    broken = [f"{page.relative_to(REPO)} -> {target}" for page in pages for target in relative_links(page)
-              if not (page.parent / target).exists()]
+    broken = [
+        f"{page.relative_to(REPO)} -> {target}"
+        for page in pages
+        for target in relative_links(page)
+        if not (page.parent / target).exists()
+    ]
     assert broken == []
 
 
@@ -63,12 +67,17 @@ def layout_map(text: str):
 
 def test_every_file_of_lm_is_in_the_architecture_map():
     found = layout_map((REPO / "docs" / "architecture.md").read_text())
-    missing = [str(p.relative_to(REPO)) for p in sorted((REPO / "lm").rglob("*.py"))
-               if p.name not in found.get(str(p.parent.relative_to(REPO)), set())]
+    missing = [
+        str(p.relative_to(REPO))
+        for p in sorted((REPO / "lm").rglob("*.py"))
+        if p.name not in found.get(str(p.parent.relative_to(REPO)), set())
+    ]
     assert missing == [], f"add a line for each to docs/architecture.md's layout map: {missing}"
 
 
 def test_the_map_check_reads_packages_and_files():
-    text = ("## Layout: one line per file\n\n```\nlm/config.py   root\nlm/model/   the core\n"
-            "  lm.py heads.py   families\n  tasks/data.py   data\nconf/   x.py\n```\n")
+    text = (
+        "## Layout: one line per file\n\n```\nlm/config.py   root\nlm/model/   the core\n"
+        "  lm.py heads.py   families\n  tasks/data.py   data\nconf/   x.py\n```\n"
+    )
     assert layout_map(text) == {"lm": {"config.py"}, "lm/model": {"lm.py", "heads.py"}, "lm/model/tasks": {"data.py"}}

@@ -24,8 +24,19 @@ def data(tmp_path_factory, data_mirror):
     root = tmp_path_factory.mktemp("elastic")
     text = (data_mirror / "text/tinystories/tiny_stories_train_slice.txt").read_text().split("\n")
     (root / "stories.txt").write_text("\n".join(text[:200]))
-    return prepare({"source": str(root / "stories.txt"), "doc_split": "line", "tokenizer": "bpe", "vocab_size": 400,
-                    "val_fraction": 0.1, "workers": 1, "shard_tokens": 5000}, root / "data", progress=False)
+    return prepare(
+        {
+            "source": str(root / "stories.txt"),
+            "doc_split": "line",
+            "tokenizer": "bpe",
+            "vocab_size": 400,
+            "val_fraction": 0.1,
+            "workers": 1,
+            "shard_tokens": 5000,
+        },
+        root / "data",
+        progress=False,
+    )
 
 
 def test_kept_grad_accum_keeps_the_global_batch_or_names_the_world_sizes_that_can():
@@ -41,8 +52,10 @@ def test_kept_grad_accum_keeps_the_global_batch_or_names_the_world_sizes_that_ca
 def steps_on(data, world, grad_accum, n, state=None):
     """n steps of LoaderSteps on `world` ranks from `state`: per step the sorted digests of all ranks' samples,
     and rank 0's state after them."""
-    ranks = [LoaderSteps(PackedLoader(data, "train", T, 1, rank=r, world_size=world, seed=3), grad_accum)
-             for r in range(world)]
+    ranks = [
+        LoaderSteps(PackedLoader(data, "train", T, 1, rank=r, world_size=world, seed=3), grad_accum)
+        for r in range(world)
+    ]
     for r in ranks:
         if state is not None:
             r.load_state_dict(state)
@@ -70,8 +83,9 @@ def test_a_task_state_of_another_global_batch_is_refused_naming_grad_accum(data)
 def fake_checkpoint(run_dir, samples_per_step, step=4):
     ckpt = run_dir / "checkpoints" / f"step_{step:08d}"
     ckpt.mkdir(parents=True)
-    torch.save({"loader": {"samples_consumed": 40, "samples_per_step": samples_per_step}, "rng": {}},
-               ckpt / "rank00000.pt")
+    torch.save(
+        {"loader": {"samples_consumed": 40, "samples_per_step": samples_per_step}, "rng": {}}, ckpt / "rank00000.pt"
+    )
 
 
 def test_the_same_command_on_another_world_size_gets_the_grad_accum_that_keeps_the_batch(tmp_path):
@@ -86,6 +100,7 @@ def test_the_same_command_on_another_world_size_gets_the_grad_accum_that_keeps_t
 
 
 # -- the checkpoint side -----------------------------------------------------------------------------------
+
 
 def engine_pair(cls, need_group):
     from lm.core.optim import adamw
@@ -144,7 +159,7 @@ def test_single_to_fsdp2_to_single_reshards_model_and_optimizer_bit_for_bit(tmp_
 
 
 def test_a_checkpoint_from_before_elastic_resume_is_refused_on_another_world_size(tmp_path):
-    from lm.core.checkpoint import CheckpointError, Checkpointer
+    from lm.core.checkpoint import Checkpointer, CheckpointError
     from lm.engine import DDPEngine, Dist, SingleEngine
 
     single = engine_pair(SingleEngine, False)
@@ -154,8 +169,11 @@ def test_a_checkpoint_from_before_elastic_resume_is_refused_on_another_world_siz
     del trainer["elastic"]  # as lm wrote it before this change (trainer.json is outside the manifest)
     (path / "trainer.json").write_text(json.dumps(trainer))
     two = DDPEngine(TrainConfig(), Dist(rank=0, world_size=2, local_rank=0, device=torch.device("cpu")))
-    with pytest.raises(CheckpointError, match=r"before lm could resume on another engine or world size; this run "
-                                              r"is DDPEngine on 2\. Resume with the same engine and world size"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"before lm could resume on another engine or world size; this run "
+        r"is DDPEngine on 2\. Resume with the same engine and world size",
+    ):
         Checkpointer(tmp_path, two).load(path)
 
 
@@ -165,8 +183,9 @@ def glue_task(n_train, world):
     from lm.glue.trainer import GlueTask, Split, TaskData
 
     data = TaskData(task=get_task("sst2"), train=Split(features=[{"input_ids": [5, 6]}] * n_train), dev={}, test={})
-    return GlueTask(GlueTaskConfig(name="sst2", batch_size=16), data, seed=0, rank=0, world_size=world,
-                    micro_batch_size=8, pad_id=0)
+    return GlueTask(
+        GlueTaskConfig(name="sst2", batch_size=16), data, seed=0, rank=0, world_size=world, micro_batch_size=8, pad_id=0
+    )
 
 
 def test_a_finetune_pair_resumes_on_a_world_size_with_the_same_steps_per_epoch_only():

@@ -24,19 +24,50 @@ def cache(tmp_path_factory):
 
 
 def overrides(run_dir, steps, engine, grad_accum):
-    return [f"run_dir={run_dir}", "model=tiny", "model.max_seq_len=64", "data=shakespeare_char", "train.seq_len=32",
-            "train.micro_batch_size=1", f"train.grad_accum={grad_accum}", f"train.max_steps={steps}",
-            "train.log_interval=1", "train.eval_interval=0", "train.ckpt_interval=0", "sched.warmup_steps=2",
-            "train.progress=false", f"engine={engine}",
-            "sched=constant"]  # the first launch stops at SPLIT: its schedule must not depend on max_steps
+    return [
+        f"run_dir={run_dir}",
+        "model=tiny",
+        "model.max_seq_len=64",
+        "data=shakespeare_char",
+        "train.seq_len=32",
+        "train.micro_batch_size=1",
+        f"train.grad_accum={grad_accum}",
+        f"train.max_steps={steps}",
+        "train.log_interval=1",
+        "train.eval_interval=0",
+        "train.ckpt_interval=0",
+        "sched.warmup_steps=2",
+        "train.progress=false",
+        f"engine={engine}",
+        "sched=constant",
+    ]  # the first launch stops at SPLIT: its schedule must not depend on max_steps
 
 
 def launch(world, args, cache, log, segment, *torchrun):
-    cmd = [sys.executable, "-m", "lm.cli.train"] if world == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_addr", "127.0.0.1",
-        "--master_port", str(free_port()), *torchrun, "-m", "lm.cli.train"]
-    env = subprocess_env(LM_CACHE=str(cache), LM_PLUGINS=str(REPO / "tests" / "token_log.py"), LM_TOKEN_LOG=str(log),
-                         LM_TOKEN_SEGMENT=str(segment))
+    cmd = (
+        [sys.executable, "-m", "lm.cli.train"]
+        if world == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(world),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            *torchrun,
+            "-m",
+            "lm.cli.train",
+        ]
+    )
+    env = subprocess_env(
+        LM_CACHE=str(cache),
+        LM_PLUGINS=str(REPO / "tests" / "token_log.py"),
+        LM_TOKEN_LOG=str(log),
+        LM_TOKEN_SEGMENT=str(segment),
+    )
     return subprocess.run(cmd + args, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -70,7 +101,10 @@ def test_resume_on_another_layout_continues_the_same_stream_and_losses(name, ref
     # the same command on the new layout: grad_accum as the first run had it, adjusted to keep 4 per step
     second = ok(launch(w2, overrides(run, STEPS, e2, GLOBAL // w1), cache, log, 1))
     if w2 != w1:
-        assert f"train.grad_accum {GLOBAL // w1} -> {GLOBAL // w2} keeps the run's {GLOBAL} sequences" in second.stdout + second.stderr
+        assert (
+            f"train.grad_accum {GLOBAL // w1} -> {GLOBAL // w2} keeps the run's {GLOBAL} sequences"
+            in second.stdout + second.stderr
+        )
     ref_losses, ref_tokens = reference
     tokens = token_steps(log)
     assert sorted(tokens) == sorted(ref_tokens) == list(range(STEPS))
@@ -102,6 +136,7 @@ def test_fsdp2_checkpoint_on_zero2_is_refused_in_one_line(cache, tmp_path):
 
 # -- lm finetune: a task/seed pair stopped on one process continues on 2 DDP ranks --------------------------
 
+
 def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
     """Ctrl-C inside step 15 of a 30-step pair (1 process), then the same command under torchrun on 2 ranks:
     every step holds the uninterrupted run's examples and its loss to 1e-5 (dropout off: the streams of
@@ -112,17 +147,30 @@ def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
     files = _finetune_files(tmp_path / "files")
     token_log = str(REPO / "tests" / "token_log.py")
     finetune = [sys.executable, "-m", "lm.cli.finetune"]
-    whole = subprocess.run(finetune + _finetune_args(files, tmp_path / "whole"), cwd=REPO, capture_output=True,
-                           text=True, timeout=600,
-                           env=subprocess_env(LM_PLUGINS=token_log, LM_TOKEN_LOG=str(tmp_path / "whole_tokens")))
+    whole = subprocess.run(
+        finetune + _finetune_args(files, tmp_path / "whole"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=subprocess_env(LM_PLUGINS=token_log, LM_TOKEN_LOG=str(tmp_path / "whole_tokens")),
+    )
     assert whole.returncode == 0, whole.stderr[-3000:]
 
     flag = tmp_path / "paused"  # benchmarks/fault_pause.py parks the run inside step 15, then Ctrl-C
-    stopped = subprocess.Popen(finetune + _finetune_args(files, tmp_path / "run"), cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=subprocess_env(
-                                   LM_PLUGINS=f"{token_log},{REPO / 'benchmarks' / 'fault_pause.py'}",
-                                   LM_TOKEN_LOG=str(tmp_path / "tokens"), LM_FAULT_PAUSE_FILE=str(flag),
-                                   LM_FAULT_PAUSE_AT_STEP="15"))
+    stopped = subprocess.Popen(
+        finetune + _finetune_args(files, tmp_path / "run"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(
+            LM_PLUGINS=f"{token_log},{REPO / 'benchmarks' / 'fault_pause.py'}",
+            LM_TOKEN_LOG=str(tmp_path / "tokens"),
+            LM_FAULT_PAUSE_FILE=str(flag),
+            LM_FAULT_PAUSE_AT_STEP="15",
+        ),
+    )
     deadline = time.time() + 600
     while not flag.exists() and stopped.poll() is None and time.time() < deadline:
         time.sleep(0.2)
@@ -131,10 +179,26 @@ def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
     assert stopped.returncode == 1 and "stopped after step 15" in out + err, (out + err)[-3000:]
 
     resumed = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-         "--master_port", str(free_port()), "-m", "lm.cli.finetune"] + _finetune_args(files, tmp_path / "run"),
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-        env=subprocess_env(LM_PLUGINS=token_log, LM_TOKEN_LOG=str(tmp_path / "tokens"), LM_TOKEN_SEGMENT="1"))
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(free_port()),
+            "-m",
+            "lm.cli.finetune",
+        ]
+        + _finetune_args(files, tmp_path / "run"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=subprocess_env(LM_PLUGINS=token_log, LM_TOKEN_LOG=str(tmp_path / "tokens"), LM_TOKEN_SEGMENT="1"),
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed from" in resumed.stdout + resumed.stderr
     tokens, reference = token_steps(tmp_path / "tokens"), token_steps(tmp_path / "whole_tokens")
@@ -151,7 +215,11 @@ def _finetune_args(files, run_dir):
     from tests.test_finetune_kill_resume import overrides as kill_resume_overrides
 
     return [a for a in kill_resume_overrides(files, run_dir) if a != "model.dropout=0.1"] + [
-        "model.dropout=0.0", "tasks.sst2.dropout=0.0", "tasks.sst2.seeds=[0]", "engine=ddp"]
+        "model.dropout=0.0",
+        "tasks.sst2.dropout=0.0",
+        "tasks.sst2.seeds=[0]",
+        "engine=ddp",
+    ]
 
 
 def _finetune_files(root):
@@ -163,9 +231,15 @@ def _finetune_files(root):
 
     rng = random.Random(0)
     for split, n in (("train", 160), ("dev", 60)):
-        write_tsv(root / "glue" / "SST-2" / f"{split}.tsv", ["sentence", "label"],
-                  [[sentence(rng, i % 2), i % 2] for i in range(n)])
-    write_tsv(root / "glue" / "SST-2" / "test.tsv", ["index", "sentence"], [[i, sentence(rng, i % 2)] for i in range(20)])
+        write_tsv(
+            root / "glue" / "SST-2" / f"{split}.tsv",
+            ["sentence", "label"],
+            [[sentence(rng, i % 2), i % 2] for i in range(n)],
+        )
+    write_tsv(
+        root / "glue" / "SST-2" / "test.tsv", ["index", "sentence"], [[i, sentence(rng, i % 2)] for i in range(20)]
+    )
     train_tokenizer("bpe", [sentence(rng, i % 2) for i in range(400)], vocab_size=300, n_sentinels=0).save(
-        root / "tokenizer.json")
+        root / "tokenizer.json"
+    )
     return root

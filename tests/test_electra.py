@@ -13,15 +13,23 @@ import torch.nn.functional as F
 from lm.config import ConfigError
 from lm.model import EncoderLM, build_model
 from lm.model.config import Arch, model_preset
-from lm.zoo.adaptive import AdaptiveSoftmaxConfig
-from lm.zoo.evolved import EvolvedConfig
 from lm.model.electra import MASKED_FRACTION, ElectraLM
 from lm.model.flops import active_matmul_params as count
 from lm.model.flops import attention_flops_per_token, matmul_params, num_params
+from lm.zoo.adaptive import AdaptiveSoftmaxConfig
+from lm.zoo.evolved import EvolvedConfig
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
-SMALL = ["model.arch=encoder", "model.vocab_size=32", "model.dim=16", "model.n_heads=2", "model.n_layers=2",
-         "+model/electra=small", "model.electra.generator_dim=8", "model.electra.generator_layers=1"]
+SMALL = [
+    "model.arch=encoder",
+    "model.vocab_size=32",
+    "model.dim=16",
+    "model.n_heads=2",
+    "model.n_layers=2",
+    "+model/electra=small",
+    "model.electra.generator_dim=8",
+    "model.electra.generator_layers=1",
+]
 MASK = 3
 
 
@@ -49,6 +57,7 @@ def watch_discriminator(model):
 
 
 # -- the objective ---------------------------------------------------------------------------------------
+
 
 def test_the_discriminator_learns_corrupted_vs_original_on_a_hand_made_batch(cfg):
     model = built(cfg)
@@ -118,9 +127,15 @@ def test_gradients_reach_the_generator_the_shared_embedding_and_the_discriminato
     original = torch.randint(8, 32, (3, 10), generator=g)
     masked = torch.rand(3, 10, generator=g) < 0.3
     model(original.masked_fill(masked, MASK), original.masked_fill(~masked, -100)).loss.backward()
-    for name in ("embed.tok.weight", "encoder.blocks.1.ffn.down.weight", "head.proj.weight", "head.dense.weight",
-                 "generator.project.weight", "generator.encoder.blocks.0.self_attn.qkv.weight",
-                 "generator.head.transform.0.weight"):
+    for name in (
+        "embed.tok.weight",
+        "encoder.blocks.1.ffn.down.weight",
+        "head.proj.weight",
+        "head.dense.weight",
+        "generator.project.weight",
+        "generator.encoder.blocks.0.self_attn.qkv.weight",
+        "generator.head.transform.0.weight",
+    ):
         grad = model.get_parameter(name).grad
         assert grad is not None and grad.abs().sum() > 0, name
     # ELECTRA ties the generator's input and output to the discriminator's token table
@@ -140,21 +155,31 @@ def test_the_generator_is_a_stack_of_its_own_width_and_depth(cfg):
 
 # -- config: refusals, counts -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("change,message", [
-    (dict(arch=Arch.decoder), r"model.electra is set but model.arch=decoder: .*set model.arch=encoder"),
-    (dict(arch=Arch.encoder_decoder), r"model.electra is set but model.arch=encoder_decoder"),
-    (dict(electra=dict(generator_dim=12, generator_heads=5)),
-     r"model.electra.generator_dim=12 is not divisible by model.electra.generator_heads=5"),
-    (dict(electra=dict(disc_weight=0.0)), r"model.electra.disc_weight=0.0 must be > 0"),
-    (dict(electra=dict(temperature=-1.0)), r"model.electra.temperature=-1.0 must be > 0"),
-    (dict(electra=dict(generator_layers=0)), r"model.electra.generator_layers=0 must be a positive integer"),
-    (dict(output=AdaptiveSoftmaxConfig(), tie_embeddings=False),
-     r"model.electra with .*model/output=adaptive_softmax"),
-    (dict(loss_chunk_size=64), r"model.electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0"),
-    (dict(electra=dict(generator_dim=9), block=EvolvedConfig()),
-     r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: "
-     r"model/block=evolved needs an even"),
-])
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        (dict(arch=Arch.decoder), r"model.electra is set but model.arch=decoder: .*set model.arch=encoder"),
+        (dict(arch=Arch.encoder_decoder), r"model.electra is set but model.arch=encoder_decoder"),
+        (
+            dict(electra=dict(generator_dim=12, generator_heads=5)),
+            r"model.electra.generator_dim=12 is not divisible by model.electra.generator_heads=5",
+        ),
+        (dict(electra=dict(disc_weight=0.0)), r"model.electra.disc_weight=0.0 must be > 0"),
+        (dict(electra=dict(temperature=-1.0)), r"model.electra.temperature=-1.0 must be > 0"),
+        (dict(electra=dict(generator_layers=0)), r"model.electra.generator_layers=0 must be a positive integer"),
+        (
+            dict(output=AdaptiveSoftmaxConfig(), tie_embeddings=False),
+            r"model.electra with .*model/output=adaptive_softmax",
+        ),
+        (dict(loss_chunk_size=64), r"model.electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0"),
+        (
+            dict(electra=dict(generator_dim=9), block=EvolvedConfig()),
+            r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: "
+            r"model/block=evolved needs an even",
+        ),
+    ],
+)
 def test_refusals_name_the_field_and_the_fix(cfg, change, message):
     if "electra" in change:
         change = {**change, "electra": replace(cfg.electra, **change["electra"])}
@@ -182,8 +207,14 @@ def test_params_and_flops_count_both_models(cfg):
     assert count(plain.head) == 32 * 16 and count(gen.encoder) == 4 * 8 * 8 + 2 * 4 * 8 * 8
     assert matmul_params(encoder) == count(plain)
     # The discriminator and the generator's stack on every token, the generator's head on the masked share.
-    assert matmul_params(cfg) == round(count(plain) - count(plain.head) + count(model.head) + 16 * 8
-                                       + count(gen.encoder) + MASKED_FRACTION * count(gen.head))
+    assert matmul_params(cfg) == round(
+        count(plain)
+        - count(plain.head)
+        + count(model.head)
+        + 16 * 8
+        + count(gen.encoder)
+        + MASKED_FRACTION * count(gen.head)
+    )
     # 12 * heads * head_dim * T per layer: two discriminator layers of 2 x 8, one generator layer of 1 x 8
     assert attention_flops_per_token(encoder, 32) == 12 * 32 * 2 * 16
     assert attention_flops_per_token(cfg, 32) == 12 * 32 * (2 * 16 + 8)
@@ -204,18 +235,21 @@ def test_the_transfer_preset_pretrains_the_encoder_presets_model():
     assert (electra.optim.lr, model.electra.temperature) == (2e-4, 2.0) and encoder.optim.lr == 2e-3
     assert POOLING[family(electra.model)] == "first" and OBJECTIVE[family(electra.model)] == "rtd"
     assert family(encoder.model) == "encoder"
-    other = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/tmp/unused"),
-                                   pretrain=["model.electra.generator_dim=128"]))
+    other = pretrain_config(
+        Recipe(preset="glue_transfer_electra", out=Path("/tmp/unused"), pretrain=["model.electra.generator_dim=128"])
+    )
     assert other.model.electra.generator_dim == 128
 
 
 # -- lm train: exact resume; finetuning the discriminator --------------------------------------------------
 
+
 def _train(run_dir, steps, **train):
     from lm.cli.train import train as lm_train
 
-    cfg = compose(tiny_overrides(run_dir, steps, **train) + ["sched=constant", "model.dropout=0.1", *SMALL[:1],
-                                                              *SMALL[5:]])
+    cfg = compose(
+        tiny_overrides(run_dir, steps, **train) + ["sched=constant", "model.dropout=0.1", *SMALL[:1], *SMALL[5:]]
+    )
     return lm_train(cfg, loaders=loaders(cfg, objective="mlm"))
 
 
@@ -244,11 +278,25 @@ def test_a_pretrained_discriminator_finetunes_as_a_plain_encoder(tmp_path):
     from lm.model.convert import _family_of
 
     register_train_configs()
-    overrides = [f"run_dir={tmp_path / 'run'}", "model=tiny", *SMALL, "model.vocab_size=512", "model.max_seq_len=32",
-                 "data=tinystories_sample_bpe", f"data.dir={tmp_path / 'data'}", "data.vocab_size=512",
-                 "data.workers=1", "data.tokenizer_train_chars=200000", "train.max_steps=3", "train.seq_len=32",
-                 "train.micro_batch_size=4", "train.eval_interval=0", "train.eval_batches=1", "train.ckpt_interval=3",
-                 "train.progress=false"]
+    overrides = [
+        f"run_dir={tmp_path / 'run'}",
+        "model=tiny",
+        *SMALL,
+        "model.vocab_size=512",
+        "model.max_seq_len=32",
+        "data=tinystories_sample_bpe",
+        f"data.dir={tmp_path / 'data'}",
+        "data.vocab_size=512",
+        "data.workers=1",
+        "data.tokenizer_train_chars=200000",
+        "train.max_steps=3",
+        "train.seq_len=32",
+        "train.micro_batch_size=4",
+        "train.eval_interval=0",
+        "train.eval_batches=1",
+        "train.ckpt_interval=3",
+        "train.progress=false",
+    ]
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         train(hydra_compose(config_name="train", overrides=overrides))
     assert all(math.isfinite(m["electra/disc_loss"]) for m in metrics(tmp_path / "run") if "loss" in m)

@@ -11,21 +11,35 @@ from lm.engine.ds import ds_config
 from tests.engine_support import compose, tiny_overrides
 
 
-@pytest.mark.parametrize("engine,schema", [("single", SingleConfig), ("ddp", DDPConfig), ("fsdp2", FSDP2Config),
-                                           ("zero1", DeepSpeedConfig), ("zero3_offload", DeepSpeedConfig)])
+@pytest.mark.parametrize(
+    "engine,schema",
+    [
+        ("single", SingleConfig),
+        ("ddp", DDPConfig),
+        ("fsdp2", FSDP2Config),
+        ("zero1", DeepSpeedConfig),
+        ("zero3_offload", DeepSpeedConfig),
+    ],
+)
 def test_every_engine_option_composes_to_its_dataclass(tmp_path, engine, schema):
     run = OmegaConf.to_object(compose(tiny_overrides(tmp_path) + [f"engine={engine}"]))
     assert type(run.engine) is schema
 
 
 def test_deepspeed_json_comes_from_the_typed_train_config(tmp_path):
-    cfg = compose(tiny_overrides(tmp_path, micro_batch_size=2) + ["engine=zero2", "train.global_batch_size=8",
-                                                                   "train.precision=bf16", "train.grad_clip=0.5"])
+    cfg = compose(
+        tiny_overrides(tmp_path, micro_batch_size=2)
+        + ["engine=zero2", "train.global_batch_size=8", "train.precision=bf16", "train.grad_clip=0.5"]
+    )
     run = OmegaConf.to_object(cfg)
     train = resolve_batch(run.train, world_size=2)
     assert (train.grad_accum, run.train.grad_accum, cfg.train.grad_accum) == (2, 1, 1)  # derived, never written back
     ds = ds_config(train, 2, run.engine.config)
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (8, 2, 2)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
+        8,
+        2,
+        2,
+    )
     assert ds["gradient_clipping"] == 0.5 and ds["bf16"]["enabled"] is True and ds["fp16"]["enabled"] is False
     assert ds["zero_optimization"]["stage"] == 2
 
@@ -39,5 +53,7 @@ def test_deepspeed_options_may_not_repeat_a_train_value(tmp_path):
 
 def test_global_batch_size_that_does_not_divide_names_the_sizes(tmp_path):
     run = OmegaConf.to_object(compose(tiny_overrides(tmp_path, micro_batch_size=4) + ["train.global_batch_size=12"]))
-    with pytest.raises(ConfigError, match=r"global_batch_size=12 is not divisible .* = 8; use a multiple such as \[8, 16"):
+    with pytest.raises(
+        ConfigError, match=r"global_batch_size=12 is not divisible .* = 8; use a multiple such as \[8, 16"
+    ):
         resolve_batch(run.train, world_size=2)

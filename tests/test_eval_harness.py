@@ -16,11 +16,43 @@ from lm_eval.api.instance import Instance  # noqa: E402
 from lm.eval.harness import HarnessError, LMAdapter, evaluate  # noqa: E402
 from tests.engine_support import compose, tiny_overrides  # noqa: E402
 
-WORDS = "the a film movie story was is and it this really quite good bad great awful cat sat on mat".split()
-GPT2 = ["model=gpt2", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.vocab_size=320",
-        "model.max_seq_len=48"]
-PAIRS = [("The cat sat on", " the mat"), ("it was", " really good."), ("", "a film"), ("this movie is ", "bad"),
-         ("Question: is it good?\nAnswer:", " yes")]
+WORDS = [
+    "the",
+    "a",
+    "film",
+    "movie",
+    "story",
+    "was",
+    "is",
+    "and",
+    "it",
+    "this",
+    "really",
+    "quite",
+    "good",
+    "bad",
+    "great",
+    "awful",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+]
+GPT2 = [
+    "model=gpt2",
+    "model.dim=32",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.vocab_size=320",
+    "model.max_seq_len=48",
+]
+PAIRS = [
+    ("The cat sat on", " the mat"),
+    ("it was", " really good."),
+    ("", "a film"),
+    ("this movie is ", "bad"),
+    ("Question: is it good?\nAnswer:", " yes"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,10 +64,20 @@ def exported(tmp_path_factory):
     work = tmp_path_factory.mktemp("harness")
     rng = random.Random(0)
     (work / "corpus.txt").write_text("\n".join(" ".join(rng.choices(WORDS, k=12)) for _ in range(400)) + "\n")
-    data = {"name": "words", "dir": work / "data", "source": work / "corpus.txt", "tokenizer": "bpe",
-            "vocab_size": 320, "n_sentinels": 0, "workers": 1, "val_fraction": 0.1, "doc_split": "line"}
-    cfg = compose(tiny_overrides(work / "run", 3, ckpt_interval=3) + GPT2 + ["~data"] +
-                  [f"data.{k}={v}" for k, v in data.items()])
+    data = {
+        "name": "words",
+        "dir": work / "data",
+        "source": work / "corpus.txt",
+        "tokenizer": "bpe",
+        "vocab_size": 320,
+        "n_sentinels": 0,
+        "workers": 1,
+        "val_fraction": 0.1,
+        "doc_split": "line",
+    }
+    cfg = compose(
+        tiny_overrides(work / "run", 3, ckpt_interval=3) + GPT2 + ["~data"] + [f"data.{k}={v}" for k, v in data.items()]
+    )
     train(cfg)  # prepares the data (and its tokenizer.json) first
     return work / "run", export(work / "run")
 
@@ -51,8 +93,11 @@ def requests(kind, args):
 
 def direct_loglikelihood(adapter, context, continuation):
     """log p(continuation | context) from one forward of the whole sequence, the harness's token split."""
-    ctx, cont = adapter._encode_pair(context, continuation) if context else ([adapter.prefix_token_id],
-                                                                             adapter.tok_encode(continuation))
+    ctx, cont = (
+        adapter._encode_pair(context, continuation)
+        if context
+        else ([adapter.prefix_token_id], adapter.tok_encode(continuation))
+    )
     ids = torch.tensor([ctx + cont])
     with torch.no_grad():
         logp = F.log_softmax(adapter.model(input_ids=ids[:, :-1]).logits.float(), -1)[0]
@@ -88,8 +133,9 @@ def test_generate_until_is_greedy_with_the_kv_cache_and_stops_at_until(adapter):
     reference = greedy_by_recompute(adapter.model, ids, "decoder", 8)[0].tolist()
     (text,) = adapter.generate_until(requests("generate_until", [(prompt, {"until": [], "max_gen_toks": 8})]))
     eot = adapter.eot_token_id
-    assert text == adapter.tok_decode([t for t in reference[:reference.index(eot)] if t != eot]
-                                      if eot in reference else reference)
+    assert text == adapter.tok_decode(
+        [t for t in reference[: reference.index(eot)] if t != eot] if eot in reference else reference
+    )
     if len(text) > 2:
         stop = text[1:3]
         (cut,) = adapter.generate_until(requests("generate_until", [(prompt, {"until": [stop], "max_gen_toks": 8})]))
@@ -100,8 +146,9 @@ def test_an_encoder_is_refused_naming_what_works(adapter):
     from lm.model import build_model
     from lm.model.config import model_preset
 
-    bert = build_model(model_preset("bert", ["model.vocab_size=320", "model.dim=32", "model.n_layers=1",
-                                             "model.n_heads=2"]))
+    bert = build_model(
+        model_preset("bert", ["model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2"])
+    )
     with pytest.raises(HarnessError, match="encoder \\(masked LM\\) has none: evaluate a decoder, RNN"):
         LMAdapter(bert, adapter.tokenizer)
 
@@ -117,16 +164,20 @@ def hf(exported):
 def test_the_harness_hf_backend_on_the_export_gives_the_same_loglikelihoods(adapter, hf):
     """The outside check: lm_eval's own Hugging Face backend (`hf`) on lm export's hf/ directory gives the
     same per-document log-likelihoods (1e-4, fp32) and rolling log-likelihoods over several windows."""
-    assert (hf.prefix_token_id, hf.eot_token_id, hf.max_length) == (adapter.prefix_token_id, adapter.eot_token_id,
-                                                                    adapter.max_length)
+    assert (hf.prefix_token_id, hf.eot_token_id, hf.max_length) == (
+        adapter.prefix_token_id,
+        adapter.eot_token_id,
+        adapter.max_length,
+    )
     ours = adapter.loglikelihood(requests("loglikelihood", PAIRS))
     theirs = hf.loglikelihood(requests("loglikelihood", PAIRS))
     assert [o[0] for o in ours] == pytest.approx([t[0] for t in theirs], abs=1e-4)
     assert [o[1] for o in ours] == [t[1] for t in theirs]
     docs = [(" ".join(WORDS[i:] + WORDS[:i]) * 3,) for i in range(3)]
-    assert min(len(adapter.tok_encode(d)) for d, in docs) > adapter.max_length  # several windows each
+    assert min(len(adapter.tok_encode(d)) for (d,) in docs) > adapter.max_length  # several windows each
     assert adapter.loglikelihood_rolling(requests("loglikelihood_rolling", docs)) == pytest.approx(
-        hf.loglikelihood_rolling(requests("loglikelihood_rolling", docs)), abs=1e-4)
+        hf.loglikelihood_rolling(requests("loglikelihood_rolling", docs)), abs=1e-4
+    )
 
 
 @pytest.mark.slow  # two harness runs of two tasks each (about a minute on a busy CPU)

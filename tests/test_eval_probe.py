@@ -55,8 +55,13 @@ def test_the_probe_scores_with_the_official_metrics():
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    expected = compute_metrics("mrpc", make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000)).fit(
-        noise[:100], y[:100]).predict(noise[100:]), y[100:])
+    expected = compute_metrics(
+        "mrpc",
+        make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000))
+        .fit(noise[:100], y[:100])
+        .predict(noise[100:]),
+        y[100:],
+    )
     assert fit_and_score("mrpc", noise[:100], y[:100], noise[100:], y[100:], regression=False) == expected["score"]
     scores = x[:, 0] + 0.1 * rng.normal(size=200)  # STS-B: ridge regression, (Pearson + Spearman) / 2
     got = fit_and_score("stsb", x[:100], list(scores[:100]), x[100:], list(scores[100:]), regression=True)
@@ -66,8 +71,9 @@ def test_the_probe_scores_with_the_official_metrics():
 def test_probe_sets_are_the_first_rows_of_the_local_splits(data_mirror):
     from lm.data.tokenizer import train as train_tokenizer
 
-    tok = train_tokenizer("char", ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,'!?-0123456789"],
-                          n_sentinels=0)
+    tok = train_tokenizer(
+        "char", ["abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ.,'!?-0123456789"], n_sentinels=0
+    )
     sets = load_probe_sets(tok, "decoder", ["sst2", "stsb"], train_examples=7, dev_examples=0, max_len=16)
     assert [s.task for s in sets] == ["sst2", "stsb"]
     assert [len(s.train) for s in sets] == [7, 7] and [len(s.dev) for s in sets] == [872, 1500]  # 0 = all dev rows
@@ -79,8 +85,12 @@ def test_probe_sets_are_the_first_rows_of_the_local_splits(data_mirror):
 
 # -- in the loop -------------------------------------------------------------------------------------
 
-PROBE = ["train.probe_train_examples=40", "train.probe_dev_examples=40", "train.probe_max_len=24",
-         "train.probe_tasks=[sst2,stsb]"]
+PROBE = [
+    "train.probe_train_examples=40",
+    "train.probe_dev_examples=40",
+    "train.probe_max_len=24",
+    "train.probe_tasks=[sst2,stsb]",
+]
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +105,10 @@ def tokenizer_dir(tmp_path_factory):
 
 
 def run(run_dir, tokenizer_dir, steps, probe_interval, extra=()):
-    cfg = compose(tiny_overrides(run_dir, steps, probe_interval=probe_interval) + [
-        f"data.dir={tokenizer_dir}", "sched=constant", "model.dropout=0.1", *PROBE, *extra])
+    cfg = compose(
+        tiny_overrides(run_dir, steps, probe_interval=probe_interval)
+        + [f"data.dir={tokenizer_dir}", "sched=constant", "model.dropout=0.1", *PROBE, *extra]
+    )
     return train(cfg, loaders=loaders(cfg))
 
 
@@ -129,8 +141,14 @@ def test_resume_is_exact_with_probes_on(tmp_path, tokenizer_dir):
     run(tmp_path / "split", tokenizer_dir, 4, 2)
     run(tmp_path / "split", tokenizer_dir, 8, 2)
     assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
-    probes = {name: {r["step"]: {k: v for k, v in r.items() if k != "probe/seconds"}
-                     for r in metrics(tmp_path / name) if "probe/avg" in r} for name in ("whole", "split")}
+    probes = {
+        name: {
+            r["step"]: {k: v for k, v in r.items() if k != "probe/seconds"}
+            for r in metrics(tmp_path / name)
+            if "probe/avg" in r
+        }
+        for name in ("whole", "split")
+    }
     assert sorted(probes["split"]) == [2, 4, 6, 8]
     assert probes["split"] == probes["whole"]
 
@@ -139,8 +157,11 @@ def test_probe_setup_errors_name_the_fix(tmp_path, tokenizer_dir):
     from types import SimpleNamespace
 
     cfg = compose(tiny_overrides(tmp_path, 2, probe_interval=2) + PROBE)
-    with pytest.raises(ConfigError, match=r"tokenizer.json, which is not there; prepare the data first .* "
-                                          r"train.probe_interval=0"):
+    with pytest.raises(
+        ConfigError,
+        match=r"tokenizer.json, which is not there; prepare the data first .* "
+        r"train.probe_interval=0",
+    ):
         probe_callbacks(cfg.train, cfg.model, tmp_path / "nowhere", SimpleNamespace(format="torch", is_main=True))
     fsdp = SimpleNamespace(format="dcp", name="FSDP2Engine", is_main=True)
     with pytest.raises(ConfigError, match="FSDP2Engine shards it; set train.probe_interval=0"):

@@ -110,8 +110,10 @@ def test_the_default_output_sits_in_the_checkpoint(run_dir):
 def test_out_below_a_file_is_one_line(run_dir, tmp_path):
     (tmp_path / "notes.md").write_text("mine")
     message = exit_message([str(run_dir), "--out", str(tmp_path / "notes.md" / "exp"), "--no-hf"])
-    assert message == (f"lm export: --out {tmp_path / 'notes.md' / 'exp'} lies below {tmp_path / 'notes.md'}, which is "
-                       f"a file, not a directory; name a directory elsewhere")
+    assert message == (
+        f"lm export: --out {tmp_path / 'notes.md' / 'exp'} lies below {tmp_path / 'notes.md'}, which is "
+        f"a file, not a directory; name a directory elsewhere"
+    )
     assert (tmp_path / "notes.md").read_text() == "mine"
 
 

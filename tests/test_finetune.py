@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from lm.config import ConfigError, conf_dir
 from lm.cli.finetune import finetune, register
+from lm.config import ConfigError, conf_dir
 from lm.glue.init import InitError, load_backbone
 from lm.glue.readers import GlueDataMissing
 from lm.glue.submission import check_submission
@@ -24,7 +24,23 @@ from tests.benchmark_scripts import load
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 POS, NEG = ["great", "lovely", "superb", "wonderful"], ["awful", "boring", "dreadful", "terrible"]
-FILLER = "the a film movie story plot actors scene was is and it this really quite".split()
+FILLER = [
+    "the",
+    "a",
+    "film",
+    "movie",
+    "story",
+    "plot",
+    "actors",
+    "scene",
+    "was",
+    "is",
+    "and",
+    "it",
+    "this",
+    "really",
+    "quite",
+]
 TINY = ["model=tiny", "model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2"]
 
 
@@ -56,18 +72,36 @@ def easy_glue(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, easy_glue):
     """A 3-step lm train run (single engine) on a BPE tokenizer of 320 tokens; returns its run dir."""
-    from lm.config import register_train_configs
     from lm.cli.train import train
+    from lm.config import register_train_configs
 
     work = tmp_path_factory.mktemp("pretrain")
     rng = random.Random(1)
     text = "\n".join(sentence(rng, i % 2) for i in range(600)) + "\n"
     (work / "corpus.txt").write_text(text)
     register_train_configs()
-    overrides = [*TINY, f"run_dir={work / 'run'}", "train.max_steps=3", "train.seq_len=32", "train.micro_batch_size=4",
-                 "train.eval_interval=0", "train.eval_batches=1", "train.ckpt_interval=3", "train.progress=false"]
-    data = {"name": "easy", "dir": work / "data", "source": work / "corpus.txt", "tokenizer": "bpe", "vocab_size": 320,
-            "n_sentinels": 0, "workers": 1, "val_fraction": 0.1, "doc_split": "line"}
+    overrides = [
+        *TINY,
+        f"run_dir={work / 'run'}",
+        "train.max_steps=3",
+        "train.seq_len=32",
+        "train.micro_batch_size=4",
+        "train.eval_interval=0",
+        "train.eval_batches=1",
+        "train.ckpt_interval=3",
+        "train.progress=false",
+    ]
+    data = {
+        "name": "easy",
+        "dir": work / "data",
+        "source": work / "corpus.txt",
+        "tokenizer": "bpe",
+        "vocab_size": 320,
+        "n_sentinels": 0,
+        "workers": 1,
+        "val_fraction": 0.1,
+        "doc_split": "line",
+    }
     overrides += ["~data", *(f"data.{k}={v}" for k, v in data.items())]  # no preset: DataConfig's defaults + these
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
@@ -78,8 +112,9 @@ def pretrained(tmp_path_factory, easy_glue):
 def finetune_cfg(run_dir, overrides):
     register()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        return compose(config_name="finetune", overrides=[f"run_dir={run_dir}", "hf=false", "train.progress=false",
-                                                          *overrides])
+        return compose(
+            config_name="finetune", overrides=[f"run_dir={run_dir}", "hf=false", "train.progress=false", *overrides]
+        )
 
 
 def easy_task(root, **task):
@@ -113,7 +148,9 @@ def test_finetune_from_an_lm_train_checkpoint_uses_its_weights_and_tokenizer(tmp
     from lm.core.checkpoint import consolidated_state_dict, resolve
 
     backbone = load_backbone(str(pretrained / "run"))
-    assert backbone.tokenizer.sha256 == json.loads((pretrained / "data" / "meta.json").read_text())["tokenizer"]["sha256"]
+    assert (
+        backbone.tokenizer.sha256 == json.loads((pretrained / "data" / "meta.json").read_text())["tokenizer"]["sha256"]
+    )
     ckpt = consolidated_state_dict(resolve(pretrained / "run"))
     from lm.glue.init import build_classifier
 
@@ -139,13 +176,15 @@ def test_init_from_an_lm_export_directory(tmp_path, pretrained):
 def test_a_foreign_tokenizer_is_refused(tmp_path, pretrained):
     from lm.data.tokenizer import train as train_tokenizer
 
-    other = train_tokenizer("bpe", ["completely different text " * 50, "zebra quantum xylophone"], vocab_size=300,
-                            n_sentinels=0)
+    other = train_tokenizer(
+        "bpe", ["completely different text " * 50, "zebra quantum xylophone"], vocab_size=300, n_sentinels=0
+    )
     other.save(tmp_path / "tokenizer.json")
     with pytest.raises(InitError, match="not the tokenizer .* was pretrained with"):
         load_backbone(str(pretrained / "run"), tokenizer=str(tmp_path / "tokenizer.json"))
-    big = train_tokenizer("bpe", [sentence(random.Random(i), 1) for i in range(200)] + ["x" * 10] * 5, vocab_size=400,
-                          n_sentinels=0)
+    big = train_tokenizer(
+        "bpe", [sentence(random.Random(i), 1) for i in range(200)] + ["x" * 10] * 5, vocab_size=400, n_sentinels=0
+    )
     if big.vocab_size <= 320:
         pytest.fail(f"test setup: the big tokenizer has only {big.vocab_size} tokens")
     big.save(tmp_path / "big.json")
@@ -164,8 +203,18 @@ def test_missing_task_directory_names_the_path_and_how_to_get_it(tmp_path, pretr
 
 def test_skip_missing_runs_the_tasks_that_are_there(tmp_path, pretrained):
     run_dir = tmp_path / "ft"
-    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=[glue/rte,glue/qqp]", f"glue.data_root={FIXTURES}",
-                                 "skip_missing=true", "tasks.rte.epochs=1", "tasks.qqp.epochs=1", "tasks.rte.seeds=[0]"])
+    cfg = finetune_cfg(
+        run_dir,
+        [
+            f"init={pretrained / 'run'}",
+            "task=[glue/rte,glue/qqp]",
+            f"glue.data_root={FIXTURES}",
+            "skip_missing=true",
+            "tasks.rte.epochs=1",
+            "tasks.qqp.epochs=1",
+            "tasks.rte.seeds=[0]",
+        ],
+    )
     finetune(cfg)
     results = json.loads((run_dir / "results.json").read_text())
     assert list(results["columns"]) == ["qqp"] and list(results["skipped_tasks"]) == ["rte"]
@@ -178,15 +227,18 @@ def test_a_second_finetune_on_a_held_run_dir_refuses(tmp_path, pretrained):
     import subprocess
     import sys
 
-    from tests.engine_support import REPO, subprocess_env
     from lm.core.lock import RunDirLocked
+    from tests.engine_support import REPO, subprocess_env
 
     run_dir = tmp_path / "ft"
     run_dir.mkdir()
-    hold = ("import sys, time; from lm.core.lock import acquire; acquire(sys.argv[1]); "
-            "print('holding', flush=True); time.sleep(120)")
-    first = subprocess.Popen([sys.executable, "-c", hold, str(run_dir)], env=subprocess_env(), cwd=REPO,
-                             stdout=subprocess.PIPE, text=True)
+    hold = (
+        "import sys, time; from lm.core.lock import acquire; acquire(sys.argv[1]); "
+        "print('holding', flush=True); time.sleep(120)"
+    )
+    first = subprocess.Popen(
+        [sys.executable, "-c", hold, str(run_dir)], env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert first.stdout.readline().strip() == "holding"
         with pytest.raises(RunDirLocked, match=rf"in use by another run \(pid {first.pid} on "):
@@ -218,21 +270,38 @@ def test_missing_init_and_unknown_task_field_are_config_errors(tmp_path, pretrai
 def test_mnli_qqp_and_ax_from_official_format_fixtures(tmp_path, pretrained):
     """glue/all over the fixture tasks: MNLI (matched + mismatched + AX from its model) and QQP."""
     run_dir = tmp_path / "all"
-    cfg = finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "task=[glue/qqp,glue/mnli]", f"glue.data_root={FIXTURES}",
-                                 *(f"tasks.{t}.{k}" for t in ("qqp", "mnli") for k in ("epochs=1", "seeds=[0,1]"))])
+    cfg = finetune_cfg(
+        run_dir,
+        [
+            f"init={pretrained / 'run'}",
+            "task=[glue/qqp,glue/mnli]",
+            f"glue.data_root={FIXTURES}",
+            *(f"tasks.{t}.{k}" for t in ("qqp", "mnli") for k in ("epochs=1", "seeds=[0,1]")),
+        ],
+    )
     summary = finetune(cfg)
     results = json.loads((run_dir / "results.json").read_text())
     assert list(results["columns"]) == ["qqp", "mnli_m", "mnli_mm"]
     assert set(results["columns"]["mnli_m"]["seeds"]) == {"0", "1"}
     for col in ("mnli_m", "mnli_mm"):
         assert 0.0 <= results["columns"][col]["median"]["acc"] <= 100.0
-    assert results["glue"]["partial"] and set(results["glue"]["missing_tasks"]) == {"cola", "sst2", "mrpc", "stsb",
-                                                                                       "qnli", "rte", "wnli"}
+    assert results["glue"]["partial"] and set(results["glue"]["missing_tasks"]) == {
+        "cola",
+        "sst2",
+        "mrpc",
+        "stsb",
+        "qnli",
+        "rte",
+        "wnli",
+    }
     rows = {"qqp": 4, "mnli_m": 3, "mnli_mm": 2, "ax": 4}  # the fixtures' test rows
     assert check_submission(run_dir / "submission", names=list(rows), expected_rows=rows) == []
     ax = (run_dir / "submission" / "AX.tsv").read_text().splitlines()
-    assert ax[0] == "index\tprediction" and {r.split("\t")[1] for r in ax[1:]} <= {"entailment", "neutral",
-                                                                                    "contradiction"}
+    assert ax[0] == "index\tprediction" and {r.split("\t")[1] for r in ax[1:]} <= {
+        "entailment",
+        "neutral",
+        "contradiction",
+    }
     assert summary["submission"]["AX"]["seed"] == summary["tasks"]["mnli"]["best_seed"]
     assert not (run_dir / "submission.zip").exists()  # 4 of 11 files: not a complete submission
 
@@ -243,8 +312,17 @@ def test_wandb_runs_are_finetune_jobs_grouped_with_their_pretraining_run(tmp_pat
 
     seen = []
     monkeypatch.setattr(tracking.Tracker, "_start_wandb", lambda self, cfg, config: seen.append((cfg, config)))
-    cfg = finetune_cfg(tmp_path / "ft", [f"init={pretrained / 'run'}", "logger=wandb", "task=glue/qqp",
-                                         f"glue.data_root={FIXTURES}", "tasks.qqp.epochs=1", "tasks.qqp.seeds=[0,1]"])
+    cfg = finetune_cfg(
+        tmp_path / "ft",
+        [
+            f"init={pretrained / 'run'}",
+            "logger=wandb",
+            "task=glue/qqp",
+            f"glue.data_root={FIXTURES}",
+            "tasks.qqp.epochs=1",
+            "tasks.qqp.seeds=[0,1]",
+        ],
+    )
     finetune(cfg)
     assert [c.job_type for c, _ in seen] == ["finetune", "finetune"]
     assert {c.group for c, _ in seen} == {"run"}  # the pretraining run dir's name (its logger.group is unset)
@@ -262,24 +340,66 @@ def test_fsdp2_checkpoint_finetuned_with_ddp_on_two_ranks(tmp_path, easy_glue):
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LM_CACHE": str(tmp_path / "cache")}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    pre = subprocess.run([*torchrun, "-m", "lm.cli.train", "engine=fsdp2", f"run_dir={tmp_path / 'pre'}",
-                          "train.max_steps=3", "train.eval_batches=1", "train.world_size=2"],
-                         capture_output=True, text=True, env=env, timeout=900)
+    pre = subprocess.run(
+        [
+            *torchrun,
+            "-m",
+            "lm.cli.train",
+            "engine=fsdp2",
+            f"run_dir={tmp_path / 'pre'}",
+            "train.max_steps=3",
+            "train.eval_batches=1",
+            "train.world_size=2",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert pre.returncode == 0, pre.stderr[-3000:]
-    assert json.loads((tmp_path / "pre" / "checkpoints" / "step_00000003" / "trainer.json").read_text()
-                      )["engine"]["format"] == "dcp"
+    assert (
+        json.loads((tmp_path / "pre" / "checkpoints" / "step_00000003" / "trainer.json").read_text())["engine"][
+            "format"
+        ]
+        == "dcp"
+    )
     # No dropout, so 2 DDP ranks (one micro-batch of 8 each) and 1 process (two of 8) compute the same steps.
     task = easy_task(easy_glue, epochs=4, lr=3e-3, max_len=64, dropout=0.0)
-    common = [f"init={tmp_path / 'pre'}", "hf=false", "train.micro_batch_size=8", "pooling=mean",
-              "train.log_interval=1", *task]
-    ft = subprocess.run([*torchrun, "-m", "lm.cli.finetune", "engine=ddp", f"run_dir={tmp_path / 'ddp'}",
-                         "train.world_size=2", *common], capture_output=True, text=True, env=env, timeout=900)
+    common = [
+        f"init={tmp_path / 'pre'}",
+        "hf=false",
+        "train.micro_batch_size=8",
+        "pooling=mean",
+        "train.log_interval=1",
+        *task,
+    ]
+    ft = subprocess.run(
+        [
+            *torchrun,
+            "-m",
+            "lm.cli.finetune",
+            "engine=ddp",
+            f"run_dir={tmp_path / 'ddp'}",
+            "train.world_size=2",
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert ft.returncode == 0, ft.stderr[-3000:]
     assert "| SST-2 | acc |" in ft.stdout
     assert check_submission(tmp_path / "ddp" / "submission", names=["sst2"], expected_rows={"sst2": 30}) == []
     finetune(finetune_cfg(tmp_path / "single", [c for c in common if c != "hf=false"]))
-    losses = {d: [json.loads(line)["loss"] for line in (tmp_path / d / "sst2" / "seed0" / "metrics.jsonl")
-                  .read_text().splitlines() if '"loss"' in line][:20] for d in ("ddp", "single")}
+    losses = {
+        d: [
+            json.loads(line)["loss"]
+            for line in (tmp_path / d / "sst2" / "seed0" / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line
+        ][:20]
+        for d in ("ddp", "single")
+    }
     assert len(losses["ddp"]) == 20
     # The same global-mean gradient on 2 ranks as in 1 process: the first steps' losses agree to float
     # rounding (later, rounding differences grow in this near-chance regime, so only early steps are compared).
@@ -293,8 +413,12 @@ def test_encoder_and_encoder_decoder_models_finetune_too(tmp_path, easy_glue, pr
     """The same job for the other two families ([CLS] pooling for the encoder, last token for the T5-style
     model, whose decoder reads the input shifted right)."""
     run_dir = tmp_path / arch
-    finetune(finetune_cfg(run_dir, ["init=none", *TINY, f"model.arch={arch}", f"tokenizer={pretrained / 'data'}",
-                                    *easy_task(easy_glue)]))
+    finetune(
+        finetune_cfg(
+            run_dir,
+            ["init=none", *TINY, f"model.arch={arch}", f"tokenizer={pretrained / 'data'}", *easy_task(easy_glue)],
+        )
+    )
     assert dev_acc(run_dir) > 80.0
 
 
@@ -333,8 +457,13 @@ def test_a_nonfinite_loss_follows_train_on_nonfinite(tmp_path, easy_glue, pretra
         return loss * math.nan if len(calls) == 3 else loss
 
     monkeypatch.setattr(GlueTask, "loss", poisoned)
-    common = ["init=none", *TINY, f"tokenizer={pretrained / 'data'}", *easy_task(easy_glue, epochs=1),
-              "train.log_interval=1"]
+    common = [
+        "init=none",
+        *TINY,
+        f"tokenizer={pretrained / 'data'}",
+        *easy_task(easy_glue, epochs=1),
+        "train.log_interval=1",
+    ]
     with pytest.raises(LossDiverged, match=r"loss is nan at step 3; no update was applied.*train.on_nonfinite=skip"):
         finetune(finetune_cfg(tmp_path / "stop", common))
     calls.clear()

@@ -28,24 +28,50 @@ def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("ft_resume")
     rng = random.Random(0)
     for split, n in (("train", 160), ("dev", 60)):
-        write_tsv(root / "glue" / "SST-2" / f"{split}.tsv", ["sentence", "label"],
-                  [[sentence(rng, i % 2), i % 2] for i in range(n)])
-    write_tsv(root / "glue" / "SST-2" / "test.tsv", ["index", "sentence"], [[i, sentence(rng, i % 2)] for i in range(20)])
+        write_tsv(
+            root / "glue" / "SST-2" / f"{split}.tsv",
+            ["sentence", "label"],
+            [[sentence(rng, i % 2), i % 2] for i in range(n)],
+        )
+    write_tsv(
+        root / "glue" / "SST-2" / "test.tsv", ["index", "sentence"], [[i, sentence(rng, i % 2)] for i in range(20)]
+    )
     train_tokenizer("bpe", [sentence(rng, i % 2) for i in range(400)], vocab_size=300, n_sentinels=0).save(
-        root / "tokenizer.json")
+        root / "tokenizer.json"
+    )
     return root
 
 
 def overrides(files, run_dir):
-    return ["init=none", *TINY, "model.dropout=0.1", f"tokenizer={files / 'tokenizer.json'}", "task=glue/sst2",
-            f"glue.data_root={files / 'glue'}", "hf=false", f"run_dir={run_dir}", "train.progress=false",
-            "train.log_interval=1", "train.threads=1", "tasks.sst2.seeds=[0,1]", f"tasks.sst2.epochs={EPOCHS}",
-            "tasks.sst2.batch_size=16", "tasks.sst2.max_len=24", "optim.lr=3e-3"]
+    return [
+        "init=none",
+        *TINY,
+        "model.dropout=0.1",
+        f"tokenizer={files / 'tokenizer.json'}",
+        "task=glue/sst2",
+        f"glue.data_root={files / 'glue'}",
+        "hf=false",
+        f"run_dir={run_dir}",
+        "train.progress=false",
+        "train.log_interval=1",
+        "train.threads=1",
+        "tasks.sst2.seeds=[0,1]",
+        f"tasks.sst2.epochs={EPOCHS}",
+        "tasks.sst2.batch_size=16",
+        "tasks.sst2.max_len=24",
+        "optim.lr=3e-3",
+    ]
 
 
 def finetune(args, **env):
-    proc = subprocess.run([sys.executable, "-m", "lm.cli.finetune", *args], cwd=REPO, env=subprocess_env(**env),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "lm.cli.finetune", *args],
+        cwd=REPO,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -76,6 +102,7 @@ def test_sigkill_mid_seed_then_same_command_gives_the_uninterrupted_results(file
     killed = tmp_path / "killed"
 
     import tests.test_train_kill_resume as kr
+
     monkeypatch.setattr(kr, "KILL_AT", KILL_AT)
     monkeypatch.setattr(kr, "command", lambda world: [sys.executable, "-m", "lm.cli.finetune"])
     run_and_kill(1, overrides(files, killed), files, tmp_path)

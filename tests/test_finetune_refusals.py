@@ -20,9 +20,11 @@ def test_a_pretraining_run_is_not_a_finetune_run_dir(pretrained, easy_glue):  # 
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
     with pytest.raises(ConfigError) as e:
         finetune(finetune_cfg(run, [f"init={run}", *easy_task(easy_glue)]))
-    assert str(e.value) == (f"run_dir={run} is an lm train run (it holds checkpoints/); lm finetune would write its "
-                            f"config.yaml and results into it: pick a new run_dir, e.g. "
-                            f"run_dir={pretrained / 'run_finetune'}")
+    assert str(e.value) == (
+        f"run_dir={run} is an lm train run (it holds checkpoints/); lm finetune would write its "
+        f"config.yaml and results into it: pick a new run_dir, e.g. "
+        f"run_dir={pretrained / 'run_finetune'}"
+    )
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert not (run / "sst2").exists() and not (run / "results.json").exists()
 

@@ -19,7 +19,8 @@ from lm.config import ConfigError
 from lm.glue.run import _checkpoint_digest, _with_moved_paths
 from lm.glue.trainer import GlueTask
 from tests.test_finetune import TINY, easy_task, finetune_cfg
-from tests.test_finetune import easy_glue as easy_glue, pretrained as pretrained  # fixtures, re-exported
+from tests.test_finetune import easy_glue as easy_glue  # fixtures, re-exported
+from tests.test_finetune import pretrained as pretrained
 
 EPOCHS = 2
 
@@ -29,8 +30,14 @@ class Interrupted(Exception):
 
 
 def overrides(easy_glue, pretrained, *extra):
-    return ["init=none", *TINY, f"tokenizer={pretrained / 'data'}", "train.log_interval=1",
-            *easy_task(easy_glue, epochs=EPOCHS), *extra]
+    return [
+        "init=none",
+        *TINY,
+        f"tokenizer={pretrained / 'data'}",
+        "train.log_interval=1",
+        *easy_task(easy_glue, epochs=EPOCHS),
+        *extra,
+    ]
 
 
 def interrupted_run(run_dir, easy_glue, pretrained, monkeypatch):
@@ -59,14 +66,18 @@ def uninterrupted(tmp_path_factory, easy_glue, pretrained):
     return run_dir
 
 
-@pytest.mark.parametrize("change, field", [
-    ("tasks.sst2.lr=1e-3", "task.lr: 0.003 -> 0.001"),
-    ("optim.weight_decay=0.1", "optim.weight_decay: 0.01 -> 0.1"),
-    ("model.dim=48", "model.dim: 32 -> 48"),  # init=none: the model built is model=
-    ("tasks.sst2.epochs=3", "task.epochs: 2.0 -> 3.0"),
-])
-def test_a_changed_setting_that_matters_is_refused_naming_it(tmp_path, easy_glue, pretrained, monkeypatch, change,
-                                                              field):
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ("tasks.sst2.lr=1e-3", "task.lr: 0.003 -> 0.001"),
+        ("optim.weight_decay=0.1", "optim.weight_decay: 0.01 -> 0.1"),
+        ("model.dim=48", "model.dim: 32 -> 48"),  # init=none: the model built is model=
+        ("tasks.sst2.epochs=3", "task.epochs: 2.0 -> 3.0"),
+    ],
+)
+def test_a_changed_setting_that_matters_is_refused_naming_it(
+    tmp_path, easy_glue, pretrained, monkeypatch, change, field
+):
     run_dir = tmp_path / "ft"
     pair = interrupted_run(run_dir, easy_glue, pretrained, monkeypatch)
     latest = (pair / "checkpoints" / "latest").read_text()
@@ -79,8 +90,9 @@ def test_a_changed_setting_that_matters_is_refused_naming_it(tmp_path, easy_glue
     assert not (pair / "result.pt").exists() and not (run_dir / "results.json").exists()
 
 
-def test_harmless_changes_resume_to_the_uninterrupted_result(tmp_path, easy_glue, pretrained, monkeypatch,
-                                                             uninterrupted, caplog):
+def test_harmless_changes_resume_to_the_uninterrupted_result(
+    tmp_path, easy_glue, pretrained, monkeypatch, uninterrupted, caplog
+):
     run_dir = tmp_path / "ft"
     pair = interrupted_run(run_dir, easy_glue, pretrained, monkeypatch)
     with caplog.at_level(logging.INFO, logger="lm"):
@@ -91,7 +103,9 @@ def test_harmless_changes_resume_to_the_uninterrupted_result(tmp_path, easy_glue
     a, b = got["tasks"]["sst2"]["runs"]["0"], want["tasks"]["sst2"]["runs"]["0"]
     assert (a["history"], a["best_epoch"], a["main"]) == (b["history"], b["best_epoch"], b["main"])
     assert got["columns"] == want["columns"]
-    assert (run_dir / "submission" / "SST-2.tsv").read_text() == (uninterrupted / "submission" / "SST-2.tsv").read_text()
+    assert (run_dir / "submission" / "SST-2.tsv").read_text() == (
+        uninterrupted / "submission" / "SST-2.tsv"
+    ).read_text()
 
 
 def test_save_best_keeps_a_loadable_checkpoint_of_the_best_epoch(tmp_path, easy_glue, pretrained):
@@ -111,8 +125,9 @@ def test_save_best_keeps_a_loadable_checkpoint_of_the_best_epoch(tmp_path, easy_
     assert trainer["step"] == best["step"] and trainer["main"] == pytest.approx(run["main"])
 
     weights = consolidated_state_dict(ckpt)  # verified against its manifest, weights_only
-    model = build_classifier(Backbone(model_from_saved(saved["model"]), None, None, "none"),
-                             n_labels=2, dropout=saved["task"]["dropout"])
+    model = build_classifier(
+        Backbone(model_from_saved(saved["model"]), None, None, "none"), n_labels=2, dropout=saved["task"]["dropout"]
+    )
     model.load_state_dict(weights)  # strict: every parameter of the classifier, nothing else
     assert all(torch.isfinite(v).all() for v in weights.values())
     assert not (run_dir / "sst2" / "seed0" / "checkpoints").exists()  # the resume checkpoints went with result.pt
@@ -154,8 +169,9 @@ def test_a_damaged_result_is_named_and_its_pair_trained_again(tmp_path, easy_glu
     assert (run_dir / "sst2" / "seed0" / "result.sha256").read_text().strip() != ""
 
 
-def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damaged_copy(tmp_path, easy_glue,
-                                                                                       pretrained, caplog):
+def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damaged_copy(
+    tmp_path, easy_glue, pretrained, caplog
+):
     import shutil
 
     def from_init(init):
@@ -168,7 +184,9 @@ def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damage
     shutil.copytree(pretrained / "run", moved, ignore=shutil.ignore_patterns(".lock"))
     with caplog.at_level(logging.INFO, logger="lm"):  # the same weights at a new path: read back
         finetune(finetune_cfg(run_dir, from_init(moved)))
-    assert "holds the same checkpoint as the recorded" in caplog.text and "seed 0: done in an earlier run" in caplog.text
+    assert (
+        "holds the same checkpoint as the recorded" in caplog.text and "seed 0: done in an earlier run" in caplog.text
+    )
     assert json.loads((run_dir / "results.json").read_text())["columns"] == want
 
     weights = next(moved.glob("checkpoints/step_*/model_optim.pt"))
@@ -182,9 +200,9 @@ def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damage
     assert new != saved and _with_moved_paths(saved, new, result) == new  # so the pair is refused on init
 
 
-def test_a_finished_pair_is_reused_with_a_moved_copy_of_its_tokenizer_but_not_another(tmp_path, easy_glue,
-                                                                                      pretrained, uninterrupted,
-                                                                                      caplog):
+def test_a_finished_pair_is_reused_with_a_moved_copy_of_its_tokenizer_but_not_another(
+    tmp_path, easy_glue, pretrained, uninterrupted, caplog
+):
     """lm transfer shares a scratch arm between corpus configs that share a tokenizer: the path differs
     (another prepared data dir), the file's sha256 does not."""
     import shutil

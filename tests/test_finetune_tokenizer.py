@@ -10,13 +10,15 @@ import pytest
 from lm.core.checkpoint import resolve
 from lm.data.prepare import prepare
 from lm.glue.init import InitError, load_backbone
+
 # fixtures; `as` re-exports them (this module gets its own run)
-from tests.test_finetune import easy_glue as easy_glue, pretrained as pretrained
+from tests.test_finetune import easy_glue as easy_glue
+from tests.test_finetune import pretrained as pretrained
 
 
 def _recorded(run_dir):
-    from lm.glue.init import _recorded_tokenizer_sha256
     from lm.core.checkpoint import resolve
+    from lm.glue.init import _recorded_tokenizer_sha256
 
     return _recorded_tokenizer_sha256(resolve(run_dir))
 

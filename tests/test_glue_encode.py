@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lm.model.config import ModelConfig
-from lm.glue import collate, encode_examples, encode_pair, load_split, truncate_longest_first
 from lm.data.tokenizer import train
+from lm.glue import collate, encode_examples, encode_pair, load_split, truncate_longest_first
 from lm.model import SequenceClassifier, build_model
+from lm.model.config import ModelConfig
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 
@@ -29,9 +29,11 @@ class WordTokenizer:
 def test_encoder_layout():
     tok = WordTokenizer()
     f = encode_pair(tok, "a b c", "d e", max_len=16, arch="encoder")
-    assert f == {"input_ids": [5, 10, 11, 12, 4, 13, 14, 4],  # [CLS] a b c [SEP] d e [SEP]
-                 "attention_mask": [1] * 8,
-                 "token_type_ids": [0, 0, 0, 0, 0, 1, 1, 1]}
+    assert f == {
+        "input_ids": [5, 10, 11, 12, 4, 13, 14, 4],  # [CLS] a b c [SEP] d e [SEP]
+        "attention_mask": [1] * 8,
+        "token_type_ids": [0, 0, 0, 0, 0, 1, 1, 1],
+    }
     single = encode_pair(tok, "a b", None, max_len=16, arch="encoder")
     assert single == {"input_ids": [5, 10, 11, 4], "attention_mask": [1] * 4, "token_type_ids": [0] * 4}
 
@@ -117,8 +119,16 @@ def test_batches_fit_the_classifier_and_padding_does_not_change_logits(arch):
     tok = WordTokenizer()
     qqp = load_split("qqp", "train", root=FIXTURES, hf=False)
     feats = encode_examples(tok, qqp, max_len=24, arch=arch)
-    cfg = ModelConfig(arch=arch, vocab_size=10 + 64, dim=32, n_layers=1, n_heads=4, max_seq_len=24,
-                      n_segments=2 if arch == "encoder" else 0, pad_token_id=tok.pad_id)
+    cfg = ModelConfig(
+        arch=arch,
+        vocab_size=10 + 64,
+        dim=32,
+        n_layers=1,
+        n_heads=4,
+        max_seq_len=24,
+        n_segments=2 if arch == "encoder" else 0,
+        pad_token_id=tok.pad_id,
+    )
     clf = SequenceClassifier(build_model(cfg), n_labels=2, dropout=0.0).eval()
     batch = collate(feats, tok.pad_id)
     out = clf(**batch)

@@ -9,8 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from lm.cli.finetune import register
 from lm.config import ConfigError, conf_dir
-from lm.glue import (EVALS, GLUE_TASKS, TASKS, check_submission, load_eval, load_split, write_results,
-                          write_submission)
+from lm.glue import EVALS, GLUE_TASKS, TASKS, check_submission, load_eval, load_split, write_results, write_submission
 from lm.glue.config import GlueTaskConfig, finetune_job, validate_glue_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
@@ -28,10 +27,17 @@ def test_submission_format_for_every_column(tmp_path):
         path = write_submission(name, preds, tmp_path)
         assert path == tmp_path / f"{e.submission}.tsv"
         sizes[name] = n
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{s}.tsv" for s in [
-        "CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE", "WNLI", "AX"])
-    assert _rows(tmp_path / "MNLI-m.tsv") == [["index", "prediction"], ["0", "entailment"], ["1", "neutral"],
-                                              ["2", "contradiction"], ["3", "entailment"], ["4", "neutral"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{s}.tsv" for s in ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m", "MNLI-mm", "QNLI", "RTE", "WNLI", "AX"]
+    )
+    assert _rows(tmp_path / "MNLI-m.tsv") == [
+        ["index", "prediction"],
+        ["0", "entailment"],
+        ["1", "neutral"],
+        ["2", "contradiction"],
+        ["3", "entailment"],
+        ["4", "neutral"],
+    ]
     assert [r[1] for r in _rows(tmp_path / "RTE.tsv")[1:]] == ["entailment", "not_entailment"] * 2 + ["entailment"]
     assert [r[1] for r in _rows(tmp_path / "AX.tsv")[1:3]] == ["entailment", "neutral"]
     assert [r[1] for r in _rows(tmp_path / "CoLA.tsv")[1:]] == ["0", "1", "0", "1", "0"]
@@ -67,8 +73,9 @@ def test_check_submission_finds_bad_files(tmp_path):
     (tmp_path / "RTE.tsv").write_text("index\tprediction\n0\tentailment\n1\tmaybe\n")
     (tmp_path / "CoLA.tsv").write_text("id\tlabel\n0\t1\n")
     (tmp_path / "STS-B.tsv").write_text("index\tprediction\n0\t5.5\n")
-    problems = check_submission(tmp_path, names=["rte", "cola", "stsb", "wnli"],
-                                expected_rows={"rte": 2, "cola": 1, "stsb": 1})
+    problems = check_submission(
+        tmp_path, names=["rte", "cola", "stsb", "wnli"], expected_rows={"rte": 2, "cola": 1, "stsb": 1}
+    )
     assert len(problems) == 4
     assert "RTE.tsv:3: bad row ['1', 'maybe']" in problems[0]
     assert "CoLA.tsv:1: header must be" in problems[1]
@@ -91,6 +98,7 @@ def test_writes_are_atomic(tmp_path, monkeypatch):
 
 # -- results ---------------------------------------------------------------------------------------
 
+
 def _m(**kv):
     names = list(kv)
     return {**kv, "score": sum(kv.values()) / len(names)}
@@ -101,7 +109,8 @@ def test_results_json_and_table(tmp_path):
         "cola": {0: _m(mcc=10.0), 1: _m(mcc=30.0), 2: _m(mcc=20.0)},
         "mrpc": {0: _m(f1=80.0, acc=70.0), 1: _m(f1=84.0, acc=74.0), 2: _m(f1=82.0, acc=78.0)},
         "stsb": {0: _m(pearson=50.0, spearman=40.0), 1: _m(pearson=60.0, spearman=70.0)},
-        "mnli_m": {0: _m(acc=60.0)}, "mnli_mm": {0: _m(acc=62.0)},
+        "mnli_m": {0: _m(acc=60.0)},
+        "mnli_mm": {0: _m(acc=62.0)},
     }
     json_path, md_path = write_results(dev, tmp_path, extra={"checkpoint": "runs/x"})
     r = json.loads(json_path.read_text())
@@ -126,7 +135,7 @@ def test_results_json_and_table(tmp_path):
 
 
 def test_full_glue_results_row(tmp_path):
-    dev = {c: {0: _m(**{m: 50.0 + i for m in e.metrics})} for i, (c, e) in enumerate(EVALS.items()) if c != "ax"}
+    dev = {c: {0: _m(**dict.fromkeys(e.metrics, 50.0 + i))} for i, (c, e) in enumerate(EVALS.items()) if c != "ax"}
     dev["ax"] = {0: _m(mcc=5.0)}
     r = json.loads(write_results(dev, tmp_path)[0].read_text())
     # task scores 50 51 52 53 54 (55+56)/2 57 58 59 -> 489.5 / 9 = 54.39; AX (5.0) is not in it
@@ -142,7 +151,7 @@ PRESETS = sorted(p.stem for p in (conf_dir() / "task" / "glue").glob("*.yaml"))
 
 
 def test_there_is_a_preset_per_task_and_all():
-    assert PRESETS == sorted([*GLUE_TASKS, "all"])
+    assert sorted([*GLUE_TASKS, "all"]) == PRESETS
 
 
 def compose_tasks(*overrides):
@@ -169,20 +178,23 @@ def test_all_composes_the_nine_presets_and_shared_settings_reach_each():
     assert [c.n_labels for c in cfgs] == [2, 2, 2, 1, 2, 3, 2, 2, 2]
     assert all(c.max_train_examples == 100 for c in cfgs)
     assert {c.name: c.epochs for c in cfgs}["rte"] == 10  # each keeps its own hyperparameters
-    assert {c.name: c.optim(job.optim).lr for c in cfgs} == {**{t: 3e-4 for t in GLUE_TASKS}, "rte": 1e-3}
+    assert {c.name: c.optim(job.optim).lr for c in cfgs} == {**dict.fromkeys(GLUE_TASKS, 0.0003), "rte": 1e-3}
     assert job.tasks["rte"].optim(job.optim).betas == [0.9, 0.999]  # the rest of the shared optim group
     assert job.tasks["rte"].sched(job.sched, 200).warmup_steps == 20  # warmup_ratio 0.1 of the task's steps
     two = compose_tasks("task=[glue/rte,glue/qqp]", "tasks.qqp.epochs=1").tasks
     assert list(two) == ["rte", "qqp"] and two["qqp"].epochs == 1 and two["rte"].epochs == 10
 
 
-@pytest.mark.parametrize("fields,message", [
-    ({"name": "squad"}, "task name 'squad'"),
-    ({"name": "stsb", "n_labels": 2}, "set tasks.stsb.n_labels=1"),
-    ({"name": "mnli", "n_labels": 3, "main_metric": "acc"}, "tasks.mnli.main_metric='acc'"),
-    ({"name": "rte", "max_len": 3}, "tasks.rte.max_len=3"),
-    ({"name": "rte", "seeds": []}, "tasks.rte.seeds is empty"),
-])
+@pytest.mark.parametrize(
+    "fields,message",
+    [
+        ({"name": "squad"}, "task name 'squad'"),
+        ({"name": "stsb", "n_labels": 2}, "set tasks.stsb.n_labels=1"),
+        ({"name": "mnli", "n_labels": 3, "main_metric": "acc"}, "tasks.mnli.main_metric='acc'"),
+        ({"name": "rte", "max_len": 3}, "tasks.rte.max_len=3"),
+        ({"name": "rte", "seeds": []}, "tasks.rte.seeds is empty"),
+    ],
+)
 def test_bad_task_configs_name_the_field(fields, message):
     with pytest.raises(ConfigError, match=message):
         validate_glue_task(GlueTaskConfig(**fields))

@@ -18,7 +18,8 @@ def test_binary_confusion_matrix_by_hand():
     f1 = 2 * 3 / (2 * 3 + 1 + 1)  # 0.75
     acc = 4 / 6
     assert compute_metrics("mrpc", p, y) == pytest.approx(
-        {"f1": 100 * f1, "acc": 100 * acc, "score": (100 * f1 + 100 * acc) / 2})
+        {"f1": 100 * f1, "acc": 100 * acc, "score": (100 * f1 + 100 * acc) / 2}
+    )
     assert compute_metrics("qqp", p, y)["score"] == pytest.approx(70.8333333)
     for name in ("sst2", "qnli", "rte", "wnli", "mnli_m", "mnli_mm"):
         assert compute_metrics(name, p, y) == pytest.approx({"acc": 100 * acc, "score": 100 * acc})
@@ -28,8 +29,9 @@ def test_three_class_mcc_for_ax_by_hand():
     # Gorodkin's R_K: (c.s - sum_k p_k t_k) / sqrt((s^2 - sum p_k^2)(s^2 - sum t_k^2))
     y, p = [0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 2, 0]
     c, s, t_k, p_k = 4, 6, [2, 2, 2], [2, 3, 1]
-    r3 = (c * s - sum(a * b for a, b in zip(p_k, t_k))) / math.sqrt((s * s - sum(x * x for x in p_k)) *
-                                                                    (s * s - sum(x * x for x in t_k)))
+    r3 = (c * s - sum(a * b for a, b in zip(p_k, t_k))) / math.sqrt(
+        (s * s - sum(x * x for x in p_k)) * (s * s - sum(x * x for x in t_k))
+    )
     assert r3 == pytest.approx(12 / math.sqrt(528))
     assert compute_metrics("ax", p, y)["mcc"] == pytest.approx(100 * r3)
 
@@ -81,10 +83,16 @@ def test_bad_predictions_are_rejected():
 def _leaderboard(cola, sst2, mrpc, stsb, qqp, mnli_m, mnli_mm, qnli, rte, wnli):
     """A leaderboard row as {column: metrics}; pairs are in the leaderboard's order (F1/acc, P/S)."""
     return {
-        "cola": {"mcc": cola}, "sst2": {"acc": sst2},
-        "mrpc": dict(zip(("f1", "acc"), mrpc)), "stsb": dict(zip(("pearson", "spearman"), stsb)),
-        "qqp": dict(zip(("f1", "acc"), qqp)), "mnli_m": {"acc": mnli_m}, "mnli_mm": {"acc": mnli_mm},
-        "qnli": {"acc": qnli}, "rte": {"acc": rte}, "wnli": {"acc": wnli},
+        "cola": {"mcc": cola},
+        "sst2": {"acc": sst2},
+        "mrpc": dict(zip(("f1", "acc"), mrpc)),
+        "stsb": dict(zip(("pearson", "spearman"), stsb)),
+        "qqp": dict(zip(("f1", "acc"), qqp)),
+        "mnli_m": {"acc": mnli_m},
+        "mnli_mm": {"acc": mnli_mm},
+        "qnli": {"acc": qnli},
+        "rte": {"acc": rte},
+        "wnli": {"acc": wnli},
     }
 
 
@@ -99,8 +107,11 @@ ERNIE2_LARGE = _leaderboard(63.5, 95.6, (90.2, 87.4), (91.2, 90.6), (73.8, 90.1)
 def test_glue_score_matches_the_leaderboard(row, published):
     assert round(glue_score(row), 1) == published
     # MNLI-m and MNLI-mm as two of ten tasks would not reproduce the leaderboard:
-    ten = [*(task_score(t, row) for t in ("cola", "sst2", "mrpc", "stsb", "qqp", "qnli", "rte", "wnli")),
-           row["mnli_m"]["acc"], row["mnli_mm"]["acc"]]
+    ten = [
+        *(task_score(t, row) for t in ("cola", "sst2", "mrpc", "stsb", "qqp", "qnli", "rte", "wnli")),
+        row["mnli_m"]["acc"],
+        row["mnli_mm"]["acc"],
+    ]
     assert round(sum(ten) / 10, 1) != published
 
 

@@ -10,8 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from lm.glue import (EVALS, GLUE_TASKS, TASKS, GlueDataError, GlueDataMissing, data_root, load_eval,
-                          load_split, split_path)
+from lm.glue import (
+    EVALS,
+    GLUE_TASKS,
+    TASKS,
+    GlueDataError,
+    GlueDataMissing,
+    data_root,
+    load_eval,
+    load_split,
+    split_path,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "glue"
 BAD = FIXTURES / "malformed"
@@ -123,15 +132,30 @@ def test_ax_fixture_is_test_only():
 
 def test_qnli_and_wnli_train_fixtures():
     qnli = load_split("qnli", "train", root=FIXTURES, hf=False)
-    assert [TASKS["qnli"].labels[e.label] for e in qnli] == ["not_entailment", "entailment", "not_entailment",
-                                                            "entailment"]
+    assert [TASKS["qnli"].labels[e.label] for e in qnli] == [
+        "not_entailment",
+        "entailment",
+        "not_entailment",
+        "entailment",
+    ]
     assert [e.label for e in load_split("wnli", "train", root=FIXTURES, hf=False)] == [1, 1, 0]
 
 
 def test_registry_covers_the_leaderboard():
     assert GLUE_TASKS == ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
-    assert [e.submission for e in EVALS.values()] == ["CoLA", "SST-2", "MRPC", "STS-B", "QQP", "MNLI-m",
-                                                      "MNLI-mm", "QNLI", "RTE", "WNLI", "AX"]
+    assert [e.submission for e in EVALS.values()] == [
+        "CoLA",
+        "SST-2",
+        "MRPC",
+        "STS-B",
+        "QQP",
+        "MNLI-m",
+        "MNLI-mm",
+        "QNLI",
+        "RTE",
+        "WNLI",
+        "AX",
+    ]
     assert TASKS["mnli"].labels == TASKS["ax"].labels == ("entailment", "neutral", "contradiction")
     assert TASKS["qnli"].labels == TASKS["rte"].labels == ("entailment", "not_entailment")
     assert all(TASKS[t].labels == ("0", "1") for t in ("cola", "sst2", "mrpc", "qqp", "wnli"))
@@ -139,6 +163,7 @@ def test_registry_covers_the_leaderboard():
 
 
 # -- errors ----------------------------------------------------------------------------------------
+
 
 def test_missing_file_names_path_and_how_to_get_it(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
@@ -170,8 +195,10 @@ def test_hf_fallback_only_when_no_local_copy(tmp_path, monkeypatch, hub_up):
         calls.append((path, name, split))
         if split.startswith("test"):
             return [{"premise": "P.", "hypothesis": "H.", "label": -1, "idx": 0}]
-        return [{"premise": "P.", "hypothesis": "H.", "label": 2, "idx": 0},
-                {"premise": "Q.", "hypothesis": "I.", "label": 0, "idx": 1}]
+        return [
+            {"premise": "P.", "hypothesis": "H.", "label": 2, "idx": 0},
+            {"premise": "Q.", "hypothesis": "I.", "label": 0, "idx": 1},
+        ]
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     dev = load_split("mnli", "dev_mismatched", root=tmp_path)
@@ -250,14 +277,17 @@ def test_a_bom_and_crlf_line_ends_still_read(tmp_path):
     assert load_split("sst2", "train", root=tmp_path, hf=False) == [(0, "a fine film", None, 1)]
 
 
-@pytest.mark.parametrize("case,task,split,line,what", [
-    ("columns", "rte", "dev", 3, "expected 4 tab-separated columns"),
-    ("label", "sst2", "dev", 4, "label '2' is not one of"),
-    ("score", "stsb", "dev", 3, "score 'high' is not a number"),
-    ("score_range", "stsb", "dev", 2, "score '5.200' is not a number in \\[0, 5\\]"),
-    ("nli_label", "mnli", "dev_matched", 2, "label '-' is not one of"),
-    ("header", "qnli", "dev", 1, "no column 'sentence'"),
-])
+@pytest.mark.parametrize(
+    "case,task,split,line,what",
+    [
+        ("columns", "rte", "dev", 3, "expected 4 tab-separated columns"),
+        ("label", "sst2", "dev", 4, "label '2' is not one of"),
+        ("score", "stsb", "dev", 3, "score 'high' is not a number"),
+        ("score_range", "stsb", "dev", 2, "score '5.200' is not a number in \\[0, 5\\]"),
+        ("nli_label", "mnli", "dev_matched", 2, "label '-' is not one of"),
+        ("header", "qnli", "dev", 1, "no column 'sentence'"),
+    ],
+)
 def test_malformed_rows_name_file_and_line(case, task, split, line, what):
     path = split_path(task, split, BAD / case)
     with pytest.raises(GlueDataError, match=what) as e:

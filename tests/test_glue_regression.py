@@ -25,7 +25,9 @@ class SumModel(torch.nn.Module):
 
 
 def engine_of(model):
-    return SimpleNamespace(model=model, device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False))
+    return SimpleNamespace(
+        model=model, device=torch.device("cpu"), autocast=lambda: torch.autocast("cpu", enabled=False)
+    )
 
 
 def pair(ids, label=None):
@@ -43,6 +45,7 @@ def test_predict_returns_rows_in_dev_order_across_length_sorted_batches():
 
 def test_stsb_dev_score_is_the_correlation_of_aligned_unscaled_predictions():
     labels = np.linspace(0.0, 5.0, 11)
+
     def score(preds):
         return compute_metrics("stsb", preds, labels)["score"]
 
@@ -53,8 +56,9 @@ def test_stsb_dev_score_is_the_correlation_of_aligned_unscaled_predictions():
 
 
 def tiny_bert(**kw):
-    cfg = ModelConfig(arch="encoder", vocab_size=64, dim=32, n_layers=1, n_heads=4, max_seq_len=16, n_segments=2,
-                      dropout=0.0, **kw)
+    cfg = ModelConfig(
+        arch="encoder", vocab_size=64, dim=32, n_layers=1, n_heads=4, max_seq_len=16, n_segments=2, dropout=0.0, **kw
+    )
     torch.manual_seed(0)
     return SequenceClassifier(build_model(cfg), n_labels=1, dropout=0.0).eval()
 

@@ -6,9 +6,9 @@ Run on a GPU machine with `python -m pytest -m gpu`; skipped elsewhere (tests/co
 import pytest
 import torch
 
-from lm.model.config import model_preset
-from lm.model import build_model
 from lm.cli.train import train
+from lm.model import build_model
+from lm.model.config import model_preset
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
 pytestmark = pytest.mark.gpu

@@ -51,7 +51,9 @@ def import_graph(imports=_all_imports):
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 names = [base] + [f"{base}.{a.name}" for a in node.names]
             else:
                 continue
@@ -110,8 +112,10 @@ def test_no_import_cycles_among_lm_modules():
 
 def test_the_cycle_check_sees_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    tree = ast.parse("import lm.x\nif TYPE_CHECKING:\n    import lm.y\ndef f():\n    import lm.z\n"
-                     "try:\n    import lm.w\nexcept ImportError:\n    pass\n")
+    tree = ast.parse(
+        "import lm.x\nif TYPE_CHECKING:\n    import lm.y\ndef f():\n    import lm.z\n"
+        "try:\n    import lm.w\nexcept ImportError:\n    pass\n"
+    )
     assert sorted(n.names[0].name for n in _run_time_imports(tree)) == ["lm.w", "lm.x", "lm.z"]
 
 
@@ -120,15 +124,25 @@ def test_model_code_imports_neither_the_config_root_nor_the_layers_above():
     lm.core, lm.engine, lm.data or the apps, not even inside a function (docs/architecture.md, the walls)."""
     graph = import_graph()
     above = ("lm.config", "lm.core", "lm.engine", "lm.data", "lm.cli", "lm.glue", "lm.zoo", "lm.sweep", "lm.report")
-    breaches = sorted((m, t) for m, ts in graph.items() if m.startswith("lm.model") for t in ts
-                      if t.startswith(above) and not t.startswith("lm.config_base"))
+    breaches = sorted(
+        (m, t)
+        for m, ts in graph.items()
+        if m.startswith("lm.model")
+        for t in ts
+        if t.startswith(above) and not t.startswith("lm.config_base")
+    )
     assert breaches == []
 
 
 def test_the_engine_never_imports_the_core_or_the_apps():
     graph = import_graph()
-    breaches = sorted((m, t) for m, ts in graph.items() if m.startswith("lm.engine") for t in ts
-                      if t.split(".")[1] in ("core", "cli", "glue", "data"))
+    breaches = sorted(
+        (m, t)
+        for m, ts in graph.items()
+        if m.startswith("lm.engine")
+        for t in ts
+        if t.split(".")[1] in ("core", "cli", "glue", "data")
+    )
     assert breaches == []
 
 
@@ -145,10 +159,16 @@ def test_names_explain_themselves():
     aliases, tasks = [], []
     for path in LM.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            ours = isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lm") or \
-                isinstance(node, ast.Import) and any(a.name.startswith("lm.") for a in node.names)
+            ours = (
+                isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("lm")
+                or isinstance(node, ast.Import)
+                and any(a.name.startswith("lm.") for a in node.names)
+            )
             if ours:  # torch's `functional as F` is the field's idiom; lm's own modules get real names
-                aliases += [f"{path.name}: {a.name} as {a.asname}" for a in node.names if a.asname and len(a.asname) == 1]
+                aliases += [
+                    f"{path.name}: {a.name} as {a.asname}" for a in node.names if a.asname and len(a.asname) == 1
+                ]
             if isinstance(node, ast.ClassDef) and node.name == "Task":
                 tasks.append(str(path.relative_to(LM.parent)))
     assert aliases == [] and tasks == []

@@ -18,8 +18,14 @@ from lm.model import build_model
 from lm.model.config import ModelConfig, model_from_saved, model_preset
 from tests.engine_support import compose, subprocess_env
 
-LLAMA_TINY = ["model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2", "model.vocab_size=96",
-              "model.max_seq_len=32"]
+LLAMA_TINY = [
+    "model.dim=64",
+    "model.n_layers=2",
+    "model.n_heads=4",
+    "model.n_kv_heads=2",
+    "model.vocab_size=96",
+    "model.max_seq_len=32",
+]
 SWITCHES = [("cross_entropy", "liger"), ("cross_entropy", "cce"), ("norm", "liger"), ("glu", "liger")]
 
 
@@ -60,8 +66,10 @@ def test_a_switch_without_cuda_is_refused_in_one_line(monkeypatch, installed, na
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError) as e:
         build_model(llama(f"model.kernels.{name}={kernel}"))
-    assert one_line(e) == (f"model.kernels.{name}={kernel} runs Triton kernels on a CUDA device only, and this "
-                           f"machine has none: set model.kernels.{name}=torch (the default)")
+    assert one_line(e) == (
+        f"model.kernels.{name}={kernel} runs Triton kernels on a CUDA device only, and this "
+        f"machine has none: set model.kernels.{name}=torch (the default)"
+    )
 
 
 @pytest.mark.parametrize("name, kernel", SWITCHES)
@@ -70,30 +78,57 @@ def test_a_switch_without_its_package_names_the_extra(monkeypatch, name, kernel)
     monkeypatch.setitem(sys.modules, package, None)  # as if not installed
     with pytest.raises(MissingExtra) as e:
         build_model(llama(f"model.kernels.{name}={kernel}"))
-    assert one_line(e) == (f"model.kernels.{name}={kernel} needs {package} (not installed): pip install "
-                           f"'lm[kernels]', or set model.kernels.{name}=torch")
+    assert one_line(e) == (
+        f"model.kernels.{name}={kernel} needs {package} (not installed): pip install "
+        f"'lm[kernels]', or set model.kernels.{name}=torch"
+    )
 
 
 def test_lm_train_refuses_a_kernel_on_the_cpu_in_one_line(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "lm.cli.train", "model=tiny", "data=shakespeare_char",
-                        "train.device=cpu", "train.max_steps=1", "model.kernels.norm=liger", f"run_dir={tmp_path / 'r'}"],
-                       capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lm.cli.train",
+            "model=tiny",
+            "data=shakespeare_char",
+            "train.device=cpu",
+            "train.max_steps=1",
+            "model.kernels.norm=liger",
+            f"run_dir={tmp_path / 'r'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     said = p.stdout + p.stderr  # Hydra's app prints the error on stdout
     assert p.returncode == 1 and "Traceback" not in said, said[-2000:]
-    assert said.strip().splitlines()[-1].endswith("model.kernels.norm=liger runs Triton kernels on a CUDA device "
-                                                  "only, and this machine has none: set model.kernels.norm=torch "
-                                                  "(the default)")
+    assert (
+        said.strip()
+        .splitlines()[-1]
+        .endswith(
+            "model.kernels.norm=liger runs Triton kernels on a CUDA device "
+            "only, and this machine has none: set model.kernels.norm=torch "
+            "(the default)"
+        )
+    )
     assert not (tmp_path / "r" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (["model/norm=fixup", "model.kernels.norm=liger"], "model/norm=layernorm|rmsnorm only, not model/norm=fixup"),
-    (["model/ffn=gelu", "model.kernels.glu=liger"], "model/ffn=swiglu|glu only, not model/ffn=mlp"),
-    (["model/ffn=geglu", "model.kernels.glu=liger"], "set model.ffn.activation=gelu_tanh"),
-    (["model.loss_chunk_size=64", "model.kernels.cross_entropy=liger"], "set model.loss_chunk_size=0"),
-    (["model/output=adaptive_softmax", "model.tie_embeddings=false", "model.kernels.cross_entropy=cce"],
-     "model/output=adaptive_softmax does not use"),
-])
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["model/norm=fixup", "model.kernels.norm=liger"], "model/norm=layernorm|rmsnorm only, not model/norm=fixup"),
+        (["model/ffn=gelu", "model.kernels.glu=liger"], "model/ffn=swiglu|glu only, not model/ffn=mlp"),
+        (["model/ffn=geglu", "model.kernels.glu=liger"], "set model.ffn.activation=gelu_tanh"),
+        (["model.loss_chunk_size=64", "model.kernels.cross_entropy=liger"], "set model.loss_chunk_size=0"),
+        (
+            ["model/output=adaptive_softmax", "model.tie_embeddings=false", "model.kernels.cross_entropy=cce"],
+            "model/output=adaptive_softmax does not use",
+        ),
+    ],
+)
 def test_a_switch_the_model_does_not_use_is_refused(cuda, overrides, says):
     with pytest.raises(ConfigError) as e:
         build_model(llama(*overrides))
@@ -102,10 +137,16 @@ def test_a_switch_the_model_does_not_use_is_refused(cuda, overrides, says):
 
 def test_cce_refuses_an_encoders_biased_output_layer_and_liger_takes_it(cuda):
     with pytest.raises(ConfigError, match="an encoder's masked-LM output layer has one"):
-        build_model(model_preset("bert", ["model.dim=64", "model.n_layers=1", "model.n_heads=4",
-                                          "model.kernels.cross_entropy=cce"]))
-    model = build_model(model_preset("bert", ["model.dim=64", "model.n_layers=1", "model.n_heads=4",
-                                              "model.kernels.cross_entropy=liger"]))
+        build_model(
+            model_preset(
+                "bert", ["model.dim=64", "model.n_layers=1", "model.n_heads=4", "model.kernels.cross_entropy=cce"]
+            )
+        )
+    model = build_model(
+        model_preset(
+            "bert", ["model.dim=64", "model.n_layers=1", "model.n_heads=4", "model.kernels.cross_entropy=liger"]
+        )
+    )
     assert model.head.loss_kernel == "liger" and model.head.proj.bias is not None
 
 
@@ -140,8 +181,10 @@ def test_a_fused_module_refuses_cpu_tensors_in_one_line(cuda):
     model = build_model(llama("model.kernels.norm=liger"))
     with pytest.raises(ConfigError) as e:
         model(input_ids=torch.zeros(1, 4, dtype=torch.long))
-    assert one_line(e) == ("model.kernels.norm=liger runs on a CUDA device only, and this run's tensors are on cpu: "
-                           "set model.kernels.norm=torch, or train on a GPU")
+    assert one_line(e) == (
+        "model.kernels.norm=liger runs on a CUDA device only, and this run's tensors are on cpu: "
+        "set model.kernels.norm=torch, or train on a GPU"
+    )
 
 
 @pytest.mark.parametrize("kernel", ["liger", "cce"])
@@ -187,14 +230,17 @@ def test_a_saved_model_loads_with_the_eager_ops():
 
 # -- train.float8 -----------------------------------------------------------------------------------
 
+
 def test_float8_takes_false_or_torchao():
     from lm.core.config import OptimConfig, SchedConfig, TrainConfig, validate_train
 
     validate_train(TrainConfig(float8="torchao"), OptimConfig(), SchedConfig())
     with pytest.raises(ConfigError) as e:
         validate_train(TrainConfig(float8=True), OptimConfig(), SchedConfig())
-    assert one_line(e) == "train.float8=True is not one of false, torchao (float8 matmuls from torchao: " \
-                          "train.float8=torchao)"
+    assert (
+        one_line(e) == "train.float8=True is not one of false, torchao (float8 matmuls from torchao: "
+        "train.float8=torchao)"
+    )
     assert compose(["model=tiny", "train.float8=torchao"]).train.float8 == "torchao"
 
 
@@ -202,8 +248,9 @@ def _engine(float8):
     from lm.core.config import TrainConfig
     from lm.engine import Dist, SingleEngine
 
-    return SingleEngine(TrainConfig(float8=float8), Dist(rank=0, world_size=1, local_rank=0,
-                                                         device=torch.device("cpu")))
+    return SingleEngine(
+        TrainConfig(float8=float8), Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    )
 
 
 def test_float8_on_a_cpu_is_refused_in_one_line(installed):
@@ -211,8 +258,10 @@ def test_float8_on_a_cpu_is_refused_in_one_line(installed):
 
     with pytest.raises(EngineError) as e:
         _engine("torchao")
-    assert one_line(e) == "train.float8=torchao needs a CUDA device (float8 tensor cores), and this run is on cpu: " \
-                          "set train.float8=false"
+    assert (
+        one_line(e) == "train.float8=torchao needs a CUDA device (float8 tensor cores), and this run is on cpu: "
+        "set train.float8=false"
+    )
     assert not hasattr(_engine(False), "module")  # float8 off: built (set by wrap(), not yet called)
 
 
@@ -243,7 +292,9 @@ def test_float8_converts_the_blocks_linears_and_keeps_the_output_layer():
     eligible = [m for m in model.modules() if float8_eligible(m)]
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     # per block: the fused q/k/v, the attention output, the FFN's gate-up and down; the 64 x 96 output layer is not
-    assert len(eligible) == 2 * 4 and len(linears) == 2 * 4 + 1 and not any(isinstance(m, OutputLinear) for m in eligible)
+    assert (
+        len(eligible) == 2 * 4 and len(linears) == 2 * 4 + 1 and not any(isinstance(m, OutputLinear) for m in eligible)
+    )
     assert not float8_eligible(Linear(64, 24)) and float8_eligible(Linear(64, 32))
 
 
@@ -258,13 +309,19 @@ def test_the_gpu_script_is_valid_bash_and_refuses_an_out_it_cannot_make():
 
 @pytest.mark.slow
 def test_the_gpu_script_dry_run_starts_every_command_of_its_parts(tmp_path):
-    """benchmarks/gpu_kernels.sh --dry-run on the CPU: the GPU tests collect (and skip), each gpu_mfu.py command composes
-    and runs at tiny shapes, and each kernel or float8 command ends in its one-line CUDA refusal."""
+    """benchmarks/gpu_kernels.sh --dry-run on the CPU: the GPU tests collect (and skip), each gpu_mfu.py command
+    composes and runs at tiny shapes, and each kernel or float8 command ends in its one-line CUDA refusal."""
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[1]
-    p = subprocess.run(["bash", "benchmarks/gpu_kernels.sh", "--dry-run", str(tmp_path / "out")], cwd=root,
-                       capture_output=True, text=True, env=subprocess_env(PARTS="tests gpt2 llama"), timeout=1500)
+    p = subprocess.run(
+        ["bash", "benchmarks/gpu_kernels.sh", "--dry-run", str(tmp_path / "out")],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(PARTS="tests gpt2 llama"),
+        timeout=1500,
+    )
     assert p.returncode == 0 and p.stdout.strip().endswith("dry-run: every part starts"), p.stdout[-3000:]
     assert p.stdout.count("dry-run ok") == 1 + 5 + 2
     rows = (tmp_path / "out" / "rows.jsonl").read_text().splitlines()

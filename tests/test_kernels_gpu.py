@@ -41,6 +41,7 @@ def _perturb(module: torch.nn.Module) -> None:
 
 # -- norms ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kind", ["layernorm", "layernorm_nobias", "rmsnorm"])
 @pytest.mark.parametrize("dtype, fwd_tol, grad_tol", [(torch.float32, 1e-5, 1e-4), (torch.bfloat16, 1e-2, 3e-2)])
 def test_liger_norms_match_the_eager_norms(kind, dtype, fwd_tol, grad_tol):
@@ -73,6 +74,7 @@ def test_liger_norms_match_the_eager_norms(kind, dtype, fwd_tol, grad_tol):
 
 # -- GLU --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 def test_liger_glu_matches_the_eager_glu_under_bf16_autocast(activation):
     from lm.model.ffn import GLU
@@ -99,6 +101,7 @@ def test_liger_glu_matches_the_eager_glu_under_bf16_autocast(activation):
 
 # -- fused linear cross-entropy ---------------------------------------------------------------------
 
+
 def _loss_and_grads(model, x, y):
     model.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -107,10 +110,15 @@ def _loss_and_grads(model, x, y):
     return loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("preset, overrides, kernel", [
-    ("gpt2", GPT2, "liger"), ("gpt2", GPT2, "cce"),  # tied output, GPT-2's 50304 vocabulary
-    ("llama", LLAMA + ["model.vocab_size=32000"], "liger"), ("llama", LLAMA + ["model.vocab_size=32000"], "cce"),
-])
+@pytest.mark.parametrize(
+    "preset, overrides, kernel",
+    [
+        ("gpt2", GPT2, "liger"),
+        ("gpt2", GPT2, "cce"),  # tied output, GPT-2's 50304 vocabulary
+        ("llama", LLAMA + ["model.vocab_size=32000"], "liger"),
+        ("llama", LLAMA + ["model.vocab_size=32000"], "cce"),
+    ],
+)
 def test_fused_linear_cross_entropy_matches_the_eager_loss(preset, overrides, kernel):
     torch.manual_seed(0)
     eager = build_model(model_preset(preset, overrides)).cuda()
@@ -135,8 +143,9 @@ def test_fused_linear_cross_entropy_never_allocates_the_logits():
     peaks = {}
     for kernel in ("torch", "liger", "cce"):
         torch.manual_seed(0)
-        model = build_model(model_preset("gpt2", GPT2 + ["model.max_seq_len=1024",
-                                                         f"model.kernels.cross_entropy={kernel}"])).cuda()
+        model = build_model(
+            model_preset("gpt2", GPT2 + ["model.max_seq_len=1024", f"model.kernels.cross_entropy={kernel}"])
+        ).cuda()
         x = torch.randint(0, 50304, (8, 1024), device="cuda")
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -153,12 +162,23 @@ def test_fused_linear_cross_entropy_never_allocates_the_logits():
 
 # -- whole models and lm train ------------------------------------------------------------------------
 
+
 def test_a_llama_with_every_kernel_matches_the_eager_model():
     torch.manual_seed(0)
     eager = build_model(model_preset("llama", LLAMA + ["model.vocab_size=32000"])).cuda()
     _perturb(eager)
-    fused = build_model(model_preset("llama", LLAMA + ["model.vocab_size=32000", "model.kernels.cross_entropy=liger",
-                                                       "model.kernels.norm=liger", "model.kernels.glu=liger"])).cuda()
+    fused = build_model(
+        model_preset(
+            "llama",
+            LLAMA
+            + [
+                "model.vocab_size=32000",
+                "model.kernels.cross_entropy=liger",
+                "model.kernels.norm=liger",
+                "model.kernels.glu=liger",
+            ],
+        )
+    ).cuda()
     fused.load_state_dict(eager.state_dict())
     x = torch.randint(0, 32000, (4, 256), device="cuda")
     le, ge = _loss_and_grads(eager, x, x.roll(-1, 1))
@@ -174,8 +194,10 @@ def test_lm_train_with_kernels_and_compile_tracks_the_eager_run(tmp_path):
 
     common = ["train.device=cuda", "model/norm=rmsnorm", "model/ffn=swiglu", "train.compile=true"]
     runs = {}
-    for name, extra in (("eager", []), ("fused", ["model.kernels.cross_entropy=liger", "model.kernels.norm=liger",
-                                                  "model.kernels.glu=liger"])):
+    for name, extra in (
+        ("eager", []),
+        ("fused", ["model.kernels.cross_entropy=liger", "model.kernels.norm=liger", "model.kernels.glu=liger"]),
+    ):
         cfg = compose(tiny_overrides(tmp_path / name, 8, precision="bf16") + common + extra)
         train(cfg, loaders=loaders(cfg))
         runs[name] = train_losses(tmp_path / name)
@@ -183,6 +205,7 @@ def test_lm_train_with_kernels_and_compile_tracks_the_eager_run(tmp_path):
 
 
 # -- float8 -----------------------------------------------------------------------------------------
+
 
 def _float8_device():
     if torch.cuda.get_device_capability() < (8, 9):

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Tuple
 
 import pytest
 
@@ -18,7 +17,7 @@ DOCKERFILE = REPO / "docker" / "Dockerfile"
 IGNORE = REPO / "docker" / "Dockerfile.dockerignore"
 
 
-def instructions() -> List[Tuple[str, str]]:
+def instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined, as the Docker parser reads them."""
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
     out = []
@@ -38,7 +37,9 @@ def hadolint() -> str:
 
 
 def test_hadolint_passes():
-    out = subprocess.run([hadolint(), "--no-color", "--failure-threshold", "info", str(DOCKERFILE)], capture_output=True, text=True)
+    out = subprocess.run(
+        [hadolint(), "--no-color", "--failure-threshold", "info", str(DOCKERFILE)], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -49,7 +50,7 @@ def test_hadolint_really_checks(tmp_path):
     assert out.returncode == 1 and "DL3006" in out.stdout and "DL3015" in out.stdout  # untagged, recommends
 
 
-def _ignored(path: str, patterns: List[str]) -> bool:
+def _ignored(path: str, patterns: list[str]) -> bool:
     """Docker's .dockerignore rule: the last matching pattern wins, `!` re-includes."""
     ignored = False
     for pattern in patterns:
@@ -81,7 +82,9 @@ def test_runs_as_a_non_root_user_with_pinned_torch_and_deepspeed_and_launch_scri
     users = [args for word, args in ins if word == "USER"]
     assert users and users[-1] not in ("root", "0"), "the image must end as a non-root user"
     args = dict(a.split("=", 1) for word, a in ins if word == "ARG" and "=" in a)
-    assert re.fullmatch(r"\d+\.\d+\.\d+", args["TORCH_VERSION"]) and re.fullmatch(r"\d+\.\d+\.\d+", args["DEEPSPEED_VERSION"])
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["TORCH_VERSION"]) and re.fullmatch(
+        r"\d+\.\d+\.\d+", args["DEEPSPEED_VERSION"]
+    )
     runs = " ".join(a for word, a in ins if word == "RUN")
     assert '"torch==${TORCH_VERSION}"' in runs and '"deepspeed==${DEEPSPEED_VERSION}"' in runs
     assert "DS_BUILD_CPU_ADAM=1" in runs and "DS_BUILD_FUSED_ADAM=1" in runs and "DS_ACCELERATOR=cuda" in runs
@@ -93,7 +96,7 @@ def test_runs_as_a_non_root_user_with_pinned_torch_and_deepspeed_and_launch_scri
 
 def _cuda_check_command() -> str:
     run = next(a for word, a in instructions() if word == "RUN" and "torch==" in a)
-    return run[run.index("python -c"):]
+    return run[run.index("python -c") :]
 
 
 @pytest.mark.parametrize("torch_cuda,ok", [("13.0", True), ("12.8", False), (None, False)])
@@ -103,8 +106,12 @@ def test_the_build_refuses_a_torch_built_for_another_cuda(tmp_path, torch_cuda, 
     fake.mkdir()
     (fake / "__init__.py").write_text(f"__version__ = '2.13.0'\nclass version:\n    cuda = {torch_cuda!r}\n")
     cmd = _cuda_check_command().replace("python -c", f"{sys.executable} -c", 1)
-    out = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
-                         env={**os.environ, "CUDA_MAJOR": "13", "PYTHONPATH": str(tmp_path)})
+    out = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CUDA_MAJOR": "13", "PYTHONPATH": str(tmp_path)},
+    )
     if ok:
         assert out.returncode == 0, out.stderr
     else:

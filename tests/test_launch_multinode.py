@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 
@@ -21,23 +20,33 @@ WORLD = 2
 MICRO = 2  # per rank; the reference runs one process with MICRO * WORLD
 STEPS = 5
 # A high constant learning rate so that every step moves the loss: a wrong gradient shows at step 2.
-TINY = ["model=tiny", "data=shakespeare_char", "train.seq_len=32", f"train.max_steps={STEPS}", "train.log_interval=1",
-        "train.eval_interval=0", "train.ckpt_interval=0", "sched=constant", "sched.warmup_steps=0", "optim.lr=0.01"]
+TINY = [
+    "model=tiny",
+    "data=shakespeare_char",
+    "train.seq_len=32",
+    f"train.max_steps={STEPS}",
+    "train.log_interval=1",
+    "train.eval_interval=0",
+    "train.ckpt_interval=0",
+    "sched=constant",
+    "sched.warmup_steps=0",
+    "optim.lr=0.01",
+]
 TIMEOUT = 300
 
 
-def launch_env(**extra) -> Dict[str, str]:
+def launch_env(**extra) -> dict[str, str]:
     """The test environment, with this interpreter's bin/ (torchrun, accelerate, deepspeed) first on PATH."""
     env = subprocess_env(**extra)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
 
 
-def run(cmd: List[str], env: Dict[str, str], log: Path) -> subprocess.Popen:
+def run(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def finish(procs: List[subprocess.Popen], logs: List[Path]) -> None:
+def finish(procs: list[subprocess.Popen], logs: list[Path]) -> None:
     try:
         for p in procs:
             p.wait(TIMEOUT)
@@ -57,19 +66,34 @@ def ranks_trained(run_dir: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Dict[int, float]:
+def reference(tmp_path_factory) -> dict[int, float]:
     """One process, micro-batch MICRO * WORLD: the losses every launch must reproduce."""
     run_dir = tmp_path_factory.mktemp("single")
     log = run_dir.parent / "single.log"
-    finish([run([sys.executable, "-m", "lm.cli.train", f"run_dir={run_dir}", f"train.micro_batch_size={MICRO * WORLD}",
-                 *TINY], launch_env(), log)], [log])
+    finish(
+        [
+            run(
+                [
+                    sys.executable,
+                    "-m",
+                    "lm.cli.train",
+                    f"run_dir={run_dir}",
+                    f"train.micro_batch_size={MICRO * WORLD}",
+                    *TINY,
+                ],
+                launch_env(),
+                log,
+            )
+        ],
+        [log],
+    )
     losses = train_losses(run_dir)
     assert sorted(losses) == list(range(1, STEPS + 1))
     assert losses[STEPS] < losses[1] - 0.5  # it learns, so equal losses mean equal updates
     return losses
 
 
-def assert_same_losses(run_dir: Path, reference: Dict[int, float]) -> None:
+def assert_same_losses(run_dir: Path, reference: dict[int, float]) -> None:
     assert ranks_trained(run_dir) == WORLD
     losses = train_losses(run_dir)
     assert sorted(losses) == sorted(reference)
@@ -84,20 +108,37 @@ def test_two_node_ranks_on_loopback_match_one_process(tmp_path, reference, scrip
     overrides = ["engine=ddp", f"run_dir={run_dir}", f"train.micro_batch_size={MICRO}", *TINY]
     logs = [tmp_path / f"node{r}.log" for r in range(WORLD)]
     # Node 1 first: the rendezvous must wait for node 0, whichever starts first.
-    procs = [run([str(REPO / "launch" / script), *overrides],
-                 launch_env(NNODES=str(WORLD), NODE_RANK=str(r), NPROC_PER_NODE="1", MASTER_ADDR="127.0.0.1",
-                                MASTER_PORT=str(port), LOCAL_ADDR="127.0.0.1", RDZV_ID=f"test-{port}"), logs[r])
-             for r in reversed(range(WORLD))]
+    procs = [
+        run(
+            [str(REPO / "launch" / script), *overrides],
+            launch_env(
+                NNODES=str(WORLD),
+                NODE_RANK=str(r),
+                NPROC_PER_NODE="1",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                LOCAL_ADDR="127.0.0.1",
+                RDZV_ID=f"test-{port}",
+            ),
+            logs[r],
+        )
+        for r in reversed(range(WORLD))
+    ]
     finish(procs, list(reversed(logs)))
     assert_same_losses(run_dir, reference)
     for r in range(WORLD):  # each launcher started one local process of the two-node job
-        expected = (f"node {r}/{WORLD}, 1 process(es), rendezvous 127.0.0.1:{port}" if script == "torchrun_multinode.sh"
-                    else f"{WORLD} process(es) on {WORLD} node(s) with accelerate ({REPO}/launch/accelerate/multi_node.yaml)")
+        expected = (
+            f"node {r}/{WORLD}, 1 process(es), rendezvous 127.0.0.1:{port}"
+            if script == "torchrun_multinode.sh"
+            else f"{WORLD} process(es) on {WORLD} node(s) with accelerate ({REPO}/launch/accelerate/multi_node.yaml)"
+        )
         assert expected in logs[r].read_text()
 
 
-@pytest.mark.parametrize("script,engine", [("torchrun.sh", "ddp"), ("accelerate.sh", "ddp"),
-                                           ("deepspeed.sh", "zero2"), ("deepspeed_hostfile.sh", "zero2")])
+@pytest.mark.parametrize(
+    "script,engine",
+    [("torchrun.sh", "ddp"), ("accelerate.sh", "ddp"), ("deepspeed.sh", "zero2"), ("deepspeed_hostfile.sh", "zero2")],
+)
 def test_single_node_scripts_match_one_process(tmp_path, reference, script, engine):
     run_dir = tmp_path / "run"
     env = launch_env(NPROC_PER_NODE=str(WORLD), MASTER_PORT=str(free_port()))
@@ -106,6 +147,20 @@ def test_single_node_scripts_match_one_process(tmp_path, reference, script, engi
         hostfile.write_text(f"# test\nlocalhost slots={WORLD}\n")
         env.update(HOSTFILE=str(hostfile), DS_ARGS="--no_ssh_check")
     log = tmp_path / "launch.log"
-    finish([run([str(REPO / "launch" / script), f"engine={engine}", f"run_dir={run_dir}",
-                 f"train.micro_batch_size={MICRO}", *TINY], env, log)], [log])
+    finish(
+        [
+            run(
+                [
+                    str(REPO / "launch" / script),
+                    f"engine={engine}",
+                    f"run_dir={run_dir}",
+                    f"train.micro_batch_size={MICRO}",
+                    *TINY,
+                ],
+                env,
+                log,
+            )
+        ],
+        [log],
+    )
     assert_same_losses(run_dir, reference)

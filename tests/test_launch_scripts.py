@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 import yaml
@@ -20,8 +19,14 @@ LAUNCH = REPO / "launch"
 SCRIPTS = sorted([*LAUNCH.glob("*.sh"), LAUNCH / "slurm.sbatch"])
 ENTRY_SCRIPTS = [s for s in SCRIPTS if s.name != "common.sh"]
 # Spaces, quotes, brackets, a sweep list, a `+` append, a Hydra-internal key: all must arrive as typed.
-OVERRIDES = ["engine=zero2", "model.dim=128", "+train.note='two words'", "optim.betas=[0.9,0.95]",
-             "hydra.job.name=x y", "run_dir=/shared/runs/a b"]
+OVERRIDES = [
+    "engine=zero2",
+    "model.dim=128",
+    "+train.note='two words'",
+    "optim.betas=[0.9,0.95]",
+    "hydra.job.name=x y",
+    "run_dir=/shared/runs/a b",
+]
 STUB = """#!{python}
 import json, os, sys
 if os.path.basename(sys.argv[0]) == "scontrol" and sys.argv[1:3] == ["show", "hostnames"]:
@@ -48,8 +53,14 @@ def test_every_script_passes_shellcheck():
     scripts = [str(s.relative_to(REPO)) for s in SCRIPTS] + [".ci/extra-installs", ".ci/lint", ".ci/format-all"]
     out = subprocess.run([shellcheck(), "-x", "--severity=style", *scripts], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert {"torchrun.sh", "torchrun_multinode.sh", "accelerate.sh", "deepspeed.sh", "deepspeed_hostfile.sh",
-            "slurm.sbatch"} <= {s.name for s in ENTRY_SCRIPTS}
+    assert {
+        "torchrun.sh",
+        "torchrun_multinode.sh",
+        "accelerate.sh",
+        "deepspeed.sh",
+        "deepspeed_hostfile.sh",
+        "slurm.sbatch",
+    } <= {s.name for s in ENTRY_SCRIPTS}
 
 
 def test_shellcheck_really_checks(tmp_path):
@@ -69,10 +80,23 @@ def test_help_prints_what_the_script_needs_and_an_example(script):
     assert not out.stdout.startswith("!"), "the shebang is not part of the help"
 
 
-def _clean_env(**extra) -> Dict[str, str]:
-    drop = {"NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ID", "NPROC_PER_NODE", "HOSTFILE", "NNODES",
-            "RANK", "WORLD_SIZE", "LOCAL_RANK", "DS_ENV_FILE", "LM_ENTRY",
-            "TORCH_EXTENSIONS_DIR", "XDG_CACHE_HOME"}  # CI sets these; the tests check the scripts' defaults
+def _clean_env(**extra) -> dict[str, str]:
+    drop = {
+        "NNODES",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "RDZV_ID",
+        "NPROC_PER_NODE",
+        "HOSTFILE",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "DS_ENV_FILE",
+        "LM_ENTRY",
+        "TORCH_EXTENSIONS_DIR",
+        "XDG_CACHE_HOME",
+    }  # CI sets these; the tests check the scripts' defaults
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
     env.update(extra)
     return env
@@ -91,10 +115,15 @@ def stubs(tmp_path):
 
     def run(script: str, *args: str, **env) -> subprocess.CompletedProcess:
         path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"  # no real launcher, no nvidia-smi
-        return subprocess.run([str(LAUNCH / script), *args], capture_output=True, text=True, cwd=tmp_path,
-                              env=_clean_env(PATH=path, STUB_LOG=str(log), HOME=str(tmp_path), **env))
+        return subprocess.run(
+            [str(LAUNCH / script), *args],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=_clean_env(PATH=path, STUB_LOG=str(log), HOME=str(tmp_path), **env),
+        )
 
-    def calls() -> List[dict]:
+    def calls() -> list[dict]:
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
     run.calls = calls
@@ -108,7 +137,8 @@ def test_torchrun_single_node_forwards_overrides(stubs):
     assert call["cmd"] == "torchrun"
     assert call["args"] == ["--standalone", "--nproc_per_node", "4", "-m", "lm.cli.train", *OVERRIDES]
     assert call["env"]["PYTHONUNBUFFERED"] == "1" and call["env"]["TORCH_EXTENSIONS_DIR"].endswith(
-        "torch_extensions/" + os.uname().nodename.split(".")[0])
+        "torch_extensions/" + os.uname().nodename.split(".")[0]
+    )
 
 
 def test_torchrun_without_gpus_defaults_to_one_process(stubs):
@@ -121,27 +151,47 @@ def test_multinode_builds_the_c10d_rendezvous_from_the_environment(stubs):
     assert stubs("torchrun_multinode.sh", *OVERRIDES, NODE_RANK="0", **env).returncode == 0
     assert stubs("torchrun_multinode.sh", *OVERRIDES, NODE_RANK="3", **env).returncode == 0
     host, other = stubs.calls()
-    expected = ["--nnodes", "4", "--nproc_per_node", "8", "--rdzv_backend", "c10d", "--rdzv_endpoint", "node001:29999",
-                "--rdzv_id", "lm-29999", "--rdzv_conf", "timeout=900,is_host={}", "--max_restarts", "0",
-                "-m", "lm.cli.finetune", *OVERRIDES]
+    expected = [
+        "--nnodes",
+        "4",
+        "--nproc_per_node",
+        "8",
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        "node001:29999",
+        "--rdzv_id",
+        "lm-29999",
+        "--rdzv_conf",
+        "timeout=900,is_host={}",
+        "--max_restarts",
+        "0",
+        "-m",
+        "lm.cli.finetune",
+        *OVERRIDES,
+    ]
     assert host["args"] == [a.format(1) for a in expected]  # node 0 hosts the rendezvous store
     assert other["args"] == [a.format(0) for a in expected]
 
 
 def test_multinode_takes_the_node_rank_from_slurm(stubs):
-    out = stubs("torchrun_multinode.sh", "engine=ddp", NNODES="2", MASTER_ADDR="n1", SLURM_NODEID="1",
-                NPROC_PER_NODE="1")
+    out = stubs(
+        "torchrun_multinode.sh", "engine=ddp", NNODES="2", MASTER_ADDR="n1", SLURM_NODEID="1", NPROC_PER_NODE="1"
+    )
     assert out.returncode == 0, out.stderr
     assert stubs.calls()[0]["env"]["NODE_RANK"] == "1"
 
 
-@pytest.mark.parametrize("env,needs", [
-    ({"NODE_RANK": "0", "MASTER_ADDR": "n1"}, "set NNODES"),
-    ({"NNODES": "2", "MASTER_ADDR": "n1"}, "set NODE_RANK"),
-    ({"NNODES": "2", "NODE_RANK": "0"}, "set MASTER_ADDR"),
-    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "n1"}, "NODE_RANK=2 must be below NNODES=2"),
-    ({"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "n1", "NPROC_PER_NODE": "0"}, "NPROC_PER_NODE=0 must be"),
-])
+@pytest.mark.parametrize(
+    "env,needs",
+    [
+        ({"NODE_RANK": "0", "MASTER_ADDR": "n1"}, "set NNODES"),
+        ({"NNODES": "2", "MASTER_ADDR": "n1"}, "set NODE_RANK"),
+        ({"NNODES": "2", "NODE_RANK": "0"}, "set MASTER_ADDR"),
+        ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "n1"}, "NODE_RANK=2 must be below NNODES=2"),
+        ({"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "n1", "NPROC_PER_NODE": "0"}, "NPROC_PER_NODE=0 must be"),
+    ],
+)
 def test_multinode_names_what_is_missing(stubs, env, needs):
     out = stubs("torchrun_multinode.sh", "engine=ddp", **env)
     assert out.returncode == 2 and needs in out.stderr, out.stderr
@@ -150,33 +200,90 @@ def test_multinode_names_what_is_missing(stubs, env, needs):
 
 def test_accelerate_single_and_multi_node(stubs):
     assert stubs("accelerate.sh", *OVERRIDES, NPROC_PER_NODE="8", MASTER_PORT="29501").returncode == 0
-    assert stubs("accelerate.sh", *OVERRIDES, NPROC_PER_NODE="8", NNODES="2", NODE_RANK="1",
-                 MASTER_ADDR="node001").returncode == 0
+    assert (
+        stubs(
+            "accelerate.sh", *OVERRIDES, NPROC_PER_NODE="8", NNODES="2", NODE_RANK="1", MASTER_ADDR="node001"
+        ).returncode
+        == 0
+    )
     single, multi = stubs.calls()
-    assert single["args"] == ["launch", "--config_file", str(LAUNCH / "accelerate/multi_gpu.yaml"), "--multi_gpu",
-                              "--num_machines", "1", "--num_processes", "8", "--main_process_port", "29501",
-                              "-m", "lm.cli.train", *OVERRIDES]
-    assert multi["args"] == ["launch", "--config_file", str(LAUNCH / "accelerate/multi_node.yaml"), "--multi_gpu",
-                             "--num_machines", "2", "--num_processes", "16", "--machine_rank", "1",
-                             "--main_process_ip", "node001", "--main_process_port", "29500",
-                             "-m", "lm.cli.train", *OVERRIDES]
+    assert single["args"] == [
+        "launch",
+        "--config_file",
+        str(LAUNCH / "accelerate/multi_gpu.yaml"),
+        "--multi_gpu",
+        "--num_machines",
+        "1",
+        "--num_processes",
+        "8",
+        "--main_process_port",
+        "29501",
+        "-m",
+        "lm.cli.train",
+        *OVERRIDES,
+    ]
+    assert multi["args"] == [
+        "launch",
+        "--config_file",
+        str(LAUNCH / "accelerate/multi_node.yaml"),
+        "--multi_gpu",
+        "--num_machines",
+        "2",
+        "--num_processes",
+        "16",
+        "--machine_rank",
+        "1",
+        "--main_process_ip",
+        "node001",
+        "--main_process_port",
+        "29500",
+        "-m",
+        "lm.cli.train",
+        *OVERRIDES,
+    ]
 
 
 def test_deepspeed_single_node(stubs):
     assert stubs("deepspeed.sh", *OVERRIDES, NPROC_PER_NODE="2").returncode == 0
-    assert stubs.calls()[0]["args"] == ["--num_gpus", "2", "--master_port", "29500", "--module", "lm.cli.train",
-                                        *OVERRIDES]
+    assert stubs.calls()[0]["args"] == [
+        "--num_gpus",
+        "2",
+        "--master_port",
+        "29500",
+        "--module",
+        "lm.cli.train",
+        *OVERRIDES,
+    ]
 
 
 def test_deepspeed_hostfile_forwards_lm_variables_to_remote_ranks(stubs, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two hosts\n\nnode001 slots=8\nnode002 slots=8\n")
-    out = stubs("deepspeed_hostfile.sh", *OVERRIDES, HOSTFILE=str(hostfile), LM_DATA_MIRROR="/shared/data",
-                WANDB_MODE="offline", DS_ARGS="--ssh_port 2222")
+    out = stubs(
+        "deepspeed_hostfile.sh",
+        *OVERRIDES,
+        HOSTFILE=str(hostfile),
+        LM_DATA_MIRROR="/shared/data",
+        WANDB_MODE="offline",
+        DS_ARGS="--ssh_port 2222",
+    )
     assert out.returncode == 0, out.stderr
     (call,) = stubs.calls()
-    assert call["args"] == ["--hostfile", str(hostfile), "--launcher", "pdsh", "--ssh_port", "2222",
-                            "--master_addr", "node001", "--master_port", "29500", "--module", "lm.cli.train", *OVERRIDES]
+    assert call["args"] == [
+        "--hostfile",
+        str(hostfile),
+        "--launcher",
+        "pdsh",
+        "--ssh_port",
+        "2222",
+        "--master_addr",
+        "node001",
+        "--master_port",
+        "29500",
+        "--module",
+        "lm.cli.train",
+        *OVERRIDES,
+    ]
     assert "LM_DATA_MIRROR=/shared/data\n" in call["ds_env"] and "WANDB_MODE=offline\n" in call["ds_env"]
     assert not Path(call["env"]["DS_ENV_FILE"]).exists()  # the temporary env file is removed afterwards
 
@@ -191,23 +298,54 @@ def test_deepspeed_hostfile_needs_a_shared_run_dir(stubs, tmp_path):
 
 
 def test_slurm_batch_script_sets_the_rendezvous_from_slurm_variables(stubs):
-    slurm = dict(SLURM_JOB_ID="4242", SLURM_JOB_NAME="lm", SLURM_JOB_NODELIST="gpu-node-[017-018]",
-                 SLURM_JOB_NUM_NODES="2", SLURM_GPUS_ON_NODE="8", SLURM_CPUS_PER_TASK="32", SLURM_RESTART_COUNT="3",
-                 SLURM_SUBMIT_DIR=str(REPO))
+    slurm = dict(
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NAME="lm",
+        SLURM_JOB_NODELIST="gpu-node-[017-018]",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_GPUS_ON_NODE="8",
+        SLURM_CPUS_PER_TASK="32",
+        SLURM_RESTART_COUNT="3",
+        SLURM_SUBMIT_DIR=str(REPO),
+    )
     out = stubs("slurm.sbatch", *OVERRIDES[:-1], **slurm)  # no run_dir: the script pins one per job
     assert out.returncode == 0, out.stderr
     (srun,) = [c for c in stubs.calls() if c["cmd"] == "srun"]
-    assert srun["args"] == ["--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--kill-on-bad-exit=1",
-                            str(LAUNCH / "torchrun_multinode.sh"), *OVERRIDES[:-1], "run_dir=runs/lm-4242"]
-    assert srun["env"] == {**srun["env"], "NNODES": "2", "MASTER_ADDR": "gpu-node-017", "MASTER_PORT": "24242",
-                           "RDZV_ID": "slurm-4242-3", "NPROC_PER_NODE": "8", "SRUN_CPUS_PER_TASK": "32",
-                           "NODE_RANK": None}  # NODE_RANK: each task's SLURM_NODEID
-    out = stubs("slurm.sbatch", *OVERRIDES, **{**slurm, "LM_SRUN_ARGS": "--container-image=lm.sqsh",
-                                                "LM_LAUNCH_DIR": "/opt/lm/launch"})
+    assert srun["args"] == [
+        "--nodes",
+        "2",
+        "--ntasks",
+        "2",
+        "--ntasks-per-node",
+        "1",
+        "--kill-on-bad-exit=1",
+        str(LAUNCH / "torchrun_multinode.sh"),
+        *OVERRIDES[:-1],
+        "run_dir=runs/lm-4242",
+    ]
+    assert srun["env"] == {
+        **srun["env"],
+        "NNODES": "2",
+        "MASTER_ADDR": "gpu-node-017",
+        "MASTER_PORT": "24242",
+        "RDZV_ID": "slurm-4242-3",
+        "NPROC_PER_NODE": "8",
+        "SRUN_CPUS_PER_TASK": "32",
+        "NODE_RANK": None,
+    }  # NODE_RANK: each task's SLURM_NODEID
+    out = stubs(
+        "slurm.sbatch",
+        *OVERRIDES,
+        **{**slurm, "LM_SRUN_ARGS": "--container-image=lm.sqsh", "LM_LAUNCH_DIR": "/opt/lm/launch"},
+    )
     assert out.returncode == 0, out.stderr
     srun = [c for c in stubs.calls() if c["cmd"] == "srun"][-1]
-    assert srun["args"][6:] == ["--kill-on-bad-exit=1", "--container-image=lm.sqsh",
-                                "/opt/lm/launch/torchrun_multinode.sh", *OVERRIDES]  # the user's run_dir, kept
+    assert srun["args"][6:] == [
+        "--kill-on-bad-exit=1",
+        "--container-image=lm.sqsh",
+        "/opt/lm/launch/torchrun_multinode.sh",
+        *OVERRIDES,
+    ]  # the user's run_dir, kept
 
 
 @pytest.mark.parametrize("name", ["multi_gpu.yaml", "multi_node.yaml"])

@@ -12,13 +12,19 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict
 
 import pytest
 
 from tests.engine_support import REPO, free_port, train_losses
-from tests.test_launch_multinode import MICRO, STEPS, TINY, WORLD, assert_same_losses, launch_env
-from tests.test_launch_multinode import reference  # noqa: F401 - the fixture: one process, same global batch
+from tests.test_launch_multinode import (
+    MICRO,
+    STEPS,
+    TINY,
+    WORLD,
+    assert_same_losses,
+    launch_env,
+    reference,  # noqa: F401 - the fixture: one process, same global batch
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -60,8 +66,10 @@ PartitionName=lmtest Nodes={host} Default=YES MaxTime=INFINITE State=UP
 def _missing_reason():
     missing = [d for d in DAEMONS if shutil.which(d) is None and not Path("/usr/sbin", d).exists()]
     if missing:
-        return (f"SLURM is not installed ({', '.join(missing)} not found): apt-get install slurmctld slurmd "
-                f"slurm-client munge (.ci/extra-installs does this in CI)")
+        return (
+            f"SLURM is not installed ({', '.join(missing)} not found): apt-get install slurmctld slurmd "
+            f"slurm-client munge (.ci/extra-installs does this in CI)"
+        )
     if os.geteuid() != 0:
         return "slurmd must run as root to start job steps; run this test as root (CI does)"
     return None
@@ -86,16 +94,28 @@ class Cluster:
         (r / "spool").mkdir()
         (r / "munge.key").write_bytes(os.urandom(1024))
         (r / "munge.key").chmod(0o600)
-        subprocess.run([_exe("munged"), f"--key-file={r}/munge.key", f"--socket={r}/munge.sock",
-                        f"--pid-file={r}/munged.pid", f"--log-file={r}/munged.log", f"--seed-file={r}/munged.seed"],
-                       check=True, capture_output=True)
-        self.conf.write_text(SLURM_CONF.format(host=self.host, root=r, ctld_port=free_port(),
-                                               slurmd_port=free_port(), cpus=os.cpu_count()))
+        subprocess.run(
+            [
+                _exe("munged"),
+                f"--key-file={r}/munge.key",
+                f"--socket={r}/munge.sock",
+                f"--pid-file={r}/munged.pid",
+                f"--log-file={r}/munged.log",
+                f"--seed-file={r}/munged.seed",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        self.conf.write_text(
+            SLURM_CONF.format(
+                host=self.host, root=r, ctld_port=free_port(), slurmd_port=free_port(), cpus=os.cpu_count()
+            )
+        )
         for daemon in ("slurmctld", "slurmd"):
             subprocess.run([_exe(daemon), "-f", str(self.conf)], check=True, capture_output=True, env=self.environ())
         self._wait_idle()
 
-    def environ(self, **extra) -> Dict[str, str]:
+    def environ(self, **extra) -> dict[str, str]:
         return {**os.environ, **self.env, **extra}
 
     def _wait_idle(self, timeout: float = 60) -> None:
@@ -107,7 +127,9 @@ class Cluster:
             if state == "idle":
                 return
             time.sleep(0.5)
-        logs = {n: (self.root / n).read_text()[-2000:] for n in ("slurmctld.log", "slurmd.log") if (self.root / n).exists()}
+        logs = {
+            n: (self.root / n).read_text()[-2000:] for n in ("slurmctld.log", "slurmd.log") if (self.root / n).exists()
+        }
         raise AssertionError(f"the test cluster's node is {state!r}, not idle, after {timeout} s: {logs}")
 
     def stop(self) -> None:
@@ -120,9 +142,10 @@ class Cluster:
                     pass
         time.sleep(1)
 
-    def job(self, job_id: str) -> Dict[str, str]:
-        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
-                             env=self.environ(), check=True).stdout
+    def job(self, job_id: str) -> dict[str, str]:
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, env=self.environ(), check=True
+        ).stdout
         return dict(field.split("=", 1) for field in out.split() if "=" in field)
 
 
@@ -144,15 +167,26 @@ def cluster():
 
 
 def submit(cluster: Cluster, cwd: Path, *overrides: str, **env) -> str:
-    out = subprocess.run(["sbatch", "--parsable", "--job-name=lmtest", "--time=15", f"--output={cwd}/job-%j.out",
-                          str(REPO / "launch/slurm.sbatch"), *overrides], cwd=cwd, capture_output=True, text=True,
-                         env=cluster.environ(**launch_env(NPROC_PER_NODE=str(WORLD), LM_LAUNCH_DIR=str(REPO / "launch"),
-                                                          **env)))
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--job-name=lmtest",
+            "--time=15",
+            f"--output={cwd}/job-%j.out",
+            str(REPO / "launch/slurm.sbatch"),
+            *overrides,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=cluster.environ(**launch_env(NPROC_PER_NODE=str(WORLD), LM_LAUNCH_DIR=str(REPO / "launch"), **env)),
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().split(";")[0]
 
 
-def wait(cluster: Cluster, job_id: str, timeout: float = 400, on_pending=None) -> Dict[str, str]:
+def wait(cluster: Cluster, job_id: str, timeout: float = 400, on_pending=None) -> dict[str, str]:
     deadline = time.time() + timeout
     while time.time() < deadline:
         job = cluster.job(job_id)
@@ -172,7 +206,10 @@ def test_sbatch_job_completes_with_the_metrics_of_a_correct_run(cluster, tmp_pat
     out = (tmp_path / f"job-{job_id}.out").read_text()
     assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", out[-3000:]
     host = cluster.host
-    assert f"lm slurm: job {job_id} (restart 0), 1 node(s) [{host}], rendezvous {host}:{20000 + int(job_id) % 20000}" in out
+    assert (
+        f"lm slurm: job {job_id} (restart 0), 1 node(s) [{host}], rendezvous {host}:{20000 + int(job_id) % 20000}"
+        in out
+    )
     run_dir = tmp_path / "runs" / f"lmtest-{job_id}"
     assert (run_dir / "config.yaml").exists() and (run_dir / "checkpoints" / "latest").exists()
     assert_same_losses(run_dir, reference)
@@ -181,15 +218,21 @@ def test_sbatch_job_completes_with_the_metrics_of_a_correct_run(cluster, tmp_pat
 
 def test_usr1_requeues_the_job_and_it_resumes_from_its_checkpoint(cluster, tmp_path):
     steps, every = 150, 25
-    common = ["engine=ddp", f"train.micro_batch_size={MICRO}", *[o for o in TINY if not o.startswith("train.max_steps")],
-              f"train.max_steps={steps}", f"train.ckpt_interval={every}"]
+    common = [
+        "engine=ddp",
+        f"train.micro_batch_size={MICRO}",
+        *[o for o in TINY if not o.startswith("train.max_steps")],
+        f"train.max_steps={steps}",
+        f"train.ckpt_interval={every}",
+    ]
     straight = submit(cluster, tmp_path, *common, f"run_dir={tmp_path}/straight")
     interrupted = submit(cluster, tmp_path, *common, f"run_dir={tmp_path}/interrupted")
     latest = tmp_path / "interrupted" / "checkpoints" / "latest"
     deadline = time.time() + 300
     while not latest.exists():
-        assert time.time() < deadline and cluster.job(interrupted)["JobState"] in ("PENDING", "RUNNING"), \
+        assert time.time() < deadline and cluster.job(interrupted)["JobState"] in ("PENDING", "RUNNING"), (
             f"no checkpoint before the job ended: {(tmp_path / f'job-{interrupted}.out').read_text()[-3000:]}"
+        )
         time.sleep(0.2)
     # What SLURM sends 300 s before the time limit (--signal=B:USR1@300), to the batch shell only.
     subprocess.run(["scancel", "--batch", "--signal=USR1", interrupted], env=cluster.environ(), check=True)

@@ -18,8 +18,11 @@ def test_nan_between_log_steps_stops_at_the_next_sync_point_before_the_checkpoin
     """Step 7's loss is NaN; the next sync point is step 8's checkpoint: the policy stops there, naming step 7,
     and step 8 is not written (the last checkpoint is step 4's)."""
     _nan_at(monkeypatch, {7})
-    with pytest.raises(LossDiverged, match=r"loss is nan at step 7; no update was applied.*step_00000004 is intact"
-                                           r".*seen at the sync point after step 8"):
+    with pytest.raises(
+        LossDiverged,
+        match=r"loss is nan at step 7; no update was applied.*step_00000004 is intact"
+        r".*seen at the sync point after step 8",
+    ):
         run(tmp_path, steps=12, ckpt_interval=4, log_interval=5)
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000004"
     assert list(train_losses(tmp_path)) == [5]
@@ -40,8 +43,11 @@ def test_skipping_on_the_device_trains_exactly_as_skipping_at_each_step(tmp_path
 
 def test_too_many_nonfinite_steps_in_a_row_stop_at_the_sync_point(tmp_path, monkeypatch):
     _nan_at(monkeypatch, {2, 3, 4})
-    with pytest.raises(LossDiverged, match=r"loss is nan at step 4.*\(3 consecutive non-finite steps\)"
-                                           r".*seen at the sync point after step 5"):
+    with pytest.raises(
+        LossDiverged,
+        match=r"loss is nan at step 4.*\(3 consecutive non-finite steps\)"
+        r".*seen at the sync point after step 5",
+    ):
         run(tmp_path, steps=10, on_nonfinite="skip", max_nonfinite=2, log_interval=5)
 
 

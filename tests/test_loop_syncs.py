@@ -16,9 +16,21 @@ import torch
 from tests.engine_support import compose, free_port, loaders, tiny_overrides
 
 READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__", "__index__")
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter_tensor",
-               "all_to_all", "barrier", "broadcast_object_list", "all_gather_object", "reduce", "gather",
-               "scatter", "_broadcast_coalesced")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "barrier",
+    "broadcast_object_list",
+    "all_gather_object",
+    "reduce",
+    "gather",
+    "scatter",
+    "_broadcast_coalesced",
+)
 
 
 def count_syncs(overrides, rank=0, world=1, objective="clm"):
@@ -40,6 +52,7 @@ def count_syncs(overrides, rank=0, world=1, objective="clm"):
             if current["step"] is not None:
                 per_step.setdefault(current["step"], []).append(name)
             return real(*args, **kwargs)
+
         return wrapper
 
     saved = [(torch.Tensor, n, getattr(torch.Tensor, n)) for n in READS]
@@ -59,19 +72,23 @@ def count_syncs(overrides, rank=0, world=1, objective="clm"):
 
 def unsynced_steps(max_steps, log_interval, stop_check_interval):
     """0-based steps after which the loop has no reason to touch the host."""
-    return [s for s in range(max_steps) if (s + 1) % log_interval and (s + 1) % stop_check_interval
-            and s + 1 != max_steps]
+    return [
+        s for s in range(max_steps) if (s + 1) % log_interval and (s + 1) % stop_check_interval and s + 1 != max_steps
+    ]
 
 
 OVERRIDES = dict(steps=12, log_interval=6, stop_check_interval=6, ckpt_interval=0, eval_interval=0)
 
 
-@pytest.mark.parametrize("extra, objective", [
-    ([], "clm"),
-    (["train.grad_accum=2", "train.prefetch=2"], "clm"),
-    (["train.prefetch=0"], "clm"),
-    (["model.arch=encoder"], "mlm"),  # counts label tokens on the device
-])
+@pytest.mark.parametrize(
+    "extra, objective",
+    [
+        ([], "clm"),
+        (["train.grad_accum=2", "train.prefetch=2"], "clm"),
+        (["train.prefetch=0"], "clm"),
+        (["model.arch=encoder"], "mlm"),  # counts label tokens on the device
+    ],
+)
 def test_single_process_steps_between_log_steps_never_sync(tmp_path, extra, objective):
     per_step = count_syncs(tiny_overrides(tmp_path, **OVERRIDES) + extra, objective=objective)
     quiet = unsynced_steps(12, 6, 6)
@@ -87,9 +104,17 @@ def test_a_non_fused_optimizer_costs_one_read_per_step(tmp_path):
 
 
 def _ddp_worker(rank, world, port, overrides, out):
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-                       "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "OMP_NUM_THREADS": "1",
-                       "WANDB_MODE": "disabled"})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank),
+            "OMP_NUM_THREADS": "1",
+            "WANDB_MODE": "disabled",
+        }
+    )
     torch.set_num_threads(1)
     from lm.engine import dist as dist_utils
 
@@ -103,8 +128,20 @@ def _ddp_worker(rank, world, port, overrides, out):
         dist_utils.shutdown()
 
 
-@pytest.mark.parametrize("model", [[], ["model=llama", "model.dim=32", "model.n_layers=2", "model.n_heads=4",
-                                        "model.vocab_size=64", "model.max_seq_len=64"]])
+@pytest.mark.parametrize(
+    "model",
+    [
+        [],
+        [
+            "model=llama",
+            "model.dim=32",
+            "model.n_layers=2",
+            "model.n_heads=4",
+            "model.vocab_size=64",
+            "model.max_seq_len=64",
+        ],
+    ],
+)
 def test_ddp_steps_between_log_steps_never_sync(tmp_path, model):
     """2 gloo ranks: no collective and no read between log steps (llama: RoPE buffers are not re-broadcast)."""
     import torch.multiprocessing as mp

@@ -3,9 +3,16 @@
 import pytest
 import torch
 
-from lm.model.config import (ALiBiConfig, LearnedConfig, ModelConfig, NoPositionConfig, RoPEConfig,
-                             SinusoidalConfig, T5BiasConfig)
 from lm.model import build_model
+from lm.model.config import (
+    ALiBiConfig,
+    LearnedConfig,
+    ModelConfig,
+    NoPositionConfig,
+    RoPEConfig,
+    SinusoidalConfig,
+    T5BiasConfig,
+)
 from lm.model.generate import generate
 from tests.model_support import greedy_by_recompute
 
@@ -21,8 +28,9 @@ V = 50
 
 
 def tiny(arch="decoder", pos="learned", **kw) -> ModelConfig:
-    return ModelConfig(arch=arch, vocab_size=V, dim=32, n_layers=2, n_heads=4, max_seq_len=32, pos=POSITIONS[pos],
-                       init_std=0.1, **kw)  # a larger init makes every dependency visible
+    return ModelConfig(
+        arch=arch, vocab_size=V, dim=32, n_layers=2, n_heads=4, max_seq_len=32, pos=POSITIONS[pos], init_std=0.1, **kw
+    )  # a larger init makes every dependency visible
 
 
 def ids(*shape, seed=0):

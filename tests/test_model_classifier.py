@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from lm.model.config import ModelConfig
 from lm.model import SequenceClassifier, build_model
+from lm.model.config import ModelConfig
 
 
 def _data(n=256, T=10, V=30, seed=0):

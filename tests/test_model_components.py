@@ -11,7 +11,9 @@ from lm.model import build_model
 from lm.model.config import MLPConfig, ModelConfig, model_from_saved, model_preset, options
 from lm.model.flops import flops_per_token, matmul_params, num_params
 
-OPTIONS = [(slot, p.stem) for slot in ("norm", "ffn", "pos") for p in sorted((conf_dir() / "model" / slot).glob("*.yaml"))]
+OPTIONS = [
+    (slot, p.stem) for slot in ("norm", "ffn", "pos") for p in sorted((conf_dir() / "model" / slot).glob("*.yaml"))
+]
 PRESETS = sorted(p.stem for p in (conf_dir() / "model").glob("*.yaml"))
 
 
@@ -70,16 +72,19 @@ def test_preset_builds_and_runs_forward_backward(preset):
     assert model.embed.tok.weight.grad is not None
 
 
-@pytest.mark.parametrize("preset,millions", [("gpt2", 124.48), ("bert", 109.51), ("t5", 60.51), ("llama", 1100.05),
-                                             ("transformer", 63.08)])
+@pytest.mark.parametrize(
+    "preset,millions", [("gpt2", 124.48), ("bert", 109.51), ("t5", 60.51), ("llama", 1100.05), ("transformer", 63.08)]
+)
 def test_preset_parameter_counts(preset, millions):
     # gpt2 124.4M at vocab 50257 (+0.04M padding to 50304); bert-base 109.5M; t5-small 60.5M; TinyLlama 1.1B.
     assert num_params(model_preset(preset)) / 1e6 == pytest.approx(millions, abs=0.01)
 
 
 def test_num_params_matches_the_built_model():
-    for preset, over in [("tiny", []), ("tiny", ["model/ffn=swiglu", "model.n_kv_heads=2",
-                                                  "model.tie_embeddings=false"])]:
+    for preset, over in [
+        ("tiny", []),
+        ("tiny", ["model/ffn=swiglu", "model.n_kv_heads=2", "model.tie_embeddings=false"]),
+    ]:
         cfg = model_preset(preset, over)
         assert num_params(cfg) == sum(p.numel() for p in build_model(cfg).parameters())
 
@@ -99,9 +104,12 @@ def test_glu_variants_are_parameter_matched(glu, mlp):
 
 def test_gqa_and_mqa_shrink_only_the_key_value_projections():
     d, h = 64, 8
-    counts = {kv: num_params(model_preset("tiny", [f"model.dim={d}", f"model.n_heads={h}", f"model.n_kv_heads={kv}",
-                                                   "model.bias=false"]))
-              for kv in (8, 2, 1)}
+    counts = {
+        kv: num_params(
+            model_preset("tiny", [f"model.dim={d}", f"model.n_heads={h}", f"model.n_kv_heads={kv}", "model.bias=false"])
+        )
+        for kv in (8, 2, 1)
+    }
     head_dim = d // h
     for kv in (2, 1):
         assert counts[8] - counts[kv] == 2 * 2 * d * (h - kv) * head_dim  # 2 layers x (k and v)
@@ -115,24 +123,36 @@ def test_flops_per_token_follows_the_palm_formula():
     assert flops_per_token(cfg, 1024) == 6 * n + 12 * 12 * 12 * 64 * 1024
 
 
-@pytest.mark.parametrize("override,field", [
-    (["model.dim=100", "model.n_heads=3"], "model.dim=100 is not divisible by model.n_heads=3"),
-    (["model.n_kv_heads=3"], "model.n_kv_heads=3 does not divide model.n_heads=4"),
-])
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        (["model.dim=100", "model.n_heads=3"], "model.dim=100 is not divisible by model.n_heads=3"),
+        (["model.n_kv_heads=3"], "model.n_kv_heads=3 does not divide model.n_heads=4"),
+    ],
+)
 def test_impossible_models_fail_at_build_time(override, field):
     with pytest.raises(ConfigError, match=field):
         build_model(model_preset("tiny", override))
 
 
-@pytest.mark.parametrize("override,message", [
-    ("model.norm_position=middle", "model.norm_position: Invalid value 'middle', expected one of [pre, post]"),
-    ("model.arch=lstm", "model.arch: Invalid value 'lstm', expected one of [decoder, encoder, encoder_decoder, rnn]"),
-    ("model.init=xavier", "model.init: Invalid value 'xavier', expected one of [gpt2, normal, t5, torch]"),
-    ("model.ffn.activation=bogus", "model.ffn.activation: Invalid value 'bogus', expected one of "
-                                   "[relu, gelu, gelu_tanh, silu, elu, selu, sigmoid, softplus, linear]"),
-    ("model.linear=mkl", "model.linear: Invalid value 'mkl', expected one of [torch, onednn]"),
-    ("model.pos.theta=wide", "model.pos.theta: Value 'wide' of type 'str' could not be converted to Float"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.norm_position=middle", "model.norm_position: Invalid value 'middle', expected one of [pre, post]"),
+        (
+            "model.arch=lstm",
+            "model.arch: Invalid value 'lstm', expected one of [decoder, encoder, encoder_decoder, rnn]",
+        ),
+        ("model.init=xavier", "model.init: Invalid value 'xavier', expected one of [gpt2, normal, t5, torch]"),
+        (
+            "model.ffn.activation=bogus",
+            "model.ffn.activation: Invalid value 'bogus', expected one of "
+            "[relu, gelu, gelu_tanh, silu, elu, selu, sigmoid, softplus, linear]",
+        ),
+        ("model.linear=mkl", "model.linear: Invalid value 'mkl', expected one of [torch, onednn]"),
+        ("model.pos.theta=wide", "model.pos.theta: Value 'wide' of type 'str' could not be converted to Float"),
+    ],
+)
 def test_wrong_choices_and_types_fail_at_composition(override, message):
     """Enums and typed component options: Hydra rejects the value while composing, naming field and choices."""
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -185,8 +205,12 @@ def test_lm_model_config_stays_the_one_import_path():
         module = importlib.import_module(f"lm.model.{part}")
         tree = ast.parse(Path(module.__file__).read_text())
         defined = [node.name for node in tree.body if isinstance(node, (ast.ClassDef, ast.FunctionDef))]
-        defined += [t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
-                    for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+        defined += [
+            t.id
+            for node in tree.body
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        ]
         public = [name for name in defined if not name.startswith("_")]
         assert len(public) > 5, part
         assert [n for n in public if getattr(config, n, None) is not getattr(module, n)] == [], part
@@ -259,7 +283,9 @@ def test_dynamic_rope_takes_the_length_from_the_host_and_rotates_as_before(monke
         seen = _count_tensor_reads(monkeypatch)
         logits = model(x).logits
         assert seen == []
-        monkeypatch.setattr(RoPE, "rotary", lambda self, positions, length=None, _real=RoPE.rotary: _real(self, positions))
+        monkeypatch.setattr(
+            RoPE, "rotary", lambda self, positions, length=None, _real=RoPE.rotary: _real(self, positions)
+        )
         assert torch.equal(logits, model(x).logits)  # the old path: positions[-1] read from the device
         assert "__int__" in seen
 

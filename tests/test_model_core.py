@@ -55,8 +55,9 @@ def test_every_zoo_option_is_registered_and_has_an_option_file():
 
     texts = {p: p.read_text() for p in (conf_dir() / "model").glob("*/*.yaml")}
     zoo = [(slot, cls) for slot in slots() for cls in options(slot) if cls.__module__.startswith("lm.zoo.")]
-    assert {cls.__module__ for _, cls in zoo} == {f"lm.zoo.{p.stem}" for p in (ROOT / "lm" / "zoo").glob("*.py")
-                                                  if p.stem != "__init__"}
+    assert {cls.__module__ for _, cls in zoo} == {
+        f"lm.zoo.{p.stem}" for p in (ROOT / "lm" / "zoo").glob("*.py") if p.stem != "__init__"
+    }
     for slot, cls in zoo:
         assert any(p.parent.name == slot and schema_name(cls) in t for p, t in texts.items()), (slot, cls)
 
@@ -64,21 +65,32 @@ def test_every_zoo_option_is_registered_and_has_an_option_file():
 ZOO_SLOTS = ("attn", "block", "stack", "memory", "embedding", "output")
 ZOO_OPTIONS = [(slot, p.stem) for slot in ZOO_SLOTS for p in sorted((ROOT / "conf" / "model" / slot).glob("*.yaml"))]
 # funnel: the groups must sum to model.n_layers; a banded table or torch's adaptive softmax cannot be tied
-EXTRA = {"funnel": ["model.stack.blocks=[1,1]"], "adaptive": ["model.tie_embeddings=false"],
-         "adaptive_softmax": ["model.tie_embeddings=false"]}
+EXTRA = {
+    "funnel": ["model.stack.blocks=[1,1]"],
+    "adaptive": ["model.tie_embeddings=false"],
+    "adaptive_softmax": ["model.tie_embeddings=false"],
+}
 
 
 @pytest.mark.parametrize("slot,option", ZOO_OPTIONS)
 def test_every_option_of_the_zoo_slots_composes_and_trains_one_step(slot, option):
-    """Each option file of model/attn|block|stack|memory|embedding|output composes into a tiny encoder-decoder (where every
-    option applies) as lm-train would, builds, and takes one AdamW step with finite loss and gradients."""
+    """Each option file of model/attn|block|stack|memory|embedding|output composes into a tiny encoder-decoder (where
+    every option applies) as lm-train would, builds, and takes one AdamW step with finite loss and gradients."""
     import torch
 
     from lm.model import build_model
     from lm.model.config import model_preset
 
-    cfg = model_preset("tiny", [f"model/{slot}={option}", "model.arch=encoder_decoder", "model.vocab_size=64",
-                                "model.max_seq_len=32", *EXTRA.get(option, [])])
+    cfg = model_preset(
+        "tiny",
+        [
+            f"model/{slot}={option}",
+            "model.arch=encoder_decoder",
+            "model.vocab_size=64",
+            "model.max_seq_len=32",
+            *EXTRA.get(option, []),
+        ],
+    )
     assert type(getattr(cfg, slot)).__module__.startswith(("lm.zoo.", "lm.model.")), cfg
     torch.manual_seed(0)
     model = build_model(cfg)

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from lm.config import ConfigError
-from lm.model.config import ModelConfig
 from lm.model import build_model, linear
+from lm.model.config import ModelConfig
 from lm.model.linear import Linear, use_kind
 
 
@@ -32,8 +32,9 @@ def test_onednn_path_matches_f_linear(bias, shape, monkeypatch):
     x = torch.randn(*shape, requires_grad=True)
     assert linear._fast_path(x, layer.weight)
     calls = []
-    monkeypatch.setattr(linear, "_onednn_mm", lambda *a: calls.append(1) or torch.ops.mkldnn._linear_pointwise(
-        *a, "none", [], ""))
+    monkeypatch.setattr(
+        linear, "_onednn_mm", lambda *a: calls.append(1) or torch.ops.mkldnn._linear_pointwise(*a, "none", [], "")
+    )
     y = layer(x)
     y_ref, xr, w, b = _reference(layer, x)
     torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-5)

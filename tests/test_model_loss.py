@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lm.model.config import ModelConfig
 from lm.model import build_model
+from lm.model.config import ModelConfig
 from lm.model.loss import chunked_cross_entropy
 
 
@@ -73,7 +73,9 @@ def test_under_bf16_autocast_every_matmul_stays_bf16_and_matches_the_plain_loss(
 def test_model_with_chunked_loss_trains_identically(arch, tied):
     def grads(chunk):
         torch.manual_seed(0)
-        cfg = ModelConfig(arch=arch, vocab_size=97, dim=32, n_layers=1, n_heads=4, tie_embeddings=tied, loss_chunk_size=chunk)
+        cfg = ModelConfig(
+            arch=arch, vocab_size=97, dim=32, n_layers=1, n_heads=4, tie_embeddings=tied, loss_chunk_size=chunk
+        )
         model = build_model(cfg)
         x = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(1))
         loss = model(input_ids=x, labels=torch.roll(x, -1, 1)).loss
@@ -101,8 +103,11 @@ def test_compiled_backward_fills_no_zero_gradient_for_the_returned_logits():
     with profile(record_shapes=True) as prof:
         out = run(input_ids=x[:, :-1], labels=x[:, 1:])
         out.loss.backward()
-    filled = [e.input_shapes for e in prof.key_averages(group_by_input_shape=True)
-              if e.key in ("aten::zero_", "aten::fill_", "aten::zeros")]
+    filled = [
+        e.input_shapes
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key in ("aten::zero_", "aten::fill_", "aten::zeros")
+    ]
     assert filled, "the profiler saw no fills at all: this test no longer observes what it checks"
     assert not any(shapes and shapes[0] == [2, 12, 997] for shapes in filled), filled
     assert out.logits.shape == (2, 12, 997) and not out.logits.requires_grad

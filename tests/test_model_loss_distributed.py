@@ -44,8 +44,10 @@ UNTIED = ["model.tie_embeddings=false"]  # then the output weight belongs to the
 @pytest.mark.parametrize("engine", ["zero3", "fsdp2"])
 def test_chunked_loss_under_sharded_engines_matches_single_process(engine, tied, single, single_untied, tmp_path):
     reference = single if tied else single_untied
-    spawn(2, tiny_overrides(tmp_path, STEPS, micro_batch_size=2) + CHUNKED + [f"engine={engine}"] +
-          ([] if tied else UNTIED))
+    spawn(
+        2,
+        tiny_overrides(tmp_path, STEPS, micro_batch_size=2) + CHUNKED + [f"engine={engine}"] + ([] if tied else UNTIED),
+    )
     losses = train_losses(tmp_path)
     assert list(losses) == list(reference) == list(range(1, STEPS + 1))
     worst = max(abs(losses[s] - reference[s]) for s in reference)

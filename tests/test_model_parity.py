@@ -13,19 +13,50 @@ V = 101
 def _hf_models():
     T = transformers
     return {
-        "gpt2": lambda: T.GPT2LMHeadModel(T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64,
-                                                       bos_token_id=0, eos_token_id=0)),
-        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(
-            vocab_size=V, hidden_size=32, intermediate_size=88, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)),
-        "bert": lambda: T.BertForMaskedLM(T.BertConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
-                                                       num_attention_heads=4, intermediate_size=64,
-                                                       max_position_embeddings=64)),
-        "t5": lambda: T.T5ForConditionalGeneration(T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2,
-                                                              num_heads=4, decoder_start_token_id=0)),
-        "t5_gated_untied": lambda: _untie(T.T5ForConditionalGeneration(T.T5Config(
-            vocab_size=V, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_decoder_layers=3, num_heads=4,
-            feed_forward_proj="gated-gelu", tie_word_embeddings=False, decoder_start_token_id=0))),
+        "gpt2": lambda: T.GPT2LMHeadModel(
+            T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
+        ),
+        "llama": lambda: T.LlamaForCausalLM(
+            T.LlamaConfig(
+                vocab_size=V,
+                hidden_size=32,
+                intermediate_size=88,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=64,
+                tie_word_embeddings=False,
+            )
+        ),
+        "bert": lambda: T.BertForMaskedLM(
+            T.BertConfig(
+                vocab_size=V,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
+        ),
+        "t5": lambda: T.T5ForConditionalGeneration(
+            T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)
+        ),
+        "t5_gated_untied": lambda: _untie(
+            T.T5ForConditionalGeneration(
+                T.T5Config(
+                    vocab_size=V,
+                    d_model=32,
+                    d_kv=8,
+                    d_ff=48,
+                    num_layers=2,
+                    num_decoder_layers=3,
+                    num_heads=4,
+                    feed_forward_proj="gated-gelu",
+                    tie_word_embeddings=False,
+                    decoder_start_token_id=0,
+                )
+            )
+        ),
     }
 
 
@@ -108,11 +139,16 @@ def test_t5_preset_matches_hugging_face_at_another_width():
 
     T = transformers
     torch.manual_seed(0)
-    hf = _perturb(T.T5ForConditionalGeneration(T.T5Config(
-        vocab_size=V, d_model=32, d_kv=8, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0)))
-    cfg = model_preset("t5", ["model.dim=32", "model.n_heads=4", "model.n_layers=2", "model.n_decoder_layers=2",
-                              f"model.vocab_size={V}"])
-    assert cfg.logit_scale == pytest.approx(32 ** -0.5, rel=1e-12)
+    hf = _perturb(
+        T.T5ForConditionalGeneration(
+            T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=128, num_layers=2, num_heads=4, decoder_start_token_id=0)
+        )
+    )
+    cfg = model_preset(
+        "t5",
+        ["model.dim=32", "model.n_heads=4", "model.n_layers=2", "model.n_decoder_layers=2", f"model.vocab_size={V}"],
+    )
+    assert cfg.logit_scale == pytest.approx(32**-0.5, rel=1e-12)
     ours = build_model(cfg)
     ours.load_state_dict(from_hf(hf)[0].state_dict())  # their weights in the preset's model
     kw = _inputs("t5")

@@ -9,35 +9,43 @@ import torch
 from omegaconf import OmegaConf
 
 from lm.config import ConfigError
-from lm.core import objectives
-from lm.core import tracking
+from lm.core import objectives, tracking
 from lm.core.tracking import ModelMetrics
 from lm.model import build_model
 from lm.model.block import pre_norm
 from lm.model.config import GLUConfig, SwitchConfig, model_from_saved, model_preset
-from lm.model.flops import matmul_params, num_params
 from lm.model.ffn import MLP
+from lm.model.flops import matmul_params, num_params
 from lm.model.moe import MoE, balance_loss, expert_capacity, route, sequence_capacity
 from tests.engine_support import compose, loaders, metrics, spawn, tiny_overrides, train_losses
 
 
 def _moe(n_experts=4, top_k=2, capacity_factor=1.0, dim=8, **kw):
     torch.manual_seed(0)
-    return MoE(dim, lambda d, bias, dropout: MLP(d, "relu", 2.0, bias=bias), n_experts=n_experts, top_k=top_k,
-               capacity_factor=capacity_factor, **kw)
+    return MoE(
+        dim,
+        lambda d, bias, dropout: MLP(d, "relu", 2.0, bias=bias),
+        n_experts=n_experts,
+        top_k=top_k,
+        capacity_factor=capacity_factor,
+        **kw,
+    )
 
 
 def _reference(moe: MoE, x: torch.Tensor, padding=None, causal=False, capacity=None):
     """Token by token: the gate-weighted sum of the kept choices' experts (no buffers, no batching).
     capacity: slots per expert and sequence; None = the layer's training capacity."""
     real = None if padding is None else padding.bool()
-    limit = (None if real is None or capacity is not None else
-             sequence_capacity(real.sum(1), moe.n_experts, moe.top_k, moe.capacity_factor))
+    limit = (
+        None
+        if real is None or capacity is not None
+        else sequence_capacity(real.sum(1), moe.n_experts, moe.top_k, moe.capacity_factor)
+    )
     r = route(moe.router_logits(x).softmax(-1), moe.top_k, capacity or moe.capacity(x.shape[1]), real, causal, limit)
     out = torch.zeros_like(x)
     for b, t, c in itertools.product(*map(range, r.kept.shape)):
         if r.kept[b, t, c]:
-            out[b, t] += r.gate[b, t, c] * moe.experts[int(r.expert[b, t, c])](x[b, t:t + 1])[0]
+            out[b, t] += r.gate[b, t, c] * moe.experts[int(r.expert[b, t, c])](x[b, t : t + 1])[0]
     return out, r
 
 
@@ -47,7 +55,7 @@ def test_every_token_reaches_at_most_k_distinct_experts_and_capacity_holds(top_k
     g = torch.Generator().manual_seed(1)
     probs = torch.randn(2, 100, 5, generator=g).mul(2).softmax(-1)  # 2 sequences (routing groups) of 100 tokens
     C = expert_capacity(100, 5, top_k, 0.8)
-    assert C == math.ceil(0.8 * top_k * 100 / 5)
+    assert math.ceil(0.8 * top_k * 100 / 5) == C
     r = route(probs, top_k, C, causal=causal)
     assert r.expert.shape == r.kept.shape == (2, 100, top_k)
     assert all(len(set(row.tolist())) == top_k for row in r.expert.view(-1, top_k))  # k distinct experts per token
@@ -148,7 +156,7 @@ def test_balance_loss_is_at_its_minimum_1_for_a_uniform_router():
     moe = _moe(n_experts=4, top_k=2).train()
     torch.nn.init.zeros_(moe.router.weight)  # every token: probability 1/4 for each expert
     moe(torch.randn(2, 16, 8))
-    (aux, m), = moe.pop_aux()
+    ((aux, m),) = moe.pop_aux()
     assert m["moe/balance_loss"].item() == pytest.approx(1.0, abs=1e-6)
     assert aux.item() == pytest.approx(0.01, abs=1e-8)  # aux_loss_weight * 1
     # a perfectly balanced hard assignment with matching probabilities is also at 1; skew raises it
@@ -162,7 +170,7 @@ def test_z_loss_is_the_mean_squared_log_partition_and_is_weighted():
     moe = _moe(z_loss_weight=1e-3, aux_loss_weight=0.0).train()
     x = torch.randn(2, 5, 8)
     moe(x)
-    (aux, m), = moe.pop_aux()
+    ((aux, m),) = moe.pop_aux()
     expected = torch.logsumexp(moe.router_logits(x.reshape(10, 8)), -1).pow(2).mean()
     assert m["moe/z_loss"].item() == pytest.approx(expected.item(), rel=1e-6)
     assert aux.item() == pytest.approx(1e-3 * expected.item(), rel=1e-6)
@@ -173,14 +181,14 @@ def test_pads_count_in_no_aux_loss_or_metric():
     x = torch.randn(2, 6, 8)
     padding = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
     moe(x, padding)
-    (aux, m), = moe.pop_aux()
+    ((aux, m),) = moe.pop_aux()
     moe(torch.cat([x[0, :4], x[1]])[None])  # the same 10 real tokens in one sequence
-    (_, whole), = moe.pop_aux()
+    ((_, whole),) = moe.pop_aux()
     for name in ("moe/z_loss", "moe/balance_loss", "moe/load_e0", "moe/load_e3"):
         assert m[name].item() == pytest.approx(whole[name].item(), rel=1e-5), name
     x[0, 4:] = 1e3  # pads' states (whatever they are) move nothing
     moe(x, padding)
-    (aux_again, again), = moe.pop_aux()
+    ((aux_again, again),) = moe.pop_aux()
     assert aux_again.item() == pytest.approx(aux.item(), rel=1e-6)
     assert {k: v.item() for k, v in again.items()} == pytest.approx({k: v.item() for k, v in m.items()})
 
@@ -192,8 +200,13 @@ def test_aux_loss_reaches_the_objective_and_metrics_reach_the_log_only_in_traini
     x = torch.randint(0, 256, (2, 16))
     out = model(input_ids=x, labels=x)
     assert out.aux_loss is not None and out.aux_loss.requires_grad
-    assert set(out.metrics) >= {"moe/balance_loss", "moe/dropped_tokens", "moe/dropped_choices", "moe/load_e0",
-                                "moe/load_e7"}
+    assert set(out.metrics) >= {
+        "moe/balance_loss",
+        "moe/dropped_tokens",
+        "moe/dropped_choices",
+        "moe/load_e0",
+        "moe/load_e7",
+    }
     assert sum(out.metrics[f"moe/load_e{e}"] for e in range(8)).item() == pytest.approx(1.0)
     # sum over the 2 layers of 0.5 * balance, and metrics are the layer mean
     sink = ModelMetrics()  # the loop's, handed to the task's loss: no module global carries them
@@ -222,8 +235,9 @@ def test_model_metrics_average_over_forwards_and_ranks():
 def test_activation_checkpointing_gives_the_same_gradients_with_the_aux_loss():
     grads = []
     for ckpt in ("false", "true"):
-        cfg = model_preset("tiny", ["model/ffn=moe", f"model.activation_checkpointing={ckpt}",
-                                    "model.ffn.z_loss_weight=0.01"])
+        cfg = model_preset(
+            "tiny", ["model/ffn=moe", f"model.activation_checkpointing={ckpt}", "model.ffn.z_loss_weight=0.01"]
+        )
         torch.manual_seed(0)
         model = build_model(cfg)
         x = torch.randint(0, 256, (2, 16))
@@ -236,8 +250,15 @@ def test_activation_checkpointing_gives_the_same_gradients_with_the_aux_loss():
 
 
 def test_experts_hold_any_ffn_option_and_the_saved_config_round_trips():
-    cfg = model_preset("tiny", ["model/ffn=switch", "model/ffn@model.ffn.expert=swiglu",
-                                "model.ffn.expert.hidden_mult=2", "model.ffn.n_experts=3"])
+    cfg = model_preset(
+        "tiny",
+        [
+            "model/ffn=switch",
+            "model/ffn@model.ffn.expert=swiglu",
+            "model.ffn.expert.hidden_mult=2",
+            "model.ffn.n_experts=3",
+        ],
+    )
     assert type(cfg.ffn) is SwitchConfig and type(cfg.ffn.expert) is GLUConfig
     ffn = build_model(cfg).decoder.blocks[1].ffn
     assert len(ffn.experts) == 3 and ffn.experts[0].gate_up.out_features == 2 * 2 * 64
@@ -246,15 +267,18 @@ def test_experts_hold_any_ffn_option_and_the_saved_config_round_trips():
     assert type(again.ffn) is SwitchConfig and type(again.ffn.expert) is GLUConfig and again == cfg
 
 
-@pytest.mark.parametrize("override,field", [
-    ("model.ffn.capacity_factor=0", "model.ffn.capacity_factor"),
-    ("model.ffn.capacity_factor=-1", "model.ffn.capacity_factor"),
-    ("model.ffn.top_k=9", "model.ffn.top_k"),
-    ("model.ffn.n_experts=0", "model.ffn.n_experts"),
-    ("model.ffn.hidden_mult=2", "model.ffn.expert.hidden_mult"),
-    ("model.ffn.aux_loss_weight=-0.1", "model.ffn.aux_loss_weight"),
-    ("model/ffn@model.ffn.expert=switch", "model.ffn.expert is an MoE"),
-])
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("model.ffn.capacity_factor=0", "model.ffn.capacity_factor"),
+        ("model.ffn.capacity_factor=-1", "model.ffn.capacity_factor"),
+        ("model.ffn.top_k=9", "model.ffn.top_k"),
+        ("model.ffn.n_experts=0", "model.ffn.n_experts"),
+        ("model.ffn.hidden_mult=2", "model.ffn.expert.hidden_mult"),
+        ("model.ffn.aux_loss_weight=-0.1", "model.ffn.aux_loss_weight"),
+        ("model/ffn@model.ffn.expert=switch", "model.ffn.expert is an MoE"),
+    ],
+)
 def test_undefined_combinations_are_refused_before_building(override, field):
     cfg = model_preset("tiny", ["model/ffn=moe", override])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -273,11 +297,14 @@ def test_flops_count_only_the_active_experts():
 
 # -- lm train: checkpoint/resume and engines ------------------------------------------------------------
 
+
 def _train(run_dir, steps, extra=()):
     from lm.cli.train import train
 
-    cfg = compose(tiny_overrides(run_dir, steps) + ["model/ffn=moe", "model.ffn.n_experts=4",
-                                                    "model.ffn.capacity_factor=1.0", *extra])
+    cfg = compose(
+        tiny_overrides(run_dir, steps)
+        + ["model/ffn=moe", "model.ffn.n_experts=4", "model.ffn.capacity_factor=1.0", *extra]
+    )
     return train(cfg, loaders=loaders(cfg))
 
 
@@ -322,9 +349,13 @@ def test_data_parallel_engines_train_moe_like_one_process(engine, tmp_path):
         assert logged[m["step"]]["moe/dropped_tokens"] == pytest.approx(m["moe/dropped_tokens"], abs=1e-5)
 
 
-@pytest.mark.parametrize("override,named", [("model/ffn=switch", "model/ffn=switch"),
-                                            ("model/block=pkm", "model/block=pkm"),
-                                            ])
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("model/ffn=switch", "model/ffn=switch"),
+        ("model/block=pkm", "model/block=pkm"),
+    ],
+)
 def test_hugging_face_export_refuses_sparse_options_by_name(override, named):
     pytest.importorskip("transformers")
     from lm.model.convert import to_hf
@@ -335,6 +366,7 @@ def test_hugging_face_export_refuses_sparse_options_by_name(override, named):
 
 
 # -- a token's output depends only on what it may see (issue 49) ------------------------------------------
+
 
 def _lm(option: str, arch: str = "decoder", extra=()):
     torch.manual_seed(0)
@@ -375,14 +407,14 @@ def test_an_encoders_pads_take_no_capacity_and_its_batch_neighbours_do_not_matte
     mask = torch.zeros(3, 28, dtype=torch.long)
     rows = [torch.randint(1, 256, (n,), generator=g) for n in lengths]
     for i, row in enumerate(rows):
-        batch[i, :len(row)], mask[i, :len(row)] = row, 1
+        batch[i, : len(row)], mask[i, : len(row)] = row, 1
     with torch.no_grad():
         padded = model(input_ids=batch, attention_mask=mask)
         if mode == "train":
             assert padded.metrics["moe/dropped_choices"] > 0  # capacity binds: the test is not vacuous
         for i, row in enumerate(rows):
             alone = model(input_ids=row[None]).logits[0]
-            torch.testing.assert_close(padded.logits[i, :len(row)], alone, rtol=0, atol=1e-5)
+            torch.testing.assert_close(padded.logits[i, : len(row)], alone, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
@@ -405,6 +437,6 @@ def test_cached_generation_equals_full_recompute(option, arch):
         steps = []
         for t in range(24):
             steps.append(model.next_logits(fed, cache, state))
-            fed = tokens[:, t:t + 1]
+            fed = tokens[:, t : t + 1]
     torch.testing.assert_close(torch.stack(steps, 1), full, rtol=0, atol=1e-4)
     assert torch.equal(full.argmax(-1), tokens)  # greedy by full recompute picks the generated tokens

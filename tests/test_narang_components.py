@@ -2,7 +2,6 @@
 Fixup, shared blocks, factorized and tied embeddings, the depth presets; each against a formula or a
 defining property, through checkpoint/resume, and through the engines that shard or replicate it."""
 
-import math
 import re
 
 import pytest
@@ -52,8 +51,11 @@ def trains(cfg, steps=40, lr=3e-3) -> tuple:
 
 # -- activations -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("option,act", [("swish", F.silu), ("elu", F.elu), ("selu", F.selu),
-                                        ("sigmoid", torch.sigmoid), ("softplus", F.softplus)])
+
+@pytest.mark.parametrize(
+    "option,act",
+    [("swish", F.silu), ("elu", F.elu), ("selu", F.selu), ("sigmoid", torch.sigmoid), ("softplus", F.softplus)],
+)
 def test_plain_mlp_activations(option, act):
     ffn = built(tiny(f"model/ffn={option}")).decoder.blocks[0].ffn
     x = torch.randn(2, 5, D)
@@ -73,6 +75,7 @@ def test_glu_and_bilinear_variants(option, gate):
 
 
 # -- ReZero and Fixup ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("norm", ["rezero", "rezero_layernorm", "rezero_rmsnorm", "fixup"])
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
@@ -101,8 +104,13 @@ def test_rezero_alpha_is_learned_from_zero():
     assert all(a.grad is not None and a.grad.abs().item() > 0 for a in alphas)
 
 
-@pytest.mark.parametrize("old,new", [("lm.model.norms.rezero_norm", "lm.zoo.residual.rezero_norm"),
-                                     ("lm.model.norms.fixup_norm", "lm.zoo.residual.fixup_norm")])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("lm.model.norms.rezero_norm", "lm.zoo.residual.rezero_norm"),
+        ("lm.model.norms.fixup_norm", "lm.zoo.residual.fixup_norm"),
+    ],
+)
 def test_a_config_saved_before_rezero_and_fixup_moved_to_the_zoo_loads(old, new):
     node = OmegaConf.to_container(OmegaConf.structured(tiny("model/norm=rezero_layernorm")))
     node["norm"] = {"_target_": old, "_partial_": True, **({"with_norm": "layernorm"} if "rezero" in old else {})}
@@ -112,8 +120,8 @@ def test_a_config_saved_before_rezero_and_fixup_moved_to_the_zoo_loads(old, new)
 
 
 def test_fixup_scale_formula():
-    assert fixup_scale(4) == pytest.approx(4 ** -0.5)  # m = 2: L^(-1/2)
-    assert fixup_scale(16, m=3) == pytest.approx(16 ** -0.25)  # L^(-1/(2m-2))
+    assert fixup_scale(4) == pytest.approx(4**-0.5)  # m = 2: L^(-1/2)
+    assert fixup_scale(16, m=3) == pytest.approx(16**-0.25)  # L^(-1/(2m-2))
     assert fixup_scale(1) == 1.0
 
 
@@ -124,7 +132,7 @@ def test_fixup_rescales_the_same_draws(arch, branches):
     over = ["model.tie_embeddings=false"]
     fixup = dict(built(tiny("model/norm=fixup", *over, arch=arch)).named_parameters())
     plain = dict(built(tiny("model/norm=rezero", *over, arch=arch)).named_parameters())
-    scale = branches ** -0.5
+    scale = branches**-0.5
     checked = 0
     for name, p in fixup.items():
         if ".blocks." not in name or not name.endswith(".weight"):
@@ -140,42 +148,71 @@ def test_fixup_rescales_the_same_draws(arch, branches):
     assert {n for n in fixup if n.endswith((".bias", ".multiplier")) and "scalars" in n}
 
 
-@pytest.mark.parametrize("over,message", [
-    (["model/norm=rezero", "model.norm_position=post"], "model/norm=rezero .* model.norm_position=post"),
-    (["model/norm=fixup", "model.norm_position=post"], "model/norm=fixup .* model.norm_position=post"),
-    (["model/norm=fixup", "model.qk_norm=true"], "model/norm=fixup has no norm, but model.qk_norm=true"),
-    (["model/norm=rezero", "model.embed_norm=true"], "model/norm=rezero has no norm, but model.embed_norm=true"),
-    (["model/stack=shared", "model.stack.share=encoder"], "model.stack.share=encoder: model.arch=decoder has no encoder"),
-    (["model/stack=universal", "model.stack.steps=2", "model.stack.share=decoder"],
-     "model.stack.steps=2\\) .* model.stack.share=decoder"),
-    (["model/stack=universal", "model.stack.steps=-1"], "model.stack.steps=-1"),
-    (["model/stack=shared", "model.attn_scale_by_layer=true"], "model.attn_scale_by_layer=true .*model.stack.share=all"),
-    (["model.tie_embeddings=encoder_decoder_inputs"], "model.tie_embeddings=encoder_decoder_inputs .* model.arch=decoder"),
-    (["model.tie_embeddings=some"], "model.tie_embeddings='some' is not one of true, false, none, decoder_input_output"),
-    (["model.factorized_embedding=48"], "model.factorized_embedding=48 must be 0 .* below model.dim=48"),
-])
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        (["model/norm=rezero", "model.norm_position=post"], "model/norm=rezero .* model.norm_position=post"),
+        (["model/norm=fixup", "model.norm_position=post"], "model/norm=fixup .* model.norm_position=post"),
+        (["model/norm=fixup", "model.qk_norm=true"], "model/norm=fixup has no norm, but model.qk_norm=true"),
+        (["model/norm=rezero", "model.embed_norm=true"], "model/norm=rezero has no norm, but model.embed_norm=true"),
+        (
+            ["model/stack=shared", "model.stack.share=encoder"],
+            "model.stack.share=encoder: model.arch=decoder has no encoder",
+        ),
+        (
+            ["model/stack=universal", "model.stack.steps=2", "model.stack.share=decoder"],
+            "model.stack.steps=2\\) .* model.stack.share=decoder",
+        ),
+        (["model/stack=universal", "model.stack.steps=-1"], "model.stack.steps=-1"),
+        (
+            ["model/stack=shared", "model.attn_scale_by_layer=true"],
+            "model.attn_scale_by_layer=true .*model.stack.share=all",
+        ),
+        (
+            ["model.tie_embeddings=encoder_decoder_inputs"],
+            "model.tie_embeddings=encoder_decoder_inputs .* model.arch=decoder",
+        ),
+        (
+            ["model.tie_embeddings=some"],
+            "model.tie_embeddings='some' is not one of true, false, none, decoder_input_output",
+        ),
+        (["model.factorized_embedding=48"], "model.factorized_embedding=48 must be 0 .* below model.dim=48"),
+    ],
+)
 def test_undefined_combinations_are_refused_naming_both_fields(over, message):
     with pytest.raises(ConfigError, match=message):
         build_model(tiny(*over))
 
 
-@pytest.mark.parametrize("over,message", [
-    (["model/stack=universal", "model.stack.steps=2", "model/block=pkm", "model.block.layers=[0]"],
-     "model.stack.steps=2\\) with model/block=pkm \\(model.block.layers=\\[0\\]\\)"),
-    (["model/stack=universal", "model.stack.steps=2", "model/memory=transparent"],
-     "model.stack.steps=2\\) with model/memory=transparent"),
-    (["model.factorized_embedding=16", "model/embedding=adaptive", "model.tie_embeddings=false"],
-     "model.factorized_embedding=16 with model/embedding=adaptive"),
-    (["model.factorized_embedding=16", "model/output=mixture_of_softmaxes"],
-     "model.factorized_embedding=16 tied .* model/output=mixture_of_softmaxes"),
-])
+@pytest.mark.parametrize(
+    "over,message",
+    [
+        (
+            ["model/stack=universal", "model.stack.steps=2", "model/block=pkm", "model.block.layers=[0]"],
+            "model.stack.steps=2\\) with model/block=pkm \\(model.block.layers=\\[0\\]\\)",
+        ),
+        (
+            ["model/stack=universal", "model.stack.steps=2", "model/memory=transparent"],
+            "model.stack.steps=2\\) with model/memory=transparent",
+        ),
+        (
+            ["model.factorized_embedding=16", "model/embedding=adaptive", "model.tie_embeddings=false"],
+            "model.factorized_embedding=16 with model/embedding=adaptive",
+        ),
+        (
+            ["model.factorized_embedding=16", "model/output=mixture_of_softmaxes"],
+            "model.factorized_embedding=16 tied .* model/output=mixture_of_softmaxes",
+        ),
+    ],
+)
 def test_combinations_with_the_other_issue_options_are_refused(over, message):
     with pytest.raises(ConfigError, match=message):
         build_model(tiny(*over, arch="encoder_decoder"))
 
 
-@pytest.mark.parametrize("over", [["model/memory=transparent"], ["model/ffn=moe"],
-                                  ["model/ffn=switch", "model.tie_embeddings=none"]])
+@pytest.mark.parametrize(
+    "over", [["model/memory=transparent"], ["model/ffn=moe"], ["model/ffn=switch", "model.tie_embeddings=none"]]
+)
 def test_sharing_works_with_the_other_issue_options(over):
     """Transparent attention gets one encoder mix per application; a shared MoE block records its aux loss per call."""
     cfg = tiny("model/stack=shared", "model.n_layers=3", "model.n_decoder_layers=3", *over, arch="encoder_decoder")
@@ -185,8 +222,9 @@ def test_sharing_works_with_the_other_issue_options(over):
     assert torch.isfinite(out.loss)
     if "model/ffn=moe" in over:
         assert out.aux_loss is not None and out.aux_loss > 0
-    assert matmul_params(cfg) == matmul_params(tiny("model.n_layers=3", "model.n_decoder_layers=3", *over,
-                                                    arch="encoder_decoder"))
+    assert matmul_params(cfg) == matmul_params(
+        tiny("model.n_layers=3", "model.n_decoder_layers=3", *over, arch="encoder_decoder")
+    )
 
 
 def test_rezero_with_a_norm_keeps_the_norm_in_the_branch():
@@ -198,12 +236,15 @@ def test_rezero_with_a_norm_keeps_the_norm_in_the_branch():
 
 # -- shared blocks and the Universal Transformer ---------------------------------------------------
 
-@pytest.mark.parametrize("arch,share", [("decoder", "all"), ("decoder", "decoder"), ("encoder", "encoder"),
-                                        ("encoder_decoder", "all")])
+
+@pytest.mark.parametrize(
+    "arch,share", [("decoder", "all"), ("decoder", "decoder"), ("encoder", "encoder"), ("encoder_decoder", "all")]
+)
 def test_a_shared_stack_has_one_blocks_parameters(arch, share):
     """6 layers sharing one block hold the parameters of a 1-layer model, and cost the FLOPs of 6 layers."""
-    shared = tiny("model.n_layers=6", "model.n_decoder_layers=6", "model/stack=shared", f"model.stack.share={share}",
-                  arch=arch)
+    shared = tiny(
+        "model.n_layers=6", "model.n_decoder_layers=6", "model/stack=shared", f"model.stack.share={share}", arch=arch
+    )
     one = tiny("model.n_layers=1", "model.n_decoder_layers=1", arch=arch)
     six = tiny("model.n_layers=6", "model.n_decoder_layers=6", arch=arch)
     assert num_params(shared) == num_params(one) == sum(p.numel() for p in built(shared).parameters())
@@ -212,8 +253,13 @@ def test_a_shared_stack_has_one_blocks_parameters(arch, share):
 
 
 def test_share_one_stack_of_two():
-    enc = tiny("model.n_layers=4", "model.n_decoder_layers=4", "model/stack=shared", "model.stack.share=encoder",
-               arch="encoder_decoder")
+    enc = tiny(
+        "model.n_layers=4",
+        "model.n_decoder_layers=4",
+        "model/stack=shared",
+        "model.stack.share=encoder",
+        arch="encoder_decoder",
+    )
     model = built(enc)
     assert len(model.encoder.blocks) == 1 and len(model.decoder.blocks) == 4
     assert model.encoder.depth == model.decoder.depth == 4
@@ -234,8 +280,9 @@ def test_shared_model_equals_an_unshared_one_with_copied_blocks():
 
 @pytest.mark.parametrize("kind", ["sinusoidal", "learned"])
 def test_universal_transformer_applies_one_block_with_step_embeddings(kind):
-    cfg = tiny("model/stack=universal", "model.stack.steps=3", f"model.stack.step_embedding={kind}",
-               "model.n_layers=5")  # n_layers: unused
+    cfg = tiny(
+        "model/stack=universal", "model.stack.steps=3", f"model.stack.step_embedding={kind}", "model.n_layers=5"
+    )  # n_layers: unused
     model = built(cfg)
     stack = model.decoder
     assert len(stack.blocks) == 1 and stack.depth == 3 and len(model.new_cache()) == 3
@@ -266,9 +313,14 @@ def test_kv_cache_decoding_with_a_shared_block_matches_the_full_forward():
     assert torch.equal(out[0, 4:], full[0, 3:-1].argmax(-1))
 
 
-@pytest.mark.parametrize("over", [["model/stack=shared"], ["model/stack=universal", "model.stack.steps=2"],
-                                  ["model/stack=universal", "model.stack.steps=2",
-                                   "model.stack.step_embedding=learned"]])
+@pytest.mark.parametrize(
+    "over",
+    [
+        ["model/stack=shared"],
+        ["model/stack=universal", "model.stack.steps=2"],
+        ["model/stack=universal", "model.stack.steps=2", "model.stack.step_embedding=learned"],
+    ],
+)
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder_decoder"])
 def test_shared_models_train(over, arch):
     # 80 steps: the sinusoidal step signal (norm ~sqrt(D/2)) swamps the unscaled 0.02 embeddings at first
@@ -277,6 +329,7 @@ def test_shared_models_train(over, arch):
 
 
 # -- factorized and tied embeddings ----------------------------------------------------------------
+
 
 def test_factorized_embedding_counts_and_tied_output():
     r = 16
@@ -302,9 +355,17 @@ def test_factorized_chunked_loss_equals_the_plain_loss():
     assert torch.allclose(built(cfg)(**b).loss, built(chunked)(**b).loss, atol=1e-5)
 
 
-@pytest.mark.parametrize("tie,tables,encoder_table", [
-    ("true", 1, False), ("all", 1, False), ("false", 2, False), ("encoder_decoder_inputs", 2, False),
-    ("decoder_input_output", 2, True), ("none", 3, True)])
+@pytest.mark.parametrize(
+    "tie,tables,encoder_table",
+    [
+        ("true", 1, False),
+        ("all", 1, False),
+        ("false", 2, False),
+        ("encoder_decoder_inputs", 2, False),
+        ("decoder_input_output", 2, True),
+        ("none", 3, True),
+    ],
+)
 def test_encoder_decoder_tying_options(tie, tables, encoder_table):
     cfg = tiny(f"model.tie_embeddings={tie}", arch="encoder_decoder")
     model = built(cfg)
@@ -335,20 +396,30 @@ def test_bools_keep_their_meaning_for_saved_configs():
 
 # -- Hugging Face conversion refuses what it cannot express ------------------------------------------
 
-@pytest.mark.parametrize("preset,over,field", [
-    ("gpt2", ["model.factorized_embedding=64"], "model.factorized_embedding=64"),
-    ("gpt2", ["model/stack=shared"], "model/stack=shared"),
-    ("llama", ["model.n_kv_heads=1", "model/stack=universal"], "model/stack=shared"),
-    ("t5", ["model.tie_embeddings=none"], "model.tie_embeddings=none"),
-    ("gpt2", ["model/norm=rezero_layernorm"], "norm=rezero_norm"),
-    ("gpt2", ["model/ffn=liglu"], "liglu|activation|GLU|glu"),
-])
+
+@pytest.mark.parametrize(
+    "preset,over,field",
+    [
+        ("gpt2", ["model.factorized_embedding=64"], "model.factorized_embedding=64"),
+        ("gpt2", ["model/stack=shared"], "model/stack=shared"),
+        ("llama", ["model.n_kv_heads=1", "model/stack=universal"], "model/stack=shared"),
+        ("t5", ["model.tie_embeddings=none"], "model.tie_embeddings=none"),
+        ("gpt2", ["model/norm=rezero_layernorm"], "norm=rezero_norm"),
+        ("gpt2", ["model/ffn=liglu"], "liglu|activation|GLU|glu"),
+    ],
+)
 def test_hf_export_refuses_options_it_cannot_express(preset, over, field):
     pytest.importorskip("transformers")
     from lm.model.convert import to_hf
 
-    small = ["model.n_layers=1", "model.n_decoder_layers=1", "model.dim=64", "model.n_heads=2", "model.vocab_size=128",
-             "model.max_seq_len=32"]
+    small = [
+        "model.n_layers=1",
+        "model.n_decoder_layers=1",
+        "model.dim=64",
+        "model.n_heads=2",
+        "model.vocab_size=128",
+        "model.max_seq_len=32",
+    ]
     with pytest.raises(ValueError, match=field):
         to_hf(built(model_preset(preset, small + over)))
 
@@ -357,8 +428,16 @@ def test_hf_export_keeps_working_for_the_bool_ties():
     pytest.importorskip("transformers")
     from lm.model.convert import from_hf, to_hf
 
-    small = ["model.n_layers=1", "model.n_decoder_layers=1", "model.dim=64", "model.n_heads=2", "model.vocab_size=128",
-             "model.max_seq_len=32", "model.tie_embeddings=false", "model.logit_scale=1.0"]
+    small = [
+        "model.n_layers=1",
+        "model.n_decoder_layers=1",
+        "model.dim=64",
+        "model.n_heads=2",
+        "model.vocab_size=128",
+        "model.max_seq_len=32",
+        "model.tie_embeddings=false",
+        "model.logit_scale=1.0",
+    ]
     model = built(model_preset("t5", small)).eval()
     hf = to_hf(model).eval()
     back, cfg = from_hf(hf)
@@ -368,6 +447,7 @@ def test_hf_export_keeps_working_for_the_bool_ties():
 
 
 # -- depth vs width presets ------------------------------------------------------------------------
+
 
 def test_narang_depth_cells_are_parameter_matched():
     from hydra import compose, initialize_config_dir
@@ -382,8 +462,9 @@ def test_narang_depth_cells_are_parameter_matched():
         cfg = compose("train", overrides=["experiment=narang_depth"], return_hydra_config=True)
         cells = str(cfg.hydra.sweeper.params["experiment/narang_depth"]).split(",")
         for cell in cells:
-            m = OmegaConf.to_object(compose("train", overrides=["experiment=narang_depth",
-                                                                f"experiment/narang_depth={cell}"]).model)
+            m = OmegaConf.to_object(
+                compose("train", overrides=["experiment=narang_depth", f"experiment/narang_depth={cell}"]).model
+            )
             shapes[m.n_layers] = (m.n_heads, m.ffn.hidden_dim, num_params(m), m)
     GlobalHydra.instance().clear()
     assert sorted(shapes) == [6, 8, 12, 18, 24]
@@ -399,11 +480,19 @@ def test_narang_depth_cells_are_parameter_matched():
 # -- checkpoint/resume and engines -----------------------------------------------------------------
 
 RESUME_CASES = {
-    "fixup_factorized_ut": ["model/norm=fixup", "model.factorized_embedding=16", "model/stack=universal",
-                            "model.stack.steps=3"],
+    "fixup_factorized_ut": [
+        "model/norm=fixup",
+        "model.factorized_embedding=16",
+        "model/stack=universal",
+        "model.stack.steps=3",
+    ],
     "rezero_shared_liglu": ["model/norm=rezero_layernorm", "model/stack=shared", "model/ffn=liglu"],
-    "encdec_untied_inputs": ["model.arch=encoder_decoder", "model.tie_embeddings=decoder_input_output",
-                             "model/ffn=glu", "model/norm=rezero"],
+    "encdec_untied_inputs": [
+        "model.arch=encoder_decoder",
+        "model.tie_embeddings=decoder_input_output",
+        "model/ffn=glu",
+        "model/norm=rezero",
+    ],
 }
 
 
@@ -436,8 +525,13 @@ def test_engines_match_one_process_with_shared_blocks(engine, tmp_path):
     from lm.cli.train import train
     from tests.engine_support import compose, loaders, spawn, tiny_overrides, train_losses
 
-    extra = ["model/stack=universal", "model.stack.steps=3", "model.factorized_embedding=16",
-             "model/norm=rezero_layernorm", "optim.lr=1e-2"]
+    extra = [
+        "model/stack=universal",
+        "model.stack.steps=3",
+        "model.factorized_embedding=16",
+        "model/norm=rezero_layernorm",
+        "optim.lr=1e-2",
+    ]
     cfg = compose(tiny_overrides(tmp_path / "single", 6, micro_batch_size=4) + extra)
     result = train(cfg, loaders=loaders(cfg))
     assert sum(isinstance(m, Block) for m in result.engine.module.modules()) == 1

@@ -55,6 +55,7 @@ def hidden(model, b):
 
 # -- log-probabilities and the loss ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder_decoder"])
 @pytest.mark.parametrize("kind", sorted(OUTPUTS))
 def test_log_probs_sum_to_one_and_the_loss_is_their_mean_nll(arch, kind):
@@ -128,6 +129,7 @@ def test_greedy_generation_is_the_argmax_of_the_log_probs(arch, kind):
 
 # -- adaptive input ------------------------------------------------------------------------------
 
+
 def test_adaptive_input_looks_each_token_up_in_its_band_and_projects_it():
     model = built(**ADAPTIVE_IN)
     emb = model.embed.tok
@@ -147,6 +149,7 @@ def test_adaptive_input_trains_every_band():
 
 
 # -- transparent attention -------------------------------------------------------------------------
+
 
 def test_transparent_attention_on_the_last_layer_alone_is_the_plain_model():
     plain = built("encoder_decoder")
@@ -170,6 +173,7 @@ def test_transparent_attention_mixes_per_decoder_layer_and_gets_gradients():
 
 
 # -- params and FLOPs per token (the table's Params and Ops columns) --------------------------------
+
 
 def test_params_and_flops_follow_the_formulas():
     T = 32
@@ -206,16 +210,23 @@ def test_params_and_flops_follow_the_formulas():
 
 # -- bad input -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kw,fields", [
-    (dict(output=AdaptiveSoftmaxConfig()), ["model/output=adaptive_softmax", "model.tie_embeddings=True"]),
-    (dict(embedding=AdaptiveConfig()), ["model/embedding=adaptive", "model.tie_embeddings=true"]),
-    (dict(MOS, loss_chunk_size=64), ["model/output=mixture_of_softmaxes", "model.loss_chunk_size=64"]),
-    (dict(ASM, loss_chunk_size=64), ["model/output=adaptive_softmax", "model.loss_chunk_size=64"]),
-    (dict(memory=TransparentConfig()), ["model/memory=transparent", "model.arch=decoder"]),
-    (dict(ASM, output=AdaptiveSoftmaxConfig(cutoffs=[48, 16])), ["model.output.cutoffs=[48, 16]", "model.vocab_size=96"]),
-    (dict(ADAPTIVE_IN, embedding=AdaptiveConfig(cutoffs=[16, 96])), ["model.embedding.cutoffs=[16, 96]"]),
-    (dict(output=MixtureOfSoftmaxesConfig(components=0)), ["model.output.components=0"]),
-])
+
+@pytest.mark.parametrize(
+    "kw,fields",
+    [
+        (dict(output=AdaptiveSoftmaxConfig()), ["model/output=adaptive_softmax", "model.tie_embeddings=True"]),
+        (dict(embedding=AdaptiveConfig()), ["model/embedding=adaptive", "model.tie_embeddings=true"]),
+        (dict(MOS, loss_chunk_size=64), ["model/output=mixture_of_softmaxes", "model.loss_chunk_size=64"]),
+        (dict(ASM, loss_chunk_size=64), ["model/output=adaptive_softmax", "model.loss_chunk_size=64"]),
+        (dict(memory=TransparentConfig()), ["model/memory=transparent", "model.arch=decoder"]),
+        (
+            dict(ASM, output=AdaptiveSoftmaxConfig(cutoffs=[48, 16])),
+            ["model.output.cutoffs=[48, 16]", "model.vocab_size=96"],
+        ),
+        (dict(ADAPTIVE_IN, embedding=AdaptiveConfig(cutoffs=[16, 96])), ["model.embedding.cutoffs=[16, 96]"]),
+        (dict(output=MixtureOfSoftmaxesConfig(components=0)), ["model.output.components=0"]),
+    ],
+)
 def test_undefined_combinations_are_refused_naming_the_fields(kw, fields):
     with pytest.raises(ConfigError) as e:
         build_model(cfg_of(**kw))
@@ -237,20 +248,34 @@ def test_funnel_encoder_refuses_transparent_attention():
 def test_options_compose_from_the_command_line_grammar():
     from lm.model.config import model_preset
 
-    cfg = model_preset("tiny", ["model/output=mixture_of_softmaxes", "model.output.components=2",
-                                "model/embedding=adaptive", "model.tie_embeddings=false", "model.embedding.cutoffs=[64,128]"])
+    cfg = model_preset(
+        "tiny",
+        [
+            "model/output=mixture_of_softmaxes",
+            "model.output.components=2",
+            "model/embedding=adaptive",
+            "model.tie_embeddings=false",
+            "model.embedding.cutoffs=[64,128]",
+        ],
+    )
     assert cfg.output == MixtureOfSoftmaxesConfig(components=2) and cfg.embedding.cutoffs == [64, 128]
     with pytest.raises(ConfigError, match="model/output"):
         model_preset("tiny", ["model/output=softermax"])
 
 
-@pytest.mark.parametrize("old,new", [
-    ("model.output=mixture_of_softmaxes", "model/output=adaptive_softmax or model/output=mixture_of_softmaxes"),
-    ("model.embedding=adaptive", "model/embedding=adaptive"),
-    ("model.adaptive_cutoffs=[64,128]", "model.embedding.cutoffs (model/embedding=adaptive) or model.output.cutoffs"),
-    ("model.adaptive_tail_projection=false", "model.output.tail_projection (model/output=adaptive_softmax)"),
-    ("model.mos_components=2", "model.output.components (model/output=mixture_of_softmaxes)"),
-])
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("model.output=mixture_of_softmaxes", "model/output=adaptive_softmax or model/output=mixture_of_softmaxes"),
+        ("model.embedding=adaptive", "model/embedding=adaptive"),
+        (
+            "model.adaptive_cutoffs=[64,128]",
+            "model.embedding.cutoffs (model/embedding=adaptive) or model.output.cutoffs",
+        ),
+        ("model.adaptive_tail_projection=false", "model.output.tail_projection (model/output=adaptive_softmax)"),
+        ("model.mos_components=2", "model.output.components (model/output=mixture_of_softmaxes)"),
+    ],
+)
 def test_the_fields_that_moved_to_the_zoo_are_refused_naming_the_new_override(old, new):
     from lm.model.config import model_preset
 
@@ -266,8 +291,16 @@ def test_a_config_saved_with_the_old_fields_loads_as_the_option_nodes():
     from lm.model.config import model_from_saved
 
     saved = {k: v for k, v in asdict(cfg_of()).items() if k not in ("embedding", "output")}
-    old = dict(saved, embedding="adaptive", output="adaptive_softmax", adaptive_cutoffs=[16, 48],
-               adaptive_div_value=2.0, adaptive_tail_projection=False, adaptive_head_bias=True, mos_components=4)
+    old = dict(
+        saved,
+        embedding="adaptive",
+        output="adaptive_softmax",
+        adaptive_cutoffs=[16, 48],
+        adaptive_div_value=2.0,
+        adaptive_tail_projection=False,
+        adaptive_head_bias=True,
+        mos_components=4,
+    )
     cfg = model_from_saved(old)
     assert cfg.embedding == AdaptiveConfig(cutoffs=[16, 48], div_value=2.0)
     assert cfg.output == AdaptiveSoftmaxConfig(cutoffs=[16, 48], div_value=2.0, tail_projection=False, head_bias=True)
@@ -285,11 +318,15 @@ def test_hugging_face_export_refuses_these_options():
 
 # -- checkpoint / resume through lm train ----------------------------------------------------------
 
-@pytest.mark.parametrize("extra,objective", [
-    (["model/output=adaptive_softmax", "model.tie_embeddings=false", "model.output.cutoffs=[64,128]"], "clm"),
-    (["model/output=mixture_of_softmaxes", "model/embedding=adaptive", "model.tie_embeddings=false"], "clm"),
-    (["model.arch=encoder_decoder", "model/memory=transparent"], "span"),
-])
+
+@pytest.mark.parametrize(
+    "extra,objective",
+    [
+        (["model/output=adaptive_softmax", "model.tie_embeddings=false", "model.output.cutoffs=[64,128]"], "clm"),
+        (["model/output=mixture_of_softmaxes", "model/embedding=adaptive", "model.tie_embeddings=false"], "clm"),
+        (["model.arch=encoder_decoder", "model/memory=transparent"], "span"),
+    ],
+)
 def test_training_resumes_bit_identically(tmp_path, extra, objective):
     from lm.cli.train import train
     from tests.engine_support import compose, loaders, tiny_overrides, train_losses

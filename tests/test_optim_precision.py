@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from lm.core.config import OptimConfig, SchedConfig
-from lm.model.config import model_preset
-from lm.model import build_model
-from lm.core.optim import adamw, lr_multiplier, param_groups
 from lm.cli.train import train
+from lm.core.config import OptimConfig, SchedConfig
+from lm.core.optim import adamw, lr_multiplier, param_groups
+from lm.model import build_model
+from lm.model.config import model_preset
 from tests.engine_support import compose, loaders, tiny_overrides, train_losses
 
 
@@ -36,13 +36,16 @@ def test_decay_embeddings_decays_every_matrix_as_nanogpt():
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
 
 
-@pytest.mark.parametrize("kind, expected", [
-    # warmup 4 of 20 steps, floor 0.1: (step + 1) / 5 during warmup, then the decay reaches 0.1 at step 19
-    ("constant", {0: 0.2, 3: 0.8, 4: 1.0, 19: 1.0}),
-    ("linear", {0: 0.2, 4: 1.0, 19: 0.1, 11: 1.0 - 0.9 * 7 / 15}),
-    ("cosine", {0: 0.2, 4: 1.0, 19: 0.1, 11: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 7 / 15))}),
-    ("wsd", {4: 1.0, 15: 1.0, 16: 1.0, 19: 0.1, 17: 1.0 - 0.9 * 1 / 3}),  # decay over the last 20% = 4 steps
-])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        # warmup 4 of 20 steps, floor 0.1: (step + 1) / 5 during warmup, then the decay reaches 0.1 at step 19
+        ("constant", {0: 0.2, 3: 0.8, 4: 1.0, 19: 1.0}),
+        ("linear", {0: 0.2, 4: 1.0, 19: 0.1, 11: 1.0 - 0.9 * 7 / 15}),
+        ("cosine", {0: 0.2, 4: 1.0, 19: 0.1, 11: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 7 / 15))}),
+        ("wsd", {4: 1.0, 15: 1.0, 16: 1.0, 19: 0.1, 17: 1.0 - 0.9 * 1 / 3}),  # decay over the last 20% = 4 steps
+    ],
+)
 def test_schedules(kind, expected):
     sched = SchedConfig(kind=kind, warmup_steps=4, min_lr_ratio=0.1, decay_fraction=0.2)
     for step, value in expected.items():

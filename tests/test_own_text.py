@@ -13,19 +13,45 @@ import yaml
 
 from lm.cli.own_data import own_data_args
 from lm.config import ConfigError
+from lm.data.config import DataConfig
 from lm.data.errors import DataError
 from lm.data.prepare import ensure_prepared, prepare
-from lm.data.config import DataConfig
 from tests.engine_support import metrics
 from tests.test_validation_errors import run_cli
 
-TRAIN = ["model=tiny", "train.seq_len=32", "train.micro_batch_size=2", "train.eval_batches=1", "train.log_interval=1",
-         "sched.warmup_steps=1", "train.progress=false"]
+TRAIN = [
+    "model=tiny",
+    "train.seq_len=32",
+    "train.micro_batch_size=2",
+    "train.eval_batches=1",
+    "train.log_interval=1",
+    "sched.warmup_steps=1",
+    "train.progress=false",
+]
 
 
 def write_text(path, lines=300, seed=0):
     rng = random.Random(seed)
-    words = "the a cat dog sat ran on under mat tree house river quickly slowly red green small large".split()
+    words = [
+        "the",
+        "a",
+        "cat",
+        "dog",
+        "sat",
+        "ran",
+        "on",
+        "under",
+        "mat",
+        "tree",
+        "house",
+        "river",
+        "quickly",
+        "slowly",
+        "red",
+        "green",
+        "small",
+        "large",
+    ]
     path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(lines)) + "\n")
     return path
 
@@ -41,10 +67,16 @@ def test_data_source_alone_selects_the_text_preset_and_a_directory_names_the_pre
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "meta.json").write_text("{}")
     assert own_data_args([f"data={tmp_path / 'mine'}", "seed=1"]) == [
-        "data=prepared", f"data.dir={tmp_path / 'mine'}", "seed=1"]
+        "data=prepared",
+        f"data.dir={tmp_path / 'mine'}",
+        "seed=1",
+    ]
     assert own_data_args(["data=shakespeare_char"]) == ["data=shakespeare_char"]
-    with pytest.raises(ConfigError, match=r"data=.*empty is neither a data preset .* has no meta.json \(run lm "
-                                          r"prepare <your text> --out .*empty first\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data=.*empty is neither a data preset .* has no meta.json \(run lm "
+        r"prepare <your text> --out .*empty first\)",
+    ):
         (tmp_path / "empty").mkdir()
         own_data_args([f"data={tmp_path / 'empty'}"])
 
@@ -65,8 +97,19 @@ def test_prepared_data_with_other_settings_is_never_answered_with_force(tmp_path
 def test_train_on_a_prepared_directory_follows_its_tokenizer_and_resumes_on_the_same_command(tmp_path):
     text = write_text(tmp_path / "notes.txt")
     out = tmp_path / "data" / "mine"
-    p = run_cli("lm", "prepare", str(text), "--out", str(out), "--vocab-size", "400", "--workers", "1",
-                "--no-progress", cwd=tmp_path)
+    p = run_cli(
+        "lm",
+        "prepare",
+        str(text),
+        "--out",
+        str(out),
+        "--vocab-size",
+        "400",
+        "--workers",
+        "1",
+        "--no-progress",
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     before = digest(out)
     vocab = json.loads((out / "meta.json").read_text())["tokenizer"]["vocab_size"]

@@ -4,10 +4,10 @@ the extra (pip install 'lm[...]'), and pyproject.toml's extras hold what lm/extr
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from lm.extras import EXTRAS, MissingExtra, require
 from tests.benchmark_scripts import load
@@ -33,8 +33,10 @@ def test_lm_report_without_matplotlib_says_which_extra(monkeypatch, tmp_path):
     block(monkeypatch, "matplotlib")
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path)])
-    assert one_line_exit(e, "report") == "lm report: error: lm report needs matplotlib (not installed): " \
-                                         "pip install 'lm[report]'"
+    assert (
+        one_line_exit(e, "report") == "lm report: error: lm report needs matplotlib (not installed): "
+        "pip install 'lm[report]'"
+    )
     with pytest.raises(SystemExit) as e:
         main(["--help"])
     one_line_exit(e, "report")
@@ -50,8 +52,8 @@ def test_hf_step_benchmark_without_transformers_says_which_extra(monkeypatch):
 
 
 def test_hf_export_without_transformers_raises_missing_extra(monkeypatch):
-    from lm.model.config import ModelConfig
     from lm.model import build_model
+    from lm.model.config import ModelConfig
     from lm.model.convert import to_hf
 
     block(monkeypatch, "transformers")
@@ -76,8 +78,18 @@ def test_lm_prepare_text_needs_no_extra(monkeypatch, tmp_path):
 
     block(monkeypatch, "zstandard", "pyarrow", "pyarrow.parquet", "datasets")
     (tmp_path / "a.txt").write_text("".join(f"line {i} of some text\n" for i in range(200)))
-    main([str(tmp_path / "a.txt"), "--out", str(tmp_path / "out"), "--tokenizer", "char", "--workers", "1",
-          "--no-progress"])
+    main(
+        [
+            str(tmp_path / "a.txt"),
+            "--out",
+            str(tmp_path / "out"),
+            "--tokenizer",
+            "char",
+            "--workers",
+            "1",
+            "--no-progress",
+        ]
+    )
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["splits"]["train"]["tokens"] > 0
 
@@ -87,7 +99,9 @@ def test_tensorboard_logging_without_tensorboard_says_which_extra(monkeypatch, t
     from lm.core.tracking import Tracker
 
     block(monkeypatch, "tensorboard")
-    with pytest.raises(MissingExtra, match=r"logger.tensorboard=true needs tensorboard.* pip install 'lm\[tensorboard\]'"):
+    with pytest.raises(
+        MissingExtra, match=r"logger.tensorboard=true needs tensorboard.* pip install 'lm\[tensorboard\]'"
+    ):
         Tracker(tmp_path, LoggerConfig(wandb=False, tensorboard=True), {})
 
 
@@ -98,10 +112,20 @@ def test_require_returns_the_module_when_installed():
 def test_pyproject_extras_match_lm_extras_and_dev_has_them_all():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    distribution = {"matplotlib": "matplotlib", "markdown": "markdown", "transformers": "transformers",
-                    "zstandard": "zstandard", "pyarrow": "pyarrow", "datasets": "datasets",
-                    "tensorboard": "tensorboard", "lm_eval": "lm-eval", "sklearn": "scikit-learn",
-                    "liger_kernel": "liger-kernel", "cut_cross_entropy": "cut-cross-entropy", "torchao": "torchao"}
+    distribution = {
+        "matplotlib": "matplotlib",
+        "markdown": "markdown",
+        "transformers": "transformers",
+        "zstandard": "zstandard",
+        "pyarrow": "pyarrow",
+        "datasets": "datasets",
+        "tensorboard": "tensorboard",
+        "lm_eval": "lm-eval",
+        "sklearn": "scikit-learn",
+        "liger_kernel": "liger-kernel",
+        "cut_cross_entropy": "cut-cross-entropy",
+        "torchao": "torchao",
+    }
     for extra, modules in EXTRAS.items():
         names = {re.split(r"[<>=\[ ]", req)[0] for req in extras[extra]}
         assert {distribution[m] for m in modules} == names, extra

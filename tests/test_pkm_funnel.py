@@ -10,10 +10,10 @@ from lm.model.config import model_preset
 from lm.model.flops import attention_flops_per_token, matmul_params, num_params
 from lm.zoo.funnel import FunnelStack, attention_layers, pair_weights, pool
 from lm.zoo.pkm import ProductKeyMemory, product_topk
-from tests.engine_support import compose, loaders, metrics, train_losses, tiny_overrides
-
+from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
 # -- product-key memory ---------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("n,k,seed", [(5, 1, 0), (8, 3, 1), (16, 16, 2), (32, 7, 3)])
 def test_product_topk_equals_brute_force_over_all_key_pairs(n, k, seed):
@@ -42,8 +42,16 @@ def test_memory_reads_the_softmax_weighted_values_of_the_best_full_keys():
 
 
 def test_pkm_replaces_the_ffn_only_in_the_chosen_layers_and_trains():
-    cfg = model_preset("tiny", ["model.n_layers=3", "model/block=pkm", "model.block.layers=[1]",
-                                "model.block.n_keys=16", "model.block.query_batchnorm=true"])
+    cfg = model_preset(
+        "tiny",
+        [
+            "model.n_layers=3",
+            "model/block=pkm",
+            "model.block.layers=[1]",
+            "model.block.n_keys=16",
+            "model.block.query_batchnorm=true",
+        ],
+    )
     torch.manual_seed(0)
     model = build_model(cfg)
     kinds = [type(b.ffn).__name__ for b in model.decoder.blocks]
@@ -60,13 +68,16 @@ def test_pkm_replaces_the_ffn_only_in_the_chosen_layers_and_trains():
     assert loss.item() < 0.7 * first
 
 
-@pytest.mark.parametrize("override,field", [
-    ("model.block.layers=[2]", "model.block.layers"),
-    ("model.block.layers=[1,1]", "model.block.layers"),
-    ("model.block.layers=[]", "model.block.layers"),
-    ("model.block.k_dim=7", "model.block.k_dim"),
-    ("model.block.top_k=100", "model.block.top_k"),
-])
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("model.block.layers=[2]", "model.block.layers"),
+        ("model.block.layers=[1,1]", "model.block.layers"),
+        ("model.block.layers=[]", "model.block.layers"),
+        ("model.block.k_dim=7", "model.block.k_dim"),
+        ("model.block.top_k=100", "model.block.top_k"),
+    ],
+)
 def test_pkm_refuses_undefined_settings(override, field):
     cfg = model_preset("tiny", ["model/block=pkm", "model.block.layers=[0]", override])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -75,20 +86,38 @@ def test_pkm_refuses_undefined_settings(override, field):
 
 def test_pkm_ops_count_the_lookups_not_the_table():
     dense = model_preset("tiny", [])
-    cfg = model_preset("tiny", ["model/block=pkm", "model.block.layers=[0]", "model.block.n_keys=32",
-                                "model.block.heads=2", "model.block.k_dim=16", "model.block.top_k=4"])
+    cfg = model_preset(
+        "tiny",
+        [
+            "model/block=pkm",
+            "model.block.layers=[0]",
+            "model.block.n_keys=32",
+            "model.block.heads=2",
+            "model.block.k_dim=16",
+            "model.block.top_k=4",
+        ],
+    )
     mlp = 2 * 64 * 256
     query, keys, reads = 64 * 2 * 16, 2 * 32 * 16, 2 * 4 * 64
     assert matmul_params(cfg) == matmul_params(dense) - mlp + query + keys + reads
-    table = 32 ** 2 * 64
+    table = 32**2 * 64
     assert num_params(cfg) == num_params(dense) - (mlp + 256 + 64) + (query + 32) + 2 * 2 * 32 * 8 + table
 
 
 # -- Funnel ----------------------------------------------------------------------------------------------
 
+
 def _funnel(blocks="[1,1,1]", extra=()):
-    cfg = model_preset("tiny", ["model.arch=encoder", f"model.n_layers={sum(eval(blocks))}",
-                                "model/stack=funnel", f"model.stack.blocks={blocks}", *extra])
+    cfg = model_preset(
+        "tiny",
+        [
+            "model.arch=encoder",
+            f"model.n_layers={sum(eval(blocks))}",
+            "model/stack=funnel",
+            f"model.stack.blocks={blocks}",
+            *extra,
+        ],
+    )
     torch.manual_seed(0)
     return cfg, build_model(cfg).eval()
 
@@ -116,7 +145,9 @@ def test_query_pooling_attends_over_the_unpooled_keys():
     model.encoder.blocks[1].self_attn.register_forward_hook(lambda m, inp, out: seen.update(q=out.shape))
     inner = model.encoder.blocks[1].self_attn.attend
     model.encoder.blocks[1].self_attn.attend = lambda q, k, v, mask, is_causal: (
-        seen.update(qk=(q.shape[2], k.shape[2])), inner(q, k, v, mask, is_causal))[1]
+        seen.update(qk=(q.shape[2], k.shape[2])),
+        inner(q, k, v, mask, is_causal),
+    )[1]
     model(input_ids=torch.randint(0, 256, (2, 10)))
     assert seen["qk"] == (5, 10) and seen["q"] == (2, 5, 64)
 
@@ -158,13 +189,16 @@ def test_funnel_classifier_and_encoder_decoder_memory():
     assert ed(input_ids=x, labels=x[:, :6]).logits.shape == (2, 6, 256)
 
 
-@pytest.mark.parametrize("overrides,field", [
-    (["model.arch=decoder", "model.stack.blocks=[1,1]"], "model.arch=decoder"),
-    (["model.arch=encoder", "model.stack.blocks=[1,2]"], "model.stack.blocks"),
-    (["model.arch=encoder"], "model.stack.blocks"),  # the option picked, its groups not set
-    (["model.arch=encoder", "model.stack.blocks=[1,1]", "model/pos=rope"], "model/pos"),
-    (["model.arch=encoder", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=-1"], "decoder_layers"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        (["model.arch=decoder", "model.stack.blocks=[1,1]"], "model.arch=decoder"),
+        (["model.arch=encoder", "model.stack.blocks=[1,2]"], "model.stack.blocks"),
+        (["model.arch=encoder"], "model.stack.blocks"),  # the option picked, its groups not set
+        (["model.arch=encoder", "model.stack.blocks=[1,1]", "model/pos=rope"], "model/pos"),
+        (["model.arch=encoder", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=-1"], "decoder_layers"),
+    ],
+)
 def test_funnel_refuses_undefined_combinations(overrides, field):
     cfg = model_preset("tiny", ["model/stack=funnel", *overrides])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
@@ -172,8 +206,16 @@ def test_funnel_refuses_undefined_combinations(overrides, field):
 
 
 def test_funnel_ops_scale_with_the_pooled_lengths():
-    cfg = model_preset("tiny", ["model.arch=encoder", "model.n_layers=4", "model/stack=funnel",
-                                "model.stack.blocks=[2,2]", "model.stack.decoder_layers=1"])
+    cfg = model_preset(
+        "tiny",
+        [
+            "model.arch=encoder",
+            "model.n_layers=4",
+            "model/stack=funnel",
+            "model.stack.blocks=[2,2]",
+            "model.stack.decoder_layers=1",
+        ],
+    )
     vanilla = model_preset("tiny", ["model.arch=encoder", "model.n_layers=5"])  # same 5 blocks, no pooling
     block = 4 * 64 * 64 + 2 * 64 * 256  # qkv + out + MLP
     qkv = 3 * 64 * 64
@@ -188,10 +230,14 @@ def test_funnel_ops_scale_with_the_pooled_lengths():
 
 # -- through lm train: checkpoint/resume --------------------------------------------------------------------
 
-@pytest.mark.parametrize("option", [
-    ["model/block=pkm", "model.block.layers=[1]", "model.block.n_keys=16"],
-    ["model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=1"],
-])
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["model/block=pkm", "model.block.layers=[1]", "model.block.n_keys=16"],
+        ["model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=1"],
+    ],
+)
 def test_lm_train_resumes_exactly(option, tmp_path):
     from lm.cli.train import train
 

@@ -26,8 +26,11 @@ def test_an_unknown_pooling_names_the_allowed_ones():
 @pytest.mark.parametrize("how", ["mean", "last", "weighted_mean"])
 def test_right_padding_does_not_move_a_causal_decoders_pooled_vector(how):
     torch.manual_seed(0)
-    model = build_model(model_preset("tiny", ["model.vocab_size=64", "model.dim=32", "model.n_layers=2",
-                                              "model.n_heads=2", "model.dropout=0.0"])).eval()
+    model = build_model(
+        model_preset(
+            "tiny", ["model.vocab_size=64", "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.dropout=0.0"]
+        )
+    ).eval()
     x = torch.randint(1, 64, (2, 9))
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, 5:] = 0  # the second sequence has 5 real tokens

@@ -24,11 +24,17 @@ def statuses(out: str) -> dict:
 
 
 def test_one_process_is_ready_and_reports_free_disk(tmp_path, capsys):
-    code, out = run_main(capsys, "--ckpt-dir", str(tmp_path / "ckpt"), "--need-gb", "0.001", "--json",
-                         str(tmp_path / "r.json"))
+    code, out = run_main(
+        capsys, "--ckpt-dir", str(tmp_path / "ckpt"), "--need-gb", "0.001", "--json", str(tmp_path / "r.json")
+    )
     assert code == 0, out
-    assert statuses(out) == {"rendezvous": "PASS", "world size": "PASS", "devices": "PASS", "all-reduce": "SKIP",
-                             "disk": "PASS"}
+    assert statuses(out) == {
+        "rendezvous": "PASS",
+        "world size": "PASS",
+        "devices": "PASS",
+        "all-reduce": "SKIP",
+        "disk": "PASS",
+    }
     assert out.rstrip().endswith("verdict: READY (4 passed)")
     free_gb = float(re.search(r"ckpt: ([\d.]+) GB free", out).group(1))
     assert free_gb == pytest.approx(shutil.disk_usage(tmp_path).free / 1e9, abs=0.5)
@@ -70,8 +76,16 @@ def test_bad_arguments_are_rejected(capsys):
 
 
 def info(rank, host, local_rank, gpus=8, name="NVIDIA H100 80GB HBM3", free=500e9, local_world=8):
-    return preflight_cli.RankInfo(rank=rank, host=host, local_rank=local_rank, local_world_size=local_world, gpus=gpus,
-                      gpu_name=name, free_bytes=int(free), writable="")
+    return preflight_cli.RankInfo(
+        rank=rank,
+        host=host,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        gpus=gpus,
+        gpu_name=name,
+        free_bytes=int(free),
+        writable="",
+    )
 
 
 def args(**kw):
@@ -124,12 +138,33 @@ def _bus_bandwidth(out: str) -> float:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_ranks_under_torchrun_measure_bandwidth_and_fail_clearly(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "lm.cli.preflight",
-           "--ckpt-dir", str(tmp_path), "--need-gb", "0.001", "--size-mb", "8", "--json", str(tmp_path / "r.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "lm.cli.preflight",
+        "--ckpt-dir",
+        str(tmp_path),
+        "--need-gb",
+        "0.001",
+        "--size-mb",
+        "8",
+        "--json",
+        str(tmp_path / "r.json"),
+    ]
     out = subprocess.run(cmd, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert statuses(out.stdout) == {"rendezvous": "PASS", "world size": "PASS", "devices": "PASS",
-                                    "all-reduce": "PASS", "disk": "PASS"}
+    assert statuses(out.stdout) == {
+        "rendezvous": "PASS",
+        "world size": "PASS",
+        "devices": "PASS",
+        "all-reduce": "PASS",
+        "disk": "PASS",
+    }
     assert "2 rank(s) on 1 node(s)" in out.stdout and "verdict: READY (5 passed)" in out.stdout
     assert out.stdout.count("verdict:") == 1  # rank 0 reports, rank 1 does not repeat it
     busbw = _bus_bandwidth(out.stdout)
@@ -138,11 +173,22 @@ def test_two_ranks_under_torchrun_measure_bandwidth_and_fail_clearly(tmp_path):
     ms = float(re.search(r"([\d.]+) ms per all-reduce", out.stdout).group(1))
     assert busbw == pytest.approx(8 * 2**20 / (ms / 1e3) / 1e9, rel=0.02)  # bytes / time, the figure is consistent
 
-    bad = subprocess.run(cmd[:-2] + ["--expect-world-size", "3", "--min-busbw", "1e6"], cwd=REPO, env=launch_env(),
-                         capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        cmd[:-2] + ["--expect-world-size", "3", "--min-busbw", "1e6"],
+        cwd=REPO,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode != 0  # every rank exits 1, so the launcher fails too
-    assert statuses(bad.stdout) == {"rendezvous": "PASS", "world size": "FAIL", "devices": "PASS",
-                                    "all-reduce": "FAIL", "disk": "PASS"}
+    assert statuses(bad.stdout) == {
+        "rendezvous": "PASS",
+        "world size": "FAIL",
+        "devices": "PASS",
+        "all-reduce": "FAIL",
+        "disk": "PASS",
+    }
     assert "expected 3 (--expect-world-size)" in bad.stdout and "< 1e+06 GB/s (--min-busbw)" in bad.stdout
     assert "verdict: NOT READY: world size, all-reduce failed" in bad.stdout
 
@@ -154,11 +200,31 @@ def test_two_node_ranks_through_the_multinode_script(tmp_path):
     procs, logs = [], []
     for r in (1, 0):
         log = tmp_path / f"node{r}.log"
-        env = launch_env(LM_ENTRY="lm.cli.preflight", NNODES="2", NODE_RANK=str(r), NPROC_PER_NODE="1",
-                         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_ADDR="127.0.0.1")
-        procs.append(subprocess.Popen([str(REPO / "launch/torchrun_multinode.sh"), f"run_dir={tmp_path}/run",
-                                       "--need-gb", "0.001", "--size-mb", "4"], cwd=REPO, env=env,
-                                      stdout=log.open("w"), stderr=subprocess.STDOUT))
+        env = launch_env(
+            LM_ENTRY="lm.cli.preflight",
+            NNODES="2",
+            NODE_RANK=str(r),
+            NPROC_PER_NODE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            LOCAL_ADDR="127.0.0.1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    str(REPO / "launch/torchrun_multinode.sh"),
+                    f"run_dir={tmp_path}/run",
+                    "--need-gb",
+                    "0.001",
+                    "--size-mb",
+                    "4",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log.open("w"),
+                stderr=subprocess.STDOUT,
+            )
+        )
         logs.append(log)
     try:
         codes = [p.wait(300) for p in procs]

@@ -18,17 +18,40 @@ from tests.test_transfer import corpus, recipe  # noqa: F401 - the tiny corpus (
 def test_the_preset_sets_the_defaults_and_a_given_flag_wins():
     a = parse_args(["--recipe", "quickstart"])
     assert (a.preset, a.tokens, a.tasks, a.seeds, a.out, a.arm) == (
-        "glue_transfer_decoder", 2_000_000, "sst2,cola,stsb", [0], Path("runs/quickstart"), "pretrained")
+        "glue_transfer_decoder",
+        2_000_000,
+        "sst2,cola,stsb",
+        [0],
+        Path("runs/quickstart"),
+        "pretrained",
+    )
     a = parse_args(["--recipe", "quickstart", "--arm", "all", "--seeds", "0,1,2", "--tokens", "1e6"])
     assert (a.arm, a.seeds, a.tokens, a.tasks) == ("all", [0, 1, 2], 1_000_000, "sst2,cola,stsb")
     a = parse_args([])  # lm transfer's own
-    assert (a.recipe, a.tokens, a.tasks, a.seeds, a.out, a.arm) == ("transfer", 10_000_000, None, [0, 1, 2], None, "all")
+    assert (a.recipe, a.tokens, a.tasks, a.seeds, a.out, a.arm) == (
+        "transfer",
+        10_000_000,
+        None,
+        [0, 1, 2],
+        None,
+        "all",
+    )
 
 
 def _argv(out: Path, corpus, easy_glue):  # noqa: F811
     r = recipe(out, corpus, easy_glue)  # the tiny corpus, model and task as lm transfer flags
-    return ["--out", str(out), "--tasks", "sst2", "--tokens", str(r.tokens), "--pretrain", *r.pretrain,
-            "--finetune", *r.finetune]
+    return [
+        "--out",
+        str(out),
+        "--tasks",
+        "sst2",
+        "--tokens",
+        str(r.tokens),
+        "--pretrain",
+        *r.pretrain,
+        "--finetune",
+        *r.finetune,
+    ]
 
 
 def test_the_pretrained_arm_alone_then_both_arms_with_arm_all(tmp_path, corpus, easy_glue, capsys):  # noqa: F811
@@ -48,7 +71,9 @@ def test_the_pretrained_arm_alone_then_both_arms_with_arm_all(tmp_path, corpus, 
     assert "| SST-2 | acc |" in printed and "| task | metric | scratch: seeds |" in printed
     assert done.stat().st_mtime_ns == mtime  # not finetuned again
     assert "init: none" in (out / "finetune" / "scratch" / "config.yaml").read_text()
-    assert json.loads((out / "transfer.json").read_text())["run"]["command"].startswith("lm transfer --recipe quickstart")
+    assert json.loads((out / "transfer.json").read_text())["run"]["command"].startswith(
+        "lm transfer --recipe quickstart"
+    )
 
 
 def test_at_zero_tokens_the_pretrained_arm_is_the_scratch_arm(tmp_path, corpus, easy_glue):  # noqa: F811
@@ -60,28 +85,60 @@ def test_at_zero_tokens_the_pretrained_arm_is_the_scratch_arm(tmp_path, corpus, 
 
 
 def test_help_describes_the_job():
-    out = subprocess.run([sys.executable, "-m", "lm", "quickstart", "--help"], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "lm", "quickstart", "--help"], capture_output=True, text=True, check=True
+    )
     assert out.stdout.startswith("usage: lm quickstart ")
     assert "task-adaptive" in out.stdout and "--arm all" in out.stdout and "(default 2000000)" in out.stdout
 
 
 # The curve script's --tiny pretraining (benchmarks/glue_transfer_curve.py): the TinyStories slice, a 1 x 32 model
-TINY_PRETRAIN = ["data=tinystories_sample_bpe", "data.vocab_size=512", "model.vocab_size=512", "model.dim=32",
-                 "model.n_layers=1", "model.n_heads=2", "train.progress=false", "train.eval_interval=0",
-                 "sched.warmup_steps=1"]
+TINY_PRETRAIN = [
+    "data=tinystories_sample_bpe",
+    "data.vocab_size=512",
+    "model.vocab_size=512",
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "train.progress=false",
+    "train.eval_interval=0",
+    "sched.warmup_steps=1",
+]
 
 
 @pytest.mark.slow
 def test_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "lm", "quickstart", "--out", str(tmp_path / "qs"), "--tasks", "rte",
-                          "--tokens", "8192", "--arm", "all", "--pretrain", *TINY_PRETRAIN, "--finetune",
-                          "glue.max_train_examples=48", "tasks.rte.epochs=1"],
-                         capture_output=True, text=True, env=env, timeout=1200)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lm",
+            "quickstart",
+            "--out",
+            str(tmp_path / "qs"),
+            "--tasks",
+            "rte",
+            "--tokens",
+            "8192",
+            "--arm",
+            "all",
+            "--pretrain",
+            *TINY_PRETRAIN,
+            "--finetune",
+            "glue.max_train_examples=48",
+            "tasks.rte.epochs=1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "| RTE | acc |" in out.stdout and "| task | metric | scratch: seeds |" in out.stdout  # the table
     for arm in ("pretrained", "scratch"):
         r = json.loads((tmp_path / "qs" / "finetune" / arm / "results.json").read_text())
         assert 0.0 <= r["columns"]["rte"]["median"]["acc"] <= 100.0
-    assert (tmp_path / "qs" / "pretrain" / "checkpoints" / "latest").read_text() == "step_00000004"  # 8,192 tokens / 2,048
+    assert (
+        tmp_path / "qs" / "pretrain" / "checkpoints" / "latest"
+    ).read_text() == "step_00000004"  # 8,192 tokens / 2,048

@@ -37,7 +37,7 @@ def test_every_lm_command_in_the_readme_exists():
 def test_the_readme_runnable_blocks_run(tmp_path):
     bin_dir = tmp_path / "bin"  # `lm` as pip install -e . makes it, for a checkout without the install
     bin_dir.mkdir()
-    (bin_dir / "lm").write_text(f"#!/bin/sh\nexec {sys.executable} -m lm \"$@\"\n")
+    (bin_dir / "lm").write_text(f'#!/bin/sh\nexec {sys.executable} -m lm "$@"\n')
     (bin_dir / "lm").chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
@@ -45,9 +45,15 @@ def test_the_readme_runnable_blocks_run(tmp_path):
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
     for line in runnable_lines():
         # the limit only catches a hang: the finetune trains three RTE seeds, over half an hour on a busy CPU
-        p = subprocess.run(["bash", "-euo", "pipefail", "-c", line], cwd=work, env=env, capture_output=True,
-                           text=True, timeout=3600)
+        p = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", line], cwd=work, env=env, capture_output=True, text=True, timeout=3600
+        )
         assert p.returncode == 0, f"{line}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
     assert (work / "runs" / "data-shakespeare_char+model-tiny" / "checkpoints" / "latest").is_file()
-    assert (work / "runs" / "finetune" / "init-runs_data-shakespeare_char+model-tiny+task-glue_rte+tasks.rte.epochs-1"
-            / "results.json").is_file()
+    assert (
+        work
+        / "runs"
+        / "finetune"
+        / "init-runs_data-shakespeare_char+model-tiny+task-glue_rte+tasks.rte.epochs-1"
+        / "results.json"
+    ).is_file()

@@ -3,7 +3,6 @@ paper's columns, deltas against the vanilla row, early loss at 1/4 of the steps)
 module as data that Hydra composes."""
 
 import json
-import math
 
 import pytest
 import yaml
@@ -26,17 +25,26 @@ def write_run(run_dir, row, seed, offset, glue=None):
     run_dir.mkdir(parents=True)
     base = ["model.arch=encoder_decoder", "model.n_layers=1", "model.n_decoder_layers=1"]
     cfg = model_preset("tiny", base + by_name()[row].overrides)
-    config = {"model": OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True), "seed": seed,
-              "data": {"name": "tinystories_sample_bpe"}, "run_dir": str(run_dir),
-              "train": {"seq_len": 64, "max_steps": MAX_STEPS, "micro_batch_size": 8}}
+    config = {
+        "model": OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True),
+        "seed": seed,
+        "data": {"name": "tinystories_sample_bpe"},
+        "run_dir": str(run_dir),
+        "train": {"seq_len": 64, "max_steps": MAX_STEPS, "micro_batch_size": 8},
+    }
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "overrides.yaml").write_text(
-        yaml.safe_dump([f"experiment/narang_row={row}", f"seed={seed}", "experiment=narang"]))
+        yaml.safe_dump([f"experiment/narang_row={row}", f"seed={seed}", "experiment=narang"])
+    )
     with open(run_dir / "metrics.jsonl", "w") as f:
         for step in range(10, MAX_STEPS + 1, 10):
-            f.write(json.dumps({"step": step, "loss": loss_at(step, offset), "steps_per_s": 2.0 + seed,
-                                "tokens_per_s": 1024.0}) + "\n")
+            f.write(
+                json.dumps(
+                    {"step": step, "loss": loss_at(step, offset), "steps_per_s": 2.0 + seed, "tokens_per_s": 1024.0}
+                )
+                + "\n"
+            )
             if step % VAL_EVERY == 0:
                 f.write(json.dumps({"step": step, "val_loss": loss_at(step, offset)}) + "\n")
     if glue is not None:
@@ -65,14 +73,26 @@ def table_lines(md: str) -> dict:
 def test_rows_in_the_papers_order_with_its_labels_and_columns(sweep):
     root, _ = sweep
     md = (root / "report" / "report.md").read_text()
-    header = md[md.index("| Modification"):].splitlines()[0]
+    header = md[md.index("| Modification") :].splitlines()[0]
     assert [c.strip() for c in header.split("|")[1:-1]] == [
-        "Modification", "Seeds", "Params", "Ops", "Steps/s", "Early loss", "Final loss", "Δ early", "Δ final",
-        "Probe", "GLUE", "Δ GLUE", "Status"]
+        "Modification",
+        "Seeds",
+        "Params",
+        "Ops",
+        "Steps/s",
+        "Early loss",
+        "Final loss",
+        "Δ early",
+        "Δ final",
+        "Probe",
+        "GLUE",
+        "Δ GLUE",
+        "Status",
+    ]
     rows = table_lines(md)
     assert list(rows) == ["Vanilla Transformer", "SwiGLU", "Adaptive softmax", "Transparent attention"]
     assert rows["Vanilla Transformer"][6] == "(baseline)"  # Δ early
-    assert "Swish" in md[md.index("Rows of Table 1 not in this sweep"):]  # narang_a's, not in this sweep
+    assert "Swish" in md[md.index("Rows of Table 1 not in this sweep") :]  # narang_a's, not in this sweep
 
 
 def test_numbers_deltas_and_early_loss_at_a_quarter(sweep):
@@ -100,9 +120,10 @@ def test_every_row_composes_and_names_a_paper_row():
     assert all(r.paper in PAPER_ORDER for r in ROWS)
     assert [PAPER_ORDER.index(r.paper) for r in ROWS] == sorted(PAPER_ORDER.index(r.paper) for r in ROWS)
     node = row_node(by_name()["adaptive_softmax_no_proj"])
-    assert node == {"defaults": [{"override /model/output": "adaptive_softmax"}, "_self_"],
-                    "model": {"output": {"cutoffs": yaml.safe_load(BANDS), "tail_projection": False},
-                              "tie_embeddings": False}}
+    assert node == {
+        "defaults": [{"override /model/output": "adaptive_softmax"}, "_self_"],
+        "model": {"output": {"cutoffs": yaml.safe_load(BANDS), "tail_projection": False}, "tie_embeddings": False},
+    }
     assert row_node(by_name()["swiglu"])["defaults"] == [{"override /model/ffn": "swiglu"}, "_self_"]
     for row in ROWS:  # each row through lm train's composition of experiment=narang
         cfg = compose_experiment(row.name)
@@ -127,7 +148,11 @@ def test_every_row_composes_and_names_a_paper_row():
 def test_the_adaptive_rows_keep_each_experiments_band_edges(experiment, bands):
     """The edges experiment=narang and narang_gpu set as model.adaptive_cutoffs before the adaptive options moved to
     the zoo (lm/zoo/adaptive.py): the rows now derive them from the experiment's vocabulary."""
-    for row, slot in (("adaptive_input", "embedding"), ("adaptive_softmax", "output"), ("adaptive_softmax_no_proj", "output")):
+    for row, slot in (
+        ("adaptive_input", "embedding"),
+        ("adaptive_softmax", "output"),
+        ("adaptive_softmax_no_proj", "output"),
+    ):
         cfg = compose_experiment(row, experiment)
         assert list(OmegaConf.select(cfg, f"model.{slot}.cutoffs")) == bands, row
 

@@ -67,7 +67,7 @@ def test_the_narang_table_has_a_probe_column(probed, tmp_path):
         _add_probes(tmp_path / str(job), [{**r, "step": r["step"] * 50} for r in records])
     assert main([str(tmp_path)]) == 0
     md = (tmp_path / "report" / "report.md").read_text()
-    header = [c.strip() for c in md[md.index("| Modification"):].splitlines()[0].split("|")[2:-1]]
+    header = [c.strip() for c in md[md.index("| Modification") :].splitlines()[0].split("|")[2:-1]]
     rows = table_lines(md)
     assert rows["Vanilla Transformer"][header.index("Probe")] == f"{records[-1]['probe/avg']:.1f} ± 0.0"  # 2 seeds
     assert rows["SwiGLU"][header.index("Probe")] == "–"

@@ -6,9 +6,9 @@ import json
 import pytest
 import yaml
 
+from lm.cli.report import main
 from lm.model.config import model_preset
 from lm.model.flops import flops_per_token, num_params
-from lm.cli.report import main
 from lm.report.runs import ReportError, find_run_dirs, load_run, load_runs
 from lm.report.variants import check_comparable, group_variants
 from tests.fixtures.runs.synthetic import loss_at, make_run
@@ -22,7 +22,7 @@ def test_finished_run_is_ok(tmp_path):
 def test_unfinished_run_is_failed_with_the_error_text(tmp_path):
     d = make_run(tmp_path / "r", max_steps=200, stop_at=70)
     assert load_run(d).reason == "stopped at step 70 of 200"
-    (d / "error.txt").write_text("Traceback (most recent call last):\n  File \"loop.py\"\nValueError: batch too big\n")
+    (d / "error.txt").write_text('Traceback (most recent call last):\n  File "loop.py"\nValueError: batch too big\n')
     run = load_run(d)
     assert run.status == "failed" and run.reason == "ValueError: batch too big"
 
@@ -33,7 +33,9 @@ def test_hydra_job_that_crashed_before_logging(tmp_path):
     (d / ".hydra").mkdir(parents=True)
     (d / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"train": {"max_steps": 10}}))
     (d / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(["model/ffn=bogus", "seed=0"]))
-    (d / "train.log").write_text("[2026-01-01][lm][INFO] - start\n[2026-01-01][lm][ERROR] - ConfigError: model.ffn has no _target_\n")
+    (d / "train.log").write_text(
+        "[2026-01-01][lm][INFO] - start\n[2026-01-01][lm][ERROR] - ConfigError: model.ffn has no _target_\n"
+    )
     run = load_run(d)
     assert run.status == "failed"
     assert run.reason == "no metrics written: [2026-01-01][lm][ERROR] - ConfigError: model.ffn has no _target_"
@@ -112,12 +114,20 @@ def test_discovery_skips_checkpoints_and_sorts_jobs_numerically(tmp_path):
 
 def test_single_run_gets_a_run_card(tmp_path, capsys):
     d = make_run(tmp_path / "r", ffn="swiglu", norm="rmsnorm", max_steps=100, val_every=50, tokens_per_s=2048.0)
-    (d / "results.json").write_text(json.dumps({"columns": {"sst2": {"median": {"acc": 77.5, "score": 77.5}}},
-                                                "glue": {"median": 77.5, "per_seed": {"0": 77.5}, "partial": True}}))
+    (d / "results.json").write_text(
+        json.dumps(
+            {
+                "columns": {"sst2": {"median": {"acc": 77.5, "score": 77.5}}},
+                "glue": {"median": 77.5, "per_seed": {"0": 77.5}, "partial": True},
+            }
+        )
+    )
     assert main([str(d)]) == 0
     md = (d / "report" / "card.md").read_text()
     cfg = model_preset("tiny", ["model/ffn=swiglu", "model/norm=rmsnorm"])
-    rows = dict(line.strip("|").split("|")[:2] for line in md.splitlines() if line.startswith("| ") and line.count("|") == 3)
+    rows = dict(
+        line.strip("|").split("|")[:2] for line in md.splitlines() if line.startswith("| ") and line.count("|") == 3
+    )
     rows = {k.strip(): v.strip() for k, v in rows.items()}
     assert rows["parameters"] == f"{num_params(cfg) / 1e3:.2f}k"
     assert rows["FLOPs per token (train)"] == f"{flops_per_token(cfg, 64) / 1e3:.2f}k"
@@ -134,7 +144,11 @@ def test_early_validation_loss_is_the_evaluation_at_one_eighth(tmp_path):
 
     run = load_run(make_run(tmp_path / "r", max_steps=400, val_every=50))
     # 1/8 of 400 steps is step 50, where the first evaluation is (not the next one, at 100)
-    assert early_final_loss(run) == ("val_loss", pytest.approx(loss_at(50, 0) + 0.1), pytest.approx(loss_at(400, 0) + 0.1))
+    assert early_final_loss(run) == (
+        "val_loss",
+        pytest.approx(loss_at(50, 0) + 0.1),
+        pytest.approx(loss_at(400, 0) + 0.1),
+    )
 
 
 def test_a_cell_that_failed_before_resolving_its_config_is_still_comparable(tmp_path):

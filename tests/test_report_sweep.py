@@ -13,8 +13,12 @@ from lm.report.variants import group_variants
 from tests.fixtures.runs.synthetic import loss_at, make_run
 
 SEED_OFFSETS = (-0.01, 0.0, 0.01)  # the same per seed in every variant: sample std 0.01
-EFFECT = {("gelu", "layernorm"): 0.0, ("gelu", "rmsnorm"): 0.005, ("swiglu", "layernorm"): -0.1,
-          ("swiglu", "rmsnorm"): -0.1}
+EFFECT = {
+    ("gelu", "layernorm"): 0.0,
+    ("gelu", "rmsnorm"): 0.005,
+    ("swiglu", "layernorm"): -0.1,
+    ("swiglu", "rmsnorm"): -0.1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +27,9 @@ def sweep(tmp_path_factory):
     job = 0
     for (ffn, norm), effect in EFFECT.items():
         for seed, noise in enumerate(SEED_OFFSETS):
-            make_run(root / str(job), ffn=ffn, norm=norm, seed=seed, offset=effect + noise,
-                     tokens_per_s=1000.0 + 100 * seed)
+            make_run(
+                root / str(job), ffn=ffn, norm=norm, seed=seed, offset=effect + noise, tokens_per_s=1000.0 + 100 * seed
+            )
             job += 1
     return root
 
@@ -117,9 +122,11 @@ def test_user_strings_reach_the_html_page_as_text(tmp_path):
     from lm.report.html import to_html
 
     (tmp_path / "grid.png").write_bytes(b"\x89PNG\r\n\x1a\n")
-    md = ("# Report <img src=x onerror=alert(1)>\n\n| run | loss |\n|---|---|\n| <script>alert(2)</script> | 1.0 |\n\n"
-          "[home](javascript:alert(3)) [doc](docs/a.md) [web](https://example.org)\n\n"
-          '<div onclick="alert(4)">notes</div>\n\n![grid](grid.png) ![secret](/etc/secret.png) src="grid.png"\n')
+    md = (
+        "# Report <img src=x onerror=alert(1)>\n\n| run | loss |\n|---|---|\n| <script>alert(2)</script> | 1.0 |\n\n"
+        "[home](javascript:alert(3)) [doc](docs/a.md) [web](https://example.org)\n\n"
+        '<div onclick="alert(4)">notes</div>\n\n![grid](grid.png) ![secret](/etc/secret.png) src="grid.png"\n'
+    )
     page = to_html(md, "<script>alert(5)</script>", tmp_path)
     for markup in ("<script", "<img src=x", "<div", "javascript:"):
         assert markup not in page, markup

@@ -56,8 +56,11 @@ def test_a_larger_max_steps_and_other_resumable_fields_continue(gelu_run, tmp_pa
 
 def test_max_steps_below_the_step_says_so(gelu_run, tmp_path):
     r = _copy(gelu_run, tmp_path / "r")
-    with pytest.raises(ConfigError, match=r"train\.max_steps=2 is below the step of .*step_00000004 \(4\).*"
-                                          r"set train\.max_steps above 4"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.max_steps=2 is below the step of .*step_00000004 \(4\).*"
+        r"set train\.max_steps above 4",
+    ):
         run(r, steps=2)
 
 
@@ -71,10 +74,20 @@ def test_max_steps_equal_to_the_step_logs_that_the_run_is_complete(gelu_run, tmp
 
 
 def test_the_comparison_itself():
-    saved = {"seed": 1, "model": {"dim": 64, "ffn": {"activation": "gelu"}}, "train": {"max_steps": 4},
-             "logger": {"tags": ["a"]}, "data": {"name": "x"}}
-    new = {"seed": 2, "model": {"dim": 64, "ffn": {"activation": "relu"}, "added_field": 1},
-           "train": {"max_steps": 9}, "logger": {"tags": ["b"]}, "data": {"name": "x"}}
+    saved = {
+        "seed": 1,
+        "model": {"dim": 64, "ffn": {"activation": "gelu"}},
+        "train": {"max_steps": 4},
+        "logger": {"tags": ["a"]},
+        "data": {"name": "x"},
+    }
+    new = {
+        "seed": 2,
+        "model": {"dim": 64, "ffn": {"activation": "relu"}, "added_field": 1},
+        "train": {"max_steps": 9},
+        "logger": {"tags": ["b"]},
+        "data": {"name": "x"},
+    }
     refused, allowed = config_changes(saved, new)
     assert refused == ["model.ffn.activation: 'gelu' -> 'relu'", "seed: 1 -> 2"]
     assert allowed == ["logger.tags: ['a'] -> ['b']", "train.max_steps: 4 -> 9"]

@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from lm.config import ConfigError
 from lm.model import build_model
 from lm.model.config import model_preset
-from lm.model.validate import check_objective
 from lm.model.flops import flops_per_token, num_params
 from lm.model.generate import generate
 from lm.model.lm import SequenceClassifier
 from lm.model.rnn import load_unidirectional
+from lm.model.validate import check_objective
 from tests.engine_support import compose, free_port, loaders, tiny_overrides, train_losses
 from tests.test_finetune import easy_glue as easy_glue  # the SST-2-shaped easy task (a module fixture, re-exported)
 
@@ -36,6 +36,7 @@ def built(cfg, seed=0):
 
 
 # -- the model ------------------------------------------------------------------------------------
+
 
 def test_presets_are_the_three_cells():
     for cell, cls in (("lstm", torch.nn.LSTM), ("gru", torch.nn.GRU), ("rnn", torch.nn.RNN)):
@@ -133,19 +134,29 @@ def test_parameters_and_flops_from_the_config():
         assert num_params(cfg) == V * D + recurrent + (H * D + D)
         weights = gates * H * (D + H) + gates * H * 2 * H + H * D + V * D
         assert flops_per_token(cfg, 32) == flops_per_token(cfg, 1024) == 6 * weights
-    assert num_params(small("lstm", "model.rnn.bidirectional=true")) == V * D + 2 * (
-        4 * (16 * 32 + 32) + 4 * (16 * 48 + 32)) + 32 * D + D  # layer 2 reads both directions; 2H -> D projection
+    assert (
+        num_params(small("lstm", "model.rnn.bidirectional=true"))
+        == V * D + 2 * (4 * (16 * 32 + 32) + 4 * (16 * 48 + 32)) + 32 * D + D
+    )  # layer 2 reads both directions; 2H -> D projection
 
 
 # -- refusals ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("override,named", [
-    ("model/pos=rope", "model/pos=rope"), ("model/norm=rmsnorm", "model/norm=rmsnorm"),
-    ("model/ffn=swiglu", "model/ffn=glu"), ("model.n_heads=8", "model.n_heads=8"),
-    ("model.qk_norm=true", "model.qk_norm=True"), ("model.activation_checkpointing=true", "activation_checkpointing"),
-    ("model/ffn=moe", "model/ffn=moe"), ("model/block=pkm", "model/block=pkm"),
-    ("model/stack=funnel", "model/stack=funnel"),
-])
+
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("model/pos=rope", "model/pos=rope"),
+        ("model/norm=rmsnorm", "model/norm=rmsnorm"),
+        ("model/ffn=swiglu", "model/ffn=glu"),
+        ("model.n_heads=8", "model.n_heads=8"),
+        ("model.qk_norm=true", "model.qk_norm=True"),
+        ("model.activation_checkpointing=true", "activation_checkpointing"),
+        ("model/ffn=moe", "model/ffn=moe"),
+        ("model/block=pkm", "model/block=pkm"),
+        ("model/stack=funnel", "model/stack=funnel"),
+    ],
+)
 def test_transformer_options_are_refused_naming_the_field(override, named):
     with pytest.raises(ConfigError) as e:
         build_model(model_preset("lstm", [override]))
@@ -176,6 +187,7 @@ def test_pretraining_objectives():
 
 
 # -- classification: pooling, padding, a bidirectional classifier from a unidirectional LM ---------------
+
 
 def _padded_batch():
     """Two sequences of lengths 9 and 5, right-padded to 9, with junk ids in the padding."""
@@ -228,9 +240,15 @@ def test_bidirectional_classifier_from_a_unidirectional_lm_starts_where_it_was(h
 
 # -- lm train: single process, exact resume, DDP on 2 gloo ranks -------------------------------------
 
+
 def rnn_overrides(run_dir, steps, cell="lstm", **train):
-    return tiny_overrides(run_dir, steps, **train) + [f"model={cell}", "model.vocab_size=64", "model.dim=32",
-                                                      "model.max_seq_len=64", "model.rnn.hidden=40"]
+    return tiny_overrides(run_dir, steps, **train) + [
+        f"model={cell}",
+        "model.vocab_size=64",
+        "model.dim=32",
+        "model.max_seq_len=64",
+        "model.rnn.hidden=40",
+    ]
 
 
 def run_train(overrides):
@@ -252,7 +270,9 @@ def test_lm_train_learns_and_records_params_and_flops(tmp_path, cell):
     assert saved.arch == "rnn" and saved.rnn.cell == cell and saved.pos is None
     from lm.model.config import model_from_saved
 
-    assert num_params(model_from_saved(saved)) == sum(p.numel() for p in build_model(model_from_saved(saved)).parameters())
+    assert num_params(model_from_saved(saved)) == sum(
+        p.numel() for p in build_model(model_from_saved(saved)).parameters()
+    )
     assert any("tokens_per_s" in m for m in metrics(tmp_path))
 
 
@@ -300,9 +320,18 @@ def test_lm_train_refuses_a_bidirectional_rnn_and_transformer_options_before_wor
 def _ddp_worker(rank, port, overrides, out):
     import os
 
-    os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": "2",
-                       "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
-                       "WANDB_MODE": "disabled"})
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1",
+            "WANDB_MODE": "disabled",
+        }
+    )
     torch.set_num_threads(1)
     from lm.cli.train import train
     from lm.engine import dist as dist_utils
@@ -320,15 +349,18 @@ def _ddp_worker(rank, port, overrides, out):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("engine", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow),
-                                    pytest.param("zero3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "engine", ["ddp", pytest.param("fsdp2", marks=pytest.mark.slow), pytest.param("zero3", marks=pytest.mark.slow)]
+)
 def test_two_gloo_ranks_match_one_process(tmp_path, engine):
     """Micro-batch 2 on each of 2 ranks = micro-batch 4 in one process (the synthetic stream is split by
     global sample index): the same losses to float tolerance. FSDP2 shards the model as one unit (it has
     no Block); ZeRO-3 partitions the LSTM's weights like any others."""
     extra = ["train.threads=1"]
     run_train(rnn_overrides(tmp_path / "single", 5, micro_batch_size=4) + extra)
-    overrides = rnn_overrides(tmp_path / "ddp", 5, micro_batch_size=2) + extra + [f"engine={engine}", "train.world_size=2"]
+    overrides = (
+        rnn_overrides(tmp_path / "ddp", 5, micro_batch_size=2) + extra + [f"engine={engine}", "train.world_size=2"]
+    )
     ctx = mp.get_context("spawn")
     out, port = ctx.Queue(), free_port()
     procs = [ctx.Process(target=_ddp_worker, args=(r, port, overrides, out)) for r in range(2)]
@@ -365,11 +397,31 @@ def lstm_run(tmp_path_factory, easy_glue):
     work = tmp_path_factory.mktemp("lstm_pretrain")
     rng = random.Random(1)
     (work / "corpus.txt").write_text("\n".join(sentence(rng, i % 2) for i in range(600)) + "\n")
-    data = {"name": "easy", "dir": work / "data", "source": work / "corpus.txt", "tokenizer": "bpe", "vocab_size": 320,
-            "n_sentinels": 0, "workers": 1, "val_fraction": 0.1, "doc_split": "line"}
-    overrides = [*LSTM_TINY, f"run_dir={work / 'run'}", "train.max_steps=20", "train.seq_len=32",
-                 "train.micro_batch_size=8", "optim.lr=3e-3", "train.eval_interval=0", "train.eval_batches=1",
-                 "train.ckpt_interval=20", "train.progress=false", "~data", *(f"data.{k}={v}" for k, v in data.items())]
+    data = {
+        "name": "easy",
+        "dir": work / "data",
+        "source": work / "corpus.txt",
+        "tokenizer": "bpe",
+        "vocab_size": 320,
+        "n_sentinels": 0,
+        "workers": 1,
+        "val_fraction": 0.1,
+        "doc_split": "line",
+    }
+    overrides = [
+        *LSTM_TINY,
+        f"run_dir={work / 'run'}",
+        "train.max_steps=20",
+        "train.seq_len=32",
+        "train.micro_batch_size=8",
+        "optim.lr=3e-3",
+        "train.eval_interval=0",
+        "train.eval_batches=1",
+        "train.ckpt_interval=20",
+        "train.progress=false",
+        "~data",
+        *(f"data.{k}={v}" for k, v in data.items()),
+    ]
     register_train_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
@@ -384,8 +436,9 @@ def test_glue_finetune_of_a_tiny_lstm_learns_the_easy_task(tmp_path, easy_glue, 
 
     for pooling in ("last", "mean"):
         run_dir = tmp_path / pooling
-        summary = finetune(finetune_cfg(run_dir, [f"init={lstm_run / 'run'}", f"pooling={pooling}",
-                                                  *easy_task(easy_glue, epochs=4)]))
+        summary = finetune(
+            finetune_cfg(run_dir, [f"init={lstm_run / 'run'}", f"pooling={pooling}", *easy_task(easy_glue, epochs=4)])
+        )
         history = [h["main"] for h in summary["tasks"]["sst2"]["runs"]["0"]["history"]]
         assert max(history) > history[0], (pooling, history)  # it improves (measured: 83 -> 100, 88 -> 100)
         assert dev_acc(run_dir) > 90.0, (pooling, history)  # chance is 50
@@ -413,12 +466,15 @@ def test_finetune_refuses_first_pooling_for_rnns_and_bidirectional_transformers(
     for how in ("first", "weighted_mean"):
         with pytest.raises(InitError, match=f"pooling={how} is for Transformer .* use pooling=last .* or pooling=mean"):
             build_classifier(backbone, 2, 0.1, pooling=how)
-    tiny = load_backbone("none", str(lstm_run / "data"), OmegaConf.structured(model_preset("tiny", ["model.vocab_size=320"])))
+    tiny = load_backbone(
+        "none", str(lstm_run / "data"), OmegaConf.structured(model_preset("tiny", ["model.vocab_size=320"]))
+    )
     with pytest.raises(InitError, match="bidirectional=true widens a recurrent backbone"):
         build_classifier(tiny, 2, 0.1, bidirectional=True)
 
 
 # -- experiment=ablate_seq_model ----------------------------------------------------------------------------
+
 
 def test_ablate_seq_model_cells_are_parameter_matched():
     from hydra import compose as hydra_compose
@@ -433,13 +489,19 @@ def test_ablate_seq_model_cells_are_parameter_matched():
     sizes = {}
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         for cell in ("transformer", "lstm", "gru"):
-            cfg = hydra_compose("train", overrides=["experiment=ablate_seq_model",
-                                                    f"experiment/ablate_seq_model={cell}"], return_hydra_config=True)
+            cfg = hydra_compose(
+                "train",
+                overrides=["experiment=ablate_seq_model", f"experiment/ablate_seq_model={cell}"],
+                return_hydra_config=True,
+            )
             model = OmegaConf.to_object(cfg.model)
             sizes[cell] = (model.arch, model.rnn and model.rnn.cell, num_params(model))
     GlobalHydra.instance().clear()
-    assert sizes == {"transformer": ("decoder", None, 858_880), "lstm": ("rnn", "lstm", 856_064),
-                     "gru": ("rnn", "gru", 863_104)}
+    assert sizes == {
+        "transformer": ("decoder", None, 858_880),
+        "lstm": ("rnn", "lstm", 856_064),
+        "gru": ("rnn", "gru", 863_104),
+    }
     assert all(abs(n / 858_880 - 1) < min(0.005, PARAM_MISMATCH) for _, _, n in sizes.values())
 
 
@@ -454,24 +516,52 @@ def test_ablate_seq_model_sweep_through_lm_report(tmp_path):
     from tests.engine_support import REPO, subprocess_env
 
     data = tmp_path / "data"
-    cmd = [sys.executable, "-m", "lm.cli.train", "-m", "experiment=ablate_seq_model", "seed=0",
-           f"logger.group=seq", f"hydra.sweep.dir={tmp_path / 'runs'}", f"hydra.run.dir={tmp_path / 'runs'}",
-           f"data.dir={data}", "train.max_steps=6", "train.seq_len=32", "train.micro_batch_size=4",
-           "train.eval_interval=6", "train.eval_batches=2", "train.ckpt_interval=6", "train.log_interval=1",
-           "train.progress=false", "train.threads=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lm.cli.train",
+        "-m",
+        "experiment=ablate_seq_model",
+        "seed=0",
+        "logger.group=seq",
+        f"hydra.sweep.dir={tmp_path / 'runs'}",
+        f"hydra.run.dir={tmp_path / 'runs'}",
+        f"data.dir={data}",
+        "train.max_steps=6",
+        "train.seq_len=32",
+        "train.micro_batch_size=4",
+        "train.eval_interval=6",
+        "train.eval_batches=2",
+        "train.ckpt_interval=6",
+        "train.log_interval=1",
+        "train.progress=false",
+        "train.threads=1",
+    ]
     env = subprocess_env(LM_CACHE=str(tmp_path / "cache"), LM_DATA_MIRROR=os.environ.get("LM_DATA_MIRROR", ""))
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lm_report = "import sys; from lm.cli.report import main; sys.exit(main(sys.argv[1:]))"
-    report = subprocess.run([sys.executable, "-c", lm_report, str(tmp_path / "runs"), "--out", str(tmp_path / "report")],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    report = subprocess.run(
+        [sys.executable, "-c", lm_report, str(tmp_path / "runs"), "--out", str(tmp_path / "report")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
     table = (tmp_path / "report" / "report.md").read_text()
     assert "| variant | seeds | params | FLOPs/token | steps/s | tokens/s |" in table and "final val_loss" in table
-    rows = {cell: next(line for line in table.splitlines() if line.startswith(f"| `experiment/ablate_seq_model={cell}` |"))
-            for cell in ("transformer", "lstm", "gru")}
+    rows = {
+        cell: next(line for line in table.splitlines() if line.startswith(f"| `experiment/ablate_seq_model={cell}` |"))
+        for cell in ("transformer", "lstm", "gru")
+    }
     for cell, params in (("transformer", "858.88k"), ("lstm", "856.06k"), ("gru", "863.10k")):
         assert f"| 1/1 | {params} |" in rows[cell] and rows[cell].endswith("| ok |"), rows[cell]
-    vals = [json.loads(line)["val_loss"] for p in (tmp_path / "runs").rglob("metrics.jsonl")
-            for line in p.read_text().splitlines() if "val_loss" in line]
+    vals = [
+        json.loads(line)["val_loss"]
+        for p in (tmp_path / "runs").rglob("metrics.jsonl")
+        for line in p.read_text().splitlines()
+        if "val_loss" in line
+    ]
     assert len(vals) == 3 and all(3.0 < v < 6.5 for v in vals), vals  # near ln(256) = 5.55 after 6 steps

@@ -67,7 +67,9 @@ def test_each_caller_keeps_its_own_messages(tmp_path):
 
     nowhere, empty = tmp_path / "nowhere", tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(InitError, match=rf"^init={nowhere}: no such directory; .*an lm export directory, or init=none$"):
+    with pytest.raises(
+        InitError, match=rf"^init={nowhere}: no such directory; .*an lm export directory, or init=none$"
+    ):
         load_backbone(str(nowhere))
     with pytest.raises(InitError, match=rf"^init={empty}: {empty} is neither .*; or an lm export directory \("):
         load_backbone(str(empty))

@@ -10,7 +10,7 @@ import pytest
 from lm.core.checkpoint import SAVE_PHASES
 from tests.engine_support import compose, loaders, tiny_overrides, train_losses
 
-PLUGIN = '''
+PLUGIN = """
 calls = {"begin": [], "backward": [], "save": []}
 
 
@@ -18,7 +18,7 @@ def install(hooks):
     hooks.step_begin.append(calls["begin"].append)
     hooks.after_backward.append(lambda step, micro: calls["backward"].append((step, micro)))
     hooks.save_phase.append(calls["save"].append)
-'''
+"""
 
 
 def test_plugin_hooks_reach_every_backward_and_every_checkpoint_phase(tmp_path, monkeypatch):

@@ -3,7 +3,6 @@ of every sweep makes a model, and the sizes are matched where the experiment say
 
 import functools
 import itertools
-from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -32,7 +31,7 @@ def compose_train(overrides):
     return _compose(tuple(overrides)).copy()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compose(overrides: tuple):
     return compose("train", overrides=list(overrides), return_hydra_config=True)
 
@@ -58,7 +57,9 @@ def test_every_experiment_is_a_sweep_of_deltas(hydra_conf):
     assert set(EXPERIMENTS) >= {"ablate_ffn", "ablate_ffn_norm", "ablate_norm", "ablate_pos", "ablate_arch"}
     for name in EXPERIMENTS:
         text = (conf_dir() / "experiment" / f"{name}.yaml").read_text()
-        assert len([line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]) <= 20, name
+        assert len([line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]) <= 20, (
+            name
+        )
         cfg = compose_train([f"experiment={name}"])
         assert str(cfg.logger.group).startswith(f"{name}_") and cfg.hydra.sweep.dir == f"runs/{cfg.logger.group}"
         assert cfg.hydra.launcher._target_ == "hydra_plugins.lm_launchers.sequential.Sequential"
@@ -113,7 +114,9 @@ def test_norm_cells_cover_type_and_placement(hydra_conf):
 def test_cell_overrides_are_its_tags(hydra_conf):
     from hydra.core.hydra_config import HydraConfig
 
-    cfg = compose("train", overrides=["experiment=ablate_ffn_norm", "model/ffn=swiglu", "seed=2"], return_hydra_config=True)
+    cfg = compose(
+        "train", overrides=["experiment=ablate_ffn_norm", "model/ffn=swiglu", "seed=2"], return_hydra_config=True
+    )
     HydraConfig.instance().set_config(cfg)
     assert list(cfg.logger.tags) == ["experiment=ablate_ffn_norm", "model/ffn=swiglu", "seed=2"]
 
@@ -124,7 +127,10 @@ def test_submitit_launchers_compose_and_instantiate(hydra_conf, launcher):
 
     cfg = compose_train(["experiment=ablate_ffn_norm", f"hydra/launcher={launcher}"])
     node = cfg.hydra.launcher
-    assert node._target_ == f"hydra_plugins.lm_launchers.submitit_launchers.{'LocalGPUs' if launcher == 'local_gpus' else 'Slurm'}"
+    assert (
+        node._target_
+        == f"hydra_plugins.lm_launchers.submitit_launchers.{'LocalGPUs' if launcher == 'local_gpus' else 'Slurm'}"
+    )
     node = OmegaConf.to_container(node, resolve=False)
     node["submitit_folder"] = "/tmp/x/.submitit/%j"
     node["name"] = "lm"

@@ -10,9 +10,9 @@ import pytest
 from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
+from lm.report.runs import load_run
 from lm.sweep.callbacks import RecordFailure
 from lm.sweep.launchers import CellExited, ExitAsError, claim_slot, visible_gpus
-from lm.report.runs import load_run
 
 
 def test_exit_becomes_the_cells_failure():
@@ -31,8 +31,12 @@ def test_exit_becomes_the_cells_failure():
 
 
 def _job_config(run_dir):
-    return OmegaConf.create({"run_dir": str(run_dir), "hydra": {"overrides": {"task": ["model.n_heads=3", "seed=0"]},
-                                                                "runtime": {"output_dir": str(run_dir)}}})
+    return OmegaConf.create(
+        {
+            "run_dir": str(run_dir),
+            "hydra": {"overrides": {"task": ["model.n_heads=3", "seed=0"]}, "runtime": {"output_dir": str(run_dir)}},
+        }
+    )
 
 
 def test_record_failure_writes_the_logged_reason(tmp_path):
@@ -94,8 +98,13 @@ def test_a_cell_is_a_wandb_run_in_the_sweeps_group_with_its_overrides_as_tags(tm
     from lm.core.tracking import Tracker
 
     long_tag = "data.source=" + "x" * 80
-    cfg = LoggerConfig(wandb=True, mode="offline", group="ablate_ffn_norm_2026", name="model/ffn=swiglu,seed=1",
-                       tags=["model/ffn=swiglu", "seed=1", long_tag])
+    cfg = LoggerConfig(
+        wandb=True,
+        mode="offline",
+        group="ablate_ffn_norm_2026",
+        name="model/ffn=swiglu,seed=1",
+        tags=["model/ffn=swiglu", "seed=1", long_tag],
+    )
     (tmp_path / "run").mkdir()
     tracker = Tracker(tmp_path / "run", cfg, {"model": {"dim": 64}})
     tracker.log({"step": 1, "loss": 2.0})
@@ -103,8 +112,13 @@ def test_a_cell_is_a_wandb_run_in_the_sweeps_group_with_its_overrides_as_tags(tm
     wandb.teardown()  # the wandb service process writes the run file; stopping it flushes it
     (record_file,) = (tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb")
     data = record_file.read_bytes()
-    for expected in (b"ablate_ffn_norm_2026", b"model/ffn=swiglu,seed=1", b"model/ffn=swiglu", b"seed=1",
-                     long_tag[:64].encode()):
+    for expected in (
+        b"ablate_ffn_norm_2026",
+        b"model/ffn=swiglu,seed=1",
+        b"model/ffn=swiglu",
+        b"seed=1",
+        long_tag[:64].encode(),
+    ):
         assert expected in data, expected
     assert long_tag[:65].encode() not in data
 

@@ -14,8 +14,16 @@ from lm.cli.report import main as report
 
 pytestmark = pytest.mark.slow
 
-TINY = ["train.max_steps=4", "train.log_interval=2", "train.eval_interval=2", "train.eval_batches=2",
-        "train.ckpt_interval=0", "train.keep_last=1", "train.micro_batch_size=4", "train.seq_len=32"]
+TINY = [
+    "train.max_steps=4",
+    "train.log_interval=2",
+    "train.eval_interval=2",
+    "train.eval_batches=2",
+    "train.ckpt_interval=0",
+    "train.keep_last=1",
+    "train.micro_batch_size=4",
+    "train.seq_len=32",
+]
 BAD_REASON = "ConfigError: model.dim=64 is not divisible by model.n_heads=3"
 
 
@@ -53,8 +61,12 @@ def test_sequential_sweep_goes_on_past_a_failed_cell(tmp_path):
     assert out.returncode != 0, "Hydra raises the failed cell's error once every cell has run"
     assert BAD_REASON in out.stderr  # lm train re-raises a cell's error under -m; Hydra raises it at the end
     cells = [tmp_path / "sweep" / str(i) for i in range(3)]
-    assert (cells[0] / "error.txt").read_text().rstrip().endswith(BAD_REASON + "; choose n_heads among "
-                                                                   "[1, 2, 4, 8, 16, 32, 64] or set model.head_dim")
+    assert (
+        (cells[0] / "error.txt")
+        .read_text()
+        .rstrip()
+        .endswith(BAD_REASON + "; choose n_heads among [1, 2, 4, 8, 16, 32, 64] or set model.head_dim")
+    )
     assert not (cells[0] / "metrics.jsonl").exists()
     assert last_step(cells[1]) == 4 and last_step(cells[2]) == 4
     # each train.log holds its own cell's lines only (cells share one process)

@@ -29,6 +29,7 @@ def _probs(score, q, k, v, mask=None, is_causal=True):
 
 # -- Synthesizer: the logits are synthesized, not q k^T ----------------------------------------------------
 
+
 def test_random_synthesizer_is_the_learned_pattern_whatever_the_input():
     s = SynthesizerRandom(H, H, DH, L, None, 0.0, True)
     q, k, v = _qkv()
@@ -59,7 +60,7 @@ def test_factorized_synthesizer_is_rank_k():
 @pytest.mark.parametrize("cls", [SynthesizerDense, SynthesizerRandom, SynthesizerFactorized])
 def test_plus_adds_the_dot_product_and_plus_alpha_mixes_it_with_a_learned_weight(cls):
     q, k, v = _qkv()
-    dot = q @ k.transpose(-2, -1) * DH ** -0.5
+    dot = q @ k.transpose(-2, -1) * DH**-0.5
     torch.manual_seed(0)
     none = cls(H, H, DH, L, None, 0.0, True)
     torch.manual_seed(0)
@@ -97,6 +98,7 @@ def test_synthesizer_refuses_more_positions_than_its_pattern():
 
 # -- convolutions: softmax-normalised, weight-shared, causal kernels ------------------------------------------
 
+
 def _conv_reference(u, w, P):
     """y_t = sum_j w[t?, h, j] u_{t-P+j} written as a loop. u (B, T, H*Dh), w (H, K) or (B, T, H, K)."""
     B, T, C = u.shape
@@ -107,7 +109,7 @@ def _conv_reference(u, w, P):
             s = t - P + j
             if 0 <= s < T:
                 wj = w[:, j] if w.dim() == 2 else w[:, t, :, j]  # (H,) or (B, H)
-                y[:, t] += (wj.repeat_interleave(C // H, dim=-1) * u[:, s])
+                y[:, t] += wj.repeat_interleave(C // H, dim=-1) * u[:, s]
     return y
 
 
@@ -168,7 +170,9 @@ def test_incremental_conv_with_a_cache_matches_the_full_sequence(cls):
     x = torch.randn(2, 7, H * DH)
     full = attn(x, True, None, None)
     cache = LayerCache()
-    steps = [attn(x[:, :3], True, None, None, cache)] + [attn(x[:, t:t + 1], True, None, None, cache) for t in range(3, 7)]
+    steps = [attn(x[:, :3], True, None, None, cache)] + [
+        attn(x[:, t : t + 1], True, None, None, cache) for t in range(3, 7)
+    ]
     assert cache.length == 7
     assert torch.allclose(torch.cat(steps, dim=1), full, atol=1e-6)
 
@@ -253,7 +257,7 @@ def test_kv_cached_generation_matches_the_full_forward(option):
     x = torch.randint(8, 256, (2, 9))
     full = model(x).logits
     cache = model.new_cache()
-    steps = [model.next_logits(x[:, :4], cache)] + [model.next_logits(x[:, t:t + 1], cache) for t in range(4, 9)]
+    steps = [model.next_logits(x[:, :4], cache)] + [model.next_logits(x[:, t : t + 1], cache) for t in range(4, 9)]
     assert torch.allclose(torch.stack(steps, 1), full[:, 3:], atol=1e-5)
 
 
@@ -347,21 +351,34 @@ def test_ops_count_each_option_as_built():
     assert flops_per_token(evolved, T) == 6 * matmul_params(evolved) + attention_flops_per_token(evolved, T)
 
 
-@pytest.mark.parametrize("overrides,field", [
-    (["model/attn=lightweight_conv", "model/pos=alibi"], "model.pos"),
-    (["model/attn=dynamic_conv", "model.n_kv_heads=2"], "model.n_kv_heads"),
-    (["model/attn=synthesizer_random", "model/pos=rope"], "model/pos=rope"),
-    (["model/attn=synthesizer_dense", "model.attn_scale=0.5"], "model.attn_scale"),
-    (["model/attn=lightweight_conv", "model/block=weighted"], "model/block=weighted"),
-    (["model/block=weighted", "model/ffn=moe"], "model/ffn=moe"),
-    (["model/block=evolved", "model.dim=36", "model.n_heads=4"], "head_dim=9"),
-    (["model/block=evolved", "model/ffn=moe"], "model/ffn=moe"),  # the decoder cell's FFN is the Swish FFN
-    (["model/block=evolved", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"], "funnel"),
-    (["model/attn=synthesizer_random", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"],
-     "funnel"),
-    (["model/attn=dynamic_conv", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]",
-      "model/pos=none"], "funnel"),
-])
+@pytest.mark.parametrize(
+    "overrides,field",
+    [
+        (["model/attn=lightweight_conv", "model/pos=alibi"], "model.pos"),
+        (["model/attn=dynamic_conv", "model.n_kv_heads=2"], "model.n_kv_heads"),
+        (["model/attn=synthesizer_random", "model/pos=rope"], "model/pos=rope"),
+        (["model/attn=synthesizer_dense", "model.attn_scale=0.5"], "model.attn_scale"),
+        (["model/attn=lightweight_conv", "model/block=weighted"], "model/block=weighted"),
+        (["model/block=weighted", "model/ffn=moe"], "model/ffn=moe"),
+        (["model/block=evolved", "model.dim=36", "model.n_heads=4"], "head_dim=9"),
+        (["model/block=evolved", "model/ffn=moe"], "model/ffn=moe"),  # the decoder cell's FFN is the Swish FFN
+        (["model/block=evolved", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"], "funnel"),
+        (
+            ["model/attn=synthesizer_random", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"],
+            "funnel",
+        ),
+        (
+            [
+                "model/attn=dynamic_conv",
+                "model.arch=encoder",
+                "model/stack=funnel",
+                "model.stack.blocks=[1,1]",
+                "model/pos=none",
+            ],
+            "funnel",
+        ),
+    ],
+)
 def test_undefined_combinations_are_refused_before_building(overrides, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_model(model_preset("tiny", SMALL + overrides))
@@ -415,9 +432,14 @@ def test_ddp_trains_like_one_process(option, tmp_path):
     assert min(single[s] for s in (6, 7, 8)) < single[1]  # it learns (batches of 4: noisy step to step)
 
 
-@pytest.mark.parametrize("override,named", [("model/block=weighted", "model/block=weighted"),
-                                            ("model/block=evolved", "model/block=evolved"),
-                                            ("model/attn=dynamic_conv", "model.attn._target_")])
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("model/block=weighted", "model/block=weighted"),
+        ("model/block=evolved", "model/block=evolved"),
+        ("model/attn=dynamic_conv", "model.attn._target_"),
+    ],
+)
 def test_hugging_face_export_refuses_the_new_options_by_name(override, named):
     pytest.importorskip("transformers")
     from lm.model.convert import to_hf

@@ -27,22 +27,51 @@ def cache(tmp_path_factory):
 
 
 def overrides(run_dir, *extra):
-    return [f"run_dir={run_dir}", "model=tiny", "model.max_seq_len=64", "data=shakespeare_char",
-            "train.seq_len=32", "train.micro_batch_size=4", f"train.max_steps={STEPS}", "train.log_interval=1",
-            "train.eval_interval=0", "train.eval_batches=2", "train.ckpt_interval=4", "sched.warmup_steps=2",
-            "model.dropout=0.1", *extra]
+    return [
+        f"run_dir={run_dir}",
+        "model=tiny",
+        "model.max_seq_len=64",
+        "data=shakespeare_char",
+        "train.seq_len=32",
+        "train.micro_batch_size=4",
+        f"train.max_steps={STEPS}",
+        "train.log_interval=1",
+        "train.eval_interval=0",
+        "train.eval_batches=2",
+        "train.ckpt_interval=4",
+        "sched.warmup_steps=2",
+        "model.dropout=0.1",
+        *extra,
+    ]
 
 
 def command(world):
     if world == 1:
         return [sys.executable, "-m", "lm.cli.train"]
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "lm.cli.train"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(world),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        "-m",
+        "lm.cli.train",
+    ]
 
 
 def run(world, args, cache, cwd=REPO, **env):
-    proc = subprocess.run(command(world) + args, cwd=cwd, env=subprocess_env(LM_CACHE=str(cache), **env),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        command(world) + args,
+        cwd=cwd,
+        env=subprocess_env(LM_CACHE=str(cache), **env),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -51,11 +80,21 @@ def start_paused(world, args, cache, tmp_path, stdout=subprocess.DEVNULL, **paus
     """Start the run and wait until it is parked (by default inside step KILL_AT; `pause`: another hook's
     LM_FAULT_PAUSE_* variable)."""
     flag = tmp_path / "paused"
-    env = subprocess_env(LM_CACHE=str(cache), LM_FAULT_PAUSE_FILE=str(flag),  # benchmarks/fault_pause.py parks it
-                         LM_PLUGINS=str(REPO / "benchmarks" / "fault_pause.py"),
-                         **(pause or {"LM_FAULT_PAUSE_AT_STEP": str(KILL_AT)}))
-    proc = subprocess.Popen(command(world) + args, cwd=REPO, env=env, start_new_session=True,
-                            stdout=stdout, stderr=subprocess.PIPE, text=True)
+    env = subprocess_env(
+        LM_CACHE=str(cache),
+        LM_FAULT_PAUSE_FILE=str(flag),  # benchmarks/fault_pause.py parks it
+        LM_PLUGINS=str(REPO / "benchmarks" / "fault_pause.py"),
+        **(pause or {"LM_FAULT_PAUSE_AT_STEP": str(KILL_AT)}),
+    )
+    proc = subprocess.Popen(
+        command(world) + args,
+        cwd=REPO,
+        env=env,
+        start_new_session=True,
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 600
     while not flag.exists():
         if proc.poll() is not None:
@@ -154,8 +193,10 @@ def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_the_same_command_resu
         proc.kill()
         proc.wait()
     assert proc.returncode == 1 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
-    assert (f"SIGINT (Ctrl-C) received: stopped after step {KILL_AT} with checkpoint "
-            f"{stopped / 'checkpoints' / f'step_{KILL_AT:08d}'}; run the same command to resume") in out + err
+    assert (
+        f"SIGINT (Ctrl-C) received: stopped after step {KILL_AT} with checkpoint "
+        f"{stopped / 'checkpoints' / f'step_{KILL_AT:08d}'}; run the same command to resume"
+    ) in out + err
     assert "Ctrl-C: stopping after the step in flight with a checkpoint" in err
     assert "resumed from" in "".join(run(1, overrides(stopped), cache).stdout)
     assert train_losses(stopped) == train_losses(whole)  # bit-identical, step 7 not redone
@@ -167,8 +208,9 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(cache, tmp_path):
     half-written checkpoint is never `latest`, and the same command resumes from step 4 exactly."""
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     run(1, overrides(whole), cache)
-    proc = start_paused(1, overrides(stopped), cache, tmp_path, stdout=subprocess.PIPE,
-                        LM_FAULT_PAUSE_IN_SAVE="files:2")
+    proc = start_paused(
+        1, overrides(stopped), cache, tmp_path, stdout=subprocess.PIPE, LM_FAULT_PAUSE_IN_SAVE="files:2"
+    )
     try:
         proc.send_signal(signal.SIGINT)
         while not proc.stderr.readline().startswith("Ctrl-C: stopping after the step in flight"):  # handled
@@ -179,8 +221,10 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(cache, tmp_path):
         proc.kill()  # parked in the save hook forever if the test failed before the second Ctrl-C
         proc.wait()
     assert proc.returncode == 130 and "Traceback" not in out + err, out[-2000:] + err[-2000:]
-    assert err.strip().splitlines()[-1] == (f"lm train: interrupted; run the same command to resume from "  # one line
-                                            f"{stopped / 'checkpoints' / 'step_00000004'}")
+    assert err.strip().splitlines()[-1] == (
+        f"lm train: interrupted; run the same command to resume from "  # one line
+        f"{stopped / 'checkpoints' / 'step_00000004'}"
+    )
     assert (stopped / "checkpoints" / "latest").read_text() == "step_00000004"
     run(1, overrides(stopped), cache)
     assert train_losses(stopped) == train_losses(whole)
@@ -192,8 +236,9 @@ def test_sigkill_in_an_asynchronous_write_resumes_from_the_previous_checkpoint(c
     the same command resumes from it and continues bit-identically to an uninterrupted synchronous run."""
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     run(1, overrides(whole), cache)
-    proc = start_paused(1, overrides(killed, "train.async_checkpoint=true"), cache, tmp_path,
-                        LM_FAULT_PAUSE_IN_SAVE="latest:2")
+    proc = start_paused(
+        1, overrides(killed, "train.async_checkpoint=true"), cache, tmp_path, LM_FAULT_PAUSE_IN_SAVE="latest:2"
+    )
     proc.kill()
     proc.wait()
     ckpts = killed / "checkpoints"

@@ -6,18 +6,17 @@ Runs in-process on the synthetic loader of engine_support (a learnable random wa
 import errno
 import json
 import math
-
 import re
 
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 
-from lm.core.checkpoint import CheckpointError
-from lm.config import ConfigError
-from lm.engine.dist import EngineError
-from lm.core.loop import LossDiverged
 from lm.cli.train import train
+from lm.config import ConfigError
+from lm.core.checkpoint import CheckpointError
+from lm.core.loop import LossDiverged
+from lm.engine.dist import EngineError
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
 
@@ -27,7 +26,14 @@ def run(run_dir, steps=10, extra=(), **train_kw):
 
 
 def test_run_directory_holds_config_metrics_and_checkpoints(tmp_path):
-    _, result = run(tmp_path, steps=12, extra=["optim.lr=1e-2", "model.vocab_size=32"], ckpt_interval=4, keep_last=2, eval_interval=6)
+    _, result = run(
+        tmp_path,
+        steps=12,
+        extra=["optim.lr=1e-2", "model.vocab_size=32"],
+        ckpt_interval=4,
+        keep_last=2,
+        eval_interval=6,
+    )
     records = metrics(tmp_path)
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == list(range(1, 13))
@@ -137,9 +143,12 @@ def _inf_gradient_at(monkeypatch, step_calls):
 def test_an_infinite_gradient_norm_with_a_finite_loss_stops_the_run(tmp_path, monkeypatch):
     """Issue 49 item 3: every update skipped on the device while the loss stayed finite, and the run exited 0."""
     _inf_gradient_at(monkeypatch, {7})
-    with pytest.raises(LossDiverged, match=r"gradient norm is (inf|nan) with a finite loss \(\d.*\) at step 7; no "
-                                           r"update was applied and the last good checkpoint .*step_00000004 is intact"
-                                           r".*set train.on_nonfinite=skip"):
+    with pytest.raises(
+        LossDiverged,
+        match=r"gradient norm is (inf|nan) with a finite loss \(\d.*\) at step 7; no "
+        r"update was applied and the last good checkpoint .*step_00000004 is intact"
+        r".*set train.on_nonfinite=skip",
+    ):
         run(tmp_path, steps=10, ckpt_interval=4, log_interval=2)
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000004"
     losses = train_losses(tmp_path)
@@ -151,13 +160,17 @@ def test_an_infinite_gradient_norm_under_skip_is_logged_counted_and_limited(tmp_
     with caplog.at_level("WARNING", logger="lm"):
         _, result = run(tmp_path / "one", steps=6, on_nonfinite="skip")
     assert result.state.step == 6
-    assert re.search(r"step 3: gradient norm is (inf|nan) with a finite loss \(.*\), update skipped \(1/10 in a row\)",
-                     caplog.text), caplog.text
+    assert re.search(
+        r"step 3: gradient norm is (inf|nan) with a finite loss \(.*\), update skipped \(1/10 in a row\)", caplog.text
+    ), caplog.text
     grad_norms = {m["step"]: m["grad_norm"] for m in metrics(tmp_path / "one") if "grad_norm" in m}
     assert not math.isfinite(grad_norms[3]) and all(math.isfinite(v) for s, v in grad_norms.items() if s != 3)
     _inf_gradient_at(monkeypatch, {2, 3, 4})
-    with pytest.raises(LossDiverged, match=r"at step 4; .*\(3 consecutive non-finite steps\).*raise "
-                                           r"train.max_nonfinite"):
+    with pytest.raises(
+        LossDiverged,
+        match=r"at step 4; .*\(3 consecutive non-finite steps\).*raise "
+        r"train.max_nonfinite",
+    ):
         run(tmp_path / "three", steps=8, on_nonfinite="skip", max_nonfinite=2)
 
 
@@ -175,8 +188,15 @@ def test_an_infinite_gradient_norm_under_fp16_loss_scaling_is_the_scalers_overfl
         _policy(TrainConfig(on_nonfinite="skip"), engine, state, 5, 2.5, math.inf, None)
         assert state.nonfinite == expected
     with pytest.raises(LossDiverged, match="loss is nan at step 5"):  # a NaN loss counts under fp16 too
-        _policy(TrainConfig(), SimpleNamespace(scales_loss=True, skips_nonfinite_updates=True, is_main=False),
-                state, 5, math.nan, math.nan, None)
+        _policy(
+            TrainConfig(),
+            SimpleNamespace(scales_loss=True, skips_nonfinite_updates=True, is_main=False),
+            state,
+            5,
+            math.nan,
+            math.nan,
+            None,
+        )
 
 
 def test_full_disk_during_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
@@ -209,13 +229,16 @@ def test_unknown_key_and_unknown_engine_fail_at_composition(tmp_path):
         compose(tiny_overrides(tmp_path) + ["engine=zero9"])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16, fp16]"),
-    ("sched.kind=exp", "Invalid value 'exp', expected one of [cosine, linear, constant, wsd]"),
-    ("train.on_nonfinite=ignore", "Invalid value 'ignore', expected one of [stop, skip]"),
-    ("train.device=tpu", "Invalid value 'tpu', expected one of [auto, cpu, cuda]"),
-    ("engine.bucket_cap_mb=big", "Value 'big' of type 'str' could not be converted to Integer"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16, fp16]"),
+        ("sched.kind=exp", "Invalid value 'exp', expected one of [cosine, linear, constant, wsd]"),
+        ("train.on_nonfinite=ignore", "Invalid value 'ignore', expected one of [stop, skip]"),
+        ("train.device=tpu", "Invalid value 'tpu', expected one of [auto, cpu, cuda]"),
+        ("engine.bucket_cap_mb=big", "Value 'big' of type 'str' could not be converted to Integer"),
+    ],
+)
 def test_wrong_choice_fails_at_composition_naming_the_allowed_values(tmp_path, override, message):
     """Choices are Enums in the schemas: Hydra refuses the value while composing, before anything runs."""
     extra = ["engine=ddp"] if override.startswith("engine.") else []
@@ -224,11 +247,14 @@ def test_wrong_choice_fails_at_composition_naming_the_allowed_values(tmp_path, o
     assert message in str(info.value.__cause__)
 
 
-@pytest.mark.parametrize("override, error, message", [
-    ("train.world_size=2", EngineError, "train.world_size=2 but the launcher started 1"),
-    ("train.global_batch_size=6", ConfigError, "global_batch_size=6 is not divisible"),
-    ("train.seq_len=512", ConfigError, "train.seq_len=512 exceeds model.max_seq_len=64"),
-])
+@pytest.mark.parametrize(
+    "override, error, message",
+    [
+        ("train.world_size=2", EngineError, "train.world_size=2 but the launcher started 1"),
+        ("train.global_batch_size=6", ConfigError, "global_batch_size=6 is not divisible"),
+        ("train.seq_len=512", ConfigError, "train.seq_len=512 exceeds model.max_seq_len=64"),
+    ],
+)
 def test_bad_training_config_is_refused_before_training(tmp_path, override, error, message):
     with pytest.raises(error, match=message):
         run(tmp_path, extra=[override])
@@ -237,8 +263,10 @@ def test_bad_training_config_is_refused_before_training(tmp_path, override, erro
 
 def test_missing_data_source_names_the_path(tmp_path, monkeypatch):
     monkeypatch.setenv("LM_CACHE", str(tmp_path / "cache"))
-    cfg = compose(tiny_overrides(tmp_path / "run") + [f"data.source={tmp_path}/nowhere/*.txt",
-                                                       "data.name=missing", "data.tokenizer=char"])
+    cfg = compose(
+        tiny_overrides(tmp_path / "run")
+        + [f"data.source={tmp_path}/nowhere/*.txt", "data.name=missing", "data.tokenizer=char"]
+    )
     with pytest.raises(Exception, match="nowhere"):
         train(cfg)
 
@@ -248,8 +276,14 @@ def test_export_of_a_single_process_checkpoint_loads_in_transformers(tmp_path):
 
     from lm.cli.export import export
 
-    gpt2 = ["model=gpt2", "model.dim=32", "model.n_layers=2", "model.n_heads=4", "model.vocab_size=64",
-            "model.max_seq_len=64"]
+    gpt2 = [
+        "model=gpt2",
+        "model.dim=32",
+        "model.n_layers=2",
+        "model.n_heads=4",
+        "model.vocab_size=64",
+        "model.max_seq_len=64",
+    ]
     cfg, result = run(tmp_path, steps=3, extra=gpt2)
     out = export(tmp_path)
     assert {p.name for p in out.iterdir()} >= {"model.safetensors", "config.json", "hf"}
@@ -294,8 +328,11 @@ def test_sigterm_checkpoints_the_finished_step_and_the_same_command_resumes(tmp_
         return real(model, batch, *metrics)
 
     monkeypatch.setattr(objectives, "loss", loss)
-    with pytest.raises(Preempted, match=rf"{name} received: stopped after step 5 with checkpoint .*step_00000005; "
-                                        rf"run the same command to resume"):
+    with pytest.raises(
+        Preempted,
+        match=rf"{name} received: stopped after step 5 with checkpoint .*step_00000005; "
+        rf"run the same command to resume",
+    ):
         run(tmp_path / "stopped", steps=8, extra=["model.dropout=0.1"])
     assert signal.getsignal(getattr(signal, sig)) is before  # the loop put the previous handler back
     monkeypatch.setattr(objectives, "loss", real)

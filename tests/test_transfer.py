@@ -29,13 +29,34 @@ def corpus(tmp_path_factory):
 
 
 def recipe(tmp, corpus, easy_glue, tokens=4 * 4 * 32, **kw):  # noqa: F811
-    data = [f"data.dir={corpus / 'data'}", f"data.source={corpus / 'corpus.txt'}", "data.vocab_size=320",
-            "data.n_sentinels=0", "data.workers=1", "data.val_fraction=0.1", "data.tokenizer_train_chars=1000000"]
-    pretrain = [*TINY_MODEL, *data, "train.micro_batch_size=4", "train.seq_len=32", "train.eval_batches=1",
-                "train.progress=false", "sched.warmup_steps=1"]
-    finetune = [f"glue.data_root={easy_glue}", "tasks.sst2.epochs=2", "tasks.sst2.max_len=24", "optim.lr=3e-3",
-                "train.progress=false"]
-    return Recipe(tokens=tokens, out=tmp, tasks=["sst2"], pretrain=pretrain, finetune=finetune, **{"seeds": [0, 1], **kw})
+    data = [
+        f"data.dir={corpus / 'data'}",
+        f"data.source={corpus / 'corpus.txt'}",
+        "data.vocab_size=320",
+        "data.n_sentinels=0",
+        "data.workers=1",
+        "data.val_fraction=0.1",
+        "data.tokenizer_train_chars=1000000",
+    ]
+    pretrain = [
+        *TINY_MODEL,
+        *data,
+        "train.micro_batch_size=4",
+        "train.seq_len=32",
+        "train.eval_batches=1",
+        "train.progress=false",
+        "sched.warmup_steps=1",
+    ]
+    finetune = [
+        f"glue.data_root={easy_glue}",
+        "tasks.sst2.epochs=2",
+        "tasks.sst2.max_len=24",
+        "optim.lr=3e-3",
+        "train.progress=false",
+    ]
+    return Recipe(
+        tokens=tokens, out=tmp, tasks=["sst2"], pretrain=pretrain, finetune=finetune, **{"seeds": [0, 1], **kw}
+    )
 
 
 def test_one_call_pretrains_finetunes_both_arms_and_writes_the_table(tmp_path, corpus, easy_glue):  # noqa: F811
@@ -47,8 +68,10 @@ def test_one_call_pretrains_finetunes_both_arms_and_writes_the_table(tmp_path, c
         cfg = (tmp_path / "t" / "finetune" / arm / "config.yaml").read_text()
         assert "dim: 32" in cfg and "group: g1" in cfg and "pooling: mean" in cfg and "epochs: 2" in cfg
     assert "group: g1" in (tmp_path / "t" / "pretrain" / "config.yaml").read_text()
-    results = {a: json.loads((tmp_path / "t" / "finetune" / a / "results.json").read_text())["columns"]["sst2"]
-               for a in ("scratch", "pretrained")}
+    results = {
+        a: json.loads((tmp_path / "t" / "finetune" / a / "results.json").read_text())["columns"]["sst2"]
+        for a in ("scratch", "pretrained")
+    }
     t = s["comparison"]["tasks"]["sst2"]
     for arm in ("scratch", "pretrained"):
         assert t[arm]["seeds"] == {k: v["acc"] for k, v in results[arm]["seeds"].items()}
@@ -90,8 +113,10 @@ def test_zero_tokens_is_the_scratch_arm_and_a_curve_shares_it(tmp_path, corpus, 
 
 def test_finetuning_with_another_tokenizer_or_model_is_refused():
     for bad in ("tokenizer=/elsewhere/tokenizer.json", "model.dim=64", "model=bert", "init=runs/other"):
-        with pytest.raises(TransferError, match="the recipe sets .* itself. Both arms finetune the pretraining run's "
-                                                "model with its tokenizer"):
+        with pytest.raises(
+            TransferError,
+            match="the recipe sets .* itself. Both arms finetune the pretraining run's model with its tokenizer",
+        ):
             check_finetune_overrides(["tasks.sst2.epochs=1", bad])
     check_finetune_overrides(["tasks.sst2.epochs=1", "pooling=last", "optim.lr=1e-4"])
 
@@ -110,8 +135,11 @@ def test_a_pretraining_run_with_another_tokenizer_is_refused(tmp_path, corpus, e
     (a, i), (b, j) = list(vocab.items())[-2:]
     vocab[a], vocab[b] = j, i  # the same size, two ids swapped: another tokenizer
     other.write_text(json.dumps(data))
-    with pytest.raises(TransferError, match=r"trained with a tokenizer \(sha256 \w+\) other than the one the scratch "
-                                            r"arm would use .*other.json"):
+    with pytest.raises(
+        TransferError,
+        match=r"trained with a tokenizer \(sha256 \w+\) other than the one the scratch "
+        r"arm would use .*other.json",
+    ):
         check_same_tokenizer(tmp_path / "t" / "pretrain", other)
 
 
@@ -148,14 +176,19 @@ def test_the_shards_corpus_reads_the_gutenberg_shards_present(tmp_path, monkeypa
 
     books = tmp_path / "text" / "gutenberg"
     books.mkdir(parents=True)
-    for name in ("train-00000-of-00010.jsonl.zst", "train-00003-of-00010.jsonl.zst",
-                 "validation-00000-of-00001.jsonl.zst"):
+    for name in (
+        "train-00000-of-00010.jsonl.zst",
+        "train-00003-of-00010.jsonl.zst",
+        "validation-00000-of-00001.jsonl.zst",
+    ):
         (books / name).write_bytes(b"")
     monkeypatch.setenv("LM_DATA_MIRROR", str(tmp_path))
     d = OmegaConf.to_object(pretrain_config(Recipe(preset="glue_transfer_gpu", out=Path("/tmp/unused"))).data)
     assert d.source[-1] == f"{tmp_path}/text/gutenberg/train-*.jsonl.zst"
-    train = [Path(str(f.path)).name for f in resolve(d.source[-1:], d.format, split="train", mirror=d.mirror,
-                                                      hf_split=d.hf_split)[0]]
+    train = [
+        Path(str(f.path)).name
+        for f in resolve(d.source[-1:], d.format, split="train", mirror=d.mirror, hf_split=d.hf_split)[0]
+    ]
     assert train == ["train-00000-of-00010.jsonl.zst", "train-00003-of-00010.jsonl.zst"]
     assert Path(d.val_source).name == "validation-00000-of-00001.jsonl.zst"
 
@@ -165,8 +198,10 @@ def test_electra_shares_the_encoder_scratch_arm():
     (and would train) is the encoder recipe's: the curve shares one instead of training the same arm twice."""
     from lm.cli.transfer_recipe import finetuned_model_node, same_value
 
-    nodes = {p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
-             for p in ("encoder", "electra")}
+    nodes = {
+        p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
+        for p in ("encoder", "electra")
+    }
     assert nodes["electra"].electra is not None and nodes["encoder"].electra is None
     as_dict = {p: OmegaConf.to_container(finetuned_model_node(n), resolve=True) for p, n in nodes.items()}
     assert as_dict["electra"] == as_dict["encoder"] and same_value("model", as_dict["encoder"], as_dict["electra"])
@@ -175,8 +210,10 @@ def test_electra_shares_the_encoder_scratch_arm():
 
 def test_the_average_row_and_the_curve_table():
     def arm(scores):
-        return {c: {"metrics": ["score"], "seeds": {str(i): v for i, v in enumerate(vs)}, "median": sorted(vs)[1]}
-                for c, vs in scores.items()}
+        return {
+            c: {"metrics": ["score"], "seeds": {str(i): v for i, v in enumerate(vs)}, "median": sorted(vs)[1]}
+            for c, vs in scores.items()
+        }
 
     cmp = compare(arm({"sst2": [70, 72, 74], "rte": [50, 54, 52]}), arm({"sst2": [75, 74, 79], "rte": [50, 55, 53]}))
     assert cmp["tasks"]["sst2"]["gain"] == 3 and cmp["tasks"]["rte"]["gain"] == 1
@@ -186,14 +223,25 @@ def test_the_average_row_and_the_curve_table():
     recipe = {"arch": "encoder", "pooling": "first", "tokens": 3_000_000, "val_loss": 4.25}
     table = curve_table([{"recipe": recipe, "comparison": cmp}])
     assert "| SST-2 | RTE | average gain |" in table
-    assert "| encoder (first) | 3,000,000 | 4.250 | – | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table  # no pos, probe
-    table = curve_table([{"recipe": {**recipe, "pos": "rope"}, "comparison": cmp},
-                         {"recipe": {**recipe, "pos": "learned"}, "comparison": cmp}])
+    assert (
+        "| encoder (first) | 3,000,000 | 4.250 | – | +3.0 | +1.0 | **+2.0** | 62.0 / 64.0 |" in table
+    )  # no pos, probe
+    table = curve_table(
+        [
+            {"recipe": {**recipe, "pos": "rope"}, "comparison": cmp},
+            {"recipe": {**recipe, "pos": "learned"}, "comparison": cmp},
+        ]
+    )
     assert "| encoder (first, rope) | 3,000,000 |" in table and "| encoder (first, learned) | 3,000,000 |" in table
 
 
-PROBE = ["train.probe_interval=2", "train.probe_tasks=[sst2]", "train.probe_train_examples=40",
-         "train.probe_dev_examples=40", "train.probe_max_len=24"]
+PROBE = [
+    "train.probe_interval=2",
+    "train.probe_tasks=[sst2]",
+    "train.probe_train_examples=40",
+    "train.probe_dev_examples=40",
+    "train.probe_max_len=24",
+]
 
 
 def test_the_pretraining_probe_reaches_the_table_and_the_curve(tmp_path, corpus, easy_glue):  # noqa: F811
@@ -221,15 +269,24 @@ def test_the_curve_script_fills_only_its_section():
     real = (Path(__file__).parents[1] / "docs" / "glue_transfer.md").read_text()
     assert real.count(curve.BEGIN) == 1 and real.count(curve.END) == 1
     # the run list names each run's series and directory (two presets' runs can share a command's text)
-    cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
-                  {"rte": {"metrics": ["acc"], "seeds": {"0": 53.0}, "median": 53.0}})
+    cmp = compare(
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 53.0}, "median": 53.0}},
+    )
     run = {"command": "lm transfer --tokens 100", "machine": "m", "finished": "today", "seconds": 12.0}
     recipe = {"arch": "encoder", "pooling": "first", "tokens": 100, "val_loss": None}
-    rows = [{"recipe": {**recipe, "pos": "learned", "note": "moved"}, "comparison": cmp, "run": run, "dir": "a/0"},
-            {"recipe": {**recipe, "pos": "rope"}, "comparison": cmp, "run": run, "dir": "b/0"}]
+    rows = [
+        {"recipe": {**recipe, "pos": "learned", "note": "moved"}, "comparison": cmp, "run": run, "dir": "a/0"},
+        {"recipe": {**recipe, "pos": "rope"}, "comparison": cmp, "run": run, "dir": "b/0"},
+    ]
     text = curve.section(rows, Path("x.png"), "cmd")
-    assert "- encoder (first, learned), 100 tokens, in `a/0`: `lm transfer --tokens 100`: m, finished today, 12 s (moved)" in text
-    assert "- encoder (first, rope), 100 tokens, in `b/0`: `lm transfer --tokens 100`: m, finished today, 12 s\n" in text
+    assert (
+        "- encoder (first, learned), 100 tokens, in `a/0`: `lm transfer --tokens 100`: m, finished today, 12 s (moved)"
+        in text
+    )
+    assert (
+        "- encoder (first, rope), 100 tokens, in `b/0`: `lm transfer --tokens 100`: m, finished today, 12 s\n" in text
+    )
 
 
 def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
@@ -241,11 +298,15 @@ def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
     def point(name, tokens, pos, gain):
         out = tmp_path / "runs" / name
         out.mkdir(parents=True)
-        cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
-                      {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0 + gain}, "median": 50.0 + gain}})
-        summary = {"recipe": {"arch": "encoder", "pooling": "first", "pos": pos, "tokens": tokens, "val_loss": 5.0},
-                   "comparison": cmp, "run": {"command": f"lm transfer --out {out}", "machine": "m",
-                                              "finished": "today", "seconds": 1.0}}
+        cmp = compare(
+            {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+            {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0 + gain}, "median": 50.0 + gain}},
+        )
+        summary = {
+            "recipe": {"arch": "encoder", "pooling": "first", "pos": pos, "tokens": tokens, "val_loss": 5.0},
+            "comparison": cmp,
+            "run": {"command": f"lm transfer --out {out}", "machine": "m", "finished": "today", "seconds": 1.0},
+        }
         (out / "transfer.json").write_text(json.dumps(summary))
         (out / "transfer.md").write_text("table\n")
         return out
@@ -281,8 +342,13 @@ def test_a_finished_scratch_arm_is_archived_and_restored_by_its_record(tmp_path,
     dest = curve.archive_scratch(arm, archive)
     assert dest == archive / "scratch" / curve.scratch_key(record)
     assert sorted(str(f.relative_to(dest)) for f in dest.rglob("*") if f.is_file()) == [
-        "archived_arm.json", "rte/seed0/result.pt", "rte/seed0/result.sha256", "rte/seed1/result.pt",
-        "rte/seed1/result.sha256", "transfer_arm.json"]
+        "archived_arm.json",
+        "rte/seed0/result.pt",
+        "rte/seed0/result.sha256",
+        "rte/seed1/result.pt",
+        "rte/seed1/result.sha256",
+        "transfer_arm.json",
+    ]
     assert json.loads((dest / "archived_arm.json").read_text())["run_dir"] == str(arm)
 
     shutil.rmtree(tmp_path / "runs")  # the next session
@@ -296,11 +362,16 @@ def test_a_finished_scratch_arm_is_archived_and_restored_by_its_record(tmp_path,
     assert curve.restore_scratch(r, archive) is None  # a live arm is resumed as it is, never overwritten
     # the point then says its scratch arm was measured elsewhere, and archiving it again keeps that record
     (r.out).mkdir(parents=True)
-    cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
-                  {"rte": {"metrics": ["acc"], "seeds": {"0": 52.0}, "median": 52.0}})
-    summary = {"recipe": {"arch": "encoder", "pooling": "first", "pos": "rope", "tokens": 100, "val_loss": 5.0},
-               "arms": {"scratch": str(arm)}, "comparison": cmp,
-               "run": {"command": "c", "machine": "m", "finished": "today", "seconds": 1.0}}
+    cmp = compare(
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 52.0}, "median": 52.0}},
+    )
+    summary = {
+        "recipe": {"arch": "encoder", "pooling": "first", "pos": "rope", "tokens": 100, "val_loss": 5.0},
+        "arms": {"scratch": str(arm)},
+        "comparison": cmp,
+        "run": {"command": "c", "machine": "m", "finished": "today", "seconds": 1.0},
+    }
     (r.out / "transfer.json").write_text(json.dumps(summary))
     point = json.loads((curve.archive_point(r.out, archive) / "transfer.json").read_text())
     assert point["scratch_measured"]["run_dir"] == str(arm)
@@ -325,10 +396,30 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text("# page\n<!-- curve:begin -->\n<!-- curve:end -->\n")
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
-                          "--tokens", "0,20000", "--tasks", "rte", "--root", str(tmp_path / "runs"), "--doc", str(doc),
-                          "--scratch-archive", str(tmp_path / "scratch_archive")],
-                         capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/glue_transfer_curve.py",
+            "--tiny",
+            "--arches",
+            "decoder",
+            "--tokens",
+            "0,20000",
+            "--tasks",
+            "rte",
+            "--root",
+            str(tmp_path / "runs"),
+            "--doc",
+            str(doc),
+            "--scratch-archive",
+            str(tmp_path / "scratch_archive"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+        cwd=Path(__file__).parents[1],
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     text = doc.read_text()
     assert "| decoder (mean, learned) | 0 | – | – | +0.0 | **+0.0** |" in text  # no val loss, no probe
@@ -338,11 +429,32 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     # (the --tiny overrides are part of the archive's key: decoder-mean-learned-<their digest>)
     [point] = (tmp_path / "runs" / "points").glob("decoder-mean-learned-*/20480/transfer.json")
     first = json.loads(point.read_text())["comparison"]
-    again = subprocess.run([sys.executable, "benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder",
-                            "--tokens", "20000", "--tasks", "rte", "--root", str(tmp_path / "runs2"),
-                            "--archive", str(tmp_path / "runs" / "points"), "--doc", str(doc),
-                            "--scratch-archive", str(tmp_path / "scratch_archive")],
-                           capture_output=True, text=True, env=env, timeout=1200, cwd=Path(__file__).parents[1])
+    again = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/glue_transfer_curve.py",
+            "--tiny",
+            "--arches",
+            "decoder",
+            "--tokens",
+            "20000",
+            "--tasks",
+            "rte",
+            "--root",
+            str(tmp_path / "runs2"),
+            "--archive",
+            str(tmp_path / "runs" / "points"),
+            "--doc",
+            str(doc),
+            "--scratch-archive",
+            str(tmp_path / "scratch_archive"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+        cwd=Path(__file__).parents[1],
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "finetuning from scratch" in again.stderr and "restored from" in again.stderr
     assert f"GLUE rte seed 0: done in an earlier run ({tmp_path / 'runs2' / 'decoder' / 'scratch'}" in again.stderr
@@ -423,7 +535,9 @@ def test_one_arm_at_a_time_then_the_table(tmp_path, corpus, easy_glue):  # noqa:
     done = tmp_path / "t" / "finetune" / "pretrained" / "sst2" / "seed0" / "result.pt"
     mtime = done.stat().st_mtime_ns
     s = run_transfer(recipe(tmp_path / "t", corpus, easy_glue, seeds=[0]))
-    assert set(s["comparison"]["tasks"]["sst2"]) >= {"scratch", "pretrained", "gain"} and done.stat().st_mtime_ns == mtime
+    assert (
+        set(s["comparison"]["tasks"]["sst2"]) >= {"scratch", "pretrained", "gain"} and done.stat().st_mtime_ns == mtime
+    )
 
 
 def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, corpus, easy_glue):  # noqa: F811
@@ -442,8 +556,9 @@ def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, c
     assert joined["comparison"] == json.loads(json.dumps(whole["comparison"]))  # the same training, the same numbers
     assert joined["recipe"]["val_loss"] == pytest.approx(whole["recipe"]["val_loss"])
     assert joined["arms"]["scratch"].startswith(str(tmp_path / "a" / "finetune" / "scratch"))
-    assert joined["run"]["seconds"] == pytest.approx(sum(joined["run"]["arms"][a]["seconds"]
-                                                         for a in ("scratch", "pretrained")), abs=0.11)
+    assert joined["run"]["seconds"] == pytest.approx(
+        sum(joined["run"]["arms"][a]["seconds"] for a in ("scratch", "pretrained")), abs=0.11
+    )
     assert (tmp_path / "j" / "transfer.md").read_text() == transfer_table(joined)
     with pytest.raises(TransferError, match="are both the scratch arm"):
         join_arms([scratch, scratch], tmp_path / "x", "")
@@ -451,8 +566,11 @@ def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, c
     other["shared"]["seeds"] = [0, 1]
     other["shared"]["model"]["dim"] = 64
     (tmp_path / "other.json").write_text(json.dumps(other))
-    with pytest.raises(TransferError, match=r"different recipes \(they differ in \['model', 'seeds'\]: seeds: \[0\] "
-                                            r"vs \[0, 1\]\)"):
+    with pytest.raises(
+        TransferError,
+        match=r"different recipes \(they differ in \['model', 'seeds'\]: seeds: \[0\] "
+        r"vs \[0, 1\]\)",
+    ):
         join_arms([scratch, tmp_path / "other.json"], tmp_path / "x", "")
     other = json.loads(pretrained.read_text())
     other["recipe"]["pretrain_overrides"] += ["train.compile=true"]  # the pretraining's alone: no matter
@@ -472,8 +590,11 @@ def test_a_failed_lane_is_an_error_naming_its_log(tmp_path, corpus, easy_glue, m
 
     monkeypatch.setattr(lane, "recipe_argv", lambda r: ["--no-such-flag"])  # the lane exits at once (status 2)
     r = recipe(tmp_path / "t", corpus, easy_glue, parallel=True, seeds=[0])
-    with pytest.raises(TransferError, match=r"(?s)scratch arm, run beside the pretraining, did not finish \(exit "
-                                            r"status 2; the last lines of .*lane\.log.*unrecognized arguments"):
+    with pytest.raises(
+        TransferError,
+        match=r"(?s)scratch arm, run beside the pretraining, did not finish \(exit "
+        r"status 2; the last lines of .*lane\.log.*unrecognized arguments",
+    ):
         run_transfer(r)
     assert (tmp_path / "t" / "finetune" / "pretrained" / "results.json").is_file()  # the other arm's work is kept
 
@@ -482,12 +603,29 @@ def test_the_lane_command_rebuilds_the_recipe(tmp_path):
     from lm.cli.transfer import _parser
     from lm.cli.transfer_lane import recipe_argv
 
-    r = Recipe(preset="glue_transfer_encoder", tokens=3000, out=tmp_path / "o", scratch=tmp_path / "s", seeds=[1, 2],
-               tasks=["rte", "cola"], group="g", pretrain=["model.dim=64", "train.lr=1e-3"],
-               finetune=["pooling=first", "tasks.rte.epochs=1"])
+    r = Recipe(
+        preset="glue_transfer_encoder",
+        tokens=3000,
+        out=tmp_path / "o",
+        scratch=tmp_path / "s",
+        seeds=[1, 2],
+        tasks=["rte", "cola"],
+        group="g",
+        pretrain=["model.dim=64", "train.lr=1e-3"],
+        finetune=["pooling=first", "tasks.rte.epochs=1"],
+    )
     a = _parser().parse_args(recipe_argv(r))
     assert (a.preset, int(a.tokens), a.out, a.scratch, a.seeds, a.tasks, a.group, a.pretrain, a.finetune) == (
-        r.preset, r.tokens, r.out, r.scratch, [1, 2], "rte,cola", "g", r.pretrain, r.finetune)
+        r.preset,
+        r.tokens,
+        r.out,
+        r.scratch,
+        [1, 2],
+        "rte,cola",
+        "g",
+        r.pretrain,
+        r.finetune,
+    )
     assert _parser().parse_args(recipe_argv(Recipe(out=tmp_path / "o"))).pretrain == []
     with pytest.raises(TransferError, match="--arm both: must be one of all, scratch, pretrained"):
         Recipe(arm="both")
@@ -501,14 +639,23 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
     from lm.report.transfer import series_labels
 
     curve = _curve_script()
-    cmp = compare({"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
-                  {"rte": {"metrics": ["acc"], "seeds": {"0": 52.0}, "median": 52.0}})
+    cmp = compare(
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 52.0}, "median": 52.0}},
+    )
 
     def point(name, finetune, pretrain=()):
         out = tmp_path / name
         out.mkdir()
-        recipe = {"arch": "encoder", "pooling": "mean", "pos": "rope", "tokens": 1000, "val_loss": 5.0,
-                  "finetune_overrides": list(finetune), "pretrain_overrides": list(pretrain)}
+        recipe = {
+            "arch": "encoder",
+            "pooling": "mean",
+            "pos": "rope",
+            "tokens": 1000,
+            "val_loss": 5.0,
+            "finetune_overrides": list(finetune),
+            "pretrain_overrides": list(pretrain),
+        }
         run = {"command": "c", "machine": "m", "finished": "today", "seconds": 1.0}
         (out / "transfer.json").write_text(json.dumps({"recipe": recipe, "comparison": cmp, "run": run}))
         return out
@@ -521,8 +668,9 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
     assert more.parent.name.startswith("encoder-mean-rope-") and hot.parent.name.startswith("encoder-mean-rope-")
     # The folder is a digest of the overrides; the committed archive's names depend on it not changing.
     assert more.parent.name == "encoder-mean-rope-d4a2b4a8"  # docs/glue_transfer/points/ has this folder
-    both = curve.archive_point(point("d", ["pooling=mean", "tasks.rte.epochs=10"],
-                                     ["model.electra.temperature=2", "train.threads=1"]), archive)
+    both = curve.archive_point(
+        point("d", ["pooling=mean", "tasks.rte.epochs=10"], ["model.electra.temperature=2", "train.threads=1"]), archive
+    )
     assert len({base, more, hot, both}) == 4
     rows = find_transfers([archive])
     # Each side is named once, so a finetuning override never reads as a pretraining one.
@@ -530,7 +678,8 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
         "encoder (mean, rope)",
         "encoder (mean, rope; finetune tasks.sst2.max_train_examples=10000)",
         "encoder (mean, rope; pretrain model.electra.temperature=2 train.threads=1; finetune tasks.rte.epochs=10)",
-        "encoder (mean, rope; pretrain model.electra.temperature=2)"]
+        "encoder (mean, rope; pretrain model.electra.temperature=2)",
+    ]
     assert series_labels(rows[:1]) == ["encoder (mean, rope)"]  # one recipe alone: the plain label
     assert "| encoder (mean, rope; finetune tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)
 
@@ -545,19 +694,48 @@ def _gpu_transfer_tiny(tmp_path, data_mirror, out_name="out", **env_extra):
     mirror_home = tmp_path / "mirror"
     if not mirror_home.is_dir():
         mirror_home.mkdir()
-        subprocess.run(["bash", str(repo / "benchmarks" / "gpu_transfer_data.sh"), "1", str(data_mirror)],
-                       cwd=mirror_home, check=True, capture_output=True, timeout=300)
-    few = {t: "100" for t in ("cola", "mrpc", "stsb", "rte")}
-    env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "LM_DATA_MIRROR": str(mirror_home / ".gpu_data"),
-           "RUN_DIR": str(tmp_path / "run"), "TOKENS": "20000", "LIMIT": "900", "COMPILE": "0",
-           "FINETUNE_SST2": "tasks.sst2.max_train_examples=200 tasks.sst2.epochs=1",
-           "FINETUNE_OTHER": " ".join(f"tasks.{t}.max_train_examples={n} tasks.{t}.epochs=1" for t, n in few.items()),
-           **env_extra}
+        subprocess.run(
+            ["bash", str(repo / "benchmarks" / "gpu_transfer_data.sh"), "1", str(data_mirror)],
+            cwd=mirror_home,
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+    few = dict.fromkeys(("cola", "mrpc", "stsb", "rte"), "100")
+    env = {
+        **os.environ,
+        "LM_CACHE": str(tmp_path / "cache"),
+        "LM_DATA_MIRROR": str(mirror_home / ".gpu_data"),
+        "RUN_DIR": str(tmp_path / "run"),
+        "TOKENS": "20000",
+        "LIMIT": "900",
+        "COMPILE": "0",
+        "FINETUNE_SST2": "tasks.sst2.max_train_examples=200 tasks.sst2.epochs=1",
+        "FINETUNE_OTHER": " ".join(f"tasks.{t}.max_train_examples={n} tasks.{t}.epochs=1" for t, n in few.items()),
+        **env_extra,
+    }
     out = tmp_path / out_name
-    done = subprocess.run(["bash", "benchmarks/gpu_transfer.sh", str(out), "--seeds", "0", "--pretrain",
-                           "model.dim=32", "model.n_layers=1", "model.n_heads=2", "train.micro_batch_size=8",
-                           "train.precision=fp32", "train.eval_batches=2"],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [
+            "bash",
+            "benchmarks/gpu_transfer.sh",
+            str(out),
+            "--seeds",
+            "0",
+            "--pretrain",
+            "model.dim=32",
+            "model.n_layers=1",
+            "model.n_heads=2",
+            "train.micro_batch_size=8",
+            "train.precision=fp32",
+            "train.eval_batches=2",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
 
@@ -570,8 +748,13 @@ def test_the_gpu_transfer_script_runs_its_four_lanes_and_merges_them_tiny(tmp_pa
     import tarfile
 
     out = _gpu_transfer_tiny(tmp_path, data_mirror)
-    assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer.json",
-                                                     "transfer.md"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "details.tgz",
+        "env.txt",
+        "log.txt",
+        "transfer.json",
+        "transfer.md",
+    ]
     summary = json.loads((out / "transfer.json").read_text())
     rows = summary["comparison"]["tasks"]
     assert sorted(rows) == ["cola", "mrpc", "rte", "sst2", "stsb"]
@@ -594,8 +777,10 @@ def test_the_gpu_transfer_script_narrowed_to_some_scratch_tasks_tiny(tmp_path, d
     out = _gpu_transfer_tiny(tmp_path, data_mirror, SCRATCH_SST2="0", SCRATCH_TASKS="cola,stsb", COMPILE="1")
     assert sorted(p.name for p in out.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer_pretrained.json"]
     with tarfile.open(out / "details.tgz") as tar:
-        results = {n: json.loads(tar.extractfile(f"details/{n}_results.json").read())["columns"]
-                   for n in ("scratch_other", "pretrained_other", "pretrained")}
+        results = {
+            n: json.loads(tar.extractfile(f"details/{n}_results.json").read())["columns"]
+            for n in ("scratch_other", "pretrained_other", "pretrained")
+        }
         names = set(tar.getnames())
     assert "details/scratch_sst2.log" not in names
     assert sorted(results["scratch_other"]) == ["cola", "stsb"]
@@ -624,8 +809,13 @@ def test_the_gpu_transfer_script_one_arm_per_call_tiny(tmp_path, data_mirror):
     with tarfile.open(first / "details.tgz") as tar:
         assert not any("scratch_" in n for n in tar.getnames())  # no scratch lane ran
     second = _gpu_transfer_tiny(tmp_path, data_mirror, "second", ARMS="scratch")
-    assert sorted(p.name for p in second.iterdir()) == ["details.tgz", "env.txt", "log.txt", "transfer.json",
-                                                        "transfer.md"]
+    assert sorted(p.name for p in second.iterdir()) == [
+        "details.tgz",
+        "env.txt",
+        "log.txt",
+        "transfer.json",
+        "transfer.md",
+    ]
     with tarfile.open(second / "details.tgz") as tar:
         assert tar.extractfile("details/table.log").read().decode().count("done in an earlier run") == 10
         assert not {"details/pretrained_sst2.log", "details/pretrained_other.log"} & set(tar.getnames())  # no lane

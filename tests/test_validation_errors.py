@@ -25,7 +25,10 @@ from tests.engine_support import loaders, tiny_overrides
 TRAIN_CASES = [
     ("optim.lr=nan", r"optim\.lr=nan must be a finite number > 0, e\.g\. optim\.lr="),
     ("optim.lr=inf", r"optim\.lr=inf must be a finite number > 0"),
-    ("optim.betas=[2,3]", r"optim\.betas=\[2\.0, 3\.0\] must be two numbers, each in \[0, 1\).*optim\.betas=\[0\.9,0\.95\]"),
+    (
+        "optim.betas=[2,3]",
+        r"optim\.betas=\[2\.0, 3\.0\] must be two numbers, each in \[0, 1\).*optim\.betas=\[0\.9,0\.95\]",
+    ),
     ("optim.betas=[0.9,1.0]", r"optim\.betas=\[0\.9, 1\.0\] must be two numbers, each in \[0, 1\)"),
     ("optim.eps=-1", r"optim\.eps=-1\.0 must be a finite number > 0, e\.g\. optim\.eps=1e-8"),
     ("optim.weight_decay=nan", r"optim\.weight_decay=nan must be a finite number >= 0"),
@@ -54,8 +57,11 @@ def test_the_defaults_and_edge_values_still_pass(tmp_path):
     from lm.core.config import OptimConfig, SchedConfig, TrainConfig, validate_train
 
     validate_train(TrainConfig(), OptimConfig(), SchedConfig())
-    validate_train(TrainConfig(eval_interval=0, ckpt_interval=0, grad_clip=0.0),
-                   OptimConfig(betas=[0.0, 0.999], weight_decay=0.0), SchedConfig(warmup_steps=0, min_lr_ratio=1.0))
+    validate_train(
+        TrainConfig(eval_interval=0, ckpt_interval=0, grad_clip=0.0),
+        OptimConfig(betas=[0.0, 0.999], weight_decay=0.0),
+        SchedConfig(warmup_steps=0, min_lr_ratio=1.0),
+    )
 
 
 def finetune_overrides(tmp_path, *extra):
@@ -93,6 +99,7 @@ def test_lm_finetune_refuses_bad_hyperparameters(tmp_path, override, message):
 
 # -- run_dir -------------------------------------------------------------------------------------------
 
+
 def read_only_dir(path: Path, monkeypatch) -> Path:
     """`path` made read-only (0o500). As root chmod does not stop writes: then os.access is made to say so
     for this path (and mkdir under it raises as it would), the way the kernel answers an ordinary user."""
@@ -124,8 +131,11 @@ def ro(tmp_path, monkeypatch):
 @pytest.mark.parametrize("where", ["inside", "itself"])
 def test_lock_run_dir_names_an_unwritable_run_dir(ro, where):
     run_dir = ro / "run" if where == "inside" else ro
-    with pytest.raises(RunDirUnwritable, match=rf"^run_dir {run_dir} is not writable: Permission denied.*; "
-                                               rf"pick another run_dir$"):
+    with pytest.raises(
+        RunDirUnwritable,
+        match=rf"^run_dir {run_dir} is not writable: Permission denied.*; "
+        rf"pick another run_dir$",
+    ):
         lock_run_dir(run_dir)
     release(run_dir)
     assert issubclass(RunDirUnwritable, CheckpointError)  # lm train and lm finetune print it in one line
@@ -133,8 +143,11 @@ def test_lock_run_dir_names_an_unwritable_run_dir(ro, where):
 
 def test_lock_run_dir_names_a_file_in_the_way(tmp_path):
     (tmp_path / "f").write_text("x")
-    with pytest.raises(RunDirUnwritable, match=rf"^run_dir {tmp_path / 'f' / 'run'} is not writable: Not a directory; "
-                                               rf"pick another run_dir$"):
+    with pytest.raises(
+        RunDirUnwritable,
+        match=rf"^run_dir {tmp_path / 'f' / 'run'} is not writable: Not a directory; "
+        rf"pick another run_dir$",
+    ):
         lock_run_dir(tmp_path / "f" / "run")
 
 
@@ -152,8 +165,11 @@ def test_the_apps_check_run_dir_before_hydra_creates_it(ro, monkeypatch):
     from lm.cli.app import _check_run_dir_arg
 
     monkeypatch.setattr(sys, "argv", ["lm train", "model=tiny", f"run_dir={ro / 'a' / 'b'}"])
-    with pytest.raises(SystemExit, match=rf"^lm train: run_dir {ro / 'a' / 'b'} is not writable: Permission denied "
-                                         rf"\({ro}\); pick another run_dir$"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"^lm train: run_dir {ro / 'a' / 'b'} is not writable: Permission denied "
+        rf"\({ro}\); pick another run_dir$",
+    ):
         _check_run_dir_arg("lm train")
     monkeypatch.setattr(sys, "argv", ["lm train", f"run_dir={ro.parent / 'fine' / 'run'}"])
     _check_run_dir_arg("lm train")  # a writable parent: nothing to say
@@ -163,8 +179,9 @@ def test_the_apps_check_run_dir_before_hydra_creates_it(ro, monkeypatch):
 
 def run_cli(module, *args, cwd):
     env = {**os.environ, "WANDB_MODE": "offline", "HYDRA_FULL_ERROR": ""}
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_cli_says_run_dir_is_not_writable_in_one_line(tmp_path):
@@ -178,6 +195,7 @@ def test_cli_says_run_dir_is_not_writable_in_one_line(tmp_path):
 
 
 # -- GLUE data -----------------------------------------------------------------------------------------
+
 
 def write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,8 +213,11 @@ def test_header_only_glue_file_is_refused_with_its_path(tmp_path, split):
         write(root / "SST-2" / f"{s}.tsv", "sentence\tlabel\n" + ("" if s == split else "a fine film\t1\n"))
     path = root / "SST-2" / f"{split}.tsv"
     cfg = GlueTaskConfig(name="sst2", data_root=str(root))
-    with pytest.raises(GlueDataError, match=rf"^{path}: the file has no examples after its header line; restore the "
-                                            rf"SST-2 {split} file"):
+    with pytest.raises(
+        GlueDataError,
+        match=rf"^{path}: the file has no examples after its header line; restore the "
+        rf"SST-2 {split} file",
+    ):
         load_task_data(cfg, tokenizer=None, arch="decoder", max_len=16, hf=False, with_test=False)
 
 
@@ -211,16 +232,35 @@ def test_headerless_cola_file_without_rows_is_refused(tmp_path):
 ALLOWED = ", ".join((*GLUE_TASKS, "all"))
 
 
-@pytest.mark.parametrize("arg,bad", [("task=glue/foo", "glue/foo"), ("task=foo", "foo"),
-                                     ("task=[glue/rte,glue/foo]", "glue/foo"), ("task=glue/glue_schema", "glue/glue_schema")])
+@pytest.mark.parametrize(
+    "arg,bad",
+    [
+        ("task=glue/foo", "glue/foo"),
+        ("task=foo", "foo"),
+        ("task=[glue/rte,glue/foo]", "glue/foo"),
+        ("task=glue/glue_schema", "glue/glue_schema"),
+    ],
+)
 def test_unknown_task_lists_the_real_tasks(arg, bad):
-    with pytest.raises(ConfigError, match=rf"^task={bad} is not a task; pick task=glue/<name> with <name> one of "
-                                          rf"{ALLOWED} \(several"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^task={bad} is not a task; pick task=glue/<name> with <name> one of "
+        rf"{ALLOWED} \(several",
+    ):
         check_task_args(["init=none", arg])
 
 
-@pytest.mark.parametrize("arg", ["task=glue/all", "task=glue/sst2", "task=[glue/rte, glue/mrpc]",
-                                 "task=glue/rte,glue/cola", "task=choice(glue/rte,glue/cola)", "tasks.foo.lr=1"])
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "task=glue/all",
+        "task=glue/sst2",
+        "task=[glue/rte, glue/mrpc]",
+        "task=glue/rte,glue/cola",
+        "task=choice(glue/rte,glue/cola)",
+        "tasks.foo.lr=1",
+    ],
+)
 def test_known_tasks_and_other_args_pass(arg):
     check_task_args([arg])
 
@@ -228,5 +268,7 @@ def test_known_tasks_and_other_args_pass(arg):
 def test_cli_lists_the_tasks_for_an_unknown_one(tmp_path):
     p = run_cli("lm.cli.finetune", "task=glue/foo", "init=none", cwd=tmp_path)
     assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert p.stderr.strip() == (f"lm finetune: task=glue/foo is not a task; pick task=glue/<name> with <name> one of "
-                                f"{ALLOWED} (several: 'task=[glue/rte,glue/mrpc]')")
+    assert p.stderr.strip() == (
+        f"lm finetune: task=glue/foo is not a task; pick task=glue/<name> with <name> one of "
+        f"{ALLOWED} (several: 'task=[glue/rte,glue/mrpc]')"
+    )

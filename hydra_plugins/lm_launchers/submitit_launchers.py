@@ -2,7 +2,8 @@
 (the `slurm` extra). Without it this module defines nothing, so Hydra's plugin scan stays quiet."""
 
 try:
-    from lm.sweep.submitit_launchers import LocalGPUs as _LocalGPUs, Slurm as _Slurm
+    from lm.sweep.submitit_launchers import LocalGPUs as _LocalGPUs
+    from lm.sweep.submitit_launchers import Slurm as _Slurm
 except ImportError:  # hydra-submitit-launcher not installed: conf/hydra/launcher/*.yaml say how
     pass
 else:

@@ -12,8 +12,8 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple, Type
 
 from omegaconf import DictConfig
 
@@ -22,9 +22,13 @@ from lm.config import conf_dir
 log = logging.getLogger("lm")
 
 
-def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
-            user_errors: Tuple[Type[BaseException], ...] = (),
-            check_args: Optional[Callable[[List[str]], None]] = None) -> None:
+def run_app(
+    prog: str,
+    config_name: str,
+    job: Callable[[DictConfig], None],
+    user_errors: tuple[type[BaseException], ...] = (),
+    check_args: Callable[[list[str]], None] | None = None,
+) -> None:
     """Compose `conf/<config_name>.yaml` with the command line and run `job(cfg)` on every rank.
     `check_args(argv)` refuses what Hydra would only report with a traceback. What a user can fix
     (lm/cli/errors.py's `describe`, plus `user_errors`) is logged as one line and ends the job with status 1."""
@@ -64,7 +68,7 @@ def run_app(prog: str, config_name: str, job: Callable[[DictConfig], None],
     dist_utils.exit_after_success()
 
 
-def _refuse_moved_overrides(args: List[str]) -> None:
+def _refuse_moved_overrides(args: list[str]) -> None:
     """An override of a model field that became a zoo option (lm/model/upgrade.py): one line naming the new one."""
     from lm.config import ConfigError
     from lm.model.upgrade import moved_override
@@ -75,7 +79,7 @@ def _refuse_moved_overrides(args: List[str]) -> None:
             raise ConfigError(line)
 
 
-def _new_run_dirs(config_name: str) -> List[Path]:
+def _new_run_dirs(config_name: str) -> list[Path]:
     """The run directory Hydra is about to create, and each of its parents it will create with it, when
     they do not exist yet: a job refused before writing anything removes them again (they are empty)."""
     args = [a.lstrip("+") for a in sys.argv[1:]]
@@ -94,7 +98,7 @@ def _new_run_dirs(config_name: str) -> List[Path]:
     return fresh
 
 
-def _remove_if_empty(fresh: List[Path]) -> None:
+def _remove_if_empty(fresh: list[Path]) -> None:
     for path in fresh:  # deepest first
         try:
             path.rmdir()  # only an empty directory: anything written into it stays
@@ -138,18 +142,23 @@ def _check_run_dir_arg(prog: str, config_name: str = "") -> None:
         run_dir = Path(values[-1]).expanduser()
         error = _unwritable(run_dir)
         if error is not None:
-            sys.exit(f"{prog}: {unwritable_message(run_dir, error)}" if key == "run_dir" else
-                     f"{prog}: {key}={run_dir} is not writable: {_reason(error)}; pick another {key}")
+            sys.exit(
+                f"{prog}: {unwritable_message(run_dir, error)}"
+                if key == "run_dir"
+                else f"{prog}: {key}={run_dir} is not writable: {_reason(error)}; pick another {key}"
+            )
     if not any(a.startswith(("run_dir=", "hydra.run.dir=", "hydra.sweep.dir=")) for a in args):
         default = _default_run_dir_prefix(config_name)
         error = _unwritable(Path(default)) if default else None
         if error is not None:
-            sys.exit(f"{prog}: the default run_dir ({default}<overrides>, under the current directory "
-                     f"{Path.cwd()}) is not writable: {_reason(error)}. Pass run_dir=<a writable directory>, "
-                     f"or run {prog} from a directory you can write to")
+            sys.exit(
+                f"{prog}: the default run_dir ({default}<overrides>, under the current directory "
+                f"{Path.cwd()}) is not writable: {_reason(error)}. Pass run_dir=<a writable directory>, "
+                f"or run {prog} from a directory you can write to"
+            )
 
 
-def cells_apart(args: List[str]) -> List[str]:
+def cells_apart(args: list[str]) -> list[str]:
     """Under -m, a `run_dir=X` given once would put every cell in X (each later cell resuming the first, or
     refused by the resume check): X becomes the sweep's directory instead, and each cell X/<job number>.
     A run_dir that is swept (`a,b`) or interpolated is the user's own plan and is left as it is."""

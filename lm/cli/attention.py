@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 from lm.cli.errors import entry
 from lm.config import ConfigError
@@ -30,28 +29,44 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="lm attention",
         description="Draw a trained model's attention probabilities on a text: every layer x head as one grid "
-                    "per attention stack (encoder-decoders: encoder self, decoder self, decoder cross), chosen "
-                    "layers/heads with tokens as axis labels, and an HTML page.",
-        epilog=__doc__.split("\n\n")[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="an lm train run directory, one of its checkpoints/step_* (any engine), "
-                                "or an lm export directory")
+        "per attention stack (encoder-decoders: encoder self, decoder self, decoder cross), chosen "
+        "layers/heads with tokens as axis labels, and an HTML page.",
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "path", help="an lm train run directory, one of its checkpoints/step_* (any engine), or an lm export directory"
+    )
     p.add_argument("--text", required=True, help="the text the model reads (at most model.max_seq_len tokens)")
     p.add_argument("--layer", type=int, help="draw this layer's heads on their own (0-based, per stack)")
     p.add_argument("--head", type=int, help="draw this head on its own (0-based)")
-    p.add_argument("--out", type=Path, help="output directory (default: <run_dir>/attention/<step_N>, or <export>-attention)")
-    p.add_argument("--tokenizer", help="tokenizer.json (or a prepared data directory) when the run's own is "
-                                       "not where its config says, or for an export without its checkpoint")
-    p.add_argument("--decoder-text", help="encoder-decoders: what the decoder reads (default: the text shifted "
-                                          "right, after the decoder start token)")
+    p.add_argument(
+        "--out", type=Path, help="output directory (default: <run_dir>/attention/<step_N>, or <export>-attention)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        help="tokenizer.json (or a prepared data directory) when the run's own is "
+        "not where its config says, or for an export without its checkpoint",
+    )
+    p.add_argument(
+        "--decoder-text",
+        help="encoder-decoders: what the decoder reads (default: the text shifted "
+        "right, after the decoder start token)",
+    )
     return p.parse_args(argv)
 
 
-def requested(maps, layer: Optional[int], head: Optional[int]) -> List[tuple]:
+def requested(maps, layer: int | None, head: int | None) -> list[tuple]:
     """(map, head) pairs to draw alone: --layer's heads, --head in every layer, or the one pair."""
     if layer is None and head is None:
         return []
-    return [(m, h) for m in maps if layer is None or m.layer == layer
-            for h in range(m.probs.shape[0]) if head is None or h == head]
+    return [
+        (m, h)
+        for m in maps
+        if layer is None or m.layer == layer
+        for h in range(m.probs.shape[0])
+        if head is None or h == head
+    ]
 
 
 def default_out(source: Path) -> Path:
@@ -69,14 +84,24 @@ def check_out(out: Path) -> None:
     while not above.exists() and above != above.parent:
         above = above.parent
     if not above.is_dir():
-        raise ReportError(f"--out {out}: {above} is a file, not a directory; name a directory (new, or one "
-                          f"lm attention wrote before)")
+        raise ReportError(
+            f"--out {out}: {above} is a file, not a directory; name a directory (new, or one lm attention wrote before)"
+        )
 
 
-def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tokenizer=None,
-         decoder_text: Optional[str] = None) -> Path:
-    from lm.report.attention_maps import (attention_maps, check_request, decoder_input_ids, encode_text, groups,
-                                          load_model, saved_model_config, token_labels)
+def draw(
+    path, text: str, layer=None, head=None, out: Path | None = None, tokenizer=None, decoder_text: str | None = None
+) -> Path:
+    from lm.report.attention_maps import (
+        attention_maps,
+        check_request,
+        decoder_input_ids,
+        encode_text,
+        groups,
+        load_model,
+        saved_model_config,
+        token_labels,
+    )
     from lm.report.attention_plots import draw_grid, draw_single, grid_name, single_name, write_page
 
     cfg, where = saved_model_config(path)
@@ -84,8 +109,10 @@ def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tok
     if out is not None:
         check_out(Path(out))
     if decoder_text is not None and cfg.arch != "encoder_decoder":
-        raise ReportError(f"--decoder-text applies to encoder-decoders only; {where} is model.arch={cfg.arch.value}: "
-                          f"drop it (the model reads --text alone)")
+        raise ReportError(
+            f"--decoder-text applies to encoder-decoders only; {where} is model.arch={cfg.arch.value}: "
+            f"drop it (the model reads --text alone)"
+        )
     loaded = load_model(path, tokenizer)
     ids = encode_text(loaded, text)
     dec_ids = decoder_input_ids(loaded, ids, decoder_text) if cfg.arch == "encoder_decoder" else None
@@ -95,19 +122,25 @@ def draw(path, text: str, layer=None, head=None, out: Optional[Path] = None, tok
     grids = [draw_grid(ms, out / grid_name(ms[0])) for ms in groups(maps).values()]
     singles = [draw_single(m, h, out / single_name(m, h)) for m, h in requested(maps, layer, head)]
     inputs = [("Input tokens" if dec_ids is None else "Encoder input tokens", token_labels(loaded.tokenizer, ids), ids)]
-    lines = [f"Model: `{loaded.source}` (model.arch={cfg.arch.value}, model/attn="
-             f"{type(cfg.attn).__name__.removesuffix('Config').lower()}, {cfg.n_heads} heads). "
-             f"Text: {text!r}. Rows of every map are queries, columns keys; each row sums to 1 (convolutions: "
-             f"except where the kernel's window hangs over an end of the text)."]
+    lines = [
+        f"Model: `{loaded.source}` (model.arch={cfg.arch.value}, model/attn="
+        f"{type(cfg.attn).__name__.removesuffix('Config').lower()}, {cfg.n_heads} heads). "
+        f"Text: {text!r}. Rows of every map are queries, columns keys; each row sums to 1 (convolutions: "
+        f"except where the kernel's window hangs over an end of the text)."
+    ]
     if dec_ids is not None:
         how = "--decoder-text" if decoder_text is not None else "the text shifted right (teacher forcing)"
-        lines.append(f"The decoder reads {how}: the decoder start token (id {cfg.decoder_start_token_id}), then "
-                     f"its tokens; decoder cross-attention maps have decoder tokens as queries and encoder tokens "
-                     f"as keys.")
+        lines.append(
+            f"The decoder reads {how}: the decoder start token (id {cfg.decoder_start_token_id}), then "
+            f"its tokens; decoder cross-attention maps have decoder tokens as queries and encoder tokens "
+            f"as keys."
+        )
         inputs.append(("Decoder input tokens", token_labels(loaded.tokenizer, dec_ids), dec_ids))
     if any(m.keys and m.keys[0] == "E1" for m in maps):
-        lines.append("Linformer: the key axis of its (non-causal) attentions is the k projected rows E1..Ek "
-                     "(K' = E K), not tokens.")
+        lines.append(
+            "Linformer: the key axis of its (non-causal) attentions is the k projected rows E1..Ek "
+            "(K' = E K), not tokens."
+        )
     return write_page(out, f"Attention maps: {Path(path).name}", lines, inputs, grids, singles)
 
 

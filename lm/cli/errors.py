@@ -18,7 +18,7 @@ import errno
 import functools
 import pickle
 import sys
-from typing import Callable, Optional, Tuple, Type
+from collections.abc import Callable
 
 # The project's exceptions a user can fix, by module: only modules already imported are looked up (an
 # exception of a module never imported cannot have been raised), so this costs no import on any path.
@@ -50,17 +50,22 @@ FIXES = {  # errno -> what to do about it
 }
 
 
-def project_errors() -> Tuple[Type[BaseException], ...]:
-    return tuple(getattr(sys.modules[m], name) for m, names in PROJECT_ERRORS.items() if m in sys.modules
-                 for name in names if hasattr(sys.modules[m], name))
+def project_errors() -> tuple[type[BaseException], ...]:
+    return tuple(
+        getattr(sys.modules[m], name)
+        for m, names in PROJECT_ERRORS.items()
+        if m in sys.modules
+        for name in names
+        if hasattr(sys.modules[m], name)
+    )
 
 
-def describe(e: BaseException) -> Optional[str]:
+def describe(e: BaseException) -> str | None:
     """The line (without the program name) for an error a user can fix; None for a bug."""
     if isinstance(e, project_errors()):
         return str(e)
     if isinstance(e, UnicodeDecodeError):
-        bad = e.object[e.start:e.start + 1]
+        bad = e.object[e.start : e.start + 1]
         return f"the input is not UTF-8 text ({e.reason}: byte {bad!r} at offset {e.start}) — save it as UTF-8"
     if isinstance(e, OSError):
         return os_line(e)
@@ -90,8 +95,9 @@ def _is(e: BaseException, module: str, name: str) -> bool:
     return isinstance(cls, type) and isinstance(e, cls)
 
 
-def entry(prog: str, usage: Tuple[Type[BaseException], ...] = ()) -> Callable:
+def entry(prog: str, usage: tuple[type[BaseException], ...] = ()) -> Callable:
     """Decorate a console script's main(): user errors -> one line and status 1 (`usage`: status 2)."""
+
     def wrap(main: Callable) -> Callable:
         @functools.wraps(main)
         def run(*args, **kwargs):
@@ -108,5 +114,7 @@ def entry(prog: str, usage: Tuple[Type[BaseException], ...] = ()) -> Callable:
                     print(f"{prog}: error: {line}", file=sys.stderr)
                     raise SystemExit(2) from None
                 raise SystemExit(f"{prog}: {line}") from None  # printed on stderr, status 1
+
         return run
+
     return wrap

@@ -19,7 +19,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
 
 DEFAULT_TASKS = "local_glue,local_wikitext2"
 log = logging.getLogger("lm")
@@ -27,38 +26,53 @@ log = logging.getLogger("lm")
 
 def parse_args(argv=None) -> argparse.Namespace:
     doc = __doc__ or ""
-    p = argparse.ArgumentParser(prog="lm eval", description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("path", help="an lm train run directory, one of its checkpoints/step_* (any engine), or an "
-                                "lm export directory")
-    p.add_argument("--tasks", default=DEFAULT_TASKS, help=f"comma-separated harness tasks and/or `probe` "
-                                                          f"(default {DEFAULT_TASKS})")
+    p = argparse.ArgumentParser(
+        prog="lm eval",
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "path", help="an lm train run directory, one of its checkpoints/step_* (any engine), or an lm export directory"
+    )
+    p.add_argument(
+        "--tasks", default=DEFAULT_TASKS, help=f"comma-separated harness tasks and/or `probe` (default {DEFAULT_TASKS})"
+    )
     p.add_argument("--limit", type=float, help="at most this many documents per task (a fraction if < 1)")
     p.add_argument("--batch-size", type=int, default=16, help="sequences per forward (default 16)")
     p.add_argument("--num-fewshot", type=int, help="examples in each prompt (default: the task's, zero here)")
-    p.add_argument("--tokenizer", help="tokenizer.json (or a prepared data directory) when the run's own is not "
-                                       "where its config says, or for an export without its checkpoint")
+    p.add_argument(
+        "--tokenizer",
+        help="tokenizer.json (or a prepared data directory) when the run's own is not "
+        "where its config says, or for an export without its checkpoint",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--out", type=Path, help="directory for eval_results.json (default: the checkpoint or export)")
     return p.parse_args(argv)
 
 
-def run(args: argparse.Namespace) -> Dict:
+def run(args: argparse.Namespace) -> dict:
     """{"path", "tasks": {task: {metric: value}}}, written to <out>/eval_results.json."""
     from lm.core.files import atomic_write_text
     from lm.eval.saved import load_model
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     model, tokenizer = load_model(args.path, args.tokenizer)
-    results: Dict[str, Dict[str, float]] = {}
+    results: dict[str, dict[str, float]] = {}
     if "probe" in tasks:
         from lm.eval.probe import load_probe_sets, probe_model
 
         limit = int(args.limit) if args.limit and args.limit >= 1 else None
-        sets = load_probe_sets(tokenizer, model.cfg.arch, train_examples=limit or 1000, dev_examples=limit or 500,
-                               max_len=min(128, model.cfg.max_seq_len))
-        results["probe"] = {k[len("probe/"):]: v for k, v in probe_model(model.to(args.device), sets,
-                                                                          tokenizer.pad_id).items()}
+        sets = load_probe_sets(
+            tokenizer,
+            model.cfg.arch,
+            train_examples=limit or 1000,
+            dev_examples=limit or 500,
+            max_len=min(128, model.cfg.max_seq_len),
+        )
+        results["probe"] = {
+            k[len("probe/") :]: v for k, v in probe_model(model.to(args.device), sets, tokenizer.pad_id).items()
+        }
     harness_tasks = [t for t in tasks if t != "probe"]
     if harness_tasks:
         from lm.eval.harness import LMAdapter, evaluate
@@ -73,16 +87,19 @@ def run(args: argparse.Namespace) -> Dict:
     return record
 
 
-def harness_metrics(out: Dict) -> Dict[str, Dict[str, float]]:
+def harness_metrics(out: dict) -> dict[str, dict[str, float]]:
     """{task: {metric: value}} from simple_evaluate's results ("acc,none" -> "acc"; stderr and aliases dropped)."""
     table = {}
     for task, metrics in out["results"].items():
-        table[task] = {k.split(",")[0]: v for k, v in metrics.items()
-                       if isinstance(v, (int, float)) and "_stderr" not in k and "," in k}
+        table[task] = {
+            k.split(",")[0]: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and "_stderr" not in k and "," in k
+        }
     return table
 
 
-def format_table(results: Dict[str, Dict[str, float]]) -> str:
+def format_table(results: dict[str, dict[str, float]]) -> str:
     rows = ["| task | metric | value |", "|---|---|---:|"]
     for task, metrics in results.items():
         rows += [f"| {task} | {m} | {v:.4f} |" for m, v in metrics.items()]
@@ -95,7 +112,7 @@ def _saved_dir(path) -> Path:
     return find_saved_model(path).path
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Evaluate a run, checkpoint or export with the LM Evaluation Harness and the GLUE probes."""
     from lm.config import ConfigError
     from lm.core.checkpoint import CheckpointError

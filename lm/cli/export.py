@@ -18,7 +18,6 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Optional
 
 from lm.cli.errors import entry
 from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve, verified
@@ -29,7 +28,7 @@ log = logging.getLogger("lm")
 EXPORT_FILES = {"model.safetensors", "config.json", "hf"}  # what export() writes
 
 
-def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = False, tokenizer=None) -> Path:
+def export(path, out: Path | None = None, hf: bool = True, force: bool = False, tokenizer=None) -> Path:
     """Write model.safetensors + config.json (+ hf/) from checkpoint `path`; returns the output directory.
     `tokenizer` (a tokenizer.json or a prepared data directory) replaces the run's own in hf/."""
     from omegaconf import OmegaConf
@@ -47,8 +46,10 @@ def export(path, out: Optional[Path] = None, hf: bool = True, force: bool = Fals
     missing, unexpected = model.load_state_dict(consolidated_state_dict(ckpt), strict=False)
     tied = {"head.proj.weight", "head.unfactor.weight"} if model.cfg.output_tied else set()
     if unexpected or set(missing) - tied:
-        raise CheckpointError(f"{ckpt} does not match its config.yaml model: missing={sorted(set(missing) - tied)}, "
-                              f"unexpected={sorted(unexpected)}")
+        raise CheckpointError(
+            f"{ckpt} does not match its config.yaml model: missing={sorted(set(missing) - tied)}, "
+            f"unexpected={sorted(unexpected)}"
+        )
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by an export killed mid-write
         shutil.rmtree(stale, ignore_errors=True)
@@ -71,28 +72,36 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
     where, target = Path.cwd().resolve(), out.resolve()
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else ckpt
     if target == run_dir.resolve() or run_dir.resolve().is_relative_to(target) or ckpt.resolve().is_relative_to(target):
-        raise CheckpointError(f"--out {out} is the run directory {run_dir} or holds it; exporting there would "
-                              f"delete the run. Pick a new directory, e.g. --out {run_dir}-export")
+        raise CheckpointError(
+            f"--out {out} is the run directory {run_dir} or holds it; exporting there would "
+            f"delete the run. Pick a new directory, e.g. --out {run_dir}-export"
+        )
     if where.is_relative_to(target):
-        raise CheckpointError(f"--out {out} is the current directory (or holds it); it cannot be replaced by "
-                              f"the export. Name a new directory, e.g. --out ./export")
+        raise CheckpointError(
+            f"--out {out} is the current directory (or holds it); it cannot be replaced by "
+            f"the export. Name a new directory, e.g. --out ./export"
+        )
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise CheckpointError(f"--out {out} is a file, not a directory; remove it or name a new directory")
     above = out.absolute().parent
     while not above.exists() and above != above.parent:
         above = above.parent
     if not above.is_dir():
-        raise CheckpointError(f"--out {out} lies below {above}, which is a file, not a directory; name a "
-                              f"directory elsewhere")
+        raise CheckpointError(
+            f"--out {out} lies below {above}, which is a file, not a directory; name a directory elsewhere"
+        )
     if not out.exists() or not any(out.iterdir()):
         return
     if not is_export(out):
-        raise CheckpointError(f"--out {out} is a non-empty directory that is not an lm export output "
-                              f"(it holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}); lm export "
-                              f"replaces its --out, so name a new or empty directory")
+        raise CheckpointError(
+            f"--out {out} is a non-empty directory that is not an lm export output "
+            f"(it holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}); lm export "
+            f"replaces its --out, so name a new or empty directory"
+        )
     if not force:
-        raise CheckpointError(f"--out {out} holds a previous export; pass --force to replace it, or name "
-                              f"another directory")
+        raise CheckpointError(
+            f"--out {out} holds a previous export; pass --force to replace it, or name another directory"
+        )
 
 
 def is_export(path: Path) -> bool:
@@ -133,7 +142,7 @@ def _rename_exchange(a: Path, b: Path) -> bool:
     return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
-def run_tokenizer(cfg, ckpt: Path, given=None) -> Optional[Path]:
+def run_tokenizer(cfg, ckpt: Path, given=None) -> Path | None:
     """The tokenizer.json for hf/: `given`, else the run's <data.dir>/tokenizer.json; refused when it is not
     the file the run was pretrained with (the sha256 its checkpoint recorded): a data directory re-prepared
     since holds another vocabulary, whose ids would index the wrong embedding rows."""
@@ -151,14 +160,16 @@ def run_tokenizer(cfg, ckpt: Path, given=None) -> Optional[Path]:
         where = "--tokenizer" if given else "the run's data directory"
         raise CheckpointError(
             f"{path} ({where}, sha256 {sha256[:12]}) is not the tokenizer {ckpt} was pretrained with (sha256 "
-            f"{recorded[:12]}, recorded in its rank00000.pt)" + ("" if given else ": the data directory was "
-            "re-prepared since") + f", so hf/ would pair the weights with the wrong vocabulary. Pass --tokenizer "
+            f"{recorded[:12]}, recorded in its rank00000.pt)"
+            + ("" if given else ": the data directory was re-prepared since")
+            + f", so hf/ would pair the weights with the wrong vocabulary. Pass --tokenizer "
             f"<the original tokenizer.json> (sha256 {recorded}), re-prepare the data with the run's own settings "
-            f"(its config.yaml), or --no-hf to export the weights alone")
+            f"(its config.yaml), or --no-hf to export the weights alone"
+        )
     return path
 
 
-def run_tokenizer_file(run_cfg) -> Optional[Path]:
+def run_tokenizer_file(run_cfg) -> Path | None:
     """<data.dir>/tokenizer.json of a run's config (as lm prepare writes it), or None when not there."""
     from omegaconf import OmegaConf
 
@@ -175,7 +186,7 @@ def run_tokenizer_file(run_cfg) -> Optional[Path]:
     return path if path.is_file() else None
 
 
-def _export_hf(model, out: Path, tokenizer_file: Optional[Path]) -> None:
+def _export_hf(model, out: Path, tokenizer_file: Path | None) -> None:
     from lm.data.tokenizer import to_transformers
     from lm.model.hf_export import write_hf_dir
 
@@ -189,18 +200,26 @@ def _export_hf(model, out: Path, tokenizer_file: Optional[Path]) -> None:
 @entry("lm export")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
-        prog="lm export", description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
-                                      "model.safetensors + config.json, and a Hugging Face directory when the "
-                                      "architecture matches GPT-2, Llama, BERT or T5.")
+        prog="lm export",
+        description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
+        "model.safetensors + config.json, and a Hugging Face directory when the "
+        "architecture matches GPT-2, Llama, BERT or T5.",
+    )
     parser.add_argument("path", help="run directory (uses checkpoints/latest) or a checkpoint directory")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="output directory: new, empty, or a previous export (with --force); default "
-                             "<checkpoint>/export")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory: new, empty, or a previous export (with --force); default <checkpoint>/export",
+    )
     parser.add_argument("--force", action="store_true", help="replace a previous lm export output at --out")
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face directory")
-    parser.add_argument("--tokenizer", help="tokenizer.json (or a prepared data directory) for hf/ when the run's "
-                                            "own is not where its config says; it must be the file the run was "
-                                            "pretrained with")
+    parser.add_argument(
+        "--tokenizer",
+        help="tokenizer.json (or a prepared data directory) for hf/ when the run's "
+        "own is not where its config says; it must be the file the run was "
+        "pretrained with",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     out = export(args.path, args.out, hf=not args.no_hf, force=args.force, tokenizer=args.tokenizer)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -54,8 +53,11 @@ def finetune(cfg: DictConfig):
     if job.train.threads:
         torch.set_num_threads(job.train.threads)
     engine_cls = engine_class(job, get_class)
-    dist = dist_utils.init(dist_utils.pick_device(job.train.device), need_group=engine_cls.needs_process_group,
-                  expected=job.train.world_size)
+    dist = dist_utils.init(
+        dist_utils.pick_device(job.train.device),
+        need_group=engine_cls.needs_process_group,
+        expected=job.train.world_size,
+    )
     quiet_other_ranks(dist)
     backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, job.model), dist)
     run_dir = Path(job.run_dir)
@@ -63,14 +65,17 @@ def finetune(cfg: DictConfig):
         if dist.is_main:
             atomic_write_text(run_dir / "config.yaml", config_yaml)
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
-        return finetune_glue(job, backbone, lambda train_cfg: make_engine(job, instantiate, train_cfg, dist), config, dist)
+        return finetune_glue(
+            job, backbone, lambda train_cfg: make_engine(job, instantiate, train_cfg, dist), config, dist
+        )
 
 
-def check_run_dir(run_dir: Path, init: Optional[str]) -> None:
+def check_run_dir(run_dir: Path, init: str | None) -> None:
     """A finetune run_dir is new, an earlier lm finetune's (resumed), or holds no other command's run: lm finetune
     writes its config.yaml, results and task directories into it, which would overwrite a pretraining run's
     config.yaml (what its resume compares) or mix with another run's files."""
-    def foreign(d: Path) -> Optional[str]:
+
+    def foreign(d: Path) -> str | None:
         if (d / "checkpoints").is_dir():
             return "an lm train run (it holds checkpoints/)"
         config = d / "config.yaml"
@@ -83,13 +88,16 @@ def check_run_dir(run_dir: Path, init: Optional[str]) -> None:
         return
     why = foreign(run_dir)
     if why:
-        raise ConfigError(f"run_dir={run_dir} is {why}; lm finetune would write its config.yaml and results into "
-                          f"it: {fix}")
+        raise ConfigError(
+            f"run_dir={run_dir} is {why}; lm finetune would write its config.yaml and results into it: {fix}"
+        )
     for child in sorted(p for p in run_dir.iterdir() if p.is_dir()):
         why = foreign(child)
         if why:
-            raise ConfigError(f"run_dir={run_dir} holds {child.name}/, {why}; lm finetune would write its "
-                              f"config.yaml and results beside it: {fix}")
+            raise ConfigError(
+                f"run_dir={run_dir} holds {child.name}/, {why}; lm finetune would write its "
+                f"config.yaml and results beside it: {fix}"
+            )
     if init and str(init).lower() not in ("none", "scratch", ""):
         source = Path(init).expanduser().resolve()
         if source.exists() and source.is_relative_to(run_dir.resolve()):
@@ -124,12 +132,11 @@ def _load_in_turn(load, dist):
     return backbone
 
 
-def _pretraining_group(pretrain: Optional[dict]) -> Optional[str]:
+def _pretraining_group(pretrain: dict | None) -> str | None:
     """Finetunes join their pretraining run's wandb group (its logger.group, else its run directory name)."""
     if not pretrain:
         return None
     return (pretrain.get("logger") or {}).get("group") or Path(str(pretrain.get("run_dir", ""))).name or None
-
 
 
 @entry("lm finetune")
@@ -142,7 +149,9 @@ def main() -> None:
         finetune(cfg)
         if dist_utils.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
             print(print_table(cfg.run_dir))
-            print(f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}")
+            print(
+                f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}"
+            )
 
     register()
     run_app("lm finetune", "finetune", job, check_args=check_task_args)

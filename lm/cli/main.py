@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from typing import Dict, List, NamedTuple, Optional
+from typing import NamedTuple
 
 
 class Command(NamedTuple):
@@ -22,7 +22,7 @@ class Command(NamedTuple):
     function: str = "main"  # the module's function that runs the command
 
 
-COMMANDS: Dict[str, Command] = {
+COMMANDS: dict[str, Command] = {
     "train": Command("lm.cli.train", "pretrain a decoder, encoder or encoder-decoder (Hydra overrides)"),
     "finetune": Command("lm.cli.finetune", "finetune a run, an export or a scratch model on GLUE (Hydra overrides)"),
     "prepare": Command("lm.cli.prepare", "text, JSONL, Parquet or a registry corpus -> tokenizer + token shards"),
@@ -31,22 +31,28 @@ COMMANDS: Dict[str, Command] = {
     "attention": Command("lm.cli.attention", "attention heatmaps of a trained model on a text"),
     "eval": Command("lm.cli.eval", "the LM Evaluation Harness or the GLUE probes on a run, checkpoint or export"),
     "preflight": Command("lm.cli.preflight", "check a cluster (ranks, GPUs, all-reduce, disk) before a long run"),
-    "quickstart": Command("lm.cli.transfer", "the transfer recipe on a ~15-minute CPU budget: pretrain, "
-                          "finetune on GLUE, print the table", "quickstart"),
-    "transfer": Command("lm.cli.transfer", "the GLUE transfer recipe: pretrain, finetune every task pretrained "
-                        "and from scratch"),
+    "quickstart": Command(
+        "lm.cli.transfer",
+        "the transfer recipe on a ~15-minute CPU budget: pretrain, finetune on GLUE, print the table",
+        "quickstart",
+    ),
+    "transfer": Command(
+        "lm.cli.transfer", "the GLUE transfer recipe: pretrain, finetune every task pretrained and from scratch"
+    ),
 }
 
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items())
-    return (f"usage: lm <command> [args]\n\nPretrain and finetune Transformer language models.\n\n"
-            f"commands:\n{rows}\n\n`lm <command> --help` for a command's options; "
-            f"`python -m lm <command>` and `torchrun -m lm <command>` work the same way.")
+    return (
+        f"usage: lm <command> [args]\n\nPretrain and finetune Transformer language models.\n\n"
+        f"commands:\n{rows}\n\n`lm <command> --help` for a command's options; "
+        f"`python -m lm <command>` and `torchrun -m lm <command>` work the same way."
+    )
 
 
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())

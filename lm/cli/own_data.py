@@ -10,12 +10,11 @@ resume check see ordinary overrides.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
 
 from lm.config import ConfigError, conf_dir
 
 
-def own_data_args(args: List[str]) -> List[str]:
+def own_data_args(args: list[str]) -> list[str]:
     keys = [a.lstrip("+~").split("=", 1)[0] for a in args]
     out = []
     for arg, key in zip(args, keys):
@@ -30,13 +29,16 @@ def own_data_args(args: List[str]) -> List[str]:
     return out
 
 
-def _data_choice(value: str) -> List[str]:
+def _data_choice(value: str) -> list[str]:
     if (conf_dir() / "data" / f"{value}.yaml").is_file() or "," in value or "${" in value:
         return [f"data={value}"]  # a preset (or a sweep over presets)
     path = Path(value).expanduser()
     if (path / "meta.json").is_file():
         return ["data=prepared", f"data.dir={path.absolute()}"]
     presets = ", ".join(sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml") if p.stem != "schema"))
-    where = f"{path} has no meta.json (run lm prepare <your text> --out {path} first)" if path.is_dir() else \
-        f"there is no directory {path}"
+    where = (
+        f"{path} has no meta.json (run lm prepare <your text> --out {path} first)"
+        if path.is_dir()
+        else f"there is no directory {path}"
+    )
     raise ConfigError(f"data={value} is neither a data preset ({presets}) nor a directory lm prepare finished: {where}")

@@ -28,7 +28,6 @@ import uuid
 from dataclasses import asdict, dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -60,29 +59,45 @@ class RankInfo:
     sees_marker: bool = False
 
 
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="lm preflight", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="lm preflight",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Check a cluster before a long run: world size, devices, rendezvous, all-reduce "
-                    "bandwidth, free disk for checkpoints. Start it with the launcher of the run "
-                    "(torchrun, launch/*.sh, srun); alone it checks this machine.",
-        epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("--ckpt-dir", help="where the run will write checkpoints (default: the run_dir override, else runs/)")
-    p.add_argument("--need-gb", type=float, help="free space needed there on every node, in GB (default: "
-                                                 "estimated from --model, else 10)")
+        "bandwidth, free disk for checkpoints. Start it with the launcher of the run "
+        "(torchrun, launch/*.sh, srun); alone it checks this machine.",
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument(
+        "--ckpt-dir", help="where the run will write checkpoints (default: the run_dir override, else runs/)"
+    )
+    p.add_argument(
+        "--need-gb",
+        type=float,
+        help="free space needed there on every node, in GB (default: estimated from --model, else 10)",
+    )
     p.add_argument("--model", help="a model preset (conf/model/, e.g. gpt2, llama) to estimate checkpoint size from")
     p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept (train.keep_last; default 3)")
     p.add_argument("--expect-world-size", type=int, help="fail unless exactly this many ranks joined")
-    p.add_argument("--require-gpu", action="store_true", help="fail on a rank without its own GPU (default on "
-                                                              "when any GPU is visible)")
+    p.add_argument(
+        "--require-gpu",
+        action="store_true",
+        help="fail on a rank without its own GPU (default on when any GPU is visible)",
+    )
     p.add_argument("--size-mb", type=float, help="all-reduce message size in MiB (default 256 on GPU, 32 on CPU)")
     p.add_argument("--iters", type=int, default=5, help="timed all-reduces after 2 warm-up ones (default 5)")
-    p.add_argument("--min-busbw", type=float, help="fail below this all-reduce bus bandwidth, GB/s (default: report only)")
+    p.add_argument(
+        "--min-busbw", type=float, help="fail below this all-reduce bus bandwidth, GB/s (default: report only)"
+    )
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for every rank to join (default 300)")
     p.add_argument("--json", help="also write the results to this file (rank 0)")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher's
-    p.add_argument("overrides", nargs="*", metavar="run_dir=PATH",
-                   help="accepted so launch/slurm.sbatch (which appends run_dir=...) can start it unchanged")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="run_dir=PATH",
+        help="accepted so launch/slurm.sbatch (which appends run_dir=...) can start it unchanged",
+    )
     args = p.parse_args(argv)
     run_dirs = [o.split("=", 1)[1] for o in args.overrides if o.lstrip("+").startswith("run_dir=")]
     unknown = [o for o in args.overrides if not o.lstrip("+").startswith("run_dir=")]
@@ -93,14 +108,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 @entry("lm preflight")
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         need_bytes, need_why = _needed_bytes(args)
     except Exception as e:  # noqa: BLE001 - a bad --model preset: say so before any rendezvous
         print(f"lm preflight: --model {args.model}: {e}", file=sys.stderr)
         return 2
-    checks: List[Check] = []
+    checks: list[Check] = []
     joined = _rendezvous(args, checks)
     if not joined:
         _report(args, checks, world=int(os.environ.get("WORLD_SIZE", 1)), nodes=0)
@@ -127,7 +142,7 @@ def _uses_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _rendezvous(args, checks: List[Check]) -> bool:
+def _rendezvous(args, checks: list[Check]) -> bool:
     """Join the launcher's process group; one process without a launcher needs none."""
     from lm.engine.dist import EngineError, launched_world_size
 
@@ -149,12 +164,23 @@ def _rendezvous(args, checks: List[Check]) -> bool:
         dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
         dist.barrier()
     except Exception as e:  # noqa: BLE001 - the check's verdict is the report
-        checks.append(Check("rendezvous", FAIL, f"rank {os.environ.get('RANK')} could not join {world} ranks at "
-                            f"{where} within {args.timeout:.0f} s: {e}. Check MASTER_ADDR/MASTER_PORT, that every "
-                            f"node started, and the firewall (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME)"))
+        checks.append(
+            Check(
+                "rendezvous",
+                FAIL,
+                f"rank {os.environ.get('RANK')} could not join {world} ranks at "
+                f"{where} within {args.timeout:.0f} s: {e}. Check MASTER_ADDR/MASTER_PORT, that every "
+                f"node started, and the firewall (NCCL_SOCKET_IFNAME/GLOO_SOCKET_IFNAME)",
+            )
+        )
         return False
-    checks.append(Check("rendezvous", PASS, f"{world} ranks joined at {where} in {time.perf_counter() - t0:.2f} s "
-                        f"(backend {backend})"))
+    checks.append(
+        Check(
+            "rendezvous",
+            PASS,
+            f"{world} ranks joined at {where} in {time.perf_counter() - t0:.2f} s (backend {backend})",
+        )
+    )
     return True
 
 
@@ -164,10 +190,16 @@ def _local_info(args) -> RankInfo:
     ckpt = Path(args.ckpt_dir)
     writable = _try_write(ckpt)
     free = shutil.disk_usage(ckpt).free if not writable else _free_bytes_of_nearest(ckpt)
-    return RankInfo(rank=_rank(), host=socket.gethostname(), local_rank=local_rank,
-                    local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), gpus=gpus,
-                    gpu_name=torch.cuda.get_device_name(min(local_rank, gpus - 1)) if gpus else "",
-                    free_bytes=free, writable=writable)
+    return RankInfo(
+        rank=_rank(),
+        host=socket.gethostname(),
+        local_rank=local_rank,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        gpus=gpus,
+        gpu_name=torch.cuda.get_device_name(min(local_rank, gpus - 1)) if gpus else "",
+        free_bytes=free,
+        writable=writable,
+    )
 
 
 def _try_write(directory: Path) -> str:
@@ -190,10 +222,10 @@ def _free_bytes_of_nearest(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _gather(info: RankInfo) -> List[RankInfo]:
+def _gather(info: RankInfo) -> list[RankInfo]:
     if not dist.is_initialized():
         return [info]
-    out: List = [None] * dist.get_world_size()
+    out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, info)
     return out
 
@@ -206,18 +238,20 @@ def _broadcast(obj):
     return box[0]
 
 
-def _per_host(infos: List[RankInfo]) -> Dict[str, List[RankInfo]]:
-    hosts: Dict[str, List[RankInfo]] = {}
+def _per_host(infos: list[RankInfo]) -> dict[str, list[RankInfo]]:
+    hosts: dict[str, list[RankInfo]] = {}
     for i in infos:
         hosts.setdefault(i.host, []).append(i)
     return hosts
 
 
-def _check_world(args, infos: List[RankInfo]) -> Check:
+def _check_world(args, infos: list[RankInfo]) -> Check:
     world, launched = len(infos), int(os.environ.get("WORLD_SIZE", 1))
     hosts = _per_host(infos)
     counts = sorted({len(v) for v in hosts.values()})
-    layout = f"{world} rank(s) on {len(hosts)} node(s): " + ", ".join(f"{h} x{len(v)}" for h, v in sorted(hosts.items()))
+    layout = f"{world} rank(s) on {len(hosts)} node(s): " + ", ".join(
+        f"{h} x{len(v)}" for h, v in sorted(hosts.items())
+    )
     if world != launched:
         return Check("world size", FAIL, f"{layout}, but the launcher set WORLD_SIZE={launched}")
     if args.expect_world_size is not None and world != args.expect_world_size:
@@ -227,14 +261,18 @@ def _check_world(args, infos: List[RankInfo]) -> Check:
     return Check("world size", PASS, layout)
 
 
-def _check_devices(args, infos: List[RankInfo]) -> Check:
+def _check_devices(args, infos: list[RankInfo]) -> Check:
     require = args.require_gpu or any(i.gpus for i in infos)
     if not require:
         return Check("devices", PASS, "no GPU on any node: every rank trains on CPU with gloo")
     short = [f"{i.host} local rank {i.local_rank} (sees {i.gpus} GPU(s))" for i in infos if i.local_rank >= i.gpus]
     if short:
-        return Check("devices", FAIL, f"no GPU of its own for {', '.join(short[:4])}{' ...' if len(short) > 4 else ''}; "
-                                      f"start at most as many processes per node as it has GPUs (NPROC_PER_NODE)")
+        return Check(
+            "devices",
+            FAIL,
+            f"no GPU of its own for {', '.join(short[:4])}{' ...' if len(short) > 4 else ''}; "
+            f"start at most as many processes per node as it has GPUs (NPROC_PER_NODE)",
+        )
     names = sorted({i.gpu_name for i in infos})
     spare = sorted({i.gpus - i.local_world_size for i in infos if i.gpus > i.local_world_size})
     detail = f"{len(infos)} rank(s), one GPU each: {' / '.join(names)}"
@@ -245,7 +283,7 @@ def _check_devices(args, infos: List[RankInfo]) -> Check:
     return Check("devices", PASS, detail)
 
 
-def _check_all_reduce(args, infos: List[RankInfo]) -> Check:
+def _check_all_reduce(args, infos: list[RankInfo]) -> Check:
     n = len(infos)
     if n == 1:
         return Check("all-reduce", SKIP, "one rank: nothing to reduce across")
@@ -260,13 +298,19 @@ def _check_all_reduce(args, infos: List[RankInfo]) -> Check:
     correct = bool(torch.all(x == n * (n + 1) / 2).item())  # the sum of 1..n on every element
     algbw = numel * 4 / seconds / 1e9
     busbw = algbw * 2 * (n - 1) / n
-    detail = (f"{size_mb:g} MiB fp32 on {device.type}: bus bandwidth {busbw:.2f} GB/s (algbw {algbw:.2f} GB/s, "
-              f"{seconds * 1e3:.2f} ms per all-reduce, {args.iters} timed)")
+    detail = (
+        f"{size_mb:g} MiB fp32 on {device.type}: bus bandwidth {busbw:.2f} GB/s (algbw {algbw:.2f} GB/s, "
+        f"{seconds * 1e3:.2f} ms per all-reduce, {args.iters} timed)"
+    )
     if not correct:
         return Check("all-reduce", FAIL, f"{detail}; WRONG RESULT: the sum differs from {n * (n + 1) // 2}")
     if args.min_busbw is not None and busbw < args.min_busbw:
-        return Check("all-reduce", FAIL, f"{detail} < {args.min_busbw:g} GB/s (--min-busbw): check the fabric "
-                                         f"(NCCL_DEBUG=INFO shows the transport; see launch/common.sh)")
+        return Check(
+            "all-reduce",
+            FAIL,
+            f"{detail} < {args.min_busbw:g} GB/s (--min-busbw): check the fabric "
+            f"(NCCL_DEBUG=INFO shows the transport; see launch/common.sh)",
+        )
     return Check("all-reduce", PASS, detail)
 
 
@@ -292,7 +336,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _check_disk(args, infos: List[RankInfo], need: int, why: str) -> Check:
+def _check_disk(args, infos: list[RankInfo], need: int, why: str) -> Check:
     ckpt = Path(args.ckpt_dir)
     broken = [f"{i.host}: {i.writable}" for i in infos if i.writable]
     if broken:
@@ -303,12 +347,16 @@ def _check_disk(args, infos: List[RankInfo], need: int, why: str) -> Check:
     if low.free_bytes < need:
         return Check("disk", FAIL, f"{detail}: free space or pass another --ckpt-dir / run_dir")
     if not shared:
-        return Check("disk", FAIL, f"{detail}; but it is not one shared directory: {', '.join(missing[:4])} do(es) not "
-                                   f"see rank 0's files, and every rank writes its checkpoint shards there")
+        return Check(
+            "disk",
+            FAIL,
+            f"{detail}; but it is not one shared directory: {', '.join(missing[:4])} do(es) not "
+            f"see rank 0's files, and every rank writes its checkpoint shards there",
+        )
     return Check("disk", PASS, f"{detail}, writable, the same directory on all {len(_per_host(infos))} node(s)")
 
 
-def _shared_directory(ckpt: Path, infos: List[RankInfo]):
+def _shared_directory(ckpt: Path, infos: list[RankInfo]):
     """Rank 0 writes a marker; every rank looks for it (a node-local path fails this on a multi-node job)."""
     marker = ckpt / f".lm preflight-shared-{_broadcast(uuid.uuid4().hex)}"
     if _rank() == 0:
@@ -324,10 +372,10 @@ def _shared_directory(ckpt: Path, infos: List[RankInfo]):
     return not missing, missing
 
 
-def _gather_flags(flag: bool) -> List[bool]:
+def _gather_flags(flag: bool) -> list[bool]:
     if not dist.is_initialized():
         return [flag]
-    out: List = [None] * dist.get_world_size()
+    out: list = [None] * dist.get_world_size()
     dist.all_gather_object(out, flag)
     return out
 
@@ -343,11 +391,13 @@ def _needed_bytes(args):
     params = num_params(model_preset(args.model))
     # keep_last checkpoints plus the one being written before the oldest is deleted
     copies = args.keep_last + 1
-    return params * BYTES_PER_PARAM * copies, (f"model={args.model}: {params / 1e6:.1f}M params x {BYTES_PER_PARAM} B "
-                                               f"(fp32 weights + Adam) x {copies} checkpoints")
+    return params * BYTES_PER_PARAM * copies, (
+        f"model={args.model}: {params / 1e6:.1f}M params x {BYTES_PER_PARAM} B "
+        f"(fp32 weights + Adam) x {copies} checkpoints"
+    )
 
 
-def _report(args, checks: List[Check], world: int, nodes: int) -> bool:
+def _report(args, checks: list[Check], world: int, nodes: int) -> bool:
     """Print the table and the verdict (rank 0); True when something failed."""
     failed = [c for c in checks if c.status == FAIL]
     warned = [c for c in checks if c.status == WARN]
@@ -357,12 +407,20 @@ def _report(args, checks: List[Check], world: int, nodes: int) -> bool:
         verdict = f"NOT READY: {', '.join(c.name for c in failed)} failed"
     else:
         verdict = f"READY ({sum(c.status == PASS for c in checks)} passed" + (
-            f", {len(warned)} warning(s): {', '.join(c.name for c in warned)})" if warned else ")")
+            f", {len(warned)} warning(s): {', '.join(c.name for c in warned)})" if warned else ")"
+        )
     lines.append(f"verdict: {verdict}")
     print("\n".join(lines), flush=True)
     if args.json:
-        _write_json(Path(args.json), {"verdict": "fail" if failed else "ready", "world_size": world, "nodes": nodes,
-                                      "checks": [asdict(c) for c in checks]})
+        _write_json(
+            Path(args.json),
+            {
+                "verdict": "fail" if failed else "ready",
+                "world_size": world,
+                "nodes": nodes,
+                "checks": [asdict(c) for c in checks],
+            },
+        )
     return bool(failed)
 
 

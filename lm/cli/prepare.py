@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
-from typing import List, Optional
 
 from lm.cli.errors import entry
 from lm.config import ConfigError
-from lm.data.config import DataConfig, data_preset
 from lm.data import prepare as data_prepare
+from lm.data.config import DataConfig, data_preset
 from lm.data.corpora import CORPORA
 from lm.data.manifest import META, open_prepared
 from lm.data.prepare import data_config, prepare
@@ -27,8 +26,7 @@ HELP = {
     "vocab_size": "vocabulary size to train (bpe, unigram)",
     "n_sentinels": "number of <extra_id_i> sentinel tokens (T5 span corruption)",
     "tokenizer_train_chars": "train the tokenizer on at most this many characters of the train split",
-    "split": "document (a hash of each document decides) | contiguous (the last val_fraction of the text, "
-             "as nanoGPT)",
+    "split": "document (a hash of each document decides) | contiguous (the last val_fraction of the text, as nanoGPT)",
     "val_fraction": "fraction of documents (or text) for the val split",
     "split_seed": "seed of the document split",
     "append_eos": "put EOS after every document",
@@ -36,7 +34,7 @@ HELP = {
     "shard_tokens": "tokens per shard file",
     "task_bytes": "bytes of text per worker task",
     "max_doc_chars": "tokenize longer documents in pieces of at most this many characters, cut before whitespace "
-                     "(bounds memory; counted in meta.json)",
+    "(bounds memory; counted in meta.json)",
     "encoding_errors": "strict (bad UTF-8 is an error) | replace (decode as U+FFFD and count)",
     "bad_records": "error | skip (count and skip JSONL/Parquet records without text)",
     "hf_streaming": "stream a Hugging Face dataset instead of downloading it whole",
@@ -45,14 +43,19 @@ HELP = {
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="lm prepare", description=data_prepare.__doc__.split("\n\n")[0] + "\n\n" + data_prepare.__doc__.split("\n\n")[1],
+        prog="lm prepare",
+        description=data_prepare.__doc__.split("\n\n")[0] + "\n\n" + data_prepare.__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Registry corpora (lm prepare --list for details): " + ", ".join(CORPORA))
+        epilog="Registry corpora (lm prepare --list for details): " + ", ".join(CORPORA),
+    )
     p.add_argument("sources", nargs="*", help=HELP["source"])
     p.add_argument("--data", metavar="PRESET", help="start from conf/data/PRESET.yaml (flags override it)")
     p.add_argument("--out", help="output directory (default: the preset's dir)")
-    p.add_argument("--force", action="store_true", help="rebuild a complete directory; the old one stays until the "
-                   "new one is complete")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="rebuild a complete directory; the old one stays until the new one is complete",
+    )
     p.add_argument("--restart", action="store_true", help="discard an interrupted run instead of resuming it")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--list", action="store_true", help="list the registry of well-known corpora and exit")
@@ -71,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 @entry("lm prepare")
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     if args.list:
         for name, c in CORPORA.items():

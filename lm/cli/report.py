@@ -19,21 +19,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="lm report",
         description="Compare runs of a sweep (table as Markdown + CSV, plots, one HTML page), "
-                    "or write a run card when given a single run.",
+        "or write a run card when given a single run.",
         epilog="examples:\n"
-               "  lm train -m experiment=ablate_ffn_norm logger.group=ffn_norm   # the sweep: runs/ffn_norm/<cell>\n"
-               "  lm report runs/ffn_norm                   # runs/ffn_norm/report/report.{md,csv,html} + PNGs\n"
-               "  lm report runs/ffn_norm --baseline swiglu --notes conclusions.md -o docs/ffn_norm\n"
-               "  lm report runs/smoke                      # one run: a run card (config, curves, throughput, MFU)\n"
-               "  lm report runs/transfer                   # lm transfer runs: their tables + the gain over tokens\n"
-               "Variants are named by the overrides that differ between runs (seeds excluded); a failed cell\n"
-               "is a row marked FAILED with its reason. Exit status 2 when the inputs cannot make a report.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        "  lm train -m experiment=ablate_ffn_norm logger.group=ffn_norm   # the sweep: runs/ffn_norm/<cell>\n"
+        "  lm report runs/ffn_norm                   # runs/ffn_norm/report/report.{md,csv,html} + PNGs\n"
+        "  lm report runs/ffn_norm --baseline swiglu --notes conclusions.md -o docs/ffn_norm\n"
+        "  lm report runs/smoke                      # one run: a run card (config, curves, throughput, MFU)\n"
+        "  lm report runs/transfer                   # lm transfer runs: their tables + the gain over tokens\n"
+        "Variants are named by the overrides that differ between runs (seeds excluded); a failed cell\n"
+        "is a row marked FAILED with its reason. Exit status 2 when the inputs cannot make a report.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("paths", nargs="+", help="sweep directories (searched recursively for runs) or run directories")
-    p.add_argument("-o", "--out", type=Path, help="output directory (default: <path>/report for one path, else ./report)")
+    p.add_argument(
+        "-o", "--out", type=Path, help="output directory (default: <path>/report for one path, else ./report)"
+    )
     p.add_argument("--title", default=None, help="report title")
     p.add_argument("--notes", type=Path, help="a Markdown file whose text is added to the report (conclusions)")
-    p.add_argument("--baseline", help="the variant to compare against: a substring of its label (default: the first that finished)")
+    p.add_argument(
+        "--baseline", help="the variant to compare against: a substring of its label (default: the first that finished)"
+    )
     p.add_argument("--force", action="store_true", help="tabulate runs even if their data or budget differ")
     p.add_argument("--card", action="store_true", help="write a run card per run instead of a comparison")
     return p.parse_args(argv)
@@ -45,7 +50,9 @@ def pick_baseline(variants: list, wanted) -> int:
     matches = [i for i, v in enumerate(variants) if wanted in v.label]
     if len(matches) != 1:
         labels = ", ".join(repr(v.label) for v in variants)
-        raise ReportError(f"--baseline {wanted!r} matches {len(matches)} variants; pick a substring of exactly one of: {labels}")
+        raise ReportError(
+            f"--baseline {wanted!r} matches {len(matches)} variants; pick a substring of exactly one of: {labels}"
+        )
     return matches[0]
 
 
@@ -95,11 +102,11 @@ def main(argv=None) -> int:
     md = page.with_suffix(".md")
     if page.name == "transfer.md":
         text = page.read_text()
-        print(text[text.find("| model"):text.find("![")].strip())
+        print(text[text.find("| model") : text.find("![")].strip())
     if md.is_file() and md.name == "report.md":
         text = md.read_text()
         start = text.find("## Results")
-        print(text[start:text.find("\n## ", start + 1)].strip())
+        print(text[start : text.find("\n## ", start + 1)].strip())
     return 0
 
 

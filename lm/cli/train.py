@@ -46,8 +46,10 @@ def typed_run(cfg: DictConfig):
     except OmegaConfBaseException as e:  # e.g. a ??? value left missing
         raise ConfigError(f"the config cannot be completed: {explain(e)}") from None
     if not isinstance(run, run_schema()):
-        raise ConfigError("the config was not composed on the run schema; compose conf/train.yaml "
-                          "(its defaults list run_schema first)")
+        raise ConfigError(
+            "the config was not composed on the run schema; compose conf/train.yaml "
+            "(its defaults list run_schema first)"
+        )
     return run
 
 
@@ -58,15 +60,15 @@ def train(cfg: DictConfig, loaders=None):
 
     from lm.core import loop
     from lm.core.lock import held_run_dir
-    from lm.engine import dist as dist_utils
-    from lm.model import build_model, validate_model
-    from lm.model.validate import check_objective
-    from lm.model.flops import flops_per_token
     from lm.core.objectives import objective_for
     from lm.core.optim import lr_multiplier
     from lm.core.pretrain_task import PretrainTask
     from lm.core.session import Session
     from lm.core.tracking import device_peak_flops
+    from lm.engine import dist as dist_utils
+    from lm.model import build_model, validate_model
+    from lm.model.flops import flops_per_token
+    from lm.model.validate import check_objective
 
     run = typed_run(cfg)
     # The run's record, made once here: below this line only typed objects, text and plain dicts travel.
@@ -79,8 +81,10 @@ def train(cfg: DictConfig, loaders=None):
     if train_cfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
         torch.set_num_threads(train_cfg.threads)
     if train_cfg.seq_len > model_cfg.max_seq_len:
-        raise ConfigError(f"train.seq_len={train_cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
-                          f"lower train.seq_len or raise model.max_seq_len")
+        raise ConfigError(
+            f"train.seq_len={train_cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+            f"lower train.seq_len or raise model.max_seq_len"
+        )
     engine_cls = engine_class(run, get_class)
     device = dist_utils.pick_device(train_cfg.device)
     dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=train_cfg.world_size)
@@ -95,8 +99,9 @@ def train(cfg: DictConfig, loaders=None):
     run_dir = Path(run.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
         if loaders is None:
-            train_loader, val_loader, vocab = _packed_loaders(run.data, train_cfg, dist, objective_for(model_cfg.arch),
-                                                              run.seed)
+            train_loader, val_loader, vocab = _packed_loaders(
+                run.data, train_cfg, dist, objective_for(model_cfg.arch), run.seed
+            )
             if vocab > model_cfg.vocab_size:  # the record says what was built: export and resume read it
                 model_cfg = _vocab_follows_tokenizer(cfg, model_cfg, vocab, dist.is_main)
                 config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
@@ -112,13 +117,25 @@ def train(cfg: DictConfig, loaders=None):
                 log.info("resumed from %s (step %d)", latest, session.state.step)
             if dist.is_main:
                 atomic_write_text(run_dir / "config.yaml", config_yaml)
-                log.info("%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
-                         engine.name, dist.world_size, device, sum(p.numel() for p in model.parameters()),
-                         train_cfg.micro_batch_size * train_cfg.grad_accum * dist.world_size, train_cfg.seq_len, run_dir)
+                log.info(
+                    "%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
+                    engine.name,
+                    dist.world_size,
+                    device,
+                    sum(p.numel() for p in model.parameters()),
+                    train_cfg.micro_batch_size * train_cfg.grad_accum * dist.world_size,
+                    train_cfg.seq_len,
+                    run_dir,
+                )
             session.track(run.logger, config)
-            speed = loop.Speed(flops_per_token(model_cfg, train_cfg.seq_len), device_peak_flops(device, train_cfg.peak_flops))
-            state = session.train(lambda step: optim_cfg.lr * lr_multiplier(step, sched_cfg, train_cfg.max_steps), speed,
-                                  _probes(train_cfg, model_cfg, run.data, engine))  # [] with probe_interval=0
+            speed = loop.Speed(
+                flops_per_token(model_cfg, train_cfg.seq_len), device_peak_flops(device, train_cfg.peak_flops)
+            )
+            state = session.train(
+                lambda step: optim_cfg.lr * lr_multiplier(step, sched_cfg, train_cfg.max_steps),
+                speed,
+                _probes(train_cfg, model_cfg, run.data, engine),
+            )  # [] with probe_interval=0
             return Trained(state=state, engine=engine, run_dir=run_dir)
 
 
@@ -134,8 +151,12 @@ def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bo
         return model_cfg
     size = _round_up(vocab, 64)
     if is_main:
-        log.info("model.vocab_size=%d: the data's tokenizer has %d tokens (model.vocab_size was %d)", size, vocab,
-                 model_cfg.vocab_size)
+        log.info(
+            "model.vocab_size=%d: the data's tokenizer has %d tokens (model.vocab_size was %d)",
+            size,
+            vocab,
+            model_cfg.vocab_size,
+        )
     cfg.model.vocab_size = size
     model_cfg = replace(model_cfg, vocab_size=size)
     validate_model(model_cfg)
@@ -162,10 +183,21 @@ def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, dist, objective: s
     vocab = Tokenizer.load(data_dir).vocab_size
 
     def loader(split):
-        return PackedLoader(data_dir, split, train_cfg.seq_len, train_cfg.micro_batch_size, objective, rank=dist.rank,
-                            world_size=dist.world_size, seed=seed, mlm_probability=data.mlm_probability,
-                            noise_density=data.noise_density, mean_span_length=data.mean_span_length,
-                            train_stride=data.train_stride)
+        return PackedLoader(
+            data_dir,
+            split,
+            train_cfg.seq_len,
+            train_cfg.micro_batch_size,
+            objective,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            seed=seed,
+            mlm_probability=data.mlm_probability,
+            noise_density=data.noise_density,
+            mean_span_length=data.mean_span_length,
+            train_stride=data.train_stride,
+        )
+
     return loader("train"), loader("val"), vocab
 
 
@@ -189,7 +221,6 @@ def _probes(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list
 
 def _round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
-
 
 
 @entry("lm train")

@@ -39,16 +39,29 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
 
 from lm.cli.errors import entry
-from lm.cli.transfer_recipe import ARMS, DEFAULT_PRESET, Recipe, TransferError, check_scratch_arm, cpu_cores, finetune_arm, plan, pretrain, \
-    recipe_record, run_record, scratch_record, spent, write_table
+from lm.cli.transfer_recipe import (
+    ARMS,
+    DEFAULT_PRESET,
+    Recipe,
+    TransferError,
+    check_scratch_arm,
+    cpu_cores,
+    finetune_arm,
+    plan,
+    pretrain,
+    recipe_record,
+    run_record,
+    scratch_record,
+    spent,
+    write_table,
+)
 
 log = logging.getLogger("lm")
 
-QUICKSTART = """`lm quickstart` (= `lm transfer --recipe quickstart`): the README's first command. Pretrain a small decoder
-on books, finetune it on GLUE, print the table.
+QUICKSTART = """`lm quickstart` (= `lm transfer --recipe quickstart`): the README's first command. Pretrain a small
+decoder on books, finetune it on GLUE, print the table.
 
     lm quickstart                          # pretrain 2M tokens, finetune on SST-2, CoLA and STS-B (the pretrained arm)
     lm quickstart --arm all                # also finetune the same model from random weights: the table + the gain
@@ -78,14 +91,19 @@ Everything lands under --out (default runs/quickstart): pretrain/ (an lm train r
 # The recipe presets: the defaults of the flags below (a flag given on the command line wins). `quickstart`
 # pretrains the tokens that leave its whole default job (corpus, pretraining, three finetunes) inside a
 # ~15-minute budget on a 2-core CPU, with room for slower ones (docs/results.md has the timings).
-RECIPES: Dict[str, Dict] = {
+RECIPES: dict[str, dict] = {
     "transfer": {"tokens": 10_000_000, "tasks": None, "seeds": "0,1,2", "out": None, "arm": "all"},
-    "quickstart": {"tokens": 2_000_000, "tasks": "sst2,cola,stsb", "seeds": "0", "out": Path("runs/quickstart"),
-                   "arm": "pretrained"},
+    "quickstart": {
+        "tokens": 2_000_000,
+        "tasks": "sst2,cola,stsb",
+        "seeds": "0",
+        "out": Path("runs/quickstart"),
+        "arm": "pretrained",
+    },
 }
 
 
-def run_transfer(r: Recipe) -> Optional[Dict]:
+def run_transfer(r: Recipe) -> dict | None:
     """The whole recipe; returns the transfer summary (also written to <out>/transfer.json and transfer.md),
     or None for one arm alone (--arm). Its run record's seconds add up every call's time on this point
     (<out>/transfer_seconds.json), an interrupted one's too (a stop by SIGTERM or Ctrl-C; a SIGKILLed call's
@@ -99,7 +117,7 @@ def run_transfer(r: Recipe) -> Optional[Dict]:
         raise
 
 
-def _transfer(r: Recipe, t0: float) -> Optional[Dict]:
+def _transfer(r: Recipe, t0: float) -> dict | None:
     from lm.report.transfer import arm_scores, compare
 
     p = plan(r)
@@ -122,15 +140,21 @@ def _transfer(r: Recipe, t0: float) -> Optional[Dict]:
         raise
     failed = lane.wait() if lane is not None else None
     if failed:
-        raise TransferError(f"the scratch arm, run beside the pretraining, did not finish ({failed})\nThe same "
-                            f"command resumes it (and reads the pretrained arm back)")
+        raise TransferError(
+            f"the scratch arm, run beside the pretraining, did not finish ({failed})\nThe same "
+            f"command resumes it (and reads the pretrained arm back)"
+        )
     if r.arm != "all":
         if not r.lane:  # a lane's parent writes the table itself
             from lm.cli.transfer_join import arm_record_name, write_arm_record
 
             write_arm_record(r, p, r.arm_dir(r.arm), t0)
-            log.info("lm transfer: the %s arm is done (%s); a call with --arm all writes the table once both arms "
-                     "are, or lm transfer --join with the other arm's record", r.arm, r.out / arm_record_name(r.arm))
+            log.info(
+                "lm transfer: the %s arm is done (%s); a call with --arm all writes the table once both arms "
+                "are, or lm transfer --join with the other arm's record",
+                r.arm,
+                r.out / arm_record_name(r.arm),
+            )
         return None
     summary = {
         "recipe": recipe_record(r, p),
@@ -162,12 +186,11 @@ def tokens_arg(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of tokens (e.g. 2e6)") from None
     if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the number of tokens must be finite and >= 0 (0 = no "
-                                         f"pretraining)")
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of tokens must be finite and >= 0 (0 = no pretraining)")
     return int(value)
 
 
-def seeds_arg(text: str) -> List[int]:
+def seeds_arg(text: str) -> list[int]:
     """--seeds: comma-separated integers, at least one."""
     seeds = [s.strip() for s in text.split(",")]
     if not all(s.lstrip("-").isdigit() for s in seeds):
@@ -178,45 +201,95 @@ def seeds_arg(text: str) -> List[int]:
 def _parser(recipe: str = "transfer", prog: str = "lm transfer") -> argparse.ArgumentParser:
     """lm transfer's flags with the defaults of preset `recipe` (RECIPES)."""
     doc = QUICKSTART if recipe == "quickstart" else __doc__
-    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0], epilog=doc.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipe", default="transfer", choices=list(RECIPES),
-                   help="the preset of the defaults below (default %(default)s; quickstart: lm quickstart --help)")
-    p.add_argument("--preset", default=DEFAULT_PRESET,
-                   help="lm train experiment for the pretraining (conf/experiment/; default %(default)s)")
-    p.add_argument("--tokens", type=tokens_arg,
-                   help="pretraining tokens, rounded up to whole steps; 0 = none (default %(default).0f)")
-    p.add_argument("--out", type=Path, help="output directory (default runs/transfer/<preset>_<tokens>; the "
-                                            "quickstart's: runs/quickstart)")
-    p.add_argument("--tasks", help="comma-separated GLUE tasks (default: every task with local train/dev data; the "
-                                   "quickstart's: sst2,cola,stsb)")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--recipe",
+        default="transfer",
+        choices=list(RECIPES),
+        help="the preset of the defaults below (default %(default)s; quickstart: lm quickstart --help)",
+    )
+    p.add_argument(
+        "--preset",
+        default=DEFAULT_PRESET,
+        help="lm train experiment for the pretraining (conf/experiment/; default %(default)s)",
+    )
+    p.add_argument(
+        "--tokens",
+        type=tokens_arg,
+        help="pretraining tokens, rounded up to whole steps; 0 = none (default %(default).0f)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="output directory (default runs/transfer/<preset>_<tokens>; the quickstart's: runs/quickstart)",
+    )
+    p.add_argument(
+        "--tasks",
+        help="comma-separated GLUE tasks (default: every task with local train/dev data; the "
+        "quickstart's: sst2,cola,stsb)",
+    )
     p.add_argument("--seeds", type=seeds_arg, help="finetuning seeds (default %(default)s)")
-    p.add_argument("--scratch", type=Path, help="the scratch arm's directory (default <out>/finetune/scratch); "
-                                                "share one across the runs of a curve")
+    p.add_argument(
+        "--scratch",
+        type=Path,
+        help="the scratch arm's directory (default <out>/finetune/scratch); share one across the runs of a curve",
+    )
     p.add_argument("--group", help="wandb group of the pretraining and both arms (default: the --out name)")
-    p.add_argument("--logger", default="none", choices=["none", "wandb", "tensorboard", "all"],
-                   help="conf/logger option for every run (default %(default)s)")
-    p.add_argument("--pretrain", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                   help="lm train overrides (given twice: both lists, in order)")
-    p.add_argument("--finetune", nargs="*", action="extend", default=[], metavar="KEY=VALUE",
-                   help="lm finetune overrides for both arms, e.g. tasks.sst2.max_train_examples=null pooling=last")
-    p.add_argument("--arm", choices=ARMS,
-                   help="all: pretrain, both arms, the table; scratch or pretrained: that arm alone (the pretrained "
-                        "one with the pretraining), e.g. on separate cores or machines, and its dev table; then a "
-                        "call with --arm all reads both back and writes the table (default %(default)s)")
-    p.add_argument("--parallel", action="store_true",
-                   help="run the scratch arm in a second process beside the pretraining (half of the CPU threads "
-                        "each; on one GPU both time-slice the device: no time saved on an H100); its log: "
-                        "<scratch>/lane.log")
-    p.add_argument("--join", nargs=2, type=Path, metavar="ARM_JSON",
-                   help="write the table (in --out) from two one-arm calls' records, <out>/transfer_scratch.json "
-                        "and <out>/transfer_pretrained.json, e.g. from two machines; runs nothing")
+    p.add_argument(
+        "--logger",
+        default="none",
+        choices=["none", "wandb", "tensorboard", "all"],
+        help="conf/logger option for every run (default %(default)s)",
+    )
+    p.add_argument(
+        "--pretrain",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="lm train overrides (given twice: both lists, in order)",
+    )
+    p.add_argument(
+        "--finetune",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="KEY=VALUE",
+        help="lm finetune overrides for both arms, e.g. tasks.sst2.max_train_examples=null pooling=last",
+    )
+    p.add_argument(
+        "--arm",
+        choices=ARMS,
+        help="all: pretrain, both arms, the table; scratch or pretrained: that arm alone (the pretrained "
+        "one with the pretraining), e.g. on separate cores or machines, and its dev table; then a "
+        "call with --arm all reads both back and writes the table (default %(default)s)",
+    )
+    p.add_argument(
+        "--parallel",
+        action="store_true",
+        help="run the scratch arm in a second process beside the pretraining (half of the CPU threads "
+        "each; on one GPU both time-slice the device: no time saved on an H100); its log: "
+        "<scratch>/lane.log",
+    )
+    p.add_argument(
+        "--join",
+        nargs=2,
+        type=Path,
+        metavar="ARM_JSON",
+        help="write the table (in --out) from two one-arm calls' records, <out>/transfer_scratch.json "
+        "and <out>/transfer_pretrained.json, e.g. from two machines; runs nothing",
+    )
     p.add_argument("--lane", action="store_true", help=argparse.SUPPRESS)  # the --parallel call's second process
     p.set_defaults(recipe=recipe, **RECIPES[recipe])
     return p
 
 
-def parse_args(argv: List[str], prog: str = "lm transfer") -> argparse.Namespace:
+def parse_args(argv: list[str], prog: str = "lm transfer") -> argparse.Namespace:
     """Two passes: --recipe picks the defaults, then the flags given override them."""
     first = argparse.ArgumentParser(prog=prog, add_help=False)
     first.add_argument("--recipe", default="transfer", choices=list(RECIPES))
@@ -225,17 +298,17 @@ def parse_args(argv: List[str], prog: str = "lm transfer") -> argparse.Namespace
 
 
 @entry("lm transfer")
-def main(argv: Optional[List[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     run_cli(sys.argv[1:] if argv is None else argv, "lm transfer")
 
 
 @entry("lm quickstart")
-def quickstart(argv: Optional[List[str]] = None) -> None:
+def quickstart(argv: list[str] | None = None) -> None:
     """`lm quickstart`: lm transfer with the quickstart preset (QUICKSTART)."""
     run_cli(["--recipe", "quickstart", *(sys.argv[1:] if argv is None else argv)], "lm quickstart")
 
 
-def run_cli(argv: List[str], prog: str) -> None:
+def run_cli(argv: list[str], prog: str) -> None:
     a = parse_args(argv, prog)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
     if a.join:
@@ -243,11 +316,22 @@ def run_cli(argv: List[str], prog: str) -> None:
 
         join_main(a.join, a.out, argv)
         return
-    recipe = Recipe(preset=a.preset, tokens=a.tokens, out=a.out, scratch=a.scratch, group=a.group, logger=a.logger,
-                    seeds=a.seeds, pretrain=a.pretrain, finetune=a.finetune,
-                    tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
-                    command="lm transfer " + " ".join(map(shlex.quote, argv)), arm=a.arm, parallel=a.parallel,
-                    lane=a.lane)
+    recipe = Recipe(
+        preset=a.preset,
+        tokens=a.tokens,
+        out=a.out,
+        scratch=a.scratch,
+        group=a.group,
+        logger=a.logger,
+        seeds=a.seeds,
+        pretrain=a.pretrain,
+        finetune=a.finetune,
+        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
+        command="lm transfer " + " ".join(map(shlex.quote, argv)),
+        arm=a.arm,
+        parallel=a.parallel,
+        lane=a.lane,
+    )
     summary = run_transfer(recipe)
     if summary is not None:
         from lm.report.transfer import transfer_table
@@ -258,8 +342,10 @@ def run_cli(argv: List[str], prog: str) -> None:
         from lm.glue.run import print_table
 
         print(print_table(recipe.arm_dir(recipe.arm)))
-        print(f"results: {recipe.arm_dir(recipe.arm) / 'results.json'}; with the other arm and the gain: the same "
-              f"command with --arm all")
+        print(
+            f"results: {recipe.arm_dir(recipe.arm) / 'results.json'}; with the other arm and the gain: the same "
+            f"command with --arm all"
+        )
 
 
 if __name__ == "__main__":

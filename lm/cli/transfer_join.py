@@ -11,32 +11,45 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
 
-from lm.cli.transfer_recipe import Plan, Recipe, TransferError, recipe_record, run_record, same_value, \
-    scratch_record, spent, write_table
+from lm.cli.transfer_recipe import (
+    Plan,
+    Recipe,
+    TransferError,
+    recipe_record,
+    run_record,
+    same_value,
+    scratch_record,
+    spent,
+    write_table,
+)
 
 
 def arm_record_name(arm: str) -> str:
     return f"transfer_{arm}.json"
 
 
-def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Optional[Path]:
+def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Path | None:
     """<out>/transfer_<arm>.json: the recipe, what both arms depend on, this arm's results.json and the call's run
     record; lm transfer --join reads two of them (one per arm), so the arms may finish on different machines."""
     from lm.core.files import atomic_write_text
 
     if not (arm_dir / "results.json").is_file():  # --tokens 0 --arm pretrained: no arm of its own
         return None
-    record = {"arm": r.arm, "recipe": recipe_record(r, p), "shared": scratch_record(r, p), "dir": str(arm_dir),
-              "results": json.loads((arm_dir / "results.json").read_text()),
-              "run": run_record(r.command, spent(r.out, time.time() - t0))}
+    record = {
+        "arm": r.arm,
+        "recipe": recipe_record(r, p),
+        "shared": scratch_record(r, p),
+        "dir": str(arm_dir),
+        "results": json.loads((arm_dir / "results.json").read_text()),
+        "run": run_record(r.command, spent(r.out, time.time() - t0)),
+    }
     path = r.out / arm_record_name(r.arm)
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
 
 
-def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
+def join_arms(paths: list[Path], out: Path, command: str) -> dict:
     """The table from two arm records (write_arm_record), one per arm: <out>/transfer.{json,md}. The arms must
     agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, finetuning), as a
     curve's runs must to share a scratch arm; the pretraining's settings are the pretrained arm's alone."""
@@ -48,35 +61,44 @@ def join_arms(paths: List[Path], out: Path, command: str) -> Dict:
             record = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise TransferError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e})") from e
-        missing = [k for k in ("arm", "recipe", "shared", "results", "run")
-                   if not isinstance(record, dict) or k not in record]
+        missing = [
+            k for k in ("arm", "recipe", "shared", "results", "run") if not isinstance(record, dict) or k not in record
+        ]
         if missing or record["arm"] not in ("scratch", "pretrained"):
-            raise TransferError(f"{path}: not an lm transfer arm record (no {', '.join(missing) or 'known arm'}); a "
-                                f"call with --arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json")
+            raise TransferError(
+                f"{path}: not an lm transfer arm record (no {', '.join(missing) or 'known arm'}); a "
+                f"call with --arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json"
+            )
         arm = record["arm"]
         if arm in records:
-            raise TransferError(f"{paths[0]} and {paths[1]} are both the {arm} arm; --join takes one scratch and "
-                                f"one pretrained arm record")
+            raise TransferError(
+                f"{paths[0]} and {paths[1]} are both the {arm} arm; --join takes one scratch and "
+                f"one pretrained arm record"
+            )
         records[arm] = record
     scratch, pretrained = records["scratch"], records["pretrained"]
     old, new = scratch["shared"], pretrained["shared"]
     diff = sorted(k for k in set(old) | set(new) if not same_value(k, old.get(k), new.get(k)))
     if diff:
         detail = "; ".join(f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in diff if k != "model")
-        raise TransferError(f"the two arms are of different recipes (they differ in {diff}"
-                            f"{': ' + detail if detail else ''}); rerun one arm with the other's settings")
+        raise TransferError(
+            f"the two arms are of different recipes (they differ in {diff}"
+            f"{': ' + detail if detail else ''}); rerun one arm with the other's settings"
+        )
     summary = {
         "recipe": pretrained["recipe"],
         "arms": {a: f"{records[a]['dir']} ({records[a]['run']['machine']})" for a in ("scratch", "pretrained")},
         "comparison": compare(scores_of(scratch["results"]), scores_of(pretrained["results"])),
-        "run": {**run_record(command, scratch["run"]["seconds"] + pretrained["run"]["seconds"]),
-                "arms": {a: records[a]["run"] for a in ("scratch", "pretrained")}},
+        "run": {
+            **run_record(command, scratch["run"]["seconds"] + pretrained["run"]["seconds"]),
+            "arms": {a: records[a]["run"] for a in ("scratch", "pretrained")},
+        },
     }
     out.mkdir(parents=True, exist_ok=True)
     return write_table(out, summary)
 
 
-def join_main(paths: List[Path], out: Optional[Path], argv: List[str]) -> None:
+def join_main(paths: list[Path], out: Path | None, argv: list[str]) -> None:
     from lm.report.transfer import TransferError as TableError
     from lm.report.transfer import transfer_table
 

@@ -15,17 +15,30 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 log = logging.getLogger("lm")
 
 LOG_NAME = "lane.log"
 
 
-def recipe_argv(r) -> List[str]:
+def recipe_argv(r) -> list[str]:
     """The lm transfer arguments that rebuild recipe `r` (lm.cli.transfer.Recipe), as the lane's command line."""
-    argv = ["--preset", r.preset, "--tokens", str(r.tokens), "--out", str(r.out), "--scratch", str(r.scratch),
-            "--seeds", ",".join(map(str, r.seeds)), "--group", r.group, "--logger", r.logger]
+    argv = [
+        "--preset",
+        r.preset,
+        "--tokens",
+        str(r.tokens),
+        "--out",
+        str(r.out),
+        "--scratch",
+        str(r.scratch),
+        "--seeds",
+        ",".join(map(str, r.seeds)),
+        "--group",
+        r.group,
+        "--logger",
+        r.logger,
+    ]
     if r.tasks:
         argv += ["--tasks", ",".join(r.tasks)]
     # `--pretrain=a b` would take one value; each override after the flag is its own argument
@@ -40,7 +53,7 @@ def split_threads(cores: int) -> int:
     return max(1, cores // 2)
 
 
-def start_scratch_lane(r, threads: int) -> "Lane":
+def start_scratch_lane(r, threads: int) -> Lane:
     """Starts the scratch arm as `python -m lm.cli.transfer <recipe> --arm scratch --lane` with `threads` CPU
     threads; its output goes to <scratch>/lane.log."""
     r.scratch.mkdir(parents=True, exist_ok=True)
@@ -48,8 +61,9 @@ def start_scratch_lane(r, threads: int) -> "Lane":
     cmd = [sys.executable, "-m", "lm.cli.transfer", *recipe_argv(r), "--arm", "scratch", "--lane"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     out = open(path, "a")  # noqa: SIM115 - the child writes to it; Lane closes it when the arm ends
-    log.info("lm transfer: the scratch arm runs beside the pretraining (%d CPU threads each); its log: %s",
-             threads, path)
+    log.info(
+        "lm transfer: the scratch arm runs beside the pretraining (%d CPU threads each); its log: %s", threads, path
+    )
     return Lane(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env), path, out)
 
 
@@ -59,7 +73,7 @@ class Lane:
     def __init__(self, proc: subprocess.Popen, path: Path, out):
         self.proc, self.path, self._out = proc, path, out
 
-    def wait(self) -> Optional[str]:
+    def wait(self) -> str | None:
         """Waits for the lane; None when it finished its work, else why not (with the log's last lines)."""
         if self.proc.poll() is None:
             log.info("lm transfer: waiting for the scratch arm (%s)", self.path)

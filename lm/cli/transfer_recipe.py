@@ -14,7 +14,6 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
 from lm.config import ConfigError
 
@@ -46,14 +45,14 @@ class TransferError(ConfigError):
 class Recipe:
     preset: str = DEFAULT_PRESET
     tokens: int = 10_000_000
-    out: Optional[Path] = None  # default runs/transfer/<preset>_<tokens>
-    tasks: Optional[List[str]] = None  # None = every task present in the mirror
-    seeds: List[int] = field(default_factory=lambda: [0, 1, 2])
-    scratch: Optional[Path] = None  # default <out>/finetune/scratch
-    group: Optional[str] = None  # wandb group; default the output directory's name
+    out: Path | None = None  # default runs/transfer/<preset>_<tokens>
+    tasks: list[str] | None = None  # None = every task present in the mirror
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    scratch: Path | None = None  # default <out>/finetune/scratch
+    group: str | None = None  # wandb group; default the output directory's name
     logger: str = "none"
-    pretrain: List[str] = field(default_factory=list)  # lm train overrides
-    finetune: List[str] = field(default_factory=list)  # lm finetune overrides (both arms)
+    pretrain: list[str] = field(default_factory=list)  # lm train overrides
+    finetune: list[str] = field(default_factory=list)  # lm finetune overrides (both arms)
     command: str = ""
     arm: str = "all"  # all; scratch: that arm alone; pretrained: the pretraining and that arm (ARMS; at 0 tokens
     # the pretrained arm is the scratch arm)
@@ -64,8 +63,10 @@ class Recipe:
         if self.arm not in ARMS:
             raise TransferError(f"--arm {self.arm}: must be one of {', '.join(ARMS)}")
         if self.parallel and self.arm != "all":
-            raise TransferError(f"--parallel runs the scratch arm beside the pretraining, which --arm {self.arm} "
-                                f"leaves out; use --arm all (the default)")
+            raise TransferError(
+                f"--parallel runs the scratch arm beside the pretraining, which --arm {self.arm} "
+                f"leaves out; use --arm all (the default)"
+            )
         self.out = Path(self.out or f"runs/transfer/{self.preset}_{self.tokens}")
         self.scratch = Path(self.scratch or self.out / "finetune" / "scratch")
         self.group = self.group or self.out.name
@@ -78,7 +79,7 @@ class Recipe:
 # -- the steps ---------------------------------------------------------------------------------------
 
 
-def pretrain_config(r: Recipe, max_steps: Optional[int] = None):
+def pretrain_config(r: Recipe, max_steps: int | None = None):
     """lm train's composed config for the recipe (max_steps None: the preset's, to read the batch shape)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -88,11 +89,18 @@ def pretrain_config(r: Recipe, max_steps: Optional[int] = None):
     register_train_configs()
     presets = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
     if r.preset not in presets:
-        raise TransferError(f"--preset {r.preset}: no such experiment (conf/experiment/{r.preset}.yaml); pick one of "
-                            f"{', '.join(p for p in presets if p.startswith('glue_transfer'))} (or any of "
-                            f"{', '.join(p for p in presets if not p.startswith('glue_transfer'))})")
-    overrides = [f"experiment={r.preset}", f"run_dir={r.out / 'pretrain'}", f"logger={r.logger}",
-                 f"logger.group={r.group}", *r.pretrain]
+        raise TransferError(
+            f"--preset {r.preset}: no such experiment (conf/experiment/{r.preset}.yaml); pick one of "
+            f"{', '.join(p for p in presets if p.startswith('glue_transfer'))} (or any of "
+            f"{', '.join(p for p in presets if not p.startswith('glue_transfer'))})"
+        )
+    overrides = [
+        f"experiment={r.preset}",
+        f"run_dir={r.out / 'pretrain'}",
+        f"logger={r.logger}",
+        f"logger.group={r.group}",
+        *r.pretrain,
+    ]
     if max_steps is not None:
         overrides.append(f"train.max_steps={max_steps}")
     try:
@@ -100,8 +108,10 @@ def pretrain_config(r: Recipe, max_steps: Optional[int] = None):
             cfg = compose(config_name="train", overrides=overrides)
     except HydraException as e:  # the first line: Hydra's second ("use +key=value to append") hides a typo
         cause = f" ({str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else ""
-        raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {str(e).strip().splitlines()[0]}{cause}; see "
-                            f"lm train --help for the keys and options") from None
+        raise TransferError(
+            f"--pretrain {' '.join(r.pretrain)}: {str(e).strip().splitlines()[0]}{cause}; see "
+            f"lm train --help for the keys and options"
+        ) from None
     check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
     return cfg
 
@@ -112,7 +122,7 @@ def tokens_per_step(cfg) -> int:
     return int(sequences) * int(t.seq_len)
 
 
-def check_finetune_overrides(overrides: List[str]) -> None:
+def check_finetune_overrides(overrides: list[str]) -> None:
     for o in overrides:
         key = o.lstrip("+~").split("=", 1)[0]
         if key.split(".")[0].split("/")[0] in FIXED:
@@ -120,10 +130,11 @@ def check_finetune_overrides(overrides: List[str]) -> None:
                 f"--finetune {o}: the recipe sets {key.split('.')[0]} itself. Both arms finetune the pretraining "
                 f"run's model with its tokenizer (a different tokenizer would index the wrong embedding rows, a "
                 f"different model would not be the same experiment); change the model or corpus with --pretrain "
-                f"(e.g. --pretrain model.dim=384 data.vocab_size=4096)")
+                f"(e.g. --pretrain model.dim=384 data.vocab_size=4096)"
+            )
 
 
-def present_tasks(data_root: Optional[str] = None) -> List[str]:
+def present_tasks(data_root: str | None = None) -> list[str]:
     """The GLUE tasks whose train and dev files are on disk (the mirror's glue_data, or glue.data_root)."""
     from lm.glue.config import GlueTaskConfig
     from lm.glue.run import check_data
@@ -157,18 +168,21 @@ def check_same_tokenizer(init_dir: Path, tokenizer: Path) -> None:
         raise TransferError(
             f"the pretraining run {init_dir} was trained with a tokenizer (sha256 {used[:12]}) other than the one the "
             f"scratch arm would use ({tokenizer}, sha256 {_sha256(tokenizer)[:12]}): the two arms would not be "
-            f"comparable. Re-run with the corpus the pretraining used, or a new --out")
+            f"comparable. Re-run with the corpus the pretraining used, or a new --out"
+        )
 
 
-def check_scratch_arm(r: Recipe, record: Dict) -> None:
+def check_scratch_arm(r: Recipe, record: dict) -> None:
     """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings."""
     path = r.scratch / "transfer_arm.json"
     if path.is_file():
         old = json.loads(path.read_text())
         diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
         if diff:
-            raise TransferError(f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}, see {path}); "
-                                f"pass another --scratch, or remove it")
+            raise TransferError(
+                f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}, see {path}); "
+                f"pass another --scratch, or remove it"
+            )
     else:
         from lm.core.files import atomic_write_text
 
@@ -185,8 +199,9 @@ def same_value(key: str, old, new) -> bool:
     return model_from_saved(old) == model_from_saved(new)
 
 
-def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Optional[Path], pooling: str,
-                 tasks: List[str]):
+def finetune_arm(
+    r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Path | None, pooling: str, tasks: list[str]
+):
     """One arm: lm finetune (its Python API, the recipe's budget) on every task and seed."""
     from omegaconf import open_dict
 
@@ -198,7 +213,7 @@ def finetune_arm(r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Opt
     return finetune(cfg)
 
 
-def budget_overrides(tasks: List[str], seeds: List[int]) -> List[str]:
+def budget_overrides(tasks: list[str], seeds: list[int]) -> list[str]:
     """The finetuning budget as lm finetune overrides of the selected tasks (tasks.<task>.<field>)."""
     out = [f"task=[{','.join(f'glue/{t}' for t in tasks)}]", "optim.lr=5e-4"]
     for t in tasks:
@@ -207,7 +222,7 @@ def budget_overrides(tasks: List[str], seeds: List[int]) -> List[str]:
     return out
 
 
-def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Optional[Path], pooling: str, tasks: List[str]):
+def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None, pooling: str, tasks: list[str]):
     """lm finetune's composed config for one arm. A --finetune override that does not compose (a task
     that is not selected, a wrong key) is a TransferError, raised before any pretraining."""
     from hydra import compose, initialize_config_dir
@@ -217,17 +232,28 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Optional[Pat
     from lm.config import conf_dir
 
     register()
-    overrides = [f"init={init}", f"run_dir={run_dir}", *([f"tokenizer={tokenizer}"] if tokenizer else []),
-                 *budget_overrides(tasks, r.seeds), f"pooling={pooling}", "predict_test=false", "hf=false",
-                 f"logger={r.logger}", f"logger.group={r.group}", *r.finetune]
+    overrides = [
+        f"init={init}",
+        f"run_dir={run_dir}",
+        *([f"tokenizer={tokenizer}"] if tokenizer else []),
+        *budget_overrides(tasks, r.seeds),
+        f"pooling={pooling}",
+        "predict_test=false",
+        "hf=false",
+        f"logger={r.logger}",
+        f"logger.group={r.group}",
+        *r.finetune,
+    ]
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             return compose(config_name="finetune", overrides=overrides)
     except HydraException as e:
         # the first line only: Hydra's second ("use +key=value to append") is wrong advice for a task not selected
         first = str(e).strip().splitlines()[0]
-        raise TransferError(f"--finetune {' '.join(r.finetune)}: {first} (the tasks finetuned: {', '.join(tasks)}; "
-                            f"a tasks.<task>.* override needs its task among them)") from None
+        raise TransferError(
+            f"--finetune {' '.join(r.finetune)}: {first} (the tasks finetuned: {', '.join(tasks)}; "
+            f"a tasks.<task>.* override needs its task among them)"
+        ) from None
 
 
 def finetuned_model_node(model_node):
@@ -243,7 +269,7 @@ def finetuned_model_node(model_node):
     return node
 
 
-def last_logged(run_dir: Path, key: str) -> Optional[float]:
+def last_logged(run_dir: Path, key: str) -> float | None:
     """The last value of `key` in the run's metrics.jsonl (val_loss; probe/avg, the GLUE probe average that
     train.probe_interval logs), or None."""
     path = run_dir / "metrics.jsonl"
@@ -272,12 +298,13 @@ def spent(out: Path, seconds: float) -> float:
 @dataclass
 class Plan:
     """What a recipe resolves to before any work: the composed pretraining config and what both arms use."""
+
     cfg: object  # lm train's composed config (train.max_steps = steps, or the preset's when steps is 0)
     steps: int
     per_step: int  # tokens a pretraining step
     arch: str  # family(): the key of POOLING and OBJECTIVE
     pooling: str
-    tasks: List[str]
+    tasks: list[str]
     tokenizer: Path  # the prepared corpus' tokenizer.json: the scratch arm's, and the pretraining run's
     model_node: object  # the model both arms finetune (finetuned_model_node)
 
@@ -295,17 +322,29 @@ def plan(r: Recipe) -> Plan:
     arch = family(cfg.model)
     if arch not in POOLING:
         given = f"--pretrain {' '.join(r.pretrain)}" if r.pretrain else f"--preset {r.preset}"
-        raise TransferError(f"{given}: model.arch={arch} is not a family the "
-                            f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm train and finetune it with "
-                            f"lm finetune init=<run>")
+        raise TransferError(
+            f"{given}: model.arch={arch} is not a family the "
+            f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm train and finetune it with "
+            f"lm finetune init=<run>"
+        )
     pooling = _pooling(r.finetune) or POOLING[arch]
     tasks = r.tasks or present_tasks(_data_root(r.finetune))
     if not tasks:
-        raise TransferError("no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
-                            "glue.data_root=<glue_data>)")
+        raise TransferError(
+            "no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
+            "glue.data_root=<glue_data>)"
+        )
     finetune_config(r, r.scratch, "none", None, pooling, tasks)  # a bad --finetune fails here, not after hours
-    return Plan(cfg=cfg, steps=steps, per_step=per_step, arch=arch, pooling=pooling, tasks=tasks,
-                tokenizer=prepared_tokenizer(cfg), model_node=finetuned_model_node(cfg.model))
+    return Plan(
+        cfg=cfg,
+        steps=steps,
+        per_step=per_step,
+        arch=arch,
+        pooling=pooling,
+        tasks=tasks,
+        tokenizer=prepared_tokenizer(cfg),
+        model_node=finetuned_model_node(cfg.model),
+    )
 
 
 def pretrain(r: Recipe, p: Plan) -> None:
@@ -313,41 +352,69 @@ def pretrain(r: Recipe, p: Plan) -> None:
     run's tokenizer is the prepared corpus' one, the scratch arm's."""
     from lm.cli.train import train
 
-    log.info("lm transfer: pretraining %s for %d steps (%d tokens) in %s", r.preset, p.steps, p.steps * p.per_step,
-             r.out / "pretrain")
+    log.info(
+        "lm transfer: pretraining %s for %d steps (%d tokens) in %s",
+        r.preset,
+        p.steps,
+        p.steps * p.per_step,
+        r.out / "pretrain",
+    )
     train(p.cfg)
     check_same_tokenizer(r.out / "pretrain", p.tokenizer)
 
 
-def scratch_record(r: Recipe, p: Plan) -> Dict:
+def scratch_record(r: Recipe, p: Plan) -> dict:
     """What the scratch arm's results depend on besides the code (<scratch>/transfer_arm.json): a curve's runs
     share the arm only while this is equal, and the curve's archive keys a finished arm by it."""
     from omegaconf import OmegaConf
 
-    return {"tokenizer_sha256": _sha256(p.tokenizer), "pooling": p.pooling, "tasks": p.tasks, "seeds": r.seeds,
-            "model": OmegaConf.to_container(p.model_node, resolve=True), "finetune": r.finetune}
+    return {
+        "tokenizer_sha256": _sha256(p.tokenizer),
+        "pooling": p.pooling,
+        "tasks": p.tasks,
+        "seeds": r.seeds,
+        "model": OmegaConf.to_container(p.model_node, resolve=True),
+        "finetune": r.finetune,
+    }
 
 
-def recipe_record(r: Recipe, p: Plan) -> Dict:
+def recipe_record(r: Recipe, p: Plan) -> dict:
     """What the table says of the recipe (transfer.json's "recipe")."""
-    return {"preset": r.preset, "arch": p.arch, "objective": OBJECTIVE[p.arch], "pooling": p.pooling,
-            "pos": position_scheme(p.cfg.model), "tokens": p.steps * p.per_step, "tokens_asked": r.tokens,
-            "steps": p.steps, "tokens_per_step": p.per_step,
-            "val_loss": last_logged(r.out / "pretrain", "val_loss") if p.steps else None,
-            "probe": last_logged(r.out / "pretrain", "probe/avg") if p.steps else None, "tasks": p.tasks, "seeds": r.seeds,
-            "tokenizer": str(p.tokenizer), "tokenizer_sha256": _sha256(p.tokenizer), "group": r.group,
-            "pretrain_overrides": r.pretrain, "finetune_overrides": r.finetune,
-            "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
-                             f"2,000 train examples) unless overridden, {p.pooling} pooling, "
-                             "best dev epoch" + (f"; overrides: {' '.join(r.finetune)}" if r.finetune else "")}
+    return {
+        "preset": r.preset,
+        "arch": p.arch,
+        "objective": OBJECTIVE[p.arch],
+        "pooling": p.pooling,
+        "pos": position_scheme(p.cfg.model),
+        "tokens": p.steps * p.per_step,
+        "tokens_asked": r.tokens,
+        "steps": p.steps,
+        "tokens_per_step": p.per_step,
+        "val_loss": last_logged(r.out / "pretrain", "val_loss") if p.steps else None,
+        "probe": last_logged(r.out / "pretrain", "probe/avg") if p.steps else None,
+        "tasks": p.tasks,
+        "seeds": r.seeds,
+        "tokenizer": str(p.tokenizer),
+        "tokenizer_sha256": _sha256(p.tokenizer),
+        "group": r.group,
+        "pretrain_overrides": r.pretrain,
+        "finetune_overrides": r.finetune,
+        "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
+        f"2,000 train examples) unless overridden, {p.pooling} pooling, "
+        "best dev epoch" + (f"; overrides: {' '.join(r.finetune)}" if r.finetune else ""),
+    }
 
 
-def run_record(command: str, seconds: float) -> Dict:
-    return {"command": command, "machine": f"{platform.node()} ({platform.machine()}, {cpu_cores()} cores)",
-            "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "seconds": round(seconds, 1)}
+def run_record(command: str, seconds: float) -> dict:
+    return {
+        "command": command,
+        "machine": f"{platform.node()} ({platform.machine()}, {cpu_cores()} cores)",
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "seconds": round(seconds, 1),
+    }
 
 
-def write_table(out: Path, summary: Dict) -> Dict:
+def write_table(out: Path, summary: dict) -> dict:
     from lm.core.files import atomic_write_text
     from lm.report.transfer import transfer_table
 
@@ -367,7 +434,7 @@ def position_scheme(model_node) -> str:
     return str(target).rsplit(".", 1)[-1].lower() if target else "none"
 
 
-def _kept_run(path: Path, summary: Dict) -> Dict:
+def _kept_run(path: Path, summary: dict) -> dict:
     """This call's run record, or the earlier one where this call only read finished arms back (same recipe,
     same scores): the record then keeps the command, date and duration of the call that did the work."""
     if path.is_file():
@@ -393,16 +460,14 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _override(overrides: List[str], key: str) -> Optional[str]:
+def _override(overrides: list[str], key: str) -> str | None:
     values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
     return values[-1] if values else None
 
 
-def _pooling(overrides: List[str]) -> Optional[str]:
+def _pooling(overrides: list[str]) -> str | None:
     return _override(overrides, "pooling")
 
 
-def _data_root(overrides: List[str]) -> Optional[str]:
+def _data_root(overrides: list[str]) -> str | None:
     return _override(overrides, "glue.data_root")
-
-

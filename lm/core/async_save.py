@@ -17,7 +17,7 @@ at any moment leaves at most a .tmp-* directory (the next save removes it).
 
 import logging
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 log = logging.getLogger("lm")
 
@@ -25,8 +25,8 @@ log = logging.getLogger("lm")
 class BackgroundWrite:
     def __init__(self, is_main: bool):
         self.is_main = is_main
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         self._group = None
         self._made_group = False
 
@@ -52,8 +52,12 @@ class BackgroundWrite:
             except BaseException as e:  # noqa: BLE001 - raised again by wait(), in the loop's thread
                 self._error = e
                 if self.is_main:
-                    log.error("checkpoint %s failed in the background (the run stops at its next checkpoint or "
-                              "at its end): %s", name, e)
+                    log.error(
+                        "checkpoint %s failed in the background (the run stops at its next checkpoint or "
+                        "at its end): %s",
+                        name,
+                        e,
+                    )
 
         # daemon: a second Ctrl-C or an exception ends the process without joining a write (at worst a .tmp-*
         # directory is left, as after a kill)

@@ -39,8 +39,8 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -71,25 +71,34 @@ def step_name(step: int) -> str:
 
 # -- RNG: stored as tensors and plain Python types, so rank*.pt loads with weights_only=True -----------
 
-def rng_state() -> Dict:
+
+def rng_state() -> dict:
     legacy = np.random.get_state()
     assert isinstance(legacy, tuple)  # the global RandomState (MT19937) always gives the legacy tuple
     kind, key, pos, has_gauss, gauss = legacy
-    state = {"torch": torch.get_rng_state(),
-             "numpy": {"kind": kind, "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
-                       "has_gauss": int(has_gauss), "cached_gaussian": float(gauss)},
-             "python": random.getstate()}  # (version, tuple of ints, None)
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "kind": kind,
+            "key": torch.from_numpy(key.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(gauss),
+        },
+        "python": random.getstate(),
+    }  # (version, tuple of ints, None)
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def set_rng_state(state: Dict) -> None:
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     if isinstance(n, dict):
-        np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                             n["cached_gaussian"]))
+        np.random.set_state(
+            (n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+        )
     else:  # written before RNG states were tensors: numpy's own tuple
         np.random.set_state(n)
     random.setstate(state["python"])
@@ -110,7 +119,7 @@ def plain_state(state):
     return state
 
 
-def load_rank_state(path: Path) -> Dict:
+def load_rank_state(path: Path) -> dict:
     # numpy's array reconstruction is allowed only for rank files written before RNG states were tensors.
     core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
     # numpy's stubs omit the multiarray submodule of numpy(._)core, which exists at run time
@@ -129,7 +138,8 @@ def _weights_only(read, what):
         raise CheckpointError(
             f"{what} holds pickled objects other than tensors and plain containers, which lm refuses to load "
             f"(they could run code: {_unpickler_reason(e)}). Use a checkpoint written by lm train, or convert "
-            f"it where you trust it") from None
+            f"it where you trust it"
+        ) from None
 
 
 def _unpickler_reason(error: Exception) -> str:
@@ -141,27 +151,35 @@ def _unpickler_reason(error: Exception) -> str:
 
 # -- save / resume ---------------------------------------------------------------------------------
 
+
 class Checkpointer:
-    def __init__(self, run_dir, engine, keep_last: int = 3, config_yaml: str = "",
-                 on_phase: Optional[Callable[[str], None]] = None, asynchronous: bool = False):
+    def __init__(
+        self,
+        run_dir,
+        engine,
+        keep_last: int = 3,
+        config_yaml: str = "",
+        on_phase: Callable[[str], None] | None = None,
+        asynchronous: bool = False,
+    ):
         self.root = Path(run_dir) / "checkpoints"
         self.engine = engine
         self.keep_last = keep_last
         self.config_yaml = config_yaml  # the run's resolved config, copied into every checkpoint
-        self._verified: Optional[Path] = None  # what resume_point checked against its manifest (not hashed twice)
+        self._verified: Path | None = None  # what resume_point checked against its manifest (not hashed twice)
         # called with "begin" as a save starts (every rank), then each of SAVE_PHASES (lm.core.hooks.Hooks.save_phase)
         self.on_phase = on_phase or (lambda phase: None)
         # train.async_checkpoint: the one write in flight (lm/core/async_save.py); None: save() writes everything itself
         self.writes = BackgroundWrite(engine.is_main) if asynchronous else None
 
-    def latest(self) -> Optional[Path]:
+    def latest(self) -> Path | None:
         """The complete checkpoint of this run that `latest` names, else None (for messages: what is intact;
         a resume asks resume_point, which verifies and falls back)."""
         name, _ = _read_pointer(self.root)
         path = self.root / name if name is not None and _own_step_dir(self.root, name) else None
         return path if path is not None and (path / "trainer.json").is_file() else None
 
-    def resume_point(self) -> Optional[Path]:
+    def resume_point(self) -> Path | None:
         """The verified checkpoint a resume loads (None: nothing to resume, start fresh), decided on rank 0 and
         the same on every rank (collective). Load and config-check this one (lm/core/resume.py check_resume)."""
         chosen, error = None, None
@@ -177,7 +195,7 @@ class Checkpointer:
             self._verified = chosen
         return chosen
 
-    def save(self, trainer: Dict, loader_state: Dict) -> Path:
+    def save(self, trainer: dict, loader_state: dict) -> Path:
         """Write step `trainer['step']` atomically on every rank; raise (all ranks) if any rank failed.
         Asynchronous (lm/core/async_save.py): the previous write is waited for first (its error raised here), the
         state is snapshotted, and the rest runs in the background: call wait() before relying on the result."""
@@ -206,6 +224,7 @@ class Checkpointer:
             error = e
         if dist_utils.any_rank(error is not None):
             self._abort(tmp, name, error)
+        assert write_engine is not None  # staged on every rank (else _abort raised)
         self.writes.start(lambda: self._write(tmp, final, trainer, write_engine, rank_state, group), name)
         return final
 
@@ -214,8 +233,9 @@ class Checkpointer:
         if self.writes is not None:
             self.writes.wait()
 
-    def _write(self, tmp: Path, final: Path, trainer: Dict, write_engine: Callable[[], None], rank_state: Dict,
-               group=None) -> None:
+    def _write(
+        self, tmp: Path, final: Path, trainer: dict, write_engine: Callable[[], None], rank_state: dict, group=None
+    ) -> None:
         """The engine's files and this rank's state under `tmp`, then sealed by rank 0 and renamed to `final`, then
         `latest` and pruning. `group`: the process group of the ranks' agreement (a background write's own)."""
         name = final.name
@@ -232,8 +252,13 @@ class Checkpointer:
             try:
                 (tmp / "config.yaml").write_text(self.config_yaml)
                 manifest = _write_manifest(tmp)
-                trainer = {**trainer, "engine": self.engine.describe(), ELASTIC: True, "time": time.time(),
-                           "manifest_sha256": manifest}
+                trainer = {
+                    **trainer,
+                    "engine": self.engine.describe(),
+                    ELASTIC: True,
+                    "time": time.time(),
+                    "manifest_sha256": manifest,
+                }
                 self.on_phase("manifest")  # manifest written, trainer.json not yet
                 _write_durably(tmp / "trainer.json", json.dumps(trainer, indent=1))  # marks completeness
                 self.on_phase("rename")  # complete, still under its .tmp- name
@@ -254,7 +279,7 @@ class Checkpointer:
             self._prune()
         dist_utils.barrier(group)
 
-    def _abort(self, tmp: Path, name: str, error: Optional[Exception]):
+    def _abort(self, tmp: Path, name: str, error: Exception | None):
         if self.engine.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
             (self.root / (LATEST + ".tmp")).unlink(missing_ok=True)
@@ -269,12 +294,13 @@ class Checkpointer:
         raise CheckpointError(
             f"checkpoint {self.root / name} could not be written ({reason}; {_free_space(self.root)} free "
             f"under {self.root}); it was removed and {kept}"
-            f". Free space under {self.root} and run the same command again to resume.") from error
+            f". Free space under {self.root} and run the same command again to resume."
+        ) from error
 
     def _prune(self) -> None:
         keep = self.latest()
         done = sorted(p for p in step_dirs(self.root) if (p / "trainer.json").exists())
-        for old in done[:-self.keep_last]:
+        for old in done[: -self.keep_last]:
             if old != keep:
                 shutil.rmtree(old, ignore_errors=True)
 
@@ -291,7 +317,7 @@ class Checkpointer:
         if error:
             raise CheckpointError(error)
 
-    def load(self, path: Path) -> Tuple[Dict, Dict]:
+    def load(self, path: Path) -> tuple[dict, dict]:
         """Restore the engine's model and optimizer from checkpoint `path` (as resume_point returned it);
         returns (trainer.json, this rank's loader state)."""
         self._check_intact(path)
@@ -306,7 +332,7 @@ class Checkpointer:
             set_rng_state(own["rng"])
         return trainer, own["loader"]
 
-    def _load_elsewhere(self, path: Path, trainer: Dict) -> None:
+    def _load_elsewhere(self, path: Path, trainer: dict) -> None:
         """Another world size or engine class (elastic resume): the engine reshards what it can read
         (lm.engine.Engine.load_resharded) or says why not, in one line."""
         from lm.engine import EngineError
@@ -316,14 +342,22 @@ class Checkpointer:
             raise CheckpointError(
                 f"{path} was written by {saved['engine']} on {saved['world_size']} rank(s), before lm could resume "
                 f"on another engine or world size; this run is {self.engine.name} on {self.engine.world_size}. "
-                f"Resume with the same engine and world size, or start a new run_dir from the weights (lm export {path})")
+                f"Resume with the same engine and world size, or start a new run_dir from the weights "
+                f"(lm export {path})"
+            )
         try:
             _weights_only(lambda: self.engine.load_resharded(path, saved), f"{path} ({saved['engine']}'s files)")
         except EngineError as e:
             raise CheckpointError(str(e)) from None
         if self.engine.is_main:
-            log.info("resumed %s (%s on %d rank(s)) as %s on %d rank(s)", path, saved["engine"], saved["world_size"],
-                     self.engine.name, self.engine.world_size)
+            log.info(
+                "resumed %s (%s on %d rank(s)) as %s on %d rank(s)",
+                path,
+                saved["engine"],
+                saved["world_size"],
+                self.engine.name,
+                self.engine.world_size,
+            )
 
     def _rank_file(self, path: Path, saved_world: int) -> Path:
         """This rank's file; a rank beyond the saved world size reads rank 0's: the task states are global
@@ -333,6 +367,7 @@ class Checkpointer:
 
 
 # -- checksums -------------------------------------------------------------------------------------
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -350,7 +385,7 @@ def _write_manifest(ckpt: Path) -> str:
     return _sha256(ckpt / MANIFEST)
 
 
-def damage(ckpt: Path) -> Optional[str]:
+def damage(ckpt: Path) -> str | None:
     """Why checkpoint `ckpt` cannot be trusted (a missing, truncated or changed file), or None.
     Files added later (an lm export into <checkpoint>/export) are not part of it."""
     ckpt = Path(ckpt)
@@ -374,7 +409,7 @@ def damage(ckpt: Path) -> Optional[str]:
     return None
 
 
-def _read_pointer(root: Path) -> Tuple[Optional[str], Optional[str]]:
+def _read_pointer(root: Path) -> tuple[str | None, str | None]:
     """(the name `latest` holds, None) or (None, why there is none usable: missing, unreadable)."""
     pointer = root / LATEST
     if not pointer.exists() and not pointer.is_symlink():
@@ -398,7 +433,7 @@ def step_dirs(root: Path):
     return sorted((p for p in root.iterdir() if _own_step_dir(root, p.name)), reverse=True)
 
 
-def resume_point(root: Path) -> Optional[Path]:
+def resume_point(root: Path) -> Path | None:
     """The checkpoint under `root` (a run's checkpoints/) to resume from: the one `latest` names when it is
     intact; else the newest intact step_* directory (older than a damaged one `latest` names), logged in one
     line; None when there is no checkpoint at all. A CheckpointError naming the damage and the options when
@@ -414,8 +449,10 @@ def resume_point(root: Path) -> Optional[Path]:
         problem = f"checkpoint {ckpt} is damaged ({why})"
         candidates, others = [p for p in candidates if p.name < name], "older checkpoint"
     elif name is not None:
-        problem, others = (f"{root / LATEST} names {name!r}, which is not a step_NNNNNNNN directory in {root} "
-                           f"(treated as damaged)"), "checkpoint"
+        problem, others = (
+            (f"{root / LATEST} names {name!r}, which is not a step_NNNNNNNN directory in {root} (treated as damaged)"),
+            "checkpoint",
+        )
     elif not candidates:
         return None  # a new run (at most .tmp-* debris of a first save that never completed)
     else:
@@ -426,7 +463,8 @@ def resume_point(root: Path) -> Optional[Path]:
             return candidate
     raise CheckpointError(
         f"{problem} and no {others} in {root} is intact. Options: restore the file from a copy; or start from "
-        f"scratch in a new run_dir (or with resume=false); or move {root} away and rerun")
+        f"scratch in a new run_dir (or with resume=false); or move {root} away and rerun"
+    )
 
 
 def verified(ckpt: Path) -> Path:
@@ -435,11 +473,17 @@ def verified(ckpt: Path) -> Path:
     why = damage(ckpt)
     if why is None:
         return ckpt
-    intact = [p.name for p in sorted(Path(ckpt).parent.glob("step_*"), reverse=True)
-              if p != Path(ckpt) and damage(p) is None]
-    raise CheckpointError(f"checkpoint {ckpt} is damaged: {why}. "
-                          + (f"Intact checkpoints of this run: {', '.join(intact)} (pass one of them)" if intact
-                             else "No other intact checkpoint of this run exists"))
+    intact = [
+        p.name for p in sorted(Path(ckpt).parent.glob("step_*"), reverse=True) if p != Path(ckpt) and damage(p) is None
+    ]
+    raise CheckpointError(
+        f"checkpoint {ckpt} is damaged: {why}. "
+        + (
+            f"Intact checkpoints of this run: {', '.join(intact)} (pass one of them)"
+            if intact
+            else "No other intact checkpoint of this run exists"
+        )
+    )
 
 
 def _free_space(path: Path) -> str:
@@ -466,6 +510,7 @@ def _fsync_dir(path: Path) -> None:
 
 # -- reading a checkpoint outside training (lm export, lm finetune init=) ----------------------------
 
+
 def resolve(path) -> Path:
     """A checkpoint directory from a run directory (its latest), a checkpoints/ dir, or itself."""
     path = Path(path)
@@ -473,24 +518,31 @@ def resolve(path) -> Path:
         if (candidate / LATEST).exists():
             name, why = _read_pointer(candidate)
             if name is None or not _own_step_dir(candidate, name):
-                raise CheckpointError(why or f"{candidate / LATEST} names {name!r}, which is not a step_NNNNNNNN "
-                                             f"directory in {candidate}; pass one of its step_* directories instead")
+                raise CheckpointError(
+                    why
+                    or f"{candidate / LATEST} names {name!r}, which is not a step_NNNNNNNN "
+                    f"directory in {candidate}; pass one of its step_* directories instead"
+                )
             return candidate / name
     if (path / "trainer.json").exists():
         return path
-    raise CheckpointError(f"{path} is neither a run directory with checkpoints/latest nor a checkpoint "
-                          f"(no trainer.json); pass <run_dir> or <run_dir>/checkpoints/step_XXXXXXXX")
+    raise CheckpointError(
+        f"{path} is neither a run directory with checkpoints/latest nor a checkpoint "
+        f"(no trainer.json); pass <run_dir> or <run_dir>/checkpoints/step_XXXXXXXX"
+    )
 
 
-def read_trainer(ckpt: Path) -> Dict:
+def read_trainer(ckpt: Path) -> dict:
     try:
         return json.loads((Path(ckpt) / "trainer.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{ckpt}/trainer.json cannot be read ({e}); the checkpoint is incomplete or "
-                              f"damaged: use another step_* directory of the run") from None
+        raise CheckpointError(
+            f"{ckpt}/trainer.json cannot be read ({e}); the checkpoint is incomplete or "
+            f"damaged: use another step_* directory of the run"
+        ) from None
 
 
-def consolidated_state_dict(ckpt: Path) -> Dict[str, torch.Tensor]:
+def consolidated_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     """The full model state dict of a checkpoint of any engine, in one process, no process group: read
     by the engine class of the format recorded in its trainer.json."""
     from lm.engine import EngineError, engine_for_format
@@ -500,5 +552,7 @@ def consolidated_state_dict(ckpt: Path) -> Dict[str, torch.Tensor]:
         engine_cls = engine_for_format(info["format"])
     except EngineError as e:
         raise CheckpointError(f"{ckpt}/trainer.json: {e}") from None
-    return _weights_only(lambda: engine_cls.consolidated_state_dict(Path(ckpt), info),
-                         f"{ckpt} ({info.get('engine', info['format'])}'s files)")
+    return _weights_only(
+        lambda: engine_cls.consolidated_state_dict(Path(ckpt), info),
+        f"{ckpt} ({info.get('engine', info['format'])}'s files)",
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
 
 from lm.config_base import Choice, ConfigError
 
@@ -43,7 +42,7 @@ class TrainConfig:
 
     micro_batch_size: int = 8  # sequences per rank per forward/backward
     grad_accum: int = 1  # micro-steps per optimizer step; with global_batch_size, use resolve_batch()
-    global_batch_size: Optional[int] = None  # sequences per optimizer step = micro_batch_size * grad_accum * world
+    global_batch_size: int | None = None  # sequences per optimizer step = micro_batch_size * grad_accum * world
     seq_len: int = 128
     max_steps: int = 100
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
@@ -51,7 +50,7 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model
     # float8 training (lm/engine/float8.py): false, or torchao (its convert_to_float8_training swaps the model's
     # Linears before the engine wraps it; CUDA with compute capability >= 8.9, the `kernels` extra)
-    float8: Union[bool, str] = False
+    float8: bool | str = False
     device: Device = Device.auto
     log_interval: int = 10  # steps between metrics.jsonl lines
     eval_interval: int = 100  # steps between validation passes; 0 = only at the end
@@ -65,10 +64,10 @@ class TrainConfig:
     # Under fp16's loss scaler an inf gradient norm with a finite loss is an overflow the scaler handles instead.
     on_nonfinite: OnNonfinite = OnNonfinite.stop
     max_nonfinite: int = 10  # consecutive skipped steps before `skip` stops anyway
-    peak_flops: Optional[float] = None  # per-device peak FLOP/s for MFU; None = look the GPU up
-    world_size: Optional[int] = None  # expected number of processes (asserted); None = what the launcher says
+    peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = look the GPU up
+    world_size: int | None = None  # expected number of processes (asserted); None = what the launcher says
     progress: bool = True  # tqdm bar on rank 0 (only on a terminal)
-    threads: Optional[int] = None  # torch intra-op CPU threads per process; None = torch's default (all cores)
+    threads: int | None = None  # torch intra-op CPU threads per process; None = torch's default (all cores)
     # Steps between checks of the preemption flag (SIGTERM/SIGUSR1; a collective over ranks). Log steps check
     # it for free (it rides on their all-reduce); a signal is acted on within this many steps, so keep their
     # time below the scheduler's grace period (SLURM's KillWait: 30 s by default) plus a checkpoint's.
@@ -79,7 +78,7 @@ class TrainConfig:
     # the frozen model's pooled features of the first probe_train_examples train rows of each task, scored
     # on its first probe_dev_examples dev rows (0 = all) with the task's official metric. 0 = off.
     probe_interval: int = 0
-    probe_tasks: List[str] = field(default_factory=lambda: ["sst2", "mrpc", "stsb", "cola"])
+    probe_tasks: list[str] = field(default_factory=lambda: ["sst2", "mrpc", "stsb", "cola"])
     probe_train_examples: int = 1000
     probe_dev_examples: int = 500
     probe_max_len: int = 128  # tokens per example (longest-first truncation, as lm finetune)
@@ -90,11 +89,11 @@ class OptimConfig:
     """AdamW (Loshchilov & Hutter 2019); no weight decay on norms, biases, and embeddings unless decay_embeddings."""
 
     lr: float = 6e-4  # peak learning rate; the schedule multiplies it
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.95])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     weight_decay: float = 0.1
     decay_embeddings: bool = False  # True: embedding tables are decayed too (nanoGPT: every matrix)
-    fused: Optional[bool] = None  # None = fused where torch has the kernel (CPU, CUDA): skips NaN steps on the device
+    fused: bool | None = None  # None = fused where torch has the kernel (CPU, CUDA): skips NaN steps on the device
 
 
 @dataclass
@@ -114,22 +113,33 @@ class LoggerConfig:
     wandb: bool = False
     tensorboard: bool = False
     project: str = "lm"
-    entity: Optional[str] = None
-    group: Optional[str] = None
+    entity: str | None = None
+    group: str | None = None
     job_type: str = "pretrain"
-    tags: List[str] = field(default_factory=list)
-    name: Optional[str] = None  # None = the run directory's name
-    mode: Optional[str] = None  # online | offline | disabled (wandb's own check); None = online with an API key, else offline
+    tags: list[str] = field(default_factory=list)
+    name: str | None = None  # None = the run directory's name
+    mode: str | None = (
+        None  # online | offline | disabled (wandb's own check); None = online with an API key, else offline
+    )
 
 
 def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> None:
     """Fail before anything is built (types and choices are checked by the schema already); every
     message names the field, the value and the fix."""
+
     def bad(field_name, why):
         raise ConfigError(f"train.{field_name}={getattr(cfg, field_name)!r} {why}")
 
-    for name in ("micro_batch_size", "grad_accum", "seq_len", "max_steps", "log_interval", "eval_batches", "keep_last",
-                 "stop_check_interval"):
+    for name in (
+        "micro_batch_size",
+        "grad_accum",
+        "seq_len",
+        "max_steps",
+        "log_interval",
+        "eval_batches",
+        "keep_last",
+        "stop_check_interval",
+    ):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
             bad(name, "must be a positive integer")
     for name in ("eval_interval", "ckpt_interval"):
@@ -156,22 +166,26 @@ def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> 
 def _validate_probe(cfg: TrainConfig) -> None:
     """The numbers; lm/eval/probe.py checks the task names (lm.core knows no GLUE)."""
     if cfg.probe_train_examples < 2:
-        raise ConfigError(f"train.probe_train_examples={cfg.probe_train_examples} must be >= 2 (train rows per "
-                          f"probed task)")
+        raise ConfigError(
+            f"train.probe_train_examples={cfg.probe_train_examples} must be >= 2 (train rows per probed task)"
+        )
     if cfg.probe_dev_examples < 0:
-        raise ConfigError(f"train.probe_dev_examples={cfg.probe_dev_examples} must be >= 0 (dev rows per probed "
-                          f"task; 0 = all)")
+        raise ConfigError(
+            f"train.probe_dev_examples={cfg.probe_dev_examples} must be >= 0 (dev rows per probed task; 0 = all)"
+        )
     if cfg.probe_max_len < 4:
         raise ConfigError(f"train.probe_max_len={cfg.probe_max_len} must be >= 4 (tokens per probed example)")
 
 
-def short_schedule(cfg: TrainConfig, sched: SchedConfig) -> Optional[str]:
+def short_schedule(cfg: TrainConfig, sched: SchedConfig) -> str | None:
     """A warning when the run ends inside its warmup: it never reaches optim.lr nor decays, so variants of a
     shrunk sweep train alike (the lr, not the variant, decides). None when the schedule fits."""
     if sched.warmup_steps and cfg.max_steps <= sched.warmup_steps:
-        return (f"train.max_steps={cfg.max_steps} <= sched.warmup_steps={sched.warmup_steps}: the run ends inside "
-                f"its warmup and never reaches optim.lr; lower sched.warmup_steps (e.g. "
-                f"sched.warmup_steps={cfg.max_steps // 10}) or raise train.max_steps")
+        return (
+            f"train.max_steps={cfg.max_steps} <= sched.warmup_steps={sched.warmup_steps}: the run ends inside "
+            f"its warmup and never reaches optim.lr; lower sched.warmup_steps (e.g. "
+            f"sched.warmup_steps={cfg.max_steps // 10}) or raise train.max_steps"
+        )
     return None
 
 
@@ -184,11 +198,15 @@ def _validate_sched(sched: SchedConfig) -> None:
     if sched.warmup_steps < 0:
         raise ConfigError(f"sched.warmup_steps={sched.warmup_steps} must be >= 0 (0 = no warmup)")
     if not _finite(sched.min_lr_ratio) or not 0.0 <= sched.min_lr_ratio <= 1.0:
-        raise ConfigError(f"sched.min_lr_ratio={sched.min_lr_ratio} must be a number in [0, 1] "
-                          f"(the floor of the decay as a fraction of optim.lr)")
+        raise ConfigError(
+            f"sched.min_lr_ratio={sched.min_lr_ratio} must be a number in [0, 1] "
+            f"(the floor of the decay as a fraction of optim.lr)"
+        )
     if not _finite(sched.decay_fraction) or not 0.0 < sched.decay_fraction <= 1.0:
-        raise ConfigError(f"sched.decay_fraction={sched.decay_fraction} must be a number in (0, 1] "
-                          f"(wsd: the last fraction of the steps that decays)")
+        raise ConfigError(
+            f"sched.decay_fraction={sched.decay_fraction} must be a number in (0, 1] "
+            f"(wsd: the last fraction of the steps that decays)"
+        )
 
 
 def _validate_optim(optim: OptimConfig) -> None:
@@ -196,13 +214,16 @@ def _validate_optim(optim: OptimConfig) -> None:
         raise ConfigError(f"optim.lr={optim.lr} must be a finite number > 0, e.g. optim.lr=6e-4")
     betas = list(optim.betas)
     if len(betas) != 2 or not all(_finite(b) and 0.0 <= b < 1.0 for b in betas):
-        raise ConfigError(f"optim.betas={betas} must be two numbers, each in [0, 1) (Adam's moment decay "
-                          f"rates), e.g. optim.betas=[0.9,0.95]")
+        raise ConfigError(
+            f"optim.betas={betas} must be two numbers, each in [0, 1) (Adam's moment decay "
+            f"rates), e.g. optim.betas=[0.9,0.95]"
+        )
     if not _finite(optim.eps) or optim.eps <= 0:
         raise ConfigError(f"optim.eps={optim.eps} must be a finite number > 0, e.g. optim.eps=1e-8")
     if not _finite(optim.weight_decay) or optim.weight_decay < 0:
-        raise ConfigError(f"optim.weight_decay={optim.weight_decay} must be a finite number >= 0 "
-                          f"(0 disables weight decay)")
+        raise ConfigError(
+            f"optim.weight_decay={optim.weight_decay} must be a finite number >= 0 (0 disables weight decay)"
+        )
 
 
 def resolve_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:
@@ -218,10 +239,12 @@ def resolve_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:
         raise ConfigError(
             f"train.global_batch_size={cfg.global_batch_size} is not divisible by train.micro_batch_size "
             f"({cfg.micro_batch_size}) x world size ({world_size}) = {per_step}; use a multiple such as {ok}, "
-            f"or change train.micro_batch_size")
+            f"or change train.micro_batch_size"
+        )
     grad_accum = cfg.global_batch_size // per_step
     if cfg.grad_accum not in (1, grad_accum):
         raise ConfigError(
             f"train.grad_accum={cfg.grad_accum} contradicts train.global_batch_size={cfg.global_batch_size} "
-            f"(which gives {grad_accum} at world size {world_size}); set only one of them")
+            f"(which gives {grad_accum} at world size {world_size}); set only one of them"
+        )
     return replace(cfg, grad_accum=grad_accum)

@@ -10,7 +10,6 @@ ranks instead of N gets grad_accum = G / (micro_batch_size x M). The checkpoint'
 import logging
 from dataclasses import replace
 from pathlib import Path
-from typing import Optional
 
 from lm.config_base import ConfigError
 
@@ -19,7 +18,9 @@ log = logging.getLogger("lm")
 SAMPLES_PER_STEP = "samples_per_step"  # the task state's record of G
 
 
-def kept_grad_accum(samples_per_step: int, micro_batch_size: int, world_size: int, where: str = "the checkpoint") -> int:
+def kept_grad_accum(
+    samples_per_step: int, micro_batch_size: int, world_size: int, where: str = "the checkpoint"
+) -> int:
     """grad_accum that keeps `samples_per_step` sequences per step on `world_size` ranks of `micro_batch_size`,
     or a ConfigError naming the world sizes that can."""
     per_micro_step = micro_batch_size * world_size
@@ -27,11 +28,16 @@ def kept_grad_accum(samples_per_step: int, micro_batch_size: int, world_size: in
         return samples_per_step // per_micro_step
     micro_steps = samples_per_step // micro_batch_size if samples_per_step % micro_batch_size == 0 else 0
     worlds = [w for w in range(1, micro_steps + 1) if micro_steps % w == 0][:8]
-    fix = (f"resume on a world size that divides {micro_steps} ({', '.join(map(str, worlds))})" if worlds
-           else "resume with the micro-batch size it was trained with")
-    raise ConfigError(f"{where} trained on {samples_per_step} sequences per step, which {world_size} rank(s) of "
-                      f"train.micro_batch_size={micro_batch_size} cannot split evenly: {fix}, or start a new run_dir "
-                      f"from the weights (lm export)")
+    fix = (
+        f"resume on a world size that divides {micro_steps} ({', '.join(map(str, worlds))})"
+        if worlds
+        else "resume with the micro-batch size it was trained with"
+    )
+    raise ConfigError(
+        f"{where} trained on {samples_per_step} sequences per step, which {world_size} rank(s) of "
+        f"train.micro_batch_size={micro_batch_size} cannot split evenly: {fix}, or start a new run_dir "
+        f"from the weights (lm export)"
+    )
 
 
 def keep_global_batch(train, run_dir: Path, world_size: int, is_main: bool):
@@ -47,12 +53,17 @@ def keep_global_batch(train, run_dir: Path, world_size: int, is_main: bool):
         return train
     grad_accum = kept_grad_accum(saved, train.micro_batch_size, world_size, f"{run_dir}'s last checkpoint")
     if is_main:
-        log.warning("resuming on %d rank(s): train.grad_accum %d -> %d keeps the run's %d sequences per step",
-                    world_size, train.grad_accum, grad_accum, saved)
+        log.warning(
+            "resuming on %d rank(s): train.grad_accum %d -> %d keeps the run's %d sequences per step",
+            world_size,
+            train.grad_accum,
+            grad_accum,
+            saved,
+        )
     return replace(train, grad_accum=grad_accum)
 
 
-def saved_samples_per_step(root: Path) -> Optional[int]:
+def saved_samples_per_step(root: Path) -> int | None:
     """G as the newest readable checkpoint under `root` records it (every checkpoint of a run has the same);
     None for a new run or checkpoints written before G was recorded."""
     from lm.core.checkpoint import load_rank_state, step_dirs

@@ -5,52 +5,50 @@ times the steps and raises TimedStepsDone before the loop's last step (which wou
 checkpoint), and Records keeps the loop's logged records in memory.
 """
 
-from typing import Dict, List
-
 import torch
 
 from lm.core import objectives
 
 
 class FixedBatches:
-    def __init__(self, batches: List[Dict[str, torch.Tensor]], dense_labels: bool):
+    def __init__(self, batches: list[dict[str, torch.Tensor]], dense_labels: bool):
         self.batches, self.index = batches, 0
         self.dense_labels = dense_labels  # every label a target (lm/core/loop.py train_step)
 
     def __iter__(self):
         return self
 
-    def __next__(self) -> List[Dict[str, torch.Tensor]]:
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
         batch = self.batches[self.index % len(self.batches)]
         self.index += 1
         return [batch]
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         return {"index": self.index}
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.index = state["index"]
 
 
 class FixedTask:
     best_metric = None
 
-    def __init__(self, batches: List[Dict[str, torch.Tensor]], dense_labels: bool = True):
+    def __init__(self, batches: list[dict[str, torch.Tensor]], dense_labels: bool = True):
         self.batches = FixedBatches(batches, dense_labels)
 
-    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+    def loss(self, model, batch: dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
         return objectives.loss(model, batch, metrics)
 
-    def evaluate(self, engine, step: int) -> Dict:
+    def evaluate(self, engine, step: int) -> dict:
         return {}
 
-    def on_best(self, engine, step: int, record: Dict) -> None:
+    def on_best(self, engine, step: int, record: dict) -> None:
         pass
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         return self.batches.state_dict()
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state)
 
 
@@ -62,9 +60,9 @@ class Records:
     """A tracker that keeps the loop's records in memory (the benchmarks read the logged loss)."""
 
     def __init__(self):
-        self.records: List[Dict] = []
+        self.records: list[dict] = []
 
-    def log(self, record: Dict) -> None:
+    def log(self, record: dict) -> None:
         self.records.append(record)
 
     def close(self) -> None:

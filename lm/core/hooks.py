@@ -20,17 +20,17 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Mapping
 
 
 @dataclass
 class Hooks:
-    step_begin: List[Callable[[int], None]] = field(default_factory=list)
-    step_batches: List[Callable[[int, list], None]] = field(default_factory=list)
-    after_backward: List[Callable[[int, int], None]] = field(default_factory=list)
-    save_phase: List[Callable[[str], None]] = field(default_factory=list)
+    step_begin: list[Callable[[int], None]] = field(default_factory=list)
+    step_batches: list[Callable[[int, list], None]] = field(default_factory=list)
+    after_backward: list[Callable[[int, int], None]] = field(default_factory=list)
+    save_phase: list[Callable[[str], None]] = field(default_factory=list)
 
     def on_save_phase(self, phase: str) -> None:
         for hook in self.save_phase:

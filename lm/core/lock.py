@@ -21,14 +21,14 @@ import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Optional, TextIO
+from typing import TextIO
 
 from lm.core.checkpoint import CheckpointError
 from lm.engine import dist as dist_utils
 
 LOCK_NAME = ".lock"
 
-_held: Dict[Path, TextIO] = {}  # run_dir -> open lock file: the lock lives as long as the file stays open
+_held: dict[Path, TextIO] = {}  # run_dir -> open lock file: the lock lives as long as the file stays open
 
 
 class RunDirLocked(CheckpointError):
@@ -94,9 +94,17 @@ def acquire(run_dir) -> Path:
         raise RunDirLocked(_held_message(run_dir, path, text)) from None
     f.seek(0)
     f.truncate()
-    f.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                        "start": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-                        "command": " ".join(sys.argv)}) + "\n")
+    f.write(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "start": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "command": " ".join(sys.argv),
+            }
+        )
+        + "\n"
+    )
     f.flush()
     _held[run_dir] = f
     return path
@@ -119,8 +127,10 @@ def _open_lock_file(path: Path) -> TextIO:
 
 
 def _not_a_lock_file(path: Path, what: str) -> str:
-    return (f"the lock file {path} is {what}; lm never writes through it. Remove it (rm {path}; its target is "
-            f"left alone) and run again")
+    return (
+        f"the lock file {path} is {what}; lm never writes through it. Remove it (rm {path}; its target is "
+        f"left alone) and run again"
+    )
 
 
 def release(run_dir) -> None:
@@ -131,7 +141,7 @@ def release(run_dir) -> None:
         f.close()
 
 
-def holder(run_dir) -> Optional[Dict]:
+def holder(run_dir) -> dict | None:
     """What the lock file of `run_dir` says about its last holder (None if there is none)."""
     try:
         return json.loads((Path(run_dir) / LOCK_NAME).read_text())
@@ -150,9 +160,11 @@ def _held_message(run_dir: Path, path: Path, text: str) -> str:
         # flock is inherited across fork: children of a dead holder (data-loader workers, a launcher's
         # ranks) still hold it, and may still be writing.
         what += f" (pid {pid} has exited; processes it forked still hold the lock: `fuser -v {path}` lists them)"
-    return (f"run_dir {run_dir} is in use by another run ({what}). Two runs in one run_dir overwrite each "
-            f"other's checkpoints and metrics: wait for it to finish, stop it, or pick another run_dir. The lock "
-            f"({path}) is released when that process exits.")
+    return (
+        f"run_dir {run_dir} is in use by another run ({what}). Two runs in one run_dir overwrite each "
+        f"other's checkpoints and metrics: wait for it to finish, stop it, or pick another run_dir. The lock "
+        f"({path}) is released when that process exits."
+    )
 
 
 def _alive(pid: int) -> bool:

@@ -42,8 +42,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 import torch
 
@@ -52,8 +53,8 @@ from lm.core import objectives
 from lm.core.config import TrainConfig
 from lm.core.hooks import Hooks
 from lm.core.prefetch import Prefetcher
-from lm.engine import dist as dist_utils
 from lm.core.tracking import ModelMetrics, memory_gib, mfu
+from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
 
@@ -84,13 +85,13 @@ class State:
     step: int = 0  # optimizer steps done
     tokens: int = 0  # input tokens seen, all ranks
     nonfinite: int = 0  # consecutive steps skipped for a NaN/inf loss or gradient norm
-    best: Optional[float] = None  # the task's best_metric so far (None: no evaluation yet, or no best_metric)
+    best: float | None = None  # the task's best_metric so far (None: no evaluation yet, or no best_metric)
 
     @classmethod
-    def from_checkpoint(cls, trainer: Dict[str, Any]) -> "State":
+    def from_checkpoint(cls, trainer: dict[str, Any]) -> "State":
         return cls(step=trainer["step"], tokens=trainer["tokens"], best=trainer.get("best"))
 
-    def to_checkpoint(self) -> Dict[str, Any]:
+    def to_checkpoint(self) -> dict[str, Any]:
         out = asdict(self)
         if out["best"] is None:  # pretraining's trainer.json stays as it was
             del out["best"]
@@ -102,7 +103,7 @@ class Speed:
     """Per-device FLOPs per token and peak, for MFU (peak None = unknown, MFU not reported)."""
 
     flops_per_token: float = 0.0
-    peak_flops: Optional[float] = None
+    peak_flops: float | None = None
 
 
 @dataclass
@@ -110,15 +111,25 @@ class _Pending:
     """What the steps since the last sync point left on the device, and the host's view of the last one."""
 
     first_step: int = 0  # 1-based step number of losses[0]
-    losses: List[torch.Tensor] = field(default_factory=list)  # each step's local share of its global loss
+    losses: list[torch.Tensor] = field(default_factory=list)  # each step's local share of its global loss
     tokens: int = 0  # this rank's input tokens since the last sync point
     grad_norm: torch.Tensor = field(default_factory=lambda: torch.tensor(math.nan))  # the last step's (device)
-    norms: List[Tuple[int, torch.Tensor]] = field(default_factory=list)  # (1-based step, its gradient norm)
+    norms: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (1-based step, its gradient norm)
     last_loss: float = math.nan  # the last synced step's global loss
 
 
-def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, checkpointer, state: State,
-        speed: Speed = Speed(), evals: Sequence = (), hooks: Optional[Hooks] = None) -> State:
+def run(
+    cfg: TrainConfig,
+    engine,
+    task,
+    lr_at: Callable[[int], float],
+    tracker,
+    checkpointer,
+    state: State,
+    speed: Speed = Speed(),
+    evals: Sequence = (),
+    hooks: Hooks | None = None,
+) -> State:
     """Train `task` (lm.core.task.TrainTask) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy.
     evals: extra evaluations at their own intervals (lm.core.task.EvalCallback: the GLUE probes); `hooks`
     (lm.core.hooks) are called at their points."""
@@ -127,8 +138,9 @@ def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, 
     try:
         with _StopSignals() as stop:
             try:
-                state = _run(cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop, evals,
-                             hooks or Hooks())
+                state = _run(
+                    cfg, engine, task, lr_at, tracker, checkpointer, state, speed, stop, evals, hooks or Hooks()
+                )
             except KeyboardInterrupt:
                 raise  # a second Ctrl-C aborts at once, without the write in flight (a .tmp-* directory at worst)
             except BaseException:
@@ -145,8 +157,9 @@ def run(cfg: TrainConfig, engine, task, lr_at: Callable[[int], float], tracker, 
         task.batches = source
 
 
-def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop, evals,
-         hooks: Hooks) -> State:
+def _run(
+    cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: Speed, stop, evals, hooks: Hooks
+) -> State:
     bar = _progress_bar(cfg, engine, state.step)
     meter = _Meter()
     pending = _Pending(first_step=state.step + 1)
@@ -161,8 +174,14 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         micro = next(task.batches)
         for hook in hooks.step_batches:
             hook(step, micro)
-        loss, tokens = train_step(engine, micro, loss_fn=task.loss, dense_labels=dense, metrics=model_metrics,
-                                  after_backward=[functools.partial(hook, step) for hook in hooks.after_backward])
+        loss, tokens = train_step(
+            engine,
+            micro,
+            loss_fn=task.loss,
+            dense_labels=dense,
+            metrics=model_metrics,
+            after_backward=[functools.partial(hook, step) for hook in hooks.after_backward],
+        )
         pending.losses.append(loss)
         pending.tokens += tokens
         if engine.skips_nonfinite_updates:
@@ -193,9 +212,16 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         meter.steps += 1
 
         if log_now:
-            record = {"step": state.step, "tokens": state.tokens, "loss": pending.last_loss, "lr": lr,
-                      "grad_norm": float(pending.grad_norm), **meter.rates(speed, engine.world_size),
-                      "memory": round(memory_gib(engine.device), 4), **model_metrics.pop(dist_utils.all_reduce_sum)}
+            record = {
+                "step": state.step,
+                "tokens": state.tokens,
+                "loss": pending.last_loss,
+                "lr": lr,
+                "grad_norm": float(pending.grad_norm),
+                **meter.rates(speed, engine.world_size),
+                "memory": round(memory_gib(engine.device), 4),
+                **model_metrics.pop(dist_utils.all_reduce_sum),
+            }
             tracker.log(record)
             _show(bar, record, engine)
         if eval_now:
@@ -206,8 +232,10 @@ def _run(cfg, engine, task, lr_at, tracker, checkpointer, state: State, speed: S
         if stopping:  # a signal during the last step: the run is complete anyway
             path = path or checkpointer.save(state.to_checkpoint(), task.state_dict())
             checkpointer.wait()  # an asynchronous write completes before the process stops
-            raise Preempted(f"{stop.name} received: stopped after step {state.step} with checkpoint {path}; "
-                            f"run the same command to resume")
+            raise Preempted(
+                f"{stop.name} received: stopped after step {state.step} with checkpoint {path}; "
+                f"run the same command to resume"
+            )
         if bar:
             bar.update(1)
     if bar:
@@ -223,8 +251,15 @@ def _finish_write(checkpointer) -> None:
         log.error("the checkpoint written in the background failed too: %s", e)
 
 
-def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointer,
-          stop: Optional["_StopSignals"] = None, check_stop: bool = False) -> Tuple[int, bool]:
+def _sync(
+    cfg: TrainConfig,
+    engine,
+    state: State,
+    pending: _Pending,
+    checkpointer,
+    stop: Optional["_StopSignals"] = None,
+    check_stop: bool = False,
+) -> tuple[int, bool]:
     """The host catches up with the device: each pending step's global loss (one all-reduce) and gradient norm
     (global already: every rank computed it from the reduced gradients), read in one copy; the NaN/inf policy
     applied to each step in order; state.tokens. With check_stop, the stop flag rides on the same all-reduce.
@@ -237,7 +272,7 @@ def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointe
     parts = [] if losses is None else [losses.float()]
     parts += [torch.stack([n.detach().float().to(engine.device) for _, n in pending.norms])] if pending.norms else []
     read = torch.cat(parts).tolist() if parts else []  # one device-to-host copy
-    values, norm_values = read[:len(pending.losses)], read[len(pending.losses):]
+    values, norm_values = read[: len(pending.losses)], read[len(pending.losses) :]
     by_step = {pending.first_step + i: [loss, None] for i, loss in enumerate(values)}
     for (step, _), norm in zip(pending.norms, norm_values):
         by_step.setdefault(step, [None, None])[1] = norm
@@ -252,8 +287,9 @@ def _sync(cfg: TrainConfig, engine, state: State, pending: _Pending, checkpointe
     return tokens, stopping
 
 
-def _policy(cfg: TrainConfig, engine, state: State, step: int, loss: Optional[float], norm: Optional[float],
-            checkpointer) -> None:
+def _policy(
+    cfg: TrainConfig, engine, state: State, step: int, loss: float | None, norm: float | None, checkpointer
+) -> None:
     """What a NaN/inf loss or gradient norm at `step` does (its update was already skipped): stop, or skip while
     allowed. None: not read at this sync (DeepSpeed reads a step's loss before its update, its norm after)."""
     bad_loss = loss is not None and not math.isfinite(loss)
@@ -262,20 +298,32 @@ def _policy(cfg: TrainConfig, engine, state: State, step: int, loss: Optional[fl
         state.nonfinite = 0
         return
     state.nonfinite += 1
-    what = (f"loss is {loss}" if bad_loss else
-            f"gradient norm is {norm} with a finite loss" + (f" ({loss:.4g})" if loss is not None else ""))
-    applied = ("no update was applied" if bad_loss or engine.skips_nonfinite_updates
-               else "its update may have reached the weights")
+    what = (
+        f"loss is {loss}"
+        if bad_loss
+        else f"gradient norm is {norm} with a finite loss" + (f" ({loss:.4g})" if loss is not None else "")
+    )
+    applied = (
+        "no update was applied"
+        if bad_loss or engine.skips_nonfinite_updates
+        else "its update may have reached the weights"
+    )
     if cfg.on_nonfinite == "stop" or state.nonfinite > cfg.max_nonfinite:
         latest = checkpointer.latest() if engine.is_main else None
-        seen = (f" (seen at the sync point after step {state.step}; the steps between trained on, skipping "
-                f"non-finite updates, in memory only)" if state.step > step else "")
+        seen = (
+            f" (seen at the sync point after step {state.step}; the steps between trained on, skipping "
+            f"non-finite updates, in memory only)"
+            if state.step > step
+            else ""
+        )
         raise LossDiverged(
             f"{what} at step {step}; {applied}"
             + (f" and the last good checkpoint {latest} is intact" if latest else "")
             + (f" ({state.nonfinite} consecutive non-finite steps)" if state.nonfinite > 1 else "")
-            + seen + ". Lower optim.lr, lengthen sched.warmup_steps, or "
-            + ("set train.on_nonfinite=skip" if cfg.on_nonfinite == "stop" else "raise train.max_nonfinite"))
+            + seen
+            + ". Lower optim.lr, lengthen sched.warmup_steps, or "
+            + ("set train.on_nonfinite=skip" if cfg.on_nonfinite == "stop" else "raise train.max_nonfinite")
+        )
     if engine.is_main:
         log.warning("step %d: %s, update skipped (%d/%d in a row)", step, what, state.nonfinite, cfg.max_nonfinite)
 
@@ -292,9 +340,14 @@ def _evaluate(engine, task, tracker, state: State) -> None:
         task.on_best(engine, state.step, record)
 
 
-def train_step(engine, micro: List[Dict[str, torch.Tensor]], loss_fn: Callable = objectives.loss,
-               dense_labels: bool = False, metrics: Optional[ModelMetrics] = None,
-               after_backward: Sequence[Callable[[int], None]] = ()):
+def train_step(
+    engine,
+    micro: list[dict[str, torch.Tensor]],
+    loss_fn: Callable = objectives.loss,
+    dense_labels: bool = False,
+    metrics: ModelMetrics | None = None,
+    after_backward: Sequence[Callable[[int], None]] = (),
+):
     """Forward and backward over one step's micro-batches without a host sync; returns (this rank's share of
     the step's global token-mean loss, a device tensor; this rank's input tokens). `loss_fn(model, batch,
     metrics)` adds the model's own metrics to `metrics`; each of `after_backward` gets the micro-batch's index.
@@ -316,7 +369,7 @@ def train_step(engine, micro: List[Dict[str, torch.Tensor]], loss_fn: Callable =
     return total, sum(objectives.input_tokens(b) for b in micro)
 
 
-def _weights(micro: List[Dict[str, torch.Tensor]], world_size: int, dense_labels: bool) -> List:
+def _weights(micro: list[dict[str, torch.Tensor]], world_size: int, dense_labels: bool) -> list:
     """Each micro-batch's share of the step's global label tokens (python floats, or device scalars)."""
     if dense_labels:
         local = [b["labels"].numel() for b in micro]
@@ -369,10 +422,13 @@ class _Meter:
     def __init__(self):
         self.seconds, self.tokens, self.steps = 0.0, 0, 0
 
-    def rates(self, speed: Speed, world_size: int) -> Dict:
+    def rates(self, speed: Speed, world_size: int) -> dict:
         tokens_per_s = self.tokens / self.seconds if self.seconds else 0.0
-        out = {"tokens_per_s": round(tokens_per_s, 2), "steps_per_s": round(self.steps / self.seconds, 4)
-               if self.seconds else 0.0, "mfu": mfu(speed.flops_per_token, tokens_per_s, speed.peak_flops, world_size)}
+        out = {
+            "tokens_per_s": round(tokens_per_s, 2),
+            "steps_per_s": round(self.steps / self.seconds, 4) if self.seconds else 0.0,
+            "mfu": mfu(speed.flops_per_token, tokens_per_s, speed.peak_flops, world_size),
+        }
         self.seconds, self.tokens, self.steps = 0.0, 0, 0
         return out
 
@@ -385,16 +441,23 @@ def _progress_bar(cfg: TrainConfig, engine, start: int):
     return tqdm(total=cfg.max_steps, initial=start, unit="step", dynamic_ncols=True)
 
 
-def _show(bar, record: Dict, engine) -> None:
+def _show(bar, record: dict, engine) -> None:
     if not engine.is_main:
         return
     if bar:
         bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
     else:  # no terminal: a log line instead of a bar
         mfu_text = f", mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
-        log.info("step %d: loss %.4f, lr %.3g, grad_norm %.3f, %.0f tok/s%s, %.2f GiB", record["step"],
-                 record["loss"], record["lr"], record["grad_norm"], record["tokens_per_s"], mfu_text,
-                 record["memory"])
+        log.info(
+            "step %d: loss %.4f, lr %.3g, grad_norm %.3f, %.0f tok/s%s, %.2f GiB",
+            record["step"],
+            record["loss"],
+            record["lr"],
+            record["grad_norm"],
+            record["tokens_per_s"],
+            mfu_text,
+            record["memory"],
+        )
 
 
 class _StopSignals:
@@ -408,7 +471,7 @@ class _StopSignals:
     SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
     def __init__(self):
-        self.name: Optional[str] = None
+        self.name: str | None = None
         self.interrupted = False  # a first Ctrl-C arrived
         self.previous = {}
 
@@ -426,8 +489,11 @@ class _StopSignals:
                 raise KeyboardInterrupt  # the second Ctrl-C: abort now (the apps print one line)
             self.interrupted = True
             if os.environ.get("RANK", "0") == "0":  # os.write: unbuffered, safe inside a signal handler
-                os.write(2, b"\nCtrl-C: stopping after the step in flight with a checkpoint (Ctrl-C again aborts "
-                            b"at once, without it)\n")
+                os.write(
+                    2,
+                    b"\nCtrl-C: stopping after the step in flight with a checkpoint (Ctrl-C again aborts "
+                    b"at once, without it)\n",
+                )
             self.name = "SIGINT (Ctrl-C)"
             return
         self.name = signal.Signals(signum).name
@@ -448,8 +514,7 @@ class _StopSignals:
         _signals = None
 
 
-
-_signals: Optional[_StopSignals] = None  # the running loop's
+_signals: _StopSignals | None = None  # the running loop's
 
 
 def stop_requested() -> bool:

@@ -15,8 +15,6 @@ weights each micro-batch by its share of the step's label tokens instead (`weigh
 loss and gradient are then exactly the token mean over the global batch, whatever the split.
 """
 
-from typing import Dict, List, Optional
-
 import torch
 
 from lm.constants import IGNORE_INDEX
@@ -29,25 +27,25 @@ def objective_for(arch: str) -> str:
     return OBJECTIVES[arch]
 
 
-def label_tokens(batch: Dict[str, torch.Tensor]) -> int:
+def label_tokens(batch: dict[str, torch.Tensor]) -> int:
     """Tokens that carry a target in this micro-batch."""
     return int((batch["labels"] != IGNORE_INDEX).sum())
 
 
-def input_tokens(batch: Dict[str, torch.Tensor]) -> int:
+def input_tokens(batch: dict[str, torch.Tensor]) -> int:
     """Tokens the model reads (encoder and decoder inputs): what throughput counts."""
     n = batch["input_ids"].numel()
     return n + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
 
 
-def weights(local_counts: List[int], global_count: int) -> List[float]:
+def weights(local_counts: list[int], global_count: int) -> list[float]:
     """Each micro-batch's share of the global token mean (sums to this rank's share of 1)."""
     if global_count == 0:
         raise ValueError("no label tokens in this step's global batch (all labels are -100)")
     return [n / global_count for n in local_counts]
 
 
-def loss(model, batch: Dict[str, torch.Tensor], metrics: Optional[ModelMetrics] = None) -> torch.Tensor:
+def loss(model, batch: dict[str, torch.Tensor], metrics: ModelMetrics | None = None) -> torch.Tensor:
     """Mean cross-entropy over the micro-batch's label tokens, plus the model's auxiliary loss.
 
     Components with training-only losses (MoE load balancing) put their weighted sum in the output's

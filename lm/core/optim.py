@@ -6,7 +6,6 @@ has no regularising meaning, and embeddings are lookups whose rows see few updat
 """
 
 import math
-from typing import Dict, List
 
 import torch
 from torch import nn
@@ -14,7 +13,7 @@ from torch import nn
 from lm.core.config import OptimConfig, SchedConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> List[Dict]:
+def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict]:
     """Two AdamW groups: decayed Linear weights, and everything else (tied weights counted once).
 
     decay_embeddings=True also decays the embedding tables (and so a head tied to one): nanoGPT's
@@ -74,4 +73,3 @@ def _progress(step: int, start: int, total_steps: int) -> float:
     """Fraction of the decay phase done, 0 at `start`, 1 at the last step."""
     span = max(1, total_steps - 1 - start)
     return min(1.0, max(0.0, (step - start) / span))
-

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import queue
 import threading
-from typing import Dict, List, Optional
 
 import torch
 
@@ -38,15 +37,15 @@ class Prefetcher:
         self.steps, self.device, self.depth = steps, device, depth
         self.pin = device.type == "cuda" and torch.cuda.is_available()  # pinned host memory: async copies
         self.dense_labels = getattr(steps, "dense_labels", False)  # lm/core/loop.py reads it
-        self._state: Optional[Dict] = None  # the source's state after the last step handed out
-        self._queue: Optional[queue.Queue] = None
-        self._thread: Optional[threading.Thread] = None
+        self._state: dict | None = None  # the source's state after the last step handed out
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def __iter__(self):
         return self
 
-    def __next__(self) -> List[Dict[str, torch.Tensor]]:
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
         if self.depth == 0:
             micro, self._state = next(self.steps), None
         else:
@@ -91,12 +90,12 @@ class Prefetcher:
             except queue.Full:
                 continue
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         if self._state is None:  # nothing read ahead (depth 0, or not started)
             return self.steps.state_dict()
         return copy.deepcopy(self._state)
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self._halt()
         self.steps.load_state_dict(state)
         self._state = None

@@ -8,7 +8,7 @@ no "best": pretraining keeps its latest checkpoints.
 from __future__ import annotations
 
 import logging
-from typing import Dict, Iterable, List
+from collections.abc import Iterable
 
 import torch
 
@@ -33,7 +33,7 @@ class LoaderSteps:
     def __iter__(self):
         return self
 
-    def __next__(self) -> List[Dict[str, torch.Tensor]]:
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
         if self._it is None:  # created on first use: after load_state_dict, from the restored position
             self._it = iter(self.loader)
         return [next(self._it) for _ in range(self.grad_accum)]
@@ -44,19 +44,21 @@ class LoaderSteps:
         b, w = getattr(self.loader, "micro_batch_size", None), getattr(self.loader, "world_size", None)
         return None if b is None or w is None else b * w * self.grad_accum
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         state = self.loader.state_dict()
         return state if self.samples_per_step is None else {**state, SAMPLES_PER_STEP: self.samples_per_step}
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         """The loader continues at the saved global position; another global batch would put other samples
         in each step than the run had (lm/core/elastic.py), so it is refused."""
         saved = state.get(SAMPLES_PER_STEP)
         if saved is not None and self.samples_per_step is not None and saved != self.samples_per_step:
             kept = kept_grad_accum(saved, self.loader.micro_batch_size, self.loader.world_size)
-            raise ConfigError(f"the checkpoint trained on {saved} sequences per step, this run on "
-                              f"{self.samples_per_step}: set train.grad_accum={kept} (or leave train.grad_accum "
-                              f"and train.global_batch_size as the run had them)")
+            raise ConfigError(
+                f"the checkpoint trained on {saved} sequences per step, this run on "
+                f"{self.samples_per_step}: set train.grad_accum={kept} (or leave train.grad_accum "
+                f"and train.global_batch_size as the run had them)"
+            )
         self.loader.load_state_dict(state)
         self._it = None
 
@@ -68,10 +70,10 @@ class PretrainTask:
         self.batches = LoaderSteps(train_loader, grad_accum)
         self.val_loader, self.eval_batches = val_loader, eval_batches
 
-    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+    def loss(self, model, batch: dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
         return objectives.loss(model, batch, metrics)
 
-    def evaluate(self, engine, step: int) -> Dict:
+    def evaluate(self, engine, step: int) -> dict:
         from lm.core.loop import evaluate
 
         val_loss = evaluate(engine, self.val_loader, self.eval_batches)
@@ -79,11 +81,11 @@ class PretrainTask:
             log.info("step %d: val_loss %.4f, val_ppl %.2f", step, val_loss, perplexity(val_loss))
         return {"val_loss": val_loss, "val_ppl": perplexity(val_loss)}
 
-    def on_best(self, engine, step: int, record: Dict) -> None:  # best_metric is None: never called
+    def on_best(self, engine, step: int, record: dict) -> None:  # best_metric is None: never called
         pass
 
-    def state_dict(self) -> Dict:  # the checkpoint's loader state, as before tasks existed
+    def state_dict(self) -> dict:  # the checkpoint's loader state, as before tasks existed
         return self.batches.state_dict()
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state)

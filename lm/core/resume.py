@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 from lm.config_base import ConfigError
 
@@ -23,27 +23,52 @@ log = logging.getLogger("lm")
 RESUMABLE = (
     # how long and how often: the run continues to the new max_steps (the LR schedule is a function of
     # the step and max_steps, so a longer run also stretches the rest of the schedule)
-    "train.max_steps", "train.log_interval", "train.eval_interval", "train.eval_batches",
-    "train.ckpt_interval", "train.keep_last", "train.async_checkpoint",
+    "train.max_steps",
+    "train.log_interval",
+    "train.eval_interval",
+    "train.eval_batches",
+    "train.ckpt_interval",
+    "train.keep_last",
+    "train.async_checkpoint",
     # where and how fast it runs, not what it computes
-    "train.progress", "train.threads", "train.device", "train.compile", "train.peak_flops", "train.world_size",
-    "train.stop_check_interval", "train.prefetch",
+    "train.progress",
+    "train.threads",
+    "train.device",
+    "train.compile",
+    "train.peak_flops",
+    "train.world_size",
+    "train.stop_check_interval",
+    "train.prefetch",
     # the GLUE probes read the model and change nothing it computes (lm/eval/probe.py)
-    "train.probe_interval", "train.probe_tasks", "train.probe_train_examples", "train.probe_dev_examples",
+    "train.probe_interval",
+    "train.probe_tasks",
+    "train.probe_train_examples",
+    "train.probe_dev_examples",
     "train.probe_max_len",
     # recovering from a NaN/inf loss: what lm/core/loop.py's LossDiverged message advises changing
-    "train.on_nonfinite", "train.max_nonfinite", "optim.lr", "sched.warmup_steps",
+    "train.on_nonfinite",
+    "train.max_nonfinite",
+    "optim.lr",
+    "sched.warmup_steps",
     # bookkeeping
-    "run_dir", "resume", "logger",
+    "run_dir",
+    "resume",
+    "logger",
     # where the prepared data is found or made; the loader's own state (lm/data/packed.py
     # load_state_dict) refuses data that would give another sample order
-    "data.dir", "data.mirror", "data.workers",
+    "data.dir",
+    "data.mirror",
+    "data.workers",
     # the engine class and world size may change too (elastic resume: Checkpointer.load in
     # lm/core/checkpoint.py reshards, or refuses what it cannot in one line); these options change speed and
     # memory, not the maths (engine.config, DeepSpeed's JSON with its ZeRO stage and offload, and
     # engine.cpu_adam must match)
-    "engine._target_", "engine._partial_", "engine.bucket_cap_mb", "engine.find_unused_parameters",
-    "engine.reshard_after_forward", "engine.shm_comm",
+    "engine._target_",
+    "engine._partial_",
+    "engine.bucket_cap_mb",
+    "engine.find_unused_parameters",
+    "engine.reshard_after_forward",
+    "engine.shm_comm",
 )
 
 # lm finetune resumes each unfinished task/seed pair from its own checkpoint, whose config.yaml is the job's
@@ -53,13 +78,29 @@ RESUMABLE = (
 # .epochs, sched.*, weight decay, init, tokenizer, max_len, ...); a pair that should train with other values
 # starts over once its directory is deleted.
 FINETUNE_RESUMABLE = (
-    "train.log_interval", "train.ckpt_interval", "train.keep_last", "train.progress", "train.threads",
-    "train.device", "train.compile", "train.world_size", "train.on_nonfinite", "train.max_nonfinite",
-    "run_dir", "resume", "logger", "skip_missing",
+    "train.log_interval",
+    "train.ckpt_interval",
+    "train.keep_last",
+    "train.progress",
+    "train.threads",
+    "train.device",
+    "train.compile",
+    "train.world_size",
+    "train.on_nonfinite",
+    "train.max_nonfinite",
+    "run_dir",
+    "resume",
+    "logger",
+    "skip_missing",
     "task.seeds",  # which other seeds run; this pair's seed is `seed`
-    "glue.data_root", "task.data_root",  # where the same TSVs are found
-    "engine._target_", "engine._partial_", "engine.bucket_cap_mb", "engine.find_unused_parameters",
-    "engine.reshard_after_forward", "engine.shm_comm",
+    "glue.data_root",
+    "task.data_root",  # where the same TSVs are found
+    "engine._target_",
+    "engine._partial_",
+    "engine.bucket_cap_mb",
+    "engine.find_unused_parameters",
+    "engine.reshard_after_forward",
+    "engine.shm_comm",
 )
 
 
@@ -67,7 +108,7 @@ def resumable(key: str, may_change: Sequence[str] = RESUMABLE) -> bool:
     return any(key == f or key.startswith(f + ".") for f in may_change)
 
 
-def config_changes(saved: Dict, requested: Dict, may_change: Sequence[str] = RESUMABLE) -> Tuple[List[str], List[str]]:
+def config_changes(saved: dict, requested: dict, may_change: Sequence[str] = RESUMABLE) -> tuple[list[str], list[str]]:
     """(refused, allowed) differences between two plain config dicts, as 'key: old -> new' lines.
     A key on one side only is skipped: a field added to a schema after the run started (its default
     keeps the old behaviour), or one of another component class, whose `_target_` differs anyway."""
@@ -79,7 +120,7 @@ def config_changes(saved: Dict, requested: Dict, may_change: Sequence[str] = RES
     return refused, allowed
 
 
-def _flatten(node, prefix: str = "") -> Dict:
+def _flatten(node, prefix: str = "") -> dict:
     if not isinstance(node, dict):
         return {prefix: node}
     out = {}
@@ -88,8 +129,14 @@ def _flatten(node, prefix: str = "") -> Dict:
     return out
 
 
-def check_resume(ckpt: Path, config_yaml: str, max_steps: Optional[int], dist, may_change: Sequence[str] = RESUMABLE,
-                 start_over: str = "start a new run (run_dir=<a new directory>)") -> None:
+def check_resume(
+    ckpt: Path,
+    config_yaml: str,
+    max_steps: int | None,
+    dist,
+    may_change: Sequence[str] = RESUMABLE,
+    start_over: str = "start a new run (run_dir=<a new directory>)",
+) -> None:
     """Before `ckpt` is loaded: refuse a config that differs from the checkpoint's in a field outside
     `may_change` (RESUMABLE: lm train; FINETUNE_RESUMABLE: an lm finetune task/seed pair), or a
     train.max_steps below the checkpoint's step; say when there is nothing left to train. `start_over`
@@ -108,7 +155,7 @@ def check_resume(ckpt: Path, config_yaml: str, max_steps: Optional[int], dist, m
         raise ConfigError(error)
 
 
-def _check(ckpt: Path, config_yaml: str, max_steps: Optional[int], may_change: Sequence[str], start_over: str) -> None:
+def _check(ckpt: Path, config_yaml: str, max_steps: int | None, may_change: Sequence[str], start_over: str) -> None:
     saved_yaml = _trusted_file(ckpt, "config.yaml")
     if saved_yaml is not None:  # None: a damaged checkpoint, which Checkpointer.load names or falls back from
         refuse_changes(saved_yaml, config_yaml, may_change, f"resume {ckpt}", ckpt / "config.yaml", start_over)
@@ -116,16 +163,23 @@ def _check(ckpt: Path, config_yaml: str, max_steps: Optional[int], may_change: S
     if step is None or max_steps is None:  # None: lm finetune, whose steps follow from the (compared) task
         return
     if max_steps < step:
-        raise ConfigError(f"train.max_steps={max_steps} is below the step of {ckpt} ({step}): nothing can be "
-                          f"trained. To continue this run set train.max_steps above {step}; to train a shorter "
-                          f"run start a new one (run_dir=<a new directory>)")
+        raise ConfigError(
+            f"train.max_steps={max_steps} is below the step of {ckpt} ({step}): nothing can be "
+            f"trained. To continue this run set train.max_steps above {step}; to train a shorter "
+            f"run start a new one (run_dir=<a new directory>)"
+        )
     if max_steps == step:
-        log.warning("%s is at step %d = train.max_steps: the run is complete, nothing to train. To continue it, "
-                    "raise train.max_steps", ckpt, step)
+        log.warning(
+            "%s is at step %d = train.max_steps: the run is complete, nothing to train. To continue it, "
+            "raise train.max_steps",
+            ckpt,
+            step,
+        )
 
 
-def refuse_changes(saved_yaml: str, config_yaml: str, may_change: Sequence[str], what: str, where,
-                   start_over: str) -> None:
+def refuse_changes(
+    saved_yaml: str, config_yaml: str, may_change: Sequence[str], what: str, where, start_over: str
+) -> None:
     """Raise a ConfigError listing the fields outside `may_change` where config_yaml differs from saved_yaml
     (the config of `where`); log the allowed differences."""
     from omegaconf import OmegaConf
@@ -140,12 +194,13 @@ def refuse_changes(saved_yaml: str, config_yaml: str, may_change: Sequence[str],
         raise ConfigError(
             f"cannot {what} with a different config: these fields differ from the run's ({where}), "
             f"old -> new:\n  {lines}\nIt was trained with the old values: restore them to continue, "
-            f"or {start_over}. Only the fields of {names} in lm/core/resume.py may change on resume")
+            f"or {start_over}. Only the fields of {names} in lm/core/resume.py may change on resume"
+        )
     for line in allowed:
         log.warning("resuming with a changed setting: %s", line)
 
 
-def _trusted_file(ckpt: Path, name: str) -> Optional[str]:
+def _trusted_file(ckpt: Path, name: str) -> str | None:
     """The text of ckpt/name when it matches the checkpoint's manifest (or the checkpoint predates
     manifests); None when it is missing or damaged."""
     try:
@@ -154,15 +209,17 @@ def _trusted_file(ckpt: Path, name: str) -> Optional[str]:
         if "manifest_sha256" in trainer:
             manifest = (ckpt / "manifest.json").read_bytes()
             want = json.loads(manifest)["files"][name]["sha256"]
-            if hashlib.sha256(manifest).hexdigest() != trainer["manifest_sha256"] or \
-                    hashlib.sha256(text).hexdigest() != want:
+            if (
+                hashlib.sha256(manifest).hexdigest() != trainer["manifest_sha256"]
+                or hashlib.sha256(text).hexdigest() != want
+            ):
                 return None
         return text.decode()
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def _step(ckpt: Path) -> Optional[int]:
+def _step(ckpt: Path) -> int | None:
     try:
         return int(json.loads((ckpt / "trainer.json").read_text())["step"])
     except (OSError, ValueError, KeyError, TypeError):

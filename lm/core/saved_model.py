@@ -11,13 +11,15 @@ by the engine that wrote them, and the model config is returned as a plain node 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional
 
 import torch
 
 from lm.core.checkpoint import consolidated_state_dict, resolve
 
-EXPORT_MARKERS = ("model.safetensors", "config.json")  # the files of an lm export directory this reads (it may also hold hf/)
+EXPORT_MARKERS = (
+    "model.safetensors",
+    "config.json",
+)  # the files of an lm export directory this reads (it may also hold hf/)
 LM_CLASS = "_lm_class"  # the key lm export adds to config.json to mark its output (lm/cli/export.py)
 
 
@@ -26,7 +28,7 @@ class SavedModel:
     path: Path  # the lm export directory, or the checkpoint directory the given path resolved to
     export: bool  # an lm export directory (else a checkpoint of any engine)
 
-    def run_config(self) -> Optional[Dict]:
+    def run_config(self) -> dict | None:
         """The pretraining run's config.yaml as a plain (unresolved) dict: a checkpoint's own; an export's
         checkpoint's when the export sits where lm export puts it by default (<checkpoint>/export), else None."""
         from omegaconf import OmegaConf
@@ -38,7 +40,7 @@ class SavedModel:
         assert isinstance(config, dict)  # lm writes config.yaml as a mapping
         return config
 
-    def model_node(self) -> Dict:
+    def model_node(self) -> dict:
         """The saved model config: component slots name their class by `_target_`."""
         if not self.export:
             config = self.run_config()
@@ -48,7 +50,7 @@ class SavedModel:
         node.pop(LM_CLASS, None)
         return node
 
-    def state_dict(self) -> Dict[str, torch.Tensor]:
+    def state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights; a checkpoint's files are verified against its manifest before any is read."""
         if not self.export:
             return consolidated_state_dict(self.path)
@@ -57,7 +59,7 @@ class SavedModel:
         return load_file(str(self.path / "model.safetensors"))
 
 
-def recorded_tokenizer_sha256(ckpt) -> Optional[str]:
+def recorded_tokenizer_sha256(ckpt) -> str | None:
     """The sha256 of the tokenizer.json a run was pretrained with, as its packed loader recorded it in the
     checkpoint's rank00000.pt; None when not recorded (a run on other loaders, or no checkpoint). A data
     directory re-prepared since holds another file: lm finetune, lm attention and lm export refuse it.

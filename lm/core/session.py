@@ -15,8 +15,8 @@ LM_PLUGINS modules install.
 """
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Dict, Optional, Sequence
 
 from lm.core import loop
 from lm.core.checkpoint import Checkpointer
@@ -34,13 +34,22 @@ class Session:
     """One run of `task` (lm.core.task.TrainTask) on `engine` (made, not yet wrapped), with its checkpoints under
     run_dir/checkpoints; `config_yaml` is the run's resolved config (copied into checkpoints, compared on resume)."""
 
-    def __init__(self, train: TrainConfig, engine, task, run_dir: Path, config_yaml: str,
-                 hooks: Optional[Hooks] = None, log_file: Optional[Path] = None):
+    def __init__(
+        self,
+        train: TrainConfig,
+        engine,
+        task,
+        run_dir: Path,
+        config_yaml: str,
+        hooks: Hooks | None = None,
+        log_file: Path | None = None,
+    ):
         self.train_cfg, self.engine, self.task = train, engine, task
         self.run_dir, self.config_yaml = Path(run_dir), config_yaml
         self.hooks = hooks if hooks is not None else from_env()
-        self.checkpointer = self.checkpointer_at(self.run_dir, train.keep_last, config_yaml,
-                                                 asynchronous=train.async_checkpoint)
+        self.checkpointer = self.checkpointer_at(
+            self.run_dir, train.keep_last, config_yaml, asynchronous=train.async_checkpoint
+        )
         self.state = loop.State()
         self.tracker = NullTracker()
         # rank 0 logs to a file from here on (before resuming: the file says so)
@@ -52,12 +61,14 @@ class Session:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def checkpointer_at(self, run_dir: Path, keep_last: int, config_yaml: str,
-                        asynchronous: bool = False) -> Checkpointer:
+    def checkpointer_at(
+        self, run_dir: Path, keep_last: int, config_yaml: str, asynchronous: bool = False
+    ) -> Checkpointer:
         """A checkpointer of this session's engine under run_dir/checkpoints, with the session's hooks
         (asynchronous: written in the background, train.async_checkpoint; the loop waits for it)."""
-        return Checkpointer(run_dir, self.engine, keep_last, config_yaml, on_phase=self.hooks.on_save_phase,
-                            asynchronous=asynchronous)
+        return Checkpointer(
+            run_dir, self.engine, keep_last, config_yaml, on_phase=self.hooks.on_save_phase, asynchronous=asynchronous
+        )
 
     def build(self, make_model: Callable[[], "object"], seed: int, optim: OptimConfig):
         """The model from `seed` on every rank (FSDP2/ZeRO-3 then shard identical copies), wrapped by the engine
@@ -72,8 +83,13 @@ class Session:
         self.engine.wrap(model, lambda m: adamw(m, optim))
         return model
 
-    def resume_or_start(self, resume: bool = True, max_steps: Optional[int] = None,
-                        may_change: Sequence[str] = RESUMABLE, start_over: Optional[str] = None) -> Optional[Path]:
+    def resume_or_start(
+        self,
+        resume: bool = True,
+        max_steps: int | None = None,
+        may_change: Sequence[str] = RESUMABLE,
+        start_over: str | None = None,
+    ) -> Path | None:
         """Continue from the checkpoint to resume when `resume` and rank 0 finds one (every rank gets its answer;
         Checkpointer.resume_point: `latest` if intact, else the newest intact step_*, else a refusal): a config
         change outside `may_change` from that checkpoint's (or a max_steps below its step) is refused before
@@ -87,19 +103,31 @@ class Session:
             self.state = loop.State.from_checkpoint(trainer)
         return latest
 
-    def track(self, logger: LoggerConfig, config: Dict) -> None:
+    def track(self, logger: LoggerConfig, config: dict) -> None:
         """Rank 0's metrics sinks under run_dir (metrics.jsonl cut back to the resumed step); `config` (plain
         types) is what wandb records."""
         if self.engine.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.tracker = Tracker(self.run_dir, logger, config, resume_step=self.state.step)
 
-    def train(self, lr_at: Callable[[int], float], speed: loop.Speed = loop.Speed(), evals: Sequence = ()) -> loop.State:
+    def train(
+        self, lr_at: Callable[[int], float], speed: loop.Speed = loop.Speed(), evals: Sequence = ()
+    ) -> loop.State:
         """The loop from the current state to train.max_steps (`evals`: lm.core.task.EvalCallback, e.g. the GLUE
         probes); every rank finishes before any goes on (gloo aborts on exit races when one rank tears down its
         process group first)."""
-        self.state = loop.run(self.train_cfg, self.engine, self.task, lr_at, self.tracker, self.checkpointer,
-                              self.state, speed, evals, self.hooks)
+        self.state = loop.run(
+            self.train_cfg,
+            self.engine,
+            self.task,
+            lr_at,
+            self.tracker,
+            self.checkpointer,
+            self.state,
+            speed,
+            evals,
+            self.hooks,
+        )
         dist_utils.barrier()
         return self.state
 

@@ -6,7 +6,6 @@ Shared by lm train and lm finetune, so neither imports the other.
 import logging
 from pathlib import Path
 
-
 from lm.config_base import ConfigError
 from lm.core.config import TrainConfig
 
@@ -17,7 +16,9 @@ def engine_class(cfg, get_class):
     """The class an engine node names; `cfg` is the typed run config or finetuning job."""
     target = getattr(cfg.engine, "_target_", None) if cfg.engine else None
     if not target:
-        raise ConfigError("engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2")
+        raise ConfigError(
+            "engine has no _target_; pick one with engine=single|ddp|zero1|zero2|zero3|zero3_offload|fsdp2"
+        )
     return get_class(target)
 
 
@@ -32,11 +33,15 @@ def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
     if train_cfg.on_nonfinite == "skip" and engine.format == "deepspeed":
         raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
     if getattr(train_cfg, "async_checkpoint", False) and not engine.writes_async:
-        raise ConfigError("train.async_checkpoint=true does not work with DeepSpeed engines (their checkpoints are "
-                          "written synchronously); use train.async_checkpoint=false")
+        raise ConfigError(
+            "train.async_checkpoint=true does not work with DeepSpeed engines (their checkpoints are "
+            "written synchronously); use train.async_checkpoint=false"
+        )
     if train_cfg.float8 and engine.format == "deepspeed":
-        raise ConfigError("train.float8=torchao swaps the model's Linears before the engine wraps it, and DeepSpeed "
-                          "keeps weights of its own: use engine=single, ddp or fsdp2, or train.float8=false")
+        raise ConfigError(
+            "train.float8=torchao swaps the model's Linears before the engine wraps it, and DeepSpeed "
+            "keeps weights of its own: use engine=single, ddp or fsdp2, or train.float8=false"
+        )
     return engine
 
 

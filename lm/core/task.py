@@ -14,7 +14,7 @@ earlier evaluations (history, best results), are those of an uninterrupted run.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Protocol
+from typing import Protocol
 
 import torch
 
@@ -23,38 +23,38 @@ class StepBatches(Protocol):
     """An endless iterator over optimizer steps: each item is one step's micro-batches on this rank
     (every rank gets the same number, since engines count accumulation boundaries)."""
 
-    def __next__(self) -> List[Dict[str, torch.Tensor]]: ...
+    def __next__(self) -> list[dict[str, torch.Tensor]]: ...
 
-    def state_dict(self) -> Dict: ...
+    def state_dict(self) -> dict: ...
 
-    def load_state_dict(self, state: Dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 class TrainTask(Protocol):
     batches: StepBatches
     # The key of evaluate()'s record that model selection maximises; None = no "best" (pretraining).
-    best_metric: Optional[str]
+    best_metric: str | None
 
-    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+    def loss(self, model, batch: dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
         """Token-mean (or example-mean) loss of one micro-batch; lm.core.objectives.loss for every task today.
         The model's own metrics go to `metrics` (a lm.core.tracking.ModelMetrics, or None)."""
         ...
 
-    def evaluate(self, engine, step: int) -> Dict:
+    def evaluate(self, engine, step: int) -> dict:
         """Metrics after `step` optimizer steps (every rank calls it; sharded engines need every rank's
         forwards). The loop logs the record with step and tokens added."""
         ...
 
-    def on_best(self, engine, step: int, record: Dict) -> None:
+    def on_best(self, engine, step: int, record: dict) -> None:
         """Called after evaluate() when record[best_metric] beats every earlier evaluation, e.g. to
         predict the test set or save the weights with the same parameters."""
         ...
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         """Everything needed to continue exactly (the batches' position, what the task kept)."""
         ...
 
-    def load_state_dict(self, state: Dict) -> None: ...
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 class EvalCallback(Protocol):
@@ -67,6 +67,6 @@ class EvalCallback(Protocol):
         """Whether to run after optimizer step `step` (`last`: the run's final step)."""
         ...
 
-    def __call__(self, engine, step: int) -> Dict:
+    def __call__(self, engine, step: int) -> dict:
         """The metrics to log (every rank calls it; ranks that compute nothing return {})."""
         ...

@@ -15,7 +15,7 @@ import os
 import resource
 import secrets
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 from urllib.parse import urlparse
 
 import torch
@@ -26,11 +26,20 @@ from lm.extras import require
 log = logging.getLogger("lm")
 
 # Dense bf16 peak FLOP/s per device, from the vendors' data sheets (no sparsity).
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "A10G": 125e12, "L40S": 362e12, "L4": 121e12,
-              "V100": 125e12, "RTX 4090": 165e12, "RTX 3090": 71e12}
+PEAK_FLOPS = {
+    "H200": 989e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "A10G": 125e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "V100": 125e12,
+    "RTX 4090": 165e12,
+    "RTX 3090": 71e12,
+}
 
 
-def device_peak_flops(device: torch.device, configured: Optional[float]) -> Optional[float]:
+def device_peak_flops(device: torch.device, configured: float | None) -> float | None:
     """Configured peak, else the GPU's from the table (H100 PCIe is lower than SXM: set it), else None."""
     if configured:
         return float(configured)
@@ -42,7 +51,7 @@ def device_peak_flops(device: torch.device, configured: Optional[float]) -> Opti
     return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
 
 
-def mfu(flops_per_token: float, tokens_per_s: float, peak: Optional[float], world_size: int) -> Optional[float]:
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None, world_size: int) -> float | None:
     """Model FLOPs utilisation (Chowdhery et al. 2022): achieved model FLOP/s over the devices' peak."""
     if not peak:
         return None
@@ -79,10 +88,10 @@ class ModelMetrics:
     on the device as tensors: no host sync until the loop logs."""
 
     def __init__(self):
-        self.sums: Dict[str, torch.Tensor] = {}
+        self.sums: dict[str, torch.Tensor] = {}
         self.count = 0
 
-    def add(self, metrics: Dict[str, torch.Tensor]) -> None:
+    def add(self, metrics: dict[str, torch.Tensor]) -> None:
         for name, value in metrics.items():
             value = value.detach().float()
             self.sums[name] = self.sums[name] + value if name in self.sums else value
@@ -91,14 +100,17 @@ class ModelMetrics:
     def clear(self) -> None:
         self.sums, self.count = {}, 0
 
-    def pop(self, all_reduce_sum=lambda t: t) -> Dict[str, float]:
+    def pop(self, all_reduce_sum=lambda t: t) -> dict[str, float]:
         """Means over the forwards of every rank (all_reduce_sum sums a tensor over ranks); {} when none.
         Every rank runs the same model, so every rank has the same names or none."""
         if not self.sums:
             return {}
         names = sorted(self.sums)
-        totals = all_reduce_sum(torch.stack([self.sums[n] for n in names]
-                                            + [torch.tensor(float(self.count), device=self.sums[names[0]].device)]))
+        totals = all_reduce_sum(
+            torch.stack(
+                [self.sums[n] for n in names] + [torch.tensor(float(self.count), device=self.sums[names[0]].device)]
+            )
+        )
         values = (totals[:-1] / totals[-1]).tolist()
         self.clear()
         return {name: round(v, 6) for name, v in zip(names, values)}
@@ -107,7 +119,7 @@ class ModelMetrics:
 class Tracker:
     """Rank 0's metrics sinks. `resume_step` drops JSONL lines a killed run wrote after its checkpoint."""
 
-    def __init__(self, run_dir: Path, cfg: LoggerConfig, config: Dict, resume_step: int = 0):
+    def __init__(self, run_dir: Path, cfg: LoggerConfig, config: dict, resume_step: int = 0):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "metrics.jsonl"
         _truncate_after(self.path, resume_step)
@@ -115,7 +127,7 @@ class Tracker:
         self.wandb = self._start_wandb(cfg, config) if cfg.wandb else None
         self.tb = self._start_tensorboard() if cfg.tensorboard else None
 
-    def log(self, record: Dict) -> None:
+    def log(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()  # a killed run keeps everything up to its last step
         numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
@@ -132,7 +144,7 @@ class Tracker:
         if self.tb:
             self.tb.close()
 
-    def _start_wandb(self, cfg: LoggerConfig, config: Dict):
+    def _start_wandb(self, cfg: LoggerConfig, config: dict):
         import wandb
 
         mode = wandb_mode(cfg)
@@ -140,18 +152,30 @@ class Tracker:
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(4)
         id_file.write_text(run_id)
         # config values passed through as given: wandb.init checks them (mode: online|offline|disabled)
-        kwargs: Dict[str, Any] = dict(
-            mode=mode, project=cfg.project, entity=cfg.entity, group=cfg.group, job_type=cfg.job_type,
+        kwargs: dict[str, Any] = dict(
+            mode=mode,
+            project=cfg.project,
+            entity=cfg.entity,
+            group=cfg.group,
+            job_type=cfg.job_type,
             tags=[t[:64] for t in cfg.tags],  # wandb refuses longer tags (a sweep cell's long override)
-            name=cfg.name or self.run_dir.name, config=config, id=run_id, resume="allow", dir=str(self.run_dir))
+            name=cfg.name or self.run_dir.name,
+            config=config,
+            id=run_id,
+            resume="allow",
+            dir=str(self.run_dir),
+        )
         settings = wandb.Settings(init_timeout=60, silent=True)
         try:
             run = wandb.init(settings=settings, **kwargs)
         except Exception as e:  # network down or key rejected: keep the metrics, say so once
             if mode != "online":
                 raise
-            log.warning("wandb online init failed (%s); logging offline to %s/wandb (upload later with "
-                        "`wandb sync`)", e, self.run_dir)
+            log.warning(
+                "wandb online init failed (%s); logging offline to %s/wandb (upload later with `wandb sync`)",
+                e,
+                self.run_dir,
+            )
             run = wandb.init(settings=settings, **{**kwargs, "mode": "offline"})
         log.info("wandb: %s run %s (%s)", mode, run.id, run.dir)
         return run
@@ -166,7 +190,7 @@ class Tracker:
 class NullTracker:
     """What ranks other than 0 get."""
 
-    def log(self, record: Dict) -> None:
+    def log(self, record: dict) -> None:
         pass
 
     def close(self) -> None:

@@ -14,13 +14,10 @@ a sample is masked the same way whatever the micro-batch size, world size or res
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
-
 import numpy as np
 
 from lm.config_base import ConfigError
 from lm.constants import IGNORE_INDEX
-
 
 
 class Collator:
@@ -33,7 +30,7 @@ class Collator:
     def rng(self, key: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, self.stream, int(key)])
 
-    def __call__(self, windows: np.ndarray, keys: np.ndarray) -> Dict[str, np.ndarray]:
+    def __call__(self, windows: np.ndarray, keys: np.ndarray) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
 
@@ -51,8 +48,16 @@ class CausalLM(Collator):
 
 
 class MaskedLM(Collator):
-    def __init__(self, seq_len: int, mask_id: int, special_ids: List[int], vocab_size: int, probability: float = 0.15,
-                 seed: int = 0, stream: int = 0):
+    def __init__(
+        self,
+        seq_len: int,
+        mask_id: int,
+        special_ids: list[int],
+        vocab_size: int,
+        probability: float = 0.15,
+        seed: int = 0,
+        stream: int = 0,
+    ):
         super().__init__(seed, stream)
         self.window, self.mask_id, self.p = seq_len, mask_id, probability
         self.maskable = np.ones(vocab_size, dtype=bool)
@@ -77,16 +82,17 @@ class MaskedLM(Collator):
         inputs[swap] = self.regular[rng.integers(self.regular.size, size=int(swap.sum()))]
 
 
-def _span_counts(n: int, density: float, mean_span: float) -> Tuple[int, int]:
+def _span_counts(n: int, density: float, mean_span: float) -> tuple[int, int]:
     """(noise tokens, noise spans) for a window of n tokens, as T5's random_spans_noise_mask."""
     noise = min(max(int(round(n * density)), 1), n - 1)
     spans = max(int(round(min(noise, n - noise) / mean_span)), 1)
     return noise, spans
 
 
-def t5_lengths(seq_len: int, density: float, mean_span: float) -> Tuple[int, int, int]:
+def t5_lengths(seq_len: int, density: float, mean_span: float) -> tuple[int, int, int]:
     """(raw window, encoder input, decoder target) lengths: the longest window whose corrupted
     input (kept tokens + one sentinel per span + EOS) fits in seq_len."""
+
     def lengths(n):
         noise, spans = _span_counts(n, density, mean_span)
         return n - noise + spans + 1, noise + spans + 1
@@ -98,15 +104,26 @@ def t5_lengths(seq_len: int, density: float, mean_span: float) -> Tuple[int, int
 
 
 class SpanCorruption(Collator):
-    def __init__(self, seq_len: int, sentinel_ids: List[int], eos_id: int, decoder_start_id: int,
-                 density: float = 0.15, mean_span: float = 3.0, seed: int = 0, stream: int = 0):
+    def __init__(
+        self,
+        seq_len: int,
+        sentinel_ids: list[int],
+        eos_id: int,
+        decoder_start_id: int,
+        density: float = 0.15,
+        mean_span: float = 3.0,
+        seed: int = 0,
+        stream: int = 0,
+    ):
         super().__init__(seed, stream)
         self.window, self.input_len, self.target_len = t5_lengths(seq_len, density, mean_span)
         self.noise, self.spans = _span_counts(self.window, density, mean_span)
         if self.spans > len(sentinel_ids):
-            raise ConfigError(f"span corruption of {seq_len}-token inputs needs {self.spans} sentinel tokens, the "
-                              f"tokenizer has {len(sentinel_ids)}: prepare the data with n_sentinels >= {self.spans}, "
-                              f"or lower seq_len or data.noise_density")
+            raise ConfigError(
+                f"span corruption of {seq_len}-token inputs needs {self.spans} sentinel tokens, the "
+                f"tokenizer has {len(sentinel_ids)}: prepare the data with n_sentinels >= {self.spans}, "
+                f"or lower seq_len or data.noise_density"
+            )
         self.sentinels = np.asarray(sentinel_ids[: self.spans], dtype=np.int64)
         self.eos_id, self.start_id = eos_id, decoder_start_id
 
@@ -121,6 +138,7 @@ class SpanCorruption(Collator):
 
     def _noise_mask(self, rng) -> np.ndarray:
         """Noise spans interleaved with kept spans, kept first; span lengths are random compositions."""
+
         def composition(total, parts):
             cuts = np.sort(rng.choice(total - 1, parts - 1, replace=False)) + 1 if parts > 1 else np.empty(0, int)
             return np.diff(np.concatenate([[0], cuts, [total]]))

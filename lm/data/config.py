@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any
 
 from lm.config_base import Choice, ConfigError
 
@@ -53,18 +53,18 @@ class DataConfig:
     dir: str = "${oc.env:LM_CACHE,'~/.cache/lm'}/data/${.name}"  # the prepared directory (meta.json marks it done)
     source: Any = None  # registry corpus, file, directory, glob or hf:<dataset>[:<config>]; or a list of these
     val_source: Any = None  # optional sources that form the val split (then `split` applies to none of them)
-    mirror: Optional[str] = None  # local copy of registry files; None = $LM_DATA_MIRROR
+    mirror: str | None = None  # local copy of registry files; None = $LM_DATA_MIRROR
     format: Format = Format.auto
     text_field: str = "text"  # the field (JSONL) or column (Parquet, hf) that holds the text
     hf_split: str = "train"
     hf_streaming: bool = True
-    doc_split: Optional[DocSplit] = None  # None = corpus default or line
-    doc_separator: Optional[str] = None  # the regex when doc_split=regex
+    doc_split: DocSplit | None = None  # None = corpus default or line
+    doc_separator: str | None = None  # the regex when doc_split=regex
     tokenizer: str = "bpe"  # bpe | unigram | char | path to an existing tokenizer.json
     vocab_size: int = 8192  # bpe/unigram; char uses the corpus' own symbols
     n_sentinels: int = 100  # <extra_id_i> tokens for span corruption
     tokenizer_train_chars: int = 200_000_000  # train the tokenizer on at most this much text of the train split
-    split: Optional[Split] = None  # None = the corpus default
+    split: Split | None = None  # None = the corpus default
     val_fraction: float = 0.01
     split_seed: int = 0
     append_eos: bool = True  # EOS after every document
@@ -80,13 +80,12 @@ class DataConfig:
     mlm_probability: float = 0.15  # BERT (Devlin et al. 2019)
     noise_density: float = 0.15  # T5 span corruption (Raffel et al. 2020)
     mean_span_length: float = 3.0
-    train_stride: Optional[int] = None  # train windows start every this many tokens; None = tile (window - overlap)
+    train_stride: int | None = None  # train windows start every this many tokens; None = tile (window - overlap)
 
 
 def register_data_configs() -> None:
     """data/schema: every conf/data/*.yaml lists it first."""
     from hydra.core.config_store import ConfigStore
-
     from omegaconf import OmegaConf
 
     ConfigStore.instance().store(group="data", name="schema", node=DataConfig)
@@ -106,7 +105,7 @@ def text_name(source: Any) -> str:
     return f"text-{stem}-{hashlib.sha1(where.encode()).hexdigest()[:8]}"
 
 
-def data_preset(name: str, overrides: Optional[List[str]] = None) -> DataConfig:
+def data_preset(name: str, overrides: list[str] | None = None) -> DataConfig:
     """conf/data/<name>.yaml plus overrides (`data.vocab_size=512`), composed as `lm train data=<name>` does."""
     from lm.config_base import compose_group, conf_dir
 
@@ -131,8 +130,10 @@ def validate_data(cfg: DataConfig) -> None:
         except re.error as e:
             raise ConfigError(f"data.doc_separator={cfg.doc_separator!r} is not a regex: {e}") from None
         if pattern.groups or pattern.fullmatch(""):
-            raise ConfigError(f"data.doc_separator={cfg.doc_separator!r} must not match the empty string or use "
-                              f"capturing groups; write (?:...) for a group")
+            raise ConfigError(
+                f"data.doc_separator={cfg.doc_separator!r} must not match the empty string or use "
+                f"capturing groups; write (?:...) for a group"
+            )
     for name in ("vocab_size", "shard_tokens", "task_bytes", "max_doc_chars", "tokenizer_train_chars"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
             raise ConfigError(f"data.{name}={getattr(cfg, name)!r} must be a positive integer")
@@ -141,5 +142,4 @@ def validate_data(cfg: DataConfig) -> None:
     if cfg.train_stride is not None and cfg.train_stride < 1:
         raise ConfigError(f"data.train_stride={cfg.train_stride} must be >= 1, or null for windows that tile the text")
     if not 0.0 < cfg.mlm_probability < 1.0 or not 0.0 < cfg.noise_density < 1.0 or cfg.mean_span_length < 1.0:
-        raise ConfigError("data.mlm_probability and data.noise_density must be in (0, 1), "
-                          "data.mean_span_length >= 1")
+        raise ConfigError("data.mlm_probability and data.noise_density must be in (0, 1), data.mean_span_length >= 1")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import codecs
 import json
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, List, Optional
 
 from lm.data.errors import DataError
 from lm.data.tasks import ReadOptions, SourcePiece, doc_hash
@@ -20,11 +20,11 @@ MAX_EXAMPLES = 5  # bad records quoted in the error summary and meta.json
 class Docs:
     """The documents of one task: texts, whether each one ends (gets EOS), and its split."""
 
-    texts: List[str] = field(default_factory=list)
-    ends: List[bool] = field(default_factory=list)
-    splits: List[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    ends: list[bool] = field(default_factory=list)
+    splits: list[str] = field(default_factory=list)
     bad_records: int = 0
-    examples: List[str] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
     invalid_utf8: int = 0
     bytes: int = 0
     split_docs: int = 0  # documents longer than max_doc_chars, tokenized in pieces
@@ -47,13 +47,13 @@ class _Reader:
     def __init__(self, task: SourcePiece, opts: ReadOptions):
         self.task, self.opts, self.out = task, opts, Docs(bytes=task.raw_bytes)
 
-    def where(self, byte: int = 0, line: Optional[int] = None) -> str:
+    def where(self, byte: int = 0, line: int | None = None) -> str:
         if line is None:
             line = self.task.first_line + self.task.payload[:byte].count(b"\n")
         unit = "record" if self.task.format in ("parquet", "hf") else "line"
         return f"{self.task.path}:{line}" if unit == "line" else f"{self.task.path}: {unit} {line}"
 
-    def decode(self, data: bytes, line: Optional[int] = None) -> str:
+    def decode(self, data: bytes, line: int | None = None) -> str:
         """UTF-8 text; bad bytes are an error naming file, line and byte, or (replace) counted U+FFFD."""
         try:
             return data.decode("utf-8")
@@ -63,7 +63,8 @@ class _Reader:
                 raise DataError(
                     f"{self.where(e.start, line)}: invalid UTF-8 at {at} ({e.reason}). Convert the file to UTF-8 "
                     f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm prepare --encoding-errors "
-                    f"replace) to decode bad bytes as U+FFFD and count them") from None
+                    f"replace) to decode bad bytes as U+FFFD and count them"
+                ) from None
             before = _INVALID[0]
             text = data.decode("utf-8", errors="lm.count")
             self.out.invalid_utf8 += _INVALID[0] - before
@@ -71,8 +72,10 @@ class _Reader:
 
     def bad(self, where: str, problem: str, fix: str) -> None:
         if self.opts.bad_records != "skip":
-            raise DataError(f"{where}: {problem}. {fix}, or set bad_records=skip (lm prepare --bad-records skip) to "
-                            f"skip and count such records")
+            raise DataError(
+                f"{where}: {problem}. {fix}, or set bad_records=skip (lm prepare --bad-records skip) to "
+                f"skip and count such records"
+            )
         self.out.bad_records += 1
         if len(self.out.examples) < MAX_EXAMPLES:
             self.out.examples.append(f"{where}: {problem}")
@@ -80,7 +83,7 @@ class _Reader:
     def add(self, text: str, ends: bool = True) -> None:
         self.add_all([text], ends)
 
-    def add_all(self, texts: List[str], last_ends: bool = True) -> None:
+    def add_all(self, texts: list[str], last_ends: bool = True) -> None:
         """Documents in order; each ends (gets EOS) except perhaps the last (cut at a forced split point).
 
         One pass per task rather than per document: a line-split corpus has ~40k documents per MB.
@@ -107,7 +110,7 @@ class _Reader:
 _CUTS = (re.compile(r" (?=\S)"), re.compile(r"\s(?=\S)"))
 
 
-def split_long(text: str, limit: int) -> List[str]:
+def split_long(text: str, limit: int) -> list[str]:
     """`text` in pieces of at most `limit` characters, each cut before the last space (else whitespace)
     in front of a word in the piece's last quarter; exactly at `limit` when there is none (a giant word).
 
@@ -170,8 +173,11 @@ def _jsonl_docs(r: _Reader) -> None:
         value = record.get(field_name) if isinstance(record, dict) else None
         if not isinstance(value, str):
             keys = list(record)[:10] if isinstance(record, dict) else type(record).__name__
-            r.bad(r.where(line=here), f"no string field {field_name!r} (has: {keys})",
-                  "Set text_field to the field that holds the text (lm prepare --text-field KEY)")
+            r.bad(
+                r.where(line=here),
+                f"no string field {field_name!r} (has: {keys})",
+                "Set text_field to the field that holds the text (lm prepare --text-field KEY)",
+            )
             continue
         if value:
             r.add(value)
@@ -187,13 +193,16 @@ def _loads_or_none(text: str):
 def _value_docs(r: _Reader) -> None:
     for i, value in enumerate(r.task.payload):
         if not isinstance(value, str):
-            r.bad(r.where(line=r.task.first_line + i), f"field {r.opts.text_field!r} is {type(value).__name__}, "
-                  f"not text", "Drop such records upstream")
+            r.bad(
+                r.where(line=r.task.first_line + i),
+                f"field {r.opts.text_field!r} is {type(value).__name__}, not text",
+                "Drop such records upstream",
+            )
         elif value:
             r.add(value)
 
 
-def iter_texts(tasks: Iterable[SourcePiece], opts: ReadOptions, split: Optional[str] = "train") -> Iterator[str]:
+def iter_texts(tasks: Iterable[SourcePiece], opts: ReadOptions, split: str | None = "train") -> Iterator[str]:
     """Documents of `split` (None = all), read in this process: the stream a tokenizer trains on."""
     for task in tasks:
         docs = read_task(task, opts)

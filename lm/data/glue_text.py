@@ -14,30 +14,31 @@ source (size, mtime) stays valid between runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 from lm.data.errors import DataError
 
 PREFIX = "glue:"
 
 
-def parse_tasks(source: str) -> List[str]:
+def parse_tasks(source: str) -> list[str]:
     """`glue:sst2,cola` -> ["sst2", "cola"]; unknown task names are refused, naming the known ones."""
     from lm.glue.tasks import TASKS
 
-    tasks = [t.strip() for t in source[len(PREFIX):].split(",") if t.strip()]
+    tasks = [t.strip() for t in source[len(PREFIX) :].split(",") if t.strip()]
     unknown = [t for t in tasks if t not in TASKS]
     if not tasks or unknown:
-        raise DataError(f"source {source!r}: {'unknown GLUE task(s) ' + str(unknown) if unknown else 'no task named'}; "
-                        f"write glue:<task>[,<task>...] with tasks from {sorted(TASKS)}")
+        raise DataError(
+            f"source {source!r}: {'unknown GLUE task(s) ' + str(unknown) if unknown else 'no task named'}; "
+            f"write glue:<task>[,<task>...] with tasks from {sorted(TASKS)}"
+        )
     return tasks
 
 
-def sentences(tasks: List[str], root=None) -> str:
+def sentences(tasks: list[str], root=None) -> str:
     """One sentence per line from the TRAIN split of each task (both sentences of a pair), newlines flattened."""
     from lm.glue.readers import GlueDataMissing, load_split
 
-    lines: List[str] = []
+    lines: list[str] = []
     for t in tasks:
         try:
             examples = load_split(t, "train", root)  # the local TSV, else the Hugging Face copy
@@ -48,7 +49,7 @@ def sentences(tasks: List[str], root=None) -> str:
     return "\n".join(x.replace("\n", " ") for x in lines) + "\n"
 
 
-def write_sentences(path: Path, tasks: List[str], root=None) -> Path:
+def write_sentences(path: Path, tasks: list[str], root=None) -> Path:
     """Write (atomically, only when the text changed) the train sentences of `tasks` to `path`."""
     from lm.core.files import atomic_write_text
 
@@ -58,7 +59,7 @@ def write_sentences(path: Path, tasks: List[str], root=None) -> Path:
     return path
 
 
-def glue_source(source: str, mirror: Optional[Path]) -> Path:
+def glue_source(source: str, mirror: Path | None) -> Path:
     """The derived sentence file of a `glue:` source, under the download cache."""
     from lm.data.corpora import cache_dir
 

@@ -8,7 +8,6 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 
@@ -21,13 +20,13 @@ FORMAT_VERSION = 1
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 
 
-def fingerprint(content: dict, files: List[SourceFile]) -> str:
+def fingerprint(content: dict, files: list[SourceFile]) -> str:
     stamp = [(f.path, f.format, f.split, *f.stat()) for f in files]
     blob = json.dumps({"version": FORMAT_VERSION, "config": content, "files": stamp}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def read_json(path: Path) -> Optional[dict]:
+def read_json(path: Path) -> dict | None:
     """The JSON object in `path`; None when it is missing, unreadable or not an object (a list, a number)."""
     try:
         obj = json.loads(path.read_text())
@@ -41,8 +40,9 @@ def written_by_prepare(root: Path, meta: dict) -> bool:
     the tokenizer, the shards): only such a directory may be replaced, so a user's directory that merely
     holds a meta.json keeps its files."""
     try:
-        listed = {META, meta["tokenizer"]["file"]} | {s["file"] for split in meta["splits"].values()
-                                                      for s in split["shards"]}
+        listed = {META, meta["tokenizer"]["file"]} | {
+            s["file"] for split in meta["splits"].values() for s in split["shards"]
+        }
     except (KeyError, TypeError, AttributeError):
         return False
     shard = re.compile(r"\w+_\d{5}\.bin")
@@ -64,28 +64,40 @@ def open_prepared(data_dir, checksums: bool = False) -> dict:
     meta = read_json(root / META)
     if meta is None:
         partial = root.with_name(f".{root.name}.partial")
-        hint = f" (an interrupted run left {partial}; re-run the same lm prepare command to resume it)" \
-            if partial.exists() else ""
-        raise DataError(f"{root}: no readable {META}, so this is not a complete lm prepare directory{hint}; "
-                        f"run lm prepare --out {root} (or let lm train prepare it)")
+        hint = (
+            f" (an interrupted run left {partial}; re-run the same lm prepare command to resume it)"
+            if partial.exists()
+            else ""
+        )
+        raise DataError(
+            f"{root}: no readable {META}, so this is not a complete lm prepare directory{hint}; "
+            f"run lm prepare --out {root} (or let lm train prepare it)"
+        )
     if meta.get("format_version") != FORMAT_VERSION:
-        raise DataError(f"{root / META}: format version {meta.get('format_version')}, this code reads "
-                        f"{FORMAT_VERSION}; re-run lm prepare --force --out {root}")
+        raise DataError(
+            f"{root / META}: format version {meta.get('format_version')}, this code reads "
+            f"{FORMAT_VERSION}; re-run lm prepare --force --out {root}"
+        )
     tok = Tokenizer.load(root / meta["tokenizer"]["file"])
     if tok.sha256 != meta["tokenizer"]["sha256"]:
-        raise DataError(f"{root / TOKENIZER} does not match the tokenizer the shards were made with (sha256 "
-                        f"{tok.sha256[:12]} vs {meta['tokenizer']['sha256'][:12]} in {META}); the directory mixes two "
-                        f"runs: re-run lm prepare --force --out {root}")
+        raise DataError(
+            f"{root / TOKENIZER} does not match the tokenizer the shards were made with (sha256 "
+            f"{tok.sha256[:12]} vs {meta['tokenizer']['sha256'][:12]} in {META}); the directory mixes two "
+            f"runs: re-run lm prepare --force --out {root}"
+        )
     itemsize = np.dtype(meta["dtype"]).itemsize
     for split in meta["splits"].values():
         for s in split["shards"]:
             path = root / s["file"]
             size = path.stat().st_size if path.is_file() else None
             if size != s["tokens"] * itemsize:
-                raise DataError(f"{path}: {'missing' if size is None else f'{size} bytes'}, expected "
-                                f"{s['tokens'] * itemsize} ({s['tokens']} tokens of {meta['dtype']}): the shard is "
-                                f"truncated or corrupt; re-run lm prepare --force --out {root}")
+                raise DataError(
+                    f"{path}: {'missing' if size is None else f'{size} bytes'}, expected "
+                    f"{s['tokens'] * itemsize} ({s['tokens']} tokens of {meta['dtype']}): the shard is "
+                    f"truncated or corrupt; re-run lm prepare --force --out {root}"
+                )
             if checksums and file_sha256(path) != s["sha256"]:
-                raise DataError(f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm prepare --force "
-                                f"--out {root}")
+                raise DataError(
+                    f"{path}: sha256 differs from {META}: the shard is corrupt; re-run lm prepare --force --out {root}"
+                )
     return meta

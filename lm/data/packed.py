@@ -27,8 +27,8 @@ where not predicted); span -> input_ids, decoder_input_ids, labels.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class TokenStream:
         self.files = [s["file"] for s in meta["splits"][split]["shards"]]
         self.starts = np.cumsum([0] + [s["tokens"] for s in meta["splits"][split]["shards"]])  # (n_shards + 1,)
         self.n = int(self.starts[-1])
-        self._maps: Dict[int, np.ndarray] = {}
+        self._maps: dict[int, np.ndarray] = {}
 
     def shard(self, i: int) -> np.ndarray:
         if i not in self._maps:
@@ -78,7 +78,7 @@ class TokenStream:
             i = int(np.searchsorted(self.starts, pos, side="right")) - 1
             lo = pos - int(self.starts[i])
             take = min(out.size - filled, int(self.starts[i + 1]) - pos)
-            out[filled: filled + take] = self.shard(i)[lo: lo + take]
+            out[filled : filled + take] = self.shard(i)[lo : lo + take]
             pos, filled = pos + take, filled + take
 
     def locate(self, pos: int) -> str:
@@ -98,7 +98,7 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def permute(i: np.ndarray, n: int, key: List[int]) -> np.ndarray:
+def permute(i: np.ndarray, n: int, key: list[int]) -> np.ndarray:
     """perm(i) for a pseudo-random permutation of range(n) chosen by `key`, without an O(n) table."""
     half = max(1, (max(n - 1, 1).bit_length() + 1) // 2)
     mask = np.uint64((1 << half) - 1)
@@ -119,8 +119,17 @@ def permute(i: np.ndarray, n: int, key: List[int]) -> np.ndarray:
 # -- the loader ---------------------------------------------------------------------------------
 
 
-def make_collator(objective: str, seq_len: int, meta: dict, seed: int, stream: int, mlm_probability: float = 0.15,
-                  noise_density: float = 0.15, mean_span_length: float = 3.0, decoder_start_id: Optional[int] = None) -> Collator:
+def make_collator(
+    objective: str,
+    seq_len: int,
+    meta: dict,
+    seed: int,
+    stream: int,
+    mlm_probability: float = 0.15,
+    noise_density: float = 0.15,
+    mean_span_length: float = 3.0,
+    decoder_start_id: int | None = None,
+) -> Collator:
     sp, vocab = meta["tokenizer"]["specials"], meta["tokenizer"]["vocab_size"]
     if objective == "clm":
         return CausalLM(seq_len, seed, stream)
@@ -136,11 +145,24 @@ def make_collator(objective: str, seq_len: int, meta: dict, seed: int, stream: i
 class PackedLoader:
     """Fixed-length batches over a prepared directory; see the module docstring."""
 
-    def __init__(self, data_dir, split: str, seq_len: int, micro_batch_size: int, objective: str = "clm",
-                 rank: int = 0, world_size: int = 1, seed: int = 0,
-                 mlm_probability: float = 0.15, noise_density: float = 0.15, mean_span_length: float = 3.0,
-                 vocab_size: Optional[int] = None, decoder_start_id: Optional[int] = None, verify: bool = False,
-                 train_stride: Optional[int] = None):
+    def __init__(
+        self,
+        data_dir,
+        split: str,
+        seq_len: int,
+        micro_batch_size: int,
+        objective: str = "clm",
+        rank: int = 0,
+        world_size: int = 1,
+        seed: int = 0,
+        mlm_probability: float = 0.15,
+        noise_density: float = 0.15,
+        mean_span_length: float = 3.0,
+        vocab_size: int | None = None,
+        decoder_start_id: int | None = None,
+        verify: bool = False,
+        train_stride: int | None = None,
+    ):
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank={rank} must be in [0, world_size={world_size})")
         if seq_len < 1 or micro_batch_size < 1:
@@ -150,25 +172,40 @@ class PackedLoader:
         self.vocab_size = self.meta["tokenizer"]["vocab_size"]
         self.tokenizer_sha256 = self.meta["tokenizer"]["sha256"]
         if vocab_size is not None and vocab_size < self.vocab_size:
-            raise ConfigError(f"model.vocab_size={vocab_size} is smaller than the tokenizer of {self.root} "
-                              f"({self.vocab_size} tokens); set model.vocab_size={self.vocab_size} or more")
+            raise ConfigError(
+                f"model.vocab_size={vocab_size} is smaller than the tokenizer of {self.root} "
+                f"({self.vocab_size} tokens); set model.vocab_size={self.vocab_size} or more"
+            )
         self.split, self.seq_len, self.micro_batch_size = split, seq_len, micro_batch_size
         self.objective, self.rank, self.world_size, self.seed = objective, rank, world_size, seed
         self.training = split == "train"
         self.stream = TokenStream(self.root, self.meta, split)
-        self.collate = make_collator(objective, seq_len, self.meta, seed, 0 if self.training else 1,
-                                     mlm_probability, noise_density, mean_span_length, decoder_start_id)
+        self.collate = make_collator(
+            objective,
+            seq_len,
+            self.meta,
+            seed,
+            0 if self.training else 1,
+            mlm_probability,
+            noise_density,
+            mean_span_length,
+            decoder_start_id,
+        )
         self.window, self.stride = self.collate.window, self.collate.window - self.collate.overlap
         if train_stride is not None and self.training:  # val always tiles: each token scored once
             if train_stride < 1:
-                raise ConfigError(f"data.train_stride={train_stride} must be >= 1 (or null: the window "
-                                  f"length minus the overlap, {self.stride} here)")
+                raise ConfigError(
+                    f"data.train_stride={train_stride} must be >= 1 (or null: the window "
+                    f"length minus the overlap, {self.stride} here)"
+                )
             self.stride = train_stride
         self.n_samples = max(0, (self.stream.n - self.window) // self.stride + 1)  # last start <= n - window
         if self.n_samples < (1 if self.training else world_size):
-            raise DataError(f"{self.root}: the {split!r} split has {self.stream.n} tokens, too few for "
-                            f"{1 if self.training else world_size} window(s) of {self.window} tokens; use a "
-                            f"shorter seq_len, or prepare more data for it (val_fraction)")
+            raise DataError(
+                f"{self.root}: the {split!r} split has {self.stream.n} tokens, too few for "
+                f"{1 if self.training else world_size} window(s) of {self.window} tokens; use a "
+                f"shorter seq_len, or prepare more data for it (val_fraction)"
+            )
         self.consumed = 0  # samples consumed by the whole data-parallel group (train)
 
     @property
@@ -225,23 +262,34 @@ class PackedLoader:
         if windows.max() >= self.vocab_size:
             b, t = np.unravel_index(int(windows.argmax()), windows.shape)
             where = self.stream.locate(int(sample_ids[b]) * self.stride + int(t))
-            raise DataError(f"{where}: token id {windows[b, t]} >= vocabulary size {self.vocab_size}: the shard is "
-                            f"corrupt or from another tokenizer; run lm prepare --verify {self.root}, then "
-                            f"lm prepare --force")
+            raise DataError(
+                f"{where}: token id {windows[b, t]} >= vocabulary size {self.vocab_size}: the shard is "
+                f"corrupt or from another tokenizer; run lm prepare --verify {self.root}, then "
+                f"lm prepare --force"
+            )
         return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in self.collate(windows, keys).items()}
 
     # -- resume -------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"samples_consumed": int(self.consumed), "seed": self.seed, "split": self.split,
-                "n_samples": self.n_samples, "window": self.window, "stride": self.stride,
-                "objective": self.objective, "tokenizer_sha256": self.tokenizer_sha256}
+        return {
+            "samples_consumed": int(self.consumed),
+            "seed": self.seed,
+            "split": self.split,
+            "n_samples": self.n_samples,
+            "window": self.window,
+            "stride": self.stride,
+            "objective": self.objective,
+            "tokenizer_sha256": self.tokenizer_sha256,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue after `samples_consumed` samples; refuses a state from another data order."""
         for key in ("seed", "split", "n_samples", "window", "stride", "objective", "tokenizer_sha256"):
             if key in state and state[key] != getattr(self, key):
-                raise ConfigError(f"loader state has {key}={state[key]!r} but this loader has {getattr(self, key)!r}: "
-                                  f"the resumed run would not see the same data order; resume with the same data, "
-                                  f"seq_len, train_stride, objective and seed")
+                raise ConfigError(
+                    f"loader state has {key}={state[key]!r} but this loader has {getattr(self, key)!r}: "
+                    f"the resumed run would not see the same data order; resume with the same data, "
+                    f"seq_len, train_stride, objective and seed"
+                )
         self.consumed = int(state["samples_consumed"])

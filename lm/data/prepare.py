@@ -53,26 +53,52 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
 
 import numpy as np
 
 from lm.config_base import to_typed
 from lm.data.config import DataConfig, validate_data
+from lm.data.documents import iter_texts
 from lm.data.errors import DataError
-from lm.data.manifest import (FORMAT_VERSION, META, PROGRESS, TOKENIZER, fingerprint, open_prepared, read_json,
-                              write_json, written_by_prepare)
+from lm.data.manifest import (
+    FORMAT_VERSION,
+    META,
+    PROGRESS,
+    TOKENIZER,
+    fingerprint,
+    open_prepared,
+    read_json,
+    write_json,
+    written_by_prepare,
+)
 from lm.data.shards import CannotResume, ShardWriter
 from lm.data.sources import SourceFile, resolve
 from lm.data.tasks import Planner, ReadOptions, contiguous_cut
-from lm.data.documents import iter_texts
 from lm.data.tokenizer import KINDS, Tokenizer, iter_limited, train
 from lm.data.workers import Result, token_dtype, tokenize_tasks
 
 # Settings that change the prepared tokens; the others (workers, dir, loader options) do not.
-CONTENT_FIELDS = ("source", "val_source", "format", "text_field", "hf_split", "doc_split", "doc_separator",
-                  "tokenizer", "vocab_size", "n_sentinels", "tokenizer_train_chars", "split", "val_fraction",
-                  "split_seed", "append_eos", "task_bytes", "encoding_errors", "bad_records", "max_doc_chars")
+CONTENT_FIELDS = (
+    "source",
+    "val_source",
+    "format",
+    "text_field",
+    "hf_split",
+    "doc_split",
+    "doc_separator",
+    "tokenizer",
+    "vocab_size",
+    "n_sentinels",
+    "tokenizer_train_chars",
+    "split",
+    "val_fraction",
+    "split_seed",
+    "append_eos",
+    "task_bytes",
+    "encoding_errors",
+    "bad_records",
+    "max_doc_chars",
+)
 log = logging.getLogger("lm.data")
 
 
@@ -101,16 +127,28 @@ def with_corpus_defaults(cfg: DataConfig, corpus) -> DataConfig:
     """Fill the settings left None with the registry corpus' own choices, else the general defaults."""
     from dataclasses import replace
 
-    return replace(cfg, doc_split=cfg.doc_split or (corpus.doc_split if corpus else "line"),
-                   doc_separator=cfg.doc_separator or (corpus.doc_separator if corpus else None),
-                   split=cfg.split or (corpus.split if corpus else "document"))
+    return replace(
+        cfg,
+        doc_split=cfg.doc_split or (corpus.doc_split if corpus else "line"),
+        doc_separator=cfg.doc_separator or (corpus.doc_separator if corpus else None),
+        split=cfg.split or (corpus.split if corpus else "document"),
+    )
 
 
 def read_options(cfg: DataConfig) -> ReadOptions:
-    return ReadOptions(doc_split=cfg.doc_split, doc_separator=cfg.doc_separator, text_field=cfg.text_field,
-                       split=cfg.split, val_fraction=cfg.val_fraction, split_seed=cfg.split_seed,
-                       encoding_errors=cfg.encoding_errors, bad_records=cfg.bad_records, task_bytes=cfg.task_bytes,
-                       max_doc_chars=cfg.max_doc_chars, hf_streaming=cfg.hf_streaming)
+    return ReadOptions(
+        doc_split=cfg.doc_split,
+        doc_separator=cfg.doc_separator,
+        text_field=cfg.text_field,
+        split=cfg.split,
+        val_fraction=cfg.val_fraction,
+        split_seed=cfg.split_seed,
+        encoding_errors=cfg.encoding_errors,
+        bad_records=cfg.bad_records,
+        task_bytes=cfg.task_bytes,
+        max_doc_chars=cfg.max_doc_chars,
+        hf_streaming=cfg.hf_streaming,
+    )
 
 
 def content_config(cfg: DataConfig) -> dict:
@@ -129,9 +167,9 @@ def _workers(cfg: DataConfig) -> int:
 
 @dataclass
 class Stats:
-    docs: Dict[str, int] = field(default_factory=dict)
+    docs: dict[str, int] = field(default_factory=dict)
     bad_records: int = 0
-    examples: List[str] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
     invalid_utf8: int = 0
     split_docs: int = 0
 
@@ -168,8 +206,10 @@ def _sources(cfg: DataConfig):
 # How to resolve prepared data that differs from the settings asked for: lm prepare can rebuild (--force);
 # lm train must not touch the directory, and gives the new settings a directory of their own instead.
 REBUILD_HINT = "Pass --force to rebuild it (the old data stays until the new data is complete), or choose another --out"
-TRAIN_HINT = ("Give these settings a directory of their own (data.name=<new name> or data.dir=<new dir>), or train on "
-              "that directory as it is: data=<dir>")
+TRAIN_HINT = (
+    "Give these settings a directory of their own (data.name=<new name> or data.dir=<new dir>), or train on "
+    "that directory as it is: data=<dir>"
+)
 
 
 def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) -> bool:
@@ -179,8 +219,10 @@ def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) 
     meta = read_json(out / META)
     if meta is None:
         if any(out.iterdir()):
-            raise DataError(f"{out} exists, is not empty and is not a finished lm prepare directory (no readable "
-                            f"{META} object); refusing to overwrite it: choose another --out, or remove it")
+            raise DataError(
+                f"{out} exists, is not empty and is not a finished lm prepare directory (no readable "
+                f"{META} object); refusing to overwrite it: choose another --out, or remove it"
+            )
         return False
     # Directories prepared before max_doc_chars existed are kept: their long documents were tokenized whole,
     # which cost memory then, not correctness now.
@@ -192,28 +234,35 @@ def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) 
         raise DataError(f"{out} holds data prepared with other settings (differs in: {diff}). {hint}")
     if not written_by_prepare(out, meta):  # --force replaces the whole directory
         theirs = sorted(p.name for p in out.iterdir())[:5]
-        raise DataError(f"{out} holds files lm prepare did not write (it holds {', '.join(theirs)}; its {META} does "
-                        f"not list them all), so --force will not replace it: choose another --out, or move the "
-                        f"directory away")
+        raise DataError(
+            f"{out} holds files lm prepare did not write (it holds {', '.join(theirs)}; its {META} does "
+            f"not list them all), so --force will not replace it: choose another --out, or move the "
+            f"directory away"
+        )
     return False
 
 
-def _start(partial: Path, fp: str, restart: bool) -> Optional[dict]:
+def _start(partial: Path, fp: str, restart: bool) -> dict | None:
     """The progress record to resume from, or None (fresh start); says which."""
     progress = read_json(partial / PROGRESS) if partial.exists() else None
     if progress and progress.get("fingerprint") == fp and not restart:
         say(f"resuming the interrupted run in {partial} ({progress['tasks_done']} tasks already done)")
         return progress
     if partial.exists():
-        why = "--restart was given" if restart else "its sources or settings differ" if progress else \
-            "it has no progress record"
+        why = (
+            "--restart was given"
+            if restart
+            else "its sources or settings differ"
+            if progress
+            else "it has no progress record"
+        )
         say(f"restarting: discarding the interrupted run in {partial} ({why})")
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
     return None
 
 
-def _tokenizer(cfg: DataConfig, files, opts, cut, partial: Path, progress: Optional[dict], show: bool) -> Tokenizer:
+def _tokenizer(cfg: DataConfig, files, opts, cut, partial: Path, progress: dict | None, show: bool) -> Tokenizer:
     path = partial / TOKENIZER
     if progress and path.is_file():
         return Tokenizer.load(path)
@@ -231,8 +280,9 @@ def _tokenizer(cfg: DataConfig, files, opts, cut, partial: Path, progress: Optio
     return tok
 
 
-def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True,
-            hint: str = REBUILD_HINT) -> Path:
+def prepare(
+    cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True, hint: str = REBUILD_HINT
+) -> Path:
     """Build (or resume, or find complete) the prepared directory of a data config. See the module doc."""
     cfg = data_config(cfg)
     out = Path(out or cfg.dir).expanduser().absolute()
@@ -258,7 +308,7 @@ def prepare(cfg, out=None, *, force: bool = False, restart: bool = False, progre
     return out
 
 
-def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], show: bool) -> None:
+def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, show: bool) -> None:
     from tqdm import tqdm
 
     t0 = time.time()
@@ -274,8 +324,18 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
     skipped_bytes = sum(t.raw_bytes for t in itertools.islice(tasks, done))
     total = sum(os.path.getsize(f.path) for f in files if f.format != "hf") or None
     init = (str(partial / TOKENIZER), opts, cfg.append_eos)
-    with tqdm(total=total, initial=skipped_bytes, unit="B", unit_scale=True, desc="tokenize", disable=not show,
-              file=sys.stderr) as bar, contextlib.ExitStack() as files_open:
+    with (
+        tqdm(
+            total=total,
+            initial=skipped_bytes,
+            unit="B",
+            unit_scale=True,
+            desc="tokenize",
+            disable=not show,
+            file=sys.stderr,
+        ) as bar,
+        contextlib.ExitStack() as files_open,
+    ):
         for w in writers.values():
             files_open.callback(w.release)
         for result in tokenize_tasks(tasks, _workers(cfg), init):
@@ -286,20 +346,42 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
                 writers[split].write(tokens)
             stats.add(result)
             done += 1
-            write_json(partial / PROGRESS, {"fingerprint": fp, "tasks_done": done, "stats": asdict(stats),
-                                             "writers": {s: w.state() for s, w in writers.items()}})
+            write_json(
+                partial / PROGRESS,
+                {
+                    "fingerprint": fp,
+                    "tasks_done": done,
+                    "stats": asdict(stats),
+                    "writers": {s: w.state() for s, w in writers.items()},
+                },
+            )
             bar.update(result.bytes)
     splits = {s: {**w.close(), "documents": stats.docs.get(s, 0)} for s, w in sorted(writers.items())}
     _check_splits(cfg, splits, planner)
-    meta = {"format_version": FORMAT_VERSION, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "tokenizer": {"file": TOKENIZER, "kind": tok.kind, "vocab_size": tok.vocab_size, "sha256": tok.sha256,
-                          "specials": tok.specials},
-            "dtype": np.dtype(dtype).name, "config": content_config(cfg), "fingerprint": fp,
-            "sources": planner.sources, "splits": splits,
-            "skipped": {"empty_files": planner.empty_files, "bad_records": stats.bad_records,
-                        "bad_record_examples": stats.examples, "invalid_utf8_sequences": stats.invalid_utf8},
-            "split_documents": stats.split_docs,  # longer than max_doc_chars: tokenized in pieces
-            "seconds": round(time.time() - t0, 2)}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "tokenizer": {
+            "file": TOKENIZER,
+            "kind": tok.kind,
+            "vocab_size": tok.vocab_size,
+            "sha256": tok.sha256,
+            "specials": tok.specials,
+        },
+        "dtype": np.dtype(dtype).name,
+        "config": content_config(cfg),
+        "fingerprint": fp,
+        "sources": planner.sources,
+        "splits": splits,
+        "skipped": {
+            "empty_files": planner.empty_files,
+            "bad_records": stats.bad_records,
+            "bad_record_examples": stats.examples,
+            "invalid_utf8_sequences": stats.invalid_utf8,
+        },
+        "split_documents": stats.split_docs,  # longer than max_doc_chars: tokenized in pieces
+        "seconds": round(time.time() - t0, 2),
+    }
     write_json(partial / META, meta)  # last: from here on the directory is complete
     (partial / PROGRESS).unlink()
     _summary(meta)
@@ -308,20 +390,26 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: Optional[dict], 
 def _check_splits(cfg: DataConfig, splits: dict, planner: Planner) -> None:
     if not any(s["tokens"] for s in splits.values()):
         empty = f" (empty files skipped: {planner.empty_files})" if planner.empty_files else ""
-        raise DataError(f"no text found in the sources {[s['path'] for s in planner.sources]}{empty}; check the "
-                        f"paths, the format and text_field")
+        raise DataError(
+            f"no text found in the sources {[s['path'] for s in planner.sources]}{empty}; check the "
+            f"paths, the format and text_field"
+        )
     needed = ["train"] + (["val"] if cfg.val_fraction > 0 else [])
     for split in needed:
         if not splits.get(split, {}).get("tokens"):
             docs = {s: v["documents"] for s, v in splits.items()}
-            raise DataError(f"the {split} split is empty: documents per split {docs} (split={cfg.split}, "
-                            f"val_fraction={cfg.val_fraction}). With few, large documents use split=contiguous "
-                            f"(--split contiguous); else change val_fraction or split_seed, or give val_source")
+            raise DataError(
+                f"the {split} split is empty: documents per split {docs} (split={cfg.split}, "
+                f"val_fraction={cfg.val_fraction}). With few, large documents use split=contiguous "
+                f"(--split contiguous); else change val_fraction or split_seed, or give val_source"
+            )
 
 
 def _summary(meta: dict) -> None:
-    parts = [f"{s}: {v['tokens']:,} tokens, {v['documents']:,} documents, {len(v['shards'])} shards"
-             for s, v in meta["splits"].items()]
+    parts = [
+        f"{s}: {v['tokens']:,} tokens, {v['documents']:,} documents, {len(v['shards'])} shards"
+        for s, v in meta["splits"].items()
+    ]
     tokens = sum(v["tokens"] for v in meta["splits"].values())
     say(f"done in {meta['seconds']}s ({tokens / max(meta['seconds'], 1e-9):,.0f} tokens/s); " + "; ".join(parts))
     sk = meta["skipped"]
@@ -330,8 +418,10 @@ def _summary(meta: dict) -> None:
     if sk["bad_records"]:
         say(f"skipped {sk['bad_records']} bad records, e.g. {sk['bad_record_examples']}")
     if meta["split_documents"]:
-        say(f"tokenized {meta['split_documents']} documents longer than max_doc_chars="
-            f"{meta['config']['max_doc_chars']:,} characters in pieces cut before whitespace")
+        say(
+            f"tokenized {meta['split_documents']} documents longer than max_doc_chars="
+            f"{meta['config']['max_doc_chars']:,} characters in pieces cut before whitespace"
+        )
     if sk["invalid_utf8_sequences"]:
         say(f"replaced {sk['invalid_utf8_sequences']} invalid UTF-8 sequences with U+FFFD")
 

@@ -11,7 +11,7 @@ import gzip
 import hashlib
 import io
 import zlib
-from typing import Iterator, Tuple
+from collections.abc import Iterator
 
 from lm.data.errors import DataError
 from lm.data.sources import SourceFile
@@ -85,9 +85,11 @@ class ZstdStream:
         say so, rather than zstandard's 'unknown frame descriptor'."""
         if head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50):
             return  # a zstd frame, or a skippable frame (magic 0x184D2A5?)
-        raise DataError(f"{self.raw.f.name}: not a zstd file (its first bytes {head[:4].hex(' ')} are not the zstd "
-                        f"magic number 28 b5 2f fd); if it holds plain text, rename it without the .zst suffix, else "
-                        f"compress it with `zstd` or leave it out of the sources")
+        raise DataError(
+            f"{self.raw.f.name}: not a zstd file (its first bytes {head[:4].hex(' ')} are not the zstd "
+            f"magic number 28 b5 2f fd); if it holds plain text, rename it without the .zst suffix, else "
+            f"compress it with `zstd` or leave it out of the sources"
+        )
 
     def _feed(self, data: bytes) -> None:
         while data:
@@ -97,7 +99,7 @@ class ZstdStream:
                 return
             data, self.obj, self.in_frame = self.obj.unused_data, self._new(), False  # the next frame
 
-    def __enter__(self) -> "ZstdStream":
+    def __enter__(self) -> ZstdStream:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -122,11 +124,13 @@ def reading(src: SourceFile):
         yield
     except errors as e:
         what = f"is not a complete, valid {src.compression} file" if src.compression else "could not be read"
-        raise DataError(f"{src.path}: {what} ({type(e).__name__}: {e}); the file is truncated or corrupt: "
-                        f"download or compress it again, or leave it out of the sources") from None
+        raise DataError(
+            f"{src.path}: {what} ({type(e).__name__}: {e}); the file is truncated or corrupt: "
+            f"download or compress it again, or leave it out of the sources"
+        ) from None
 
 
-def parquet_values(path: str, column: str) -> Tuple[Iterator[object], int]:
+def parquet_values(path: str, column: str) -> tuple[Iterator[object], int]:
     """The values of one column of a Parquet file, in order, and the number of rows."""
     pq = _require(f"{path}: reading Parquet", "pyarrow.parquet")
     try:
@@ -134,8 +138,10 @@ def parquet_values(path: str, column: str) -> Tuple[Iterator[object], int]:
     except Exception as e:
         raise DataError(f"{path}: not a readable Parquet file ({e}); check the file or its extension") from None
     if column not in pf.schema_arrow.names:
-        raise DataError(f"{path}: no column {column!r} (columns: {pf.schema_arrow.names}); set text_field="
-                        f"<column> (lm prepare --text-field COLUMN)")
+        raise DataError(
+            f"{path}: no column {column!r} (columns: {pf.schema_arrow.names}); set text_field="
+            f"<column> (lm prepare --text-field COLUMN)"
+        )
     # Record batches, not whole row groups: a writer may put a whole file in one row group.
     values = (v for b in pf.iter_batches(batch_size=1024, columns=[column]) for v in b.column(0).to_pylist())
     return values, pf.metadata.num_rows
@@ -146,17 +152,21 @@ def iter_hf(src: SourceFile, text_field: str, streaming: bool) -> Iterator[objec
     spec = src.path[3:]
     name, _, config = spec.partition(":")
     if missing("data", ["datasets"]):
-        raise DataError(f"{src.path}: reading a Hugging Face dataset needs the `datasets` package: pip install "
-                        f"'lm[data]'; or put a local copy (jsonl/parquet/text files) under the mirror and pass "
-                        f"that directory as the source")
+        raise DataError(
+            f"{src.path}: reading a Hugging Face dataset needs the `datasets` package: pip install "
+            f"'lm[data]'; or put a local copy (jsonl/parquet/text files) under the mirror and pass "
+            f"that directory as the source"
+        )
     import datasets
 
     try:
         ds = datasets.load_dataset(name, config or None, split=src.hf_split, streaming=streaming)
     except Exception as e:
-        raise DataError(f"{src.path}: could not load split {src.hf_split!r} ({type(e).__name__}: {e}). Offline? "
-                        f"Set HF_DATASETS_OFFLINE=1 to use the local Hugging Face cache, or put a local copy under "
-                        f"the mirror") from None
+        raise DataError(
+            f"{src.path}: could not load split {src.hf_split!r} ({type(e).__name__}: {e}). Offline? "
+            f"Set HF_DATASETS_OFFLINE=1 to use the local Hugging Face cache, or put a local copy under "
+            f"the mirror"
+        ) from None
     for row in ds:
         yield row.get(text_field) if isinstance(row, dict) else None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 
@@ -17,11 +16,14 @@ class CannotResume(Exception):
 class ShardWriter:
     """Appends one split's tokens to shards of `shard_tokens`; the open shard has a .tmp name."""
 
-    def __init__(self, root: Path, split: str, dtype, shard_tokens: int, state: Optional[dict] = None):
+    def __init__(self, root: Path, split: str, dtype, shard_tokens: int, state: dict | None = None):
         self.root, self.split, self.dtype, self.limit = root, split, np.dtype(dtype), shard_tokens
-        self.shards: List[dict] = list(state["shards"]) if state else []
+        self.shards: list[dict] = list(state["shards"]) if state else []
         for s in self.shards:
-            if not (root / s["file"]).is_file() or (root / s["file"]).stat().st_size != s["tokens"] * self.dtype.itemsize:
+            if (
+                not (root / s["file"]).is_file()
+                or (root / s["file"]).stat().st_size != s["tokens"] * self.dtype.itemsize
+            ):
                 raise CannotResume(f"{s['file']} is missing or has the wrong size")
         self._open(state["current"] if state else 0)
 
@@ -43,7 +45,7 @@ class ShardWriter:
 
     def write(self, tokens: np.ndarray) -> None:
         while tokens.size:
-            part, tokens = tokens[: self.limit - self.tokens], tokens[self.limit - self.tokens:]
+            part, tokens = tokens[: self.limit - self.tokens], tokens[self.limit - self.tokens :]
             data = part.tobytes()
             self.f.write(data)
             self.hash.update(data)

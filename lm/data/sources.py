@@ -17,7 +17,6 @@ import glob
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
 
 from lm.data.corpora import CORPORA, Corpus, fetch, local_copy, mirror_dir
 from lm.data.errors import DataError
@@ -29,14 +28,14 @@ class SourceFile:
 
     path: str
     format: str  # text | jsonl | parquet | hf
-    split: Optional[str] = None  # the corpus' own split (train/val/test); None = apply the split rule
+    split: str | None = None  # the corpus' own split (train/val/test); None = apply the split rule
     hf_split: str = "train"
 
     @property
-    def compression(self) -> Optional[str]:
+    def compression(self) -> str | None:
         return {".gz": "gzip", ".zst": "zstd"}.get(Path(self.path).suffix)
 
-    def stat(self) -> Tuple[int, int]:
+    def stat(self) -> tuple[int, int]:
         """(size, mtime_ns); (0, 0) for a dataset."""
         if self.format == "hf":
             return 0, 0
@@ -57,35 +56,44 @@ def detect_format(path: str, fmt: str = "auto") -> str:
     return "text"
 
 
-def _expand(pattern: str, fmt: str, split: Optional[str]) -> List[SourceFile]:
+def _expand(pattern: str, fmt: str, split: str | None) -> list[SourceFile]:
     """A path, directory or glob -> sorted files (hidden files skipped)."""
     path = Path(pattern).expanduser()
     if any(c in pattern for c in "*?["):
         found = sorted(p for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not found:
-            raise DataError(f"{pattern}: no file matches this glob; check the pattern (quote it so the shell does "
-                            f"not expand it)")
+            raise DataError(
+                f"{pattern}: no file matches this glob; check the pattern (quote it so the shell does not expand it)"
+            )
     elif path.is_dir():
-        found = sorted(str(p) for p in path.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        found = sorted(
+            str(p)
+            for p in path.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+        )
         if not found:
             raise DataError(f"{path}: directory has no files; point the source at the text files")
     elif path.is_file():
         found = [str(path)]
     else:
-        raise DataError(f"{pattern}: no such file or directory, and not a registry corpus "
-                        f"({', '.join(CORPORA)}) or hf:<dataset>; check the path or see `lm prepare --list`")
+        raise DataError(
+            f"{pattern}: no such file or directory, and not a registry corpus "
+            f"({', '.join(CORPORA)}) or hf:<dataset>; check the path or see `lm prepare --list`"
+        )
     return [SourceFile(p, detect_format(p, fmt), split) for p in found]
 
 
-def resolve(sources, fmt: str = "auto", split: Optional[str] = None, mirror: Optional[str] = None,
-            hf_split: str = "train") -> Tuple[List[SourceFile], Optional[Corpus]]:
+def resolve(
+    sources, fmt: str = "auto", split: str | None = None, mirror: str | None = None, hf_split: str = "train"
+) -> tuple[list[SourceFile], Corpus | None]:
     """Sources (a string or list of strings) -> input files, plus the registry corpus if one was named."""
     if sources is None:
-        raise DataError("no source given: pass a registry corpus, file, directory, glob or hf:<dataset> "
-                        "(lm prepare SOURCE ..., or data.source=...)")
+        raise DataError(
+            "no source given: pass a registry corpus, file, directory, glob or hf:<dataset> "
+            "(lm prepare SOURCE ..., or data.source=...)"
+        )
     items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-    files: List[SourceFile] = []
+    files: list[SourceFile] = []
     corpus = None
     for item in map(str, items):
         if item in CORPORA:
@@ -102,7 +110,7 @@ def resolve(sources, fmt: str = "auto", split: Optional[str] = None, mirror: Opt
     return files, corpus
 
 
-def corpus_files(name: str, mirror: Optional[str] = None, only_split: Optional[str] = None) -> List[SourceFile]:
+def corpus_files(name: str, mirror: str | None = None, only_split: str | None = None) -> list[SourceFile]:
     """The local files of a registry corpus, downloading what neither the mirror nor the cache has."""
     corpus = CORPORA[name]
     root = mirror_dir(mirror)
@@ -123,7 +131,7 @@ def corpus_files(name: str, mirror: Optional[str] = None, only_split: Optional[s
     return out
 
 
-def _hf_files(corpus: Corpus, only_split: Optional[str]) -> List[SourceFile]:
+def _hf_files(corpus: Corpus, only_split: str | None) -> list[SourceFile]:
     dataset, config = corpus.hf
     spec = f"hf:{dataset}" + (f":{config}" if config else "")
     if not corpus.files:  # the dataset's train split, cut by the split rule (or the only_split given)
@@ -138,6 +146,8 @@ def _local_or_partial(name: str, corpus: Corpus, root) -> bool:
     absent = [r.mirror for r in remotes if local_copy(r, root) is None]
     if absent and len(absent) < len(remotes):
         where = root or "$LM_DATA_MIRROR"
-        raise DataError(f"{name}: the mirror {where} holds only part of this corpus; missing: {absent}. Copy the "
-                        f"missing files there, or remove the others to read {corpus.hf[0]} from the Hugging Face hub")
+        raise DataError(
+            f"{name}: the mirror {where} holds only part of this corpus; missing: {absent}. Copy the "
+            f"missing files there, or remove the others to read {corpus.hf[0]} from the Hugging Face hub"
+        )
     return not absent

@@ -9,8 +9,8 @@ import codecs
 import os
 import re
 import zlib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class ReadOptions:
     """How to read documents; the same for every task of a run (sent once to each worker)."""
 
     doc_split: str = "line"
-    doc_separator: Optional[str] = None
+    doc_separator: str | None = None
     text_field: str = "text"
     split: str = "document"  # document | contiguous (how to split sources without a split of their own)
     val_fraction: float = 0.01
@@ -42,7 +42,7 @@ class ReadOptions:
     hf_streaming: bool = True
 
     @property
-    def separator(self) -> Optional[str]:
+    def separator(self) -> str | None:
         if self.doc_split == "file":
             return None
         return self.doc_separator if self.doc_split == "regex" else DOC_SEPARATORS[self.doc_split]
@@ -70,7 +70,7 @@ class SourcePiece:
     payload: object  # bytes, or a list of values (parquet column / hf field)
     first_line: int  # 1-based line (or record) number of the payload's first line
     start_byte: int = 0  # offset of the payload in the (decompressed) file
-    split: Optional[str] = None  # fixed split, or None: each document's hash decides
+    split: str | None = None  # fixed split, or None: each document's hash decides
     ends_doc: bool = True  # the payload's last document ends here (false before a forced cut)
     raw_bytes: int = 0  # bytes of the source file this task accounts for (progress)
 
@@ -92,7 +92,7 @@ def _utf8_cut(buf: bytearray, pos: int) -> int:
     return pos
 
 
-def _find_cut(buf: bytearray, pattern: re.Pattern, size: int, eof: bool, file_mode: bool) -> Optional[int]:
+def _find_cut(buf: bytearray, pattern: re.Pattern, size: int, eof: bool, file_mode: bool) -> int | None:
     if len(buf) <= size:
         return len(buf) if eof else None
     m = pattern.search(buf, size)
@@ -105,8 +105,9 @@ def _find_cut(buf: bytearray, pattern: re.Pattern, size: int, eof: bool, file_mo
     return None
 
 
-def cut_blocks(stream, pattern: re.Pattern, size: int, file_mode: bool,
-               forced_cut: Optional[int] = None) -> Iterator[Tuple[int, bytes, bool, bool]]:
+def cut_blocks(
+    stream, pattern: re.Pattern, size: int, file_mode: bool, forced_cut: int | None = None
+) -> Iterator[tuple[int, bytes, bool, bool]]:
     """Cut a binary stream into (offset, block, forced, last) blocks of about `size` bytes.
 
     Each block ends at a match of `pattern` (a document boundary), or exactly at `forced_cut` (the
@@ -147,13 +148,13 @@ def cut_blocks(stream, pattern: re.Pattern, size: int, file_mode: bool,
 class Planner:
     """Reads sources in order and yields tasks; records sizes, checksums and empty files."""
 
-    def __init__(self, files: List[SourceFile], opts: ReadOptions, forced_cut: Optional[Tuple[int, int]] = None):
+    def __init__(self, files: list[SourceFile], opts: ReadOptions, forced_cut: tuple[int, int] | None = None):
         self.files, self.opts = files, opts
         self.forced_cut = forced_cut  # (file index, byte offset) of the contiguous split point
-        self.sources: List[dict] = []
-        self.empty_files: List[str] = []
+        self.sources: list[dict] = []
+        self.empty_files: list[str] = []
 
-    def _split_of(self, src: SourceFile, after_cut: bool) -> Optional[str]:
+    def _split_of(self, src: SourceFile, after_cut: bool) -> str | None:
         if src.split:
             return src.split
         if self.opts.split == "contiguous":
@@ -180,12 +181,14 @@ class Planner:
         file_mode = self.opts.doc_split == "file" and src.format == "text"
         line, seen, n = 1, 0, 0
         with reading(src), open_stream(src, raw) as stream:
-            for offset, block, forced, last in cut_blocks(stream, _boundary(self.opts, src.format),
-                                                          self.opts.task_bytes, file_mode, cut):
+            for offset, block, forced, last in cut_blocks(
+                stream, _boundary(self.opts, src.format), self.opts.task_bytes, file_mode, cut
+            ):
                 n += len(block)
                 ends = last if file_mode else (last or not forced)
-                yield SourcePiece(src.path, src.format, block, line, offset, self._split_of(src, after), ends,
-                           raw.count - seen)
+                yield SourcePiece(
+                    src.path, src.format, block, line, offset, self._split_of(src, after), ends, raw.count - seen
+                )
                 seen, line, after = raw.count, line + block.count(b"\n"), after or forced
         record.update(bytes=os.path.getsize(src.path), sha256=raw.sha256.hexdigest())
         if n == 0:
@@ -225,7 +228,7 @@ class Planner:
 # -- contiguous split point ---------------------------------------------------------------------
 
 
-def contiguous_cut(files: List[SourceFile], opts: ReadOptions) -> Optional[Tuple[int, int]]:
+def contiguous_cut(files: list[SourceFile], opts: ReadOptions) -> tuple[int, int] | None:
     """(file index, byte offset) where the first (1 - val_fraction) of the characters end.
 
     nanoGPT's split: `data[:int(n * 0.9)]` for train, the rest for val, n counted in characters.

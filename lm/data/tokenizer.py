@@ -17,18 +17,31 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Iterable, Iterator, List, Optional, Sequence, Union
 
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
-SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<bos>", "eos": "<eos>", "mask": "<mask>", "sep": "<sep>", "cls": "<cls>",
-                  "unk": "<unk>"}
+SPECIAL_TOKENS = {
+    "pad": "<pad>",
+    "bos": "<bos>",
+    "eos": "<eos>",
+    "mask": "<mask>",
+    "sep": "<sep>",
+    "cls": "<cls>",
+    "unk": "<unk>",
+}
 # Other spellings of the same roles, so that a foreign tokenizer.json keeps its own ids for them.
-ALIASES = {"pad": ("[PAD]", "<|padding|>"), "bos": ("<s>", "[BOS]", "<|startoftext|>"),
-           "eos": ("</s>", "<|endoftext|>", "[EOS]"), "mask": ("[MASK]",), "sep": ("[SEP]",), "cls": ("[CLS]",),
-           "unk": ("[UNK]",)}
+ALIASES = {
+    "pad": ("[PAD]", "<|padding|>"),
+    "bos": ("<s>", "[BOS]", "<|startoftext|>"),
+    "eos": ("</s>", "<|endoftext|>", "[EOS]"),
+    "mask": ("[MASK]",),
+    "sep": ("[SEP]",),
+    "cls": ("[CLS]",),
+    "unk": ("[UNK]",),
+}
 KINDS = ("bpe", "unigram", "char")
 SENTINEL = re.compile(r"<extra_id_(\d+)>")
 FILE_NAME = "tokenizer.json"
@@ -42,7 +55,7 @@ def sentinel(i: int) -> str:
     return f"<extra_id_{i}>"
 
 
-def special_tokens(n_sentinels: int) -> List[str]:
+def special_tokens(n_sentinels: int) -> list[str]:
     """The special tokens in id order: the roles, then the sentinels."""
     return [*SPECIAL_TOKENS.values(), *(sentinel(i) for i in range(n_sentinels))]
 
@@ -59,7 +72,7 @@ class Tokenizer:
         tok.encode_special_tokens = True
         self._tok = tok
         self.source = source
-        self._file_sha256: Optional[str] = None
+        self._file_sha256: str | None = None
         missing = [r for r in SPECIAL_TOKENS if self._find(r) is None]
         if missing:
             tok.add_special_tokens([SPECIAL_TOKENS[r] for r in missing])
@@ -68,7 +81,7 @@ class Tokenizer:
         found = sorted((int(m.group(1)), i) for t, i in vocab.items() if (m := SENTINEL.fullmatch(t)))
         self.sentinel_ids = [i for _, i in found]
 
-    def _find(self, role: str) -> Optional[int]:
+    def _find(self, role: str) -> int | None:
         for name in (SPECIAL_TOKENS[role], *ALIASES[role]):
             i = self._tok.token_to_id(name)
             if i is not None:
@@ -78,24 +91,27 @@ class Tokenizer:
     # -- loading and saving ------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path_or_dir: Union[str, os.PathLike]) -> "Tokenizer":
+    def load(cls, path_or_dir: str | os.PathLike) -> Tokenizer:
         """Load tokenizer.json (or <dir>/tokenizer.json)."""
         path = Path(path_or_dir).expanduser()
         if path.is_dir():
             path = path / FILE_NAME
         if not path.is_file():
-            raise TokenizerError(f"{path}: no tokenizer file there; run lm prepare to train one, or pass the path "
-                                 f"of an existing tokenizer.json")
+            raise TokenizerError(
+                f"{path}: no tokenizer file there; run lm prepare to train one, or pass the path "
+                f"of an existing tokenizer.json"
+            )
         try:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises plain Exception
-            raise TokenizerError(f"{path}: not a valid tokenizer.json ({e}); re-run lm prepare --force to rebuild "
-                                 f"it") from None
+            raise TokenizerError(
+                f"{path}: not a valid tokenizer.json ({e}); re-run lm prepare --force to rebuild it"
+            ) from None
         out = cls(tok, source=str(path))
         out._file_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
         return out
 
-    def save(self, path: Union[str, os.PathLike]) -> Path:
+    def save(self, path: str | os.PathLike) -> Path:
         """Write tokenizer.json atomically (a reader never sees half a file)."""
         path = Path(path)
         if path.is_dir():
@@ -136,7 +152,7 @@ class Tokenizer:
     unk_id = property(lambda self: self._ids["unk"])
 
     @property
-    def special_ids(self) -> List[int]:
+    def special_ids(self) -> list[int]:
         return sorted({*self._ids.values(), *self.sentinel_ids})
 
     @property
@@ -146,20 +162,20 @@ class Tokenizer:
 
     # -- encoding ----------------------------------------------------------------------------
 
-    def encode(self, text: str) -> List[int]:
+    def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def encode_batch(self, texts: Sequence[str]) -> List[List[int]]:
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # encode_batch_fast skips the character offsets that the pipeline never reads.
         return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def token_to_id(self, token: str) -> Optional[int]:
+    def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def id_to_token(self, i: int) -> Optional[str]:
+    def id_to_token(self, i: int) -> str | None:
         return self._tok.id_to_token(i)
 
     def __repr__(self) -> str:
@@ -169,8 +185,9 @@ class Tokenizer:
 # -- training -----------------------------------------------------------------------------------
 
 
-def train(kind: str, texts: Iterable[str], vocab_size: int = 8192, n_sentinels: int = 100,
-          progress: bool = False) -> Tokenizer:
+def train(
+    kind: str, texts: Iterable[str], vocab_size: int = 8192, n_sentinels: int = 100, progress: bool = False
+) -> Tokenizer:
     """Train a tokenizer of `kind` on an iterator of documents (streamed, never held at once)."""
     specials = special_tokens(n_sentinels)
     if kind == "char":
@@ -182,34 +199,38 @@ def train(kind: str, texts: Iterable[str], vocab_size: int = 8192, n_sentinels: 
     raise TokenizerError(f"tokenizer={kind!r} is not one of {list(KINDS)} or a path to a tokenizer.json")
 
 
-def _bpe(texts: Iterable[str], vocab_size: int, specials: List[str], progress: bool) -> Tokenizer:
+def _bpe(texts: Iterable[str], vocab_size: int, specials: list[str], progress: bool) -> Tokenizer:
     """Byte-level BPE as in GPT-2 (Radford et al. 2019): every byte is a symbol, so nothing is unknown."""
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     if vocab_size < len(alphabet) + len(specials) + 1:
-        raise TokenizerError(f"vocab_size={vocab_size} is too small for byte-level BPE: it needs the "
-                             f"{len(alphabet)} byte symbols + {len(specials)} special tokens + merges; "
-                             f"set vocab_size > {len(alphabet) + len(specials)} (thousands are usual)")
+        raise TokenizerError(
+            f"vocab_size={vocab_size} is too small for byte-level BPE: it needs the "
+            f"{len(alphabet)} byte symbols + {len(specials)} special tokens + merges; "
+            f"set vocab_size > {len(alphabet) + len(specials)} (thousands are usual)"
+        )
     tok = HFTokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet,
-                                  show_progress=progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet, show_progress=progress
+    )
     tok.train_from_iterator(texts, trainer)
     return Tokenizer(tok)
 
 
-def _unigram(texts: Iterable[str], vocab_size: int, specials: List[str], progress: bool) -> Tokenizer:
+def _unigram(texts: Iterable[str], vocab_size: int, specials: list[str], progress: bool) -> Tokenizer:
     """Unigram LM tokenizer (Kudo 2018) with SentencePiece's metaspace pre-tokenization."""
     tok = HFTokenizer(models.Unigram())
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
-    trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=specials, unk_token=SPECIAL_TOKENS["unk"],
-                                      show_progress=progress)
+    trainer = trainers.UnigramTrainer(
+        vocab_size=vocab_size, special_tokens=specials, unk_token=SPECIAL_TOKENS["unk"], show_progress=progress
+    )
     tok.train_from_iterator(texts, trainer)
     return Tokenizer(tok)
 
 
-def char_symbols(texts: Iterable[str]) -> List[str]:
+def char_symbols(texts: Iterable[str]) -> list[str]:
     """The distinct characters of a corpus, sorted (nanoGPT's `sorted(set(text))`)."""
     symbols: set = set()
     for text in texts:
@@ -217,7 +238,7 @@ def char_symbols(texts: Iterable[str]) -> List[str]:
     return sorted(symbols)
 
 
-def _char(texts: Iterable[str], specials: List[str]) -> Tokenizer:
+def _char(texts: Iterable[str], specials: list[str]) -> Tokenizer:
     """One token per character; the vocabulary is the corpus' own symbols after the specials."""
     symbols = [s for s in char_symbols(texts) if s not in specials]
     if not symbols:
@@ -244,7 +265,7 @@ def iter_limited(texts: Iterable[str], max_chars: int) -> Iterator[str]:
 HF_ROLES = ("bos", "eos", "pad", "unk", "mask", "sep", "cls")
 
 
-def to_transformers(path: Union[str, os.PathLike]):
+def to_transformers(path: str | os.PathLike):
     """The tokenizer at `path` (roles found as Tokenizer finds them) as a transformers fast tokenizer, for lm
     export's hf/ directory (lm/model/hf_export.py writes it beside the model)."""
     from lm.extras import require

@@ -7,10 +7,10 @@ import itertools
 import multiprocessing as mp
 import os
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Iterator, List, Tuple
 
 import numpy as np
 
@@ -22,11 +22,11 @@ from lm.data.tokenizer import Tokenizer
 
 @dataclass
 class Result:
-    tokens: Dict[str, np.ndarray]
-    docs: Dict[str, int]
+    tokens: dict[str, np.ndarray]
+    docs: dict[str, int]
     bytes: int
     bad_records: int = 0
-    examples: List[str] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
     invalid_utf8: int = 0
     split_docs: int = 0  # documents tokenized in pieces (longer than max_doc_chars)
 
@@ -43,14 +43,14 @@ def _init_worker(tokenizer_path: str, opts: ReadOptions, append_eos: bool, paral
 
 def _work(task: SourcePiece) -> Result:
     docs = read_task(task, _W["opts"])
-    parts: Dict[str, List[np.ndarray]] = {}
-    counts: Dict[str, int] = {}
+    parts: dict[str, list[np.ndarray]] = {}
+    counts: dict[str, int] = {}
     eos, dtype = _W["eos"], _W["dtype"]
     for lo, hi in _groups(docs.texts, _W["opts"].max_doc_chars):
         # Encoded a group at a time and packed into arrays at once: the tokenizer's per-token objects
         # and Python int lists of a whole task would otherwise all be alive together.
         ids = _W["tok"].encode_batch(docs.texts[lo:hi])
-        group: Dict[str, list] = {}
+        group: dict[str, list] = {}
         for doc_ids, ends, split in zip(ids, docs.ends[lo:hi], docs.splits[lo:hi]):  # one pass over the splits
             group.setdefault(split, []).append(doc_ids)
             counts.setdefault(split, 0)
@@ -64,7 +64,7 @@ def _work(task: SourcePiece) -> Result:
     return Result(tokens, counts, docs.bytes, docs.bad_records, docs.examples, docs.invalid_utf8, docs.split_docs)
 
 
-def _groups(texts: List[str], max_chars: int) -> Iterator[Tuple[int, int]]:
+def _groups(texts: list[str], max_chars: int) -> Iterator[tuple[int, int]]:
     """[lo, hi) ranges of consecutive texts of at most max_chars characters together (at least one text)."""
     lo, chars = 0, 0
     for i, text in enumerate(texts):
@@ -76,8 +76,13 @@ def _groups(texts: List[str], max_chars: int) -> Iterator[Tuple[int, int]]:
         yield lo, len(texts)
 
 
-def tokenize_tasks(tasks: Iterable[SourcePiece], workers: int, init_args: tuple, work: Callable[[SourcePiece], Result] = None,
-                   init: Callable[..., None] = None) -> Iterator[Result]:
+def tokenize_tasks(
+    tasks: Iterable[SourcePiece],
+    workers: int,
+    init_args: tuple,
+    work: Callable[[SourcePiece], Result] = None,
+    init: Callable[..., None] = None,
+) -> Iterator[Result]:
     """Results in task order; at most 2*workers tasks in flight, so memory stays bounded. `work` and
     `init` default to the tokenizer's (_work, _init_worker); tests pass others."""
     work, init = work or _work, init or _init_worker
@@ -102,9 +107,11 @@ def tokenize_tasks(tasks: Iterable[SourcePiece], workers: int, init_args: tuple,
                 pending.popleft()
     except BrokenProcessPool:  # from result(), or from submit() once the pool is broken
         where = ", ".join(dict.fromkeys(f"{t.path} (from line {t.first_line})" for t, _ in pending))
-        raise DataError(f"a tokenizer worker process died with these tasks in flight: {where}; killed by the "
-                        f"system, most often for lack of memory. The progress so far is kept and a rerun resumes "
-                        f"it; use fewer workers (data.workers=N, now {workers}) or free memory") from None
+        raise DataError(
+            f"a tokenizer worker process died with these tasks in flight: {where}; killed by the "
+            f"system, most often for lack of memory. The progress so far is kept and a rerun resumes "
+            f"it; use fewer workers (data.workers=N, now {workers}) or free memory"
+        ) from None
 
 
 def token_dtype(vocab_size: int):

@@ -14,8 +14,16 @@ if TYPE_CHECKING:  # loaded lazily by __getattr__ below; named here for type che
     from lm.engine.ds import DeepSpeedEngine
     from lm.engine.torch_engines import DDPEngine, FSDP2Engine
 
-__all__ = ["Engine", "SingleEngine", "DDPEngine", "FSDP2Engine", "DeepSpeedEngine", "Dist", "EngineError",
-           "engine_for_format"]
+__all__ = [
+    "Engine",
+    "SingleEngine",
+    "DDPEngine",
+    "FSDP2Engine",
+    "DeepSpeedEngine",
+    "Dist",
+    "EngineError",
+    "engine_for_format",
+]
 
 # trainer.json's engine "format" -> the class that reads that checkpoint layout back (DDP shares "torch").
 CHECKPOINT_FORMATS = {"torch": "Engine", "dcp": "FSDP2Engine", "deepspeed": "DeepSpeedEngine"}

@@ -20,8 +20,9 @@ to decide); DeepSpeed decides inside its own step, so the loop checks the loss f
 
 import contextlib
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, cast
+from typing import cast
 
 import torch
 from torch import nn
@@ -52,7 +53,7 @@ class Engine:
         self.device = dist.device
         self.dtype = DTYPES[train.precision]
         self.scaler = None
-        self._snapshot_buffers: Dict = {}  # stage_state's CPU storages, reused by the next snapshot
+        self._snapshot_buffers: dict = {}  # stage_state's CPU storages, reused by the next snapshot
         self.check_launch()
         if train.float8:
             float8.check(self.device)
@@ -82,8 +83,10 @@ class Engine:
 
     def check_launch(self) -> None:
         if self.world_size != 1:
-            raise EngineError(f"engine=single cannot use {self.world_size} processes (each would train alone); "
-                              f"pick engine=ddp, zero1, zero2, zero3 or fsdp2")
+            raise EngineError(
+                f"engine=single cannot use {self.world_size} processes (each would train alone); "
+                f"pick engine=ddp, zero1, zero2, zero3 or fsdp2"
+            )
 
     # -- setup
     def wrap(self, model: nn.Module, make_optimizer: Callable[[nn.Module], torch.optim.Optimizer]) -> "Engine":
@@ -190,7 +193,7 @@ class Engine:
         state = cpu_copy(self._state(), self._snapshot_buffers)
         return lambda: torch.save(state, Path(path) / MODEL_OPTIM)
 
-    def _state(self) -> Dict:
+    def _state(self) -> dict:
         state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.scaler:
             state["scaler"] = self.scaler.state_dict()
@@ -204,7 +207,7 @@ class Engine:
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
-    def load_resharded(self, path: Path, saved: Dict) -> None:
+    def load_resharded(self, path: Path, saved: dict) -> None:
         """Restore a checkpoint written by another engine class or world size (`saved`: its trainer.json
         engine record), or raise EngineError saying why not. single/DDP: model_optim.pt is the full state
         whatever the world size; FSDP2's DCP shards are consolidated (lm/engine/reshard.py)."""
@@ -215,17 +218,22 @@ class Engine:
         elif saved["format"] == "dcp":
             reshard.set_full_state(self.module, self.optimizer, reshard.full_from_dcp(Path(path) / "dcp"))
         else:
-            raise reshard.refuse(path, saved, self.name, f"a DeepSpeed checkpoint resumes only with "
-                                 f"engine=zero{saved.get('zero_stage', 0)}; or start a new run_dir from the "
-                                 f"weights (lm export {path})")
+            raise reshard.refuse(
+                path,
+                saved,
+                self.name,
+                f"a DeepSpeed checkpoint resumes only with "
+                f"engine=zero{saved.get('zero_stage', 0)}; or start a new run_dir from the "
+                f"weights (lm export {path})",
+            )
 
     @classmethod
-    def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
+    def consolidated_state_dict(cls, path: Path, info: dict) -> dict[str, torch.Tensor]:
         """The full model state dict of checkpoint `path` in one process, no process group (lm export,
         lm finetune init=). `info` is the `describe()` this engine recorded in trainer.json."""
         return torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)["model"]
 
-    def describe(self) -> Dict:
+    def describe(self) -> dict:
         """What reading the checkpoint back needs: recorded in trainer.json."""
         return {"engine": self.name, "format": self.format, "world_size": self.world_size}
 

@@ -6,7 +6,7 @@ built from the TrainConfig in lm/engine/ds.py.
 """
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Protocol
+from typing import Any, Protocol
 
 
 class TrainSettings(Protocol):
@@ -61,10 +61,12 @@ class DeepSpeedConfig(EngineConfig):
     _target_: str = "lm.engine.DeepSpeedEngine"
     _convert_: str = "all"  # the engine gets `config` as a plain dict
     shm_comm: bool = False  # DeepSpeed's shared-memory CPU allreduce: a ~50 s compile on first use
-    cpu_adam: bool = False  # with optimizer offload: DeepSpeedCPUAdam (fast, ~100 s compile once) instead of torch AdamW
+    cpu_adam: bool = (
+        False  # with optimizer offload: DeepSpeedCPUAdam (fast, ~100 s compile once) instead of torch AdamW
+    )
     # DeepSpeed's own JSON minus what train.* decides (batch sizes, accumulation, clipping, precision),
     # which lm.engine.ds.ds_config adds; e.g. zero_optimization.stage, offload_optimizer.
-    config: Dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
 
 
 ENGINES = {"single": SingleConfig, "ddp": DDPConfig, "fsdp2": FSDP2Config, "deepspeed": DeepSpeedConfig}

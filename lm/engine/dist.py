@@ -9,7 +9,6 @@ silently run one unsynchronised process per rank, or one process instead of N).
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -41,7 +40,8 @@ def launched_world_size() -> int:
             f"`accelerate launch --num_processes {asked}` without --multi_gpu started ONE process here "
             f"(accelerate's simple launcher on CPU). Launch with `accelerate launch --multi_gpu "
             f"--num_processes {asked} ...` (it runs torchrun; lm uses gloo on CPU) "
-            f"or `torchrun --nproc_per_node {asked}`")
+            f"or `torchrun --nproc_per_node {asked}`"
+        )
     return 1
 
 
@@ -71,15 +71,17 @@ def pick_device(preference: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def init(device: torch.device, need_group: bool = False, expected: Optional[int] = None) -> Dist:
+def init(device: torch.device, need_group: bool = False, expected: int | None = None) -> Dist:
     """Join the launcher's process group (or make a 1-rank one when the engine needs a group).
 
     `expected` (train.world_size) is what the user meant to launch; a mismatch is an error.
     """
     world = launched_world_size()
     if expected is not None and expected != world:
-        raise EngineError(f"train.world_size={expected} but the launcher started {world} process(es); "
-                          f"launch {expected} (torchrun --nproc_per_node {expected}) or drop train.world_size")
+        raise EngineError(
+            f"train.world_size={expected} but the launcher started {world} process(es); "
+            f"launch {expected} (torchrun --nproc_per_node {expected}) or drop train.world_size"
+        )
     if not dist.is_initialized() and (world > 1 or need_group):
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         if world > 1:
@@ -90,8 +92,10 @@ def init(device: torch.device, need_group: bool = False, expected: Optional[int]
             dist.init_process_group(backend, store=store, rank=0, world_size=1)
     actual = dist.get_world_size() if dist.is_initialized() else 1
     if actual != world:
-        raise EngineError(f"the process group has {actual} rank(s) but the launcher started {world}; "
-                          f"refusing to train unsynchronised (check MASTER_ADDR/MASTER_PORT and the launcher)")
+        raise EngineError(
+            f"the process group has {actual} rank(s) but the launcher started {world}; "
+            f"refusing to train unsynchronised (check MASTER_ADDR/MASTER_PORT and the launcher)"
+        )
     rank = dist.get_rank() if dist.is_initialized() else 0
     return Dist(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", 0)), device=device)
 
@@ -147,4 +151,3 @@ def exit_after_success() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-

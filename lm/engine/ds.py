@@ -11,7 +11,7 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -78,11 +78,15 @@ def ds_config(train, world_size: int, options: dict) -> dict:
     }
     repeated = sorted(set(from_train) & set(options))
     if repeated:
-        raise EngineError(f"engine.config sets {repeated}, which lm derives from train.* (micro_batch_size, "
-                          f"grad_accum/global_batch_size, grad_clip, precision); set those train.* fields instead")
+        raise EngineError(
+            f"engine.config sets {repeated}, which lm derives from train.* (micro_batch_size, "
+            f"grad_accum/global_batch_size, grad_clip, precision); set those train.* fields instead"
+        )
     if options.get("optimizer") or options.get("scheduler"):
-        raise EngineError("engine.config has an optimizer/scheduler section; lm builds AdamW (optim=...) "
-                          "and sets the learning rate each step (sched=...): remove the section")
+        raise EngineError(
+            "engine.config has an optimizer/scheduler section; lm builds AdamW (optim=...) "
+            "and sets the learning rate each step (sched=...): remove the section"
+        )
     return {**from_train, **options}
 
 
@@ -118,10 +122,12 @@ class DeepSpeedEngine(Engine):
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             group = optimizer.defaults
-            optimizer = DeepSpeedCPUAdam(optimizer.param_groups, lr=group["lr"], betas=group["betas"],
-                                         eps=group["eps"], adamw_mode=True)
-        engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
-                                                          dist_init_required=False)
+            optimizer = DeepSpeedCPUAdam(
+                optimizer.param_groups, lr=group["lr"], betas=group["betas"], eps=group["eps"], adamw_mode=True
+            )
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.config, dist_init_required=False
+        )
         assert ds_optimizer is not None  # Optional only when no optimizer is given; we gave one
         self.model, self.optimizer = engine, ds_optimizer
         self.module = cast(nn.Module, engine.module)  # typed Tensor | Module by nn.Module.__getattr__
@@ -147,8 +153,10 @@ class DeepSpeedEngine(Engine):
         return torch.as_tensor(math.nan if norm is None else norm)
 
     def skip_step(self) -> None:
-        raise EngineError("train.on_nonfinite=skip is not supported with DeepSpeed engines (their gradient "
-                          "partitions cannot be dropped from outside); use train.on_nonfinite=stop")
+        raise EngineError(
+            "train.on_nonfinite=skip is not supported with DeepSpeed engines (their gradient "
+            "partitions cannot be dropped from outside); use train.on_nonfinite=stop"
+        )
 
     def save_state(self, path: Path) -> None:
         """DeepSpeed's own files under `path`/deepspeed: model states, optimizer partitions per rank."""
@@ -156,12 +164,13 @@ class DeepSpeedEngine(Engine):
 
     def load_state(self, path: Path) -> None:
         with weights_only_loads():
-            load_path, _ = self.model.load_checkpoint(str(path), tag=TAG, load_optimizer_states=True,
-                                                      load_lr_scheduler_states=False, load_module_strict=True)
+            load_path, _ = self.model.load_checkpoint(
+                str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False, load_module_strict=True
+            )
         if load_path is None:
             raise EngineError(f"DeepSpeed found no checkpoint under {path}/{TAG}")
 
-    def load_resharded(self, path: Path, saved: Dict) -> None:
+    def load_resharded(self, path: Path, saved: dict) -> None:
         """Refused: DeepSpeed reloads its optimizer partitions only on the world size that wrote them (its own
         check), and lm has no converter between its files and the torch engines' yet (docs/training.md).
 
@@ -176,15 +185,19 @@ class DeepSpeedEngine(Engine):
         import lm.engine.reshard as reshard
 
         if saved["format"] == "deepspeed":
-            why = (f"DeepSpeed reloads ZeRO partitions only on the world size that wrote them; resume on "
-                   f"{saved['world_size']} rank(s), or start a new run_dir from the weights (lm export {path})")
+            why = (
+                f"DeepSpeed reloads ZeRO partitions only on the world size that wrote them; resume on "
+                f"{saved['world_size']} rank(s), or start a new run_dir from the weights (lm export {path})"
+            )
         else:
-            why = (f"lm cannot convert {saved['engine']}'s files into DeepSpeed's; resume with "
-                   f"engine=single|ddp|fsdp2, or start a new run_dir from the weights (lm export {path})")
+            why = (
+                f"lm cannot convert {saved['engine']}'s files into DeepSpeed's; resume with "
+                f"engine=single|ddp|fsdp2, or start a new run_dir from the weights (lm export {path})"
+            )
         raise reshard.refuse(path, saved, f"{self.name} (ZeRO-{self.stage}) on {self.world_size} rank(s)", why)
 
     @classmethod
-    def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
+    def consolidated_state_dict(cls, path: Path, info: dict) -> dict[str, torch.Tensor]:
         """Stage 0: rank 0's module states; ZeRO-1/2/3: DeepSpeed's zero_to_fp32 merges the partitions."""
         with weights_only_loads():
             if info.get("zero_stage", 0) == 0:

@@ -24,12 +24,16 @@ def check(device: torch.device) -> None:
     """Refuse float8 where it cannot run, before anything is built."""
     require("kernels", "train.float8=torchao", "torchao")
     if device.type != "cuda":
-        raise EngineError(f"train.float8=torchao needs a CUDA device (float8 tensor cores), and this run is on "
-                          f"{device.type}: set {OFF}")
+        raise EngineError(
+            f"train.float8=torchao needs a CUDA device (float8 tensor cores), and this run is on "
+            f"{device.type}: set {OFF}"
+        )
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
-        raise EngineError(f"train.float8=torchao needs float8 tensor cores (compute capability >= 8.9: H100, H200, "
-                          f"L40S); {torch.cuda.get_device_name(device)} has {major}.{minor}: set {OFF}")
+        raise EngineError(
+            f"train.float8=torchao needs float8 tensor cores (compute capability >= 8.9: H100, H200, "
+            f"L40S); {torch.cuda.get_device_name(device)} has {major}.{minor}: set {OFF}"
+        )
 
 
 def to_float8(model: nn.Module) -> nn.Module:

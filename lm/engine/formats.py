@@ -15,11 +15,20 @@ class _DCPMetadataUnpickler(pickle.Unpickler):
     admits only the classes DCP's metadata is made of (checked before DCP reads it)."""
 
     def find_class(self, module: str, name: str):
-        plain = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-                 ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
-                 ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
-        if (module == "torch.distributed.checkpoint.metadata" or (module, name) in plain
-                or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))):
+        plain = {
+            ("torch", "Size"),
+            ("torch.serialization", "_get_layout"),
+            ("collections", "OrderedDict"),
+            ("pathlib", "PosixPath"),
+            ("pathlib", "PurePosixPath"),
+            ("pathlib", "WindowsPath"),
+            ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+        }
+        if (
+            module == "torch.distributed.checkpoint.metadata"
+            or (module, name) in plain
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        ):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"Unsupported global: {module}.{name} is not part of DCP's metadata")
 

@@ -15,7 +15,6 @@ here: each engine's own load_state stays the path of an unchanged resume.
 
 import tempfile
 from pathlib import Path
-from typing import Dict
 
 import torch
 from torch import nn
@@ -24,29 +23,36 @@ from lm.engine.dist import EngineError
 from lm.engine.formats import MODEL_OPTIM, check_dcp_metadata
 
 
-def full_from_torch_file(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> Dict:
+def full_from_torch_file(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """model_optim.pt (single/DDP) as the full FQN-keyed state. The file's optimizer numbers parameters in
     param_groups order; lm builds those groups the same way for every engine (lm.core.optim.adamw), so
     position i there is position i of this optimizer's groups, whose parameters have names."""
     state = torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)
     if "scaler" in state:
-        raise EngineError(f"{path} was trained with fp16 loss scaling, which only engine=single|ddp keep; "
-                          f"resume with engine=single or engine=ddp")
+        raise EngineError(
+            f"{path} was trained with fp16 loss scaling, which only engine=single|ddp keep; "
+            f"resume with engine=single or engine=ddp"
+        )
     saved = state["optimizer"]
     names = {id(p): n for n, p in module.named_parameters()}
     order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
     ids = [i for g in saved["param_groups"] for i in g["params"]]
-    if len(ids) != len(order) or [len(g["params"]) for g in saved["param_groups"]] != \
-            [len(g["params"]) for g in optimizer.param_groups]:
-        raise EngineError(f"{path}: its optimizer has {len(ids)} parameters in {len(saved['param_groups'])} "
-                          f"groups, this model's {len(order)} in {len(optimizer.param_groups)}: not this model")
+    if len(ids) != len(order) or [len(g["params"]) for g in saved["param_groups"]] != [
+        len(g["params"]) for g in optimizer.param_groups
+    ]:
+        raise EngineError(
+            f"{path}: its optimizer has {len(ids)} parameters in {len(saved['param_groups'])} "
+            f"groups, this model's {len(order)} in {len(optimizer.param_groups)}: not this model"
+        )
     fqn = dict(zip(ids, order))
-    optim = {"state": {fqn[i]: s for i, s in saved["state"].items()},
-             "param_groups": [{**g, "params": [fqn[i] for i in g["params"]]} for g in saved["param_groups"]]}
+    optim = {
+        "state": {fqn[i]: s for i, s in saved["state"].items()},
+        "param_groups": [{**g, "params": [fqn[i] for i in g["params"]]} for g in saved["param_groups"]],
+    }
     return {"model": state["model"], "optim": optim}
 
 
-def full_from_dcp(dcp_dir: Path) -> Dict:
+def full_from_dcp(dcp_dir: Path) -> dict:
     """FSDP2's DCP shards (any saved world size) as the full FQN-keyed state, without a process group."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -57,15 +63,22 @@ def full_from_dcp(dcp_dir: Path) -> Dict:
         return torch.load(out, map_location="cpu", weights_only=True)
 
 
-def set_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, full: Dict) -> None:
+def set_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, full: dict) -> None:
     """Put a full FQN-keyed state into `module` and `optimizer` (plain, DDP's module, or FSDP2-sharded)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    set_state_dict(module, optimizer, model_state_dict=full["model"], optim_state_dict=full["optim"],
-                   options=StateDictOptions(full_state_dict=True))
+    set_state_dict(
+        module,
+        optimizer,
+        model_state_dict=full["model"],
+        optim_state_dict=full["optim"],
+        options=StateDictOptions(full_state_dict=True),
+    )
 
 
-def refuse(path: Path, saved: Dict, engine_name: str, why: str) -> EngineError:
+def refuse(path: Path, saved: dict, engine_name: str, why: str) -> EngineError:
     """The one-line refusal of a resume this engine cannot do from `saved` (trainer.json's engine record)."""
-    return EngineError(f"{path} was written by {saved['engine']} on {saved['world_size']} rank(s) and cannot be "
-                       f"resumed by {engine_name}: {why}")
+    return EngineError(
+        f"{path} was written by {saved['engine']} on {saved['world_size']} rank(s) and cannot be "
+        f"resumed by {engine_name}: {why}"
+    )

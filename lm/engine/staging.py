@@ -13,16 +13,16 @@ Safe because a snapshot is only taken once the previous write is done (one write
 """
 
 import copy
-from typing import Any, Dict, Optional
+from typing import Any
 
 import torch
 
 
 @torch.no_grad()
-def cpu_copy(obj: Any, buffers: Optional[Dict] = None) -> Any:
+def cpu_copy(obj: Any, buffers: dict | None = None) -> Any:
     """A deep copy of `obj` (dicts, lists, tuples, tensors, plain values) whose tensors live in CPU storages of
     their own: fresh ones, or those `buffers` holds from the previous copy (then refilled with this copy's)."""
-    storages: Dict = {}
+    storages: dict = {}
     out = _copy(obj, {}, storages, buffers if buffers is not None else {})
     if buffers is not None:
         buffers.clear()
@@ -30,7 +30,7 @@ def cpu_copy(obj: Any, buffers: Optional[Dict] = None) -> Any:
     return out
 
 
-def _copy(obj: Any, memo: Dict[int, Any], storages: Dict, buffers: Dict) -> Any:
+def _copy(obj: Any, memo: dict[int, Any], storages: dict, buffers: dict) -> Any:
     if id(obj) in memo:
         return memo[id(obj)]
     if isinstance(obj, torch.Tensor):
@@ -47,7 +47,7 @@ def _copy(obj: Any, memo: Dict[int, Any], storages: Dict, buffers: Dict) -> Any:
     return out
 
 
-def _copy_tensor(t: torch.Tensor, storages: Dict, buffers: Dict) -> torch.Tensor:
+def _copy_tensor(t: torch.Tensor, storages: dict, buffers: dict) -> torch.Tensor:
     if type(t) is not torch.Tensor:  # a Parameter: its data (DTensors are FSDP2's, staged by DCP itself)
         t = t.detach()
         if type(t) is not torch.Tensor:

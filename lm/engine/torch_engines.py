@@ -1,14 +1,16 @@
 """PyTorch-native data parallelism: DDP (replicated) and FSDP2 (`fully_shard`, sharded per Block)."""
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from lm.engine.base import Engine
 from lm.engine.formats import DCP, check_dcp_metadata
+
 
 class DDPEngine(Engine):
     """DistributedDataParallel: gradients all-reduced (averaged) in buckets during backward."""
@@ -30,9 +32,13 @@ class DDPEngine(Engine):
         # forward_sync_buffers=False: DDP would otherwise broadcast every buffer from rank 0 before each
         # forward (a collective per micro-batch); ours are constants built from the config (RoPE frequencies,
         # sinusoid tables), equal on every rank, and DDP still syncs them once at construction.
-        self.ddp = DistributedDataParallel(module, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb,
-                                           find_unused_parameters=self.find_unused_parameters,
-                                           forward_sync_buffers=False)
+        self.ddp = DistributedDataParallel(
+            module,
+            device_ids=ids,
+            bucket_cap_mb=self.bucket_cap_mb,
+            find_unused_parameters=self.find_unused_parameters,
+            forward_sync_buffers=False,
+        )
         return self.ddp
 
     def _no_sync(self):
@@ -59,8 +65,10 @@ class FSDP2Engine(Engine):
         if train.precision == "fp16":
             from lm.engine.dist import EngineError
 
-            raise EngineError("engine=fsdp2 with train.precision=fp16 is not supported (no sharded loss scaler "
-                              "here); use train.precision=bf16, or engine=zero3 for fp16")
+            raise EngineError(
+                "engine=fsdp2 with train.precision=fp16 is not supported (no sharded loss scaler "
+                "here); use train.precision=bf16, or engine=zero3 for fp16"
+            )
 
     def check_launch(self) -> None:
         pass
@@ -93,6 +101,7 @@ class FSDP2Engine(Engine):
                 yield
             finally:
                 module.set_requires_gradient_sync(True)
+
         return sync_only_on_last()
 
     def _grad_average_factor(self) -> float:
@@ -125,13 +134,24 @@ class FSDP2Engine(Engine):
         if self._stager is None:  # kept: its CPU storages are reused by the next snapshot
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-            self._stager = DefaultStager(StagingOptions(use_pinned_memory=self.device.type == "cuda",
-                                                        use_shared_memory=False, use_async_staging=False,
-                                                        use_non_blocking_copy=False))
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=self.device.type == "cuda",
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=False,
+                )
+            )
         model_sd, optim_sd = get_state_dict(self.module, self.optimizer)
-        pending = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=Path(path) / DCP,
-                                 process_group=group, async_stager=self._stager)
-        upload = getattr(pending, "upload_completion", pending)  # a Future, or an AsyncSaveResponse holding it
+        # async_save: documented API that torch re-exports without __all__ (pyright then calls it private)
+        async_save = dcp.async_save  # pyright: ignore[reportPrivateImportUsage]
+        pending = async_save(
+            {"model": model_sd, "optim": optim_sd},
+            checkpoint_id=Path(path) / DCP,
+            process_group=group,
+            async_stager=self._stager,
+        )
+        upload: Any = getattr(pending, "upload_completion", pending)  # a Future, or an AsyncSaveResponse holding it
         return lambda: upload.result()
 
     def load_state(self, path: Path) -> None:
@@ -145,7 +165,7 @@ class FSDP2Engine(Engine):
         load(state, checkpoint_id=Path(path) / DCP)
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
-    def load_resharded(self, path: Path, saved: Dict) -> None:
+    def load_resharded(self, path: Path, saved: dict) -> None:
         """Another world size: DCP reshards its own shards onto this mesh (load_state); single/DDP's full
         model_optim.pt is sharded by set_state_dict (lm/engine/reshard.py)."""
         import lm.engine.reshard as reshard
@@ -153,13 +173,14 @@ class FSDP2Engine(Engine):
         if saved["format"] == "dcp":
             self.load_state(path)
         elif saved["format"] == "torch":
-            reshard.set_full_state(self.module, self.optimizer,
-                                   reshard.full_from_torch_file(path, self.module, self.optimizer))
+            reshard.set_full_state(
+                self.module, self.optimizer, reshard.full_from_torch_file(path, self.module, self.optimizer)
+            )
         else:
             super().load_resharded(path, saved)
 
     @classmethod
-    def consolidated_state_dict(cls, path: Path, info: Dict) -> Dict[str, torch.Tensor]:
+    def consolidated_state_dict(cls, path: Path, info: dict) -> dict[str, torch.Tensor]:
         """DCP's offline conversion (any world size, no process group) to a torch.save file, read back."""
         import tempfile
 

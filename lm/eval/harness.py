@@ -23,8 +23,8 @@ encoders (masked LMs) none, which is refused naming why. One process (rank 0).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -36,8 +36,8 @@ log = logging.getLogger("lm")
 TASKS_DIR = Path(__file__).parent / "tasks"  # the offline task YAMLs over $LM_DATA_MIRROR (lm/eval/tasks/)
 
 require("eval", "lm's LM Evaluation Harness adapter (lm.eval.harness)", "lm_eval")
-from lm_eval.api.model import TemplateLM  # noqa: E402  (after the one-line check above)
 from lm_eval import utils as lm_eval_utils  # noqa: E402
+from lm_eval.api.model import TemplateLM  # noqa: E402  (after the one-line check above)
 
 
 class HarnessError(ValueError):
@@ -47,13 +47,22 @@ class HarnessError(ValueError):
 class LMAdapter(TemplateLM):
     """lm's DecoderLM / RNNLM / EncoderDecoderLM behind the harness's model interface."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 16, max_length: Optional[int] = None,
-                 max_gen_toks: int = 256, device: str = "cpu"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 16,
+        max_length: int | None = None,
+        max_gen_toks: int = 256,
+        device: str = "cpu",
+    ):
         super().__init__()
         arch = model.cfg.arch
         if arch == "encoder":
-            raise HarnessError("the LM Evaluation Harness scores left-to-right likelihoods; an encoder (masked LM) "
-                               "has none: evaluate a decoder, RNN or encoder-decoder, or probe it (--tasks probe)")
+            raise HarnessError(
+                "the LM Evaluation Harness scores left-to-right likelihoods; an encoder (masked LM) "
+                "has none: evaluate a decoder, RNN or encoder-decoder, or probe it (--tasks probe)"
+            )
         self.model = model.to(device).eval()
         self.tokenizer = tokenizer
         self.backend = "seq2seq" if arch == "encoder_decoder" else "causal"
@@ -63,7 +72,7 @@ class LMAdapter(TemplateLM):
         self._device = torch.device(device)
 
     @classmethod
-    def from_saved(cls, path, tokenizer: Optional[str] = None, **kw) -> "LMAdapter":
+    def from_saved(cls, path, tokenizer: str | None = None, **kw) -> LMAdapter:
         """From a run directory, checkpoint or lm export directory (lm/eval/saved.py)."""
         from lm.eval.saved import load_model
 
@@ -97,7 +106,7 @@ class LMAdapter(TemplateLM):
     def tokenizer_name(self) -> str:
         return f"lm:{self.tokenizer.kind}"
 
-    def tok_encode(self, string: str, add_special_tokens: Optional[bool] = None, **kwargs) -> List[int]:
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         return self.tokenizer.encode(string)
 
     def tok_decode(self, tokens: Sequence[int]) -> str:
@@ -105,12 +114,12 @@ class LMAdapter(TemplateLM):
 
     # -- scoring
     @torch.no_grad()
-    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> List[Tuple[float, bool]]:
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """requests: ((context, continuation) or None, context ids, continuation ids) -> (sum of log p, greedy)."""
         order = sorted(range(len(requests)), key=lambda i: -len(requests[i][1]) - len(requests[i][2]))
-        out: List[Optional[Tuple[float, bool]]] = [None] * len(requests)
+        out: list[tuple[float, bool] | None] = [None] * len(requests)
         for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
+            chunk = order[start : start + self.batch_size]
             scores = self._score_batch([requests[i] for i in chunk])
             for i, score in zip(chunk, scores):
                 out[i] = score
@@ -118,48 +127,56 @@ class LMAdapter(TemplateLM):
                     self.cache_hook.add_partial("loglikelihood", requests[i][0], score)
         return out  # type: ignore[return-value]
 
-    def _score_batch(self, batch) -> List[Tuple[float, bool]]:
+    def _score_batch(self, batch) -> list[tuple[float, bool]]:
         if self.backend == "seq2seq":
             return self._score_seq2seq(batch)
         rows, conts = [], []
         for _, ctx, cont in batch:
             if not cont:
                 raise HarnessError("an empty continuation has no likelihood to score")
-            whole = (list(ctx) + list(cont))[-(self.max_length + 1):]
+            whole = (list(ctx) + list(cont))[-(self.max_length + 1) :]
             rows.append(whole[:-1])  # the inputs; the model predicts whole[1:]
             conts.append(list(cont))
         logp = self._log_probs(rows)  # (B, T, V)
-        return [_continuation_score(logp[b, len(rows[b]) - len(c):len(rows[b])], c) for b, c in enumerate(conts)]
+        return [_continuation_score(logp[b, len(rows[b]) - len(c) : len(rows[b])], c) for b, c in enumerate(conts)]
 
-    def _log_probs(self, rows: List[List[int]], **extra) -> torch.Tensor:
+    def _log_probs(self, rows: list[list[int]], **extra) -> torch.Tensor:
         """fp32 log-softmax of the model's outputs on right-padded rows (B, T, V)."""
         ids = _pad(rows, self.tokenizer.pad_id or 0).to(self.device)
         logits = self.model(input_ids=ids, **extra).logits
         return F.log_softmax(logits.float(), dim=-1).cpu()  # log-probs already (adaptive softmax): unchanged
 
-    def _score_seq2seq(self, batch) -> List[Tuple[float, bool]]:
+    def _score_seq2seq(self, batch) -> list[tuple[float, bool]]:
         from lm.model.lm import shift_right
 
         pad = self.tokenizer.pad_id or 0
-        ctx = [list(c)[-self.max_length:] for _, c, _ in batch]
-        conts = [list(c)[:self.max_length] for _, _, c in batch]
+        ctx = [list(c)[-self.max_length :] for _, c, _ in batch]
+        conts = [list(c)[: self.max_length] for _, _, c in batch]
         ids, mask = _pad(ctx, pad), _pad([[1] * len(c) for c in ctx], 0)
         labels = _pad(conts, pad)
         dec = shift_right(labels, self.model.cfg.decoder_start_token_id, pad)
-        logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                            decoder_input_ids=dec.to(self.device)).logits
+        logits = self.model(
+            input_ids=ids.to(self.device), attention_mask=mask.to(self.device), decoder_input_ids=dec.to(self.device)
+        ).logits
         logp = F.log_softmax(logits.float(), dim=-1).cpu()
-        return [_continuation_score(logp[b, :len(c)], c) for b, c in enumerate(conts)]
+        return [_continuation_score(logp[b, : len(c)], c) for b, c in enumerate(conts)]
 
-    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> List[float]:
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         if self.backend != "causal":
-            raise HarnessError("rolling log-likelihood (perplexity tasks) needs a decoder or RNN; this model is an "
-                               "encoder-decoder")
+            raise HarnessError(
+                "rolling log-likelihood (perplexity tasks) needs a decoder or RNN; this model is an encoder-decoder"
+            )
         windows, owner = [], []
         for i, (string,) in enumerate(req.args for req in requests):
-            for w in map(lm_eval_utils.make_disjoint_window, lm_eval_utils.get_rolling_token_windows(
-                    token_list=self.tok_encode(string), prefix_token=self.prefix_token_id,
-                    max_seq_len=self.max_length, context_len=1)):
+            for w in map(
+                lm_eval_utils.make_disjoint_window,
+                lm_eval_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length,
+                    context_len=1,
+                ),
+            ):
                 windows.append((None, *w))
                 owner.append(i)
         totals = [0.0] * len(requests)
@@ -170,10 +187,10 @@ class LMAdapter(TemplateLM):
         return totals
 
     @torch.no_grad()
-    def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         return [self._generate(context, dict(gen_kwargs)) for context, gen_kwargs in (r.args for r in requests)]
 
-    def _generate(self, context: str, kw: Dict) -> str:
+    def _generate(self, context: str, kw: dict) -> str:
         from lm.model.generate import generate
 
         until = kw.pop("until", None) or []
@@ -184,12 +201,19 @@ class LMAdapter(TemplateLM):
         ids = self.tok_encode(context) or [self.prefix_token_id]
         if self.backend == "causal":
             n_new = max(1, min(n_new, self.max_length - 1))
-            ids = ids[-(self.max_length - n_new):]  # the prompt and its continuation fit the positions
+            ids = ids[-(self.max_length - n_new) :]  # the prompt and its continuation fit the positions
         else:
-            ids = ids[-self.max_length:]
+            ids = ids[-self.max_length :]
             n_new = min(n_new, self.max_length)
-        out = generate(self.model, torch.tensor([ids], device=self.device), n_new, temperature=temperature,
-                       top_k=kw.pop("top_k", None), top_p=kw.pop("top_p", None), stop_token=self.eot_token_id)
+        out = generate(
+            self.model,
+            torch.tensor([ids], device=self.device),
+            n_new,
+            temperature=temperature,
+            top_k=kw.pop("top_k", None),
+            top_p=kw.pop("top_p", None),
+            stop_token=self.eot_token_id,
+        )
         tokens = [t for t in out[0].tolist() if t != self.eot_token_id]
         text = self.tok_decode(tokens)
         for stop in until:
@@ -197,14 +221,14 @@ class LMAdapter(TemplateLM):
         return text
 
 
-def _continuation_score(logp: torch.Tensor, cont: List[int]) -> Tuple[float, bool]:
+def _continuation_score(logp: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
     """(sum of log p(cont), every token the argmax) from the (len(cont), V) log-probs that predict it."""
     target = torch.tensor(cont)
     ll = logp.gather(-1, target[:, None])[:, 0].sum().item()
     return float(ll), bool((logp.argmax(-1) == target).all())
 
 
-def _pad(rows: List[List[int]], fill: int) -> torch.Tensor:
+def _pad(rows: list[list[int]], fill: int) -> torch.Tensor:
     """Right-padded (B, T) long tensor."""
     width = max(len(r) for r in rows)
     return torch.tensor([r + [fill] * (width - len(r)) for r in rows], dtype=torch.long)
@@ -222,11 +246,22 @@ def task_manager(tasks: Sequence[str] = ()):
     return TaskManager(include_path=str(TASKS_DIR), include_defaults=not ours_only)
 
 
-def evaluate(adapter, tasks: Sequence[str], limit: Optional[float] = None, num_fewshot: Optional[int] = None,
-             log_samples: bool = False) -> Dict:
+def evaluate(
+    adapter, tasks: Sequence[str], limit: float | None = None, num_fewshot: int | None = None, log_samples: bool = False
+) -> dict:
     """lm_eval.simple_evaluate on the adapter; any harness task by name, ours included."""
     from lm_eval import simple_evaluate
 
-    return simple_evaluate(model=adapter, tasks=list(tasks), limit=limit, num_fewshot=num_fewshot,
-                           task_manager=task_manager(tasks), log_samples=log_samples, bootstrap_iters=0,
-                           random_seed=0, numpy_random_seed=0, torch_random_seed=0, fewshot_random_seed=0)
+    return simple_evaluate(
+        model=adapter,
+        tasks=list(tasks),
+        limit=limit,
+        num_fewshot=num_fewshot,
+        task_manager=task_manager(tasks),
+        log_samples=log_samples,
+        bootstrap_iters=0,
+        random_seed=0,
+        numpy_random_seed=0,
+        torch_random_seed=0,
+        fewshot_random_seed=0,
+    )

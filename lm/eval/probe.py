@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
-from typing import Dict, List, Sequence
 
 import numpy as np
 import torch
@@ -38,16 +38,23 @@ class ProbeSet:
     """One task's fixed examples, encoded: (features lists, labels) for train and dev."""
 
     task: str
-    train: List[Dict]
-    dev: List[Dict]
+    train: list[dict]
+    dev: list[dict]
 
     @property
     def regression(self) -> bool:
         return isinstance(self.train[0]["labels"], float)
 
 
-def load_probe_sets(tokenizer, arch: str, tasks: Sequence[str] = DEFAULT_TASKS, train_examples: int = 1000,
-                    dev_examples: int = 500, max_len: int = 128, root=None) -> List[ProbeSet]:
+def load_probe_sets(
+    tokenizer,
+    arch: str,
+    tasks: Sequence[str] = DEFAULT_TASKS,
+    train_examples: int = 1000,
+    dev_examples: int = 500,
+    max_len: int = 128,
+    root=None,
+) -> list[ProbeSet]:
     """The first train_examples train rows and dev_examples dev rows (0 = all) of each task, encoded."""
     from lm.glue.encode import encode_examples
     from lm.glue.readers import load_eval, load_split
@@ -55,19 +62,26 @@ def load_probe_sets(tokenizer, arch: str, tasks: Sequence[str] = DEFAULT_TASKS, 
 
     unknown = [t for t in tasks if t not in GLUE_TASKS or len(scored_evals(t)) != 1]
     if unknown or not tasks:
-        raise ConfigError(f"train.probe_tasks={list(tasks)}: each must be a GLUE task with one labelled dev split "
-                          f"(not {unknown}), e.g. train.probe_tasks=[sst2,mrpc,stsb,cola]")
+        raise ConfigError(
+            f"train.probe_tasks={list(tasks)}: each must be a GLUE task with one labelled dev split "
+            f"(not {unknown}), e.g. train.probe_tasks=[sst2,mrpc,stsb,cola]"
+        )
     out = []
     for task in tasks:
         train = load_split(task, "train", root, hf=False)[:train_examples]
-        dev = load_eval(scored_evals(task)[0], "dev", root, hf=False)[:dev_examples or None]
-        out.append(ProbeSet(get_task(task).name, encode_examples(tokenizer, train, max_len, arch),
-                            encode_examples(tokenizer, dev, max_len, arch)))
+        dev = load_eval(scored_evals(task)[0], "dev", root, hf=False)[: dev_examples or None]
+        out.append(
+            ProbeSet(
+                get_task(task).name,
+                encode_examples(tokenizer, train, max_len, arch),
+                encode_examples(tokenizer, dev, max_len, arch),
+            )
+        )
     return out
 
 
 @torch.no_grad()
-def pooled_features(model, encoded: Sequence[Dict], pad_id: int, autocast=None) -> np.ndarray:
+def pooled_features(model, encoded: Sequence[dict], pad_id: int, autocast=None) -> np.ndarray:
     """(N, D) float32: each example's last hidden states, mean-pooled over its real tokens. Batches hold
     examples of similar length (sorted), so little of a forward is padding."""
     import contextlib
@@ -79,7 +93,7 @@ def pooled_features(model, encoded: Sequence[Dict], pad_id: int, autocast=None) 
     order = np.argsort([len(e["input_ids"]) for e in encoded], kind="stable")
     out = np.zeros((len(encoded), model.cfg.dim), dtype=np.float32)
     for i in range(0, len(order), BATCH):
-        rows = order[i:i + BATCH]
+        rows = order[i : i + BATCH]
         b = collate([encoded[r] for r in rows], pad_id)
         ids, mask, types = (b[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids"))
         with autocast() if autocast else contextlib.nullcontext():
@@ -106,14 +120,16 @@ def fit_and_score(task: str, x_train: np.ndarray, y_train, x_dev: np.ndarray, y_
     from lm.glue.tasks import scored_evals
 
     if not regression and len(set(y_train)) < 2:
-        raise ConfigError(f"the {task} probe's train rows hold one class only; probe more of them "
-                          f"(train.probe_train_examples, or --limit)")
+        raise ConfigError(
+            f"the {task} probe's train rows hold one class only; probe more of them "
+            f"(train.probe_train_examples, or --limit)"
+        )
     head = Ridge(alpha=1.0) if regression else LogisticRegression(max_iter=1000)
     probe = make_pipeline(StandardScaler(), head).fit(x_train, y_train)
     return compute_metrics(scored_evals(task)[0], probe.predict(x_dev), y_dev)["score"]
 
 
-def probe_model(model, sets: Sequence[ProbeSet], pad_id: int, autocast=None) -> Dict[str, float]:
+def probe_model(model, sets: Sequence[ProbeSet], pad_id: int, autocast=None) -> dict[str, float]:
     """{"probe/<task>": score, "probe/avg": their mean} for `model` (left in eval mode; the caller restores)."""
     model.eval()
     scores = {}
@@ -134,7 +150,7 @@ class GlueProbe:
     def due(self, step: int, last: bool) -> bool:
         return step % self.interval == 0 or last
 
-    def __call__(self, engine, step: int) -> Dict:
+    def __call__(self, engine, step: int) -> dict:
         if not engine.is_main:
             return {}
         t0 = time.perf_counter()
@@ -151,7 +167,7 @@ class GlueProbe:
         return record
 
 
-def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> List[GlueProbe]:
+def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> list[GlueProbe]:
     """[GlueProbe] when train.probe_interval is set (else []), reading the run's tokenizer from data_dir.
     Raises ConfigError naming the fix when the engine shards the weights or the tokenizer is missing."""
     if not train_cfg.probe_interval:
@@ -160,13 +176,21 @@ def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> List[GlueProbe]:
 
     require("eval", "train.probe_interval", "sklearn")
     if engine.format == "dcp" or getattr(engine, "stage", 0) == 3:
-        raise ConfigError(f"train.probe_interval probes the whole model on rank 0, and {engine.name} shards it; "
-                          f"set train.probe_interval=0 and probe a checkpoint (lm eval <run> --tasks probe)")
+        raise ConfigError(
+            f"train.probe_interval probes the whole model on rank 0, and {engine.name} shards it; "
+            f"set train.probe_interval=0 and probe a checkpoint (lm eval <run> --tasks probe)"
+        )
     if not engine.is_main:  # the other ranks only keep the same sync points
         return [GlueProbe([], 0, train_cfg.probe_interval)]
     tokenizer = _tokenizer(data_dir)
-    sets = load_probe_sets(tokenizer, model_cfg.arch, train_cfg.probe_tasks, train_cfg.probe_train_examples,
-                           train_cfg.probe_dev_examples, min(train_cfg.probe_max_len, model_cfg.max_seq_len))
+    sets = load_probe_sets(
+        tokenizer,
+        model_cfg.arch,
+        train_cfg.probe_tasks,
+        train_cfg.probe_train_examples,
+        train_cfg.probe_dev_examples,
+        min(train_cfg.probe_max_len, model_cfg.max_seq_len),
+    )
     return [GlueProbe(sets, tokenizer.pad_id, train_cfg.probe_interval)]
 
 
@@ -177,6 +201,8 @@ def _tokenizer(data_dir):
 
     path = Path(data_dir).expanduser() / "tokenizer.json"
     if not path.is_file():
-        raise ConfigError(f"train.probe_interval needs the run's tokenizer, {path}, which is not there; "
-                          f"prepare the data first (lm prepare) or set train.probe_interval=0")
+        raise ConfigError(
+            f"train.probe_interval needs the run's tokenizer, {path}, which is not there; "
+            f"prepare the data first (lm prepare) or set train.probe_interval=0"
+        )
     return Tokenizer.load(path.parent)

@@ -4,12 +4,12 @@ Loading goes through lm.glue.init.load_backbone (lm/core/saved_model.py finds th
 wrote a checkpoint consolidates it), as lm finetune's init= and lm attention do.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any
 
 from lm.config import ConfigError
 
 
-def load_model(path, tokenizer: Optional[str] = None) -> Tuple[Any, Any]:
+def load_model(path, tokenizer: str | None = None) -> tuple[Any, Any]:
     """(model in eval mode, lm.data.tokenizer.Tokenizer). Raises ConfigError naming the path and the fix."""
     from lm.glue.init import InitError, load_backbone
     from lm.model import build_model
@@ -18,11 +18,13 @@ def load_model(path, tokenizer: Optional[str] = None) -> Tuple[Any, Any]:
         backbone = load_backbone(str(path), tokenizer=tokenizer)
     except InitError as e:
         message = str(e).replace("tokenizer=", "--tokenizer ")
-        raise ConfigError(message[len("init="):] if message.startswith("init=") else message) from None
+        raise ConfigError(message[len("init=") :] if message.startswith("init=") else message) from None
     model = build_model(backbone.model_cfg)
     missing, unexpected = model.load_state_dict(backbone.state_dict or {}, strict=False)
     tied = {"head.proj.weight", "head.unfactor.weight"} if backbone.model_cfg.output_tied else set()
     if unexpected or set(missing) - tied:
-        raise ConfigError(f"{backbone.source} does not match its model config: missing={sorted(set(missing) - tied)}, "
-                          f"unexpected={sorted(unexpected)}")
+        raise ConfigError(
+            f"{backbone.source} does not match its model config: missing={sorted(set(missing) - tied)}, "
+            f"unexpected={sorted(unexpected)}"
+        )
     return model.eval(), backbone.tokenizer

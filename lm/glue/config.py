@@ -18,13 +18,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from omegaconf import MISSING
 
 from lm.config import Choice, ConfigError, check_known_keys
-from lm.core.config import (Device, LoggerConfig, OnNonfinite, OptimConfig, Precision, SchedConfig, TrainConfig,
-                            validate_train)
+from lm.core.config import (
+    Device,
+    LoggerConfig,
+    OnNonfinite,
+    OptimConfig,
+    Precision,
+    SchedConfig,
+    TrainConfig,
+    validate_train,
+)
 
 
 class Pooling(Choice):
@@ -48,19 +56,24 @@ class GlueTaskConfig:
     n_labels: int = 2  # head width: classes, or 1 for regression (STS-B)
     main_metric: str = "score"
     epochs: float = 3.0  # the schedule's length: epochs x steps per epoch
-    lr: Optional[float] = None  # peak learning rate; None = optim.lr
-    weight_decay: Optional[float] = None  # None = optim.weight_decay
-    warmup_ratio: Optional[float] = 0.1  # warmup steps = this x the task's steps (Devlin et al. 2019); None = sched.warmup_steps
+    lr: float | None = None  # peak learning rate; None = optim.lr
+    weight_decay: float | None = None  # None = optim.weight_decay
+    warmup_ratio: float | None = (
+        0.1  # warmup steps = this x the task's steps (Devlin et al. 2019); None = sched.warmup_steps
+    )
     batch_size: int = 32  # examples per optimizer step
     max_len: int = 128  # tokens per example after truncation, special tokens included
     dropout: float = 0.1  # before the classification layer
-    seeds: List[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
-    max_train_examples: Optional[int] = None  # first N training examples only (smoke runs on CPU)
-    data_root: Optional[str] = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
+    seeds: list[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
+    max_train_examples: int | None = None  # first N training examples only (smoke runs on CPU)
+    data_root: str | None = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
 
     def optim(self, shared: OptimConfig) -> OptimConfig:
-        return replace(shared, lr=shared.lr if self.lr is None else self.lr,
-                       weight_decay=shared.weight_decay if self.weight_decay is None else self.weight_decay)
+        return replace(
+            shared,
+            lr=shared.lr if self.lr is None else self.lr,
+            weight_decay=shared.weight_decay if self.weight_decay is None else self.weight_decay,
+        )
 
     def sched(self, shared: SchedConfig, total_steps: int) -> SchedConfig:
         if self.warmup_ratio is None:
@@ -72,8 +85,8 @@ class GlueTaskConfig:
 class GlueShared:
     """Settings of every task: the presets interpolate these (`data_root: ${glue.data_root}`)."""
 
-    data_root: Optional[str] = None
-    max_train_examples: Optional[int] = None
+    data_root: str | None = None
+    max_train_examples: int | None = None
 
 
 @dataclass
@@ -91,25 +104,37 @@ class FinetuneTrain:
     keep_last: int = 1  # checkpoints kept per task/seed
     on_nonfinite: OnNonfinite = OnNonfinite.stop  # what a NaN/inf loss does
     max_nonfinite: int = 10
-    world_size: Optional[int] = None  # expected number of processes (asserted)
+    world_size: int | None = None  # expected number of processes (asserted)
     progress: bool = True  # tqdm bar on rank 0 (only on a terminal)
-    threads: Optional[int] = None  # torch intra-op CPU threads per process
+    threads: int | None = None  # torch intra-op CPU threads per process
 
     def for_task(self, total_steps: int, per_epoch: int) -> TrainConfig:
         """The loop's and engine's TrainConfig of one task: its steps, dev at every epoch end."""
-        return TrainConfig(micro_batch_size=self.micro_batch_size, grad_accum=1, max_steps=total_steps,
-                           grad_clip=self.grad_clip, precision=self.precision, compile=self.compile,
-                           device=self.device, log_interval=self.log_interval, eval_interval=per_epoch,
-                           ckpt_interval=self.ckpt_interval or per_epoch, keep_last=self.keep_last,
-                           on_nonfinite=self.on_nonfinite, max_nonfinite=self.max_nonfinite,
-                           world_size=self.world_size, progress=self.progress, threads=self.threads)
+        return TrainConfig(
+            micro_batch_size=self.micro_batch_size,
+            grad_accum=1,
+            max_steps=total_steps,
+            grad_clip=self.grad_clip,
+            precision=self.precision,
+            compile=self.compile,
+            device=self.device,
+            log_interval=self.log_interval,
+            eval_interval=per_epoch,
+            ckpt_interval=self.ckpt_interval or per_epoch,
+            keep_last=self.keep_last,
+            on_nonfinite=self.on_nonfinite,
+            max_nonfinite=self.max_nonfinite,
+            world_size=self.world_size,
+            progress=self.progress,
+            threads=self.threads,
+        )
 
 
 @dataclass
 class FinetuneSchema:
     """The top of conf/finetune.yaml: unknown keys fail at composition."""
 
-    tasks: Dict[str, GlueTaskConfig] = field(default_factory=dict)  # composed by task=glue/<name> | glue/all
+    tasks: dict[str, GlueTaskConfig] = field(default_factory=dict)  # composed by task=glue/<name> | glue/all
     glue: GlueShared = field(default_factory=GlueShared)
     model: Any = None  # init=none only: the model to build (conf/model/)
     engine: Any = None
@@ -118,7 +143,7 @@ class FinetuneSchema:
     logger: LoggerConfig = field(default_factory=lambda: LoggerConfig(job_type="finetune"))
     train: FinetuneTrain = field(default_factory=FinetuneTrain)
     init: str = MISSING  # lm train run dir | checkpoint dir | lm export dir | none
-    tokenizer: Optional[str] = None  # tokenizer.json or a prepared data dir; default: the checkpoint's own
+    tokenizer: str | None = None  # tokenizer.json or a prepared data dir; default: the checkpoint's own
     run_dir: str = "runs/finetune/${lm.run_name:}"  # named by the overrides: rerun = resume
     seed: int = 0  # unused by the tasks (tasks.<name>.seeds are the seeds); kept for sweeps that tag runs
     resume: bool = True  # continue each unfinished task/seed from its checkpoint; skip the finished ones
@@ -126,8 +151,10 @@ class FinetuneSchema:
     save_best: bool = False  # also save the best-dev weights under <run_dir>/<task>/seed<k>/best
     hf: bool = True  # read the Hugging Face copy of a split that is not on disk
     skip_missing: bool = False  # run only tasks whose data is local (the GLUE score is then partial)
-    pooling: Optional[Pooling] = None  # None = first for encoders, last otherwise (RNNs: last or mean only)
-    bidirectional: bool = False  # RNN backbones: a bidirectional classifier, forward direction from init (lm/glue/init.py)
+    pooling: Pooling | None = None  # None = first for encoders, last otherwise (RNNs: last or mean only)
+    bidirectional: bool = (
+        False  # RNN backbones: a bidirectional classifier, forward direction from init (lm/glue/init.py)
+    )
     eval_batch_size: int = 128
 
 
@@ -136,8 +163,10 @@ def finetune_job(cfg) -> FinetuneSchema:
     from omegaconf import OmegaConf
 
     if OmegaConf.is_missing(cfg, "init"):
-        raise ConfigError("say where the model starts: init=<lm train run dir or checkpoint dir or lm export dir>, "
-                          "or init=none (random weights; then also model=<preset> and tokenizer=<path>)")
+        raise ConfigError(
+            "say where the model starts: init=<lm train run dir or checkpoint dir or lm export dir>, "
+            "or init=none (random weights; then also model=<preset> and tokenizer=<path>)"
+        )
     check_known_keys(cfg)  # a `+key=` that no schema field reads
     job = OmegaConf.to_object(cfg)
     validate_finetune(job)
@@ -152,8 +181,7 @@ def validate_finetune(job: FinetuneSchema) -> None:
             raise ConfigError(f"tasks.{key}.name={t.name!r} must be {key!r} (the key a preset composes under)")
         validate_glue_task(t)
     if job.train.ckpt_interval < 0:
-        raise ConfigError(f"train.ckpt_interval={job.train.ckpt_interval} must be >= 0 "
-                          f"(0 = at the end of every epoch)")
+        raise ConfigError(f"train.ckpt_interval={job.train.ckpt_interval} must be >= 0 (0 = at the end of every epoch)")
     validate_train(job.train.for_task(1, 1), job.optim, job.sched)
 
 
@@ -167,8 +195,10 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
         raise ConfigError(f"{where}: task name {cfg.name!r} is not one of {list(GLUE_TASKS)}; pick task=glue/<name>")
     want = TASKS[cfg.name].n_labels
     if cfg.n_labels != want:
-        raise ConfigError(f"{where}.n_labels={cfg.n_labels} but {cfg.name} has {want} "
-                          f"({'regression' if want == 1 else 'classes'}); set {where}.n_labels={want}")
+        raise ConfigError(
+            f"{where}.n_labels={cfg.n_labels} but {cfg.name} has {want} "
+            f"({'regression' if want == 1 else 'classes'}); set {where}.n_labels={want}"
+        )
     if cfg.main_metric not in metric_keys(cfg.name):
         raise ConfigError(f"{where}.main_metric={cfg.main_metric!r} is not one of {metric_keys(cfg.name)}")
     for name in ("batch_size", "max_len"):
@@ -185,6 +215,7 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
 
 def _validate_task_numbers(cfg: GlueTaskConfig, where: str) -> None:
     """The float hyperparameters; NaN compares False with every bound, so finiteness is checked first."""
+
     def bad(name, why):
         raise ConfigError(f"{where}.{name}={getattr(cfg, name)!r} {why}")
 
@@ -204,7 +235,7 @@ def _finite(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x)
 
 
-def check_task_args(args: List[str]) -> None:
+def check_task_args(args: list[str]) -> None:
     """Refuse an unknown `task=` option before Hydra composes (Hydra only says it "could not find" the file):
     the message lists the tasks. A user's own conf/task/<group>/<name>.yaml is still accepted."""
     from lm.config import conf_dir
@@ -217,8 +248,10 @@ def check_task_args(args: List[str]) -> None:
             continue
         for name in (v.strip().strip("'\"") for v in value.strip("[]").split(",")):
             if name and name not in known and not (conf_dir() / "task" / f"{name}.yaml").is_file():
-                raise ConfigError(f"task={name} is not a task; pick task=glue/<name> with <name> one of "
-                                  f"{', '.join((*GLUE_TASKS, 'all'))} (several: 'task=[glue/rte,glue/mrpc]')")
+                raise ConfigError(
+                    f"task={name} is not a task; pick task=glue/<name> with <name> one of "
+                    f"{', '.join((*GLUE_TASKS, 'all'))} (several: 'task=[glue/rte,glue/mrpc]')"
+                )
 
 
 def register_glue_configs() -> None:

@@ -17,8 +17,9 @@ token_type_ids are always returned; a model without segment embeddings ignores t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from itertools import chain
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,10 +28,10 @@ from lm.model.config import Arch
 if TYPE_CHECKING:
     import torch  # imported where used: encoding examples needs no torch
 
-Features = Dict[str, list]
+Features = dict[str, list]
 
 
-def truncate_longest_first(a: Sequence[int], b: Sequence[int], budget: int) -> Tuple[list, list]:
+def truncate_longest_first(a: Sequence[int], b: Sequence[int], budget: int) -> tuple[list, list]:
     la, lb = len(a), len(b)
     while la + lb > budget:
         if la > lb:
@@ -40,21 +41,23 @@ def truncate_longest_first(a: Sequence[int], b: Sequence[int], budget: int) -> T
     return list(a[:la]), list(b[:lb])
 
 
-def encode_pair(tokenizer, text_a: str, text_b: Optional[str], max_len: int, arch: str) -> Features:
+def encode_pair(tokenizer, text_a: str, text_b: str | None, max_len: int, arch: str) -> Features:
     """input_ids, attention_mask and token_type_ids (lists) of one example, at most max_len long."""
     a = tokenizer.encode(text_a)
     b = tokenizer.encode(text_b) if text_b is not None else None
     return build_inputs(tokenizer, a, b, max_len, arch)
 
 
-def build_inputs(tokenizer, a: Sequence[int], b: Optional[Sequence[int]], max_len: int, arch: str) -> Features:
+def build_inputs(tokenizer, a: Sequence[int], b: Sequence[int] | None, max_len: int, arch: str) -> Features:
     """The special-token layout of the module docstring around already tokenized a (and b)."""
     if arch not in list(Arch):
         raise ValueError(f"arch={arch!r} is not one of {[a.value for a in Arch]}")
     n_special = 2 if b is None else 3
     if max_len < n_special + 1:
-        raise ValueError(f"max_len={max_len} leaves no room for text after {n_special} special tokens; "
-                         f"use max_len >= {n_special + 1}")
+        raise ValueError(
+            f"max_len={max_len} leaves no room for text after {n_special} special tokens; "
+            f"use max_len >= {n_special + 1}"
+        )
     a, b = truncate_longest_first(a, b or [], max_len - n_special)
     if arch == "encoder":
         first, mid, last = tokenizer.cls_id, tokenizer.sep_id, tokenizer.sep_id
@@ -68,7 +71,7 @@ def build_inputs(tokenizer, a: Sequence[int], b: Optional[Sequence[int]], max_le
     return {"input_ids": ids, "attention_mask": [1] * len(ids), "token_type_ids": types}
 
 
-def encode_examples(tokenizer, examples, max_len: int, arch: str) -> List[Features]:
+def encode_examples(tokenizer, examples, max_len: int, arch: str) -> list[Features]:
     """encode_pair over readers.Example rows (batched through tokenizer.encode_batch when it has one),
     with "labels" when the example has a label."""
     encode_batch = getattr(tokenizer, "encode_batch", None) or (lambda texts: [tokenizer.encode(t) for t in texts])
@@ -84,7 +87,7 @@ def encode_examples(tokenizer, examples, max_len: int, arch: str) -> List[Featur
     return out
 
 
-def collate(features: Sequence[Features], pad_id: int) -> Dict[str, "torch.Tensor"]:
+def collate(features: Sequence[Features], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of encoded examples into (B, T) long tensors; attention_mask and token_type_ids
     are 0 on pads. "labels" (B,) is long for class ids and float for STS-B scores."""
     import torch

@@ -20,7 +20,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,13 +44,13 @@ class Backbone:
     """Everything needed to build the same starting classifier once per seed."""
 
     model_cfg: Any  # lm.config.ModelConfig
-    state_dict: Optional[Dict[str, torch.Tensor]]  # None = random init (init=none)
+    state_dict: dict[str, torch.Tensor] | None  # None = random init (init=none)
     tokenizer: Any  # lm.data.tokenizer.Tokenizer
     source: str  # what it was loaded from, for results.json
-    pretrain: Optional[Dict] = None  # the pretraining run's resolved config (wandb group), if known
+    pretrain: dict | None = None  # the pretraining run's resolved config (wandb group), if known
 
 
-def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -> Backbone:
+def load_backbone(init: str, tokenizer: str | None = None, model_node=None) -> Backbone:
     """`model_node` (init=none only): the typed ModelConfig to build, or a saved model node."""
     from lm.core.checkpoint import CheckpointError
     from lm.core.saved_model import find_saved_model
@@ -61,21 +61,27 @@ def load_backbone(init: str, tokenizer: Optional[str] = None, model_node=None) -
             raise InitError("init=none needs a model config (model=<preset>)")
         tok = _load_tokenizer(tokenizer, what="init=none")
         cfg = model_node if isinstance(model_node, ModelConfig) else model_from_saved(model_node)
-        _check_vocab(tok, cfg.vocab_size, f"model.vocab_size={cfg.vocab_size}",
-                     f"set model.vocab_size={-(-tok.vocab_size // 64) * 64} (or larger)")
+        _check_vocab(
+            tok,
+            cfg.vocab_size,
+            f"model.vocab_size={cfg.vocab_size}",
+            f"set model.vocab_size={-(-tok.vocab_size // 64) * 64} (or larger)",
+        )
         return Backbone(cfg, None, tok, "none (random init)")
     path = Path(init).expanduser()
     try:
         saved = find_saved_model(path)
     except FileNotFoundError:
-        raise InitError(f"init={path}: no such directory; pass an lm train run directory, one of its "
-                        f"checkpoints/step_* directories, an lm export directory, or init=none") from None
+        raise InitError(
+            f"init={path}: no such directory; pass an lm train run directory, one of its "
+            f"checkpoints/step_* directories, an lm export directory, or init=none"
+        ) from None
     except CheckpointError as e:
         raise InitError(f"init={path}: {e}; or an lm export directory (model.safetensors + config.json)") from None
     return _from_export(saved, tokenizer) if saved.export else _from_checkpoint(saved, tokenizer)
 
 
-def _from_checkpoint(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
+def _from_checkpoint(saved: SavedModel, tokenizer: str | None) -> Backbone:
     from lm.model.config import model_from_saved
 
     ckpt, pretrain = saved.path, saved.run_config()
@@ -85,7 +91,7 @@ def _from_checkpoint(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
     return Backbone(cfg, weights, tok, str(ckpt), pretrain)
 
 
-def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
+def _from_export(saved: SavedModel, tokenizer: str | None) -> Backbone:
     from lm.model.config import model_from_saved
 
     path, cfg, pretrain = saved.path, model_from_saved(saved.model_node()), saved.run_config()
@@ -93,12 +99,16 @@ def _from_export(saved: SavedModel, tokenizer: Optional[str]) -> Backbone:
         tok = _pretraining_tokenizer(pretrain, tokenizer, path, _recorded_tokenizer_sha256(path.parent))
     else:
         tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without its checkpoint's config.yaml)")
-        _check_vocab(tok, cfg.vocab_size, f"the embedding of {path} ({cfg.vocab_size} rows)",
-                     "pass the tokenizer the model was pretrained with")
+        _check_vocab(
+            tok,
+            cfg.vocab_size,
+            f"the embedding of {path} ({cfg.vocab_size} rows)",
+            "pass the tokenizer the model was pretrained with",
+        )
     return Backbone(cfg, saved.state_dict(), tok, str(path), pretrain)
 
 
-def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:
+def _recorded_tokenizer_sha256(ckpt: Path) -> str | None:
     from lm.core.checkpoint import CheckpointError
     from lm.core.saved_model import recorded_tokenizer_sha256
 
@@ -108,7 +118,7 @@ def _recorded_tokenizer_sha256(ckpt: Path) -> Optional[str]:
         raise InitError(f"init={ckpt}: {e}") from None
 
 
-def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path, recorded: Optional[str] = None):
+def _pretraining_tokenizer(pretrain: dict, tokenizer: str | None, where: Path, recorded: str | None = None):
     """The run's own tokenizer; one whose file differs from the one it was pretrained with (`recorded`,
     else the data directory's file) is refused."""
     data_dir = _data_dir(pretrain)
@@ -116,9 +126,11 @@ def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path
     vocab = pretrain["model"]["vocab_size"]
     if tokenizer is None:
         if own is None or not own.is_file():
-            raise InitError(f"{where} was pretrained with the tokenizer {own or '(unknown: no data.dir in its config)'}, "
-                            f"which is not there any more; pass tokenizer=<that tokenizer.json> (the same file, or "
-                            f"finetuning reads the wrong embedding rows)")
+            raise InitError(
+                f"{where} was pretrained with the tokenizer {own or '(unknown: no data.dir in its config)'}, "
+                f"which is not there any more; pass tokenizer=<that tokenizer.json> (the same file, or "
+                f"finetuning reads the wrong embedding rows)"
+            )
         tok = _load_tokenizer(str(own), what=str(where))
         if recorded and tok.sha256 != recorded:
             raise InitError(
@@ -126,7 +138,8 @@ def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path
                 f"pretrained with (sha256 {recorded[:12]}, recorded in its checkpoint's rank00000.pt): {data_dir} was "
                 f"re-prepared since, and its ids would index the wrong embedding rows. Pass tokenizer=<the original "
                 f"tokenizer.json> (a copy of the file with sha256 {recorded}), or re-prepare {data_dir} with the "
-                f"run's original data settings (its config.yaml)")
+                f"run's original data settings (its config.yaml)"
+            )
     else:
         tok = _load_tokenizer(tokenizer, what=str(where))
         if recorded:
@@ -135,7 +148,8 @@ def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path
                     f"tokenizer={tokenizer} is not the tokenizer {where} was pretrained with (sha256 {tok.sha256[:12]} "
                     f"vs {recorded[:12]} recorded in its checkpoint's rank00000.pt): its ids would index the wrong "
                     f"embedding rows. Pass the original tokenizer.json (sha256 {recorded}), or finetune from "
-                    f"scratch with init=none")
+                    f"scratch with init=none"
+                )
         elif own is not None and own.is_file():
             from lm.data.tokenizer import Tokenizer
 
@@ -145,12 +159,13 @@ def _pretraining_tokenizer(pretrain: Dict, tokenizer: Optional[str], where: Path
                     f"tokenizer={tokenizer} is not the tokenizer {where} was pretrained with ({own}; sha256 "
                     f"{tok.sha256[:12]} vs {expected.sha256[:12]}, {tok.vocab_size} vs {expected.vocab_size} tokens): "
                     f"its ids would index the wrong embedding rows. Drop tokenizer= to use the run's own, or "
-                    f"finetune from scratch with init=none")
+                    f"finetune from scratch with init=none"
+                )
     _check_vocab(tok, vocab, f"the checkpoint's embedding ({vocab} rows)", "use the run's own tokenizer")
     return tok
 
 
-def _data_dir(pretrain: Dict) -> Optional[Path]:
+def _data_dir(pretrain: dict) -> Path | None:
     from omegaconf import OmegaConf
 
     from lm.config import register_train_configs
@@ -166,12 +181,14 @@ def _data_dir(pretrain: Dict) -> Optional[Path]:
         return None
 
 
-def _load_tokenizer(path: Optional[str], what: str):
+def _load_tokenizer(path: str | None, what: str):
     from lm.data.tokenizer import Tokenizer, TokenizerError
 
     if not path:
-        raise InitError(f"{what} needs tokenizer=<path to tokenizer.json, or a prepared data directory that "
-                        f"holds one> (lm prepare writes it)")
+        raise InitError(
+            f"{what} needs tokenizer=<path to tokenizer.json, or a prepared data directory that "
+            f"holds one> (lm prepare writes it)"
+        )
     try:
         return Tokenizer.load(path)
     except TokenizerError as e:
@@ -180,8 +197,10 @@ def _load_tokenizer(path: Optional[str], what: str):
 
 def _check_vocab(tok, rows: int, what: str, fix: str) -> None:
     if tok.vocab_size > rows:
-        raise InitError(f"the tokenizer {tok.source} has {tok.vocab_size} tokens but {what} has only {rows}: "
-                        f"ids >= {rows} have no embedding. {fix}")
+        raise InitError(
+            f"the tokenizer {tok.source} has {tok.vocab_size} tokens but {what} has only {rows}: "
+            f"ids >= {rows} have no embedding. {fix}"
+        )
 
 
 def _mismatch(source: str, e: RuntimeError) -> str:
@@ -189,13 +208,16 @@ def _mismatch(source: str, e: RuntimeError) -> str:
     lines = [line.strip() for line in str(e).splitlines() if line.strip().startswith("size mismatch")]
     first = lines[0].rstrip(".") if lines else str(e).strip().splitlines()[0]
     config = "config.json" if (Path(source) / "model.safetensors").is_file() else "config.yaml"
-    return (f"{source}: the weights do not fit its {config} ({first}; {len(lines) or 1} tensor(s) differ): the "
-            f"file was edited or belongs to another model; restore it (an lm export directory: export the "
-            f"checkpoint again)")
+    return (
+        f"{source}: the weights do not fit its {config} ({first}; {len(lines) or 1} tensor(s) differ): the "
+        f"file was edited or belongs to another model; restore it (an lm export directory: export the "
+        f"checkpoint again)"
+    )
 
 
-def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling: Optional[str] = None,
-                     bidirectional: bool = False):
+def build_classifier(
+    backbone: Backbone, n_labels: int, dropout: float, pooling: str | None = None, bidirectional: bool = False
+):
     """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head.
 
     `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
@@ -212,11 +234,15 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
     # An ELECTRA run (model.electra) is finetuned as the plain encoder its discriminator is.
     cfg = replace(backbone.model_cfg, electra=None)
     if cfg.arch == "rnn" and pooling not in (None, "last", "mean"):
-        raise InitError(f"pooling={pooling} is for Transformer backbones; for an RNN backbone use pooling=last "
-                        "(final states) or pooling=mean (mean over real tokens)")
+        raise InitError(
+            f"pooling={pooling} is for Transformer backbones; for an RNN backbone use pooling=last "
+            "(final states) or pooling=mean (mean over real tokens)"
+        )
     if bidirectional and cfg.arch != "rnn":
-        raise InitError(f"bidirectional=true widens a recurrent backbone (model=lstm|gru|rnn), but {backbone.source} "
-                        f"is a Transformer ({cfg.arch.value}); drop bidirectional=true")
+        raise InitError(
+            f"bidirectional=true widens a recurrent backbone (model=lstm|gru|rnn), but {backbone.source} "
+            f"is a Transformer ({cfg.arch.value}); drop bidirectional=true"
+        )
     widen = bidirectional and not cfg.rnn.bidirectional
     if widen:
         cfg = replace(cfg, rnn=replace(cfg.rnn, bidirectional=True))
@@ -229,13 +255,17 @@ def build_classifier(backbone: Backbone, n_labels: int, dropout: float, pooling:
             try:
                 load_unidirectional(model.backbone, weights)
             except (KeyError, RuntimeError) as e:
-                raise InitError(f"{backbone.source}: cannot widen to a bidirectional {cfg.rnn.cell.value}: {e}") from None
+                raise InitError(
+                    f"{backbone.source}: cannot widen to a bidirectional {cfg.rnn.cell.value}: {e}"
+                ) from None
             return model
         try:
             missing, unexpected = model.backbone.load_state_dict(weights, strict=False)
         except RuntimeError as e:  # a shape differs: the weights are not those of the saved model config
             raise InitError(_mismatch(backbone.source, e)) from None
         if missing or unexpected:
-            raise InitError(f"{backbone.source} does not match its model config: missing={sorted(missing)}, "
-                            f"unexpected={sorted(unexpected)}")
+            raise InitError(
+                f"{backbone.source} does not match its model config: missing={sorted(missing)}, "
+                f"unexpected={sorted(unexpected)}"
+            )
     return model

@@ -22,14 +22,14 @@ scikit-learn's MCC does), so that model selection never compares against nan.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping, Sequence
 from statistics import fmean
-from typing import Dict, Mapping, Sequence
 
 import numpy as np
 
 from lm.glue.tasks import EVALS, GLUE_TASKS, get_eval, get_task, scored_evals
 
-Metrics = Dict[str, float]
+Metrics = dict[str, float]
 
 
 def as_predictions(name: str, preds) -> np.ndarray:
@@ -45,8 +45,10 @@ def as_predictions(name: str, preds) -> np.ndarray:
     if p.ndim == 2:
         p = p.argmax(-1)
     if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
-        raise ValueError(f"{name}: predictions must be class ids (N,) or logits (N, {task.n_labels}); got "
-                         f"shape {p.shape} dtype {p.dtype}")
+        raise ValueError(
+            f"{name}: predictions must be class ids (N,) or logits (N, {task.n_labels}); got "
+            f"shape {p.shape} dtype {p.dtype}"
+        )
     if p.size and (p.min() < 0 or p.max() >= task.n_labels):
         raise ValueError(f"{name}: class ids must be in [0, {task.n_labels}); got {p.min()}..{p.max()}")
     return p
@@ -97,8 +99,10 @@ def glue_score(metrics: Mapping[str, Metrics], partial: bool = False) -> float:
     """The leaderboard's GLUE score from {column: metrics}; partial=True averages the tasks present."""
     missing = missing_tasks(metrics)
     if missing and not partial:
-        raise KeyError(f"the GLUE score needs all nine tasks; missing {missing} (pass partial=True for the mean "
-                       f"over the tasks present, and say so wherever it is reported)")
+        raise KeyError(
+            f"the GLUE score needs all nine tasks; missing {missing} (pass partial=True for the mean "
+            f"over the tasks present, and say so wherever it is reported)"
+        )
     present = [t for t in GLUE_TASKS if t not in missing]
     if not present:
         raise KeyError(f"no GLUE task has metrics; got columns {sorted(metrics)}")
@@ -113,8 +117,10 @@ def main_metric(task: str, metrics: Mapping[str, Metrics], key: str = "score") -
     cols = scored_evals(task)
     if "/" not in key:
         if len(cols) != 1:
-            raise KeyError(f"task {task!r} has several columns {list(cols)}; name one as '<column>/{key}' "
-                           f"(e.g. '{cols[0]}/{key}') or use 'score'")
+            raise KeyError(
+                f"task {task!r} has several columns {list(cols)}; name one as '<column>/{key}' "
+                f"(e.g. '{cols[0]}/{key}') or use 'score'"
+            )
         key = f"{cols[0]}/{key}"
     col, m = key.split("/", 1)
     return metrics[col][m]

@@ -20,10 +20,9 @@ import functools
 import math
 import os
 from pathlib import Path
-from typing import List, NamedTuple, Optional, Union
+from typing import NamedTuple
 
 from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, GlueTaskSpec, get_eval, get_task
-
 
 MAX_LINE_BYTES = 1 << 20  # far above any GLUE example (the longest are a few kB); a longer line is not GLUE text
 
@@ -33,8 +32,8 @@ class Example(NamedTuple):
 
     index: int  # the file's id column (what submissions are keyed by), else the 0-based row number
     text_a: str
-    text_b: Optional[str]
-    label: Optional[Union[int, float]]
+    text_b: str | None
+    label: int | float | None
 
 
 class GlueDataError(ValueError):
@@ -45,7 +44,7 @@ class GlueDataMissing(GlueDataError, FileNotFoundError):
     """A GLUE file is not where it was looked for; the message names the path and how to get it."""
 
 
-def data_root(root: Optional[Union[str, os.PathLike]] = None) -> Path:
+def data_root(root: str | os.PathLike | None = None) -> Path:
     if root is not None:
         return Path(root).expanduser()
     mirror = os.environ.get("LM_DATA_MIRROR")
@@ -59,7 +58,7 @@ def split_path(task: str, split: str, root=None) -> Path:
     return data_root(root) / t.dir / t.files[split]
 
 
-def load_split(task: str, split: str, root=None, hf: bool = True) -> List[Example]:
+def load_split(task: str, split: str, root=None, hf: bool = True) -> list[Example]:
     """All examples of one split. The local TSV wins; `hf` allows the Hugging Face copy when it is absent."""
     t = get_task(task)
     path = split_path(t.name, split, root)
@@ -71,21 +70,24 @@ def load_split(task: str, split: str, root=None, hf: bool = True) -> List[Exampl
     return load_hf(t, split, where)
 
 
-def load_eval(name: str, kind: str, root=None, hf: bool = True) -> List[Example]:
+def load_eval(name: str, kind: str, root=None, hf: bool = True) -> list[Example]:
     """The dev or test split of one leaderboard column: load_eval("mnli_mm", "dev") is MNLI's dev_mismatched."""
     e = get_eval(name)
     if kind not in ("dev", "test"):
         raise ValueError(f"kind={kind!r} must be 'dev' or 'test'")
     split = e.dev if kind == "dev" else e.test
     if split is None:
-        raise GlueDataMissing(f"GLUE {e.submission} has no public labelled split; only its test split can be "
-                              f"predicted (and scored by the leaderboard)")
+        raise GlueDataMissing(
+            f"GLUE {e.submission} has no public labelled split; only its test split can be "
+            f"predicted (and scored by the leaderboard)"
+        )
     return load_split(e.task, split, root, hf)
 
 
 # -- TSV -------------------------------------------------------------------------------------------
 
-def read_tsv(path: Union[str, os.PathLike], task: Union[str, GlueTaskSpec], split: str) -> List[Example]:
+
+def read_tsv(path: str | os.PathLike, task: str | GlueTaskSpec, split: str) -> list[Example]:
     t = get_task(task) if isinstance(task, str) else task
     labelled = not split.startswith("test")
     with open(path, "rb") as f:
@@ -100,12 +102,16 @@ def read_tsv(path: Union[str, os.PathLike], task: Union[str, GlueTaskSpec], spli
                 raise GlueDataError(
                     f"{path}:{rows.line_num}: expected {len(header)} tab-separated columns "
                     f"({', '.join(header)}), found {len(row)}; a stray tab or newline inside the text splits it"
-                    + ("; QQP's original release has such rows: use QQP-clean.zip" if t.name == "qqp" else ""))
+                    + ("; QQP's original release has such rows: use QQP-clean.zip" if t.name == "qqp" else "")
+                )
             out.append(_example(path, rows.line_num, t, row, col, len(out)))
     if not out:  # caught here, not after an epoch (an empty dev split) or without the path (an empty train split)
-        raise GlueDataError(f"{path}: the file has no examples" + ("" if t.headerless and labelled else
-                            " after its header line") + f"; restore the {t.dir} {split} file of the official "
-                            f"GLUE layout (download_glue_data.py)")
+        raise GlueDataError(
+            f"{path}: the file has no examples"
+            + ("" if t.headerless and labelled else " after its header line")
+            + f"; restore the {t.dir} {split} file of the official "
+            f"GLUE layout (download_glue_data.py)"
+        )
     return out
 
 
@@ -116,29 +122,36 @@ def _text_lines(path, f):
     while raw := f.readline(MAX_LINE_BYTES + 1):
         n += 1
         if len(raw) > MAX_LINE_BYTES:
-            raise GlueDataError(f"{path}:{n}: the line is longer than {MAX_LINE_BYTES:,} bytes, which no GLUE example "
-                                f"is; restore the official GLUE file (download_glue_data.py)")
+            raise GlueDataError(
+                f"{path}:{n}: the line is longer than {MAX_LINE_BYTES:,} bytes, which no GLUE example "
+                f"is; restore the official GLUE file (download_glue_data.py)"
+            )
         if n == 1 and raw.startswith(codecs.BOM_UTF8):
-            raw = raw[len(codecs.BOM_UTF8):]
+            raw = raw[len(codecs.BOM_UTF8) :]
         if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in raw:
-            raise GlueDataError(f"{path}:{n}: the file is UTF-16 or binary, not UTF-8 text; save it as UTF-8 "
-                                f"(e.g. iconv -f UTF-16 -t UTF-8), or restore the official GLUE file")
+            raise GlueDataError(
+                f"{path}:{n}: the file is UTF-16 or binary, not UTF-8 text; save it as UTF-8 "
+                f"(e.g. iconv -f UTF-16 -t UTF-8), or restore the official GLUE file"
+            )
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise GlueDataError(f"{path}:{n}: not UTF-8 text (byte {raw[e.start:e.start + 1]!r} at byte {e.start + 1} "
-                                f"of the line); save the file as UTF-8, or restore the official GLUE file") from None
+            raise GlueDataError(
+                f"{path}:{n}: not UTF-8 text (byte {raw[e.start : e.start + 1]!r} at byte {e.start + 1} "
+                f"of the line); save the file as UTF-8, or restore the official GLUE file"
+            ) from None
 
 
-def _next_row(path, rows) -> Optional[List[str]]:
+def _next_row(path, rows) -> list[str] | None:
     try:
         return next(rows, None)
     except csv.Error as e:  # a field over csv.field_size_limit() (131,072 characters)
-        raise GlueDataError(f"{path}:{rows.line_num}: {e}; no GLUE example is that long: restore the official "
-                            f"GLUE file") from None
+        raise GlueDataError(
+            f"{path}:{rows.line_num}: {e}; no GLUE example is that long: restore the official GLUE file"
+        ) from None
 
 
-def _columns(path, t: GlueTaskSpec, header: List[str], labelled: bool) -> dict:
+def _columns(path, t: GlueTaskSpec, header: list[str], labelled: bool) -> dict:
     """Column positions by name; a missing one is reported with the header that was found."""
     wanted = {"text_a": t.text_a, "text_b": t.text_b, "label": t.label if labelled else None, "index": t.index}
     col = {}
@@ -148,25 +161,28 @@ def _columns(path, t: GlueTaskSpec, header: List[str], labelled: bool) -> dict:
         if name in header:
             col[role] = header.index(name)
         elif role != "index":
-            raise GlueDataError(f"{path}:1: no column {name!r} in the header {header}; is this the {t.dir} file "
-                                f"of the official GLUE layout?")
+            raise GlueDataError(
+                f"{path}:1: no column {name!r} in the header {header}; is this the {t.dir} file "
+                f"of the official GLUE layout?"
+            )
     return col
 
 
-def _example(path, line: int, t: GlueTaskSpec, row: List[str], col: dict, row_number: int) -> Example:
+def _example(path, line: int, t: GlueTaskSpec, row: list[str], col: dict, row_number: int) -> Example:
     index = row_number
     if "index" in col:
         try:
             index = int(row[col["index"]])
         except ValueError:
-            raise GlueDataError(f"{path}:{line}: id column {t.index!r} holds {row[col['index']]!r}, "
-                                f"not an integer") from None
+            raise GlueDataError(
+                f"{path}:{line}: id column {t.index!r} holds {row[col['index']]!r}, not an integer"
+            ) from None
     text_b = row[col["text_b"]] if "text_b" in col else None
     label = parse_label(t, row[col["label"]], f"{path}:{line}") if "label" in col else None
     return Example(index, row[col["text_a"]], text_b, label)
 
 
-def parse_label(t: GlueTaskSpec, value: str, where: str) -> Union[int, float]:
+def parse_label(t: GlueTaskSpec, value: str, where: str) -> int | float:
     if t.is_regression:
         try:
             score = float(value)
@@ -182,8 +198,9 @@ def parse_label(t: GlueTaskSpec, value: str, where: str) -> Union[int, float]:
 
 # -- Hugging Face ------------------------------------------------------------------------------------
 
+
 @functools.lru_cache(maxsize=1)
-def hub_unreachable() -> Optional[str]:
+def hub_unreachable() -> str | None:
     """Why the Hugging Face hub cannot be reached (one quick TCP connect), or None: reachable, behind a
     proxy (not probed), or offline mode set (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE: `datasets` then reads
     its cache without trying the network)."""
@@ -203,7 +220,7 @@ def hub_unreachable() -> Optional[str]:
     return None
 
 
-def load_hf(t: GlueTaskSpec, split: str, where: str) -> List[Example]:
+def load_hf(t: GlueTaskSpec, split: str, where: str) -> list[Example]:
     """The split from the Hugging Face hub (or its local cache); used only when no local file exists."""
     unreachable = hub_unreachable()
     if unreachable:  # fail now: the hub client would retry for half a minute before failing the same way
@@ -216,15 +233,24 @@ def load_hf(t: GlueTaskSpec, split: str, where: str) -> List[Example]:
     try:
         rows = datasets.load_dataset(HF_DATASET, t.name, split=hf_split)
     except Exception as e:  # offline, hub down, cache miss: all end the same way for the user
-        raise GlueDataMissing(f"{where}, and the Hugging Face copy {HF_DATASET}/{t.name}:{hf_split} failed "
-                              f"({type(e).__name__}: {e}); {DOWNLOAD_HINT}") from e
+        raise GlueDataMissing(
+            f"{where}, and the Hugging Face copy {HF_DATASET}/{t.name}:{hf_split} failed "
+            f"({type(e).__name__}: {e}); {DOWNLOAD_HINT}"
+        ) from e
     a, b = t.hf_text
     out = []
     for n, r in enumerate(rows):
         label = None if split.startswith("test") else r["label"]
         if label is not None and not t.is_regression and not 0 <= label < t.n_labels:
-            raise GlueDataError(f"{HF_DATASET}/{t.name}:{hf_split} row {n}: label {label} is not a class id "
-                                f"in [0, {t.n_labels})")
-        out.append(Example(int(r.get("idx", n)), r[a], r[b] if b else None,
-                           float(label) if (label is not None and t.is_regression) else label))
+            raise GlueDataError(
+                f"{HF_DATASET}/{t.name}:{hf_split} row {n}: label {label} is not a class id in [0, {t.n_labels})"
+            )
+        out.append(
+            Example(
+                int(r.get("idx", n)),
+                r[a],
+                r[b] if b else None,
+                float(label) if (label is not None and t.is_regression) else label,
+            )
+        )
     return out

@@ -11,9 +11,10 @@ the GLUE score is the mean over the tasks present and is labelled partial in bot
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from statistics import fmean, median
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any
 
 from lm.core.files import atomic_write_text
 from lm.glue.metrics import Metrics, glue_score, missing_tasks
@@ -34,7 +35,7 @@ def _median(col: str, runs: Mapping[str, Metrics]) -> Metrics:
     return {**out, "score": fmean(out[k] for k in keys)}
 
 
-def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> Dict[str, Any]:
+def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> dict[str, Any]:
     """The content of results.json."""
     cols = {get_eval(c).name: {str(s): dict(m) for s, m in runs.items()} for c, runs in dev.items()}
     cols = {c: cols[c] for c in EVALS if c in cols}  # leaderboard order
@@ -57,7 +58,7 @@ def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> Dict[str, Any]:
             "partial": bool(missing),
             "missing_tasks": missing,
             "definition": "mean of the nine task scores (a task score is the mean of its metrics; MNLI's is the "
-                          "mean of MNLI-m and MNLI-mm accuracy); AX is not included",
+            "mean of MNLI-m and MNLI-mm accuracy); AX is not included",
         },
     }
 
@@ -67,7 +68,7 @@ def results_table(summary: Mapping[str, Any]) -> str:
     cols, glue = summary["columns"], summary["glue"]
     seeds = _seed_order({s for c in cols.values() for s in c["seeds"]})
 
-    def cell(m: Optional[Metrics], keys) -> str:
+    def cell(m: Metrics | None, keys) -> str:
         return "/".join(f"{m[k]:.1f}" for k in keys) if m else "–"
 
     lines = [
@@ -76,26 +77,38 @@ def results_table(summary: Mapping[str, Any]) -> str:
     ]
     for c, r in cols.items():
         keys = r["metrics"]
-        lines.append(f"| {EVALS[c].submission} | {'/'.join(METRIC_NAMES[k] for k in keys)} | "
-                     + " | ".join(cell(r["seeds"].get(s), keys) for s in seeds) + f" | {cell(r['median'], keys)} |")
+        lines.append(
+            f"| {EVALS[c].submission} | {'/'.join(METRIC_NAMES[k] for k in keys)} | "
+            + " | ".join(cell(r["seeds"].get(s), keys) for s in seeds)
+            + f" | {cell(r['median'], keys)} |"
+        )
     fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
     label = "GLUE" if not glue["partial"] else f"GLUE (partial, {len(GLUE_TASKS) - len(glue['missing_tasks'])}/9)"
-    lines.append(f"| {label} | score | " + " | ".join(fmt(glue["per_seed"].get(s)) for s in seeds)
-                 + f" | {fmt(glue['median'])} |")
-    notes = [f"Dev-set results in {summary['units']}. Median over seeds per metric; the GLUE median is the GLUE "
-             f"score of the medians. GLUE score: {glue['definition']}."]
+    lines.append(
+        f"| {label} | score | "
+        + " | ".join(fmt(glue["per_seed"].get(s)) for s in seeds)
+        + f" | {fmt(glue['median'])} |"
+    )
+    notes = [
+        f"Dev-set results in {summary['units']}. Median over seeds per metric; the GLUE median is the GLUE "
+        f"score of the medians. GLUE score: {glue['definition']}."
+    ]
     if glue["partial"]:
         names = ", ".join(TASKS[t].dir for t in glue["missing_tasks"])
-        notes.append(f"The GLUE score is partial: no results for {names}; it averages the tasks present only "
-                     f"and is not comparable with leaderboard scores.")
+        notes.append(
+            f"The GLUE score is partial: no results for {names}; it averages the tasks present only "
+            f"and is not comparable with leaderboard scores."
+        )
     return "\n".join(["# GLUE dev results", "", *notes, "", *lines]) + "\n"
 
 
-def write_results(dev: Mapping[str, Mapping[Any, Metrics]], out_dir, extra: Optional[dict] = None) -> Tuple[Path, Path]:
+def write_results(dev: Mapping[str, Mapping[Any, Metrics]], out_dir, extra: dict | None = None) -> tuple[Path, Path]:
     """Write <out_dir>/results.json and <out_dir>/results.md atomically; returns both paths."""
     summary = summarize(dev)
     if extra:
         summary = {**summary, **{k: v for k, v in extra.items() if k not in summary}}
     out = Path(out_dir)
-    return (atomic_write_text(out / "results.json", json.dumps(summary, indent=2, sort_keys=False) + "\n"),
-            atomic_write_text(out / "results.md", results_table(summary)))
+    return (
+        atomic_write_text(out / "results.json", json.dumps(summary, indent=2, sort_keys=False) + "\n"),
+        atomic_write_text(out / "results.md", results_table(summary)),
+    )

@@ -23,9 +23,10 @@ import os
 import shutil
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any
 
 from lm.core.config import LoggerConfig
 from lm.core.files import atomic_write_text
@@ -43,21 +44,25 @@ RESULT = "result.pt"  # <run_dir>/<task>/seed<k>/result.pt: that pair is done (w
 RESULT_SHA256 = "result.sha256"  # its checksum, written before result.pt is renamed into place
 
 
-def check_data(tasks: List[GlueTaskConfig]) -> Dict[str, str]:
+def check_data(tasks: list[GlueTaskConfig]) -> dict[str, str]:
     """{task: why} for tasks whose train or dev split is not on disk (looked up before any training)."""
     missing = {}
     for t in tasks:
         task = get_task(t.name)
         splits = ["train", *(EVALS[c].dev for c in task.evals if EVALS[c].dev)]
-        absent = [str(split_path(task.name, s, t.data_root)) for s in splits
-                  if not split_path(task.name, s, t.data_root).is_file()]
+        absent = [
+            str(split_path(task.name, s, t.data_root))
+            for s in splits
+            if not split_path(task.name, s, t.data_root).is_file()
+        ]
         if absent:
             missing[t.name] = "not found: " + ", ".join(absent)
     return missing
 
 
-def finetune_glue(job: FinetuneSchema, backbone: Backbone, make_engine: Callable[[Any], Any], config: Dict,
-                  dist) -> Dict[str, Any]:
+def finetune_glue(
+    job: FinetuneSchema, backbone: Backbone, make_engine: Callable[[Any], Any], config: dict, dist
+) -> dict[str, Any]:
     """Run every task of job.tasks for each of its seeds; returns the summary.
 
     make_engine(train_config) gives a fresh, unwrapped engine (lm.engine); `config` is the job's resolved
@@ -72,13 +77,15 @@ def finetune_glue(job: FinetuneSchema, backbone: Backbone, make_engine: Callable
         missing = {t: why for t, why in missing.items() if not _on_hub(t, tasks)}
     if missing and not job.skip_missing:  # before any training: a job must not die at its seventh task
         lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())
-        raise GlueDataMissing(f"GLUE data missing for {len(missing)} task(s):\n  {lines}\n{DOWNLOAD_HINT}; or set "
-                              f"skip_missing=true to run the tasks that are there (the GLUE score is then partial)")
+        raise GlueDataMissing(
+            f"GLUE data missing for {len(missing)} task(s):\n  {lines}\n{DOWNLOAD_HINT}; or set "
+            f"skip_missing=true to run the tasks that are there (the GLUE score is then partial)"
+        )
     for t in missing:
         log.warning("skipping GLUE %s (skip_missing=true): %s", t, missing[t])
     tasks = [t for t in tasks if t.name not in missing]
-    dev: Dict[str, Dict[int, Dict]] = {}
-    info: Dict[str, Any] = {"tasks": {}, "submission": {}}
+    dev: dict[str, dict[int, dict]] = {}
+    info: dict[str, Any] = {"tasks": {}, "submission": {}}
     sub_dir = run_dir / "submission"
     for t in tasks:
         results, data = _run_task(t, job, backbone, make_engine, config, dist)
@@ -88,8 +95,16 @@ def finetune_glue(job: FinetuneSchema, backbone: Backbone, make_engine: Callable
         info["tasks"][t.name] = {
             "config": asdict(t),
             "best_seed": best.seed,
-            "runs": {str(r.seed): {"best_epoch": r.best_epoch, "main": r.main, "seconds": round(r.seconds, 1),
-                                   "history": r.history} for r in results}}
+            "runs": {
+                str(r.seed): {
+                    "best_epoch": r.best_epoch,
+                    "main": r.main,
+                    "seconds": round(r.seconds, 1),
+                    "history": r.history,
+                }
+                for r in results
+            },
+        }
         for col, preds in best.test.items():
             if dist.is_main:
                 write_submission(col, preds, sub_dir, data.test[col].indices)
@@ -106,7 +121,7 @@ def finetune_glue(job: FinetuneSchema, backbone: Backbone, make_engine: Callable
     return {"dev": dev, **info}
 
 
-def _on_hub(name: str, tasks: List[GlueTaskConfig]) -> bool:
+def _on_hub(name: str, tasks: list[GlueTaskConfig]) -> bool:
     """Whether the Hugging Face copy of a task that is not on disk can be read (network or HF cache)."""
     from lm.glue.readers import load_split
 
@@ -119,19 +134,30 @@ def _on_hub(name: str, tasks: List[GlueTaskConfig]) -> bool:
         return False
 
 
-def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_engine, config: Dict, dist):
+def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_engine, config: dict, dist):
     from lm.engine import dist as dist_utils
 
     max_len = t.max_len
     if max_len > backbone.model_cfg.max_seq_len:
-        log.warning("GLUE %s: tasks.%s.max_len=%d exceeds model.max_seq_len=%d; truncating inputs to %d tokens",
-                    t.name, t.name, max_len, backbone.model_cfg.max_seq_len, backbone.model_cfg.max_seq_len)
+        log.warning(
+            "GLUE %s: tasks.%s.max_len=%d exceeds model.max_seq_len=%d; truncating inputs to %d tokens",
+            t.name,
+            t.name,
+            max_len,
+            backbone.model_cfg.max_seq_len,
+            backbone.model_cfg.max_seq_len,
+        )
         max_len = backbone.model_cfg.max_seq_len
     t0 = time.perf_counter()
     data = load_task_data(t, backbone.tokenizer, backbone.model_cfg.arch, max_len, job.hf, job.predict_test)
-    log.info("GLUE %s: %d train examples, dev %s, test %s (read and encoded in %.1f s)", data.task.dir,
-             len(data.train.features), {c: len(s.features) for c, s in data.dev.items()},
-             {c: len(s.features) for c, s in data.test.items()}, time.perf_counter() - t0)
+    log.info(
+        "GLUE %s: %d train examples, dev %s, test %s (read and encoded in %.1f s)",
+        data.task.dir,
+        len(data.train.features),
+        {c: len(s.features) for c, s in data.dev.items()},
+        {c: len(s.features) for c, s in data.test.items()},
+        time.perf_counter() - t0,
+    )
     results = []
     for seed in t.seeds:
         out = Path(job.run_dir) / t.name / f"seed{seed}"
@@ -144,8 +170,17 @@ def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_e
     return results, data
 
 
-def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema, backbone: Backbone, make_engine,
-             config: Dict, dist) -> SeedResult:
+def _run_one(
+    t: GlueTaskConfig,
+    data,
+    seed: int,
+    out: Path,
+    job: FinetuneSchema,
+    backbone: Backbone,
+    make_engine,
+    config: dict,
+    dist,
+) -> SeedResult:
     import yaml
 
     from lm.core.optim import lr_multiplier
@@ -160,19 +195,31 @@ def _run_one(t: GlueTaskConfig, data, seed: int, out: Path, job: FinetuneSchema,
     config_yaml = _pair_yaml(config, backbone, t, seed)
     with Session(train_cfg, engine, task, out, config_yaml) as session:
         # the head's init (and a scratch backbone's) from the seed on every rank; dropout then differs per rank
-        model = session.build(lambda: build_classifier(backbone, get_task(t.name).n_labels, t.dropout,
-                                                       job.pooling and job.pooling.value, job.bidirectional),
-                              seed, optim)
+        model = session.build(
+            lambda: build_classifier(
+                backbone, get_task(t.name).n_labels, t.dropout, job.pooling and job.pooling.value, job.bidirectional
+            ),
+            seed,
+            optim,
+        )
         if job.save_best:
-            best = session.checkpointer_at(out / "best", keep_last=1, config_yaml=yaml.safe_dump(
-                {"model": _plain(model.cfg), "task": _plain(t), "seed": seed}))
+            best = session.checkpointer_at(
+                out / "best",
+                keep_last=1,
+                config_yaml=yaml.safe_dump({"model": _plain(model.cfg), "task": _plain(t), "seed": seed}),
+            )
             task.save_best = lambda step, record: best.save({"step": step, "tokens": 0, **record}, {})
         # a changed setting that matters is refused before anything is loaded
-        latest = session.resume_or_start(job.resume, None, FINETUNE_RESUMABLE,
-                                         start_over=f"delete {out} to train {t.name} seed {seed} again with the new values")
+        latest = session.resume_or_start(
+            job.resume,
+            None,
+            FINETUNE_RESUMABLE,
+            start_over=f"delete {out} to train {t.name} seed {seed} again with the new values",
+        )
         if latest:
-            log.info("GLUE %s seed %d: resumed from %s (step %d/%d)", t.name, seed, latest, session.state.step,
-                     task.total)
+            log.info(
+                "GLUE %s seed %d: resumed from %s (step %d/%d)", t.name, seed, latest, session.state.step, task.total
+            )
         session.track(_logger_for(job, t.name, seed), {**config, "task": asdict(t), "seed": seed})
         session.train(lambda step: optim.lr * lr_multiplier(step, sched, task.total))
         result = task.result()
@@ -220,8 +267,14 @@ def _load_result(path: Path, config_yaml: str) -> SeedResult:
     saved_yaml = fields.pop("config_yaml", None)  # None: written before result.pt recorded it
     if saved_yaml is not None:
         config_yaml = _with_moved_paths(saved_yaml, config_yaml, path)
-        refuse_changes(saved_yaml, config_yaml, FINETUNE_RESUMABLE, f"reuse the finished {path}", path,
-                       f"delete {path.parent} to train this task/seed again with the new values")
+        refuse_changes(
+            saved_yaml,
+            config_yaml,
+            FINETUNE_RESUMABLE,
+            f"reuse the finished {path}",
+            path,
+            f"delete {path.parent} to train this task/seed again with the new values",
+        )
     fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
     return SeedResult(**fields)
 
@@ -239,11 +292,15 @@ def _read_result(path: Path) -> dict:
         fields = torch.load(path, weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
         why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise CheckpointError(f"{path} is not a result lm finetune wrote, or is damaged ({why}); delete "
-                              f"{path.parent} to train this task/seed again") from None
+        raise CheckpointError(
+            f"{path} is not a result lm finetune wrote, or is damaged ({why}); delete "
+            f"{path.parent} to train this task/seed again"
+        ) from None
     if not isinstance(fields, dict) or "test" not in fields:
-        raise CheckpointError(f"{path} is not a result lm finetune wrote (no test predictions in it); delete "
-                              f"{path.parent} to train this task/seed again")
+        raise CheckpointError(
+            f"{path} is not a result lm finetune wrote (no test predictions in it); delete "
+            f"{path.parent} to train this task/seed again"
+        )
     return fields
 
 
@@ -261,13 +318,20 @@ def _with_moved_paths(saved_yaml: str, config_yaml: str, path: Path) -> str:
         old, cur = saved.get(key), new.get(key)
         recorded = old != cur and digest(old)  # the recorded path's digest, when the paths differ
         if recorded and recorded == digest(cur):
-            log.info("GLUE %s: %s %s holds the same %s as the recorded %s (sha256 %s)", path.parent, key, cur,
-                     "checkpoint" if key == "init" else "tokenizer", old, recorded[:12])
+            log.info(
+                "GLUE %s: %s %s holds the same %s as the recorded %s (sha256 %s)",
+                path.parent,
+                key,
+                cur,
+                "checkpoint" if key == "init" else "tokenizer",
+                old,
+                recorded[:12],
+            )
             moved[key] = old
     return yaml.safe_dump({**new, **moved}) if moved else config_yaml
 
 
-def _tokenizer_digest(tokenizer) -> Optional[str]:
+def _tokenizer_digest(tokenizer) -> str | None:
     """The sha256 of the tokenizer a tokenizer= path (a tokenizer.json or a prepared data dir) loads; None for
     null or a path without a loadable tokenizer."""
     from lm.data.tokenizer import Tokenizer, TokenizerError
@@ -279,7 +343,7 @@ def _tokenizer_digest(tokenizer) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _checkpoint_digest(init) -> Optional[str]:
+def _checkpoint_digest(init) -> str | None:
     """The manifest sha256 of the verified checkpoint an init= path resolves to; None for init=none, an
     export, a missing path or a damaged or manifest-less checkpoint."""
     from lm.core.checkpoint import CheckpointError, read_trainer, resolve, verified
@@ -292,13 +356,13 @@ def _checkpoint_digest(init) -> Optional[str]:
         return None
 
 
-def _pair_yaml(config: Dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -> str:
+def _pair_yaml(config: dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -> str:
     import yaml
 
     return yaml.safe_dump(pair_config(config, backbone, t, seed))
 
 
-def pair_config(config: Dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -> Dict:
+def pair_config(config: dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -> dict:
     """The config a task/seed pair's checkpoints record and resume compares (FINETUNE_RESUMABLE in
     lm/core/resume.py): the job's, with the pair's own settings under `task` instead of every task's
     `tasks`, and the model as built (with init=<run> that is the checkpoint's model, not `model=`)."""
@@ -306,7 +370,7 @@ def pair_config(config: Dict, backbone: Backbone, t: GlueTaskConfig, seed: int) 
     return {**rest, "model": _plain(backbone.model_cfg), "task": _plain(t), "seed": seed}
 
 
-def _plain(dataclass_obj) -> Dict:
+def _plain(dataclass_obj) -> dict:
     """A config dataclass as plain types (Enums as their values), for yaml.safe_dump."""
     from omegaconf import OmegaConf
 
@@ -319,7 +383,7 @@ def _logger_for(job: FinetuneSchema, task: str, seed: int) -> LoggerConfig:
     return replace(base, job_type="finetune", name=name, tags=[*base.tags, "glue", task])
 
 
-def _zip_if_complete(sub_dir: Path, info: Dict) -> None:
+def _zip_if_complete(sub_dir: Path, info: dict) -> None:
     """submission.zip of the eleven files when all are there and pass the leaderboard's format checks."""
     if not sub_dir.is_dir():
         return
@@ -339,5 +403,3 @@ def print_table(run_dir: Path) -> str:
     import json
 
     return results_table(json.loads((Path(run_dir) / "results.json").read_text()))
-
-

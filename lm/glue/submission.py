@@ -11,8 +11,8 @@ all eleven files and rejects a file whose row count differs from the official te
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, List, Optional
 
 from lm.core.files import atomic_write_text
 from lm.glue.metrics import as_predictions
@@ -21,7 +21,7 @@ from lm.glue.tasks import EVALS, get_eval, get_task
 HEADER = ["index", "prediction"]
 
 
-def write_submission(name: str, preds, out_dir, indices: Optional[Iterable[int]] = None) -> Path:
+def write_submission(name: str, preds, out_dir, indices: Iterable[int] | None = None) -> Path:
     """Write `<out_dir>/<column>.tsv` from class ids / logits (or STS-B scores) in test-file order.
 
     `indices` are the test examples' ids (readers.Example.index); default 0..N-1, which is what every
@@ -40,13 +40,13 @@ def write_submission(name: str, preds, out_dir, indices: Optional[Iterable[int]]
     return atomic_write_text(Path(out_dir) / f"{e.submission}.tsv", "\n".join(["\t".join(HEADER), *rows]) + "\n")
 
 
-def check_submission(out_dir, names: Optional[Iterable[str]] = None, expected_rows: Optional[dict] = None) -> List[str]:
+def check_submission(out_dir, names: Iterable[str] | None = None, expected_rows: dict | None = None) -> list[str]:
     """Problems that would make the leaderboard reject `out_dir` (empty list = none found).
 
     `expected_rows` maps a column to its row count; the default is the official test set size.
     """
     problems = []
-    for name in (names or EVALS):
+    for name in names or EVALS:
         e = get_eval(name)
         want = (expected_rows or {}).get(e.name, e.test_rows)
         path = Path(out_dir) / f"{e.submission}.tsv"
@@ -57,7 +57,7 @@ def check_submission(out_dir, names: Optional[Iterable[str]] = None, expected_ro
     return problems
 
 
-def _check_file(path: Path, task, want: int) -> List[str]:
+def _check_file(path: Path, task, want: int) -> list[str]:
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     if not rows or rows[0] != HEADER:
@@ -66,8 +66,10 @@ def _check_file(path: Path, task, want: int) -> List[str]:
     seen = set()
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != 2 or not row[0].isdigit() or row[0] in seen or not _valid(task, row[1]):
-            problems.append(f"{path}:{line}: bad row {row} (want a new integer index and "
-                            f"{'a score in [0, 5]' if task.is_regression else 'one of ' + str(list(task.labels))})")
+            problems.append(
+                f"{path}:{line}: bad row {row} (want a new integer index and "
+                f"{'a score in [0, 5]' if task.is_regression else 'one of ' + str(list(task.labels))})"
+            )
             break
         seen.add(row[0])
     return problems

@@ -16,7 +16,6 @@ Label strings are exactly what the leaderboard expects in submission files; a la
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
 
 HF_DATASET = "nyu-mll/glue"  # the Hugging Face hub's GLUE (the old `glue` script name points here)
 DOWNLOAD_HINT = (
@@ -37,15 +36,15 @@ class GlueTaskSpec:
 
     name: str  # registry key, as in the Hugging Face `glue` configs
     dir: str  # directory under the data root, as download_glue_data.py names it
-    labels: Optional[Tuple[str, ...]]  # label strings in class-id order; None = regression (STS-B)
+    labels: tuple[str, ...] | None  # label strings in class-id order; None = regression (STS-B)
     text_a: str  # column names in the header
-    text_b: Optional[str]
-    label: Optional[str]
-    files: Dict[str, str]  # split -> file inside `dir`; splits starting with "test" carry no label
-    index: Optional[str] = "index"  # the id column; None or absent = the 0-based data row number
-    headerless: Optional[Tuple[str, ...]] = None  # column names of labelled files that have no header (CoLA)
-    hf_text: Tuple[str, Optional[str]] = ("sentence", None)  # field names in the Hugging Face dataset
-    evals: Tuple[str, ...] = ()  # leaderboard columns this task's model is scored on / predicts
+    text_b: str | None
+    label: str | None
+    files: dict[str, str]  # split -> file inside `dir`; splits starting with "test" carry no label
+    index: str | None = "index"  # the id column; None or absent = the 0-based data row number
+    headerless: tuple[str, ...] | None = None  # column names of labelled files that have no header (CoLA)
+    hf_text: tuple[str, str | None] = ("sentence", None)  # field names in the Hugging Face dataset
+    evals: tuple[str, ...] = ()  # leaderboard columns this task's model is scored on / predicts
 
     @property
     def n_labels(self) -> int:
@@ -57,7 +56,7 @@ class GlueTaskSpec:
         return self.labels is None
 
     @property
-    def splits(self) -> Tuple[str, ...]:
+    def splits(self) -> tuple[str, ...]:
         return tuple(self.files)
 
 
@@ -67,58 +66,149 @@ class Eval:
 
     name: str
     task: str  # the GlueTaskSpec whose files hold it
-    dev: Optional[str]  # split scored locally; None = no labelled split is public (AX)
+    dev: str | None  # split scored locally; None = no labelled split is public (AX)
     test: str
     submission: str  # file stem on the leaderboard: CoLA -> CoLA.tsv
-    metrics: Tuple[str, ...]  # the task score is their unweighted mean (Wang et al. 2019, sec. 4)
+    metrics: tuple[str, ...]  # the task score is their unweighted mean (Wang et al. 2019, sec. 4)
     in_glue_score: bool = True
     test_rows: int = 0  # rows of the official test file (the leaderboard rejects other counts)
 
 
 _SPLITS = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
 
-TASKS: Dict[str, GlueTaskSpec] = {t.name: t for t in (
-    GlueTaskSpec("cola", "CoLA", BINARY, "sentence", None, "label", dict(_SPLITS),
-         headerless=("source", "label", "original_label", "sentence"), evals=("cola",)),
-    GlueTaskSpec("sst2", "SST-2", BINARY, "sentence", None, "label", dict(_SPLITS), evals=("sst2",)),
-    GlueTaskSpec("mrpc", "MRPC", BINARY, "#1 String", "#2 String", "Quality", dict(_SPLITS),
-         hf_text=("sentence1", "sentence2"), evals=("mrpc",)),
-    GlueTaskSpec("stsb", "STS-B", None, "sentence1", "sentence2", "score", dict(_SPLITS),
-         hf_text=("sentence1", "sentence2"), evals=("stsb",)),
-    GlueTaskSpec("qqp", "QQP", BINARY, "question1", "question2", "is_duplicate", dict(_SPLITS), index="id",
-         hf_text=("question1", "question2"), evals=("qqp",)),
-    GlueTaskSpec("mnli", "MNLI", NLI3, "sentence1", "sentence2", "gold_label",
-         {"train": "train.tsv", "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
-          "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"},
-         hf_text=("premise", "hypothesis"), evals=("mnli_m", "mnli_mm", "ax")),
-    GlueTaskSpec("qnli", "QNLI", NLI2, "question", "sentence", "label", dict(_SPLITS),
-         hf_text=("question", "sentence"), evals=("qnli",)),
-    GlueTaskSpec("rte", "RTE", NLI2, "sentence1", "sentence2", "label", dict(_SPLITS),
-         hf_text=("sentence1", "sentence2"), evals=("rte",)),
-    GlueTaskSpec("wnli", "WNLI", BINARY, "sentence1", "sentence2", "label", dict(_SPLITS),
-         hf_text=("sentence1", "sentence2"), evals=("wnli",)),
-    GlueTaskSpec("ax", "diagnostic", NLI3, "sentence1", "sentence2", None, {"test": "diagnostic.tsv"},
-         hf_text=("premise", "hypothesis")),
-)}
+TASKS: dict[str, GlueTaskSpec] = {
+    t.name: t
+    for t in (
+        GlueTaskSpec(
+            "cola",
+            "CoLA",
+            BINARY,
+            "sentence",
+            None,
+            "label",
+            dict(_SPLITS),
+            headerless=("source", "label", "original_label", "sentence"),
+            evals=("cola",),
+        ),
+        GlueTaskSpec("sst2", "SST-2", BINARY, "sentence", None, "label", dict(_SPLITS), evals=("sst2",)),
+        GlueTaskSpec(
+            "mrpc",
+            "MRPC",
+            BINARY,
+            "#1 String",
+            "#2 String",
+            "Quality",
+            dict(_SPLITS),
+            hf_text=("sentence1", "sentence2"),
+            evals=("mrpc",),
+        ),
+        GlueTaskSpec(
+            "stsb",
+            "STS-B",
+            None,
+            "sentence1",
+            "sentence2",
+            "score",
+            dict(_SPLITS),
+            hf_text=("sentence1", "sentence2"),
+            evals=("stsb",),
+        ),
+        GlueTaskSpec(
+            "qqp",
+            "QQP",
+            BINARY,
+            "question1",
+            "question2",
+            "is_duplicate",
+            dict(_SPLITS),
+            index="id",
+            hf_text=("question1", "question2"),
+            evals=("qqp",),
+        ),
+        GlueTaskSpec(
+            "mnli",
+            "MNLI",
+            NLI3,
+            "sentence1",
+            "sentence2",
+            "gold_label",
+            {
+                "train": "train.tsv",
+                "dev_matched": "dev_matched.tsv",
+                "dev_mismatched": "dev_mismatched.tsv",
+                "test_matched": "test_matched.tsv",
+                "test_mismatched": "test_mismatched.tsv",
+            },
+            hf_text=("premise", "hypothesis"),
+            evals=("mnli_m", "mnli_mm", "ax"),
+        ),
+        GlueTaskSpec(
+            "qnli",
+            "QNLI",
+            NLI2,
+            "question",
+            "sentence",
+            "label",
+            dict(_SPLITS),
+            hf_text=("question", "sentence"),
+            evals=("qnli",),
+        ),
+        GlueTaskSpec(
+            "rte",
+            "RTE",
+            NLI2,
+            "sentence1",
+            "sentence2",
+            "label",
+            dict(_SPLITS),
+            hf_text=("sentence1", "sentence2"),
+            evals=("rte",),
+        ),
+        GlueTaskSpec(
+            "wnli",
+            "WNLI",
+            BINARY,
+            "sentence1",
+            "sentence2",
+            "label",
+            dict(_SPLITS),
+            hf_text=("sentence1", "sentence2"),
+            evals=("wnli",),
+        ),
+        GlueTaskSpec(
+            "ax",
+            "diagnostic",
+            NLI3,
+            "sentence1",
+            "sentence2",
+            None,
+            {"test": "diagnostic.tsv"},
+            hf_text=("premise", "hypothesis"),
+        ),
+    )
+}
 
 # Leaderboard column order. Test row counts are those of the official test files.
-EVALS: Dict[str, Eval] = {e.name: e for e in (
-    Eval("cola", "cola", "dev", "test", "CoLA", ("mcc",), test_rows=1063),
-    Eval("sst2", "sst2", "dev", "test", "SST-2", ("acc",), test_rows=1821),
-    Eval("mrpc", "mrpc", "dev", "test", "MRPC", ("f1", "acc"), test_rows=1725),
-    Eval("stsb", "stsb", "dev", "test", "STS-B", ("pearson", "spearman"), test_rows=1379),
-    Eval("qqp", "qqp", "dev", "test", "QQP", ("f1", "acc"), test_rows=390965),
-    Eval("mnli_m", "mnli", "dev_matched", "test_matched", "MNLI-m", ("acc",), test_rows=9796),
-    Eval("mnli_mm", "mnli", "dev_mismatched", "test_mismatched", "MNLI-mm", ("acc",), test_rows=9847),
-    Eval("qnli", "qnli", "dev", "test", "QNLI", ("acc",), test_rows=5463),
-    Eval("rte", "rte", "dev", "test", "RTE", ("acc",), test_rows=3000),
-    Eval("wnli", "wnli", "dev", "test", "WNLI", ("acc",), test_rows=146),
-    # AX's score on the leaderboard is R3, the K-class Matthews correlation (Gorodkin 2004).
-    Eval("ax", "ax", None, "test", "AX", ("mcc",), in_glue_score=False, test_rows=1104),
-)}
+EVALS: dict[str, Eval] = {
+    e.name: e
+    for e in (
+        Eval("cola", "cola", "dev", "test", "CoLA", ("mcc",), test_rows=1063),
+        Eval("sst2", "sst2", "dev", "test", "SST-2", ("acc",), test_rows=1821),
+        Eval("mrpc", "mrpc", "dev", "test", "MRPC", ("f1", "acc"), test_rows=1725),
+        Eval("stsb", "stsb", "dev", "test", "STS-B", ("pearson", "spearman"), test_rows=1379),
+        Eval("qqp", "qqp", "dev", "test", "QQP", ("f1", "acc"), test_rows=390965),
+        Eval("mnli_m", "mnli", "dev_matched", "test_matched", "MNLI-m", ("acc",), test_rows=9796),
+        Eval("mnli_mm", "mnli", "dev_mismatched", "test_mismatched", "MNLI-mm", ("acc",), test_rows=9847),
+        Eval("qnli", "qnli", "dev", "test", "QNLI", ("acc",), test_rows=5463),
+        Eval("rte", "rte", "dev", "test", "RTE", ("acc",), test_rows=3000),
+        Eval("wnli", "wnli", "dev", "test", "WNLI", ("acc",), test_rows=146),
+        # AX's score on the leaderboard is R3, the K-class Matthews correlation (Gorodkin 2004).
+        Eval("ax", "ax", None, "test", "AX", ("mcc",), in_glue_score=False, test_rows=1104),
+    )
+}
 
 # The nine tasks the GLUE score averages; MNLI counts once, as the mean of MNLI-m and MNLI-mm.
-GLUE_TASKS: Tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
+GLUE_TASKS: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
 METRIC_NAMES = {"mcc": "MCC", "acc": "acc", "f1": "F1", "pearson": "Pearson", "spearman": "Spearman"}
 
@@ -139,6 +229,6 @@ def get_eval(name: str) -> Eval:
     return EVALS[key]
 
 
-def scored_evals(task: str) -> Tuple[str, ...]:
+def scored_evals(task: str) -> tuple[str, ...]:
     """The leaderboard columns that make up `task`'s score (MNLI: mnli_m and mnli_mm; never AX)."""
     return tuple(e for e in get_task(task).evals if EVALS[e].in_glue_score)

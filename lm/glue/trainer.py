@@ -18,15 +18,15 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from lm.config_base import ConfigError
-from lm.glue.config import GlueTaskConfig
 from lm.core import objectives
+from lm.glue.config import GlueTaskConfig
 from lm.glue.encode import collate, encode_examples
 from lm.glue.metrics import Metrics, compute_metrics, main_metric
 from lm.glue.readers import GlueDataError, GlueDataMissing, load_split
@@ -34,29 +34,30 @@ from lm.glue.tasks import EVALS, GlueTaskSpec, get_task
 
 log = logging.getLogger("lm")
 
-Features = Dict[str, list]
+Features = dict[str, list]
 
 
 @dataclass
 class Split:
     """Encoded examples of one split; `labels` for dev (scoring), `indices` for test (submission ids)."""
 
-    features: List[Features]
-    labels: Optional[np.ndarray] = None
-    indices: Optional[List[int]] = None
+    features: list[Features]
+    labels: np.ndarray | None = None
+    indices: list[int] | None = None
 
 
 @dataclass
 class TaskData:
     task: GlueTaskSpec
     train: Split
-    dev: Dict[str, Split]  # leaderboard column -> dev split (MNLI: mnli_m, mnli_mm)
-    test: Dict[str, Split]  # leaderboard column -> test split (MNLI: mnli_m, mnli_mm, ax)
-    missing_test: List[str] = field(default_factory=list)  # "column: why" for test files not found
+    dev: dict[str, Split]  # leaderboard column -> dev split (MNLI: mnli_m, mnli_mm)
+    test: dict[str, Split]  # leaderboard column -> test split (MNLI: mnli_m, mnli_mm, ax)
+    missing_test: list[str] = field(default_factory=list)  # "column: why" for test files not found
 
 
-def load_task_data(cfg: GlueTaskConfig, tokenizer, arch: str, max_len: int, hf: bool = True,
-                   with_test: bool = True) -> TaskData:
+def load_task_data(
+    cfg: GlueTaskConfig, tokenizer, arch: str, max_len: int, hf: bool = True, with_test: bool = True
+) -> TaskData:
     """Read and encode train, every dev column and (when there) every test column of one task.
 
     Missing train/dev files are errors (GlueDataMissing names the path and how to get the data);
@@ -84,7 +85,7 @@ def load_task_data(cfg: GlueTaskConfig, tokenizer, arch: str, max_len: int, hf: 
     return TaskData(task, Split(encode(tokenizer, train, max_len, arch)), dev, test, missing)
 
 
-def encode(tokenizer, rows, max_len: int, arch: str, labels: bool = True) -> List[Features]:
+def encode(tokenizer, rows, max_len: int, arch: str, labels: bool = True) -> list[Features]:
     feats = encode_examples(tokenizer, rows, max_len, arch)
     if not labels:
         for f in feats:
@@ -94,7 +95,8 @@ def encode(tokenizer, rows, max_len: int, arch: str, labels: bool = True) -> Lis
 
 # -- batches -----------------------------------------------------------------------------------------
 
-def micro_batches(indices: np.ndarray, rank: int, world_size: int, micro_batch_size: int) -> List[np.ndarray]:
+
+def micro_batches(indices: np.ndarray, rank: int, world_size: int, micro_batch_size: int) -> list[np.ndarray]:
     """This rank's share of one batch, cut into micro-batches; every rank gets the same number of them
     (engines count accumulation boundaries), so the batch is cut into ceil(B / (world x micro)) parts."""
     n_micro = max(1, math.ceil(len(indices) / (world_size * micro_batch_size)))
@@ -116,8 +118,17 @@ class EpochBatches:
     """The steps' micro-batches: epoch e's order is the (e+1)-th permutation of default_rng(seed), the same
     on every rank. The state is the next step; loading it replays the permutations up to its epoch."""
 
-    def __init__(self, features: List[Features], batch_size: int, per_epoch: int, seed: int, rank: int,
-                 world_size: int, micro_batch_size: int, pad_id: int):
+    def __init__(
+        self,
+        features: list[Features],
+        batch_size: int,
+        per_epoch: int,
+        seed: int,
+        rank: int,
+        world_size: int,
+        micro_batch_size: int,
+        pad_id: int,
+    ):
         self.features, self.batch_size, self.per_epoch, self.seed = features, batch_size, per_epoch, seed
         self.rank, self.world_size, self.micro_batch_size, self.pad_id = rank, world_size, micro_batch_size, pad_id
         self.load_state_dict({"step": 0})
@@ -125,26 +136,29 @@ class EpochBatches:
     def __iter__(self):
         return self
 
-    def __next__(self) -> List[Dict[str, torch.Tensor]]:
+    def __next__(self) -> list[dict[str, torch.Tensor]]:
         epoch, i = divmod(self.step, self.per_epoch)
-        batch = self._order(epoch)[i * self.batch_size:(i + 1) * self.batch_size]
+        batch = self._order(epoch)[i * self.batch_size : (i + 1) * self.batch_size]
         self.step += 1
-        return [collate([self.features[j] for j in chunk], self.pad_id)
-                for chunk in micro_batches(batch, self.rank, self.world_size, self.micro_batch_size)]
+        return [
+            collate([self.features[j] for j in chunk], self.pad_id)
+            for chunk in micro_batches(batch, self.rank, self.world_size, self.micro_batch_size)
+        ]
 
     def _order(self, epoch: int) -> np.ndarray:
         while self._drawn <= epoch:
             self._perm, self._drawn = self._rng.permutation(len(self.features)), self._drawn + 1
         return self._perm
 
-    def state_dict(self) -> Dict:
+    def state_dict(self) -> dict:
         return {"step": self.step}
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         self.step, self._rng, self._drawn, self._perm = state["step"], np.random.default_rng(self.seed), 0, None
 
 
 # -- prediction --------------------------------------------------------------------------------------
+
 
 @torch.no_grad()
 def predict(engine, features: Sequence[Features], pad_id: int, batch_size: int = 128) -> np.ndarray:
@@ -157,7 +171,7 @@ def predict(engine, features: Sequence[Features], pad_id: int, batch_size: int =
     engine.model.eval()
     try:
         for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             batch = collate([{k: v for k, v in features[i].items() if k != "labels"} for i in idx], pad_id)
             batch = {k: v.to(engine.device) for k, v in batch.items()}
             with engine.autocast():
@@ -169,21 +183,24 @@ def predict(engine, features: Sequence[Features], pad_id: int, batch_size: int =
     return np.stack(out)
 
 
-def score_dev(engine, data: TaskData, pad_id: int, batch_size: int) -> Dict[str, Metrics]:
-    return {col: compute_metrics(col, predict(engine, s.features, pad_id, batch_size), s.labels)
-            for col, s in data.dev.items()}
+def score_dev(engine, data: TaskData, pad_id: int, batch_size: int) -> dict[str, Metrics]:
+    return {
+        col: compute_metrics(col, predict(engine, s.features, pad_id, batch_size), s.labels)
+        for col, s in data.dev.items()
+    }
 
 
 # -- one seed ------------------------------------------------------------------------------------------
 
+
 @dataclass
 class SeedResult:
     seed: int
-    dev: Dict[str, Metrics]  # leaderboard column -> metrics of the best epoch
+    dev: dict[str, Metrics]  # leaderboard column -> metrics of the best epoch
     main: float  # the task's main metric at the best epoch
     best_epoch: int
-    test: Dict[str, np.ndarray]  # leaderboard column -> test logits/scores of the best epoch
-    history: List[Dict] = field(default_factory=list)  # per epoch: {"epoch", "step", "main", "dev"}
+    test: dict[str, np.ndarray]  # leaderboard column -> test logits/scores of the best epoch
+    history: list[dict] = field(default_factory=list)  # per epoch: {"epoch", "step", "main", "dev"}
     seconds: float = 0.0
 
 
@@ -192,44 +209,67 @@ class GlueTask:
 
     best_metric = "dev/main"
 
-    def __init__(self, cfg: GlueTaskConfig, data: TaskData, seed: int, rank: int, world_size: int,
-                 micro_batch_size: int, pad_id: int, eval_batch_size: int = 128,
-                 save_best: Optional[Callable[[int, Dict], None]] = None):
+    def __init__(
+        self,
+        cfg: GlueTaskConfig,
+        data: TaskData,
+        seed: int,
+        rank: int,
+        world_size: int,
+        micro_batch_size: int,
+        pad_id: int,
+        eval_batch_size: int = 128,
+        save_best: Callable[[int, dict], None] | None = None,
+    ):
         self.cfg, self.data, self.seed, self.pad_id, self.eval_batch_size = cfg, data, seed, pad_id, eval_batch_size
         self.per_epoch = steps_per_epoch(cfg.batch_size, len(data.train.features), world_size)
         self.total = total_steps(cfg.epochs, self.per_epoch)
-        self.batches = EpochBatches(data.train.features, cfg.batch_size, self.per_epoch, seed, rank, world_size,
-                                    micro_batch_size, pad_id)
+        self.batches = EpochBatches(
+            data.train.features, cfg.batch_size, self.per_epoch, seed, rank, world_size, micro_batch_size, pad_id
+        )
         self.save_best = save_best
-        self.history: List[Dict] = []
-        self.best: Optional[Dict] = None  # {"epoch", "main", "dev", "test"} of the best epoch so far
+        self.history: list[dict] = []
+        self.best: dict | None = None  # {"epoch", "main", "dev", "test"} of the best epoch so far
         self.seconds, self._t0 = 0.0, time.perf_counter()  # training time over every process that ran it
 
-    def loss(self, model, batch: Dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
+    def loss(self, model, batch: dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
         return objectives.loss(model, batch, metrics)
 
-    def evaluate(self, engine, step: int) -> Dict:
+    def evaluate(self, engine, step: int) -> dict:
         epoch = math.ceil(step / self.per_epoch)
         dev = score_dev(engine, self.data, self.pad_id, self.eval_batch_size)
         main = main_metric(self.data.task.name, dev, self.cfg.main_metric)
         self.history.append({"epoch": epoch, "step": step, "main": main, "dev": dev})
         if engine.is_main:
-            log.info("%s seed %d epoch %d (step %d/%d): dev %s = %.2f", self.data.task.dir, self.seed, epoch, step,
-                     self.total, self.cfg.main_metric, main)
+            log.info(
+                "%s seed %d epoch %d (step %d/%d): dev %s = %.2f",
+                self.data.task.dir,
+                self.seed,
+                epoch,
+                step,
+                self.total,
+                self.cfg.main_metric,
+                main,
+            )
         return {"epoch": epoch, "dev/main": main, **{f"dev/{c}/{k}": v for c, m in dev.items() for k, v in m.items()}}
 
-    def on_best(self, engine, step: int, record: Dict) -> None:
+    def on_best(self, engine, step: int, record: dict) -> None:
         last = self.history[-1]
         test = {c: predict(engine, s.features, self.pad_id, self.eval_batch_size) for c, s in self.data.test.items()}
         self.best = {"epoch": last["epoch"], "main": last["main"], "dev": last["dev"], "test": test}
         if self.save_best:
             self.save_best(step, {"epoch": last["epoch"], "main": last["main"], "dev": last["dev"]})
 
-    def state_dict(self) -> Dict:
-        return {"batches": self.batches.state_dict(), "history": self.history, "best": self.best,
-                "seconds": self._seconds(), "per_epoch": self.per_epoch}
+    def state_dict(self) -> dict:
+        return {
+            "batches": self.batches.state_dict(),
+            "history": self.history,
+            "best": self.best,
+            "seconds": self._seconds(),
+            "per_epoch": self.per_epoch,
+        }
 
-    def load_state_dict(self, state: Dict) -> None:
+    def load_state_dict(self, state: dict) -> None:
         """The state is the next step of a global order (every rank's file holds the same), so it continues on
         any world size that cuts epochs into the same steps; a world size that keeps or drops the tail batch
         where the run did not would change the schedule and is refused."""
@@ -239,10 +279,12 @@ class GlueTask:
             raise ConfigError(
                 f"{self.data.task.dir} seed {self.seed}: the checkpoint ran {saved} steps per epoch, this world size "
                 f"gives {self.per_epoch} (the last batch of {n % b} examples is trained only on at most that many "
-                f"ranks): resume on at most {n % b} rank(s)" if self.per_epoch < saved else
-                f"{self.data.task.dir} seed {self.seed}: the checkpoint ran {saved} steps per epoch, this world size "
-                f"gives {self.per_epoch} (the last batch of {n % b} examples is dropped on more ranks than that): "
-                f"resume on more than {n % b} rank(s)")
+                f"ranks): resume on at most {n % b} rank(s)"
+                if self.per_epoch < saved
+                else f"{self.data.task.dir} seed {self.seed}: the checkpoint ran {saved} steps per epoch, this world "
+                f"size gives {self.per_epoch} (the last batch of {n % b} examples is dropped on more ranks than that): "
+                f"resume on more than {n % b} rank(s)"
+            )
         self.batches.load_state_dict(state["batches"])
         self.history, self.best = state["history"], state["best"]
         self.seconds, self._t0 = state["seconds"], time.perf_counter()

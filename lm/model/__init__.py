@@ -8,13 +8,31 @@ Each name is imported on first use, so `from lm.model.lm import DecoderLM` reads
 
 import importlib
 
-_HOMES = {"build_model": "lm.model.build", "components": "lm.model.build", "ARCH_CLASSES": "lm.model.build",
-          "Block": "lm.model.block", "DecoderLM": "lm.model.lm", "EncoderLM": "lm.model.lm",
-          "EncoderDecoderLM": "lm.model.lm", "SequenceClassifier": "lm.model.lm", "RNNLM": "lm.model.rnn",
-          "ElectraLM": "lm.model.electra", "ModelConfig": "lm.model.config", "validate_model": "lm.model.validate"}
+_HOMES = {
+    "build_model": "lm.model.build",
+    "components": "lm.model.build",
+    "ARCH_CLASSES": "lm.model.build",
+    "Block": "lm.model.block",
+    "DecoderLM": "lm.model.lm",
+    "EncoderLM": "lm.model.lm",
+    "EncoderDecoderLM": "lm.model.lm",
+    "SequenceClassifier": "lm.model.lm",
+    "RNNLM": "lm.model.rnn",
+    "ElectraLM": "lm.model.electra",
+    "ModelConfig": "lm.model.config",
+    "validate_model": "lm.model.validate",
+}
 
-__all__ = ["build_model", "Block", "DecoderLM", "EncoderLM", "EncoderDecoderLM", "RNNLM", "ElectraLM",
-           "SequenceClassifier"]
+__all__ = [
+    "build_model",
+    "Block",
+    "DecoderLM",
+    "EncoderLM",
+    "EncoderDecoderLM",
+    "RNNLM",
+    "ElectraLM",
+    "SequenceClassifier",
+]
 
 
 def __getattr__(name: str):

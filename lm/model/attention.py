@@ -25,9 +25,9 @@ generation step appends Tq = 1 rows. Leaving the block restores the fast path. M
 """
 
 import re
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional
 
 import torch
 from torch import nn
@@ -40,9 +40,9 @@ from lm.model.scores import ScaledDot, Score
 class LayerCache:
     """Keys and values seen so far by one block: self-attention grows, cross-attention is fixed."""
 
-    k: Optional[torch.Tensor] = None  # (B, KVH, T_past, Dh)
-    v: Optional[torch.Tensor] = None
-    memory_kv: Optional[tuple] = None  # cross-attention (k, v) of the encoder memory
+    k: torch.Tensor | None = None  # (B, KVH, T_past, Dh)
+    v: torch.Tensor | None = None
+    memory_kv: tuple | None = None  # cross-attention (k, v) of the encoder memory
 
     @property
     def length(self) -> int:
@@ -58,9 +58,9 @@ def build_mask(
     causal: bool,
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
-    key_padding: Optional[torch.Tensor] = None,
-    bias: Optional[torch.Tensor] = None,
-) -> Optional[torch.Tensor]:
+    key_padding: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """Additive mask (B or 1, H or 1, Tq, Tk), or None when `is_causal` alone is exact.
 
     key_padding: (B, Tk) with 1 for real tokens and 0 for padding. bias: (1, H, Tq, Tk) from the
@@ -79,7 +79,7 @@ def build_mask(
     return base.masked_fill(~visible, torch.finfo(torch.float32).min)
 
 
-def key_keep(mask: Optional[torch.Tensor], T: int) -> Optional[torch.Tensor]:
+def key_keep(mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
     """(B, T) 1 for real tokens, 0 for pads, of the last T key positions, from build_mask's additive
     mask; None when nothing is padded. The last query row sees every non-padded key (causal or not)."""
     if mask is None:
@@ -91,9 +91,18 @@ def key_keep(mask: Optional[torch.Tensor], T: int) -> Optional[torch.Tensor]:
 class _Attention(nn.Module):
     kind = ""  # "self" or "cross": how capture() labels its probabilities
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool,
-                 dropout: float, scale: Optional[float], qk_norm: Optional[Callable[[int], nn.Module]],
-                 score: Optional[Score] = None):
+    def __init__(
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        bias: bool,
+        dropout: float,
+        scale: float | None,
+        qk_norm: Callable[[int], nn.Module] | None,
+        score: Score | None = None,
+    ):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         # the scoring function (lm/model/scores.py); scaled_dot on SDPA unless the model chose another
@@ -107,7 +116,7 @@ class _Attention(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, T, n*Dh) -> (B, n, T, Dh)
 
-    def attend(self, q, k, v, mask: Optional[torch.Tensor], is_causal: bool) -> torch.Tensor:
+    def attend(self, q, k, v, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
         y = self.score(q, k, v, mask, is_causal)  # (B, H, Tq, Dh)
         B, _, T, _ = y.shape
         return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
@@ -120,7 +129,7 @@ class SelfAttention(_Attention):
         super().__init__(dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm, score)
         self.qkv = Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
 
-    def forward(self, x, causal: bool, mask, pos, cache: Optional[LayerCache] = None):
+    def forward(self, x, causal: bool, mask, pos, cache: LayerCache | None = None):
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
         q = self.q_norm(self._heads(q, self.n_heads))  # (B, H, T, Dh)
@@ -145,7 +154,7 @@ class CrossAttention(_Attention):
         k, v = self.kv(memory).chunk(2, dim=-1)
         return self.k_norm(self._heads(k, self.n_kv_heads)), self._heads(v, self.n_kv_heads)
 
-    def forward(self, x, memory, memory_mask, cache: Optional[LayerCache] = None):
+    def forward(self, x, memory, memory_mask, cache: LayerCache | None = None):
         q = self.q_norm(self._heads(self.q(x), self.n_heads))
         if cache is None:
             k, v = self._memory_kv(memory)
@@ -156,9 +165,9 @@ class CrossAttention(_Attention):
 
 
 @contextmanager
-def capture(model: nn.Module) -> Iterator[List[dict]]:
+def capture(model: nn.Module) -> Iterator[list[dict]]:
     """Record the attention probabilities of every attention call of `model` (see the module docstring)."""
-    maps: List[dict] = []
+    maps: list[dict] = []
     scores = []
     for name, module in model.named_modules():
         if isinstance(module, _Attention):
@@ -190,7 +199,7 @@ def _repeats(model: nn.Module, stack: str) -> tuple:
     return n, max(1, getattr(module, "depth", n) // n)
 
 
-def _recorder(maps: List[dict], stack: str, block: int, repeats: tuple, kind: str) -> Callable[[torch.Tensor], None]:
+def _recorder(maps: list[dict], stack: str, block: int, repeats: tuple, kind: str) -> Callable[[torch.Tensor], None]:
     n_blocks, applications = repeats
     calls = [0]
 
@@ -198,4 +207,5 @@ def _recorder(maps: List[dict], stack: str, block: int, repeats: tuple, kind: st
         layer = block + (calls[0] % applications) * n_blocks  # the applied layer, also under sharing
         calls[0] += 1
         maps.append({"stack": stack, "layer": layer, "kind": kind, "probs": probs.detach()})
+
     return record

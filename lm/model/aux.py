@@ -14,7 +14,6 @@ means over each log interval and over ranks. Nothing outside lm/model names a co
 """
 
 import functools
-from typing import Dict, List, Tuple
 
 import torch
 from torch import nn
@@ -26,17 +25,17 @@ class AuxSource(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self._aux: List[Tuple[torch.Tensor, Dict[str, torch.Tensor]]] = []
+        self._aux: list[tuple[torch.Tensor, dict[str, torch.Tensor]]] = []
 
-    def record_aux(self, loss: torch.Tensor, metrics: Dict[str, torch.Tensor]) -> None:
+    def record_aux(self, loss: torch.Tensor, metrics: dict[str, torch.Tensor]) -> None:
         self._aux.append((loss, {k: v.detach() for k, v in metrics.items()}))
 
-    def pop_aux(self) -> List[Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+    def pop_aux(self) -> list[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
         records, self._aux = self._aux, []
         return records
 
 
-def _sources(model: nn.Module) -> List[AuxSource]:
+def _sources(model: nn.Module) -> list[AuxSource]:
     return [m for m in model.modules() if isinstance(m, AuxSource)]
 
 
@@ -46,7 +45,7 @@ def collect(model: nn.Module, out):
     if not records:
         return out
     out.aux_loss = torch.stack([loss.float() for loss, _ in records]).sum()
-    sums: Dict[str, List[torch.Tensor]] = {}
+    sums: dict[str, list[torch.Tensor]] = {}
     for _, metrics in records:
         for name, value in metrics.items():
             sums.setdefault(name, []).append(value.float())

@@ -11,8 +11,8 @@ branched attention: lm/zoo/evolved.py), and `ffn=None`, no FFN sub-layer (the we
 Transformer, whose attention branches hold the FFNs: lm/zoo/weighted.py).
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Optional, Sequence
 
 import torch
 from torch import nn
@@ -21,19 +21,21 @@ from lm.model.attention import CrossAttention, LayerCache, SelfAttention
 from lm.model.moe import MoE
 
 
-def carried(x: torch.Tensor, skip: Optional[Callable]) -> torch.Tensor:
+def carried(x: torch.Tensor, skip: Callable | None) -> torch.Tensor:
     """What the residual carries: x, or skip(x) when f shortens the sequence (Funnel's pooling)."""
     return x if skip is None else skip(x)
 
 
-def pre_norm(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s=None,
-             skip: Optional[Callable] = None) -> torch.Tensor:
+def pre_norm(
+    x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s=None, skip: Callable | None = None
+) -> torch.Tensor:
     """x + drop(f(norm(x))): GPT-2, Llama, T5 (Xiong et al. 2020: stable without warmup tricks)."""
     return carried(x, skip) + drop(f(norm(x)))
 
 
-def post_norm(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s=None,
-              skip: Optional[Callable] = None) -> torch.Tensor:
+def post_norm(
+    x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s=None, skip: Callable | None = None
+) -> torch.Tensor:
     """norm(x + drop(f(x))): the original Transformer and BERT."""
     return norm(carried(x, skip) + drop(f(x)))
 
@@ -41,7 +43,7 @@ def post_norm(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s=
 class BranchScalars(nn.Module):
     """The scalar parameters of one residual branch (ReZero's alpha; Fixup's bias and multiplier)."""
 
-    def __init__(self, initial: Dict[str, float]):
+    def __init__(self, initial: dict[str, float]):
         super().__init__()
         for name, value in initial.items():
             # shape (1,), not (): DeepSpeed broadcasts parameters as bytes, which a 0-dim tensor cannot be
@@ -55,28 +57,36 @@ class Residual:
     the zoo's ReZero and Fixup)."""
 
     fn: Callable
-    scalars: Dict[str, float] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
 
 
 RESIDUALS = {"pre": Residual(pre_norm), "post": Residual(post_norm)}  # by model.norm_position
 
 
-def _scalars(residual: Residual) -> Optional[BranchScalars]:
+def _scalars(residual: Residual) -> BranchScalars | None:
     return BranchScalars(residual.scalars) if residual.scalars else None
 
 
 class Block(nn.Module):
-    def __init__(self, self_attn: SelfAttention, ffn: nn.Module, norm: Callable[[], nn.Module],
-                 residual: Residual, dropout: float, cross_attn: Optional[CrossAttention] = None,
-                 prelude: Sequence[nn.Module] = ()):
+    def __init__(
+        self,
+        self_attn: SelfAttention,
+        ffn: nn.Module,
+        norm: Callable[[], nn.Module],
+        residual: Residual,
+        dropout: float,
+        cross_attn: CrossAttention | None = None,
+        prelude: Sequence[nn.Module] = (),
+    ):
         """residual: RESIDUALS[model.norm_position], or the one the model/norm option brings (ReZero, Fixup).
         prelude: sub-layers f(h, causal, mask, pos, memory, memory_mask, cache) -> (B, T, D) run first."""
         super().__init__()
         self.residual = residual.fn
         self.prelude = nn.ModuleList(prelude) if prelude else None
         self.norm_prelude = nn.ModuleList(norm() for _ in prelude) if prelude else None
-        self.scalars_prelude = (nn.ModuleList(_scalars(residual) for _ in prelude) if prelude and residual.scalars
-                                else None)
+        self.scalars_prelude = (
+            nn.ModuleList(_scalars(residual) for _ in prelude) if prelude and residual.scalars else None
+        )
         self.self_attn, self.norm_self, self.scalars_self = self_attn, norm(), _scalars(residual)
         self.cross_attn = cross_attn
         self.norm_cross = norm() if cross_attn is not None else None
@@ -85,22 +95,41 @@ class Block(nn.Module):
         self.norm_ffn, self.scalars_ffn = (norm(), _scalars(residual)) if ffn is not None else (None, None)
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, causal: bool, mask: Optional[torch.Tensor], pos: Callable,
-                memory: Optional[torch.Tensor] = None, memory_mask: Optional[torch.Tensor] = None,
-                cache: Optional[LayerCache] = None, pool: Optional[Callable] = None,
-                padding: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        causal: bool,
+        mask: torch.Tensor | None,
+        pos: Callable,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        cache: LayerCache | None = None,
+        pool: Callable | None = None,
+        padding: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x: (B, T, D). pos rotates q/k (identity unless RoPE). memory: encoder output (B, S, D).
         pool: Funnel's query pooling (lm/zoo/funnel.py): `pos` pools the queries, so attention returns
         (B, T', D), and the residual carries pool(x); the block's output is (B, T', D).
         padding: (B, T') 1 for the tokens this block outputs, 0 for pads: an MoE FFN routes no pad."""
         for i, (f, norm) in enumerate(zip(self.prelude or (), self.norm_prelude or ())):
-            x = self.residual(x, norm, lambda h, f=f: f(h, causal, mask, pos, memory, memory_mask, cache), self.drop,
-                              self.scalars_prelude[i] if self.scalars_prelude is not None else None)
-        x = self.residual(x, self.norm_self, lambda h: self.self_attn(h, causal, mask, pos, cache), self.drop,
-                          self.scalars_self, pool)
+            x = self.residual(
+                x,
+                norm,
+                lambda h, f=f: f(h, causal, mask, pos, memory, memory_mask, cache),
+                self.drop,
+                self.scalars_prelude[i] if self.scalars_prelude is not None else None,
+            )
+        x = self.residual(
+            x, self.norm_self, lambda h: self.self_attn(h, causal, mask, pos, cache), self.drop, self.scalars_self, pool
+        )
         if self.cross_attn is not None:
-            x = self.residual(x, self.norm_cross, lambda h: self.cross_attn(h, memory, memory_mask, cache), self.drop,
-                              self.scalars_cross)
+            x = self.residual(
+                x,
+                self.norm_cross,
+                lambda h: self.cross_attn(h, memory, memory_mask, cache),
+                self.drop,
+                self.scalars_cross,
+            )
         if self.ffn is None:
             return x
         # An MoE routes only real tokens, in position order when causal (lm/model/moe.py)

@@ -3,14 +3,14 @@ the factories of its slots (lm/model/registry.py), the model of its family, and 
 
 from lm.config_base import ConfigError
 from lm.model.config import ModelConfig
-from lm.model.validate import validate_model
 from lm.model.electra import ElectraLM
 from lm.model.init import init_weights
 from lm.model.linear import use_kind
 from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM
-from lm.model.rnn import RNNLM
 from lm.model.registry import slots
+from lm.model.rnn import RNNLM
 from lm.model.stack import Components
+from lm.model.validate import validate_model
 
 ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM, "rnn": RNNLM}
 
@@ -46,8 +46,10 @@ def kernel_node(cfg: ModelConfig, slot: str):
 def build_model(cfg: ModelConfig):
     """Validate the typed config, build the model of its family, and initialise its weights."""
     if not isinstance(cfg, ModelConfig):
-        raise TypeError(f"build_model takes a ModelConfig (lm.model.config), not {type(cfg).__name__}; "
-                        f"compose one with model_preset(name, overrides) or model_from_saved(node)")
+        raise TypeError(
+            f"build_model takes a ModelConfig (lm.model.config), not {type(cfg).__name__}; "
+            f"compose one with model_preset(name, overrides) or model_from_saved(node)"
+        )
     validate_model(cfg)
     if cfg.electra is not None:  # an encoder pretrained by replaced-token detection: generator + discriminator
         model = ElectraLM(cfg, components(cfg), components(cfg.electra.generator_config(cfg)))

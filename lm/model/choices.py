@@ -46,6 +46,7 @@ class Activation(Choice):
 
 # -- Narang et al. 2021 (issue #19): tied embeddings -------------------------------
 
+
 class TieEmbeddings(Choice):
     none = "none"  # encoder input, decoder input and output: three matrices
     decoder_input_output = "decoder_input_output"  # output = decoder input; an encoder has its own table

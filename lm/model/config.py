@@ -14,16 +14,47 @@ which imports this module (never the reverse).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Union
 
 from lm.config_base import ConfigError
 from lm.model.choices import Activation, Arch, Init, LinearKind, NormPosition, TieEmbeddings  # noqa: F401
-from lm.model.options import (SLOTS, ALiBiConfig, AttnConfig, BlockConfig, Cell, Component, ElectraConfig,  # noqa: F401
-                              CrossEntropyKernel, EmbeddingConfig, FFNConfig, GLUConfig, GLUKernel, KernelsConfig, LayerNormConfig, LearnedConfig, MemoryConfig,
-                              MLPConfig, MoEConfig, Nonlinearity, NoPositionConfig, NormConfig, NormKernel, OutputConfig, PosConfig,
-                              RMSNormConfig, RNNConfig, RoPEConfig, RopeScaling,
-                              ScaledDotConfig, SinusoidalConfig, StackConfig, SwitchConfig, T5BiasConfig, option_name,
-                              options, positive)
+from lm.model.options import (  # noqa: F401
+    SLOTS,
+    ALiBiConfig,
+    AttnConfig,
+    BlockConfig,
+    Cell,
+    Component,
+    CrossEntropyKernel,
+    ElectraConfig,
+    EmbeddingConfig,
+    FFNConfig,
+    GLUConfig,
+    GLUKernel,
+    KernelsConfig,
+    LayerNormConfig,
+    LearnedConfig,
+    MemoryConfig,
+    MLPConfig,
+    MoEConfig,
+    Nonlinearity,
+    NoPositionConfig,
+    NormConfig,
+    NormKernel,
+    OutputConfig,
+    PosConfig,
+    RMSNormConfig,
+    RNNConfig,
+    RoPEConfig,
+    RopeScaling,
+    ScaledDotConfig,
+    SinusoidalConfig,
+    StackConfig,
+    SwitchConfig,
+    T5BiasConfig,
+    option_name,
+    options,
+    positive,
+)
 from lm.model.registry import schema_name, slots  # noqa: F401
 from lm.model.upgrade import MOVED_TARGETS, moved_override, upgrade_saved
 
@@ -40,22 +71,22 @@ class ModelConfig:
     vocab_size: int = 256
     dim: int = 64
     n_layers: int = 2
-    n_decoder_layers: Optional[int] = None  # encoder_decoder only; defaults to n_layers
+    n_decoder_layers: int | None = None  # encoder_decoder only; defaults to n_layers
     n_heads: int = 4
-    n_kv_heads: Optional[int] = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
-    head_dim: Optional[int] = None  # None = dim // n_heads
+    n_kv_heads: int | None = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
+    head_dim: int | None = None  # None = dim // n_heads
     max_seq_len: int = 128
     norm_position: NormPosition = NormPosition.pre
     norm_eps: float = 1e-5
     bias: bool = True  # biases in attention and feed-forward projections
-    ffn_bias: Optional[bool] = None  # biases in the feed-forward projections; None = same as bias (HF Llama mlp_bias)
+    ffn_bias: bool | None = None  # biases in the feed-forward projections; None = same as bias (HF Llama mlp_bias)
     qk_norm: bool = False  # normalise q and k per head before the dot product (Dehghani et al. 2023)
-    attn_scale: Optional[float] = None  # None = 1/sqrt(head_dim); T5 uses 1.0
+    attn_scale: float | None = None  # None = 1/sqrt(head_dim); T5 uses 1.0
     attn_scale_by_layer: bool = False  # also divide layer i's scores by i+1 (HF GPT-2 scale_attn_by_inverse_layer_idx)
     dropout: float = 0.0
     attn_dropout: float = 0.0
     # true/false or one of TieEmbeddings (Narang et al. 2021's rows); see ModelConfig.tying for what bools mean
-    tie_embeddings: Union[bool, str] = True
+    tie_embeddings: bool | str = True
     scale_embeddings: bool = False  # multiply token embeddings by sqrt(dim) (Vaswani et al. 2017)
     embed_norm: bool = False  # norm after the embeddings (BERT)
     final_norm: bool = True  # norm after the last block (pre-norm stacks need it)
@@ -77,19 +108,19 @@ class ModelConfig:
     pos: PosConfig = field(default_factory=LearnedConfig)
     attn: AttnConfig = field(default_factory=ScaledDotConfig)
     # The slots the core leaves empty: zoo options (lm/zoo), chosen by model/block and model/stack.
-    block: Optional[BlockConfig] = None  # None: the vanilla self-attention, [cross-attention,] FFN block
-    stack: Optional[StackConfig] = None  # None: lm/model/stack.py's Stack of n_layers distinct blocks
-    memory: Optional[MemoryConfig] = None  # None: an encoder-decoder's decoder reads the encoder's last state
-    rnn: Optional[RNNConfig] = None  # arch=rnn only (model=lstm|gru|rnn): RNNConfig, validate_rnn
+    block: BlockConfig | None = None  # None: the vanilla self-attention, [cross-attention,] FFN block
+    stack: StackConfig | None = None  # None: lm/model/stack.py's Stack of n_layers distinct blocks
+    memory: MemoryConfig | None = None  # None: an encoder-decoder's decoder reads the encoder's last state
+    rnn: RNNConfig | None = None  # arch=rnn only (model=lstm|gru|rnn): RNNConfig, validate_rnn
     # arch=encoder only: pretrain by ELECTRA's replaced-token detection (lm/model/electra.py); None = MLM
-    electra: Optional[ElectraConfig] = None
-    embedding: Optional[EmbeddingConfig] = None  # model/embedding (the zoo's adaptive input); None: one (V, D) table
-    output: Optional[OutputConfig] = None  # model/output (the zoo's adaptive softmax, MoS); None: the softmax LM head
+    electra: ElectraConfig | None = None
+    embedding: EmbeddingConfig | None = None  # model/embedding (the zoo's adaptive input); None: one (V, D) table
+    output: OutputConfig | None = None  # model/output (the zoo's adaptive softmax, MoS); None: the softmax LM head
     # -- embeddings (Narang et al. 2021; checked by validate_sharing_and_tying) --
     factorized_embedding: int = 0  # >0: ALBERT's vocab x rank table + rank x dim projection
 
     @property
-    def tying(self) -> "TieEmbeddings":
+    def tying(self) -> TieEmbeddings:
         """tie_embeddings resolved: true = all (every table there is shares one matrix, as always); false =
         the output has its own matrix, and an encoder-decoder's two stacks still share their input table
         (as before this option grew: saved configs keep their weights' layout)."""
@@ -127,10 +158,10 @@ class ModelConfig:
 class ModelSchema(ModelConfig):
     """The Hydra schema of model presets: component slots start empty and are filled by groups."""
 
-    norm: Optional[NormConfig] = None
-    ffn: Optional[FFNConfig] = None
-    pos: Optional[PosConfig] = None
-    attn: Optional[AttnConfig] = None
+    norm: NormConfig | None = None
+    ffn: FFNConfig | None = None
+    pos: PosConfig | None = None
+    attn: AttnConfig | None = None
 
 
 def register_model_configs() -> None:
@@ -151,7 +182,7 @@ def register_model_configs() -> None:
             cs.store(group=f"model/{slot}", name=schema_name(cls), node=cls)
 
 
-def model_preset(name: str = "tiny", overrides: Optional[List[str]] = None) -> ModelConfig:
+def model_preset(name: str = "tiny", overrides: list[str] | None = None) -> ModelConfig:
     """conf/model/<name>.yaml plus overrides in lm train's grammar (`model/ffn=swiglu`, `model.dim=128`),
     composed by Hydra as `lm train model=<name> ...` would: a typed ModelConfig."""
     from lm.config_base import compose_group

@@ -15,8 +15,6 @@ Stack at its own width with its own position scheme: here positions live in each
 (lm/model/stack.py), not in the shared embedding module.
 """
 
-from typing import Tuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,7 +63,7 @@ class Generator(MatmulCount, nn.Module):
         tied = cfg.output_tied
         self.head = make_head(cfg, c.output, embed.tok if tied else None, True, transform, embed.proj if tied else None)
 
-    def forward(self, x: torch.Tensor, padding, where: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padding, where: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x: the shared embeddings of the masked input (B, T, D); where: the N masked positions (rows,
         columns). Logits (N, V) at those positions only: the vocabulary projection is the expensive part."""
         h = self.encoder(self.project(x), padding)  # (B, T, D) -> (B, T, Dg)
@@ -117,9 +115,12 @@ class ElectraLM(MatmulCount, _LanguageModel):
         metrics = {}
         if self.training:  # evaluation records nothing (lm/model/aux.py): the loop logs training means only
             correct = ((disc_logits.detach() > 0).float() == replaced).float()
-            metrics = {"electra/gen_loss": gen_loss.detach(), "electra/disc_loss": disc_loss.detach(),
-                       "electra/disc_accuracy": (correct * real).sum() / n_real,
-                       "electra/replaced": (replaced * real).sum() / n_real}
+            metrics = {
+                "electra/gen_loss": gen_loss.detach(),
+                "electra/disc_loss": disc_loss.detach(),
+                "electra/disc_accuracy": (correct * real).sum() / n_real,
+                "electra/replaced": (replaced * real).sum() / n_real,
+            }
         return LMOutput(loss=gen_loss + self.disc_weight * disc_loss, logits=disc_logits.detach(), metrics=metrics)
 
     def sample(self, logits: torch.Tensor) -> torch.Tensor:
@@ -132,5 +133,6 @@ class ElectraLM(MatmulCount, _LanguageModel):
 
     def active_matmul_params(self, count) -> float:
         """lm.model.flops: the discriminator reads every token, the generator's head the masked ones only."""
-        return (sum(count(m) for name, m in self.named_children() if name != "generator")
-                + self.generator.active_matmul_params(count))
+        return sum(
+            count(m) for name, m in self.named_children() if name != "generator"
+        ) + self.generator.active_matmul_params(count)

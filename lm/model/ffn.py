@@ -6,7 +6,6 @@ hidden size is 2/3 of that, 8/3*dim, for the same parameter count.
 """
 
 import math
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +33,7 @@ def _activation(name: str):
     return ACTIVATIONS[name]
 
 
-def hidden_size(dim: int, hidden_mult: float, multiple_of: int, hidden_dim: Optional[int]) -> int:
+def hidden_size(dim: int, hidden_mult: float, multiple_of: int, hidden_dim: int | None) -> int:
     """An explicit hidden_dim wins; else round hidden_mult*dim up to a multiple (Llama uses 256)."""
     if hidden_dim:
         return hidden_dim
@@ -44,8 +43,16 @@ def hidden_size(dim: int, hidden_mult: float, multiple_of: int, hidden_dim: Opti
 class MLP(nn.Module):
     """x -> act(x W_up) W_down, the Transformer FFN of Vaswani et al. 2017."""
 
-    def __init__(self, dim: int, activation: str = "gelu", hidden_mult: float = 4.0, multiple_of: int = 1,
-                 hidden_dim: Optional[int] = None, bias: bool = True, dropout: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        activation: str = "gelu",
+        hidden_mult: float = 4.0,
+        multiple_of: int = 1,
+        hidden_dim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         hidden = hidden_size(dim, hidden_mult, multiple_of, hidden_dim)
         self.act = _activation(activation)
@@ -85,8 +92,16 @@ class _SiLUGate(torch.autograd.Function):
 class GLU(nn.Module):
     """x -> (act(x W_gate) * x W_up) W_down: SwiGLU / GeGLU / ReGLU / GLU (sigmoid) / LiGLU (linear), Shazeer 2020."""
 
-    def __init__(self, dim: int, activation: str = "silu", hidden_mult: float = 8 / 3, multiple_of: int = 1,
-                 hidden_dim: Optional[int] = None, bias: bool = True, dropout: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        activation: str = "silu",
+        hidden_mult: float = 8 / 3,
+        multiple_of: int = 1,
+        hidden_dim: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         hidden = hidden_size(dim, hidden_mult, multiple_of, hidden_dim)
         self.act = _activation(activation)

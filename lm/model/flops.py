@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from lm.model.attention import _Attention
-from lm.model.linear import MatmulCount
 from lm.model.config import ModelConfig
+from lm.model.linear import MatmulCount
 
 
 def _meta_model(cfg: ModelConfig) -> nn.Module:

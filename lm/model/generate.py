@@ -5,13 +5,16 @@ continues the prompt; EncoderDecoderLM encodes the prompt once and decodes from 
 Prompts in one batch must have the same length (no padding), so positions line up.
 """
 
-from typing import Optional
-
 import torch
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], top_p: Optional[float],
-                generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """(B, V) logits -> (B, 1) token ids. temperature 0 means greedy."""
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
@@ -29,9 +32,17 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: Optional[int], 
 
 
 @torch.no_grad()
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, temperature: float = 0.0,
-             top_k: Optional[int] = None, top_p: Optional[float] = None, stop_token: Optional[int] = None,
-             attention_mask: Optional[torch.Tensor] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    stop_token: int | None = None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Returns the generated tokens (B, <= max_new_tokens); rows that hit stop_token are padded with it."""
     model.eval()
     cache = model.new_cache()

@@ -4,10 +4,11 @@ The model/embedding and model/output slots (lm/model/options.py) may replace the
 layer (`make_head`): the zoo's adaptive input, adaptive softmax and mixture of softmaxes (lm/zoo).
 """
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Dict, Optional
-
 import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,12 +23,12 @@ if TYPE_CHECKING:  # model code reads the config's values; it does not need its 
 
 @dataclass
 class LMOutput:
-    loss: Optional[torch.Tensor] = None
-    logits: Optional[torch.Tensor] = None  # detached whenever `loss` is given (LMHead.output says why)
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # detached whenever `loss` is given (LMHead.output says why)
     # Training-only extras of the model's components (lm/model/aux.py): the weighted auxiliary loss the
     # objective adds to `loss` (MoE load balancing), and detached scalars the loop logs (per-expert load).
-    aux_loss: Optional[torch.Tensor] = None
-    metrics: Dict[str, torch.Tensor] = field(default_factory=dict)
+    aux_loss: torch.Tensor | None = None
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Embedding(nn.Module):
@@ -37,7 +38,7 @@ class Embedding(nn.Module):
     (V + D) r parameters instead of V D.
     """
 
-    def __init__(self, cfg: "ModelConfig", table: Optional[Callable[..., nn.Module]] = None):
+    def __init__(self, cfg: "ModelConfig", table: Callable[..., nn.Module] | None = None):
         """table: the model/embedding option's factory, built as table(cfg); None = one (V, D) table."""
         super().__init__()
         width = cfg.factorized_embedding or cfg.dim
@@ -47,7 +48,7 @@ class Embedding(nn.Module):
         self.seg = nn.Embedding(cfg.n_segments, cfg.dim) if cfg.n_segments else None
         self.scale = math.sqrt(cfg.dim) if cfg.scale_embeddings else 1.0
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tok(input_ids)  # (B, T, D), or (B, T, r) factorized
         if self.proj is not None:
             x = self.proj(x)  # (B, T, r) -> (B, T, D)
@@ -58,8 +59,14 @@ class Embedding(nn.Module):
         return x
 
 
-def make_head(cfg: "ModelConfig", output: Optional[Callable[..., nn.Module]], tied: Optional[nn.Embedding], bias: bool,
-              transform: nn.Module, tied_proj: Optional[nn.Linear] = None) -> nn.Module:
+def make_head(
+    cfg: "ModelConfig",
+    output: Callable[..., nn.Module] | None,
+    tied: nn.Embedding | None,
+    bias: bool,
+    transform: nn.Module,
+    tied_proj: nn.Linear | None = None,
+) -> nn.Module:
     """The output layer: forward(h) -> logits or log-probs (..., V); output(h, labels) -> LMOutput. output: the
     model/output option's factory, built as output(cfg, tied, bias, transform); None = the softmax LMHead."""
     if output is not None:
@@ -75,8 +82,14 @@ class LMHead(nn.Module):
     transpose of the input projection, then -> V through the table; untied, it is a plain D x V layer.
     """
 
-    def __init__(self, cfg: "ModelConfig", tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
-                 tied_proj: Optional[nn.Linear] = None):
+    def __init__(
+        self,
+        cfg: "ModelConfig",
+        tied: nn.Embedding | None,
+        bias: bool,
+        transform: nn.Module,
+        tied_proj: nn.Linear | None = None,
+    ):
         """tied: the token table whose weight the output reuses; tied_proj: a factorized embedding's r -> D
         projection (Embedding.proj), run backwards here."""
         super().__init__()
@@ -96,7 +109,7 @@ class LMHead(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.proj(self._hidden(h))
 
-    def output(self, h: torch.Tensor, labels: Optional[torch.Tensor]) -> LMOutput:
+    def output(self, h: torch.Tensor, labels: torch.Tensor | None) -> LMOutput:
         if labels is not None and (self.chunk_size or self.loss_kernel != "torch"):
             # The loss without the logits (lm/model/loss.py, lm/model/kernels.py): far less memory traffic at large
             # vocabularies.
@@ -135,8 +148,9 @@ class OutputLinear(Linear):
     sharded weight only around the forward (and backward) of the module that holds it.
     """
 
-    def forward(self, h: torch.Tensor, labels: Optional[torch.Tensor] = None, chunk_size: int = 0,
-                kernel: str = "torch") -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, labels: torch.Tensor | None = None, chunk_size: int = 0, kernel: str = "torch"
+    ) -> torch.Tensor:
         if labels is None:
             return super().forward(h)
         if kernel != "torch":
@@ -146,7 +160,7 @@ class OutputLinear(Linear):
         return chunked_cross_entropy(h, self.weight, self.bias, labels, chunk_size)
 
 
-def mlm_transform(cfg: "ModelConfig", norm: nn.Module, in_dim: Optional[int] = None) -> nn.Module:
+def mlm_transform(cfg: "ModelConfig", norm: nn.Module, in_dim: int | None = None) -> nn.Module:
     """BERT's prediction-head transform: dense, activation (GELU in BERT; HF uses hidden_act), norm.
     in_dim: the hidden states' width when not model.dim (ELECTRA's narrower generator maps back to dim)."""
     return nn.Sequential(Linear(in_dim or cfg.dim, cfg.dim), _Lambda(head_activation(cfg)), norm)
@@ -170,7 +184,7 @@ class _Lambda(nn.Module):
         return self.fn(x)
 
 
-def pool(h: torch.Tensor, padding: Optional[torch.Tensor], how: str) -> torch.Tensor:
+def pool(h: torch.Tensor, padding: torch.Tensor | None, how: str) -> torch.Tensor:
     """(B, T, D) -> (B, D). first: the [CLS] position; mean: over real tokens; last: last real token;
     weighted_mean: real token i (from 1) weighted i / sum of 1..L (SGPT's position-weighted mean,
     Muennighoff 2022).

@@ -6,46 +6,134 @@ bookkeeping). Any other field whose value differs from the family's default conf
 the maths, so `check_fields` refuses it by name and value rather than convert silently wrong.
 """
 
-from typing import Dict, FrozenSet
-
 # Inert for every family: bookkeeping, generation defaults, token ids, training-only settings.
-INERT: FrozenSet[str] = frozenset({
-    "transformers_version", "architectures", "model_type", "_name_or_path", "name_or_path", "dtype", "torch_dtype",
-    "output_hidden_states", "output_attentions", "return_dict", "use_cache", "id2label", "label2id", "num_labels",
-    "problem_type", "finetuning_task", "tokenizer_class", "prefix", "task_specific_params", "initializer_range",
-    "initializer_factor", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
-    "gradient_checkpointing", "chunk_size_feed_forward",  # chunking the FFN over positions: same products
-    "max_length", "output_past", "is_encoder_decoder", "_attn_implementation_autoset", "classifier_dropout",
-})
+INERT: frozenset[str] = frozenset(
+    {
+        "transformers_version",
+        "architectures",
+        "model_type",
+        "_name_or_path",
+        "name_or_path",
+        "dtype",
+        "torch_dtype",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+        "use_cache",
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        "finetuning_task",
+        "tokenizer_class",
+        "prefix",
+        "task_specific_params",
+        "initializer_range",
+        "initializer_factor",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "gradient_checkpointing",
+        "chunk_size_feed_forward",  # chunking the FFN over positions: same products
+        "max_length",
+        "output_past",
+        "is_encoder_decoder",
+        "_attn_implementation_autoset",
+        "classifier_dropout",
+    }
+)
 
-HANDLED: Dict[str, FrozenSet[str]] = {
-    "gpt2": frozenset({
-        "vocab_size", "n_embd", "n_layer", "n_head", "n_positions", "n_inner", "activation_function",
-        "layer_norm_epsilon", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "tie_word_embeddings",
-    }),
-    "llama": frozenset({
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
-        "tie_word_embeddings", "rope_parameters", "rope_scaling", "rope_theta", "attention_bias", "mlp_bias",
-    }),
-    "bert": frozenset({
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-        "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "position_embedding_type",
-        "tie_word_embeddings",
-    }),
-    "t5": frozenset({
-        "vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
-        "relative_attention_num_buckets", "relative_attention_max_distance", "layer_norm_epsilon",
-        "feed_forward_proj", "dense_act_fn", "is_gated_act", "scale_decoder_outputs", "tie_word_embeddings",
-    }),
+HANDLED: dict[str, frozenset[str]] = {
+    "gpt2": frozenset(
+        {
+            "vocab_size",
+            "n_embd",
+            "n_layer",
+            "n_head",
+            "n_positions",
+            "n_inner",
+            "activation_function",
+            "layer_norm_epsilon",
+            "scale_attn_weights",
+            "scale_attn_by_inverse_layer_idx",
+            "tie_word_embeddings",
+        }
+    ),
+    "llama": frozenset(
+        {
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "hidden_act",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "tie_word_embeddings",
+            "rope_parameters",
+            "rope_scaling",
+            "rope_theta",
+            "attention_bias",
+            "mlp_bias",
+        }
+    ),
+    "bert": frozenset(
+        {
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "hidden_act",
+            "max_position_embeddings",
+            "type_vocab_size",
+            "layer_norm_eps",
+            "position_embedding_type",
+            "tie_word_embeddings",
+        }
+    ),
+    "t5": frozenset(
+        {
+            "vocab_size",
+            "d_model",
+            "d_kv",
+            "d_ff",
+            "num_layers",
+            "num_decoder_layers",
+            "num_heads",
+            "relative_attention_num_buckets",
+            "relative_attention_max_distance",
+            "layer_norm_epsilon",
+            "feed_forward_proj",
+            "dense_act_fn",
+            "is_gated_act",
+            "scale_decoder_outputs",
+            "tie_word_embeddings",
+        }
+    ),
 }
 
 # Inert for one family only.
-FAMILY_INERT: Dict[str, FrozenSet[str]] = {
+FAMILY_INERT: dict[str, frozenset[str]] = {
     # reorder_and_upcast_attn computes the scores in fp32: identical maths in an fp32 forward.
-    "gpt2": frozenset({"resid_pdrop", "embd_pdrop", "attn_pdrop", "n_ctx", "reorder_and_upcast_attn",
-                       "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
-                       "summary_first_dropout"}),
+    "gpt2": frozenset(
+        {
+            "resid_pdrop",
+            "embd_pdrop",
+            "attn_pdrop",
+            "n_ctx",
+            "reorder_and_upcast_attn",
+            "summary_type",
+            "summary_use_proj",
+            "summary_activation",
+            "summary_proj_to_labels",
+            "summary_first_dropout",
+        }
+    ),
     # pretraining_tp only slices the same matmuls (transformers 5 ignores it).
     "llama": frozenset({"attention_dropout", "pretraining_tp"}),
     "bert": frozenset({"hidden_dropout_prob", "attention_probs_dropout_prob"}),

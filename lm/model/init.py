@@ -12,7 +12,6 @@ adaptive input), an option node's `after_init` (the zoo's Fixup rescales any sch
 
 import math
 
-import torch
 from torch import nn
 
 from lm.model.config import ModelConfig
@@ -53,7 +52,7 @@ def _base_init(model: nn.Module, cfg: ModelConfig) -> None:
     for module in model.modules():
         if isinstance(module, nn.Linear):
             if cfg.init == "t5":
-                std = module.in_features ** -0.5
+                std = module.in_features**-0.5
             elif cfg.init == "gpt2" and isinstance(module, Linear) and module.residual:
                 std = residual_std
             else:

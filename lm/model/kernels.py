@@ -15,7 +15,7 @@ module; tests/test_kernels_gpu.py compares each kernel with the eager op, forwar
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,61 +32,77 @@ PACKAGES = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}
 
 # The eager modules each switch replaces, by the option's _target_ (build_model swaps the target it instantiates).
 SWAPS = {
-    "norm": {"lm.model.norms.LayerNorm": "lm.model.kernels.LigerLayerNorm",
-             "lm.model.norms.RMSNorm": "lm.model.kernels.LigerRMSNorm"},
+    "norm": {
+        "lm.model.norms.LayerNorm": "lm.model.kernels.LigerLayerNorm",
+        "lm.model.norms.RMSNorm": "lm.model.kernels.LigerRMSNorm",
+    },
     "glu": {"lm.model.ffn.GLU": "lm.model.kernels.LigerGLU"},
 }
 SLOT_OF = {"norm": "norm", "glu": "ffn"}  # the model slot each module switch fills
 GLU_ACTIVATIONS = ("silu", "gelu_tanh")  # what Liger's kernels compute: SwiGLU and GeGLU with tanh-approximate GELU
 
 
-def _setting(name: str, cfg: "ModelConfig") -> str:
+def _setting(name: str, cfg: ModelConfig) -> str:
     return f"model.kernels.{name}={getattr(cfg.kernels, name).value}"
 
 
-def check(cfg: "ModelConfig") -> None:
+def check(cfg: ModelConfig) -> None:
     """Refuse, before anything is built, a switch that cannot run here or does not apply to the model."""
     from lm.extras import MissingExtra, missing
 
     for name, kernel in cfg.kernels.chosen().items():
         setting, off = _setting(name, cfg), f"model.kernels.{name}=torch"
         if missing("kernels", [PACKAGES[kernel]]):
-            raise MissingExtra(f"{setting} needs {PACKAGES[kernel]} (not installed): pip install 'lm[kernels]', "
-                               f"or set {off}")
+            raise MissingExtra(
+                f"{setting} needs {PACKAGES[kernel]} (not installed): pip install 'lm[kernels]', or set {off}"
+            )
         if not torch.cuda.is_available():
-            raise ConfigError(f"{setting} runs Triton kernels on a CUDA device only, and this machine has none: "
-                              f"set {off} (the default)")
+            raise ConfigError(
+                f"{setting} runs Triton kernels on a CUDA device only, and this machine has none: "
+                f"set {off} (the default)"
+            )
         _check_applies(name, kernel, cfg, setting, off)
 
 
-def _check_applies(name: str, kernel: str, cfg: "ModelConfig", setting: str, off: str) -> None:
+def _check_applies(name: str, kernel: str, cfg: ModelConfig, setting: str, off: str) -> None:
     from lm.model.options import option_name
 
     if name == "cross_entropy":
         if cfg.output is not None or cfg.electra is not None:
-            what = "model.electra (its generator's loss is its own)" if cfg.electra is not None \
+            what = (
+                "model.electra (its generator's loss is its own)"
+                if cfg.electra is not None
                 else f"model/output={option_name(cfg.output)}"
-            raise ConfigError(f"{setting} fuses the plain softmax output layer with its loss, which {what} does not "
-                              f"use: set {off}")
+            )
+            raise ConfigError(
+                f"{setting} fuses the plain softmax output layer with its loss, which {what} does not use: set {off}"
+            )
         if cfg.loss_chunk_size:
-            raise ConfigError(f"{setting} replaces model.loss_chunk_size's chunked loss: set "
-                              f"model.loss_chunk_size=0 (or {off})")
+            raise ConfigError(
+                f"{setting} replaces model.loss_chunk_size's chunked loss: set model.loss_chunk_size=0 (or {off})"
+            )
         if kernel == "cce" and cfg.arch == "encoder":
-            raise ConfigError(f"{setting} has no bias term, and an encoder's masked-LM output layer has one (BERT's): "
-                              f"set model.kernels.cross_entropy=liger (or torch)")
+            raise ConfigError(
+                f"{setting} has no bias term, and an encoder's masked-LM output layer has one (BERT's): "
+                f"set model.kernels.cross_entropy=liger (or torch)"
+            )
         return
     slot = getattr(cfg, SLOT_OF[name])
     if slot._target_ not in SWAPS[name]:
-        raise ConfigError(f"{setting} has kernels for model/{SLOT_OF[name]}="
-                          f"{'layernorm|rmsnorm' if name == 'norm' else 'swiglu|glu'} only, not "
-                          f"model/{SLOT_OF[name]}={option_name(slot)}: set {off}")
+        raise ConfigError(
+            f"{setting} has kernels for model/{SLOT_OF[name]}="
+            f"{'layernorm|rmsnorm' if name == 'norm' else 'swiglu|glu'} only, not "
+            f"model/{SLOT_OF[name]}={option_name(slot)}: set {off}"
+        )
     if name == "glu" and slot.activation not in GLU_ACTIVATIONS:
-        raise ConfigError(f"{setting} computes SwiGLU (silu) and GeGLU with tanh-approximate GELU, not "
-                          f"model.ffn.activation={slot.activation.value}: set model.ffn.activation=gelu_tanh "
-                          f"(or silu), or {off}")
+        raise ConfigError(
+            f"{setting} computes SwiGLU (silu) and GeGLU with tanh-approximate GELU, not "
+            f"model.ffn.activation={slot.activation.value}: set model.ffn.activation=gelu_tanh "
+            f"(or silu), or {off}"
+        )
 
 
-def swap(name: str, node, cfg: "ModelConfig"):
+def swap(name: str, node, cfg: ModelConfig):
     """The slot's option node as build_model instantiates it: the fused module's target when model.kernels.<name>
     is on (check() has made sure it has one)."""
     if getattr(cfg.kernels, name) == "torch":
@@ -96,8 +112,10 @@ def swap(name: str, node, cfg: "ModelConfig"):
 
 def _on_cuda(x: torch.Tensor, name: str) -> None:
     if x.device.type != "cuda":
-        raise ConfigError(f"model.kernels.{name}=liger runs on a CUDA device only, and this run's tensors are on "
-                          f"{x.device.type}: set model.kernels.{name}=torch, or train on a GPU")
+        raise ConfigError(
+            f"model.kernels.{name}=liger runs on a CUDA device only, and this run's tensors are on "
+            f"{x.device.type}: set model.kernels.{name}=torch, or train on a GPU"
+        )
 
 
 class LigerLayerNorm(LayerNorm):
@@ -139,8 +157,9 @@ class LigerGLU(GLU):
         return self.down(self.dropout(h))
 
 
-def fused_linear_cross_entropy(kernel: str, h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                               labels: torch.Tensor) -> torch.Tensor:
+def fused_linear_cross_entropy(
+    kernel: str, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor
+) -> torch.Tensor:
     """Mean cross-entropy of softmax(h W^T + b) over the labels that are not IGNORE_INDEX, without the logits.
     h (..., D), labels (...)."""
     _on_cuda(h, "cross_entropy")
@@ -149,8 +168,9 @@ def fused_linear_cross_entropy(kernel: str, h: torch.Tensor, weight: torch.Tenso
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
         # Gradients of the fp32 master weight accumulate in fp32 across chunks, as lm/model/loss.py's do.
-        return liger_fused_linear_cross_entropy(h2, weight, target, bias=bias, ignore_index=IGNORE_INDEX,
-                                                accum_dtype=torch.float32)
+        return liger_fused_linear_cross_entropy(
+            h2, weight, target, bias=bias, ignore_index=IGNORE_INDEX, accum_dtype=torch.float32
+        )
     from cut_cross_entropy import linear_cross_entropy
 
     # Cut Cross-Entropy's kernels read one dtype for both operands and no autocast casts reach them: cast to

@@ -13,7 +13,7 @@ autocast, torch.compile (which fuses on its own). The weights are an ordinary nn
 dicts, init, FSDP and DeepSpeed see no difference.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -53,8 +53,14 @@ class _OneDNNLinear(torch.autograd.Function):
 
 
 def _fast_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (x.numel() > 0 and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling())
+    return (
+        x.numel() > 0
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and not torch.compiler.is_compiling()
+    )
 
 
 class Linear(nn.Linear):
@@ -77,8 +83,10 @@ def use_kind(model: nn.Module, kind: str) -> nn.Module:
     if kind not in KINDS:
         raise ValueError(f"model.linear={kind!r} is not one of {KINDS}; use model.linear=torch (the default)")
     if kind == "onednn" and not onednn_available():
-        raise ValueError(f"model.linear=onednn: this PyTorch build ({torch.__version__}) has no oneDNN linear op "
-                         f"(torch.ops.mkldnn._linear_pointwise); use model.linear=torch")
+        raise ValueError(
+            f"model.linear=onednn: this PyTorch build ({torch.__version__}) has no oneDNN linear op "
+            f"(torch.ops.mkldnn._linear_pointwise); use model.linear=torch"
+        )
     for m in model.modules():
         if isinstance(m, Linear):
             m.onednn = kind == "onednn"

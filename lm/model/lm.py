@@ -10,7 +10,7 @@ loader shifts them); encoder labels are -100 except at masked positions; encoder
 align with decoder_input_ids (built by shifting labels right when not given, as in T5).
 """
 
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,9 @@ class _LanguageModel(nn.Module):
 
     def _head(self, c: Components, bias: bool, transform: nn.Module) -> nn.Module:
         tied = self.cfg.output_tied
-        return make_head(self.cfg, c.output, self.embed.tok if tied else None, bias, transform,
-                         self.embed.proj if tied else None)
+        return make_head(
+            self.cfg, c.output, self.embed.tok if tied else None, bias, transform, self.embed.proj if tied else None
+        )
 
     def classify_features(self, input_ids, attention_mask=None, token_type_ids=None):
         """(hidden states, padding) for a sequence classifier."""
@@ -69,10 +70,10 @@ class DecoderLM(_LanguageModel):
     def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
         return self.head.output(self.features(input_ids, attention_mask, token_type_ids), labels)
 
-    def new_cache(self) -> List[LayerCache]:
+    def new_cache(self) -> list[LayerCache]:
         return self.decoder.new_cache()
 
-    def next_logits(self, tokens: torch.Tensor, cache: List[LayerCache], state=None) -> torch.Tensor:
+    def next_logits(self, tokens: torch.Tensor, cache: list[LayerCache], state=None) -> torch.Tensor:
         """Logits for the position after `tokens`, appending their keys/values to `cache`."""
         return self.head(self.features(tokens, cache=cache)[:, -1])
 
@@ -123,7 +124,7 @@ class EncoderDecoderLM(_LanguageModel):
         embed = self.embed if self.encoder_embed is None else self.encoder_embed  # model.tie_embeddings
         if self.memory is None:
             return self.encoder(embed(input_ids), attention_mask)  # (B, S, D)
-        states: List[torch.Tensor] = []
+        states: list[torch.Tensor] = []
         self.encoder(embed(input_ids), attention_mask, states=states)  # N+1 states (B, S, D)
         return self.memory(states, self.encoder.final_norm)
 
@@ -131,8 +132,9 @@ class EncoderDecoderLM(_LanguageModel):
         return self.decoder(self.embed(decoder_input_ids), decoder_padding, memory, memory_padding, cache)
 
     @aux.collected
-    def forward(self, input_ids, attention_mask=None, decoder_input_ids=None, labels=None,
-                decoder_attention_mask=None) -> LMOutput:
+    def forward(
+        self, input_ids, attention_mask=None, decoder_input_ids=None, labels=None, decoder_attention_mask=None
+    ) -> LMOutput:
         if decoder_input_ids is None:
             if labels is None:
                 raise ValueError("EncoderDecoderLM needs decoder_input_ids or labels")
@@ -147,7 +149,7 @@ class EncoderDecoderLM(_LanguageModel):
         decoder_input_ids = shift_right(input_ids, self.cfg.decoder_start_token_id, self.cfg.pad_token_id)
         return self.decode(decoder_input_ids, memory, attention_mask, attention_mask)
 
-    def new_cache(self) -> List[LayerCache]:
+    def new_cache(self) -> list[LayerCache]:
         return self.decoder.new_cache()
 
     def next_logits(self, tokens, cache, state) -> torch.Tensor:
@@ -164,7 +166,7 @@ class SequenceClassifier(nn.Module):
     The backbone's LM head is dropped: it is unused here, and unused parameters break DDP.
     """
 
-    def __init__(self, backbone: _LanguageModel, n_labels: int, pooling: Optional[str] = None, dropout: float = 0.1):
+    def __init__(self, backbone: _LanguageModel, n_labels: int, pooling: str | None = None, dropout: float = 0.1):
         super().__init__()
         self.backbone = backbone
         backbone.head = None

@@ -13,8 +13,6 @@ a custom autograd.Function gets no autocast casts of its own. Only the softmax a
 accumulator stay fp32, so no GEMM falls off the GPU's bf16 path.
 """
 
-from typing import Optional
-
 import torch
 
 from lm.constants import IGNORE_INDEX
@@ -34,14 +32,18 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         bias = bias.to(compute) if bias is not None else None
         grad_h = torch.zeros_like(h) if need_grad else None
         grad_w = torch.zeros_like(weight, dtype=torch.float32) if need_grad else None
-        grad_b = torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device) if need_grad and bias is not None else None
+        grad_b = (
+            torch.zeros(weight.shape[0], dtype=torch.float32, device=h.device)
+            if need_grad and bias is not None
+            else None
+        )
         total = torch.zeros((), dtype=torch.float32, device=h.device)
         # One logits buffer for every chunk: a fresh (n, V) tensor per chunk is a large allocation
         # that the CPU allocator maps, page-faults and zeroes each time.
         buf = h.new_empty(min(chunk_size, h.shape[0]), weight.shape[0])
         for start in range(0, h.shape[0], chunk_size):
-            hc, lc = h[start:start + chunk_size], labels[start:start + chunk_size]
-            logits = torch.mm(hc, weight.t(), out=buf[:hc.shape[0]])
+            hc, lc = h[start : start + chunk_size], labels[start : start + chunk_size]
+            logits = torch.mm(hc, weight.t(), out=buf[: hc.shape[0]])
             if bias is not None:
                 logits = logits + bias
             logits = logits.float()  # (n, V)
@@ -59,7 +61,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 g = e.mul_((row_scale / sum_e)[:, None])  # softmax, scaled
                 g[rows, target] -= row_scale  # minus the one-hot target
                 gc = g.to(compute)  # one cast of the (n, V) chunk serves both GEMMs (a no-op in fp32)
-                torch.mm(gc, weight, out=grad_h[start:start + chunk_size])
+                torch.mm(gc, weight, out=grad_h[start : start + chunk_size])
                 if low:  # a bf16 GEMM (fp32 accumulation inside), summed over chunks in fp32
                     grad_w += torch.mm(gc.t(), hc)
                 else:
@@ -78,7 +80,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return gh, (grad_w * grad_out).to(w_dtype), gb, None, None
 
 
-def chunked_cross_entropy(h: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], labels: torch.Tensor,
-                          chunk_size: int) -> torch.Tensor:
+def chunked_cross_entropy(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, chunk_size: int
+) -> torch.Tensor:
     """Mean cross-entropy of softmax(h W^T + b) against labels; h (..., D), labels (...)."""
     return _ChunkedLinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, bias, labels.reshape(-1), chunk_size)

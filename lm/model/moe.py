@@ -44,8 +44,8 @@ uniform, or f is).
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -88,8 +88,14 @@ def choose(probs: torch.Tensor, top_k: int):
     return gate, expert
 
 
-def route(probs: torch.Tensor, top_k: int, capacity: int, real: Optional[torch.Tensor] = None,
-          causal: bool = False, limit: Optional[torch.Tensor] = None) -> Routing:
+def route(
+    probs: torch.Tensor,
+    top_k: int,
+    capacity: int,
+    real: torch.Tensor | None = None,
+    causal: bool = False,
+    limit: torch.Tensor | None = None,
+) -> Routing:
     """probs: (G, T, E) router probabilities -> each token's top-k choices, at most `capacity` (or the
     group's `limit`, (G,) <= capacity) kept per expert and group. real: (G, T) bool, False for pads,
     which claim nothing. Choices are served in the order the module docstring gives: position-major
@@ -111,7 +117,7 @@ def route(probs: torch.Tensor, top_k: int, capacity: int, real: Optional[torch.T
     return Routing(expert, gate * kept, slot, kept, capacity)
 
 
-def _mean(values: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
+def _mean(values: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """Mean over the first dimension, over the rows of weight 1 only (the real tokens) when given."""
     if weight is None:
         return values.mean(0)
@@ -119,7 +125,7 @@ def _mean(values: torch.Tensor, weight: Optional[torch.Tensor]) -> torch.Tensor:
     return (values * weight).sum(0) / weight.sum().clamp(min=1)
 
 
-def balance_loss(probs: torch.Tensor, expert: torch.Tensor, weight: Optional[torch.Tensor] = None) -> torch.Tensor:
+def balance_loss(probs: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """E * sum_e f_e P_e: f_e the fraction of the N*k choices picking e (no gradient), P_e its mean probability.
     probs (N, E), expert (N, k); weight (N,): 1 for the tokens that count (real), 0 for pads."""
     n_experts = probs.shape[1]
@@ -130,10 +136,23 @@ def balance_loss(probs: torch.Tensor, expert: torch.Tensor, weight: Optional[tor
 class MoE(MatmulCount, AuxSource):
     """Top-k routed mixture of `n_experts` FFNs built by `expert(dim, bias=..., dropout=...)`."""
 
-    def __init__(self, dim: int, expert: Callable[..., nn.Module], bias: bool = True, dropout: float = 0.0,
-                 n_experts: int = 8, top_k: int = 2, capacity_factor: float = 1.25, aux_loss_weight: float = 0.01,
-                 z_loss_weight: float = 0.0, router_jitter: float = 0.0, activation=None, hidden_mult=None,
-                 multiple_of=None, hidden_dim=None):
+    def __init__(
+        self,
+        dim: int,
+        expert: Callable[..., nn.Module],
+        bias: bool = True,
+        dropout: float = 0.0,
+        n_experts: int = 8,
+        top_k: int = 2,
+        capacity_factor: float = 1.25,
+        aux_loss_weight: float = 0.01,
+        z_loss_weight: float = 0.0,
+        router_jitter: float = 0.0,
+        activation=None,
+        hidden_mult=None,
+        multiple_of=None,
+        hidden_dim=None,
+    ):
         # activation/hidden_mult/multiple_of/hidden_dim: FFNConfig's dense fields, unused here (validate_model
         # refuses values other than their defaults); the expert node holds the experts' own.
         super().__init__()
@@ -153,7 +172,7 @@ class MoE(MatmulCount, AuxSource):
         with torch.autocast(tokens.device.type, enabled=False):
             return F.linear(tokens.float(), self.router.weight.float())
 
-    def forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None, causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padding: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
         """x: (B, T, D); padding: (B, T), 1 for tokens and 0 for pads (None: no pads); causal: the stack's
         attention is causal (a decoder), so training serves slots in position order."""
         real = None if padding is None else padding.bool()
@@ -164,7 +183,9 @@ class MoE(MatmulCount, AuxSource):
             kept = torch.ones_like(expert, dtype=torch.bool) if real is None else real[..., None].expand_as(expert)
             return self._dropless(x, expert, gate * kept, kept)
         # each sequence's real tokens set its capacity, whatever the padded length
-        limit = None if real is None else sequence_capacity(real.sum(1), self.n_experts, self.top_k, self.capacity_factor)
+        limit = (
+            None if real is None else sequence_capacity(real.sum(1), self.n_experts, self.top_k, self.capacity_factor)
+        )
         r = route(probs, self.top_k, self.capacity(x.shape[1]), real, causal, limit)
         y = self._dispatch(x, r)
         # Last: activation checkpointing's recompute stops once it has the saved tensors (early stop), so it
@@ -179,7 +200,9 @@ class MoE(MatmulCount, AuxSource):
         E, k = self.n_experts, self.top_k
         tokens = x.reshape(B * T, D)
         # Dropped choices and pads all land in the dump row E*B*C, which no expert reads.
-        buffer = tokens.new_zeros(E * B * r.capacity + 1, D).index_add(0, r.slot.flatten(), tokens.repeat_interleave(k, 0))
+        buffer = tokens.new_zeros(E * B * r.capacity + 1, D).index_add(
+            0, r.slot.flatten(), tokens.repeat_interleave(k, 0)
+        )
         expert_in = buffer[:-1].view(E, B * r.capacity, D)
         outs = [expert(expert_in[e]) for e, expert in enumerate(self.experts)]  # E x (B*C, D)
         expert_out = torch.cat(outs + [outs[0].new_zeros(1, D)])  # (E*B*C + 1, D); the dump row reads zeros
@@ -196,7 +219,7 @@ class MoE(MatmulCount, AuxSource):
         claim = torch.where(kept, expert, E).flatten()  # (N*k,) the expert of each choice; E = none (a pad)
         order = claim.argsort(stable=True)  # choices grouped by expert
         counts = torch.bincount(claim, minlength=E + 1).tolist()  # the host sync: chunk sizes
-        served = order[:len(order) - counts[E]]
+        served = order[: len(order) - counts[E]]
         chunks = tokens[served // k].split(counts[:E])
         outs = [self.experts[e](chunk) for e, chunk in enumerate(chunks) if len(chunk)]
         if not outs:  # nothing but pads
@@ -206,16 +229,19 @@ class MoE(MatmulCount, AuxSource):
         y = (picked.view(B * T, k, D) * gate.reshape(B * T, k).to(picked.dtype)[..., None]).sum(1)
         return y.view(B, T, D)
 
-    def _record(self, logits: torch.Tensor, probs: torch.Tensor, r: Routing, real: Optional[torch.Tensor]) -> None:
+    def _record(self, logits: torch.Tensor, probs: torch.Tensor, r: Routing, real: torch.Tensor | None) -> None:
         E, k = self.n_experts, self.top_k
         weight = None if real is None else real.flatten()  # pads count in no loss or metric
         flat_probs, expert, kept = probs.reshape(-1, E), r.expert.reshape(-1, k), r.kept.reshape(-1, k)
         balance = balance_loss(flat_probs, expert, weight)
         z = _mean(torch.logsumexp(logits.reshape(-1, E), -1).pow(2), weight)
         load = _mean(F.one_hot(expert, E).float().mean(1), weight)  # (E,) share of the choices
-        metrics = {"moe/balance_loss": balance, "moe/z_loss": z,
-                   "moe/dropped_tokens": _mean((~kept.any(1)).float(), weight),  # every choice dropped: residual only
-                   "moe/dropped_choices": _mean((~kept).float().mean(1), weight)}
+        metrics = {
+            "moe/balance_loss": balance,
+            "moe/z_loss": z,
+            "moe/dropped_tokens": _mean((~kept.any(1)).float(), weight),  # every choice dropped: residual only
+            "moe/dropped_choices": _mean((~kept).float().mean(1), weight),
+        }
         metrics.update({f"moe/load_e{e}": load[e] for e in range(E)})
         self.record_aux(self.aux_loss_weight * balance + self.z_loss_weight * z, metrics)
 
@@ -227,6 +253,5 @@ class MoE(MatmulCount, AuxSource):
 class Switch(MoE):
     """model/ffn=switch: the same layer with top-1 defaults (SwitchConfig)."""
 
-    def __init__(self, dim: int, expert: Callable[..., nn.Module], top_k: int = 1, capacity_factor: float = 1.0,
-                 **kw):
+    def __init__(self, dim: int, expert: Callable[..., nn.Module], top_k: int = 1, capacity_factor: float = 1.0, **kw):
         super().__init__(dim, expert, top_k=top_k, capacity_factor=capacity_factor, **kw)

@@ -14,7 +14,7 @@ several options live in lm/model/validate.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, Optional
+from typing import TYPE_CHECKING, ClassVar
 
 from lm.config_base import Choice, ConfigError
 from lm.model.choices import Activation
@@ -31,6 +31,7 @@ def positive(name: str, value: int) -> None:
 
 # -- model/norm ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Component:
     """A `_partial_` node: Hydra instantiates it into a factory; the model supplies the shapes.
@@ -39,7 +40,7 @@ class Component:
     _target_: str = ""
     _partial_: bool = True
 
-    def check(self, model: "ModelConfig") -> None:
+    def check(self, model: ModelConfig) -> None:
         pass
 
     def after_init(self, model) -> None:
@@ -69,6 +70,7 @@ RMSNormConfig = target_option("norm", "RMSNormConfig", "lm.model.norms.RMSNorm")
 
 # -- model/ffn -------------------------------------------------------------------------------------
 
+
 @slot("ffn")
 @dataclass
 class FFNConfig(Component):
@@ -78,7 +80,7 @@ class FFNConfig(Component):
     activation: Activation = Activation.gelu
     hidden_mult: float = 4.0
     multiple_of: int = 1
-    hidden_dim: Optional[int] = None
+    hidden_dim: int | None = None
 
 
 MLPConfig = target_option("ffn", "MLPConfig", "lm.model.ffn.MLP")
@@ -94,6 +96,7 @@ class GLUConfig(FFNConfig):
 
 # -- model/ffn=moe|switch (issue #20): lm/model/moe.py ---------------------------------------------
 
+
 @register("ffn")
 @dataclass
 class MoEConfig(FFNConfig):
@@ -103,7 +106,7 @@ class MoEConfig(FFNConfig):
     FFNConfig belong there: here they must keep FFNConfig's defaults (validate_model refuses others)."""
 
     _target_: str = "lm.model.moe.MoE"
-    expert: Optional[FFNConfig] = None  # filled by the option file's defaults (gelu)
+    expert: FFNConfig | None = None  # filled by the option file's defaults (gelu)
     n_experts: int = 8
     top_k: int = 2
     # training: each expert takes ceil(capacity_factor * top_k * n / n_experts) of a sequence's n real tokens;
@@ -125,6 +128,7 @@ class SwitchConfig(MoEConfig):
 
 
 # -- model/pos -------------------------------------------------------------------------------------
+
 
 @slot("pos")
 @dataclass
@@ -156,11 +160,11 @@ class RopeScaling(Choice):
 class RoPEConfig(PosConfig):
     _target_: str = "lm.model.position.RoPE"
     theta: float = 10000.0
-    scaling: Optional[RopeScaling] = None  # None = plain RoPE
+    scaling: RopeScaling | None = None  # None = plain RoPE
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
-    original_max_seq_len: Optional[int] = None  # the trained context; None = model.max_seq_len
+    original_max_seq_len: int | None = None  # the trained context; None = model.max_seq_len
 
 
 ALiBiConfig = target_option("pos", "ALiBiConfig", "lm.model.position.ALiBi")
@@ -175,6 +179,7 @@ class T5BiasConfig(PosConfig):
 
 
 # -- model/attn: lm/model/scores.py ----------------------------------------------------------------
+
 
 @slot("attn")
 @dataclass
@@ -197,20 +202,27 @@ class AttnConfig(Component):
         """Whether the scores read q k^T, the product model.qk_norm and model/pos=rope act on."""
         return True
 
-    def check(self, model: "ModelConfig") -> None:
+    def check(self, model: ModelConfig) -> None:
         name = option_name(self)
         if not self.uses_scale and (model.attn_scale not in (None, 1.0) or model.attn_scale_by_layer):
             raise ConfigError(
                 f"model.attn_scale={model.attn_scale} / model.attn_scale_by_layer={model.attn_scale_by_layer} have no "
-                f"effect with model/attn={name} (it does not scale its scores); unset them or use model/attn=scaled_dot")
+                f"effect with model/attn={name} (it does not scale its scores); unset them or use model/attn=scaled_dot"
+            )
         if not self.uses_qk() and (model.qk_norm or isinstance(model.pos, RoPEConfig)):
-            raise ConfigError(f"model/attn={name} has no query-key product, so model.qk_norm / model/pos=rope (which "
-                              f"act on it) would do nothing: use model.qk_norm=false and model/pos=learned, sinusoidal, "
-                              f"alibi, t5_bias or none")
+            raise ConfigError(
+                f"model/attn={name} has no query-key product, so model.qk_norm / model/pos=rope (which "
+                f"act on it) would do nothing: use model.qk_norm=false and model/pos=learned, sinusoidal, "
+                f"alibi, t5_bias or none"
+            )
 
 
-ScaledDotConfig = target_option("attn", "ScaledDotConfig", "lm.model.scores.ScaledDot",
-                                "softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default.")
+ScaledDotConfig = target_option(
+    "attn",
+    "ScaledDotConfig",
+    "lm.model.scores.ScaledDot",
+    "softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default.",
+)
 
 
 def option_name(cfg: Component) -> str:
@@ -220,6 +232,7 @@ def option_name(cfg: Component) -> str:
 
 
 # -- the slots the core leaves empty (None): extension points for the zoo (lm/zoo) -----------------
+
 
 @slot("block")
 @dataclass
@@ -231,9 +244,11 @@ class BlockConfig(Component):
         """A block whose own cells replace the vanilla self-attention cannot run under a stack that pools the
         queries inside that self-attention (Funnel)."""
         if model.stack is not None and model.stack.pools_queries:
-            raise ConfigError(f"model/block={option_name(self)} with model/stack={option_name(model.stack)}: Funnel "
-                              f"pools the queries inside the vanilla block's self-attention, which the paper does "
-                              f"not define for these cells; use one or the other")
+            raise ConfigError(
+                f"model/block={option_name(self)} with model/stack={option_name(model.stack)}: Funnel "
+                f"pools the queries inside the vanilla block's self-attention, which the paper does "
+                f"not define for these cells; use one or the other"
+            )
 
 
 @slot("stack")
@@ -277,16 +292,21 @@ class OutputConfig(Component):
 
     tieable: ClassVar[bool] = True
 
-    def check(self, model: "ModelConfig") -> None:
+    def check(self, model: ModelConfig) -> None:
         if model.loss_chunk_size:
-            raise ConfigError(f"model/output={option_name(self)} with model.loss_chunk_size={model.loss_chunk_size}: "
-                              f"the chunked loss is for a plain softmax only; set model.loss_chunk_size=0")
+            raise ConfigError(
+                f"model/output={option_name(self)} with model.loss_chunk_size={model.loss_chunk_size}: "
+                f"the chunked loss is for a plain softmax only; set model.loss_chunk_size=0"
+            )
         if model.output_tied and not self.tieable:
-            raise ConfigError(f"model/output={option_name(self)} with model.tie_embeddings={model.tie_embeddings}: it "
-                              f"owns its output weights, so tying is not supported here; set model.tie_embeddings=false")
+            raise ConfigError(
+                f"model/output={option_name(self)} with model.tie_embeddings={model.tie_embeddings}: it "
+                f"owns its output weights, so tying is not supported here; set model.tie_embeddings=false"
+            )
 
 
 # -- recurrent baselines (model=lstm|gru|rnn): lm/model/rnn.py -------------------------------------
+
 
 class Cell(Choice):
     """The recurrent layer: torch.nn.LSTM, torch.nn.GRU or torch.nn.RNN."""
@@ -310,7 +330,7 @@ class RNNConfig:
     """
 
     cell: Cell = Cell.lstm
-    hidden: Optional[int] = None  # None = model.dim
+    hidden: int | None = None  # None = model.dim
     bidirectional: bool = False  # reads the future: for classification (lm finetune) only, never for clm
     nonlinearity: Nonlinearity = Nonlinearity.tanh  # cell=rnn only (torch.nn.RNN's nonlinearity)
 
@@ -319,6 +339,7 @@ class RNNConfig:
 
 
 # -- ELECTRA pretraining (model.electra, arch=encoder only): lm/model/electra.py --------------------
+
 
 @dataclass
 class ElectraConfig:
@@ -332,26 +353,39 @@ class ElectraConfig:
 
     generator_dim: int = 64
     generator_heads: int = 1
-    generator_ffn_dim: Optional[int] = None  # None = model/ffn's hidden_mult x generator_dim (4x for an MLP)
-    generator_layers: Optional[int] = None  # None = model.n_layers
+    generator_ffn_dim: int | None = None  # None = model/ffn's hidden_mult x generator_dim (4x for an MLP)
+    generator_layers: int | None = None  # None = model.n_layers
     disc_weight: float = 50.0  # lambda: loss = generator MLM loss + lambda * discriminator BCE
     temperature: float = 1.0  # replacements are sampled from softmax(generator logits / temperature)
 
-    def generator_config(self, model: "ModelConfig") -> "ModelConfig":
+    def generator_config(self, model: ModelConfig) -> ModelConfig:
         """The generator's stack: the model's options at the generator's width, heads and depth, in a plain
         Stack (no model/stack option: no Funnel pooling, no sharing) and without a factorized table: ELECTRA's
         generator is a small BERT, and it reads
         the discriminator's embeddings through its own projection (lm/model/electra.py)."""
         hidden = self.generator_ffn_dim  # None: derived from the generator's width by the FFN option
         ffn = model.ffn
-        ffn = (replace(ffn, expert=replace(ffn.expert, hidden_dim=hidden)) if isinstance(ffn, MoEConfig)
-               else replace(ffn, hidden_dim=hidden))
-        return replace(model, dim=self.generator_dim, n_heads=self.generator_heads, n_kv_heads=None, head_dim=None,
-                       n_layers=self.generator_layers or model.n_layers, ffn=ffn, stack=None,
-                       factorized_embedding=0, electra=None)
+        ffn = (
+            replace(ffn, expert=replace(ffn.expert, hidden_dim=hidden))
+            if isinstance(ffn, MoEConfig)
+            else replace(ffn, hidden_dim=hidden)
+        )
+        return replace(
+            model,
+            dim=self.generator_dim,
+            n_heads=self.generator_heads,
+            n_kv_heads=None,
+            head_dim=None,
+            n_layers=self.generator_layers or model.n_layers,
+            ffn=ffn,
+            stack=None,
+            factorized_embedding=0,
+            electra=None,
+        )
 
 
 # -- model.kernels: fused kernels from well-kept libraries (lm/model/kernels.py; the `kernels` extra) --------
+
 
 class CrossEntropyKernel(Choice):
     torch = "torch"  # the output layer's logits, then F.cross_entropy (or model.loss_chunk_size's chunked loss)
@@ -382,8 +416,11 @@ class KernelsConfig:
 
     def chosen(self) -> dict:
         """{field: kernel} of the switches that are on."""
-        return {name: getattr(self, name).value for name in ("cross_entropy", "norm", "glu")
-                if getattr(self, name) != "torch"}
+        return {
+            name: getattr(self, name).value
+            for name in ("cross_entropy", "norm", "glu")
+            if getattr(self, name) != "torch"
+        }
 
 
 # -- the slots -------------------------------------------------------------------------------------

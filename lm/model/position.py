@@ -9,7 +9,7 @@ continues them.
 """
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -34,11 +34,11 @@ class PositionScheme(nn.Module):
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x
 
-    def rotary(self, positions: torch.Tensor, length: Optional[int] = None) -> Rotate:
+    def rotary(self, positions: torch.Tensor, length: int | None = None) -> Rotate:
         """length: positions[-1] + 1 as a host integer when the caller knows it (as check_length's n)."""
         return _no_rotation
 
-    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> Optional[torch.Tensor]:
+    def score_bias(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
@@ -92,8 +92,9 @@ def rope_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
     return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
 
 
-def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
-                    original_max_seq_len: int) -> torch.Tensor:
+def llama3_inv_freq(
+    inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_seq_len: int
+) -> torch.Tensor:
     """Llama 3.1's frequency-dependent scaling: wavelengths longer than original/low_freq_factor are slowed
     by `factor`, shorter than original/high_freq_factor kept, and the band between interpolated."""
     wavelen = 2 * math.pi / inv_freq
@@ -115,9 +116,20 @@ class RoPE(PositionScheme):
     furthest position, where Hugging Face keeps the longest length seen in a stateful cache).
     """
 
-    def __init__(self, dim, n_heads, head_dim, max_seq_len, causal, theta: float = 10000.0,
-                 scaling: Optional[str] = None, factor: float = 1.0, low_freq_factor: float = 1.0,
-                 high_freq_factor: float = 4.0, original_max_seq_len: Optional[int] = None):
+    def __init__(
+        self,
+        dim,
+        n_heads,
+        head_dim,
+        max_seq_len,
+        causal,
+        theta: float = 10000.0,
+        scaling: str | None = None,
+        factor: float = 1.0,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        original_max_seq_len: int | None = None,
+    ):
         super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
         if scaling not in ROPE_SCALINGS:
             raise ValueError(f"model.pos.scaling={scaling!r} is not one of {list(ROPE_SCALINGS)}")
@@ -197,9 +209,14 @@ def t5_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max
         relative = -torch.clamp(relative, max=0)
     max_exact = num_buckets // 2
     is_small = relative < max_exact
-    far = max_exact + (
-        torch.log(relative.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
-    ).long()
+    far = (
+        max_exact
+        + (
+            torch.log(relative.float().clamp(min=1) / max_exact)
+            / math.log(max_distance / max_exact)
+            * (num_buckets - max_exact)
+        ).long()
+    )
     far = torch.clamp(far, max=num_buckets - 1)
     return buckets + torch.where(is_small, relative, far)
 

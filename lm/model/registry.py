@@ -12,12 +12,12 @@ config.
 
 import sys
 from dataclasses import field, make_dataclass
-from typing import Dict, List, Optional, Type, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T", bound=type)
 
-_SLOTS: Dict[str, type] = {}
-_OPTIONS: Dict[str, List[type]] = {}
+_SLOTS: dict[str, type] = {}
+_OPTIONS: dict[str, list[type]] = {}
 
 
 def slot(name: str):
@@ -45,26 +45,30 @@ def register(slot_name: str):
     return add
 
 
-def target_option(slot_name: str, name: str, target: str, doc: str = "", base: Optional[type] = None) -> type:
+def target_option(slot_name: str, name: str, target: str, doc: str = "", base: type | None = None) -> type:
     """An option that is nothing but what it builds: the dataclass `name`, a subclass of `base` (default: the
     slot's base) whose `_target_` is `target`, registered for the slot and defined in the calling module (pickled
     configs and the option file's schema name find it there). One line instead of the same five-line class."""
     module = sys._getframe(1).f_globals["__name__"]
-    cls = make_dataclass(name, [("_target_", str, field(default=target))], bases=(base or _SLOTS[slot_name],),
-                         namespace={"__doc__": doc or f"{name}: builds {target}.", "__module__": module})
+    cls = make_dataclass(
+        name,
+        [("_target_", str, field(default=target))],
+        bases=(base or _SLOTS[slot_name],),
+        namespace={"__doc__": doc or f"{name}: builds {target}.", "__module__": module},
+    )
     return register(slot_name)(cls)
 
 
-def slots() -> Dict[str, type]:
+def slots() -> dict[str, type]:
     """Every slot and its base schema, in registration order."""
     return dict(_SLOTS)
 
 
-def options(slot_name: str) -> List[type]:
+def options(slot_name: str) -> list[type]:
     """The option schemas registered for a slot so far."""
     return list(_OPTIONS[slot_name])
 
 
-def schema_name(cls: Type) -> str:
+def schema_name(cls: type) -> str:
     """LayerNormConfig -> layernorm_schema: the name an option file lists in its defaults."""
     return cls.__name__.removesuffix("Config").lower() + "_schema"

@@ -13,8 +13,6 @@ the backward direction of a bidirectional model would start from the pads, so pa
 (pack_padded_sequence) and every direction sees the real tokens only.
 """
 
-from typing import List, Optional
-
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -30,8 +28,15 @@ def recurrent_layers(cfg: ModelConfig) -> nn.RNNBase:
     r = cfg.rnn
     extra = {"nonlinearity": r.nonlinearity.value} if r.cell == Cell.rnn else {}
     # torch applies `dropout` after every layer but the last, and warns when there is only one.
-    return CELLS[r.cell](cfg.dim, r.width(cfg.dim), num_layers=cfg.n_layers, batch_first=True,
-                         dropout=cfg.dropout if cfg.n_layers > 1 else 0.0, bidirectional=r.bidirectional, **extra)
+    return CELLS[r.cell](
+        cfg.dim,
+        r.width(cfg.dim),
+        num_layers=cfg.n_layers,
+        batch_first=True,
+        dropout=cfg.dropout if cfg.n_layers > 1 else 0.0,
+        bidirectional=r.bidirectional,
+        **extra,
+    )
 
 
 class RNNLM(nn.Module):
@@ -75,8 +80,9 @@ class RNNLM(nn.Module):
         """(B, D): `last` = the final state of each direction (forward at the last real token, backward at
         the first: the two positions that have read the whole input); `mean` = mean over real tokens."""
         if how not in ("last", "mean"):
-            raise ValueError(f"pooling={how!r} does not suit an RNN (the first position has read one token); "
-                             f"allowed: last, mean")
+            raise ValueError(
+                f"pooling={how!r} does not suit an RNN (the first position has read one token); allowed: last, mean"
+            )
         out, _ = self.recurrent(input_ids, attention_mask, token_type_ids)  # (B, T, dirs*H)
         if how == "mean" or self.directions == 1:
             return self.proj(self.drop(pool(out, attention_mask, how)))
@@ -85,12 +91,12 @@ class RNNLM(nn.Module):
 
     # -- generation (lm.model.generate): the "cache" is the recurrent state --------------------------
 
-    def new_cache(self) -> List[Optional[torch.Tensor]]:
+    def new_cache(self) -> list[torch.Tensor | None]:
         if self.directions == 2:
             raise ValueError("a bidirectional RNN (model.rnn.bidirectional=true) cannot generate left to right")
         return [None]
 
-    def next_logits(self, tokens: torch.Tensor, cache: List, state=None) -> torch.Tensor:
+    def next_logits(self, tokens: torch.Tensor, cache: list, state=None) -> torch.Tensor:
         """Logits for the position after `tokens`, carrying the recurrent state in cache[0]."""
         out, cache[0] = self.recurrent(tokens, state=cache[0])
         return self.head(self.proj(out[:, -1]))
@@ -110,8 +116,10 @@ def load_unidirectional(model: RNNLM, state_dict) -> None:
         if key.startswith("proj.") or key.startswith("head."):
             continue
         if key not in own:
-            raise KeyError(f"{key} is not a weight of a bidirectional {model.cfg.rnn.cell.value} "
-                           f"(the checkpoint is not an RNN of the same shape)")
+            raise KeyError(
+                f"{key} is not a weight of a bidirectional {model.cfg.rnn.cell.value} "
+                f"(the checkpoint is not an RNN of the same shape)"
+            )
         if key.startswith("rnn.weight_ih_l") and key != "rnn.weight_ih_l0":
             value = torch.cat([value, torch.zeros_like(value)], dim=1)  # (G*H, 2H): reads [forward, backward]
         new[key] = value

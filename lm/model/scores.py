@@ -14,7 +14,7 @@ plus its own hyperparameters from conf/model/attn/. Masks are the additive float
 `lm.model.attention.build_mask` (None when only causality applies, then `is_causal` says so).
 """
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,28 +34,39 @@ class Score(nn.Module):
 
     causal_ok = True  # False when a query's output would mix in later keys whatever the mask (Linformer)
 
-    def __init__(self, n_heads: int, n_kv_heads: int, head_dim: int, max_seq_len: int, scale: Optional[float],
-                 dropout: float, causal: bool):
+    def __init__(
+        self,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_seq_len: int,
+        scale: float | None,
+        dropout: float,
+        causal: bool,
+    ):
         super().__init__()
         if causal and not self.causal_ok:
-            raise ValueError(f"{type(self).__name__} cannot be causal (its keys mix positions); "
-                             f"lm.model.config.validate_model refuses such a model")
+            raise ValueError(
+                f"{type(self).__name__} cannot be causal (its keys mix positions); "
+                f"lm.model.config.validate_model refuses such a model"
+            )
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.max_seq_len, self.dropout = max_seq_len, dropout
-        self.scale = head_dim ** -0.5 if scale is None else scale
+        self.scale = head_dim**-0.5 if scale is None else scale
         # Set by lm.model.attention.capture: called with the (B, H, Tq, Tk) probabilities of each call.
-        self.record: Optional[Callable[[torch.Tensor], None]] = None
+        self.record: Callable[[torch.Tensor], None] | None = None
 
     def logits(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """q (B, H, Tq, Dh), k (B, H, Tk, Dh) -> (B, H, Tq, Tk) scores before the mask."""
         raise NotImplementedError
 
-    def keys_values(self, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> tuple:
+    def keys_values(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> tuple:
         """Keys, values and mask as the scores see them (Linformer projects them along the sequence)."""
         return k, v, mask
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                is_causal: bool) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool
+    ) -> torch.Tensor:
         """q (B, H, Tq, Dh), k and v (B, KVH, Tk, Dh) -> (B, H, Tq, Dh)."""
         k, v, mask = self.keys_values(k, v, mask)
         k, v = self._expand_kv(k), self._expand_kv(v)  # (B, H, Tk, Dh)
@@ -77,7 +88,7 @@ class Score(nn.Module):
         groups = self.n_heads // self.n_kv_heads
         return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
-    def sublayer(self, dim: int, bias: bool) -> Optional[nn.Module]:
+    def sublayer(self, dim: int, bias: bool) -> nn.Module | None:
         """The self-attention sub-layer this score brings, in place of SelfAttention's q, k, v and output
         projections (the convolutions of lm/zoo/conv_attn.py); None: the standard SelfAttention."""
         return None
@@ -102,13 +113,18 @@ class ScaledDot(Score):
         if mask is not None:
             mask = mask.to(q.dtype)
         return F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal and mask is None,
-            dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=is_causal and mask is None,
+            dropout_p=self.dropout if self.training else 0.0,
+            scale=self.scale,
             enable_gqa=k.shape[1] != q.shape[1],
         )  # (B, H, Tq, Dh)
 
 
-def make_score(factory: Optional[Callable[..., Score]], causal: bool, **shapes) -> Score:
+def make_score(factory: Callable[..., Score] | None, causal: bool, **shapes) -> Score:
     """The score of one attention module. A causal self-attention keeps scaled_dot when the chosen
     option cannot be causal (the decoder of an encoder-decoder with model/attn=linformer);
     lm.model.config refuses a decoder-only model with such an option."""

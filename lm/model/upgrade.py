@@ -5,39 +5,50 @@ This table is data: the core names the zoo's targets as strings (model_from_save
 `_target_` names) and never imports the zoo.
 """
 
-from typing import Dict, Optional
-
 # The fields model/embedding=adaptive and model/output=adaptive_softmax|mixture_of_softmaxes replaced, with their
 # defaults, and the option field each one became.
 _ADAPTIVE = {"adaptive_cutoffs": ("cutoffs", None), "adaptive_div_value": ("div_value", 4.0)}
-_ADAPTIVE_SOFTMAX = {**_ADAPTIVE, "adaptive_tail_projection": ("tail_projection", True),
-                     "adaptive_head_bias": ("head_bias", False)}
+_ADAPTIVE_SOFTMAX = {
+    **_ADAPTIVE,
+    "adaptive_tail_projection": ("tail_projection", True),
+    "adaptive_head_bias": ("head_bias", False),
+}
 _MOS = {"mos_components": ("components", 4)}
 _OLD_EMBEDDINGS = {"adaptive": ("lm.zoo.adaptive.AdaptiveInput", _ADAPTIVE)}
-_OLD_OUTPUTS = {"adaptive_softmax": ("lm.zoo.adaptive.adaptive_softmax", _ADAPTIVE_SOFTMAX),
-                "mixture_of_softmaxes": ("lm.zoo.mos.MixtureOfSoftmaxes", _MOS)}
+_OLD_OUTPUTS = {
+    "adaptive_softmax": ("lm.zoo.adaptive.adaptive_softmax", _ADAPTIVE_SOFTMAX),
+    "mixture_of_softmaxes": ("lm.zoo.mos.MixtureOfSoftmaxes", _MOS),
+}
 _OLD_FIELDS = {**_ADAPTIVE_SOFTMAX, **_MOS}
 
 # `_target_`s of options that moved to the zoo: a config saved before names the old home.
-MOVED_TARGETS = {"lm.model.norms.rezero_norm": "lm.zoo.residual.rezero_norm",
-                 "lm.model.norms.fixup_norm": "lm.zoo.residual.fixup_norm"}
+MOVED_TARGETS = {
+    "lm.model.norms.rezero_norm": "lm.zoo.residual.rezero_norm",
+    "lm.model.norms.fixup_norm": "lm.zoo.residual.fixup_norm",
+}
 
 # lm train overrides of those fields -> what to write now.
 MOVED = {
     "model.embedding": "model/embedding=adaptive (model.embedding=standard is the default: drop it)",
     "model.output": "model/output=adaptive_softmax or model/output=mixture_of_softmaxes (softmax is the default: "
-                    "drop it)",
-    **{f"model.{old}": f"model.embedding.{new} (model/embedding=adaptive) or model.output.{new} "
-                       f"(model/output=adaptive_softmax)" for old, (new, _) in _ADAPTIVE.items()},
-    **{f"model.{old}": f"model.output.{new} (model/output=adaptive_softmax)" for old, (new, _) in
-       _ADAPTIVE_SOFTMAX.items() if old not in _ADAPTIVE},
+    "drop it)",
+    **{
+        f"model.{old}": f"model.embedding.{new} (model/embedding=adaptive) or model.output.{new} "
+        f"(model/output=adaptive_softmax)"
+        for old, (new, _) in _ADAPTIVE.items()
+    },
+    **{
+        f"model.{old}": f"model.output.{new} (model/output=adaptive_softmax)"
+        for old, (new, _) in _ADAPTIVE_SOFTMAX.items()
+        if old not in _ADAPTIVE
+    },
     "model.mos_components": "model.output.components (model/output=mixture_of_softmaxes)",
 }
 # The values of model.embedding / model.output that were Enum choices (anything else is a new-style override).
 _OLD_CHOICES = {"model.embedding": ("standard", *_OLD_EMBEDDINGS), "model.output": ("softmax", *_OLD_OUTPUTS)}
 
 
-def moved_override(arg: str) -> Optional[str]:
+def moved_override(arg: str) -> str | None:
     """The one-line refusal of a command-line override spelled as before the move, or None."""
     key, eq, value = arg.lstrip("+~").partition("=")
     if not eq or key not in MOVED:
@@ -47,7 +58,7 @@ def moved_override(arg: str) -> Optional[str]:
     return f"{arg}: this option moved to the zoo (lm/zoo); write {MOVED[key]}"
 
 
-def upgrade_saved(data: Dict) -> Dict:
+def upgrade_saved(data: dict) -> dict:
     """A saved model node (a plain dict) with the old fields turned into the option nodes they became."""
     data = dict(data)
     old = {name: data.pop(name) for name in _OLD_FIELDS if name in data}

@@ -7,27 +7,36 @@ tokenizer where the run's config says) gets a one-line note instead, so the card
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
 
 from lm.report.runs import Run
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 
 
-def attention_section(run: Run, out: Path) -> List[str]:
+def attention_section(run: Run, out: Path) -> list[str]:
     """Markdown lines for the card: the grids (written under `out`) or a note saying why there are none."""
     from lm.config import ConfigError
     from lm.core.checkpoint import CheckpointError
-    from lm.report.attention_maps import (AttentionMapError, attention_maps, check_request, encode_text, groups,
-                                          load_model, saved_model_config)
+    from lm.report.attention_maps import (
+        AttentionMapError,
+        attention_maps,
+        check_request,
+        encode_text,
+        groups,
+        load_model,
+        saved_model_config,
+    )
     from lm.report.attention_plots import draw_grid
 
     head = ["## Attention", ""]
     try:
         cfg, where = saved_model_config(run.path)
         if cfg.arch == "rnn":
-            return head + [f"No attention maps: a recurrent model (model.arch=rnn, model.rnn.cell="
-                           f"{cfg.rnn.cell.value}) has no attention.", ""]
+            return head + [
+                f"No attention maps: a recurrent model (model.arch=rnn, model.rnn.cell="
+                f"{cfg.rnn.cell.value}) has no attention.",
+                "",
+            ]
         check_request(cfg, None, None)
         loaded = load_model(run.path)
         ids = encode_text(loaded, SENTENCE)[: cfg.max_seq_len]
@@ -36,9 +45,11 @@ def attention_section(run: Run, out: Path) -> List[str]:
         return head + [f"No attention maps: {e}", ""]
     except Exception as e:  # noqa: BLE001 - a card is always written; the note names what failed
         return head + [f"No attention maps: {type(e).__name__}: {e}", ""]
-    lines = head + [f"`{where}` on \"{SENTENCE}\" (rows: layers, columns: heads; in each panel rows are "
-                    f"queries, columns keys; `lm attention {run.path} --text ...` draws any text, layer or head).",
-                    ""]
+    lines = head + [
+        f'`{where}` on "{SENTENCE}" (rows: layers, columns: heads; in each panel rows are '
+        f"queries, columns keys; `lm attention {run.path} --text ...` draws any text, layer or head).",
+        "",
+    ]
     for ms in groups(maps).values():
         name = f"attention_{ms[0].stack}_{ms[0].kind}.png"
         draw_grid(ms, out / name)

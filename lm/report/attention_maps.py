@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
 
 import numpy as np
 
@@ -47,8 +46,8 @@ class AttnMap:
     layer: int  # block index in its stack
     kind: str  # "self" | "cross"
     probs: np.ndarray  # (H, Tq, Tk) for the single input; rows sum to 1
-    queries: List[str]  # Tq labels
-    keys: List[str]  # Tk labels
+    queries: list[str]  # Tq labels
+    keys: list[str]  # Tk labels
 
     @property
     def title(self) -> str:
@@ -56,6 +55,7 @@ class AttnMap:
 
 
 # -- what the saved model is, read before any weight ---------------------------------------------
+
 
 def saved_model_config(path) -> tuple:
     """(ModelConfig, where) of an lm export directory or a run / checkpoint directory, from its config
@@ -68,10 +68,14 @@ def saved_model_config(path) -> tuple:
     try:
         saved = find_saved_model(path)
     except FileNotFoundError:
-        raise AttentionMapError(f"{path}: no such directory; pass an lm train run directory, one of its "
-                                f"checkpoints/step_* directories, or an lm export directory") from None
+        raise AttentionMapError(
+            f"{path}: no such directory; pass an lm train run directory, one of its "
+            f"checkpoints/step_* directories, or an lm export directory"
+        ) from None
     except CheckpointError as e:
-        raise AttentionMapError(f"{path}: {e}; or pass an lm export directory (model.safetensors + config.json)") from None
+        raise AttentionMapError(
+            f"{path}: {e}; or pass an lm export directory (model.safetensors + config.json)"
+        ) from None
     return model_from_saved(saved.model_node()), saved.path
 
 
@@ -84,19 +88,25 @@ def stack_depths(cfg) -> dict:
     return {"encoder": cfg.n_layers, "decoder": cfg.decoder_layers}
 
 
-def check_request(cfg, layer: Optional[int], head: Optional[int], where="the model") -> None:
+def check_request(cfg, layer: int | None, head: int | None, where="the model") -> None:
     """Refuse, before any work, a model without attention and a --layer / --head outside the model."""
     if cfg.arch == "rnn":
-        raise AttentionMapError(f"{where} is a recurrent model (model.arch=rnn, model.rnn.cell={cfg.rnn.cell.value}): "
-                                f"it has no attention to draw. lm attention reads Transformer runs "
-                                f"(model.arch=decoder, encoder or encoder_decoder)")
+        raise AttentionMapError(
+            f"{where} is a recurrent model (model.arch=rnn, model.rnn.cell={cfg.rnn.cell.value}): "
+            f"it has no attention to draw. lm attention reads Transformer runs "
+            f"(model.arch=decoder, encoder or encoder_decoder)"
+        )
     depth = max(stack_depths(cfg).values())
     if layer is not None and not 0 <= layer < depth:
-        raise AttentionMapError(f"--layer {layer} is out of range: {where} has {depth} layers per stack "
-                                f"({_depth_text(cfg)}); pass --layer in [0, {depth - 1}]")
+        raise AttentionMapError(
+            f"--layer {layer} is out of range: {where} has {depth} layers per stack "
+            f"({_depth_text(cfg)}); pass --layer in [0, {depth - 1}]"
+        )
     if head is not None and not 0 <= head < cfg.n_heads:
-        raise AttentionMapError(f"--head {head} is out of range: {where} has model.n_heads={cfg.n_heads}; "
-                                f"pass --head in [0, {cfg.n_heads - 1}]")
+        raise AttentionMapError(
+            f"--head {head} is out of range: {where} has model.n_heads={cfg.n_heads}; "
+            f"pass --head in [0, {cfg.n_heads - 1}]"
+        )
 
 
 def _depth_text(cfg) -> str:
@@ -105,7 +115,8 @@ def _depth_text(cfg) -> str:
 
 # -- loading, tokenizing, running ------------------------------------------------------------------
 
-def load_model(path, tokenizer: Optional[str] = None) -> LoadedModel:
+
+def load_model(path, tokenizer: str | None = None) -> LoadedModel:
     from lm.glue.init import InitError, load_backbone
     from lm.model import build_model
 
@@ -117,24 +128,28 @@ def load_model(path, tokenizer: Optional[str] = None) -> LoadedModel:
     missing, unexpected = model.load_state_dict(backbone.state_dict, strict=False)
     tied = {"head.proj.weight"} if backbone.model_cfg.tie_embeddings else set()
     if unexpected or set(missing) - tied:
-        raise AttentionMapError(f"{backbone.source} does not match its model config: missing="
-                                f"{sorted(set(missing) - tied)}, unexpected={sorted(unexpected)}")
+        raise AttentionMapError(
+            f"{backbone.source} does not match its model config: missing="
+            f"{sorted(set(missing) - tied)}, unexpected={sorted(unexpected)}"
+        )
     return LoadedModel(model.eval(), backbone.model_cfg, backbone.tokenizer, backbone.source)
 
 
-def encode_text(loaded: LoadedModel, text: str, what: str = "--text") -> List[int]:
+def encode_text(loaded: LoadedModel, text: str, what: str = "--text") -> list[int]:
     """The text's token ids (no special tokens added), refused when empty or longer than the context."""
     ids = loaded.tokenizer.encode(text)
     limit = loaded.cfg.max_seq_len
     if not ids:
         raise AttentionMapError(f"{what} {text!r} has no tokens; pass some text")
     if len(ids) > limit:
-        raise AttentionMapError(f"{what} is {len(ids)} tokens long ({loaded.tokenizer.kind} tokenizer); the model's "
-                                f"context is model.max_seq_len={limit}: pass at most {limit} tokens")
+        raise AttentionMapError(
+            f"{what} is {len(ids)} tokens long ({loaded.tokenizer.kind} tokenizer); the model's "
+            f"context is model.max_seq_len={limit}: pass at most {limit} tokens"
+        )
     return ids
 
 
-def token_labels(tokenizer, ids: List[int]) -> List[str]:
+def token_labels(tokenizer, ids: list[int]) -> list[str]:
     """One readable label per token: its text (a leading space shown as '·'), or its vocabulary entry."""
     labels = []
     for i in ids:
@@ -143,7 +158,7 @@ def token_labels(tokenizer, ids: List[int]) -> List[str]:
     return labels
 
 
-def decoder_input_ids(loaded: LoadedModel, ids: List[int], decoder_text: Optional[str] = None) -> List[int]:
+def decoder_input_ids(loaded: LoadedModel, ids: list[int], decoder_text: str | None = None) -> list[int]:
     """What an encoder-decoder's decoder reads: the text shifted right, or `decoder_text` after the start token."""
     start = loaded.cfg.decoder_start_token_id
     if decoder_text is None:
@@ -151,7 +166,7 @@ def decoder_input_ids(loaded: LoadedModel, ids: List[int], decoder_text: Optiona
     return [start] + encode_text(loaded, decoder_text, "--decoder-text")[: loaded.cfg.max_seq_len - 1]
 
 
-def attention_maps(loaded: LoadedModel, ids: List[int], decoder_ids: Optional[List[int]] = None) -> List[AttnMap]:
+def attention_maps(loaded: LoadedModel, ids: list[int], decoder_ids: list[int] | None = None) -> list[AttnMap]:
     """Run the model once on `ids` and return every attention call's probabilities."""
     import torch
 
@@ -169,9 +184,11 @@ def attention_maps(loaded: LoadedModel, ids: List[int], decoder_ids: Optional[Li
         else:
             loaded.model(x)
     if not maps:
-        raise AttentionMapError(f"{loaded.source} recorded no attention probabilities (model/attn="
-                                f"{type(loaded.cfg.attn).__name__}); lm attention draws models whose attention "
-                                f"modules report them through lm.model.attention.capture")
+        raise AttentionMapError(
+            f"{loaded.source} recorded no attention probabilities (model/attn="
+            f"{type(loaded.cfg.attn).__name__}); lm attention draws models whose attention "
+            f"modules report them through lm.model.attention.capture"
+        )
     linformer = isinstance(loaded.cfg.attn, LinformerConfig)
     out = []
     for m in maps:
@@ -184,17 +201,18 @@ def attention_maps(loaded: LoadedModel, ids: List[int], decoder_ids: Optional[Li
         projected = linformer and not (decoder_side and m["kind"] == "self")
         if projected:
             keys = [f"{PROJECTED}{i + 1}" for i in range(probs.shape[2])]
-        out.append(AttnMap(m["stack"], m["layer"], m["kind"], probs,
-                           _fit(queries, probs.shape[1]), _fit(keys, probs.shape[2])))
+        out.append(
+            AttnMap(m["stack"], m["layer"], m["kind"], probs, _fit(queries, probs.shape[1]), _fit(keys, probs.shape[2]))
+        )
     return out
 
 
-def _fit(labels: List[str], n: int) -> List[str]:
+def _fit(labels: list[str], n: int) -> list[str]:
     """The labels when they match the axis, else positions (a Funnel's pooled blocks have fewer rows)."""
     return labels if len(labels) == n else [f"#{i}" for i in range(n)]
 
 
-def groups(maps: List[AttnMap]) -> dict:
+def groups(maps: list[AttnMap]) -> dict:
     """{(stack, kind): [AttnMap per layer, in layer order]}: one grid each."""
     out: dict = {}
     for m in maps:

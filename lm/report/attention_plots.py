@@ -1,15 +1,14 @@
 """Heatmaps of attention probabilities (lm/report/attention_maps.py) as PNG, and the HTML page around them.
 
-    grid_panels(layer_maps)          the (layers x heads) matrices a grid draws, rows sum to 1
-    draw_grid(layer_maps, path)      one PNG: every layer (rows) x head (columns) of one stack's self- or cross-attention
-    draw_single(m, head, path)       one PNG: one layer's head, tokens as axis labels (queries down, keys across)
-    write_page(...)                  attention.md + attention.html (PNGs embedded), tokens listed
+grid_panels(layer_maps)          the (layers x heads) matrices a grid draws, rows sum to 1
+draw_grid(layer_maps, path)      one PNG: every layer (rows) x head (columns) of one stack's self- or cross-attention
+draw_single(m, head, path)       one PNG: one layer's head, tokens as axis labels (queries down, keys across)
+write_page(...)                  attention.md + attention.html (PNGs embedded), tokens listed
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import matplotlib
 
@@ -25,7 +24,7 @@ DPI = 90
 CMAP = "viridis"
 
 
-def grid_panels(layer_maps: List[AttnMap]) -> List[List[np.ndarray]]:
+def grid_panels(layer_maps: list[AttnMap]) -> list[list[np.ndarray]]:
     """panels[layer][head] = (Tq, Tk) probabilities: what draw_grid plots, in its order."""
     return [[m.probs[h] for h in range(m.probs.shape[0])] for m in layer_maps]
 
@@ -38,7 +37,7 @@ def single_name(m: AttnMap, head: int) -> str:
     return f"{m.stack}_{m.kind}_layer{m.layer}_head{head}.png"
 
 
-def draw_grid(layer_maps: List[AttnMap], path: Path, title: Optional[str] = None) -> Path:
+def draw_grid(layer_maps: list[AttnMap], path: Path, title: str | None = None) -> Path:
     panels = grid_panels(layer_maps)
     rows, cols = len(panels), len(panels[0])
     size = 1.6 if max(panels[0][0].shape) <= 64 else 2.2
@@ -81,21 +80,32 @@ def draw_single(m: AttnMap, head: int, path: Path) -> Path:
     return path
 
 
-def _tokens_table(labels: List[str], ids: List[int], width: int = 24) -> str:
+def _tokens_table(labels: list[str], ids: list[int], width: int = 24) -> str:
     """Positions, tokens and ids, `width` positions per table so a long text wraps."""
     cells = [f"`{t}`".replace("|", "\\|") for t in labels]
     tables = []
     for start in range(0, len(ids), width):
         span = range(start, min(start + width, len(ids)))
-        tables.append("| position | " + " | ".join(str(i) for i in span) + " |\n"
-                      + "|---|" + "---|" * len(span) + "\n"
-                      + "| token | " + " | ".join(cells[i] for i in span) + " |\n"
-                      + "| id | " + " | ".join(str(ids[i]) for i in span) + " |\n")
+        tables.append(
+            "| position | "
+            + " | ".join(str(i) for i in span)
+            + " |\n"
+            + "|---|"
+            + "---|" * len(span)
+            + "\n"
+            + "| token | "
+            + " | ".join(cells[i] for i in span)
+            + " |\n"
+            + "| id | "
+            + " | ".join(str(ids[i]) for i in span)
+            + " |\n"
+        )
     return "\n".join(tables)
 
 
-def write_page(out: Path, title: str, lines: List[str], inputs: List[tuple], grids: List[Path],
-               singles: List[Path]) -> Path:
+def write_page(
+    out: Path, title: str, lines: list[str], inputs: list[tuple], grids: list[Path], singles: list[Path]
+) -> Path:
     """attention.md and a self-contained attention.html: the notes, each input's tokens, then the figures.
 
     inputs: (heading, labels, ids) per token sequence the model read."""

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
+from lm.core.files import atomic_write_text
 from lm.report import plots
 from lm.report.attention_card import attention_section
 from lm.report.html import to_html
 from lm.report.runs import Run
 from lm.report.summary import summarize
-from lm.core.files import atomic_write_text
 from lm.report.table import human
 
 
@@ -28,27 +27,40 @@ def _fmt(v, digits: int = 3) -> str:
 def summary_table(run: Run) -> str:
     s = summarize(run)
     tokens = next((e["tokens"] for e in reversed(run.train) if isinstance(e.get("tokens"), (int, float))), None)
-    rows = [("status", run.status + (f": {run.reason}" if run.reason else "")),
-            ("steps", f"{_fmt(s['last_step'])} of {_fmt(s['max_steps'])}"),
-            ("tokens seen", _fmt(tokens)),
-            ("parameters", _fmt(s["params"])),
-            ("FLOPs per token (train)", _fmt(s["flops_per_token"])),
-            ("steps/s (median)", _fmt(s["steps_per_s"])),
-            ("tokens/s (median)", _fmt(s["tokens_per_s"])),
-            ("MFU (median)", _fmt(s["mfu"])),
-            ("peak memory (GiB)", _fmt(s["peak_memory"])),
-            (f"early {s['loss_series']}", _fmt(s["early_loss"], 4)),
-            (f"final {s['loss_series']}", _fmt(s["final_loss"], 4)),
-            ("GLUE score", _fmt(s["glue"], 4)),
-            ("GLUE probe average (last)", _fmt(s["probe"], 4))]
+    rows = [
+        ("status", run.status + (f": {run.reason}" if run.reason else "")),
+        ("steps", f"{_fmt(s['last_step'])} of {_fmt(s['max_steps'])}"),
+        ("tokens seen", _fmt(tokens)),
+        ("parameters", _fmt(s["params"])),
+        ("FLOPs per token (train)", _fmt(s["flops_per_token"])),
+        ("steps/s (median)", _fmt(s["steps_per_s"])),
+        ("tokens/s (median)", _fmt(s["tokens_per_s"])),
+        ("MFU (median)", _fmt(s["mfu"])),
+        ("peak memory (GiB)", _fmt(s["peak_memory"])),
+        (f"early {s['loss_series']}", _fmt(s["early_loss"], 4)),
+        (f"final {s['loss_series']}", _fmt(s["final_loss"], 4)),
+        ("GLUE score", _fmt(s["glue"], 4)),
+        ("GLUE probe average (last)", _fmt(s["probe"], 4)),
+    ]
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
 
 
-def markdown_card(run: Run, command: str, attention: Optional[List[str]] = None) -> str:
+def markdown_card(run: Run, command: str, attention: list[str] | None = None) -> str:
     from omegaconf import OmegaConf
 
-    parts = [f"# Run card: {run.name}", "", f"`{run.path}`. Made with `{command}`.", "",
-             "## Summary", "", summary_table(run), "## Curves", "", "![curves](run_curves.png)", ""]
+    parts = [
+        f"# Run card: {run.name}",
+        "",
+        f"`{run.path}`. Made with `{command}`.",
+        "",
+        "## Summary",
+        "",
+        summary_table(run),
+        "## Curves",
+        "",
+        "![curves](run_curves.png)",
+        "",
+    ]
     parts += attention or []  # lm/report/attention_card.py: the final checkpoint's attention grid
     if run.overrides:
         parts += ["## Overrides", "", "`" + " ".join(run.overrides) + "`", ""]

@@ -28,6 +28,7 @@ img { max-width: 100%; }
 
 def embed_images(page: str, base: Path) -> str:
     """Each <img> of a PNG beside the page (a relative path inside `base`) inlined as base64."""
+
     def repl(m: re.Match) -> str:
         src = m.group(2)
         f = base / src
@@ -44,6 +45,7 @@ SAFE_URL = re.compile(r"(https?:|mailto:|#|[^:]*$)", re.IGNORECASE)  # a scheme 
 
 def _safe_links(page: str) -> str:
     """href/src values with another scheme (javascript:, data:, ...) replaced by '#'."""
+
     def repl(m: re.Match) -> str:
         return m.group(0) if SAFE_URL.match(html.unescape(m.group(2)).strip()) else f'{m.group(1)}="#"'
 
@@ -57,5 +59,7 @@ def to_html(markdown_text: str, title: str, base: Path) -> str:
     md.preprocessors.deregister("html_block")  # raw HTML blocks and inline tags become text
     md.inlinePatterns.deregister("html")
     body = _safe_links(md.convert(markdown_text))
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head>\n<body>\n{embed_images(body, base)}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head>\n<body>\n{embed_images(body, base)}\n</body></html>\n"
+    )

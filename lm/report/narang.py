@@ -11,8 +11,6 @@ steps (issue #19; the paper's 65k of 524k steps is 1/8, too early in a run of a 
 
 from __future__ import annotations
 
-from typing import Optional
-
 from lm.report.stats import fmt_mean_std
 from lm.report.table import _delta, _params, _status, human
 from lm.sweep.narang_rows import PAPER_ORDER, paper_rank, row_of
@@ -29,22 +27,38 @@ def order(variants: list) -> list:
     return sorted(variants, key=lambda v: paper_rank(row_of(v.label)))
 
 
-def vanilla_index(variants: list) -> Optional[int]:
+def vanilla_index(variants: list) -> int | None:
     return next((i for i, v in enumerate(variants) if row_of(v.label).name == "vanilla"), None)
 
 
 def markdown(rows: list) -> str:
     has_glue = any(r["glue"].n for r in rows)
-    head = ["Modification", "Seeds", "Params", "Ops", "Steps/s", "Early loss", "Final loss",
-            "Δ early", "Δ final", "Probe"] + (["GLUE", "Δ GLUE"] if has_glue else []) + ["Status"]
+    head = (
+        ["Modification", "Seeds", "Params", "Ops", "Steps/s", "Early loss", "Final loss", "Δ early", "Δ final", "Probe"]
+        + (["GLUE", "Δ GLUE"] if has_glue else [])
+        + ["Status"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [row_of(r["variant"]).paper, f"{r['n_ok']}/{r['n_runs']}", _params(r), human(r["flops_per_token"]),
-                 fmt_mean_std(r["steps_per_s"], 2), fmt_mean_std(r["early_loss"]), fmt_mean_std(r["final_loss"]),
-                 _delta(r, "early_loss"), _delta(r, "final_loss"), fmt_mean_std(r["probe"], 1)]
+        cells = [
+            row_of(r["variant"]).paper,
+            f"{r['n_ok']}/{r['n_runs']}",
+            _params(r),
+            human(r["flops_per_token"]),
+            fmt_mean_std(r["steps_per_s"], 2),
+            fmt_mean_std(r["early_loss"]),
+            fmt_mean_std(r["final_loss"]),
+            _delta(r, "early_loss"),
+            _delta(r, "final_loss"),
+            fmt_mean_std(r["probe"], 1),
+        ]
         cells += [fmt_mean_std(r["glue"], 2), _delta(r, "glue")] if has_glue else []
         lines.append("| " + " | ".join(cells + [_status(r)]) + " |")
     missing = [p for p in PAPER_ORDER if p not in {row_of(r["variant"]).paper for r in rows}]
-    lines += ["", f"Rows of Table 1 not in this sweep ({len(missing)} of {len(PAPER_ORDER)}): "
-              + ("; ".join(missing) or "none") + "."]
+    lines += [
+        "",
+        f"Rows of Table 1 not in this sweep ({len(missing)} of {len(PAPER_ORDER)}): "
+        + ("; ".join(missing) or "none")
+        + ".",
+    ]
     return "\n".join(lines) + "\n"

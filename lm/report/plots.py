@@ -91,7 +91,7 @@ def _zoom_tail(ax) -> None:
     the differences between variants are visible."""
     ys = np.concatenate([line.get_ydata() for line in ax.get_lines()] or [np.array([])])
     if len(ys) > 10:
-        tail = np.concatenate([line.get_ydata()[len(line.get_ydata()) // 4:] for line in ax.get_lines()])
+        tail = np.concatenate([line.get_ydata()[len(line.get_ydata()) // 4 :] for line in ax.get_lines()])
         lo, hi = np.nanmin(tail), np.nanmax(tail)
         pad = 0.05 * (hi - lo or 1)
         ax.set_ylim(lo - pad, hi + pad)
@@ -146,7 +146,7 @@ def _probe_panel(ax, entries: list) -> None:
     tasks = sorted({k for e in entries for k in e if k.startswith("probe/") and k not in (PROBE_AVG, "probe/seconds")})
     for key in tasks:
         s, y = _curve(entries, key)
-        ax.plot(s, y, "o-", lw=0.8, ms=2, alpha=0.6, label=key[len("probe/"):])
+        ax.plot(s, y, "o-", lw=0.8, ms=2, alpha=0.6, label=key[len("probe/") :])
     s, y = _curve(entries, PROBE_AVG)
     ax.plot(s, y, "o-", lw=1.6, ms=3, color="black", label="average")
     ax.legend(fontsize=7)

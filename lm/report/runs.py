@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ERROR_FILE = "error.txt"  # a failed sweep cell's reason (lm/sweep/callbacks.py writes it)
 RUN_MARKERS = ("config.yaml", "metrics.jsonl", "results.json", ".hydra/config.yaml")
@@ -27,11 +27,11 @@ class ReportError(ValueError):
 class Run:
     path: Path
     config: dict  # resolved config as plain containers ({} if none was written)
-    overrides: Optional[list]  # Hydra task overrides (None when the run has no .hydra/)
+    overrides: list | None  # Hydra task overrides (None when the run has no .hydra/)
     train: list = field(default_factory=list)  # metrics entries that carry "loss"
     val: list = field(default_factory=list)  # metrics entries that carry "val_loss"
     other: list = field(default_factory=list)  # any other entries (run summaries, ...)
-    results: Optional[dict] = None  # results.json (GLUE finetuning)
+    results: dict | None = None  # results.json (GLUE finetuning)
     status: str = "ok"  # ok | failed
     reason: str = ""
 
@@ -53,7 +53,7 @@ class Run:
         return node
 
     @property
-    def last_step(self) -> Optional[int]:
+    def last_step(self) -> int | None:
         steps = [e["step"] for e in self.train + self.val if isinstance(e.get("step"), (int, float))]
         return int(max(steps)) if steps else None
 
@@ -123,7 +123,7 @@ def read_config(path: Path) -> dict:
     return {}
 
 
-def read_overrides(path: Path) -> Optional[list]:
+def read_overrides(path: Path) -> list | None:
     for candidate in (path / ".hydra" / "overrides.yaml", path / "overrides.yaml"):
         if candidate.is_file():
             return [str(o) for o in (load_yaml(candidate) or [])]
@@ -143,7 +143,9 @@ def read_metrics(path: Path) -> list:
         except json.JSONDecodeError as e:
             if i == len(lines):
                 break
-            raise ReportError(f"{path}:{i}: not valid JSON ({e.msg}); the file is corrupt, delete that line or rerun") from None
+            raise ReportError(
+                f"{path}:{i}: not valid JSON ({e.msg}); the file is corrupt, delete that line or rerun"
+            ) from None
         if not isinstance(entry, dict):
             raise ReportError(f"{path}:{i}: expected a JSON object per line, got {type(entry).__name__}")
         entries.append(entry)
@@ -166,7 +168,7 @@ def split_metrics(entries: list) -> tuple:
     return train, val, other
 
 
-def max_steps(run: Run) -> Optional[int]:
+def max_steps(run: Run) -> int | None:
     v = run.get("train.max_steps")
     return int(v) if _number(v) else None
 
@@ -199,8 +201,13 @@ def _last_error_line(text: str) -> str:
 
 def _hydra_log_error(path: Path) -> str:
     for log in sorted(path.glob("*.log")):
-        line = _last_error_line("\n".join(text for text in log.read_text(errors="replace").splitlines()
-                                          if "ERROR" in text or "Error" in text or "Traceback" in text))
+        line = _last_error_line(
+            "\n".join(
+                text
+                for text in log.read_text(errors="replace").splitlines()
+                if "ERROR" in text or "Error" in text or "Traceback" in text
+            )
+        )
         if line:
             return line
     return ""

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 ALPHA = 0.05
-RULE = (f"Welch's t-test (two-sided, unequal variances) against the baseline over seeds, "
-        f"alpha = {ALPHA}; needs >= 2 finished seeds per side")
+RULE = (
+    f"Welch's t-test (two-sided, unequal variances) against the baseline over seeds, "
+    f"alpha = {ALPHA}; needs >= 2 finished seeds per side"
+)
 
 
 @dataclass
 class Stat:
-    mean: Optional[float]
-    std: Optional[float]  # sample std (ddof=1); None with fewer than 2 values
+    mean: float | None
+    std: float | None  # sample std (ddof=1); None with fewer than 2 values
     n: int
     values: list
 
@@ -35,7 +36,7 @@ def describe(values: list) -> Stat:
     return Stat(mean, std, len(values), values)
 
 
-def welch_p(a: Stat, b: Stat) -> Optional[float]:
+def welch_p(a: Stat, b: Stat) -> float | None:
     """Two-sided p-value of Welch's t-test, or None when either side has < 2 values."""
     if a.n < 2 or b.n < 2:
         return None
@@ -46,7 +47,7 @@ def welch_p(a: Stat, b: Stat) -> Optional[float]:
     return float(ttest_ind(a.values, b.values, equal_var=False).pvalue)
 
 
-def significant(p: Optional[float]) -> Optional[bool]:
+def significant(p: float | None) -> bool | None:
     return None if p is None else p < ALPHA
 
 

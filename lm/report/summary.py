@@ -14,7 +14,7 @@ import functools
 import json
 import math
 import statistics
-from typing import Any, Optional
+from typing import Any
 
 from lm.report.runs import Run, _number, max_steps
 
@@ -22,7 +22,7 @@ EARLY_FRACTION = 1 / 8
 WINDOW_FRACTION = 0.05  # train-loss smoothing window, as a fraction of the run's steps
 
 
-def seq_len(run: Run) -> Optional[int]:
+def seq_len(run: Run) -> int | None:
     for key in ("train.seq_len", "model.max_seq_len"):
         v = run.get(key)
         if _number(v):
@@ -38,7 +38,7 @@ def model_cost(run: Run) -> tuple:
 
 
 @functools.lru_cache(maxsize=256)
-def _cost_from_config(model_json: str, T: Optional[int]) -> tuple:
+def _cost_from_config(model_json: str, T: int | None) -> tuple:
     """Cached: every seed of a variant has the same model, and each count builds it on meta."""
     try:
         from lm.model.config import model_from_saved
@@ -58,7 +58,7 @@ def loss_series(run: Run) -> tuple:
     return "loss", pts
 
 
-def value_at(points: list, step: float, window: float) -> Optional[float]:
+def value_at(points: list, step: float, window: float) -> float | None:
     """Mean of the points in (step - window, step]; else the first point after step."""
     if not points:
         return None
@@ -82,7 +82,7 @@ def early_final_loss(run: Run, early_fraction: float = EARLY_FRACTION) -> tuple:
     return name, early, final
 
 
-def _median(values: list) -> Optional[float]:
+def _median(values: list) -> float | None:
     values = [v for v in values if _number(v)]
     return statistics.median(values) if values else None
 
@@ -93,13 +93,13 @@ def speeds(run: Run) -> tuple:
     return _median([e.get("steps_per_s") for e in steady]), _median([e.get("tokens_per_s") for e in steady])
 
 
-def peak_memory(run: Run) -> Optional[float]:
+def peak_memory(run: Run) -> float | None:
     """Largest memory value logged (GiB, lm/core/loop.py's "memory")."""
     values = [e.get("memory") for e in run.train if _number(e.get("memory"))]
     return max(values) if values else None
 
 
-def glue_score(run: Run) -> Optional[float]:
+def glue_score(run: Run) -> float | None:
     """The GLUE score of lm finetune's results.json (lm/glue/results.py): the score of the per-task medians."""
     glue = run.results.get("glue") if isinstance(run.results, dict) else None
     v = glue.get("median") if isinstance(glue, dict) else None
@@ -109,7 +109,7 @@ def glue_score(run: Run) -> Optional[float]:
 PROBE_AVG = "probe/avg"  # lm/eval/probe.py's record (train.probe_interval): the mean of the probed tasks' scores
 
 
-def probe_score(run: Run) -> Optional[float]:
+def probe_score(run: Run) -> float | None:
     """The last GLUE probe average the run logged (points), or None when it ran no probes."""
     values = [e[PROBE_AVG] for e in sorted(run.other, key=lambda e: e.get("step", 0)) if _number(e.get(PROBE_AVG))]
     return values[-1] if values else None

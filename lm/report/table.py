@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Any, Optional
+from typing import Any
 
 from lm.report.stats import Stat, describe, fmt_mean_std, significant, welch_p
 from lm.report.summary import EARLY_FRACTION, summarize
@@ -45,17 +45,19 @@ def build_rows(variants: list, baseline: int = 0, early_fraction: float = EARLY_
         row["is_baseline"] = row is base
         for m in COMPARED:
             a, b = row[m], base[m]
-            row[f"{m}_delta"] = a.mean - b.mean if a.mean is not None and b.mean is not None and row is not base else None
+            row[f"{m}_delta"] = (
+                a.mean - b.mean if a.mean is not None and b.mean is not None and row is not base else None
+            )
             row[f"{m}_p"] = welch_p(a, b) if row is not base else None
         row["param_ratio"] = (row["params"] / base["params"] - 1) if row["params"] and base["params"] else None
     return rows
 
 
-def _first(values: list) -> Optional[Any]:
+def _first(values: list) -> Any | None:
     return next((v for v in values if v is not None), None)
 
 
-def human(n: Optional[float]) -> str:
+def human(n: float | None) -> str:
     if n is None:
         return "–"
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -92,16 +94,33 @@ def markdown(rows: list) -> str:
     has_glue = any(r["glue"].n for r in rows)
     has_probe = any(r["probe"].n for r in rows)
     series = next((r["loss_series"] for r in rows if r["loss_series"]), "loss")
-    head = ["variant", "seeds", "params", "FLOPs/token", "steps/s", "tokens/s",
-            f"early {series}", f"final {series}", "Δ final vs baseline"]
+    head = [
+        "variant",
+        "seeds",
+        "params",
+        "FLOPs/token",
+        "steps/s",
+        "tokens/s",
+        f"early {series}",
+        f"final {series}",
+        "Δ final vs baseline",
+    ]
     head += ["GLUE", "Δ GLUE"] if has_glue else []
     head += ["GLUE probe"] if has_probe else []
     head += ["status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [f"`{r['variant']}`", f"{r['n_ok']}/{r['n_runs']}", _params(r), human(r["flops_per_token"]),
-                 fmt_mean_std(r["steps_per_s"], 2), fmt_mean_std(r["tokens_per_s"], 0),
-                 fmt_mean_std(r["early_loss"]), fmt_mean_std(r["final_loss"]), _delta(r, "final_loss")]
+        cells = [
+            f"`{r['variant']}`",
+            f"{r['n_ok']}/{r['n_runs']}",
+            _params(r),
+            human(r["flops_per_token"]),
+            fmt_mean_std(r["steps_per_s"], 2),
+            fmt_mean_std(r["tokens_per_s"], 0),
+            fmt_mean_std(r["early_loss"]),
+            fmt_mean_std(r["final_loss"]),
+            _delta(r, "final_loss"),
+        ]
         cells += [fmt_mean_std(r["glue"], 2), _delta(r, "glue")] if has_glue else []
         cells += [fmt_mean_std(r["probe"], 1)] if has_probe else []
         cells += [_status(r)]
@@ -116,8 +135,14 @@ def _stat_cols(name: str, s: Stat) -> dict:
 def variants_csv(rows: list) -> str:
     out = []
     for r in rows:
-        rec = {"variant": r["variant"], "n_ok": r["n_ok"], "n_runs": r["n_runs"], "params": r["params"],
-               "flops_per_token": r["flops_per_token"], "loss_series": r["loss_series"]}
+        rec = {
+            "variant": r["variant"],
+            "n_ok": r["n_ok"],
+            "n_runs": r["n_runs"],
+            "params": r["params"],
+            "flops_per_token": r["flops_per_token"],
+            "loss_series": r["loss_series"],
+        }
         for m in METRICS:
             rec.update(_stat_cols(m, r[m]))
         for m in COMPARED:
@@ -131,8 +156,13 @@ def runs_csv(rows: list) -> str:
     out = []
     for r in rows:
         for run, s in r["per_run"]:
-            rec = {"variant": r["variant"], "run": str(run.path), "seed": seed_of(run), "status": run.status,
-                   "reason": run.reason}
+            rec = {
+                "variant": r["variant"],
+                "run": str(run.path),
+                "seed": seed_of(run),
+                "status": run.status,
+                "reason": run.reason,
+            }
             rec.update(s)
             out.append(rec)
     return _to_csv(out)

@@ -19,9 +19,9 @@ average row is GLUE-style: the mean of the task scores, per seed and of the medi
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from statistics import fmean
-from typing import Dict, List, Mapping, Optional, Tuple
 
 from lm.glue.tasks import EVALS
 
@@ -33,42 +33,56 @@ class TransferError(ValueError):
     """A transfer directory or results file that cannot be compared; the message names the file."""
 
 
-def _score(metrics: Mapping, keys: List[str]) -> float:
+def _score(metrics: Mapping, keys: list[str]) -> float:
     return float(metrics["score"]) if "score" in metrics else fmean(float(metrics[k]) for k in keys)
 
 
-def arm_scores(results_json: Path) -> Dict[str, Dict]:
+def arm_scores(results_json: Path) -> dict[str, dict]:
     """{column: {"metrics", "seeds": {seed: score}, "median": score}} from an lm finetune results.json."""
     if not Path(results_json).is_file():
-        raise TransferError(f"{results_json}: no such file; the finetuning of this arm has not finished "
-                            f"(run the same lm transfer command again to resume it)")
+        raise TransferError(
+            f"{results_json}: no such file; the finetuning of this arm has not finished "
+            f"(run the same lm transfer command again to resume it)"
+        )
     return scores_of(json.loads(Path(results_json).read_text()))
 
 
-def scores_of(results: Mapping) -> Dict[str, Dict]:
+def scores_of(results: Mapping) -> dict[str, dict]:
     """arm_scores of an lm finetune results.json already read (an arm record carries one: lm transfer --join)."""
-    return {c: {"metrics": r["metrics"], "seeds": {str(s): _score(m, r["metrics"]) for s, m in r["seeds"].items()},
-                "median": _score(r["median"], r["metrics"])} for c, r in results["columns"].items()}
+    return {
+        c: {
+            "metrics": r["metrics"],
+            "seeds": {str(s): _score(m, r["metrics"]) for s, m in r["seeds"].items()},
+            "median": _score(r["median"], r["metrics"]),
+        }
+        for c, r in results["columns"].items()
+    }
 
 
-def compare(scratch: Mapping[str, Dict], pretrained: Mapping[str, Dict]) -> Dict:
+def compare(scratch: Mapping[str, dict], pretrained: Mapping[str, dict]) -> dict:
     """The comparison of two arms' arm_scores: per task and the GLUE-style average."""
     cols = [c for c in EVALS if c in scratch and c in pretrained]
     if not cols:
-        raise TransferError(f"the two arms share no GLUE task (scratch: {sorted(scratch)}, pretrained: "
-                            f"{sorted(pretrained)})")
+        raise TransferError(
+            f"the two arms share no GLUE task (scratch: {sorted(scratch)}, pretrained: {sorted(pretrained)})"
+        )
     tasks = {}
     for c in cols:
         arms = {"scratch": scratch[c], "pretrained": pretrained[c]}
-        tasks[c] = {"metrics": scratch[c]["metrics"], "gain": arms["pretrained"]["median"] - arms["scratch"]["median"],
-                    **{a: {"seeds": r["seeds"], "median": r["median"], "range": _range(r["seeds"])}
-                       for a, r in arms.items()}}
+        tasks[c] = {
+            "metrics": scratch[c]["metrics"],
+            "gain": arms["pretrained"]["median"] - arms["scratch"]["median"],
+            **{a: {"seeds": r["seeds"], "median": r["median"], "range": _range(r["seeds"])} for a, r in arms.items()},
+        }
     average = {"tasks": cols, "gain": fmean(tasks[c]["gain"] for c in cols)}
     for a in ARMS:
         seeds = set.intersection(*(set(tasks[c][a]["seeds"]) for c in cols))
         per_seed = {s: fmean(tasks[c][a]["seeds"][s] for c in cols) for s in sorted(seeds, key=_seed_key)}
-        average[a] = {"seeds": per_seed, "median": fmean(tasks[c][a]["median"] for c in cols),
-                      "range": _range(per_seed)}
+        average[a] = {
+            "seeds": per_seed,
+            "median": fmean(tasks[c][a]["median"] for c in cols),
+            "range": _range(per_seed),
+        }
     return {"tasks": tasks, "average": average}
 
 
@@ -84,29 +98,39 @@ def transfer_table(summary: Mapping) -> str:
     """Markdown: the recipe in one line, then one row per task and the average row."""
     cmp, r = summary["comparison"], summary["recipe"]
     zero = r["tokens"] == 0
-    lines = [f"# GLUE transfer: {r['preset']} ({r['arch']}, {r['objective']}), "
-             f"{r['tokens']:,} pretraining tokens", "",
-             f"Dev scores in points (a task's score is the mean of its metrics); median over seeds; range = max - min "
-             f"over seeds; gain = pretrained median - scratch median. Finetuning: {r['finetune_note']}."
-             + (" At 0 tokens the pretrained arm IS the scratch arm (gain 0 by definition)." if zero else ""), "",
-             "| task | metric | scratch: seeds | median | range | pretrained: seeds | median | range | gain |",
-             "|---|---|---|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        f"# GLUE transfer: {r['preset']} ({r['arch']}, {r['objective']}), {r['tokens']:,} pretraining tokens",
+        "",
+        f"Dev scores in points (a task's score is the mean of its metrics); median over seeds; range = max - min "
+        f"over seeds; gain = pretrained median - scratch median. Finetuning: {r['finetune_note']}."
+        + (" At 0 tokens the pretrained arm IS the scratch arm (gain 0 by definition)." if zero else ""),
+        "",
+        "| task | metric | scratch: seeds | median | range | pretrained: seeds | median | range | gain |",
+        "|---|---|---|---:|---:|---|---:|---:|---:|",
+    ]
 
     def seeds(x):
         return " / ".join(f"{v:.1f}" for _, v in sorted(x["seeds"].items(), key=lambda kv: _seed_key(kv[0])))
 
     for c, t in cmp["tasks"].items():
         s, p = t["scratch"], t["pretrained"]
-        lines.append(f"| {EVALS[c].submission} | {'/'.join(t['metrics'])} | {seeds(s)} | {s['median']:.1f} | "
-                     f"{s['range']:.1f} | {seeds(p)} | {p['median']:.1f} | {p['range']:.1f} | {t['gain']:+.1f} |")
+        lines.append(
+            f"| {EVALS[c].submission} | {'/'.join(t['metrics'])} | {seeds(s)} | {s['median']:.1f} | "
+            f"{s['range']:.1f} | {seeds(p)} | {p['median']:.1f} | {p['range']:.1f} | {t['gain']:+.1f} |"
+        )
     a = cmp["average"]
-    lines.append(f"| **average ({len(a['tasks'])} tasks)** | score | {seeds(a['scratch'])} | {a['scratch']['median']:.1f} | "
-                 f"{a['scratch']['range']:.1f} | {seeds(a['pretrained'])} | {a['pretrained']['median']:.1f} | "
-                 f"{a['pretrained']['range']:.1f} | **{a['gain']:+.1f}** |")
+    lines.append(
+        f"| **average ({len(a['tasks'])} tasks)** | score | {seeds(a['scratch'])} | {a['scratch']['median']:.1f} | "
+        f"{a['scratch']['range']:.1f} | {seeds(a['pretrained'])} | {a['pretrained']['median']:.1f} | "
+        f"{a['pretrained']['range']:.1f} | **{a['gain']:+.1f}** |"
+    )
     val = f"; pretraining validation loss {r['val_loss']:.3f}" if r.get("val_loss") is not None else ""
     val += f"; GLUE probe average {r['probe']:.1f}" if r.get("probe") is not None else ""
-    lines += ["", f"Pretraining: {r['steps']:,} steps x {r['tokens_per_step']:,} tokens{val}. "
-              f"Runs: scratch `{summary['arms']['scratch']}`, pretrained `{summary['arms']['pretrained']}`."]
+    lines += [
+        "",
+        f"Pretraining: {r['steps']:,} steps x {r['tokens_per_step']:,} tokens{val}. "
+        f"Runs: scratch `{summary['arms']['scratch']}`, pretrained `{summary['arms']['pretrained']}`.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -117,14 +141,14 @@ def is_transfer_dir(path) -> bool:
     return (Path(path) / TRANSFER).is_file()
 
 
-def load_transfer(path) -> Dict:
+def load_transfer(path) -> dict:
     try:
         return json.loads((Path(path) / TRANSFER).read_text())
     except (OSError, ValueError) as e:
         raise TransferError(f"{Path(path) / TRANSFER}: cannot be read ({e}); run lm transfer there again") from None
 
 
-def find_transfers(paths) -> List[Dict]:
+def find_transfers(paths) -> list[dict]:
     """Every transfer.json under `paths` (the directories themselves or below them), sorted by arch, tokens."""
     found = []
     for p in map(Path, paths):
@@ -139,7 +163,7 @@ def series(summary: Mapping) -> str:
     return f"{r['arch']} ({r['pooling']}{', ' + r['pos'] if r.get('pos') else ''})"
 
 
-def overrides(summary: Mapping) -> Tuple[str, ...]:
+def overrides(summary: Mapping) -> tuple[str, ...]:
     """What a run set beyond its preset: its --pretrain overrides (marked `pretrain`) and --finetune overrides,
     pooling aside (series() shows it). Two runs of one series with other overrides are two curves. (The
     curve archive's folder names digest this tuple as it is: keep its form.)"""
@@ -149,23 +173,27 @@ def overrides(summary: Mapping) -> Tuple[str, ...]:
 SIDES = ("pretrain", "finetune")
 
 
-def sided_overrides(summary: Mapping) -> Tuple[Tuple[str, str], ...]:
+def sided_overrides(summary: Mapping) -> tuple[tuple[str, str], ...]:
     """overrides() as (side, override) pairs, side `pretrain` or `finetune`."""
     r = summary["recipe"]
-    return (tuple(("pretrain", o) for o in r.get("pretrain_overrides") or [])
-            + tuple(("finetune", o) for o in r.get("finetune_overrides") or [] if not o.startswith("pooling=")))
+    return tuple(("pretrain", o) for o in r.get("pretrain_overrides") or []) + tuple(
+        ("finetune", o) for o in r.get("finetune_overrides") or [] if not o.startswith("pooling=")
+    )
 
 
-def _by_side(extra: List[Tuple[str, str]]) -> str:
+def _by_side(extra: list[tuple[str, str]]) -> str:
     """(side, override) pairs as `pretrain a b; finetune c`: each side named once, so neither reads as the other."""
-    return "; ".join(f"{side} " + " ".join(o for sd, o in extra if sd == side)
-                     for side in SIDES if any(sd == side for sd, _ in extra))
+    return "; ".join(
+        f"{side} " + " ".join(o for sd, o in extra if sd == side)
+        for side in SIDES
+        if any(sd == side for sd, _ in extra)
+    )
 
 
-def series_labels(summaries: List[Mapping]) -> List[str]:
+def series_labels(summaries: list[Mapping]) -> list[str]:
     """Each summary's curve label: series(), plus, where runs of that series differ in their overrides, the
     overrides that not all of them share (so the curves stay apart and the labels stay short)."""
-    groups: Dict[str, List[Tuple[Tuple[str, str], ...]]] = {}
+    groups: dict[str, list[tuple[tuple[str, str], ...]]] = {}
     for s in summaries:
         groups.setdefault(series(s), []).append(sided_overrides(s))
     labels = []
@@ -180,25 +208,29 @@ def series_labels(summaries: List[Mapping]) -> List[str]:
     return labels
 
 
-def curve_table(summaries: List[Mapping]) -> str:
+def curve_table(summaries: list[Mapping]) -> str:
     """Markdown: one row per (series, tokens): the pretraining's last val loss and GLUE probe average ("–" without
     probes: train.probe_interval), each task's gain, the average gain, both arms' averages."""
     cols = [c for c in EVALS if all(c in s["comparison"]["tasks"] for s in summaries)]
     head = " | ".join(EVALS[c].submission for c in cols)
-    lines = [f"| model | pretraining tokens | val loss | probe | {head} | average gain | average: scratch / pretrained |",
-             "|---|---:|---:|---:|" + "---:|" * len(cols) + "---:|---|"]
+    lines = [
+        f"| model | pretraining tokens | val loss | probe | {head} | average gain | average: scratch / pretrained |",
+        "|---|---:|---:|---:|" + "---:|" * len(cols) + "---:|---|",
+    ]
     for s, label in zip(summaries, series_labels(summaries)):
         r, t, a = s["recipe"], s["comparison"]["tasks"], s["comparison"]["average"]
         val = "–" if r.get("val_loss") is None else f"{r['val_loss']:.3f}"
         probe = "–" if r.get("probe") is None else f"{r['probe']:.1f}"
         gains = " | ".join(f"{t[c]['gain']:+.1f}" for c in cols)
         avg = fmean(t[c]["gain"] for c in cols)  # over the columns every row has (equals a['gain'] when all do)
-        lines.append(f"| {label} | {r['tokens']:,} | {val} | {probe} | {gains} | **{avg:+.1f}** | "
-                     f"{a['scratch']['median']:.1f} / {a['pretrained']['median']:.1f} |")
+        lines.append(
+            f"| {label} | {r['tokens']:,} | {val} | {probe} | {gains} | **{avg:+.1f}** | "
+            f"{a['scratch']['median']:.1f} / {a['pretrained']['median']:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
-def plot_curve(summaries: List[Mapping], path: Path) -> Path:
+def plot_curve(summaries: list[Mapping], path: Path) -> Path:
     """PNG: the gain against pretraining tokens, one panel per task plus the average, one line per series
     (arch, pooling, positions)."""
     import matplotlib
@@ -238,7 +270,7 @@ def plot_curve(summaries: List[Mapping], path: Path) -> Path:
     return path
 
 
-def write_curve_report(paths, out: Path, title: Optional[str] = None) -> Path:
+def write_curve_report(paths, out: Path, title: str | None = None) -> Path:
     """lm report on transfer directories: <out>/transfer.md (each run's table and the curve) + transfer_curve.png."""
     from lm.core.files import atomic_write_text
 
@@ -247,7 +279,14 @@ def write_curve_report(paths, out: Path, title: Optional[str] = None) -> Path:
         raise TransferError(f"no {TRANSFER} under {[str(p) for p in paths]}")
     out = Path(out)
     plot = plot_curve(summaries, out / "transfer_curve.png")
-    parts = [f"# {title or 'GLUE transfer'}", "", "Gain = pretrained median - scratch median (points), per task and "
-             "the GLUE-style average.", "", curve_table(summaries), f"![gain over pretraining tokens]({plot.name})", ""]
+    parts = [
+        f"# {title or 'GLUE transfer'}",
+        "",
+        "Gain = pretrained median - scratch median (points), per task and the GLUE-style average.",
+        "",
+        curve_table(summaries),
+        f"![gain over pretraining tokens]({plot.name})",
+        "",
+    ]
     parts += [transfer_table(s).replace("# GLUE transfer", "## GLUE transfer", 1) for s in summaries]
     return atomic_write_text(out / "transfer.md", "\n".join(parts))

@@ -14,13 +14,15 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from lm.report.runs import ReportError, Run
 
 # Keys that never define a variant: seeds (they are what we average over), where outputs go,
 # and how the run is tracked.
-IGNORED = re.compile(r"(^|[./])seed$|(^|\.)(run|out|output|save|checkpoint)_dir$|^(hydra|logger|wandb|tensorboard)([./]|$)")
+IGNORED = re.compile(
+    r"(^|[./])seed$|(^|\.)(run|out|output|save|checkpoint)_dir$|^(hydra|logger|wandb|tensorboard)([./]|$)"
+)
 # Keys that define the data and the training budget: they must agree within one table.
 SETUP = re.compile(r"^data\.|^train\.(max_steps|max_tokens|seq_len|[a-z_]*batch[a-z_]*|[a-z_]*accum[a-z_]*)$")
 # Data keys that change how fast the data is prepared, not what it is.
@@ -62,21 +64,22 @@ def _varying_overrides(runs: list) -> list:
     return [[o for o in ks if o not in common] for ks in kept]
 
 
-def _option_name(slot: str, node: Any) -> Optional[str]:
+def _option_name(slot: str, node: Any) -> str | None:
     """The conf/model/<slot>/ option whose composed node equals this component node."""
     return next((name for name, option in _option_nodes(slot) if option == node), None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _option_nodes(slot: str) -> tuple:
     """(name, node as saved in a run's config.yaml) of every conf/model/<slot>/ option, composed by Hydra."""
     from omegaconf import OmegaConf
 
     from lm.config import compose_group, conf_dir
 
-    return tuple((f.stem, OmegaConf.to_container(OmegaConf.structured(compose_group(f"model/{slot}", f.stem)),
-                                                 enum_to_str=True))
-                 for f in sorted((conf_dir() / "model" / slot).glob("*.yaml")))
+    return tuple(
+        (f.stem, OmegaConf.to_container(OmegaConf.structured(compose_group(f"model/{slot}", f.stem)), enum_to_str=True))
+        for f in sorted((conf_dir() / "model" / slot).glob("*.yaml"))
+    )
 
 
 def _config_labels(runs: list) -> list:
@@ -121,8 +124,11 @@ def unresolved(v: Any) -> bool:
 
 
 def setup_of(run: Run) -> dict:
-    return {k: v for k, v in flatten(run.config).items()
-            if SETUP.search(k) and not IGNORED.search(k) and not NOT_SETUP.search(k) and not unresolved(v)}
+    return {
+        k: v
+        for k, v in flatten(run.config).items()
+        if SETUP.search(k) and not IGNORED.search(k) and not NOT_SETUP.search(k) and not unresolved(v)
+    }
 
 
 def check_comparable(runs: list) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher, SlurmLauncher
 
@@ -26,8 +26,8 @@ class LocalGPUs(InCellProcess, KeepGoing, LocalLauncher):
         if int(cpu_slots) < 1:
             raise ValueError(f"hydra.launcher.cpu_slots={cpu_slots} must be >= 1")
         self.cpu_slots, self.poll_s = int(cpu_slots), float(poll_s)
-        self.slots: Optional[list] = None
-        self.lock_dir: Optional[str] = None
+        self.slots: list | None = None
+        self.lock_dir: str | None = None
         super().__init__(**params)
 
     def launch(self, job_overrides: Any, initial_job_idx: int) -> Any:
@@ -35,11 +35,15 @@ class LocalGPUs(InCellProcess, KeepGoing, LocalLauncher):
         gpus = visible_gpus()
         self.slots = [f"gpu{g}" for g in gpus] if gpus else [f"cpu{i}" for i in range(self.cpu_slots)]
         self.lock_dir = str(Path(str(self.config.hydra.sweep.dir)) / ".gpu_locks")
-        log.info("local_gpus: %s", f"one cell per GPU on {','.join(gpus)}" if gpus
-                 else f"no GPU found; {self.cpu_slots} cell(s) at a time on the CPU")
+        log.info(
+            "local_gpus: %s",
+            f"one cell per GPU on {','.join(gpus)}"
+            if gpus
+            else f"no GPU found; {self.cpu_slots} cell(s) at a time on the CPU",
+        )
         results: list = []
         for start in range(0, len(job_overrides), len(self.slots)):  # a wave: one process per slot
-            wave = job_overrides[start:start + len(self.slots)]
+            wave = job_overrides[start : start + len(self.slots)]
             results.extend(super().launch(wave, initial_job_idx + start))
         return results
 
@@ -47,7 +51,7 @@ class LocalGPUs(InCellProcess, KeepGoing, LocalLauncher):
         slot, held = claim_slot(self.slots, Path(self.lock_dir), job_num, self.poll_s)
         try:
             if slot.startswith("gpu"):
-                os.environ["CUDA_VISIBLE_DEVICES"] = slot[len("gpu"):]
+                os.environ["CUDA_VISIBLE_DEVICES"] = slot[len("gpu") :]
             log.info("cell %d runs on %s", job_num, slot)
             return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
         finally:

@@ -9,5 +9,17 @@ and its checks; its YAML lives in conf/model/<slot>/. docs/architecture.md has t
 """
 
 # each registers its options when imported
-from lm.zoo import (adaptive, conv_attn, evolved, funnel, mos, pkm, residual, scores, sharing,  # noqa: F401
-                    synthesizer, transparent, weighted)
+from lm.zoo import (  # noqa: F401
+    adaptive,
+    conv_attn,
+    evolved,
+    funnel,
+    mos,
+    pkm,
+    residual,
+    scores,
+    sharing,
+    synthesizer,
+    transparent,
+    weighted,
+)

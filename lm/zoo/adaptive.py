@@ -16,7 +16,7 @@ bands are only roughly frequency bands here.
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, List, Optional
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -30,19 +30,21 @@ from lm.model.linear import MatmulCount
 from lm.model.options import EmbeddingConfig, OutputConfig, option_name
 from lm.model.registry import register
 
-
 # -- the option schemas (conf/model/embedding/adaptive.yaml, conf/model/output/adaptive_softmax.yaml) --------
 
-def cutoffs_of(cutoffs: Optional[List[int]], vocab_size: int) -> List[int]:
+
+def cutoffs_of(cutoffs: list[int] | None, vocab_size: int) -> list[int]:
     """The band edges [c_1, ..., c_n] with 0 < c_1 < ... < c_n < vocab_size: as given, or [V/4, V/2]."""
     return list(cutoffs) if cutoffs else [vocab_size // 4, vocab_size // 2]
 
 
-def check_bands(where: str, cutoffs: Optional[List[int]], div_value: float, vocab_size: int) -> None:
+def check_bands(where: str, cutoffs: list[int] | None, div_value: float, vocab_size: int) -> None:
     c = cutoffs_of(cutoffs, vocab_size)
     if any(not isinstance(x, int) for x in c) or c != sorted(set(c)) or c[0] < 1 or c[-1] >= vocab_size:
-        raise ConfigError(f"model.{where}.cutoffs={c} must be increasing integers in [1, model.vocab_size={vocab_size})"
-                          f"; e.g. [{vocab_size // 4}, {vocab_size // 2}]")
+        raise ConfigError(
+            f"model.{where}.cutoffs={c} must be increasing integers in [1, model.vocab_size={vocab_size})"
+            f"; e.g. [{vocab_size // 4}, {vocab_size // 2}]"
+        )
     if div_value < 1:
         raise ConfigError(f"model.{where}.div_value={div_value} must be >= 1 (1 = every band full width)")
 
@@ -53,16 +55,18 @@ class AdaptiveConfig(EmbeddingConfig):
     """model/embedding=adaptive: adaptive input embeddings (Baevski & Auli 2019)."""
 
     _target_: str = "lm.zoo.adaptive.AdaptiveInput"
-    cutoffs: Optional[List[int]] = None  # band edges; None = [V/4, V/2]
+    cutoffs: list[int] | None = None  # band edges; None = [V/4, V/2]
     div_value: float = 4.0  # band i has width dim / div_value**i
 
     def check(self, model: ModelConfig) -> None:
         check_bands("embedding", self.cutoffs, self.div_value, model.vocab_size)
         if model.output_tied and (model.output is None or model.output.tieable):
             out = "null (the softmax)" if model.output is None else option_name(model.output)
-            raise ConfigError(f"model/embedding=adaptive with model.tie_embeddings=true and model/output={out}: a "
-                              f"banded input table cannot be a (vocab_size, dim) output matrix; set "
-                              f"model.tie_embeddings=false")
+            raise ConfigError(
+                f"model/embedding=adaptive with model.tie_embeddings=true and model/output={out}: a "
+                f"banded input table cannot be a (vocab_size, dim) output matrix; set "
+                f"model.tie_embeddings=false"
+            )
 
 
 @register("output")
@@ -71,7 +75,7 @@ class AdaptiveSoftmaxConfig(OutputConfig):
     """model/output=adaptive_softmax: the adaptive softmax (Grave et al. 2017) on torch's module."""
 
     _target_: str = "lm.zoo.adaptive.adaptive_softmax"
-    cutoffs: Optional[List[int]] = None  # band edges; None = [V/4, V/2]
+    cutoffs: list[int] | None = None  # band edges; None = [V/4, V/2]
     div_value: float = 4.0  # band i has width dim / div_value**i
     tail_projection: bool = True  # tail clusters project dim down first (false: none, Narang et al.'s row)
     head_bias: bool = False  # a bias on the head cluster's logits
@@ -83,14 +87,14 @@ class AdaptiveSoftmaxConfig(OutputConfig):
         super().check(model)
 
 
-def band_edges(cutoffs: List[int], vocab_size: int) -> List[int]:
+def band_edges(cutoffs: list[int], vocab_size: int) -> list[int]:
     """[0, c_1, ..., c_n, vocab_size]."""
     return [0, *cutoffs, vocab_size]
 
 
-def band_dims(dim: int, n_cutoffs: int, div_value: float) -> List[int]:
+def band_dims(dim: int, n_cutoffs: int, div_value: float) -> list[int]:
     """Width of each band: dim / div_value**i, at least 1."""
-    return [max(1, int(dim // (div_value ** i))) for i in range(n_cutoffs + 1)]
+    return [max(1, int(dim // (div_value**i))) for i in range(n_cutoffs + 1)]
 
 
 class AdaptiveInput(MatmulCount, OwnInit, nn.Module):
@@ -100,7 +104,7 @@ class AdaptiveInput(MatmulCount, OwnInit, nn.Module):
     learned the same way. A token goes through exactly one band's projection.
     """
 
-    def __init__(self, cfg: ModelConfig, cutoffs: Optional[List[int]] = None, div_value: float = 4.0):
+    def __init__(self, cfg: ModelConfig, cutoffs: list[int] | None = None, div_value: float = 4.0):
         super().__init__()
         self.dim = cfg.dim
         cutoffs = cutoffs_of(cutoffs, cfg.vocab_size)
@@ -140,14 +144,26 @@ class AdaptiveSoftmax(nn.Module):
     al. 2021) the tail clusters read the hidden state directly: width dim, no down-projection.
     """
 
-    def __init__(self, cfg: ModelConfig, transform: nn.Module, cutoffs: Optional[List[int]] = None,
-                 div_value: float = 4.0, tail_projection: bool = True, head_bias: bool = False):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        transform: nn.Module,
+        cutoffs: list[int] | None = None,
+        div_value: float = 4.0,
+        tail_projection: bool = True,
+        head_bias: bool = False,
+    ):
         super().__init__()
         self.transform = transform
         self.logit_scale = cfg.logit_scale
         project = tail_projection
-        self.asm = nn.AdaptiveLogSoftmaxWithLoss(cfg.dim, cfg.vocab_size, cutoffs_of(cutoffs, cfg.vocab_size),
-                                                 div_value=div_value if project else 1.0, head_bias=head_bias)
+        self.asm = nn.AdaptiveLogSoftmaxWithLoss(
+            cfg.dim,
+            cfg.vocab_size,
+            cutoffs_of(cutoffs, cfg.vocab_size),
+            div_value=div_value if project else 1.0,
+            head_bias=head_bias,
+        )
         if not project:
             for cluster in self.asm.tail:
                 cluster[0] = nn.Identity()  # div_value 1: the dim x dim projection it replaces was square
@@ -159,7 +175,7 @@ class AdaptiveSoftmax(nn.Module):
         x = self._hidden(h)
         return self.asm.log_prob(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)  # (..., V)
 
-    def output(self, h: torch.Tensor, labels: Optional[torch.Tensor]):
+    def output(self, h: torch.Tensor, labels: torch.Tensor | None):
         if labels is None:
             return LMOutput(logits=self(h))
         return LMOutput(loss=nll_over_labels(self._hidden(h), labels, lambda x, y: self.asm(x, y).loss))

@@ -28,7 +28,7 @@ hangs over an end of the sequence. During KV-cached generation Tk covers the win
 """
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -41,8 +41,8 @@ from lm.model.options import ALiBiConfig, AttnConfig, T5BiasConfig, option_name,
 from lm.model.registry import register
 from lm.model.scores import Score
 
-
 # -- the option schemas (conf/model/attn/lightweight_conv.yaml, dynamic_conv.yaml) -------------------
+
 
 @dataclass
 class _ConvConfig(AttnConfig):
@@ -64,11 +64,14 @@ class _ConvConfig(AttnConfig):
             raise ConfigError(f"model.attn.weight_dropout={self.weight_dropout!r} must be in [0, 1)")
         name = option_name(self)
         if model.n_kv_heads not in (None, model.n_heads):
-            raise ConfigError(f"model.n_kv_heads={model.n_kv_heads}: model/attn={name} has no keys or values to "
-                              f"share; unset it")
+            raise ConfigError(
+                f"model.n_kv_heads={model.n_kv_heads}: model/attn={name} has no keys or values to share; unset it"
+            )
         if isinstance(model.pos, (ALiBiConfig, T5BiasConfig)):
-            raise ConfigError(f"model.pos._target_={model.pos._target_} biases attention scores, which "
-                              f"model/attn={name} does not compute; use model/pos=learned, sinusoidal or none")
+            raise ConfigError(
+                f"model.pos._target_={model.pos._target_} biases attention scores, which "
+                f"model/attn={name} does not compute; use model/pos=learned, sinusoidal or none"
+            )
 
 
 @register("attn")
@@ -95,8 +98,19 @@ class _Conv(Score):
     """The convolution over H heads of Dh channels, for ConvAttention. A Score subclass so that
     lm.model.flops counts its forward_flops and capture() sets its `record`."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                 kernel_size: int = 7, weight_dropout: float = 0.0, glu: bool = True):
+    def __init__(
+        self,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        max_seq_len,
+        scale,
+        dropout,
+        causal,
+        kernel_size: int = 7,
+        weight_dropout: float = 0.0,
+        glu: bool = True,
+    ):
         super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
         self.K, self.weight_dropout, self.glu, self.causal = kernel_size, weight_dropout, glu, causal
         self.P = kernel_size - 1 if causal else (kernel_size - 1) // 2  # inputs before t in t's window
@@ -105,7 +119,7 @@ class _Conv(Score):
         """Softmax-normalised kernel: (H, K) static, or (B, T, H, K) per position."""
         raise NotImplementedError
 
-    def forward(self, u: torch.Tensor, keep: Optional[torch.Tensor], cache: Optional[LayerCache] = None) -> torch.Tensor:
+    def forward(self, u: torch.Tensor, keep: torch.Tensor | None, cache: LayerCache | None = None) -> torch.Tensor:
         """u (B, T, H*Dh) -> (B, T, H*Dh). keep: (B, T) 1 for tokens, 0 for pads, or None."""
         B, T, _ = u.shape
         if keep is not None:
@@ -134,7 +148,7 @@ class _Conv(Score):
             raise ValueError("a bidirectional convolution cannot be run incrementally with a cache")
         cache.k = u[:, None] if cache.k is None else torch.cat([cache.k, u[:, None]], dim=2)
         past = min(cache.k.shape[2] - u.shape[1], self.K - 1)
-        return cache.k[:, 0, cache.k.shape[2] - u.shape[1] - past:]  # (B, past + T, H*Dh)
+        return cache.k[:, 0, cache.k.shape[2] - u.shape[1] - past :]  # (B, past + T, H*Dh)
 
     def sublayer(self, dim: int, bias: bool) -> nn.Module:
         return ConvAttention(dim, self.n_heads, self.head_dim, bias, self)
@@ -159,10 +173,22 @@ def band(w: torch.Tensor, B: int, Tq: int, Tk: int, P: int, past: int) -> torch.
 class LightweightConv(_Conv):
     """One softmax-normalised kernel per head, shared by its channels and by every position."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                 kernel_size: int = 7, weight_dropout: float = 0.0, glu: bool = True):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                         kernel_size, weight_dropout, glu)
+    def __init__(
+        self,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        max_seq_len,
+        scale,
+        dropout,
+        causal,
+        kernel_size: int = 7,
+        weight_dropout: float = 0.0,
+        glu: bool = True,
+    ):
+        super().__init__(
+            n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, kernel_size, weight_dropout, glu
+        )
         self.weight = nn.Parameter(torch.empty(n_heads, kernel_size))
         self.reset_parameters()
 
@@ -176,10 +202,22 @@ class LightweightConv(_Conv):
 class DynamicConv(_Conv):
     """The kernel of position t is predicted from u_t: softmax(u_t W_dyn) per head (Wu et al. eq. 4)."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                 kernel_size: int = 7, weight_dropout: float = 0.0, glu: bool = True):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                         kernel_size, weight_dropout, glu)
+    def __init__(
+        self,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        max_seq_len,
+        scale,
+        dropout,
+        causal,
+        kernel_size: int = 7,
+        weight_dropout: float = 0.0,
+        glu: bool = True,
+    ):
+        super().__init__(
+            n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, kernel_size, weight_dropout, glu
+        )
         self.weight_linear = Linear(n_heads * head_dim, n_heads * kernel_size, bias=False)
 
     def kernel(self, u):
@@ -199,12 +237,13 @@ class ConvAttention(_Attention):
         # GLU: half of the 2d projection gates the other half (Dauphin et al. 2017); without it, d -> d
         self.inp = Linear(dim, 2 * width if conv.glu else width, bias=bias)
 
-    def forward(self, x, causal: bool, mask, pos, cache: Optional[LayerCache] = None):
+    def forward(self, x, causal: bool, mask, pos, cache: LayerCache | None = None):
         """x (B, T, D) -> (B, T, D). pos is unused: the convolution's window is its position signal."""
         if causal != self.score.causal:
-            raise ValueError(f"this convolution was built {'causal' if self.score.causal else 'bidirectional'} "
-                             f"and was called with causal={causal}")
+            raise ValueError(
+                f"this convolution was built {'causal' if self.score.causal else 'bidirectional'} "
+                f"and was called with causal={causal}"
+            )
         u = self.inp(x)
         u = F.glu(u, dim=-1) if self.score.glu else u  # (B, T, 2*H*Dh) -> (B, T, H*Dh)
         return self.out(self.score(u, key_keep(mask, x.shape[1]), cache))
-

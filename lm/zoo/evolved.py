@@ -28,8 +28,8 @@ reference does, so padding reaches no real token. The convolutions keep no state
 KV-cached generation is refused (lm.model.generate would need each prelude's own cache).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +43,10 @@ from lm.model.options import BlockConfig, MoEConfig
 from lm.model.registry import register
 from lm.model.stack import BlockParts
 
-NO_CACHE = ("model/block=evolved has no KV cache for its convolution and branched-attention sub-layers; "
-            "generate without a cache or use the vanilla block (model/block=null)")
+NO_CACHE = (
+    "model/block=evolved has no KV cache for its convolution and branched-attention sub-layers; "
+    "generate without a cache or use the vanilla block (model/block=null)"
+)
 
 
 @register("block")
@@ -58,12 +60,16 @@ class EvolvedConfig(BlockConfig):
         name = "model/block=evolved"
         self.refuse_query_pooling(model)
         if model.arch != Arch.encoder and isinstance(model.ffn, MoEConfig):
-            raise ConfigError(f"{name}: the decoder cell's FFN is the paper's Swish FFN, so model/ffn=moe|switch "
-                              f"would not be used in it; use it with model.arch=encoder or drop it")
+            raise ConfigError(
+                f"{name}: the decoder cell's FFN is the paper's Swish FFN, so model/ffn=moe|switch "
+                f"would not be used in it; use it with model.arch=encoder or drop it"
+            )
         if model.dim % 2 or model.d_head % 2:
-            raise ConfigError(f"{name} needs an even model.dim (its d/2-wide convolution branches) and an even head "
-                              f"size (its decoder cell's first attention has 2 x n_heads heads of head_dim / 2): "
-                              f"got dim={model.dim}, head_dim={model.d_head}")
+            raise ConfigError(
+                f"{name} needs an even model.dim (its d/2-wide convolution branches) and an even head "
+                f"size (its decoder cell's first attention has 2 x n_heads heads of head_dim / 2): "
+                f"got dim={model.dim}, head_dim={model.d_head}"
+            )
 
 
 def evolved_block(parts: BlockParts) -> nn.Module:
@@ -71,13 +77,20 @@ def evolved_block(parts: BlockParts) -> nn.Module:
     cfg, causal = parts.cfg, parts.causal
     cross_attn = parts.cross_attention()
     wide = (2 * cfg.n_heads, 2 * cfg.kv_heads, cfg.d_head // 2)
-    cells = prelude(causal, cfg.dim, cfg.bias, cfg.dropout, parts.norm,
-                    wide_self_attn=lambda: parts.attention(heads=wide), cross_attn=parts.cross_attention)
+    cells = prelude(
+        causal,
+        cfg.dim,
+        cfg.bias,
+        cfg.dropout,
+        parts.norm,
+        wide_self_attn=lambda: parts.attention(heads=wide),
+        cross_attn=parts.cross_attention,
+    )
     ffn = SwishFFN(cfg.dim, parts.ffn_bias, cfg.dropout, parts.norm) if causal else parts.ffn()
     return parts.block(parts.attention(), ffn, cross_attn, prelude=cells)
 
 
-def _keep_only_tokens(x: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+def _keep_only_tokens(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     keep = key_keep(mask, x.shape[1])  # (B, T) or None
     return x if keep is None else x * keep[:, :, None].to(x.dtype)
 
@@ -171,7 +184,7 @@ class DecoderConvBranches(nn.Module):
         return self.sep(h)  # (B, T, d)
 
 
-def _per_narrow_head(mask: Optional[torch.Tensor], n_heads: int) -> Optional[torch.Tensor]:
+def _per_narrow_head(mask: torch.Tensor | None, n_heads: int) -> torch.Tensor | None:
     """A per-head score bias (T5's relative bias, ALiBi) is built for the model's H heads; the branched
     attention has 2H heads of Dh/2, so each pair of narrow heads takes the bias of the head it halves."""
     if mask is None or mask.dim() != 4 or mask.shape[1] in (1, n_heads):
@@ -183,7 +196,7 @@ class BranchedAttention(nn.Module):
     """Decoder step 1: self-attention with 2H heads, plus H-head attention to the encoder memory when
     the block has cross-attention."""
 
-    def __init__(self, self_attn: SelfAttention, cross_attn: Optional[CrossAttention]):
+    def __init__(self, self_attn: SelfAttention, cross_attn: CrossAttention | None):
         super().__init__()
         self.self_attn, self.cross_attn = self_attn, cross_attn
 
@@ -210,8 +223,15 @@ class SwishFFN(nn.Module):
         return self.down(self.norm(self.drop(F.silu(self.up(x)))))
 
 
-def prelude(causal: bool, dim: int, bias: bool, dropout: float, norm: Callable[[int], nn.Module],
-            wide_self_attn: Callable[[], SelfAttention], cross_attn: Callable[[], Optional[CrossAttention]]) -> List[nn.Module]:
+def prelude(
+    causal: bool,
+    dim: int,
+    bias: bool,
+    dropout: float,
+    norm: Callable[[int], nn.Module],
+    wide_self_attn: Callable[[], SelfAttention],
+    cross_attn: Callable[[], CrossAttention | None],
+) -> list[nn.Module]:
     """The sub-layers an evolved cell runs before the block's self-attention."""
     if not causal:
         return [GLUSublayer(dim, bias), EncoderConvBranches(dim, bias, dropout, norm)]

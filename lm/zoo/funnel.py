@@ -14,8 +14,8 @@ Positions enter as embeddings (learned, sinusoidal, none) before the first block
 inside attention (RoPE, ALiBi, T5 bias) would need pooled positions and are refused.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -40,32 +40,43 @@ class FunnelConfig(StackConfig):
     Causal stacks (an encoder-decoder's decoder) stay plain Stacks."""
 
     _target_: str = "lm.zoo.funnel.funnel_stack"
-    blocks: List[int] = field(default_factory=list)  # encoder blocks per group, summing to model.n_layers
+    blocks: list[int] = field(default_factory=list)  # encoder blocks per group, summing to model.n_layers
     decoder_layers: int = 2  # full-length blocks after up-sampling
     pools_queries = True
 
     def check(self, model) -> None:
         if model.arch == Arch.decoder:
-            raise ConfigError("model/stack=funnel on a decoder (model.arch=decoder): pooling would let a token see "
-                              "its pooled future; use model.arch=encoder or encoder_decoder")
-        if (not self.blocks or any(not isinstance(b, int) or b < 1 for b in self.blocks)
-                or sum(self.blocks) != model.n_layers):
-            raise ConfigError(f"model.stack.blocks={list(self.blocks)} must be positive and sum to "
-                              f"model.n_layers={model.n_layers}")
+            raise ConfigError(
+                "model/stack=funnel on a decoder (model.arch=decoder): pooling would let a token see "
+                "its pooled future; use model.arch=encoder or encoder_decoder"
+            )
+        if (
+            not self.blocks
+            or any(not isinstance(b, int) or b < 1 for b in self.blocks)
+            or sum(self.blocks) != model.n_layers
+        ):
+            raise ConfigError(
+                f"model.stack.blocks={list(self.blocks)} must be positive and sum to model.n_layers={model.n_layers}"
+            )
         if not isinstance(self.decoder_layers, int) or self.decoder_layers < 0:
             raise ConfigError(f"model.stack.decoder_layers={self.decoder_layers!r} must be >= 0")
         if model.attn.self_only:
-            raise ConfigError(f"model/attn={option_name(model.attn)} with model/stack=funnel: Funnel pools the "
-                              f"queries, which moves them off the positions this option's pattern/window is laid "
-                              f"out on; use scaled_dot")
+            raise ConfigError(
+                f"model/attn={option_name(model.attn)} with model/stack=funnel: Funnel pools the "
+                f"queries, which moves them off the positions this option's pattern/window is laid "
+                f"out on; use scaled_dot"
+            )
         if model.memory is not None:
-            raise ConfigError(f"model/memory={option_name(model.memory)} with model.stack.blocks={list(self.blocks)}: a "
-                              f"Funnel encoder's layers have different lengths, so they cannot be mixed; drop one "
-                              f"of them")
+            raise ConfigError(
+                f"model/memory={option_name(model.memory)} with model.stack.blocks={list(self.blocks)}: a "
+                f"Funnel encoder's layers have different lengths, so they cannot be mixed; drop one "
+                f"of them"
+            )
 
 
-def funnel_stack(cfg, c: Components, n_layers: int, causal: bool, cross: bool, blocks: List[int],
-                 decoder_layers: int) -> Stack:
+def funnel_stack(
+    cfg, c: Components, n_layers: int, causal: bool, cross: bool, blocks: list[int], decoder_layers: int
+) -> Stack:
     """The encoder stack is a FunnelStack; a causal stack (an encoder-decoder's decoder) a plain Stack."""
     if causal or cross:
         return Stack(cfg, c, n_layers, causal, cross)
@@ -90,16 +101,21 @@ def pool(t: torch.Tensor, weights: torch.Tensor, dim: int) -> torch.Tensor:
 class FunnelStack(MatmulCount, Stack):
     """Stack whose blocks are `groups` pooled groups, then decoder_layers full-length blocks."""
 
-    def __init__(self, cfg, c: Components, n_layers: int, groups: List[int], decoder_layers: int):
+    def __init__(self, cfg, c: Components, n_layers: int, groups: list[int], decoder_layers: int):
         super().__init__(cfg, c, n_layers + decoder_layers, causal=False)
-        hooks = [name for name in ("rotary", "score_bias")
-                 if getattr(type(self.pos), name) is not getattr(PositionScheme, name)]
+        hooks = [
+            name
+            for name in ("rotary", "score_bias")
+            if getattr(type(self.pos), name) is not getattr(PositionScheme, name)
+        ]
         if hooks:
-            raise ConfigError(f"model/stack=funnel needs positions added to the embeddings (model/pos=learned, "
-                              f"sinusoidal or none); {cfg.pos._target_} acts inside attention ({hooks[0]})")
-        self.groups: List[int] = groups
+            raise ConfigError(
+                f"model/stack=funnel needs positions added to the embeddings (model/pos=learned, "
+                f"sinusoidal or none); {cfg.pos._target_} acts inside attention ({hooks[0]})"
+            )
+        self.groups: list[int] = groups
 
-    def _encode(self, x: torch.Tensor, padding: Optional[torch.Tensor]):
+    def _encode(self, x: torch.Tensor, padding: torch.Tensor | None):
         """Embedded tokens (B, T, D) -> (last group's output (B, T', D), its padding, first group's output)."""
         positions = torch.arange(x.shape[1], device=x.device)
         x = self.drop(self.embed_norm(self.pos.embed(x, positions)))
@@ -128,12 +144,19 @@ class FunnelStack(MatmulCount, Stack):
 
         pooled_keep = (weights.sum(-1) > 0).to(keep.dtype)  # (B, T2): real if either of the pair is
         pooled_padding = None if padding is None else pooled_keep.to(padding.dtype)
-        x = self.run_block(block, x, build_mask(False, q_pos, k_pos, padding), pooled_queries,
-                           pool=lambda h: pool(h, weights, 1), padding=pooled_padding)
+        x = self.run_block(
+            block,
+            x,
+            build_mask(False, q_pos, k_pos, padding),
+            pooled_queries,
+            pool=lambda h: pool(h, weights, 1),
+            padding=pooled_padding,
+        )
         return x, pooled_keep, pooled_padding, build_mask(False, q_pos, q_pos, pooled_padding)
 
-    def forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None, memory=None, memory_padding=None,
-                cache=None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, padding: torch.Tensor | None = None, memory=None, memory_padding=None, cache=None
+    ) -> torch.Tensor:
         """Token-level outputs (B, T, D): up-sampled last group + first group, then the decoder blocks."""
         if cache is not None or memory is not None:
             raise ValueError("a Funnel encoder takes no cache or memory")
@@ -142,16 +165,18 @@ class FunnelStack(MatmulCount, Stack):
         h = h.repeat_interleave(2 ** (len(self.groups) - 1), dim=1)[:, :T] + first  # (B, T', D) -> (B, T, D)
         positions = torch.arange(T, device=x.device)
         mask, rotate = build_mask(False, positions, positions, padding), self.pos.rotary(positions)
-        for block in self.blocks[sum(self.groups):]:
+        for block in self.blocks[sum(self.groups) :]:
             h = self.run_block(block, h, mask, rotate, padding=padding)
         return self.final_norm(h)
 
-    def pooled_forward(self, x: torch.Tensor, padding: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def pooled_forward(
+        self, x: torch.Tensor, padding: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Classification: the pooled path only, (B, T / 2**(groups-1), D) and its padding."""
         h, padding, _ = self._encode(x, padding)
         return self.final_norm(h), padding
 
-    def attention_shares(self) -> List[Tuple[float, float]]:
+    def attention_shares(self) -> list[tuple[float, float]]:
         return attention_shares(self.groups, len(self.blocks) - sum(self.groups))
 
     def active_matmul_params(self, count: Callable[[nn.Module], float]) -> float:
@@ -164,25 +189,26 @@ class FunnelStack(MatmulCount, Stack):
         return total
 
 
-def pooling_blocks(groups: List[int]) -> set:
+def pooling_blocks(groups: list[int]) -> set:
     """Indices of the blocks that pool (the first of every group after the first)."""
     return {sum(groups[:g]) for g in range(1, len(groups))}
 
 
-def token_fractions(groups: List[int], n_blocks: int) -> List[float]:
+def token_fractions(groups: list[int], n_blocks: int) -> list[float]:
     """Per block, its tokens per input token: 1/2**g in group g, 1 in the up-sampling blocks."""
-    fractions = [2.0 ** -g for g, n in enumerate(groups) for _ in range(n)]
+    fractions = [2.0**-g for g, n in enumerate(groups) for _ in range(n)]
     return fractions + [1.0] * (n_blocks - len(fractions))
 
 
-def attention_layers(groups: List[int], decoder_layers: int) -> float:
+def attention_layers(groups: list[int], decoder_layers: int) -> float:
     """The Funnel encoder's attention cost in full-length layers: a block of group g has T/2**g queries over
     T/2**g keys, a pooling block T/2**g queries over T/2**(g-1) keys, an up-sampling block T over T."""
     return sum(q * k for q, k in attention_shares(groups, decoder_layers))
 
 
-def attention_shares(groups: List[int], decoder_layers: int) -> List[Tuple[float, float]]:
+def attention_shares(groups: list[int], decoder_layers: int) -> list[tuple[float, float]]:
     """(queries, keys) of each block as fractions of T (lm/model/flops.py via FunnelStack.attention_shares)."""
     starts = pooling_blocks(groups)
-    return [(f, 2 * f if i in starts else f)
-            for i, f in enumerate(token_fractions(groups, sum(groups) + decoder_layers))]
+    return [
+        (f, 2 * f if i in starts else f) for i, f in enumerate(token_fractions(groups, sum(groups) + decoder_layers))
+    ]

@@ -8,7 +8,7 @@ model.tie_embeddings is true, as in Yang et al.). model/output=mixture_of_softma
 """
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -42,8 +42,9 @@ class MixtureOfSoftmaxes(MatmulCount, nn.Module):
     """The LM head's interface: forward(h) gives log-probabilities (..., V) that sum to 1 (evaluation
     and sampling use them as logits); output(h, labels) the mean NLL over labels != -100."""
 
-    def __init__(self, cfg: ModelConfig, tied: Optional[nn.Embedding], bias: bool, transform: nn.Module,
-                 components: int = 4):
+    def __init__(
+        self, cfg: ModelConfig, tied: nn.Embedding | None, bias: bool, transform: nn.Module, components: int = 4
+    ):
         super().__init__()
         self.k, self.dim = components, cfg.dim
         self.transform = transform
@@ -61,7 +62,7 @@ class MixtureOfSoftmaxes(MatmulCount, nn.Module):
         log_p_k = F.log_softmax(self.proj(h_k * self.logit_scale).float(), dim=-1)  # (..., K, V)
         return torch.logsumexp(log_pi.unsqueeze(-1) + log_p_k, dim=-2)  # log sum_k pi_k p_k: (..., V)
 
-    def output(self, h: torch.Tensor, labels: Optional[torch.Tensor]):
+    def output(self, h: torch.Tensor, labels: torch.Tensor | None):
         log_probs = self(h)  # (B, T, V)
         if labels is None:
             return LMOutput(logits=log_probs)

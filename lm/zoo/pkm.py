@@ -11,8 +11,8 @@ instead of n_keys**2 (paper section 3.2). The k best slots' values are summed wi
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +35,7 @@ class PKMConfig(BlockConfig):
     sub-keys with the two halves of its query and reads the top_k best of their products."""
 
     _target_: str = "lm.zoo.pkm.pkm_block"
-    layers: List[int] = field(default_factory=lambda: [0])  # the first block: every model has one
+    layers: list[int] = field(default_factory=lambda: [0])  # the first block: every model has one
     n_keys: int = 64  # sub-keys per half
     heads: int = 4
     k_dim: int = 64  # query size per head (each half is k_dim / 2)
@@ -47,7 +47,11 @@ class PKMConfig(BlockConfig):
         if isinstance(model.stack, FunnelConfig):  # a Funnel encoder holds its up-sampling blocks too
             depths.append(model.n_layers + model.stack.decoder_layers)
         depth = max(depths)
-        if not self.layers or [i for i in self.layers if not 0 <= i < depth] or len(set(self.layers)) != len(self.layers):
+        if (
+            not self.layers
+            or [i for i in self.layers if not 0 <= i < depth]
+            or len(set(self.layers)) != len(self.layers)
+        ):
             raise ConfigError(f"model.block.layers={list(self.layers)} must be distinct block indices in [0, {depth})")
         for name in ("n_keys", "heads", "k_dim", "top_k"):
             positive(f"block.{name}", getattr(self, name))
@@ -57,19 +61,21 @@ class PKMConfig(BlockConfig):
             raise ConfigError(f"model.block.top_k={self.top_k} must be <= model.block.n_keys={self.n_keys}")
 
 
-def pkm_block(parts: BlockParts, layers: List[int], n_keys: int, heads: int, k_dim: int, top_k: int,
-              query_batchnorm: bool) -> nn.Module:
+def pkm_block(
+    parts: BlockParts, layers: list[int], n_keys: int, heads: int, k_dim: int, top_k: int, query_batchnorm: bool
+) -> nn.Module:
     """The vanilla block; in the listed layers the FFN slot holds the memory."""
     cross_attn = parts.cross_attention()
     if parts.layer in layers:
-        ffn = ProductKeyMemory(parts.cfg.dim, n_keys, heads, k_dim, top_k, query_batchnorm, parts.ffn_bias,
-                               parts.cfg.dropout)
+        ffn = ProductKeyMemory(
+            parts.cfg.dim, n_keys, heads, k_dim, top_k, query_batchnorm, parts.ffn_bias, parts.cfg.dropout
+        )
     else:
         ffn = parts.ffn()
     return parts.block(parts.attention(), ffn, cross_attn)
 
 
-def product_topk(s1: torch.Tensor, s2: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def product_topk(s1: torch.Tensor, s2: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """s1, s2: (..., n) half scores -> top-k (scores, slot = i * n + j) of s1[i] + s2[j] over all n**2 pairs."""
     n = s1.shape[-1]
     v1, i1 = s1.topk(k, dim=-1)  # (..., k)
@@ -81,8 +87,17 @@ def product_topk(s1: torch.Tensor, s2: torch.Tensor, k: int) -> Tuple[torch.Tens
 
 
 class ProductKeyMemory(MatmulCount, nn.Module):
-    def __init__(self, dim: int, n_keys: int = 64, heads: int = 4, k_dim: int = 64, top_k: int = 8,
-                 query_batchnorm: bool = False, bias: bool = True, dropout: float = 0.0):
+    def __init__(
+        self,
+        dim: int,
+        n_keys: int = 64,
+        heads: int = 4,
+        k_dim: int = 64,
+        top_k: int = 8,
+        query_batchnorm: bool = False,
+        bias: bool = True,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.n_keys, self.heads, self.k_dim, self.top_k = n_keys, heads, k_dim, top_k
         self.query = Linear(dim, heads * k_dim, bias=bias)
@@ -91,11 +106,11 @@ class ProductKeyMemory(MatmulCount, nn.Module):
         # (heads, 2 halves, n_keys, k_dim / 2); uniform init as the paper's code (1/sqrt(half))
         bound = 1 / math.sqrt(k_dim // 2)
         self.keys = nn.Parameter(torch.empty(heads, 2, n_keys, k_dim // 2).uniform_(-bound, bound))
-        self.values = nn.EmbeddingBag(n_keys ** 2, dim, mode="sum")
-        nn.init.normal_(self.values.weight, 0.0, dim ** -0.5)
+        self.values = nn.EmbeddingBag(n_keys**2, dim, mode="sum")
+        nn.init.normal_(self.values.weight, 0.0, dim**-0.5)
         self.dropout = nn.Dropout(dropout)
 
-    def lookup(self, q: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def lookup(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q: (N, heads, k_dim) -> (scores, slots), each (N, heads, top_k)."""
         q1, q2 = q.chunk(2, dim=-1)  # 2 x (N, H, k_dim/2)
         s1 = torch.einsum("nhd,hkd->nhk", q1, self.keys[:, 0])  # (N, H, n_keys)
@@ -114,4 +129,8 @@ class ProductKeyMemory(MatmulCount, nn.Module):
     def active_matmul_params(self, count: Callable[[nn.Module], float]) -> float:
         """Per-token multiply-adds as matmul weights (lm/model/flops.py): the query projection, the
         2 x n_keys sub-key scores of k_dim/2 per head, and the heads * top_k value rows read."""
-        return count(self.query) + self.heads * self.n_keys * self.k_dim + self.heads * self.top_k * self.values.embedding_dim
+        return (
+            count(self.query)
+            + self.heads * self.n_keys * self.k_dim
+            + self.heads * self.top_k * self.values.embedding_dim
+        )

@@ -7,8 +7,8 @@ the norm it builds is the one each branch (and the final, embedding and q/k norm
 LayerNorm/RMSNorm of the "ReZero + norm" rows. Fixup also rescales the initial weights (`after_init`).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -22,18 +22,20 @@ from lm.model.options import NormConfig, option_name
 from lm.model.registry import register
 from lm.model.stack import Stack
 
-
 # -- the residual functions ------------------------------------------------------------------------
 
-def rezero(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s: BranchScalars,
-           skip: Optional[Callable] = None) -> torch.Tensor:
+
+def rezero(
+    x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s: BranchScalars, skip: Callable | None = None
+) -> torch.Tensor:
     """x + alpha * drop(f(norm(x))), alpha learned from 0: every block starts as the identity, so deep
     stacks train without a norm (Bachlechner et al. 2020). norm is the identity unless rezero_layernorm/_rmsnorm."""
     return carried(x, skip) + s.alpha * drop(f(norm(x)))
 
 
-def fixup(x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s: BranchScalars,
-          skip: Optional[Callable] = None) -> torch.Tensor:
+def fixup(
+    x: torch.Tensor, norm: nn.Module, f: Callable, drop: nn.Module, s: BranchScalars, skip: Callable | None = None
+) -> torch.Tensor:
     """x + multiplier * drop(f(x + bias)): Fixup's scalar bias before the branch and scalar multiplier after
     it (Zhang et al. 2019); with no norm, the rescaled init (fixup_rescale) keeps the updates bounded."""
     return carried(x, skip) + s.multiplier * drop(f(norm(x) + s.bias))
@@ -44,6 +46,7 @@ FIXUP = Residual(fixup, {"bias": 0.0, "multiplier": 1.0})
 
 
 # -- the norms the branches apply ------------------------------------------------------------------
+
 
 class NoNorm(nn.Identity):
     """The identity, built as norm(dim, eps) like every other option."""
@@ -67,6 +70,7 @@ def fixup_norm(dim: int, eps: float = 1e-5) -> nn.Module:
 
 # -- the option schemas (conf/model/norm/rezero*.yaml, fixup.yaml) ---------------------------------
 
+
 class ReZeroNorm(Choice):
     none = "none"  # ReZero proper: no norm anywhere
     layernorm = "layernorm"  # Narang et al.'s "ReZero + LayerNorm"
@@ -84,12 +88,16 @@ class _ResidualNormConfig(NormConfig):
     def check(self, model) -> None:
         name = f"model/norm={option_name(self)}"
         if model.norm_position != NormPosition.pre:
-            raise ConfigError(f"{name} defines its own residual (x + scalar * f(x)); model.norm_position="
-                              f"{model.norm_position} does not apply: leave it at pre")
+            raise ConfigError(
+                f"{name} defines its own residual (x + scalar * f(x)); model.norm_position="
+                f"{model.norm_position} does not apply: leave it at pre"
+            )
         for field in ("qk_norm", "embed_norm", "mlm_transform"):
             if not self.has_norm() and getattr(model, field):
-                raise ConfigError(f"{name} has no norm, but model.{field}=true needs one; set model.{field}=false"
-                                  f" or pick model/norm=rezero_layernorm or rezero_rmsnorm")
+                raise ConfigError(
+                    f"{name} has no norm, but model.{field}=true needs one; set model.{field}=false"
+                    f" or pick model/norm=rezero_layernorm or rezero_rmsnorm"
+                )
 
 
 @register("norm")

@@ -9,7 +9,7 @@ comparison of scoring functions, each a `Score` (lm/model/scores.py) that define
 """
 
 from dataclasses import dataclass
-from typing import ClassVar, Optional
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from lm.model.choices import Arch
 from lm.model.options import ALiBiConfig, AttnConfig, T5BiasConfig, positive
 from lm.model.registry import register
 from lm.model.scores import NEG, ScaledDot, Score
+
 
 @register("attn")
 @dataclass
@@ -45,7 +46,7 @@ class AdditiveConfig(AttnConfig):
     """softmax(v^T tanh(W1 q + W2 k)) per head (Bahdanau et al. 2014). Memory: (B, H, Tq, Tk, d_attn)."""
 
     _target_: str = "lm.zoo.scores.Additive"
-    d_attn: Optional[int] = None  # width of the tanh layer; None = head_dim
+    d_attn: int | None = None  # width of the tanh layer; None = head_dim
     query_chunk: int = 0  # >0: score this many queries at a time, recomputed in backward (bounds memory)
     uses_scale: ClassVar[bool] = False
 
@@ -54,7 +55,9 @@ class AdditiveConfig(AttnConfig):
         if self.d_attn is not None:
             positive("attn.d_attn", self.d_attn)
         if not isinstance(self.query_chunk, int) or self.query_chunk < 0:
-            raise ConfigError(f"model.attn.query_chunk={self.query_chunk!r} must be 0 (all queries at once) or positive")
+            raise ConfigError(
+                f"model.attn.query_chunk={self.query_chunk!r} must be 0 (all queries at once) or positive"
+            )
 
 
 @register("attn")
@@ -63,7 +66,7 @@ class LinformerConfig(AttnConfig):
     """Keys and values projected along the sequence to k rows (Wang et al. 2020); not causal."""
 
     _target_: str = "lm.zoo.scores.Linformer"
-    k: Optional[int] = None  # projected length; None = max_seq_len // 4 (the paper's n=1024, k=256)
+    k: int | None = None  # projected length; None = max_seq_len // 4 (the paper's n=1024, k=256)
     shared_kv: bool = False  # one projection for keys and values (the paper's key-value sharing)
 
     def check(self, model) -> None:
@@ -73,16 +76,20 @@ class LinformerConfig(AttnConfig):
                 "model/attn=linformer cannot be used with model.arch=decoder: Linformer projects the keys and values "
                 "of all positions into k rows, so every row mixes in future tokens and no causal mask can be applied. "
                 "Use it with model.arch=encoder or encoder_decoder (its decoder's causal self-attention keeps "
-                "scaled_dot), or pick a causal option: scaled_dot, dot, multiplicative, additive")
+                "scaled_dot), or pick a causal option: scaled_dot, dot, multiplicative, additive"
+            )
         k = linformer_k(self, model.max_seq_len)
         if not isinstance(k, int) or not 1 <= k <= model.max_seq_len:
-            raise ConfigError(f"model.attn.k={k!r} must be in [1, model.max_seq_len={model.max_seq_len}] "
-                              f"(the projection maps at most max_seq_len positions to k rows)")
+            raise ConfigError(
+                f"model.attn.k={k!r} must be in [1, model.max_seq_len={model.max_seq_len}] "
+                f"(the projection maps at most max_seq_len positions to k rows)"
+            )
         if isinstance(model.pos, (ALiBiConfig, T5BiasConfig)):
             raise ConfigError(
                 f"model.pos._target_={model.pos._target_} (alibi, t5_bias) adds a bias per key position, which "
                 f"Linformer projects away into k rows; use model/pos=learned, sinusoidal, rope or none with "
-                f"model/attn=linformer")
+                f"model/attn=linformer"
+            )
 
 
 def linformer_k(cfg: LinformerConfig, max_seq_len: int) -> int:
@@ -91,6 +98,7 @@ def linformer_k(cfg: LinformerConfig, max_seq_len: int) -> int:
 
 
 # -- the scores ------------------------------------------------------------------------------------
+
 
 class Dot(ScaledDot):
     """softmax(q k^T): the unscaled dot product. Its logits grow with Dh (why Vaswani et al. scale)."""
@@ -110,14 +118,14 @@ class Multiplicative(Score):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.W.copy_(torch.eye(self.head_dim).expand_as(self.W) * self.head_dim ** -0.5)
+            self.W.copy_(torch.eye(self.head_dim).expand_as(self.W) * self.head_dim**-0.5)
 
     def logits(self, q, k):
         qW = torch.einsum("bhqd,hde->bhqe", q, self.W)  # (B, H, Tq, Dh)
         return qW @ k.transpose(-2, -1)
 
     def forward_flops(self, seq_len):
-        return super().forward_flops(seq_len) + 2 * self.n_heads * self.head_dim ** 2  # q W
+        return super().forward_flops(seq_len) + 2 * self.n_heads * self.head_dim**2  # q W
 
 
 class Additive(Score):
@@ -128,8 +136,18 @@ class Additive(Score):
     (torch.utils.checkpoint), so memory holds one chunk's tensor instead of all of them.
     """
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                 d_attn: Optional[int] = None, query_chunk: int = 0):
+    def __init__(
+        self,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        max_seq_len,
+        scale,
+        dropout,
+        causal,
+        d_attn: int | None = None,
+        query_chunk: int = 0,
+    ):
         super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
         self.d_attn, self.query_chunk = d_attn or head_dim, query_chunk
         self.W1 = nn.Parameter(torch.empty(n_heads, head_dim, self.d_attn))
@@ -140,8 +158,8 @@ class Additive(Score):
     def reset_parameters(self) -> None:
         # fan-in scaled (as nn.Linear): W1 q + W2 k stay O(|q|), inside tanh's useful range
         for w in (self.W1, self.W2):
-            nn.init.uniform_(w, -self.head_dim ** -0.5, self.head_dim ** -0.5)
-        nn.init.uniform_(self.v, -self.d_attn ** -0.5, self.d_attn ** -0.5)
+            nn.init.uniform_(w, -(self.head_dim**-0.5), self.head_dim**-0.5)
+        nn.init.uniform_(self.v, -(self.d_attn**-0.5), self.d_attn**-0.5)
 
     def logits(self, q, k):
         q1 = torch.einsum("bhqd,hda->bhqa", q, self.W1)  # (B, H, Tq, d_attn)
@@ -149,7 +167,7 @@ class Additive(Score):
         chunk = self.query_chunk
         if not chunk or q1.shape[2] <= chunk:
             return self._pairs(q1, k2)
-        parts = [q1[:, :, i:i + chunk] for i in range(0, q1.shape[2], chunk)]
+        parts = [q1[:, :, i : i + chunk] for i in range(0, q1.shape[2], chunk)]
         if torch.is_grad_enabled():
             return torch.cat([checkpoint(self._pairs, p, k2, use_reentrant=False) for p in parts], dim=2)
         return torch.cat([self._pairs(p, k2) for p in parts], dim=2)
@@ -174,8 +192,18 @@ class Linformer(ScaledDot):
 
     causal_ok = False
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal,
-                 k: Optional[int] = None, shared_kv: bool = False):
+    def __init__(
+        self,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        max_seq_len,
+        scale,
+        dropout,
+        causal,
+        k: int | None = None,
+        shared_kv: bool = False,
+    ):
         super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
         self.k = k if k is not None else max(1, max_seq_len // 4)  # LinformerConfig's default (linformer_k)
         self.E = nn.Parameter(torch.empty(self.k, max_seq_len))
@@ -185,13 +213,15 @@ class Linformer(ScaledDot):
     def reset_parameters(self) -> None:
         for p in (self.E, self.F):
             if p is not None:
-                nn.init.uniform_(p, -self.k ** -0.5, self.k ** -0.5)  # as the paper's reference code (1/sqrt(k))
+                nn.init.uniform_(p, -(self.k**-0.5), self.k**-0.5)  # as the paper's reference code (1/sqrt(k))
 
     def keys_values(self, k, v, mask):
         T = k.shape[2]
-        if T > self.max_seq_len:
-            raise ValueError(f"Linformer got {T} key positions; its projections cover model.max_seq_len="
-                             f"{self.max_seq_len}: raise it or shorten the input")
+        if self.max_seq_len < T:
+            raise ValueError(
+                f"Linformer got {T} key positions; its projections cover model.max_seq_len="
+                f"{self.max_seq_len}: raise it or shorten the input"
+            )
         if mask is not None:
             # Not causal, so a key is masked for every query or for none: the first query row tells.
             keep = (mask[:, :1, :1, :] > NEG).to(k.dtype).transpose(-2, -1)  # (B, 1, Tk, 1)

@@ -8,7 +8,6 @@ Stack takes n_blocks); the Block and the residual stream are unchanged, only how
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
@@ -45,7 +44,7 @@ class SharedConfig(StackConfig):
     # with a timestep embedding added before each step; sinusoids have norm sqrt(dim/2): tensor2tensor's UT
     # also scales token embeddings by sqrt(dim) (model.scale_embeddings=true) so they are not swamped
     universal: bool = False
-    steps: Optional[int] = None
+    steps: int | None = None
     step_embedding: StepKind = StepKind.sinusoidal
 
     def depth(self, n_layers: int) -> int:
@@ -59,29 +58,50 @@ class SharedConfig(StackConfig):
     def check(self, model) -> None:
         stacks = {Arch.decoder: {"decoder"}, Arch.encoder: {"encoder"}, Arch.encoder_decoder: {"encoder", "decoder"}}
         if self.share in ("encoder", "decoder") and self.share not in stacks[model.arch]:
-            raise ConfigError(f"model.stack.share={self.share}: model.arch={model.arch} has no {self.share} stack; "
-                              f"use model.stack.share=all or {' / '.join(sorted(stacks[model.arch]))}")
+            raise ConfigError(
+                f"model.stack.share={self.share}: model.arch={model.arch} has no {self.share} stack; "
+                f"use model.stack.share=all or {' / '.join(sorted(stacks[model.arch]))}"
+            )
         if self.steps is not None and (not self.universal or not isinstance(self.steps, int) or self.steps < 1):
-            raise ConfigError(f"model.stack.steps={self.steps!r} must be a positive number of steps, and applies to "
-                              f"model/stack=universal only (null: as many as the stack has layers)")
+            raise ConfigError(
+                f"model.stack.steps={self.steps!r} must be a positive number of steps, and applies to "
+                f"model/stack=universal only (null: as many as the stack has layers)"
+            )
         if self.universal and self.share in ("encoder", "decoder"):
-            raise ConfigError(f"{self.describe()} makes every stack one recurrent block; model.stack.share="
-                              f"{self.share} would leave the other stack unshared: use all")
+            raise ConfigError(
+                f"{self.describe()} makes every stack one recurrent block; model.stack.share="
+                f"{self.share} would leave the other stack unshared: use all"
+            )
         if model.attn_scale_by_layer:
-            raise ConfigError(f"model.attn_scale_by_layer=true scales each layer differently, so its blocks cannot be "
-                              f"shared ({self.describe()})")
+            raise ConfigError(
+                f"model.attn_scale_by_layer=true scales each layer differently, so its blocks cannot be "
+                f"shared ({self.describe()})"
+            )
         if isinstance(model.block, PKMConfig):
-            raise ConfigError(f"{self.describe()} with model/block=pkm (model.block.layers={list(model.block.layers)}): "
-                              f"the memory replaces the FFN of chosen blocks, which a shared block cannot single out; "
-                              f"drop one of them")
+            raise ConfigError(
+                f"{self.describe()} with model/block=pkm (model.block.layers={list(model.block.layers)}): "
+                f"the memory replaces the FFN of chosen blocks, which a shared block cannot single out; "
+                f"drop one of them"
+            )
         if self.universal and isinstance(model.memory, TransparentConfig):
-            raise ConfigError(f"{self.describe()} with model/memory=transparent: transparent attention mixes "
-                              f"model.n_layers encoder layers, the Universal Transformer applies steps; use "
-                              f"model/stack=shared with it instead")
+            raise ConfigError(
+                f"{self.describe()} with model/memory=transparent: transparent attention mixes "
+                f"model.n_layers encoder layers, the Universal Transformer applies steps; use "
+                f"model/stack=shared with it instead"
+            )
 
 
-def shared_stack(cfg, c: Components, n_layers: int, causal: bool, cross: bool, share: Share, universal: bool,
-                 steps: Optional[int], step_embedding: StepKind) -> Stack:
+def shared_stack(
+    cfg,
+    c: Components,
+    n_layers: int,
+    causal: bool,
+    cross: bool,
+    share: Share,
+    universal: bool,
+    steps: int | None,
+    step_embedding: StepKind,
+) -> Stack:
     """A SharedStack where the option shares this stack (causal = the decoder, bidirectional = the encoder)."""
     if universal:
         return SharedStack(cfg, c, steps or n_layers, causal, cross, step_embedding)
@@ -93,8 +113,7 @@ def shared_stack(cfg, c: Components, n_layers: int, causal: bool, cross: bool, s
 class SharedStack(MatmulCount, Stack):
     """One block applied n_layers times; with a step embedding kind, the Universal Transformer's steps."""
 
-    def __init__(self, cfg, c: Components, n_layers: int, causal: bool, cross: bool,
-                 step_embedding: Optional[str] = None):
+    def __init__(self, cfg, c: Components, n_layers: int, causal: bool, cross: bool, step_embedding: str | None = None):
         super().__init__(cfg, c, n_layers, causal, cross, n_blocks=1)
         self.step_embed = StepEmbedding(cfg.dim, n_layers, step_embedding) if step_embedding else None
 
@@ -103,8 +122,9 @@ class SharedStack(MatmulCount, Stack):
 
     def active_matmul_params(self, count) -> float:
         """lm.model.flops: the shared block runs once per layer."""
-        return (sum(count(m) for name, m in self.named_children() if name != "blocks")
-                + self.depth * sum(count(b) for b in self.blocks))
+        return sum(count(m) for name, m in self.named_children() if name != "blocks") + self.depth * sum(
+            count(b) for b in self.blocks
+        )
 
 
 class StepEmbedding(nn.Module):

@@ -36,8 +36,8 @@ from lm.model.options import AttnConfig
 from lm.model.registry import register, target_option
 from lm.model.scores import Score
 
-
 # -- the option schemas (conf/model/attn/synthesizer_*.yaml) ------------------------------------------
+
 
 class SynthMix(Choice):
     none = "none"  # the synthesized logits alone
@@ -60,17 +60,27 @@ class _SynthesizerConfig(AttnConfig):
 
     def check(self, model) -> None:
         if self.mix == SynthMix.none and (model.attn_scale is not None or model.attn_scale_by_layer):
-            raise ConfigError("model.attn_scale / model.attn_scale_by_layer scale q k^T, which model.attn.mix=none "
-                              "does not compute; unset them or use model.attn.mix=plus|plus_alpha")
+            raise ConfigError(
+                "model.attn_scale / model.attn_scale_by_layer scale q k^T, which model.attn.mix=none "
+                "does not compute; unset them or use model.attn.mix=plus|plus_alpha"
+            )
         super().check(model)
 
 
 SynthesizerDenseConfig = target_option(
-    "attn", "SynthesizerDenseConfig", "lm.zoo.synthesizer.SynthesizerDense",
-    "Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len).", _SynthesizerConfig)
+    "attn",
+    "SynthesizerDenseConfig",
+    "lm.zoo.synthesizer.SynthesizerDense",
+    "Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len).",
+    _SynthesizerConfig,
+)
 SynthesizerRandomConfig = target_option(
-    "attn", "SynthesizerRandomConfig", "lm.zoo.synthesizer.SynthesizerRandom",
-    "Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head.", _SynthesizerConfig)
+    "attn",
+    "SynthesizerRandomConfig",
+    "lm.zoo.synthesizer.SynthesizerRandom",
+    "Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head.",
+    _SynthesizerConfig,
+)
 
 
 @register("attn")
@@ -105,8 +115,10 @@ class _Synthesizer(Score):
 
     def _rows_cols(self, tq: int, tk: int) -> slice:
         if tk > self.max_seq_len:
-            raise ValueError(f"{type(self).__name__} got {tk} key positions; its synthesized pattern covers "
-                             f"model.max_seq_len={self.max_seq_len}: raise it or shorten the input")
+            raise ValueError(
+                f"{type(self).__name__} got {tk} key positions; its synthesized pattern covers "
+                f"model.max_seq_len={self.max_seq_len}: raise it or shorten the input"
+            )
         return slice(tk - tq, tk)  # the queries are the last tq of the tk positions
 
     def logits(self, q, k):
@@ -137,7 +149,7 @@ class SynthesizerDense(_Synthesizer):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        nn.init.uniform_(self.W, -self.head_dim ** -0.5, self.head_dim ** -0.5)  # fan-in scaled, as nn.Linear
+        nn.init.uniform_(self.W, -(self.head_dim**-0.5), self.head_dim**-0.5)  # fan-in scaled, as nn.Linear
 
     def synthesized(self, q, tq, tk):
         self._rows_cols(tq, tk)
@@ -166,8 +178,18 @@ class SynthesizerRandom(_Synthesizer):
 class SynthesizerFactorized(_Synthesizer):
     """B = R1_h R2_h^T: a factorized random synthesizer of rank k (model.attn.factorized_k)."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix: str = "none",
-                 factorized_k: int = 16):
+    def __init__(
+        self,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        max_seq_len,
+        scale,
+        dropout,
+        causal,
+        mix: str = "none",
+        factorized_k: int = 16,
+    ):
         super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix)
         self.k = factorized_k
         self.R1 = nn.Parameter(torch.empty(n_heads, max_seq_len, factorized_k))
@@ -177,7 +199,7 @@ class SynthesizerFactorized(_Synthesizer):
     def reset_parameters(self) -> None:
         # U(-b, b) has variance b^2 / 3; with b = k^-1/4 an entry of R1 R2^T has variance k (b^2 / 3)^2 = 1/9 for any k
         for p in (self.R1, self.R2):
-            nn.init.uniform_(p, -self.k ** -0.25, self.k ** -0.25)
+            nn.init.uniform_(p, -(self.k**-0.25), self.k**-0.25)
 
     def synthesized(self, q, tq, tk):
         rows = self._rows_cols(tq, tk)

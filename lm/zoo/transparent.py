@@ -13,7 +13,6 @@ decoder layer begins with the plain average of the encoder states.
 """
 
 from dataclasses import dataclass
-from typing import List
 
 import torch
 from torch import nn
@@ -33,16 +32,20 @@ class TransparentConfig(MemoryConfig):
 
     def check(self, model) -> None:
         if model.arch != Arch.encoder_decoder:
-            raise ConfigError(f"model/memory=transparent with model.arch={model.arch}: transparent attention mixes "
-                              f"encoder layers into cross-attention, which only encoder_decoder has")
+            raise ConfigError(
+                f"model/memory=transparent with model.arch={model.arch}: transparent attention mixes "
+                f"encoder layers into cross-attention, which only encoder_decoder has"
+            )
 
 
 class TransparentMemory(nn.Module):
     def __init__(self, n_encoder_layers: int, n_decoder_layers: int):
         super().__init__()
-        self.weights = nn.Parameter(torch.zeros(n_decoder_layers, n_encoder_layers + 1))  # w_j, one row per decoder layer
+        self.weights = nn.Parameter(
+            torch.zeros(n_decoder_layers, n_encoder_layers + 1)
+        )  # w_j, one row per decoder layer
 
-    def forward(self, states: List[torch.Tensor], norm: nn.Module) -> List[torch.Tensor]:
+    def forward(self, states: list[torch.Tensor], norm: nn.Module) -> list[torch.Tensor]:
         """states: N+1 tensors (B, S, D) -> one memory (B, S, D) per decoder layer."""
         s = torch.softmax(self.weights.float(), dim=-1).to(states[0].dtype)  # (L_dec, N+1)
         stacked = torch.stack(states)  # (N+1, B, S, D)

@@ -20,7 +20,6 @@ as for SelfAttention.
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
 
 import torch
 from torch import nn
@@ -45,12 +44,16 @@ class WeightedConfig(BlockConfig):
         name = "model/block=weighted"
         self.refuse_query_pooling(model)
         if isinstance(model.ffn, MoEConfig):
-            raise ConfigError(f"{name} gives every attention head its own dense FFN (1/n_heads of model/ffn's hidden "
-                              f"size) in place of the block's FFN, so model/ffn=moe|switch has no FFN to replace; use "
-                              f"a dense model/ffn")
+            raise ConfigError(
+                f"{name} gives every attention head its own dense FFN (1/n_heads of model/ffn's hidden "
+                f"size) in place of the block's FFN, so model/ffn=moe|switch has no FFN to replace; use "
+                f"a dense model/ffn"
+            )
         if isinstance(model.attn, (LightweightConvConfig, DynamicConvConfig)):
-            raise ConfigError(f"{name} branches the heads of dot-product attention; it is not defined for "
-                              f"model/attn={option_name(model.attn)}")
+            raise ConfigError(
+                f"{name} branches the heads of dot-product attention; it is not defined for "
+                f"model/attn={option_name(model.attn)}"
+            )
 
 
 def weighted_block(parts: BlockParts) -> nn.Module:
@@ -70,11 +73,24 @@ def branch_hidden(cfg) -> int:
 
 
 class WeightedAttention(SelfAttention):
-    def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm, score=None,
-                 ffns: Optional[List[nn.Module]] = None):
+    def __init__(
+        self,
+        dim,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        bias,
+        dropout,
+        scale,
+        qk_norm,
+        score=None,
+        ffns: list[nn.Module] | None = None,
+    ):
         super().__init__(dim, n_heads, n_kv_heads, head_dim, bias, dropout, scale, qk_norm, score)
         if ffns is None or len(ffns) != n_heads:
-            raise ValueError(f"the weighted Transformer needs one FFN per head: got {len(ffns or [])} for {n_heads} heads")
+            raise ValueError(
+                f"the weighted Transformer needs one FFN per head: got {len(ffns or [])} for {n_heads} heads"
+            )
         del self.out  # replaced by one output projection per branch (the same D x D parameters in all)
         self.branch_out = nn.ModuleList(Linear(head_dim, dim, bias=bias, residual=True) for _ in range(n_heads))
         self.branch_ffn = nn.ModuleList(ffns)

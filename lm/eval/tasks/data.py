@@ -16,8 +16,10 @@ def _glue(task: str):
 
     from lm.glue.readers import load_eval
 
-    rows = [{"sentence1": e.text_a, "sentence2": e.text_b or "", "label": int(e.label), "idx": i}
-            for i, e in enumerate(load_eval(task, "dev", hf=False))]
+    rows = [
+        {"sentence1": e.text_a, "sentence2": e.text_b or "", "label": int(e.label), "idx": i}
+        for i, e in enumerate(load_eval(task, "dev", hf=False))
+    ]
     return datasets.DatasetDict({"validation": datasets.Dataset.from_list(rows)})
 
 
@@ -47,8 +49,10 @@ def wikitext2(**_):
     for split, name in (("validation", "wiki.valid.raw"), ("test", "wiki.test.raw")):
         path = mirror / name
         if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: set LM_DATA_MIRROR to the directory holding "
-                                    f"text/wikitext-2-raw/ (the project's data mirror)")
+            raise FileNotFoundError(
+                f"{path} not found: set LM_DATA_MIRROR to the directory holding "
+                f"text/wikitext-2-raw/ (the project's data mirror)"
+            )
         splits[split] = datasets.Dataset.from_list([{"page": p} for p in articles(path.read_text(encoding="utf-8"))])
     return datasets.DatasetDict(splits)
 
