@@ -17,7 +17,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/.devsite:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   python3 -c "import torch, sys; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"; } 2>&1 | tee "$out/env.txt"
-timeout 120 python3 -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.txt"
+timeout 120 python3 -m pytest -o addopts= -m gpu tests/test_gpu.py -q -p no:cacheprovider 2>&1 | tee "$out/gpu_tests.txt"
 (cd "$nano" && timeout 150 python3 bench.py --device=cuda --compile=True --batch_size=12 --block_size=1024 \
   --real_data=False) 2>&1 | tee "$out/nanogpt_bench.txt"
 timeout 330 python3 benchmarks/gpu_mfu.py --all --also-batch 12 2>&1 | tee "$out/gpu_mfu.txt"
