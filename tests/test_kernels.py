@@ -76,6 +76,7 @@ def test_a_switch_without_cuda_is_refused_in_one_line(monkeypatch, installed, na
 def test_a_switch_without_its_package_names_the_extra(monkeypatch, name, kernel):
     package = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}[kernel]
     monkeypatch.setitem(sys.modules, package, None)  # as if not installed
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # on a CPU the device is refused first
     with pytest.raises(MissingExtra) as e:
         build_model(llama(f"model.kernels.{name}={kernel}"))
     assert one_line(e) == (
@@ -244,12 +245,12 @@ def test_float8_takes_false_or_torchao():
     assert compose(["model=tiny", "train.float8=torchao"]).train.float8 == "torchao"
 
 
-def _engine(float8):
+def _engine(float8, device="cpu"):
     from lm.core.config import TrainConfig
     from lm.engine import Dist, SingleEngine
 
     return SingleEngine(
-        TrainConfig(float8=float8), Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+        TrainConfig(float8=float8), Dist(rank=0, world_size=1, local_rank=0, device=torch.device(device))
     )
 
 
@@ -268,7 +269,7 @@ def test_float8_on_a_cpu_is_refused_in_one_line(installed):
 def test_float8_without_torchao_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "torchao", None)
     with pytest.raises(MissingExtra) as e:
-        _engine("torchao")
+        _engine("torchao", "cuda")  # on a CPU the device is refused first: installing would not help there
     assert one_line(e) == "train.float8=torchao needs torchao (not installed): pip install 'lm[kernels]'"
 
 

@@ -22,12 +22,12 @@ OFF = "train.float8=false"
 
 def check(device: torch.device) -> None:
     """Refuse float8 where it cannot run, before anything is built."""
-    require("kernels", "train.float8=torchao", "torchao")
-    if device.type != "cuda":
+    if device.type != "cuda":  # first: installing torchao would not help here
         raise EngineError(
             f"train.float8=torchao needs a CUDA device (float8 tensor cores), and this run is on "
             f"{device.type}: set {OFF}"
         )
+    require("kernels", "train.float8=torchao", "torchao")
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (8, 9):
         raise EngineError(

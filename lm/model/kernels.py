@@ -52,14 +52,14 @@ def check(cfg: ModelConfig) -> None:
 
     for name, kernel in cfg.kernels.chosen().items():
         setting, off = _setting(name, cfg), f"model.kernels.{name}=torch"
-        if missing("kernels", [PACKAGES[kernel]]):
-            raise MissingExtra(
-                f"{setting} needs {PACKAGES[kernel]} (not installed): pip install 'lm[kernels]', or set {off}"
-            )
-        if not torch.cuda.is_available():
+        if not torch.cuda.is_available():  # first: installing the extra would not help here
             raise ConfigError(
                 f"{setting} runs Triton kernels on a CUDA device only, and this machine has none: "
                 f"set {off} (the default)"
+            )
+        if missing("kernels", [PACKAGES[kernel]]):
+            raise MissingExtra(
+                f"{setting} needs {PACKAGES[kernel]} (not installed): pip install 'lm[kernels]', or set {off}"
             )
         _check_applies(name, kernel, cfg, setting, off)
 
@@ -120,9 +120,9 @@ def _on_cuda(x: torch.Tensor, name: str) -> None:
 
 class LigerLayerNorm(LayerNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _on_cuda(x, "norm")
         from liger_kernel.ops.layer_norm import LigerLayerNormFunction
 
-        _on_cuda(x, "norm")
         # Liger's kernel always adds a bias: a bias-free LayerNorm adds zeros (no gradient is computed for them).
         bias = self.bias if self.bias is not None else torch.zeros_like(self.weight)
         return LigerLayerNormFunction.apply(x, self.weight, bias, self.eps)
@@ -130,9 +130,9 @@ class LigerLayerNorm(LayerNorm):
 
 class LigerRMSNorm(RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _on_cuda(x, "norm")
         from liger_kernel.ops.rms_norm import LigerRMSNormFunction
 
-        _on_cuda(x, "norm")
         # casting_mode="llama": normalise in fp32, cast to x's dtype, then scale by the weight, as RMSNorm.forward;
         # not in place: x is the residual stream, which the block adds to afterwards.
         return LigerRMSNormFunction.apply(x, self.weight, self.eps, 0.0, "llama", False)
