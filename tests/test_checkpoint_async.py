@@ -81,7 +81,7 @@ def test_cpu_copy_is_a_snapshot_with_the_original_structure():
 PARK_FIRST_WRITE = '''
 import threading
 
-parked, released, during = threading.Event(), threading.Event(), []
+parked, released, timed_out, during = threading.Event(), threading.Event(), threading.Event(), []
 saves = [0]
 
 
@@ -97,7 +97,8 @@ def on_save(phase):
         saves[0] += 1
     elif phase == "files" and saves[0] == 1:
         parked.set()
-        released.wait(30)
+        if not released.wait(30):  # the loop did not go on: the write blocked it
+            timed_out.set()
 
 
 def on_step(step):
@@ -114,6 +115,7 @@ def test_the_loop_trains_on_while_the_checkpoint_is_written(tmp_path, monkeypatc
     monkeypatch.setenv("LM_PLUGINS", str(plugin))
     run(tmp_path / "run", 9, True, ckpt_interval=3)
     park = sys.modules["lm_plugin_park_first_write"]
+    assert not park.timed_out.is_set(), "the loop waited for the parked write"
     assert park.released.is_set() and len(park.during) == 2 and park.during[0] >= 3, park.during
     run(tmp_path / "sync", 9, False, ckpt_interval=3)
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "sync")
