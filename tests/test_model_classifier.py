@@ -21,7 +21,10 @@ def _data(n=256, T=10, V=30, seed=0):
     return x, mask, labels
 
 
-@pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder_decoder"])
+@pytest.mark.parametrize(
+    "arch",
+    ["decoder", "encoder", pytest.param("encoder_decoder", marks=pytest.mark.slow)],  # ~45 s: CI's slow stage
+)
 def test_classifier_learns_on_every_family(arch):
     torch.manual_seed(0)
     cfg = ModelConfig(arch=arch, vocab_size=30, dim=32, n_layers=2, n_heads=4, max_seq_len=16)

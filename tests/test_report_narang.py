@@ -113,6 +113,7 @@ def test_numbers_deltas_and_early_loss_at_a_quarter(sweep):
         assert int(rec[3]) == num_params(cfg) and int(rec[4]) == flops_per_token(cfg, 64)  # Params, Ops
 
 
+@pytest.mark.slow  # composes ~50 rows through Hydra (~1 min); CI's slow stage runs it
 def test_every_row_composes_and_names_a_paper_row():
     from lm.config import compose_group
 
