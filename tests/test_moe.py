@@ -127,6 +127,20 @@ def test_evaluation_drops_nothing_and_routes_no_pad(top_k):
         assert (moe(x, torch.zeros(3, 10)) == 0).all()
 
 
+def test_evaluation_calls_every_expert_even_one_no_token_chose():
+    """A sharded engine (ZeRO-3, FSDP) gathers an expert's weights inside its forward: a rank whose tokens chose
+    no expert e must still call e, or the ranks' collectives stop matching (the ZeRO-3 MoE test failed on that)."""
+    moe = _moe(top_k=1).eval()
+    calls = [0] * moe.n_experts
+    for e, expert in enumerate(moe.experts):
+        expert.register_forward_hook(lambda *_, e=e: calls.__setitem__(e, calls[e] + 1))
+    x = torch.randn(1, 1, 8)  # one token, top-1: one expert chosen, three not
+    with torch.no_grad():
+        moe(x)
+        moe(x, torch.zeros(1, 1))  # nothing but pads
+    assert calls == [2] * moe.n_experts
+
+
 def test_top2_gates_sum_to_one_and_switch_gate_is_the_router_probability():
     probs = torch.tensor([[[0.5, 0.3, 0.2]]])
     assert torch.allclose(route(probs, 2, 4).gate, torch.tensor([[[0.625, 0.375]]]))

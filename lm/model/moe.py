@@ -221,10 +221,9 @@ class MoE(MatmulCount, AuxSource):
         counts = torch.bincount(claim, minlength=E + 1).tolist()  # the host sync: chunk sizes
         served = order[: len(order) - counts[E]]
         chunks = tokens[served // k].split(counts[:E])
-        outs = [self.experts[e](chunk) for e, chunk in enumerate(chunks) if len(chunk)]
-        if not outs:  # nothing but pads
-            return torch.zeros_like(x)
-        outs = torch.cat(outs)
+        # Every expert runs, an empty chunk too: a sharded engine (ZeRO-3, FSDP) gathers an expert's weights in
+        # its forward, a collective that every rank must join whatever its own tokens chose.
+        outs = torch.cat([self.experts[e](chunk) for e, chunk in enumerate(chunks)])
         picked = outs.new_zeros(B * T * k, D).index_copy(0, served, outs)  # (N*k, D), zeros for pads
         y = (picked.view(B * T, k, D) * gate.reshape(B * T, k).to(picked.dtype)[..., None]).sum(1)
         return y.view(B, T, D)
