@@ -47,7 +47,9 @@ def test_argparse_commands_show_their_help_under_their_new_name(tmp_path, name):
     assert p.stdout.startswith(f"usage: lm {name} "), p.stdout[:200]
 
 
-@pytest.mark.parametrize("name, group", [("train", "model/ffn:"), ("finetune", "task/glue:")])
+@pytest.mark.parametrize(
+    "name, group", [("train", "model/ffn:"), ("finetune", "task/glue:"), ("finetune", "protocol: electra, small, turc")]
+)
 def test_hydra_commands_show_usage_grammar_and_groups(tmp_path, name, group):
     p = run_cli("lm", name, "--help", cwd=tmp_path)
     assert p.returncode == 0, p.stderr

@@ -6,6 +6,7 @@
     lm finetune task=glue/mrpc init=none model=tiny model.vocab_size=4096 tokenizer=<data dir>  # baseline
     lm finetune task=glue/cola init=runs/pretrain tasks.cola.seeds=[0,1,2,3,4] tasks.cola.lr=3e-4 logger=wandb
     lm finetune 'task=[glue/rte,glue/mrpc]' init=runs/pretrain optim.lr=3e-4   # two tasks, one lr for both
+    lm finetune task=glue/all init=runs/pretrain protocol=turc   # per task: lr x batch grid, best on dev, 3 seeds
 
 Writes <run_dir>/results.json, results.md (printed at the end) and submission/*.tsv; see lm/glue/run.py.
 The config grammar is in lm/glue/config.py. The same command (same run_dir) resumes an interrupted job.

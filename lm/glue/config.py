@@ -131,6 +131,23 @@ class FinetuneTrain:
 
 
 @dataclass
+class GridProtocol:
+    """`protocol=<preset>` (conf/protocol/): the published small models' finetuning protocol, per task: every
+    (lr, batch size) cell with seeds[0], the cell with the best dev main metric chosen, then that cell's median
+    over `seeds` (lm/glue/grid.py). The defaults are Turc et al. (2019)'s grid for the BERT miniatures."""
+
+    name: str = "turc"  # the preset's name, for the report
+    lrs: list[float] = field(default_factory=lambda: [3e-4, 1e-4, 5e-5, 3e-5])
+    batch_sizes: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128])
+    epochs: float | None = 4.0  # every cell's epochs; None = each task's own (tasks.<name>.epochs)
+    task_epochs: dict[str, float] = field(default_factory=dict)  # per task, before `epochs` (ELECTRA: rte, stsb 10)
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # seeds[0] selects the cell; the median is over all
+
+    def epochs_of(self, task: GlueTaskConfig) -> float:
+        return self.task_epochs.get(task.name, task.epochs if self.epochs is None else self.epochs)
+
+
+@dataclass
 class FinetuneSchema:
     """The top of conf/finetune.yaml: unknown keys fail at composition."""
 
@@ -156,6 +173,9 @@ class FinetuneSchema:
         False  # RNN backbones: a bidirectional classifier, forward direction from init (lm/glue/init.py)
     )
     eval_batch_size: int = 128
+    # protocol=turc|electra|small: per task an lr x batch grid, the best cell on dev, its median over seeds
+    # (lm/glue/grid.py); None: each task once per tasks.<name>.seeds with its own lr and batch size
+    protocol: GridProtocol | None = None
 
 
 def finetune_job(cfg) -> FinetuneSchema:
@@ -180,6 +200,8 @@ def validate_finetune(job: FinetuneSchema) -> None:
         if t.name != key:
             raise ConfigError(f"tasks.{key}.name={t.name!r} must be {key!r} (the key a preset composes under)")
         validate_glue_task(t)
+    if job.protocol is not None:
+        validate_protocol(job.protocol)
     if job.train.ckpt_interval < 0:
         raise ConfigError(f"train.ckpt_interval={job.train.ckpt_interval} must be >= 0 (0 = at the end of every epoch)")
     validate_train(job.train.for_task(1, 1), job.optim, job.sched)
@@ -229,6 +251,28 @@ def _validate_task_numbers(cfg: GlueTaskConfig, where: str) -> None:
         bad("warmup_ratio", "must be a number in [0, 1), or null for sched.warmup_steps")
     if not _finite(cfg.dropout) or not 0.0 <= cfg.dropout < 1.0:
         bad("dropout", "must be a number in [0, 1)")
+
+
+def validate_protocol(p: GridProtocol) -> None:
+    """The grid's axes, epochs and seeds; a duplicate would run one cell twice under one directory name."""
+    from lm.glue.tasks import GLUE_TASKS
+
+    def bad(name, why):
+        raise ConfigError(f"protocol.{name}={getattr(p, name)!r} {why}")
+
+    if not p.lrs or any(not _finite(lr) or lr <= 0 for lr in p.lrs) or len({f"{lr:g}" for lr in p.lrs}) < len(p.lrs):
+        bad("lrs", "must be distinct finite numbers > 0, e.g. protocol.lrs=[3e-4,1e-4]")
+    if not p.batch_sizes or any(b < 1 for b in p.batch_sizes) or len(set(p.batch_sizes)) < len(p.batch_sizes):
+        bad("batch_sizes", "must be distinct positive integers, e.g. protocol.batch_sizes=[16,32]")
+    if p.epochs is not None and (not _finite(p.epochs) or p.epochs <= 0):
+        bad("epochs", "must be a finite number > 0, or null for each task's tasks.<name>.epochs")
+    unknown = sorted(set(p.task_epochs) - set(GLUE_TASKS))
+    if unknown:
+        bad("task_epochs", f"names {unknown}, not GLUE tasks; keys are among {list(GLUE_TASKS)}")
+    if any(not _finite(e) or e <= 0 for e in p.task_epochs.values()):
+        bad("task_epochs", "must map tasks to finite numbers > 0")
+    if not p.seeds or len(set(p.seeds)) < len(p.seeds):
+        bad("seeds", "must be distinct seeds, the first one selecting the cell, e.g. protocol.seeds=[0,1,2]")
 
 
 def _finite(x) -> bool:

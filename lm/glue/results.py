@@ -17,6 +17,7 @@ from statistics import fmean, median
 from typing import Any
 
 from lm.core.files import atomic_write_text
+from lm.glue.grid_report import grid_table
 from lm.glue.metrics import Metrics, glue_score, missing_tasks
 from lm.glue.tasks import EVALS, GLUE_TASKS, METRIC_NAMES, TASKS, get_eval
 
@@ -99,7 +100,10 @@ def results_table(summary: Mapping[str, Any]) -> str:
             f"The GLUE score is partial: no results for {names}; it averages the tasks present only "
             f"and is not comparable with leaderboard scores."
         )
-    return "\n".join(["# GLUE dev results", "", *notes, "", *lines]) + "\n"
+    table = "\n".join(["# GLUE dev results", "", *notes, "", *lines]) + "\n"
+    if "protocol" in summary:  # lm finetune protocol=...: the chosen cells and each task's grid
+        table += "\n" + grid_table(summary["protocol"])
+    return table
 
 
 def write_results(dev: Mapping[str, Mapping[Any, Metrics]], out_dir, extra: dict | None = None) -> tuple[Path, Path]:

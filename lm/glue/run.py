@@ -6,6 +6,7 @@
                                      eleven files are there (what the leaderboard takes)
         <task>/seed<k>/              metrics.jsonl (+ wandb/tensorboard), best/ checkpoint when save_best,
                                      checkpoints/ while it trains (resume), result.pt (+ result.sha256) when done
+        <task>/<cell>/seed<k>/       the same, per grid cell, under protocol= (lm/glue/grid.py)
 
 Each task/seed is one `lm.core.loop.run` of a `lm.glue.trainer.GlueTask`. Rerunning the same command
 (same run_dir) skips the task/seed pairs that wrote result.pt and continues the interrupted one from
@@ -31,6 +32,8 @@ from typing import Any
 from lm.core.config import LoggerConfig
 from lm.core.files import atomic_write_text
 from lm.glue.config import FinetuneSchema, GlueTaskConfig
+from lm.glue.grid import GridOutcome, run_grid
+from lm.glue.grid_report import protocol_record
 from lm.glue.init import Backbone, build_classifier
 from lm.glue.readers import GlueDataMissing, split_path
 from lm.glue.results import results_table, write_results
@@ -87,8 +90,11 @@ def finetune_glue(
     dev: dict[str, dict[int, dict]] = {}
     info: dict[str, Any] = {"tasks": {}, "submission": {}}
     sub_dir = run_dir / "submission"
+    grids: dict[str, GridOutcome] = {}
     for t in tasks:
-        results, data = _run_task(t, job, backbone, make_engine, config, dist)
+        results, data, grid = _run_task(t, job, backbone, make_engine, config, dist)
+        if grid is not None:
+            grids[t.name], t = grid, grid.task  # the task's results are its chosen cell's
         for col in data.dev:
             dev[col] = {r.seed: r.dev[col] for r in results}
         best = max(results, key=lambda r: r.main)
@@ -115,6 +121,8 @@ def finetune_glue(
     if not dev:
         raise GlueDataMissing("no GLUE task could run: " + "; ".join(f"{t}: {w}" for t, w in missing.items()))
     info["skipped_tasks"] = missing
+    if job.protocol is not None:
+        info["protocol"] = protocol_record(job.protocol, grids)
     if dist.is_main:
         _zip_if_complete(sub_dir, info)
         write_results(dev, run_dir, extra={**info, "init": backbone.source})
@@ -135,8 +143,21 @@ def _on_hub(name: str, tasks: list[GlueTaskConfig]) -> bool:
 
 
 def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_engine, config: dict, dist):
-    from lm.engine import dist as dist_utils
+    """(results, data, grid): the task's seeds under <run_dir>/<task>/, or under protocol= its grid's cells
+    (lm/glue/grid.py: the results are the chosen cell's), all from one read of the data."""
+    data = _task_data(t, job, backbone)
+    task_dir = Path(job.run_dir) / t.name
 
+    def run_seeds(cfg: GlueTaskConfig, out: Path) -> list[SeedResult]:
+        return _run_seeds(cfg, data, out, job, backbone, make_engine, config, dist)
+
+    if job.protocol is None:
+        return run_seeds(t, task_dir), data, None
+    grid = run_grid(t, job.protocol, task_dir, run_seeds)
+    return grid.results, data, grid
+
+
+def _task_data(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone):
     max_len = t.max_len
     if max_len > backbone.model_cfg.max_seq_len:
         log.warning(
@@ -158,16 +179,24 @@ def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_e
         {c: len(s.features) for c, s in data.test.items()},
         time.perf_counter() - t0,
     )
+    return data
+
+
+def _run_seeds(
+    t: GlueTaskConfig, data, task_dir: Path, job: FinetuneSchema, backbone: Backbone, make_engine, config: dict, dist
+) -> list[SeedResult]:
+    from lm.engine import dist as dist_utils
+
     results = []
     for seed in t.seeds:
-        out = Path(job.run_dir) / t.name / f"seed{seed}"
+        out = task_dir / f"seed{seed}"
         if job.resume and (out / RESULT).is_file() and _intact_result(out / RESULT):
             results.append(_load_result(out / RESULT, _pair_yaml(config, backbone, t, seed)))
             log.info("GLUE %s seed %d: done in an earlier run (%s), skipped", t.name, seed, out / RESULT)
         else:
             results.append(_run_one(t, data, seed, out, job, backbone, make_engine, config, dist))
         dist_utils.barrier()
-    return results, data
+    return results
 
 
 def _run_one(
@@ -220,7 +249,7 @@ def _run_one(
             log.info(
                 "GLUE %s seed %d: resumed from %s (step %d/%d)", t.name, seed, latest, session.state.step, task.total
             )
-        session.track(_logger_for(job, t.name, seed), {**config, "task": asdict(t), "seed": seed})
+        session.track(_logger_for(job, out, seed), {**config, "task": asdict(t), "seed": seed})
         session.train(lambda step: optim.lr * lr_multiplier(step, sched, task.total))
         result = task.result()
         if is_main:
@@ -365,8 +394,10 @@ def _pair_yaml(config: dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -
 def pair_config(config: dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -> dict:
     """The config a task/seed pair's checkpoints record and resume compares (FINETUNE_RESUMABLE in
     lm/core/resume.py): the job's, with the pair's own settings under `task` instead of every task's
-    `tasks`, and the model as built (with init=<run> that is the checkpoint's model, not `model=`)."""
-    rest = {k: v for k, v in config.items() if k not in ("tasks", "model")}
+    `tasks`, and the model as built (with init=<run> that is the checkpoint's model, not `model=`). A grid cell's
+    lr, batch size and epochs are in its `task`; the `protocol` node, which only says which cells run, is left
+    out, so a grid extended later reuses the cells it finished."""
+    rest = {k: v for k, v in config.items() if k not in ("tasks", "model", "protocol")}  # `task` holds a cell's own
     return {**rest, "model": _plain(backbone.model_cfg), "task": _plain(t), "seed": seed}
 
 
@@ -377,9 +408,11 @@ def _plain(dataclass_obj) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(dataclass_obj), enum_to_str=True)
 
 
-def _logger_for(job: FinetuneSchema, task: str, seed: int) -> LoggerConfig:
+def _logger_for(job: FinetuneSchema, out: Path, seed: int) -> LoggerConfig:
+    """The pair's tracker run, named by its directory: <run_dir name>-<task>[-<grid cell>]-seed<k>."""
     base = job.logger
-    name = f"{Path(job.run_dir).name}-{task}-seed{seed}"
+    task, *cell = out.relative_to(job.run_dir).parts[:-1]
+    name = "-".join([Path(job.run_dir).name, task, *cell, f"seed{seed}"])
     return replace(base, job_type="finetune", name=name, tags=[*base.tags, "glue", task])
 
 
