@@ -216,3 +216,28 @@ def test_a_job_killed_between_cells_continues_at_the_next_and_a_grown_grid_reuse
     }
     assert set(grown) == expected and len(grown) == len(expected)
     assert [c["cell"] for c in tasks["sst2"]["grid"]] == [*SMALL_CELLS, "lr0.003_bs16"]
+
+
+@pytest.mark.slow  # two more grids (~30 s); the pair's exact resume is tests/test_finetune_kill_resume.py's
+def test_a_cell_killed_mid_training_resumes_from_its_checkpoint(files, whole, tmp_path, monkeypatch, caplog):
+    import lm.glue.trainer as trainer
+
+    run_dir, args = tmp_path / "ft", grid_args(files, "train.ckpt_interval=2")  # 4 steps a cell: a checkpoint at 2
+    calls, loss = [], trainer.GlueTask.loss
+
+    def dies_at_step_3(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed")
+        return loss(self, *a, **kw)
+
+    monkeypatch.setattr(trainer.GlueTask, "loss", dies_at_step_3)
+    with pytest.raises(RuntimeError, match="killed"):
+        finetune(finetune_cfg(run_dir, args))
+    assert (run_dir / "sst2" / SMALL_CELLS[0] / "seed0" / "checkpoints").is_dir()
+    monkeypatch.setattr(trainer.GlueTask, "loss", loss)
+    with caplog.at_level("INFO", logger="lm"):
+        finetune(finetune_cfg(run_dir, args))
+    assert "GLUE sst2 seed 0: resumed from" in caplog.text and "(step 2/4)" in caplog.text
+    for key in ("columns", "protocol"):  # what an uninterrupted job gave
+        assert read(run_dir)[key] == read(whole)[key]
