@@ -96,6 +96,7 @@ LAYOUTS = {  # name: (first world, engine), (second world, engine)
     "1->2 zero2": ((1, "zero2"), (2, "zero2")),
     "2->1 zero1": ((2, "zero1"), (1, "zero1")),
     "2->1 zero3->single": ((2, "zero3"), (1, "single")),
+    "zero2->single": ((2, "zero2"), (1, "single")),
     "zero2->ddp": ((2, "zero2"), (2, "ddp")),
     "zero2->fsdp2": ((2, "zero2"), (2, "fsdp2")),
     "fsdp2->zero2": ((2, "fsdp2"), (2, "zero2")),
