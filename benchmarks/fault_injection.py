@@ -22,9 +22,10 @@ async_save) on 2 ranks.
 --finetune-trials: SIGKILL `lm finetune task=glue/all skip_missing=true` (tiny settings, init = the reference
 lm train run), damage a task/seed checkpoint, change optim.weight_decay on resume; the rerun must give the
 uninterrupted results.json (timings aside), submission files and per-step losses.
---elastic-trials: issue 51's world-size and engine changes on resume (ELASTIC_LAYOUTS, in turn): SIGKILL on the
-first layout after a checkpoint, then the same command on another world size / engine; exact (losses of the
-uninterrupted 1-process run, global batch kept), or refused in one line and then exact on the first layout.
+--elastic-trials: issue 51's world-size and engine changes on resume (ELASTIC_LAYOUTS, in turn: single, DDP, FSDP2
+and ZeRO-1/2/3 in both directions): SIGKILL on the first layout after a checkpoint, then the same command on another
+world size / engine; exact (losses of the uninterrupted 1-process run, global batch kept), or refused in one line
+and then exact on the first layout (ZeRO stage 0, engine=deepspeed: lm reads no stage-0 files).
 Needs LM_DATA_MIRROR (tiny Shakespeare is prepared once into LM_CACHE; GLUE TSVs from <mirror>/glue_data).
 """
 
@@ -95,8 +96,13 @@ ELASTIC_LAYOUTS = {
     "2->4": ((2, "fsdp2"), (4, "fsdp2"), None),
     "ddp->fsdp2": ((2, "ddp"), (2, "fsdp2"), None),
     "fsdp2->single": ((2, "fsdp2"), (1, "single"), None),
-    "fsdp2->zero2": ((2, "fsdp2"), (2, "zero2"), "engine=single|ddp|fsdp2"),
+    "fsdp2->zero2": ((2, "fsdp2"), (2, "zero2"), None),
     "2->3": ((2, "ddp"), (3, "ddp"), "world size that divides 4"),
+    "zero2 2->1": ((2, "zero2"), (1, "zero2"), None),
+    "zero3->fsdp2": ((2, "zero3"), (2, "fsdp2"), None),
+    "ddp->zero3": ((2, "ddp"), (2, "zero3"), None),
+    "zero1->single": ((2, "zero1"), (1, "single"), None),
+    "fsdp2->zero0": ((2, "fsdp2"), (2, "deepspeed"), "use engine=zero2 (or zero1, zero3)"),
 }
 ELASTIC_KINDS = list(ELASTIC_LAYOUTS)
 

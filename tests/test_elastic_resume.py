@@ -1,7 +1,8 @@
 """Elastic resume: a checkpoint written on N ranks by one engine continues on M ranks and/or another engine, with
 the same global batch, the same samples in every step (a digest of each step's token ids, tests/token_log.py)
 and the uninterrupted run's losses to 1e-5 (fp32: only the reduction order differs). Real `lm train` processes
-(torchrun, gloo) on tiny Shakespeare; the run is 4 steps on the first layout, then 4 more on the second.
+(torchrun, gloo) on tiny Shakespeare; the run is 4 steps on the first layout, then 4 more on the second. Engines:
+single, DDP, FSDP2 and DeepSpeed ZeRO-1/2/3, in both directions.
 """
 
 import subprocess
@@ -90,6 +91,16 @@ LAYOUTS = {  # name: (first world, engine), (second world, engine)
     "2->4 fsdp2": ((2, "fsdp2"), (4, "fsdp2")),
     "ddp->fsdp2": ((2, "ddp"), (2, "fsdp2")),
     "fsdp2->single": ((2, "fsdp2"), (1, "single")),
+    # ZeRO (lm/engine/ds_reshard.py): its partitions merged into the full state, or a full state partitioned
+    "2->1 zero2": ((2, "zero2"), (1, "zero2")),
+    "1->2 zero2": ((1, "zero2"), (2, "zero2")),
+    "2->1 zero1": ((2, "zero1"), (1, "zero1")),
+    "2->1 zero3->single": ((2, "zero3"), (1, "single")),
+    "zero2->single": ((2, "zero2"), (1, "single")),
+    "zero2->ddp": ((2, "zero2"), (2, "ddp")),
+    "zero2->fsdp2": ((2, "zero2"), (2, "fsdp2")),
+    "fsdp2->zero2": ((2, "fsdp2"), (2, "zero2")),
+    "ddp->zero3": ((2, "ddp"), (2, "zero3")),
 }
 
 
@@ -117,19 +128,38 @@ def test_resume_on_another_layout_continues_the_same_stream_and_losses(name, ref
     assert worst < TOL, f"{name}: max |loss - uninterrupted| = {worst:.2e}"
 
 
-def test_fsdp2_checkpoint_on_zero2_is_refused_in_one_line(cache, tmp_path):
-    """DeepSpeed cannot take the torch engines' files (nor its own on another world size): one line, status 1,
-    and the checkpoint still resumes on FSDP2 afterwards."""
+def test_resume_from_two_to_three_zero2_ranks_keeps_a_global_batch_of_six(cache, tmp_path):
+    """2 -> 3 ranks where the global batch allows it (6 sequences: grad_accum 3 -> 2): ZeRO-2's partitions of 2
+    ranks repartitioned over 3, the same samples in every step and the 1-process run's losses."""
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ok(launch(1, overrides(ref / "run", STEPS, "single", 6), cache, ref / "tokens", 0))
+    ok(launch(2, overrides(run, SPLIT, "zero2", 3), cache, tmp_path / "tokens", 0))
+    second = ok(launch(3, overrides(run, STEPS, "zero2", 3), cache, tmp_path / "tokens", 1))
+    assert "train.grad_accum 3 -> 2 keeps the run's 6 sequences" in second.stdout + second.stderr
+    tokens, ref_tokens = token_steps(tmp_path / "tokens"), token_steps(ref / "tokens")
+    assert sorted(tokens) == sorted(ref_tokens) == list(range(STEPS))
+    assert all(tokens[s] == ref_tokens[s] and len(tokens[s]) == 6 for s in range(STEPS))
+    losses, ref_losses = train_losses(run), train_losses(ref / "run")
+    assert list(losses) == list(ref_losses) == list(range(1, STEPS + 1))
+    worst = max(abs(losses[s] - ref_losses[s]) for s in ref_losses)
+    assert worst < TOL, f"zero2 2 -> 3: max |loss - uninterrupted| = {worst:.2e}"
+
+
+def test_checkpoint_on_zero_stage_0_is_refused_in_one_line(cache, tmp_path):
+    """engine=deepspeed (ZeRO stage 0) keeps DeepSpeed's own optimizer file, which elastic resume does not read or
+    write: one line naming the fix, status 1, and the checkpoint still resumes on FSDP2 afterwards."""
     run, log = tmp_path / "run", tmp_path / "tokens"
     ok(launch(2, overrides(run, SPLIT, "fsdp2", 2), cache, log, 0))
     ranks = tmp_path / "ranks"  # each rank's own output (torchrun's summary of failed ranks has a traceback of its own)
-    refused = launch(2, overrides(run, STEPS, "zero2", 2), cache, log, 1, "--log-dir", str(ranks), "--redirects", "3")
+    refused = launch(
+        2, overrides(run, STEPS, "deepspeed", 2), cache, log, 1, "--log-dir", str(ranks), "--redirects", "3"
+    )
     assert refused.returncode != 0
     for rank in ("0", "1"):
         out = "".join(f.read_text() for f in sorted(ranks.glob(f"*/attempt_*/{rank}/std*.log")))
         assert "Traceback" not in out, out[-3000:]
-        assert "cannot be resumed by DeepSpeedEngine (ZeRO-2) on 2 rank(s)" in out, out[-3000:]
-        assert "resume with engine=single|ddp|fsdp2" in out
+        assert "cannot be resumed by DeepSpeedEngine (ZeRO-0) on 2 rank(s)" in out, out[-3000:]
+        assert "use engine=zero2 (or zero1, zero3), or resume with engine=fsdp2 on 2 rank(s)" in out
     ok(launch(2, overrides(run, STEPS, "fsdp2", 2), cache, log, 2))
     assert list(train_losses(run)) == list(range(1, STEPS + 1))
 

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.engine_support import REPO, metrics, subprocess_env
+from tests.engine_support import REPO, metrics, subprocess_env, train_losses
 
 pytestmark = pytest.mark.slow
 
@@ -71,3 +71,79 @@ def test_a_multirun_with_an_explicit_run_dir_gives_each_cell_its_own_directory(t
     first, second = ([m["loss"] for m in metrics(tmp_path / "sweep" / c) if "loss" in m] for c in cells)
     assert len(first) == len(second) == 1 and first != second  # two runs (seeds 0 and 1), neither resumed
     assert "resumed from" not in proc.stdout + proc.stderr
+
+
+def test_a_killed_sweep_run_again_resumes_its_unfinished_cell_exactly_and_skips_the_finished(tmp_path):
+    """Issue 51 item 2: `lm train -m ... run_dir=sweep` SIGKILLed inside the second cell (benchmarks/fault_pause.py
+    parks the process in its 6th optimizer step: cell 1's step 2; a checkpoint every step), then the same command
+    again: cell 0 is not trained again (its files stay as they were), cell 1 continues from its checkpoint, cell
+    2 starts, and every cell's losses equal an uninterrupted sweep's, bit for bit (one process)."""
+    import os
+    import signal
+    import time
+
+    def sweep(run_dir, **env):
+        args = [
+            "-m",
+            "model=tiny",
+            "data=shakespeare_char",
+            "train.seq_len=32",
+            "train.micro_batch_size=2",
+            "train.max_steps=4",
+            "train.log_interval=1",
+            "train.eval_interval=0",
+            "train.ckpt_interval=1",
+            "sched.warmup_steps=1",
+            "seed=0,1,2",
+            f"run_dir={run_dir}",
+        ]
+        return subprocess.Popen(
+            [sys.executable, "-m", "lm.cli.train", *args],
+            cwd=tmp_path,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=subprocess_env(LM_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(REPO), **env),
+        )
+
+    def finished(proc):
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        return out + err
+
+    finished(sweep("whole"))
+    flag = tmp_path / "paused"
+    killed = sweep(
+        "sweep",
+        LM_PLUGINS=str(REPO / "benchmarks" / "fault_pause.py"),
+        LM_FAULT_PAUSE_FILE=str(flag),
+        LM_FAULT_PAUSE_AT_STEP="6",
+    )
+    deadline = time.time() + 600
+    while not flag.exists():
+        assert killed.poll() is None, killed.communicate()[1][-3000:]
+        assert time.time() < deadline, "the sweep never reached the fault step"
+        time.sleep(0.2)
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.communicate()
+    cells = tmp_path / "sweep"
+    assert (cells / "1" / "checkpoints" / "latest").read_text() == "step_00000001"
+    assert not (cells / "2").exists()
+    done = _files(cells / "0")
+
+    out = finished(sweep("sweep"))
+    assert "sweep/0 finished at step 4 (train.max_steps): this cell is skipped" in out
+    assert "resumed from" in out and "sweep/1/checkpoints/step_00000001 (step 1)" in out
+    assert _files(cells / "0") == done, "the finished cell was written again"
+    for cell in ("0", "1", "2"):
+        got, want = train_losses(cells / cell), train_losses(tmp_path / "whole" / cell)
+        assert list(got) == [1, 2, 3, 4] and got == want, cell
+
+
+def _files(run_dir):
+    """Each file of a run directory (its .lock aside: the lock's holder is noted there) with its mtime and bytes."""
+    return {
+        p.relative_to(run_dir): (p.stat().st_mtime_ns, p.read_bytes())
+        for p in run_dir.rglob("*")
+        if p.is_file() and p.name != ".lock"
+    }

@@ -57,7 +57,7 @@ def run_app(
             log.error("%s: %s", type(e).__name__, line)  # sweep reports read this line back (lm/report/runs.py)
             dist_utils.shutdown()
             _remove_if_empty(fresh)
-            if _in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
+            if in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
                 raise
             sys.exit(1)
 
@@ -120,7 +120,7 @@ def _agree_on_run_stamp() -> None:
     os.environ["LM_RUN_STAMP"] = stamp
 
 
-def _in_multirun() -> bool:
+def in_multirun() -> bool:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 

@@ -53,8 +53,9 @@ def typed_run(cfg: DictConfig):
     return run
 
 
-def train(cfg: DictConfig, loaders=None):
-    """One run. `loaders` = (train, val) replaces the packed loaders of cfg.data (tests, benchmarks)."""
+def train(cfg: DictConfig, loaders=None) -> "Trained | None":
+    """One run. `loaders` = (train, val) replaces the packed loaders of cfg.data (tests, benchmarks). None: a
+    sweep's cell that had finished already (_finished_cell)."""
     import torch
     from hydra.utils import get_class, instantiate
 
@@ -109,6 +110,8 @@ def train(cfg: DictConfig, loaders=None):
         else:
             train_loader, val_loader = loaders
 
+        if run.resume and _finished_cell(run_dir, config_yaml, train_cfg.max_steps, dist):
+            return None
         task = PretrainTask(train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches)
         with Session(train_cfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
             model = session.build(lambda: build_model(model_cfg), run.seed, optim_cfg)
@@ -137,6 +140,33 @@ def train(cfg: DictConfig, loaders=None):
                 _probes(train_cfg, model_cfg, run.data, engine),
             )  # [] with probe_interval=0
             return Trained(state=state, engine=engine, run_dir=run_dir)
+
+
+def _finished_cell(run_dir: Path, config_yaml: str, max_steps: int, dist) -> bool:
+    """Inside a sweep (lm train -m) run again after it stopped: this cell's checkpoint is at train.max_steps, so
+    the cell is skipped before it builds anything or writes a file (its config checked like a resume's first:
+    a changed one is refused). A single run's rerun goes on to load it (and logs that nothing is left to train)."""
+    from lm.cli.app import in_multirun
+    from lm.core.checkpoint import CheckpointError, read_trainer, resume_point
+    from lm.core.resume import check_resume
+    from lm.engine import dist as dist_utils
+
+    if not in_multirun():
+        return False
+    found = None
+    if dist.is_main:
+        try:
+            latest = resume_point(run_dir / "checkpoints")
+            found = (latest, read_trainer(latest)["step"]) if latest else None
+        except CheckpointError:
+            found = None  # damaged: the resume names it (or falls back to an older checkpoint)
+    found = dist_utils.broadcast_object(found)
+    if found is None or found[1] < max_steps:
+        return False
+    check_resume(found[0], config_yaml, max_steps, dist)
+    if dist.is_main:
+        log.info("run_dir %s finished at step %d (train.max_steps): this cell is skipped", run_dir, found[1])
+    return True
 
 
 def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bool):

@@ -25,8 +25,8 @@ are there. The resume config check reads the checkpoint chosen here, the one loa
 lm export and lm finetune init= refuse a damaged checkpoint.
 A checkpoint resumes on another world size or engine class (elastic resume) when the engine can read the
 files (Engine.load_resharded: DCP reshards FSDP2's; lm/engine/reshard.py converts between single/DDP and
-FSDP2; DeepSpeed's stay on their own layout); a rank beyond the saved world size reads rank 0's task state
-(a global position) and keeps its freshly seeded RNGs.
+FSDP2, lm/engine/ds_reshard.py between ZeRO and the others); a rank beyond the saved world size reads rank 0's
+task state (a global position) and keeps its freshly seeded RNGs.
 Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm export` (lm/cli/export.py).
 """
 

@@ -210,7 +210,8 @@ class Engine:
     def load_resharded(self, path: Path, saved: dict) -> None:
         """Restore a checkpoint written by another engine class or world size (`saved`: its trainer.json
         engine record), or raise EngineError saying why not. single/DDP: model_optim.pt is the full state
-        whatever the world size; FSDP2's DCP shards are consolidated (lm/engine/reshard.py)."""
+        whatever the world size; FSDP2's DCP shards and ZeRO's partitions are consolidated (lm/engine/reshard.py,
+        lm/engine/ds_reshard.py)."""
         import lm.engine.reshard as reshard
 
         if saved["format"] == "torch":
@@ -218,14 +219,15 @@ class Engine:
         elif saved["format"] == "dcp":
             reshard.set_full_state(self.module, self.optimizer, reshard.full_from_dcp(Path(path) / "dcp"))
         else:
-            raise reshard.refuse(
-                path,
-                saved,
-                self.name,
-                f"a DeepSpeed checkpoint resumes only with "
-                f"engine=zero{saved.get('zero_stage', 0)}; or start a new run_dir from the "
-                f"weights (lm export {path})",
-            )
+            import lm.engine.ds_reshard as ds_reshard
+
+            why = ds_reshard.source_refusal(saved)
+            if why is None and self.train.precision == "fp16":
+                why = "fp16's dynamic loss scale stays in DeepSpeed's files; "
+                why += f"resume with {reshard.engine_option(saved)} on {saved['world_size']} rank(s)"
+            if why:
+                raise reshard.refuse(path, saved, self.name, why)
+            reshard.set_full_state(self.module, self.optimizer, ds_reshard.full_from_deepspeed(path))
 
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: dict) -> dict[str, torch.Tensor]:

@@ -18,37 +18,11 @@ from torch import nn
 
 from lm.engine.base import Engine
 from lm.engine.dist import EngineError
+from lm.engine.formats import DCP, TAG, weights_only_loads
 
 if TYPE_CHECKING:
     import deepspeed
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
-
-TAG = "deepspeed"  # sub-directory of a checkpoint that holds DeepSpeed's files
-
-
-@contextlib.contextmanager
-def weights_only_loads():
-    """DeepSpeed's readers call torch.load(..., weights_only=False), which runs whatever a checkpoint's
-    pickle says; while they read ours, force weights_only=True and allow only the plain types DeepSpeed
-    stores besides tensors (a crafted file then fails with pickle.UnpicklingError instead)."""
-    from unittest import mock
-
-    real = torch.load
-
-    def load(*args, **kwargs):
-        return real(*args, **{**kwargs, "weights_only": True})
-
-    with mock.patch.object(torch, "load", load), torch.serialization.safe_globals(_ds_safe_globals()):
-        yield
-
-
-def _ds_safe_globals() -> list:
-    """The non-tensor classes in DeepSpeed's optimizer-state files (plain data, no code on load)."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, ZeroStageEnum, fragment_address]
 
 
 def _prepare_deepspeed(shm_comm: bool) -> None:
@@ -117,7 +91,12 @@ class DeepSpeedEngine(Engine):
         _prepare_deepspeed(self.shm_comm)
         import deepspeed
 
+        import lm.engine.reshard as reshard
+
         optimizer = make_optimizer(model)
+        # each param group's parameter names, for elastic resume from single/DDP's file (DeepSpeed's optimizer
+        # wraps flat partitions, no longer the module's parameters)
+        self.group_names = reshard.group_names(model, optimizer)
         if self.cpu_adam:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -125,6 +104,9 @@ class DeepSpeedEngine(Engine):
             optimizer = DeepSpeedCPUAdam(
                 optimizer.param_groups, lr=group["lr"], betas=group["betas"], eps=group["eps"], adamw_mode=True
             )
+        # DeepSpeed asserts on LOCAL_RANK, which only launchers export: one process without one (a ZeRO run resumed
+        # on 1 rank) has its 1-rank group already (lm.engine.dist.init)
+        os.environ.setdefault("LOCAL_RANK", str(self.dist.local_rank))
         engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, dist_init_required=False
         )
@@ -171,30 +153,41 @@ class DeepSpeedEngine(Engine):
             raise EngineError(f"DeepSpeed found no checkpoint under {path}/{TAG}")
 
     def load_resharded(self, path: Path, saved: dict) -> None:
-        """Refused: DeepSpeed reloads its optimizer partitions only on the world size that wrote them (its own
-        check), and lm has no converter between its files and the torch engines' yet (docs/training.md).
-
-        The path chosen for later is DeepSpeed's universal checkpoint (deepspeed.checkpoint.ds_to_universal,
-        then `checkpoint.load_universal`), not consolidate-and-reshard: it is DeepSpeed's maintained converter
-        of the fp32 master partitions *and* both Adam moments for stages 1-3, while zero_to_fp32 consolidates
-        the weights only (a resume from it would drop the moments without a word), and its per-parameter files
-        are what a converter to and from the torch engines' full state (lm/engine/reshard.py) would read. Not
-        wired in yet: the conversion needs `universal_checkpoint_info` in the saved client state (or its
-        inject option), an offline multi-process pass over every rank's files, and load_universal set in the
-        JSON before deepspeed.initialize."""
+        """Another world size or engine (elastic resume): the checkpoint's full state (a ZeRO checkpoint's
+        partitions merged, FSDP2's shards, single/DDP's file) partitioned into this engine by
+        lm/engine/ds_reshard.py, which says why it reads them this way; or refused in one line naming the fix."""
+        import lm.engine.ds_reshard as ds_reshard
         import lm.engine.reshard as reshard
 
+        why = self._elastic_refusal(saved)
+        if why:
+            raise reshard.refuse(path, saved, f"{self.name} (ZeRO-{self.stage}) on {self.world_size} rank(s)", why)
         if saved["format"] == "deepspeed":
-            why = (
-                f"DeepSpeed reloads ZeRO partitions only on the world size that wrote them; resume on "
-                f"{saved['world_size']} rank(s), or start a new run_dir from the weights (lm export {path})"
-            )
+            full = ds_reshard.full_from_deepspeed(path)
+        elif saved["format"] == "dcp":
+            full = reshard.full_from_dcp(Path(path) / DCP)
         else:
-            why = (
-                f"lm cannot convert {saved['engine']}'s files into DeepSpeed's; resume with "
-                f"engine=single|ddp|fsdp2, or start a new run_dir from the weights (lm export {path})"
-            )
-        raise reshard.refuse(path, saved, f"{self.name} (ZeRO-{self.stage}) on {self.world_size} rank(s)", why)
+            full = reshard.full_from_torch_file(path, self.group_names)
+        ds_reshard.put_full_state(self.model, full)
+
+    def _elastic_refusal(self, saved: dict) -> str | None:
+        """Why this engine cannot take the checkpoint `saved` describes from another layout, or None."""
+        import lm.engine.ds_reshard as ds_reshard
+        import lm.engine.reshard as reshard
+
+        back = f"resume with {reshard.engine_option(saved)} on {saved['world_size']} rank(s)"
+        if self.stage == 0:
+            stages = "use engine=zero2 (or zero1, zero3)"
+            return f"ZeRO stage 0 (engine=deepspeed) takes only its own checkpoints; {stages}, or {back}"
+        if self.train.precision == "fp16":
+            return f"fp16's dynamic loss scale does not carry over to another engine or world size; {back}"
+        if self.cpu_adam:
+            fix = back if saved.get("cpu_adam") else "use engine.cpu_adam=false"
+            return f"engine.cpu_adam=true's DeepSpeedCPUAdam keeps a state of its own layout; {fix}"
+        zero = self.config.get("zero_optimization", {})
+        if "nvme" in (zero.get("offload_optimizer", {}).get("device"), zero.get("offload_param", {}).get("device")):
+            return f"an NVMe-offloaded optimizer is swapped in DeepSpeed's own files; offload to cpu, or {back}"
+        return ds_reshard.source_refusal(saved) if saved["format"] == "deepspeed" else None
 
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: dict) -> dict[str, torch.Tensor]:
@@ -210,7 +203,7 @@ class DeepSpeedEngine(Engine):
             return state
 
     def describe(self):
-        return {**super().describe(), "zero_stage": self.stage}
+        return {**super().describe(), "zero_stage": self.stage, "cpu_adam": self.cpu_adam}
 
     def local_numel(self) -> int:
         if self.stage == 3:

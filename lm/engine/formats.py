@@ -1,6 +1,8 @@
-"""The checkpoint files the torch-native engines write, and the safe reader of DCP's metadata: shared by the
-engines (lm/engine/base.py, torch_engines.py) and by elastic resume (reshard.py), which reads either."""
+"""The checkpoint files each engine writes, and the safe readers of DCP's metadata and DeepSpeed's files: shared by
+the engines (lm/engine/base.py, torch_engines.py, ds.py) and by elastic resume (reshard.py, ds_reshard.py), which
+reads any of them."""
 
+import contextlib
 import pickle
 from pathlib import Path
 
@@ -8,6 +10,7 @@ import torch
 
 MODEL_OPTIM = "model_optim.pt"  # the single/DDP checkpoint file (rank 0 writes it)
 DCP = "dcp"  # sub-directory of an FSDP2 checkpoint: torch.distributed.checkpoint shards, one file per rank
+TAG = "deepspeed"  # sub-directory of a ZeRO checkpoint that holds DeepSpeed's files
 
 
 class _DCPMetadataUnpickler(pickle.Unpickler):
@@ -37,3 +40,28 @@ def check_dcp_metadata(dcp_dir: Path) -> None:
     """Raise pickle.UnpicklingError if `dcp_dir`/.metadata names anything but DCP's metadata classes."""
     with open(Path(dcp_dir) / ".metadata", "rb") as f:
         _DCPMetadataUnpickler(f).load()
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """DeepSpeed's readers call torch.load(..., weights_only=False), which runs whatever a checkpoint's
+    pickle says; while they read ours, force weights_only=True and allow only the plain types DeepSpeed
+    stores besides tensors (a crafted file then fails with pickle.UnpicklingError instead)."""
+    from unittest import mock
+
+    real = torch.load
+
+    def load(*args, **kwargs):
+        return real(*args, **{**kwargs, "weights_only": True})
+
+    with mock.patch.object(torch, "load", load), torch.serialization.safe_globals(_ds_safe_globals()):
+        yield
+
+
+def _ds_safe_globals() -> list:
+    """The non-tensor classes in DeepSpeed's optimizer-state files (plain data, no code on load)."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]

@@ -1,15 +1,18 @@
-"""Loading a checkpoint written by another torch-native engine or world size (elastic resume).
+"""Loading a checkpoint written by another engine or world size (elastic resume).
 
 The interchange form is the *full* state keyed by parameter name (FQN), as torch.distributed.checkpoint's
 `get_state_dict(..., full_state_dict=True)` has it: {"model": {fqn: tensor}, "optim": {"state": {fqn: {...}},
 "param_groups": [{"params": [fqn, ...], ...}]}}. Each source format is read into it, and `set_state_dict`
-puts it into any torch-native engine's module and optimizer (FSDP2 shards it for the new mesh):
+puts it into any torch-native engine's module and optimizer (FSDP2 shards it for the new mesh; a ZeRO engine
+partitions it itself, lm/engine/ds_reshard.py):
 
     torch (single/DDP model_optim.pt): the full state already; the optimizer's integer ids -> names
     dcp (FSDP2 shards): DCP's offline conversion to one file (any saved world size)
+    deepspeed (ZeRO-1/2/3 partitions, any saved world size): lm/engine/ds_reshard.py, which also puts the
+        full state into a ZeRO engine
 
 Every rank reads the whole state (CPU memory: the model and both Adam moments once per rank). A resume on
-the same engine class and format (FSDP2 on another world size included: DCP reshards itself) never comes
+the same engine class, format and world size (FSDP2 on another world size too: DCP reshards itself) never comes
 here: each engine's own load_state stays the path of an unchanged resume.
 """
 
@@ -23,10 +26,17 @@ from lm.engine.dist import EngineError
 from lm.engine.formats import MODEL_OPTIM, check_dcp_metadata
 
 
-def full_from_torch_file(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def group_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
+    """The parameter names of each of `optimizer`'s param groups, in order (a plain torch optimizer over
+    `module`'s parameters: lm.core.optim.adamw builds its groups the same way for every engine)."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    return [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+
+
+def full_from_torch_file(path: Path, groups: list[list[str]]) -> dict:
     """model_optim.pt (single/DDP) as the full FQN-keyed state. The file's optimizer numbers parameters in
     param_groups order; lm builds those groups the same way for every engine (lm.core.optim.adamw), so
-    position i there is position i of this optimizer's groups, whose parameters have names."""
+    position i there is position i of `groups` (group_names of the optimizer being loaded)."""
     state = torch.load(Path(path) / MODEL_OPTIM, map_location="cpu", weights_only=True)
     if "scaler" in state:
         raise EngineError(
@@ -34,15 +44,12 @@ def full_from_torch_file(path: Path, module: nn.Module, optimizer: torch.optim.O
             f"resume with engine=single or engine=ddp"
         )
     saved = state["optimizer"]
-    names = {id(p): n for n, p in module.named_parameters()}
-    order = [names[id(p)] for g in optimizer.param_groups for p in g["params"]]
+    order = [name for group in groups for name in group]
     ids = [i for g in saved["param_groups"] for i in g["params"]]
-    if len(ids) != len(order) or [len(g["params"]) for g in saved["param_groups"]] != [
-        len(g["params"]) for g in optimizer.param_groups
-    ]:
+    if len(ids) != len(order) or [len(g["params"]) for g in saved["param_groups"]] != [len(g) for g in groups]:
         raise EngineError(
             f"{path}: its optimizer has {len(ids)} parameters in {len(saved['param_groups'])} "
-            f"groups, this model's {len(order)} in {len(optimizer.param_groups)}: not this model"
+            f"groups, this model's {len(order)} in {len(groups)}: not this model"
         )
     fqn = dict(zip(ids, order))
     optim = {
@@ -74,6 +81,17 @@ def set_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, full: di
         optim_state_dict=full["optim"],
         options=StateDictOptions(full_state_dict=True),
     )
+
+
+OPTIONS = {"Engine": "single", "DDPEngine": "ddp", "FSDP2Engine": "fsdp2"}  # engine class -> its engine= option
+
+
+def engine_option(saved: dict) -> str:
+    """The `engine=` option that wrote the checkpoint `saved` (its trainer.json engine record) describes."""
+    if saved["format"] == "deepspeed":
+        stage = saved.get("zero_stage", 0)
+        return f"engine=zero{stage}" if stage else "engine=deepspeed"
+    return f"engine={OPTIONS.get(saved['engine'], saved['engine'])}"
 
 
 def refuse(path: Path, saved: dict, engine_name: str, why: str) -> EngineError:

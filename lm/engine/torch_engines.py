@@ -167,15 +167,14 @@ class FSDP2Engine(Engine):
 
     def load_resharded(self, path: Path, saved: dict) -> None:
         """Another world size: DCP reshards its own shards onto this mesh (load_state); single/DDP's full
-        model_optim.pt is sharded by set_state_dict (lm/engine/reshard.py)."""
+        model_optim.pt is sharded by set_state_dict (lm/engine/reshard.py); ZeRO's partitions: Engine's."""
         import lm.engine.reshard as reshard
 
         if saved["format"] == "dcp":
             self.load_state(path)
         elif saved["format"] == "torch":
-            reshard.set_full_state(
-                self.module, self.optimizer, reshard.full_from_torch_file(path, self.module, self.optimizer)
-            )
+            groups = reshard.group_names(self.module, self.optimizer)
+            reshard.set_full_state(self.module, self.optimizer, reshard.full_from_torch_file(path, groups))
         else:
             super().load_resharded(path, saved)
 
