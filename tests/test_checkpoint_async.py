@@ -205,6 +205,36 @@ def test_deepspeed_refuses_async_checkpoints_in_one_line():
         make_engine(cfg, lambda node: FakeDeepSpeed, train, None)
 
 
+def test_checkpoints_are_asynchronous_by_default_where_the_engine_can_and_synchronous_on_deepspeed(tmp_path):
+    """train.async_checkpoint unset: the background write on engines that stage their state (single, DDP, FSDP2),
+    the synchronous one on DeepSpeed, which is not refused; `false` keeps every save synchronous."""
+    from lm.core.config import TrainConfig
+    from lm.core.session import Session
+    from lm.core.setup import make_engine
+
+    class Engine:
+        is_main = True
+
+        def __init__(self, writes_async):
+            self.writes_async, self.format = writes_async, "torch" if writes_async else "deepspeed"
+
+        def close(self):
+            pass
+
+    assert TrainConfig().async_checkpoint is None
+    for writes_async in (True, False):
+        made = make_engine(
+            types.SimpleNamespace(engine=None),
+            lambda node, w=writes_async: lambda train, dist: Engine(w),
+            types.SimpleNamespace(on_nonfinite="stop", async_checkpoint=None, float8=False),
+            None,
+        )
+        for option, expected in ((None, writes_async), (False, False)):
+            train = TrainConfig(async_checkpoint=option)
+            with Session(train, made, None, tmp_path / f"{writes_async}{option}", "") as session:
+                assert (session.checkpointer.writes is not None) is expected, (writes_async, option)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ddp", "fsdp2"])
 def test_two_ranks_write_the_same_checkpoints_asynchronously_and_resume_exactly(engine, tmp_path):

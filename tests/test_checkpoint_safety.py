@@ -174,7 +174,8 @@ def test_a_lock_path_that_is_not_a_regular_file_is_refused(tmp_path):
 
 def test_torch_save_failing_mid_write_removes_the_partial_checkpoint(tmp_path, monkeypatch):
     """torch.save reports ENOSPC as RuntimeError ('unexpected pos'), not OSError: the half-written
-    .tmp-step_* must go all the same, `latest` still names the previous checkpoint, the run resumes."""
+    .tmp-step_* must go all the same, `latest` still names the previous checkpoint, the run resumes. The
+    synchronous writer (the background one's failures: tests/test_checkpoint_async.py)."""
     from lm.engine.base import Engine
 
     real, saves = Engine.save_state, {"n": 0}
@@ -188,7 +189,7 @@ def test_torch_save_failing_mid_write_removes_the_partial_checkpoint(tmp_path, m
 
     monkeypatch.setattr(Engine, "save_state", full_disk)
     with pytest.raises(CheckpointError) as e:
-        run(tmp_path, steps=9, ckpt_interval=3)
+        run(tmp_path, steps=9, ckpt_interval=3, async_checkpoint="false")
     message = str(e.value)
     assert f"checkpoint {tmp_path / 'checkpoints' / 'step_00000006'} could not be written" in message
     assert "unexpected pos" in message and " MiB free under " in message
@@ -197,7 +198,7 @@ def test_torch_save_failing_mid_write_removes_the_partial_checkpoint(tmp_path, m
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no .tmp-step_00000006
     assert (ckpts / "latest").read_text() == "step_00000003"
     monkeypatch.setattr(Engine, "save_state", real)
-    assert run(tmp_path, steps=9, ckpt_interval=3).state.step == 9
+    assert run(tmp_path, steps=9, ckpt_interval=3, async_checkpoint="false").state.step == 9
     assert list(train_losses(tmp_path)) == list(range(1, 10))
 
 

@@ -58,8 +58,9 @@ class TrainConfig:
     ckpt_interval: int = 100  # steps between checkpoints; 0 = only at the end
     keep_last: int = 3  # checkpoints kept (older ones are deleted once a newer one is complete)
     # Checkpoints written by a background thread from a CPU copy (DCP's async_save for FSDP2) while training goes
-    # on; one write in flight, a checkpoint visible only once complete (docs/training.md). Not with DeepSpeed.
-    async_checkpoint: bool = False
+    # on; one write in flight, a checkpoint visible only once complete (docs/training.md). None: where the engine
+    # can (single, DDP, FSDP2), synchronous on DeepSpeed; true on DeepSpeed is refused.
+    async_checkpoint: bool | None = None
     # What a NaN/inf loss or gradient norm does (its update is skipped either way): stop, or skip (each logged).
     # Under fp16's loss scaler an inf gradient norm with a finite loss is an overflow the scaler handles instead.
     on_nonfinite: OnNonfinite = OnNonfinite.stop

@@ -47,9 +47,8 @@ class Session:
         self.train_cfg, self.engine, self.task = train, engine, task
         self.run_dir, self.config_yaml = Path(run_dir), config_yaml
         self.hooks = hooks if hooks is not None else from_env()
-        self.checkpointer = self.checkpointer_at(
-            self.run_dir, train.keep_last, config_yaml, asynchronous=train.async_checkpoint
-        )
+        asynchronous = engine.writes_async if train.async_checkpoint is None else train.async_checkpoint
+        self.checkpointer = self.checkpointer_at(self.run_dir, train.keep_last, config_yaml, asynchronous=asynchronous)
         self.state = loop.State()
         self.tracker = NullTracker()
         # rank 0 logs to a file from here on (before resuming: the file says so)

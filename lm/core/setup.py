@@ -32,7 +32,7 @@ def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
         raise ConfigError(f"engine ({cfg.engine._target_}): {e}; see conf/engine/ for its options") from None
     if train_cfg.on_nonfinite == "skip" and engine.format == "deepspeed":
         raise ConfigError("train.on_nonfinite=skip does not work with DeepSpeed engines; use train.on_nonfinite=stop")
-    if getattr(train_cfg, "async_checkpoint", False) and not engine.writes_async:
+    if getattr(train_cfg, "async_checkpoint", None) is True and not engine.writes_async:
         raise ConfigError(
             "train.async_checkpoint=true does not work with DeepSpeed engines (their checkpoints are "
             "written synchronously); use train.async_checkpoint=false"

@@ -122,6 +122,8 @@ class FinetuneTrain:
             eval_interval=per_epoch,
             ckpt_interval=self.ckpt_interval or per_epoch,
             keep_last=self.keep_last,
+            # a task's checkpoints are small and its runs short: the host copy would cost more than it saves
+            async_checkpoint=False,
             on_nonfinite=self.on_nonfinite,
             max_nonfinite=self.max_nonfinite,
             world_size=self.world_size,
