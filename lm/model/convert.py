@@ -23,16 +23,12 @@ from lm.model.options import option_name
 
 def _family_of(cfg: ModelConfig) -> str:
     """Which Hugging Face family a config's architecture matches, or a clear error."""
-    if cfg.electra is not None:
+    if cfg.family is not None:  # a model/family option's model (lm/zoo): no Hugging Face class holds it
+        plain = cfg.family.finetuned(cfg).family is None  # finetuning builds the arch's plain model
+        hint = f"; lm finetune init=<run> finetunes it as the plain {cfg.arch.value} it holds" if plain else ""
         raise ValueError(
-            "no Hugging Face family matches an ELECTRA pretraining model (model.electra: generator + "
-            "discriminator); finetune its discriminator with lm finetune init=<run> (it loads as a plain "
-            "encoder), and use model.safetensors of this export for the pretraining model itself"
-        )
-    if cfg.arch == "rnn":
-        raise ValueError(
-            f"no Hugging Face family matches a recurrent model (model.arch=rnn, model.rnn.cell="
-            f"{cfg.rnn.cell.value}); exportable: gpt2, llama, bert, t5 layouts (export safetensors instead)"
+            f"no Hugging Face family matches model/family={option_name(cfg.family)}; exportable: gpt2, llama, bert, "
+            f"t5 layouts (use this export's model.safetensors){hint}"
         )
     norm, pos = cfg.norm._target_.rsplit(".", 1)[1], cfg.pos._target_.rsplit(".", 1)[1]
     glu = isinstance(cfg.ffn, GLUConfig)
@@ -85,7 +81,6 @@ def _check_common(cfg: ModelConfig, family: str) -> None:
         (cfg.output is None, f"model/output={cfg.output and option_name(cfg.output)} (a zoo output layer)"),
         (cfg.memory is None, f"model/memory={cfg.memory and option_name(cfg.memory)} (a zoo memory)"),
         # Narang et al. 2021's options: no Hugging Face family of these has them.
-        (not cfg.factorized_embedding, f"model.factorized_embedding={cfg.factorized_embedding}"),
         (
             cfg.arch != "encoder_decoder" or cfg.shared_inputs,
             f"model.tie_embeddings={cfg.tie_embeddings} (own encoder input table)",
