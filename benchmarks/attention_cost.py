@@ -6,7 +6,7 @@ Variants (one layer, width --dim, --heads heads, batch --batch, fp32 on CPU and 
     multiplicative   q^T W k, explicit (B, H, T, T) probabilities
     additive         v^T tanh(W1 q + W2 k): a (B, H, T, T, Dh) tanh tensor, so memory grows fastest
     linformer        keys/values projected to k = --linformer-k rows (k = T when T is smaller)
-    lstm             torch.nn.LSTM, hidden = --dim (lm.model.rnn.recurrent_layers, as model=lstm builds it)
+    lstm             torch.nn.LSTM, hidden = --dim (lm.zoo.rnn.recurrent_layers, as model=lstm builds it)
 The attention layers are non-causal (encoder) self-attention built by lm.model.scores.make_score and
 lm.model.attention.SelfAttention, so what is timed is the code the models run.
 
@@ -90,7 +90,7 @@ def build_layer(variant: str, T: int, args):
     from lm.model.scores import make_score
 
     if variant == "lstm":
-        from lm.model.rnn import recurrent_layers
+        from lm.zoo.rnn import recurrent_layers
 
         cfg = model_preset(
             "lstm", [f"model.dim={args.dim}", "model.n_layers=1", "model.dropout=0.0", f"model.max_seq_len={T}"]

@@ -52,7 +52,7 @@ def parse(argv=None):
         default=None,
         help="the generator's sampling temperature (default the preset's, 1): above 1, easier replacements",
     )
-    p.add_argument("--mlm", action="store_true", help="the same encoder trained by masked-LM (model.electra=null)")
+    p.add_argument("--mlm", action="store_true", help="the same encoder trained by masked-LM (model.family=null)")
     p.add_argument(
         "--hf",
         action="store_true",
@@ -67,7 +67,7 @@ def build(a):
     torch.manual_seed(a.seed)
     cfg = pretrain_config(
         Recipe(
-            preset="glue_transfer_electra", out=Path("/nonexistent"), pretrain=["model.electra=null"] if a.mlm else []
+            preset="glue_transfer_electra", out=Path("/nonexistent"), pretrain=["model.family=null"] if a.mlm else []
         )
     )
     model = HFElectra(cfg.model) if a.hf else build_model(OmegaConf.to_object(cfg.model))
@@ -83,9 +83,9 @@ def build(a):
 
 class HFElectra(torch.nn.Module):
     """transformers' ELECTRA at the preset's sizes, with this script's interface: forward(input_ids, labels)
-    returns the same loss and metrics as lm.model.ElectraLM; `encoder` is the discriminator's stack; `head`
+    returns the same loss and metrics as lm.zoo.electra.ElectraLM; `encoder` is the discriminator's stack; `head`
     its per-token head (`head.proj`: the output layer). Generator and discriminator share the embeddings
-    (and the generator's output is tied to them), as in the paper and in lm.model.electra."""
+    (and the generator's output is tied to them), as in the paper and in lm.zoo.electra."""
 
     def __init__(self, m):
         super().__init__()
@@ -105,7 +105,7 @@ class HFElectra(torch.nn.Module):
                 type_vocab_size=1,
             )
 
-        e = m.electra
+        e = m.family
         self.disc = ElectraForPreTraining(config(m.dim, m.n_heads, 4 * m.dim))
         self.gen = ElectraForMaskedLM(config(e.generator_dim, e.generator_heads, 4 * e.generator_dim))
         self.gen.electra.embeddings = self.disc.electra.embeddings

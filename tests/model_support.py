@@ -17,3 +17,47 @@ def greedy_by_recompute(model, prompt: torch.Tensor, arch: str, n: int) -> torch
     for _ in range(n):
         dec = torch.cat([dec, model(prompt, decoder_input_ids=dec).logits[:, -1:].argmax(-1)], dim=1)
     return dec[:, 1:]
+
+
+# -- Hugging Face parity (tests/test_model_parity.py, tests/test_convert_exact.py) ----------------------------
+
+
+def perturb(model, seed: int = 0, scale: float = 0.2):
+    """Add noise to every parameter (tied ones once), so biases, norms and embeddings are all non-trivial: zero
+    biases and unit norms would hide mapping errors. Returns the model in eval mode."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+    return model.eval()
+
+
+def untie_head(hf):
+    """Give an HF model's output layer its own tensor (the T5 v1.1 / Flan layout: transformers 5's T5 ties lm_head
+    to the embedding whatever the config says)."""
+    head = hf.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    return hf
+
+
+def hf_inputs(vocab: int, seq2seq: bool, seq: int = 12) -> dict:
+    """Two rows of ids in [1, vocab), the second right-padded from position 9; T5's decoder ids when seq2seq."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(1, vocab, (2, seq), generator=g)
+    mask = torch.ones_like(x)
+    mask[1, 9:] = 0
+    kw = {"input_ids": x, "attention_mask": mask}
+    if seq2seq:
+        kw["decoder_input_ids"] = torch.randint(1, vocab, (2, 7), generator=g)
+    return kw
+
+
+@torch.no_grad()
+def eval_logits(model, kw: dict) -> torch.Tensor:
+    return model.eval()(**kw).logits
+
+
+def real_positions(kw: dict, logits: torch.Tensor) -> torch.Tensor:
+    """The logits of real tokens: padded query positions are undefined (each implementation fills them differently);
+    a seq2seq batch's decoder has no padding."""
+    return logits if "decoder_input_ids" in kw else logits[kw["attention_mask"].bool()]

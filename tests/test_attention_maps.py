@@ -199,7 +199,7 @@ def test_an_rnn_is_refused_before_its_weights_are_read(tmp_path, capsys):
     (export / "config.json").write_text(json.dumps({**node, "_lm_class": "RNNLM"}))
     (export / "model.safetensors").write_bytes(b"not read")  # would fail to load if anything read it
     err = _error([str(export), "--text", TEXT], capsys)
-    assert "recurrent model (model.arch=rnn, model.rnn.cell=lstm)" in err and "no attention to draw" in err
+    assert "a model/family=lstm model: it has no attention to draw" in err
 
 
 def test_run_card_shows_the_attention_grid(decoder_run, tmp_path):
@@ -222,7 +222,7 @@ def test_run_card_of_an_rnn_says_why_there_is_no_grid(tmp_path):
     train(cfg, loaders=loaders(cfg))
     assert report_main([str(run), "-o", str(tmp_path / "card")]) == 0
     md = (tmp_path / "card" / "card.md").read_text()
-    assert "## Attention\n\nNo attention maps: a recurrent model (model.arch=rnn, model.rnn.cell=lstm)" in md
+    assert "## Attention\n\nNo attention maps: a model/family=lstm model has no attention." in md
     assert not list((tmp_path / "card").glob("attention_*.png"))
 
 

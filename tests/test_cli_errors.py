@@ -106,7 +106,7 @@ def test_bad_numbers_are_usage_errors(command, args, what, capsys, tmp_path):
             "--preset bogus: no such experiment (conf/experiment/bogus.yaml); pick one of glue_transfer_decoder",
         ),
         ({"pretrain": ["bogus.key=1"]}, "--pretrain bogus.key=1: Could not override 'bogus.key'. (Key 'bogus' not in"),
-        ({"pretrain": ["model=lstm", "model.arch=rnn"]}, "model.arch=rnn is not a family the recipe finetunes"),
+        ({"pretrain": ["model=lstm"]}, "--pretrain model=lstm: the model family rnn is not one the recipe finetunes"),
         ({"pretrain": ["+train.max_step=20"]}, "did you mean train.max_steps?"),
     ],
 )

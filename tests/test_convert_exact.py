@@ -13,26 +13,11 @@ from lm.model import build_model  # noqa: E402
 from lm.model.config import GLUConfig, LayerNormConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig  # noqa: E402
 from lm.model.convert import from_hf, to_hf  # noqa: E402
 from lm.model.generate import generate  # noqa: E402
+from tests.model_support import eval_logits, hf_inputs, perturb, real_positions, untie_head  # noqa: E402
 
 T = transformers
 V = 101
 TOL = 1e-5  # fp32, relative to the largest |logit| (perturbed untied heads give logits in the tens)
-
-
-def perturb(model, seed=0):
-    """Add noise to every parameter (tied ones once), so biases, norms and embeddings are all non-trivial."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.2)
-    return model.eval()
-
-
-def untie_head(hf):
-    """Give an HF model's output layer its own tensor (the T5 v1.1 / Flan layout in transformers 5)."""
-    head = hf.get_output_embeddings()
-    head.weight = torch.nn.Parameter(head.weight.detach().clone())
-    return hf
 
 
 def gpt2(**kw):
@@ -126,21 +111,11 @@ HF_CASES = {
 
 
 def inputs(t5_like: bool, seq=12):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(1, V, (2, seq), generator=g)
-    mask = torch.ones_like(x)
-    mask[1, 9:] = 0  # right padding in the second row
-    kw = {"input_ids": x, "attention_mask": mask}
-    if t5_like:
-        kw["decoder_input_ids"] = torch.randint(1, V, (2, 7), generator=g)
-    return kw
+    return hf_inputs(V, t5_like, seq)
 
 
 def logits(model, kw):
-    with torch.no_grad():
-        out = model.eval()(**kw).logits
-    # Padded query positions are undefined (each implementation fills them differently).
-    return out if "decoder_input_ids" in kw else out[kw["attention_mask"].bool()]
+    return real_positions(kw, eval_logits(model, kw))
 
 
 def max_diff(a, b, kw):

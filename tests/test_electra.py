@@ -1,8 +1,9 @@
-"""ELECTRA's replaced-token detection (model.electra, lm/model/electra.py): the discriminator's targets on a
+"""ELECTRA's replaced-token detection (model/family=electra, lm/zoo/electra.py): the discriminator's targets on a
 hand-made batch with a forced sampler, what the generator may replace, the loss weighting, gradients, refusals,
 parameter/FLOP counts, exact resume through lm train, and finetuning the discriminator as a plain encoder."""
 
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,10 +14,10 @@ import torch.nn.functional as F
 from lm.config import ConfigError
 from lm.model import EncoderLM, build_model
 from lm.model.config import Arch, model_preset
-from lm.model.electra import MASKED_FRACTION, ElectraLM
 from lm.model.flops import active_matmul_params as count
 from lm.model.flops import attention_flops_per_token, matmul_params, num_params
 from lm.zoo.adaptive import AdaptiveSoftmaxConfig
+from lm.zoo.electra import MASKED_FRACTION, ElectraConfig, ElectraLM
 from lm.zoo.evolved import EvolvedConfig
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
@@ -26,9 +27,9 @@ SMALL = [
     "model.dim=16",
     "model.n_heads=2",
     "model.n_layers=2",
-    "+model/electra=small",
-    "model.electra.generator_dim=8",
-    "model.electra.generator_layers=1",
+    "model/family=electra",
+    "model.family.generator_dim=8",
+    "model.family.generator_layers=1",
 ]
 MASK = 3
 
@@ -148,7 +149,7 @@ def test_the_generator_is_a_stack_of_its_own_width_and_depth(cfg):
     assert model.generator.project.weight.shape == (8, 16)  # dim -> generator_dim (ELECTRA's embeddings_project)
     assert model.generator.encoder.blocks[0].ffn.up.weight.shape == (32, 8)  # the MLP's 4x of the generator's width
     assert model.generator.head.transform[0].weight.shape == (16, 8)  # back to the table's width
-    wide = build_model(replace(cfg, electra=replace(cfg.electra, generator_ffn_dim=24, generator_heads=2)))
+    wide = build_model(replace(cfg, family=replace(cfg.family, generator_ffn_dim=24, generator_heads=2)))
     assert wide.generator.encoder.blocks[0].ffn.up.weight.shape == (24, 8)
     assert wide.generator.encoder.blocks[0].self_attn.n_heads == 2
 
@@ -159,49 +160,74 @@ def test_the_generator_is_a_stack_of_its_own_width_and_depth(cfg):
 @pytest.mark.parametrize(
     "change,message",
     [
-        (dict(arch=Arch.decoder), r"model.electra is set but model.arch=decoder: .*set model.arch=encoder"),
-        (dict(arch=Arch.encoder_decoder), r"model.electra is set but model.arch=encoder_decoder"),
+        (dict(arch=Arch.decoder), r"model/family=electra with model.arch=decoder: .*set model.arch=encoder"),
+        (dict(arch=Arch.encoder_decoder), r"model/family=electra with model.arch=encoder_decoder"),
         (
-            dict(electra=dict(generator_dim=12, generator_heads=5)),
-            r"model.electra.generator_dim=12 is not divisible by model.electra.generator_heads=5",
+            dict(family=dict(generator_dim=12, generator_heads=5)),
+            r"model.family.generator_dim=12 is not divisible by model.family.generator_heads=5",
         ),
-        (dict(electra=dict(disc_weight=0.0)), r"model.electra.disc_weight=0.0 must be > 0"),
-        (dict(electra=dict(temperature=-1.0)), r"model.electra.temperature=-1.0 must be > 0"),
-        (dict(electra=dict(generator_layers=0)), r"model.electra.generator_layers=0 must be a positive integer"),
+        (dict(family=dict(disc_weight=0.0)), r"model.family.disc_weight=0.0 must be > 0"),
+        (dict(family=dict(temperature=-1.0)), r"model.family.temperature=-1.0 must be > 0"),
+        (dict(family=dict(generator_layers=0)), r"model.family.generator_layers=0 must be a positive integer"),
         (
             dict(output=AdaptiveSoftmaxConfig(), tie_embeddings=False),
-            r"model.electra with .*model/output=adaptive_softmax",
+            r"model/family=electra with .*model/output=adaptive_softmax",
         ),
-        (dict(loss_chunk_size=64), r"model.electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0"),
         (
-            dict(electra=dict(generator_dim=9), block=EvolvedConfig()),
-            r"model.electra's generator \(model.electra.generator_dim=9.*cannot be built: "
+            dict(loss_chunk_size=64),
+            r"model/family=electra with .*model.loss_chunk_size=64: .*needs .*model.loss_chunk_size=0",
+        ),
+        (
+            dict(family=dict(generator_dim=9), block=EvolvedConfig()),
+            r"model/family=electra's generator \(model.family.generator_dim=9.*cannot be built: "
             r"model/block=evolved needs an even",
         ),
     ],
 )
 def test_refusals_name_the_field_and_the_fix(cfg, change, message):
-    if "electra" in change:
-        change = {**change, "electra": replace(cfg.electra, **change["electra"])}
+    if "family" in change:
+        change = {**change, "family": replace(cfg.family, **change["family"])}
     with pytest.raises(ConfigError, match=message):
         build_model(replace(cfg, **change))
 
 
-def test_an_rnn_with_electra_is_refused_by_name():
-    lstm = model_preset("lstm")
-    with pytest.raises(ConfigError, match="model.electra is set but model.arch=rnn"):
-        build_model(replace(lstm, electra=model_preset("tiny", SMALL).electra))
+def test_electra_on_a_recurrent_preset_is_refused_by_name():
+    """One model/family at a time: electra in place of model=lstm's recurrent layers finds no Transformer slots."""
+    with pytest.raises(ConfigError, match="model.norm is not set; pick an option with model/norm="):
+        build_model(model_preset("lstm", ["model/family=electra", "model.arch=encoder"]))
 
 
 def test_a_wrong_key_fails_at_composition():
-    with pytest.raises(Exception, match="model.electra.bogus"):
-        model_preset("tiny", [*SMALL, "model.electra.bogus=1"])
+    with pytest.raises(Exception, match="model.family.bogus"):
+        model_preset("tiny", [*SMALL, "model.family.bogus=1"])
+
+
+def test_a_config_saved_with_the_electra_node_loads_as_the_family_option(cfg):
+    """Runs saved before the move (lm/model/upgrade.py): their model.electra node is model/family=electra now, the
+    same model; the old overrides are refused in one line naming the new spelling."""
+    from omegaconf import OmegaConf
+
+    from lm.model.config import model_from_saved
+
+    node = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)  # as config.yaml holds it
+    old = {k: v for k, v in node.items() if k != "family"}
+    old["electra"] = {k: v for k, v in node["family"].items() if not k.startswith("_")}
+    loaded = model_from_saved(old)
+    assert isinstance(loaded.family, ElectraConfig) and loaded.family == cfg.family and loaded.arch == cfg.arch
+    assert model_from_saved({**old, "electra": None}).family is None  # a plain encoder saved with the node unset
+    for arg, new in [
+        ("+model/electra=small", "write model/family=electra"),
+        ("model.electra.generator_dim=8", "write model.family.generator_dim=8"),
+        ("model.electra=null", "write model.family (model/family=electra; model.family=null for none)"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{re.escape(arg)}: this option moved to the zoo .*{re.escape(new)}"):
+            model_preset("tiny", [arg])
 
 
 def test_params_and_flops_count_both_models(cfg):
     model = built(cfg)
     assert num_params(cfg) == sum(p.numel() for p in model.parameters())  # the tied table once
-    encoder = replace(cfg, electra=None)  # the same discriminator with BERT's MLM head
+    encoder = replace(cfg, family=None)  # the same discriminator with BERT's MLM head
     plain, gen = build_model(encoder), model.generator
     assert count(model.head) == 16 * 16 + 16 and count(gen.head) == 8 * 16 + 32 * 16  # the output layer is tied
     assert count(plain.head) == 32 * 16 and count(gen.encoder) == 4 * 8 * 8 + 2 * 4 * 8 * 8
@@ -228,17 +254,17 @@ def test_the_transfer_preset_pretrains_the_encoder_presets_model():
     electra = pretrain_config(Recipe(preset="glue_transfer_electra", out=Path("/tmp/unused")))
     encoder = pretrain_config(Recipe(preset="glue_transfer_encoder", out=Path("/tmp/unused")))
     model = OmegaConf.to_object(electra.model)
-    assert replace(model, electra=None) == OmegaConf.to_object(encoder.model)  # the discriminator is that encoder
-    assert (model.electra.generator_dim, model.electra.generator_heads, model.electra.disc_weight) == (64, 1, 50.0)
+    assert replace(model, family=None) == OmegaConf.to_object(encoder.model)  # the discriminator is that encoder
+    assert (model.family.generator_dim, model.family.generator_heads, model.family.disc_weight) == (64, 1, 50.0)
     assert tokens_per_step(electra) == tokens_per_step(encoder) and electra.sched == encoder.sched
     # its own rate and sampling temperature: the encoder's 2e-3 flattens the discriminator (docs/glue_transfer.md)
-    assert (electra.optim.lr, model.electra.temperature) == (2e-4, 2.0) and encoder.optim.lr == 2e-3
+    assert (electra.optim.lr, model.family.temperature) == (2e-4, 2.0) and encoder.optim.lr == 2e-3
     assert POOLING[family(electra.model)] == "first" and OBJECTIVE[family(electra.model)] == "rtd"
     assert family(encoder.model) == "encoder"
     other = pretrain_config(
-        Recipe(preset="glue_transfer_electra", out=Path("/tmp/unused"), pretrain=["model.electra.generator_dim=128"])
+        Recipe(preset="glue_transfer_electra", out=Path("/tmp/unused"), pretrain=["model.family.generator_dim=128"])
     )
-    assert other.model.electra.generator_dim == 128
+    assert other.model.family.generator_dim == 128
 
 
 # -- lm train: exact resume; finetuning the discriminator --------------------------------------------------
@@ -304,7 +330,7 @@ def test_a_pretrained_discriminator_finetunes_as_a_plain_encoder(tmp_path):
     saved = consolidated_state_dict(resolve(tmp_path / "run"))
     for source in (tmp_path / "run", export(tmp_path / "run", hf=False)):  # a checkpoint, an lm export directory
         backbone = load_backbone(str(source))
-        assert backbone.model_cfg.electra is not None
+        assert isinstance(backbone.model_cfg.family, ElectraConfig)
         classifier = build_classifier(backbone, n_labels=2, dropout=0.1)  # refuses missing/unexpected keys
         assert type(classifier.backbone) is EncoderLM and classifier.pooling == "first"
         names = [n for n, _ in classifier.named_parameters()]
@@ -314,5 +340,5 @@ def test_a_pretrained_discriminator_finetunes_as_a_plain_encoder(tmp_path):
         assert all(torch.equal(ours[k], saved[k]) for k in ours)
         out = classifier(torch.randint(8, 512, (2, 12)), labels=torch.tensor([0, 1]))
         assert out.logits.shape == (2, 2) and math.isfinite(out.loss.item())
-    with pytest.raises(ValueError, match="ELECTRA pretraining model .* finetune its discriminator"):
+    with pytest.raises(ValueError, match="no Hugging Face family matches model/family=electra.* as the plain encoder"):
         _family_of(backbone.model_cfg)  # lm export's Hugging Face directory: refused (a warning there)

@@ -15,26 +15,23 @@ from tests.engine_support import REPO, subprocess_env
 pytestmark = pytest.mark.slow
 
 
-def test_fault_injection_finds_no_silent_corruption(tmp_path):
+def run_trials(tmp_path, args: list[str], timeout: int) -> dict:
+    """benchmarks/fault_injection.py with `args`, its output under tmp_path/out: the summary it wrote (it must
+    exit 0)."""
     proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/fault_injection.py",
-            "--trials",
-            "5",
-            "--seed",
-            "0",
-            "--out",
-            str(tmp_path / "out"),
-        ],
+        [sys.executable, "benchmarks/fault_injection.py", *args, "--out", str(tmp_path / "out")],
         cwd=REPO,
         env=subprocess_env(LM_CACHE=str(tmp_path / "cache")),
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "fault_injection.json").read_text())
+    return json.loads((tmp_path / "out" / "fault_injection.json").read_text())
+
+
+def test_fault_injection_finds_no_silent_corruption(tmp_path):
+    summary = run_trials(tmp_path, ["--trials", "5", "--seed", "0"], timeout=900)
     total = summary["total"]
     assert total["trials"] == 5 and total["silent_corruption"] == 0, summary
     assert total["exact_resume"] + total["clear_refusal"] + total["skipped"] == 5
@@ -47,29 +44,9 @@ def test_fault_injection_finds_no_silent_corruption(tmp_path):
 def test_two_ranks_and_finetuning_find_no_silent_corruption(tmp_path):
     """DDP under torchrun (a kill inside a step/checkpoint write/at a random moment, then a damaged checkpoint)
     and lm finetune task=glue/all (a kill, a damaged task/seed checkpoint): exact resumes or clear refusals."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/fault_injection.py",
-            "--trials",
-            "0",
-            "--ddp-trials",
-            "2",
-            "--finetune-trials",
-            "2",
-            "--seed",
-            "1",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=REPO,
-        env=subprocess_env(LM_CACHE=str(tmp_path / "cache")),
-        capture_output=True,
-        text=True,
-        timeout=1800,
+    summary = run_trials(
+        tmp_path, ["--trials", "0", "--ddp-trials", "2", "--finetune-trials", "2", "--seed", "1"], timeout=1800
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "fault_injection.json").read_text())
     assert set(summary["by_kind"]) == {"ddp:kill", "ddp:kill+damage", "finetune:kill", "finetune:kill+damage"}
     total = summary["total"]
     assert total["trials"] == 4 and total["silent_corruption"] == 0 and total["skipped"] == 0, summary
@@ -83,27 +60,7 @@ def test_issue_49_trials_find_no_silent_corruption(tmp_path):
     (refused, its target untouched), an infinite gradient norm (stopped), `latest` naming another run's checkpoint
     (this run's own newest intact one resumed)."""
     kinds = ["damage+config_change", "deleted_latest", "symlinked_lock", "inf_grad", "latest_outside"]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/fault_injection.py",
-            "--trials",
-            "5",
-            "--kinds",
-            ",".join(kinds),
-            "--seed",
-            "0",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=REPO,
-        env=subprocess_env(LM_CACHE=str(tmp_path / "cache")),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "fault_injection.json").read_text())
+    summary = run_trials(tmp_path, ["--trials", "5", "--kinds", ",".join(kinds), "--seed", "0"], timeout=1800)
     outcomes = {kind: [o for o, n in c.items() if o != "trials" and n] for kind, c in summary["by_kind"].items()}
     assert outcomes == {
         "damage+config_change": ["clear_refusal"],
@@ -119,29 +76,9 @@ def test_kills_during_asynchronous_writes_find_no_silent_corruption(tmp_path):
     """train.async_checkpoint=true (issue 51 item 3), one process and FSDP2 on 2 ranks (DCP's async_save): killed
     while a background write is parked in a random phase and the loop trains on, or at a random moment; the rerun
     gives the synchronous reference's losses."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/fault_injection.py",
-            "--trials",
-            "2",
-            "--kinds",
-            "async_kill",
-            "--fsdp2-trials",
-            "1",
-            "--seed",
-            "0",
-            "--out",
-            str(tmp_path / "out"),
-        ],
-        cwd=REPO,
-        env=subprocess_env(LM_CACHE=str(tmp_path / "cache")),
-        capture_output=True,
-        text=True,
-        timeout=1800,
+    summary = run_trials(
+        tmp_path, ["--trials", "2", "--kinds", "async_kill", "--fsdp2-trials", "1", "--seed", "0"], timeout=1800
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((tmp_path / "out" / "fault_injection.json").read_text())
     assert set(summary["by_kind"]) == {"async_kill", "fsdp2:async_kill"}
     total = summary["total"]
     assert total["trials"] == 3 and total["exact_resume"] == 3 and total["silent_corruption"] == 0, summary

@@ -141,7 +141,7 @@ def test_impossible_models_fail_at_build_time(override, field):
         ("model.norm_position=middle", "model.norm_position: Invalid value 'middle', expected one of [pre, post]"),
         (
             "model.arch=lstm",
-            "model.arch: Invalid value 'lstm', expected one of [decoder, encoder, encoder_decoder, rnn]",
+            "model.arch: Invalid value 'lstm', expected one of [decoder, encoder, encoder_decoder]",
         ),
         ("model.init=xavier", "model.init: Invalid value 'xavier', expected one of [gpt2, normal, t5, torch]"),
         (

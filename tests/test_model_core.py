@@ -69,6 +69,7 @@ EXTRA = {
     "funnel": ["model.stack.blocks=[1,1]"],
     "adaptive": ["model.tie_embeddings=false"],
     "adaptive_softmax": ["model.tie_embeddings=false"],
+    "factorized": ["model.embedding.rank=16"],  # below model.dim
 }
 
 
@@ -97,6 +98,33 @@ def test_every_option_of_the_zoo_slots_composes_and_trains_one_step(slot, option
     x = torch.randint(1, 64, (2, 16))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loss = model(input_ids=x, labels=x[:, :8]).loss
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+# model/family builds the whole model: each option on the preset it belongs with (the recurrent LMs' presets leave
+# the Transformer slots null; ELECTRA pretrains an encoder).
+FAMILY_BASES = {"lstm": "lstm", "gru": "gru", "rnn": "rnn", "electra": "tiny"}
+FAMILY_EXTRA = {"electra": ["model.arch=encoder", "model.family.generator_dim=16"]}
+
+
+@pytest.mark.parametrize("option", sorted(p.stem for p in (ROOT / "conf" / "model" / "family").glob("*.yaml")))
+def test_every_model_family_option_composes_and_trains_one_step(option):
+    import torch
+
+    from lm.model import build_model
+    from lm.model.config import model_preset
+
+    overrides = [f"model/family={option}", "model.vocab_size=64", "model.max_seq_len=32", *FAMILY_EXTRA.get(option, [])]
+    cfg = model_preset(FAMILY_BASES[option], overrides)
+    assert type(cfg.family).__module__.startswith("lm.zoo."), cfg
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    x = torch.randint(1, 64, (2, 16))
+    labels = x.masked_fill(torch.rand(2, 16) > 0.3, -100) if cfg.arch == "encoder" else x  # MLM: some positions
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    loss = model(input_ids=x, labels=labels).loss
     loss.backward()
     opt.step()
     assert torch.isfinite(loss) and any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())

@@ -6,6 +6,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from lm.model import build_model  # noqa: E402
 from lm.model.convert import from_hf, to_hf  # noqa: E402
+from tests.model_support import eval_logits, hf_inputs, perturb, real_positions, untie_head  # noqa: E402
 
 V = 101
 
@@ -41,7 +42,7 @@ def _hf_models():
         "t5": lambda: T.T5ForConditionalGeneration(
             T.T5Config(vocab_size=V, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0)
         ),
-        "t5_gated_untied": lambda: _untie(
+        "t5_gated_untied": lambda: untie_head(
             T.T5ForConditionalGeneration(
                 T.T5Config(
                     vocab_size=V,
@@ -60,40 +61,12 @@ def _hf_models():
     }
 
 
-def _untie(hf):
-    # transformers 5's T5 ties lm_head to the embedding whatever the config says; untie it for real.
-    head = hf.get_output_embeddings()
-    head.weight = torch.nn.Parameter(torch.randn_like(head.weight))
-    return hf
-
-
 def _perturb(hf):
-    # Zero biases and unit norms would hide mapping errors: make every parameter non-trivial.
-    with torch.no_grad():
-        for p in hf.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return hf
+    return perturb(hf, scale=0.1)
 
 
 def _inputs(name):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(1, V, (2, 12), generator=g)
-    mask = torch.ones_like(x)
-    mask[1, 9:] = 0  # right padding in the second row
-    kw = {"input_ids": x, "attention_mask": mask}
-    if name.startswith("t5"):
-        kw["decoder_input_ids"] = torch.randint(1, V, (2, 7), generator=g)
-    return kw
-
-
-def _logits(model, kw):
-    with torch.no_grad():
-        return model.eval()(**kw).logits
-
-
-def _real_positions(name, kw, logits):
-    # Padded query positions are undefined (each implementation fills them differently).
-    return logits if name.startswith("t5") else logits[kw["attention_mask"].bool()]
+    return hf_inputs(V, name.startswith("t5"))
 
 
 @pytest.mark.parametrize("name", list(_hf_models()))
@@ -103,13 +76,13 @@ def test_logits_match_hugging_face(name):
     ours, cfg = from_hf(hf)
     assert cfg.tie_embeddings == (name != "t5_gated_untied" and name != "llama")
     kw = _inputs(name)
-    theirs, mine = _logits(hf, kw), _logits(ours, kw)
+    theirs, mine = eval_logits(hf, kw), eval_logits(ours, kw)
     assert theirs.shape == mine.shape
-    diff = (_real_positions(name, kw, theirs) - _real_positions(name, kw, mine)).abs().max().item()
+    diff = (real_positions(kw, theirs) - real_positions(kw, mine)).abs().max().item()
     assert diff < 1e-4, f"{name}: max |logit difference| {diff}"
     # The comparison is not vacuous: a model of the same config with other weights disagrees.
-    other = _logits(build_model(cfg), kw)
-    assert (_real_positions(name, kw, theirs) - _real_positions(name, kw, other)).abs().max().item() > 1e-2
+    other = eval_logits(build_model(cfg), kw)
+    assert (real_positions(kw, theirs) - real_positions(kw, other)).abs().max().item() > 1e-2
 
 
 @pytest.mark.parametrize("name", list(_hf_models()))
@@ -120,7 +93,7 @@ def test_export_round_trip(name):
     kw = _inputs(name)
     exported = to_hf(ours)
     assert type(exported) is type(hf)
-    diff = (_logits(hf, kw) - _logits(exported, kw)).abs().max().item()
+    diff = (eval_logits(hf, kw) - eval_logits(exported, kw)).abs().max().item()
     assert diff < 1e-5
 
 
@@ -152,5 +125,5 @@ def test_t5_preset_matches_hugging_face_at_another_width():
     ours = build_model(cfg)
     ours.load_state_dict(from_hf(hf)[0].state_dict())  # their weights in the preset's model
     kw = _inputs("t5")
-    diff = (_logits(hf, kw) - _logits(ours, kw)).abs().max().item()
+    diff = (eval_logits(hf, kw) - eval_logits(ours, kw)).abs().max().item()
     assert diff < 1e-4, f"max |logit difference| {diff}"

@@ -13,6 +13,7 @@ from lm.config import ConfigError
 from lm.model import Block, build_model
 from lm.model.config import model_from_saved, model_preset
 from lm.model.flops import attention_flops_per_token, flops_per_token, matmul_params, num_params
+from lm.zoo.factorized import FactorizedConfig
 from lm.zoo.residual import fixup_scale
 
 V, D = 64, 48
@@ -176,7 +177,10 @@ def test_fixup_rescales_the_same_draws(arch, branches):
             ["model.tie_embeddings=some"],
             "model.tie_embeddings='some' is not one of true, false, none, decoder_input_output",
         ),
-        (["model.factorized_embedding=48"], "model.factorized_embedding=48 must be 0 .* below model.dim=48"),
+        (
+            ["model/embedding=factorized", "model.embedding.rank=48"],
+            "model.embedding.rank=48 must be a rank below model.dim=48",
+        ),
     ],
 )
 def test_undefined_combinations_are_refused_naming_both_fields(over, message):
@@ -196,12 +200,8 @@ def test_undefined_combinations_are_refused_naming_both_fields(over, message):
             "model.stack.steps=2\\) with model/memory=transparent",
         ),
         (
-            ["model.factorized_embedding=16", "model/embedding=adaptive", "model.tie_embeddings=false"],
-            "model.factorized_embedding=16 with model/embedding=adaptive",
-        ),
-        (
-            ["model.factorized_embedding=16", "model/output=mixture_of_softmaxes"],
-            "model.factorized_embedding=16 tied .* model/output=mixture_of_softmaxes",
+            ["model/embedding=factorized", "model.embedding.rank=16", "model/output=mixture_of_softmaxes"],
+            "model/embedding=factorized tied .* model/output=mixture_of_softmaxes",
         ),
     ],
 )
@@ -333,7 +333,7 @@ def test_shared_models_train(over, arch):
 
 def test_factorized_embedding_counts_and_tied_output():
     r = 16
-    cfg = tiny(f"model.factorized_embedding={r}")
+    cfg = tiny("model/embedding=factorized", f"model.embedding.rank={r}")
     full = tiny()
     assert num_params(cfg) == num_params(full) - V * D + V * r + r * D
     model = built(cfg)
@@ -342,15 +342,15 @@ def test_factorized_embedding_counts_and_tied_output():
     assert torch.allclose(model.head(h), h @ model.embed.proj.weight @ model.embed.tok.weight.T, atol=1e-5)
     # FLOPs: the r x D projection runs in (input) and out (transposed); the output reads V x r
     assert matmul_params(cfg) == matmul_params(full) - V * D + V * r + 2 * r * D
-    untied = tiny(f"model.factorized_embedding={r}", "model.tie_embeddings=false")
+    untied = tiny("model/embedding=factorized", f"model.embedding.rank={r}", "model.tie_embeddings=false")
     assert num_params(untied) == num_params(cfg) + V * D  # a plain D x V output layer
     assert matmul_params(untied) == matmul_params(full) + r * D
     assert num_params(cfg, exclude_embeddings=True) == num_params(cfg) - V * r
 
 
 def test_factorized_chunked_loss_equals_the_plain_loss():
-    cfg = tiny("model.factorized_embedding=16")
-    chunked = tiny("model.factorized_embedding=16", "model.loss_chunk_size=8")
+    cfg = tiny("model/embedding=factorized", "model.embedding.rank=16")
+    chunked = tiny("model/embedding=factorized", "model.embedding.rank=16", "model.loss_chunk_size=8")
     b = batch(cfg)
     assert torch.allclose(built(cfg)(**b).loss, built(chunked)(**b).loss, atol=1e-5)
 
@@ -391,7 +391,17 @@ def test_bools_keep_their_meaning_for_saved_configs():
     assert "head.proj.weight" in keys and not any(k.startswith("encoder_embed") for k in keys)
     stack = {"_target_": "lm.zoo.sharing.shared_stack", "universal": True, "steps": 2}  # a zoo option, by _target_
     new = model_from_saved({**saved, "tie_embeddings": "none", "factorized_embedding": 8, "stack": stack})
-    assert new.tying == "none" and new.factorized_embedding == 8 and new.stack.steps == 2
+    # model.factorized_embedding became the zoo's model/embedding=factorized (lm/model/upgrade.py)
+    assert new.tying == "none" and isinstance(new.embedding, FactorizedConfig) and new.embedding.rank == 8
+    assert new.stack.steps == 2 and model_from_saved({**saved, "factorized_embedding": 0}).embedding is None
+    old = model_from_saved({**saved, "factorized_embedding": 16})
+    factorized = tiny(
+        "model/embedding=factorized", "model.embedding.rank=16", "model.tie_embeddings=false", arch="encoder_decoder"
+    )
+    assert old.embedding == factorized.embedding and old.tying == factorized.tying
+    assert set(built(old).state_dict()) == set(built(factorized).state_dict())  # embed.proj.weight: old names load
+    with pytest.raises(ConfigError, match="write model/embedding=factorized model.embedding.rank=<rank>"):
+        tiny("model.factorized_embedding=16")
 
 
 # -- Hugging Face conversion refuses what it cannot express ------------------------------------------
@@ -400,7 +410,7 @@ def test_bools_keep_their_meaning_for_saved_configs():
 @pytest.mark.parametrize(
     "preset,over,field",
     [
-        ("gpt2", ["model.factorized_embedding=64"], "model.factorized_embedding=64"),
+        ("gpt2", ["model/embedding=factorized", "model.embedding.rank=32"], "model/embedding=factorized"),
         ("gpt2", ["model/stack=shared"], "model/stack=shared"),
         ("llama", ["model.n_kv_heads=1", "model/stack=universal"], "model/stack=shared"),
         ("t5", ["model.tie_embeddings=none"], "model.tie_embeddings=none"),
@@ -482,7 +492,8 @@ def test_narang_depth_cells_are_parameter_matched():
 RESUME_CASES = {
     "fixup_factorized_ut": [
         "model/norm=fixup",
-        "model.factorized_embedding=16",
+        "model/embedding=factorized",
+        "model.embedding.rank=16",
         "model/stack=universal",
         "model.stack.steps=3",
     ],
@@ -528,7 +539,8 @@ def test_engines_match_one_process_with_shared_blocks(engine, tmp_path):
     extra = [
         "model/stack=universal",
         "model.stack.steps=3",
-        "model.factorized_embedding=16",
+        "model/embedding=factorized",
+        "model.embedding.rank=16",
         "model/norm=rezero_layernorm",
         "optim.lr=1e-2",
     ]

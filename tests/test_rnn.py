@@ -1,10 +1,11 @@
-"""RNN baselines (model=lstm|gru|rnn, lm/model/rnn.py): the model against hand-written cell equations,
-causality, generation, padding, FLOPs, refusals of Transformer options; lm train (single, DDP on 2 gloo
-ranks, exact resume), lm finetune (pooling, a bidirectional classifier from a unidirectional LM), and the
-ablate_seq_model sweep through lm report."""
+"""RNN baselines (model=lstm|gru|rnn: model/family=lstm|gru|rnn, lm/zoo/rnn.py): the model against hand-written
+cell equations, causality, generation, padding, FLOPs, refusals of Transformer options, configs saved before the
+move; lm train (single, DDP on 2 gloo ranks, exact resume), lm finetune (pooling, a bidirectional classifier from a
+unidirectional LM), and the ablate_seq_model sweep through lm report."""
 
 import json
 import multiprocessing as mp
+import re
 from dataclasses import replace
 
 import pytest
@@ -17,8 +18,8 @@ from lm.model.config import model_preset
 from lm.model.flops import flops_per_token, num_params
 from lm.model.generate import generate
 from lm.model.lm import SequenceClassifier
-from lm.model.rnn import load_unidirectional
 from lm.model.validate import check_objective
+from lm.zoo.rnn import RNNLM, load_unidirectional
 from tests.engine_support import compose, free_port, loaders, tiny_overrides, train_losses
 from tests.test_finetune import easy_glue as easy_glue  # the SST-2-shaped easy task (a module fixture, re-exported)
 
@@ -41,9 +42,9 @@ def built(cfg, seed=0):
 def test_presets_are_the_three_cells():
     for cell, cls in (("lstm", torch.nn.LSTM), ("gru", torch.nn.GRU), ("rnn", torch.nn.RNN)):
         cfg = model_preset(cell)
-        assert (cfg.arch, cfg.rnn.cell, cfg.norm, cfg.ffn, cfg.pos) == ("rnn", cell, None, None, None)
+        assert (cfg.arch, cfg.family.cell, cfg.norm, cfg.ffn, cfg.pos) == ("decoder", cell, None, None, None)
         model = build_model(cfg)
-        assert type(model.rnn) is cls and model.rnn.num_layers == cfg.n_layers == 2
+        assert isinstance(model, RNNLM) and type(model.rnn) is cls and model.rnn.num_layers == cfg.n_layers == 2
         assert model.head.proj.weight is model.embed.tok.weight  # tied output layer
         assert isinstance(model.proj, torch.nn.Identity)  # hidden = dim: no projection
 
@@ -51,7 +52,7 @@ def test_presets_are_the_three_cells():
 def test_one_layer_lstm_matches_the_cell_equations():
     """Logits of a 1-layer LSTM LM against the LSTM equations written out here (Hochreiter &
     Schmidhuber 1997 with a forget gate; torch's gate order i, f, g, o), hidden 12 projected to dim 16."""
-    cfg = small("lstm", "model.n_layers=1", "model.rnn.hidden=12")
+    cfg = small("lstm", "model.n_layers=1", "model.family.hidden=12")
     model = built(cfg)
     x = torch.randint(0, 48, (2, 7))
     W, U = model.rnn.weight_ih_l0, model.rnn.weight_hh_l0
@@ -129,13 +130,13 @@ def test_parameters_and_flops_from_the_config():
     FLOPs per token are 6 per matmul weight (recurrent, projection, tied head) and do not grow with T."""
     D, H, V = 16, 24, 48
     for cell, gates in (("lstm", 4), ("gru", 3), ("rnn", 1)):
-        cfg = small(cell, f"model.rnn.hidden={H}")
+        cfg = small(cell, f"model.family.hidden={H}")
         recurrent = gates * (H * (D + H) + 2 * H) + gates * (H * (H + H) + 2 * H)
         assert num_params(cfg) == V * D + recurrent + (H * D + D)
         weights = gates * H * (D + H) + gates * H * 2 * H + H * D + V * D
         assert flops_per_token(cfg, 32) == flops_per_token(cfg, 1024) == 6 * weights
     assert (
-        num_params(small("lstm", "model.rnn.bidirectional=true"))
+        num_params(small("lstm", "model.family.bidirectional=true"))
         == V * D + 2 * (4 * (16 * 32 + 32) + 4 * (16 * 48 + 32)) + 32 * D + D
     )  # layer 2 reads both directions; 2H -> D projection
 
@@ -161,21 +162,47 @@ def test_transformer_options_are_refused_naming_the_field(override, named):
     with pytest.raises(ConfigError) as e:
         build_model(model_preset("lstm", [override]))
     msg = str(e.value)
-    assert named in msg and "Transformer option" in msg and "model.rnn.{cell, hidden, bidirectional" in msg
+    assert named in msg and "Transformer option" in msg and "model.family.{cell, hidden, bidirectional" in msg
 
 
 def test_bad_rnn_values_are_refused():
-    with pytest.raises(ConfigError, match=r"model.rnn.hidden=0 must be a positive integer"):
-        build_model(model_preset("gru", ["model.rnn.hidden=0"]))
-    with pytest.raises(ConfigError, match=r"nonlinearity=relu applies to model.rnn.cell=rnn only"):
-        build_model(model_preset("lstm", ["model.rnn.nonlinearity=relu"]))
-    with pytest.raises(ConfigError, match=r"model.rnn.cell.*lstm.*gru.*rnn|Invalid value 'cnn'"):
-        model_preset("lstm", ["model.rnn.cell=cnn"])
-    with pytest.raises(ConfigError, match=r"model.rnn is set but model.arch=decoder"):
-        build_model(replace(model_preset("tiny"), rnn=model_preset("lstm").rnn))
-    with pytest.raises(ConfigError, match=r"model.arch=rnn needs the model.rnn node .* start from model=lstm"):
-        build_model(model_preset("tiny", ["model.arch=rnn"]))
-    assert build_model(model_preset("rnn", ["model.rnn.nonlinearity=relu"])).rnn.nonlinearity == "relu"
+    with pytest.raises(ConfigError, match=r"model.family.hidden=0 must be a positive integer"):
+        build_model(model_preset("gru", ["model.family.hidden=0"]))
+    with pytest.raises(ConfigError, match=r"nonlinearity=relu applies to model.family.cell=rnn only"):
+        build_model(model_preset("lstm", ["model.family.nonlinearity=relu"]))
+    with pytest.raises(ConfigError, match=r"model.family.cell.*lstm.*gru.*rnn|Invalid value 'cnn'"):
+        model_preset("lstm", ["model.family.cell=cnn"])
+    # a Transformer preset under the recurrent family: what differs from ModelConfig's defaults is refused by name
+    with pytest.raises(ConfigError, match=r"model/pos=rope is a Transformer option; an RNN model"):
+        build_model(replace(model_preset("tiny", ["model/pos=rope"]), family=model_preset("lstm").family))
+    with pytest.raises(ConfigError, match=r"model.arch=encoder with model/family=lstm: a recurrent LM reads left"):
+        build_model(model_preset("lstm", ["model.arch=encoder"]))
+    assert build_model(model_preset("rnn", ["model.family.nonlinearity=relu"])).rnn.nonlinearity == "relu"
+
+
+def test_a_config_saved_with_arch_rnn_loads_as_the_family_option():
+    """Runs saved before the move (lm/model/upgrade.py): model.arch=rnn with the model.rnn node is model=lstm's
+    decoder with model/family=lstm now, the same model and parameter names; the old overrides are refused in one
+    line naming the new spelling."""
+    from lm.model.config import model_from_saved
+    from lm.zoo.rnn import RNNConfig
+
+    cfg = small("gru", "model.family.hidden=12")
+    node = OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)  # as config.yaml holds it
+    old = {k: v for k, v in node.items() if k != "family"}
+    old.update(arch="rnn", rnn={k: v for k, v in node["family"].items() if not k.startswith("_")})
+    loaded = model_from_saved(old)
+    assert isinstance(loaded.family, RNNConfig) and loaded.family == cfg.family and loaded.arch == cfg.arch == "decoder"
+    assert built(loaded).state_dict().keys() == built(cfg).state_dict().keys()
+    assert model_from_saved({**node, "rnn": None}).family == cfg.family  # a run saved with the node unset
+    for arg, new in [
+        ("model.arch=rnn", "write model=lstm, model=gru or model=rnn"),
+        ("model.rnn.hidden=12", "write model.family.hidden=12"),
+        ("model.rnn.cell=gru", "write model.family.cell=gru"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{re.escape(arg)}: this option moved to the zoo .*{re.escape(new)}"):
+            model_preset("lstm", [arg])
+    assert model_preset("tiny", ["model.arch=encoder"]).arch == "encoder"  # other values of model.arch are not moved
 
 
 def test_pretraining_objectives():
@@ -183,7 +210,7 @@ def test_pretraining_objectives():
     with pytest.raises(ConfigError, match="clm .*next-token prediction. only"):
         check_objective(model_preset("lstm"), "mlm")
     with pytest.raises(ConfigError, match="bidirectional=true reads the tokens it would predict"):
-        check_objective(model_preset("lstm", ["model.rnn.bidirectional=true"]), "clm")
+        check_objective(model_preset("lstm", ["model.family.bidirectional=true"]), "clm")
 
 
 # -- classification: pooling, padding, a bidirectional classifier from a unidirectional LM ---------------
@@ -200,7 +227,7 @@ def _padded_batch():
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("how", ["last", "mean"])
 def test_padding_does_not_influence_the_pooled_output(bidirectional, how):
-    model = built(small("lstm", f"model.rnn.bidirectional={bidirectional}", "model.rnn.hidden=12"))
+    model = built(small("lstm", f"model.family.bidirectional={bidirectional}", "model.family.hidden=12"))
     x, mask = _padded_batch()
     pooled = model.pooled(x, mask, how=how)
     alone = model.pooled(x[1:, :5], how=how)  # the short sequence with no padding at all
@@ -222,9 +249,9 @@ def test_first_token_pooling_is_refused_for_rnns():
 
 @pytest.mark.parametrize("hidden", [16, 12])  # without and with a projection in the unidirectional model
 def test_bidirectional_classifier_from_a_unidirectional_lm_starts_where_it_was(hidden):
-    uni_cfg = small("lstm", f"model.rnn.hidden={hidden}")
+    uni_cfg = small("lstm", f"model.family.hidden={hidden}")
     uni = built(uni_cfg, seed=0)
-    bi = built(replace(uni_cfg, rnn=replace(uni_cfg.rnn, bidirectional=True)), seed=1)
+    bi = built(replace(uni_cfg, family=replace(uni_cfg.family, bidirectional=True)), seed=1)
     state = {k: v for k, v in uni.state_dict().items() if not k.startswith("head.")}
     load_unidirectional(bi, state)
     x, mask = _padded_batch()
@@ -247,7 +274,7 @@ def rnn_overrides(run_dir, steps, cell="lstm", **train):
         "model.vocab_size=64",
         "model.dim=32",
         "model.max_seq_len=64",
-        "model.rnn.hidden=40",
+        "model.family.hidden=40",
     ]
 
 
@@ -267,7 +294,7 @@ def test_lm_train_learns_and_records_params_and_flops(tmp_path, cell):
     assert list(losses) == list(range(1, 21)) and losses[20] < losses[1] - 0.5
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step_00000020"
     saved = OmegaConf.load(tmp_path / "config.yaml").model
-    assert saved.arch == "rnn" and saved.rnn.cell == cell and saved.pos is None
+    assert saved.arch == "decoder" and saved.family.cell == cell and saved.pos is None
     from lm.model.config import model_from_saved
 
     assert num_params(model_from_saved(saved)) == sum(
@@ -296,7 +323,7 @@ def test_export_writes_safetensors_and_says_why_there_is_no_hf_directory(tmp_pat
         lm_export([str(tmp_path)])
     out = tmp_path / "checkpoints" / "step_00000002" / "export"
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    assert "no Hugging Face family matches a recurrent model (model.arch=rnn, model.rnn.cell=gru)" in caplog.text
+    assert "no Hugging Face family matches model/family=gru" in caplog.text
     node = json.loads((out / "config.json").read_text())
     assert node.pop("_lm_class") == "RNNLM"
     model = build_model(model_from_saved(node))
@@ -308,7 +335,7 @@ def test_export_writes_safetensors_and_says_why_there_is_no_hf_directory(tmp_pat
 def test_lm_train_refuses_a_bidirectional_rnn_and_transformer_options_before_work(tmp_path):
     from lm.cli.train import train
 
-    cfg = compose(rnn_overrides(tmp_path / "a", 2) + ["model.rnn.bidirectional=true"])
+    cfg = compose(rnn_overrides(tmp_path / "a", 2) + ["model.family.bidirectional=true"])
     with pytest.raises(ConfigError, match="bidirectional=true reads the tokens it would predict"):
         train(cfg, loaders=loaders(cfg))
     cfg = compose(rnn_overrides(tmp_path / "b", 2) + ["model/pos=rope"])
@@ -378,7 +405,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path, engine):
 
 # -- lm finetune ----------------------------------------------------------------------------------------
 
-LSTM_TINY = ["model=lstm", "model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.rnn.hidden=48"]
+LSTM_TINY = ["model=lstm", "model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.family.hidden=48"]
 
 
 @pytest.fixture(scope="module")
@@ -450,9 +477,9 @@ def test_bidirectional_finetune_from_a_unidirectional_lstm(tmp_path, easy_glue, 
     from tests.test_finetune import dev_acc, easy_task, finetune_cfg
 
     backbone = load_backbone(str(lstm_run / "run"))
-    assert not backbone.model_cfg.rnn.bidirectional
+    assert not backbone.model_cfg.family.bidirectional
     model = build_classifier(backbone, 2, 0.1, bidirectional=True)
-    assert model.backbone.rnn.bidirectional and model.cfg.rnn.bidirectional
+    assert model.backbone.rnn.bidirectional and model.cfg.family.bidirectional
     assert torch.equal(model.backbone.rnn.weight_hh_l0, backbone.state_dict["rnn.weight_hh_l0"])
     run_dir = tmp_path / "bi"
     finetune(finetune_cfg(run_dir, [f"init={lstm_run / 'run'}", "bidirectional=true", *easy_task(easy_glue, epochs=4)]))
@@ -495,12 +522,12 @@ def test_ablate_seq_model_cells_are_parameter_matched():
                 return_hydra_config=True,
             )
             model = OmegaConf.to_object(cfg.model)
-            sizes[cell] = (model.arch, model.rnn and model.rnn.cell, num_params(model))
+            sizes[cell] = (model.arch, model.family and model.family.cell, num_params(model))
     GlobalHydra.instance().clear()
     assert sizes == {
         "transformer": ("decoder", None, 858_880),
-        "lstm": ("rnn", "lstm", 856_064),
-        "gru": ("rnn", "gru", 863_104),
+        "lstm": ("decoder", "lstm", 856_064),
+        "gru": ("decoder", "gru", 863_104),
     }
     assert all(abs(n / 858_880 - 1) < min(0.005, PARAM_MISMATCH) for _, _, n in sizes.values())
 

@@ -202,10 +202,10 @@ def test_electra_shares_the_encoder_scratch_arm():
         p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
         for p in ("encoder", "electra")
     }
-    assert nodes["electra"].electra is not None and nodes["encoder"].electra is None
+    assert nodes["electra"].family is not None and nodes["encoder"].family is None
     as_dict = {p: OmegaConf.to_container(finetuned_model_node(n), resolve=True) for p, n in nodes.items()}
     assert as_dict["electra"] == as_dict["encoder"] and same_value("model", as_dict["encoder"], as_dict["electra"])
-    assert nodes["electra"].electra is not None  # the pretraining config itself is left alone
+    assert nodes["electra"].family is not None  # the pretraining config itself is left alone
 
 
 def test_the_average_row_and_the_curve_table():
@@ -464,7 +464,7 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
 
 
 def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tmp_path):
-    """A scratch arm's transfer_arm.json written before ModelConfig grew a field (model.electra) holds a
+    """A scratch arm's transfer_arm.json written before ModelConfig grew a field (model.family) holds a
     model node without it; the same model now must match it, and a different model must not."""
     from dataclasses import asdict
 
@@ -474,7 +474,7 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
     node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
     r.scratch.mkdir()
-    old = {k: v for k, v in node.items() if k != "electra"}
+    old = {k: v for k, v in node.items() if k != "family"}
     (r.scratch / "transfer_arm.json").write_text(json.dumps({"pooling": "mean", "model": old}))
     check_scratch_arm(r, {"pooling": "mean", "model": node})  # the same model: accepted
     with pytest.raises(TransferError, match=r"differs in \['model'\]"):

@@ -20,8 +20,8 @@ from lm.config import ConfigError
 log = logging.getLogger("lm")
 
 DEFAULT_PRESET = "glue_transfer_decoder"
-# Keyed by the preset's model family: model.arch, or electra for an encoder pretrained by replaced-token
-# detection (model.electra; its discriminator is finetuned as a plain encoder). Mean pooling for decoders
+# Keyed by the preset's model family: model.arch, or the module of its model/family option (electra: an encoder
+# pretrained by replaced-token detection, its discriminator finetuned as a plain encoder). Mean pooling for decoders
 # (a causal model's last token has seen the text, but one position carries less than the average of all) and
 # for masked-LM encoders (MLM trains no [CLS] objective); ELECTRA's [CLS]; docs/glue_transfer.md, "Pooling".
 POOLING = {"decoder": "mean", "encoder": "mean", "encoder_decoder": "last", "electra": "first"}
@@ -191,7 +191,7 @@ def check_scratch_arm(r: Recipe, record: dict) -> None:
 
 def same_value(key: str, old, new) -> bool:
     """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
-    ModelConfig field existed (say model.electra) equals one that holds that field's default."""
+    ModelConfig field existed (say model.family) equals one that holds that field's default."""
     if key != "model" or old is None or new is None:
         return old == new
     from lm.model.config import model_from_saved
@@ -257,15 +257,18 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
 
 
 def finetuned_model_node(model_node):
-    """The model node the scratch arm builds: what finetuning makes of the pretrained model. ELECTRA is
-    finetuned as the plain encoder its discriminator is (lm/glue/init.py), so an ELECTRA recipe's scratch arm
-    is the encoder recipe's, and a curve can share it (glue_transfer_curve.py does)."""
+    """The model node the scratch arm builds: what finetuning makes of the pretrained model (its model/family
+    option's `finetuned`). ELECTRA is finetuned as the plain encoder its discriminator is (lm/glue/init.py), so an
+    ELECTRA recipe's scratch arm is the encoder recipe's, and a curve can share it (glue_transfer_curve.py does)."""
     from omegaconf import open_dict
 
+    from lm.model.config import model_from_saved
+
     node = copy.deepcopy(model_node)
-    if node.get("electra") is not None:
+    typed = model_from_saved(node) if node.get("family") is not None else None
+    if typed is not None and typed.family is not None and typed.family.finetuned(typed).family is None:
         with open_dict(node):
-            node.electra = None
+            node.family = None
     return node
 
 
@@ -323,7 +326,7 @@ def plan(r: Recipe) -> Plan:
     if arch not in POOLING:
         given = f"--pretrain {' '.join(r.pretrain)}" if r.pretrain else f"--preset {r.preset}"
         raise TransferError(
-            f"{given}: model.arch={arch} is not a family the "
+            f"{given}: the model family {arch} is not one the "
             f"recipe finetunes ({', '.join(POOLING)}); pretrain it with lm train and finetune it with "
             f"lm finetune init=<run>"
         )
@@ -450,8 +453,10 @@ def _kept_run(path: Path, summary: dict) -> dict:
 
 
 def family(model_node) -> str:
-    """The key of POOLING / OBJECTIVE and the report's label: model.arch, or electra (model.electra set)."""
-    return "electra" if model_node.get("electra") is not None else str(model_node.arch)
+    """The key of POOLING / OBJECTIVE and the report's label: model.arch, or the module of the model/family option
+    (lm.zoo.electra.ElectraLM: electra)."""
+    option = model_node.get("family")
+    return str(option["_target_"]).split(".")[-2] if option is not None else str(model_node.arch)
 
 
 def cpu_cores() -> int:

@@ -4,10 +4,10 @@
 | decoder         | clm       | input_ids, labels shifted by one (Radford et al. 2018)                  |
 | encoder         | mlm       | 15% of tokens masked 80/10/10, labels -100 elsewhere (Devlin et al. 2019) |
 | encoder_decoder | span      | sentinel-replaced spans in, the spans out (Raffel et al. 2020)           |
-| rnn             | clm       | as decoder (a bidirectional RNN is refused: lm.model.validate.check_objective) |
 
-An encoder with model.electra (ELECTRA, lm/model/electra.py) reads the mlm batch and returns its own loss:
-the generator's MLM loss + disc_weight x the replaced-token detection loss over every real token.
+A model/family option (lm/zoo) keeps its arch's batch: the recurrent LMs are decoders (a bidirectional one is
+refused: lm.model.validate.check_objective); ELECTRA is an encoder that reads the mlm batch and returns its own
+loss (the generator's MLM loss + disc_weight x the replaced-token detection loss over every real token).
 
 The model returns the mean cross-entropy over a micro-batch's label tokens. Averaging those means
 over micro-batches and ranks would weight a token by how crowded its micro-batch was, so the loop
@@ -20,7 +20,7 @@ import torch
 from lm.constants import IGNORE_INDEX
 from lm.core.tracking import ModelMetrics
 
-OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span", "rnn": "clm"}
+OBJECTIVES = {"decoder": "clm", "encoder": "mlm", "encoder_decoder": "span"}
 
 
 def objective_for(arch: str) -> str:

@@ -16,8 +16,8 @@ the model's public forward (no change to lm/model):
   conditioned on the window before it, as the Hugging Face backend makes them; the sum over a document.
 - generate_until: lm.model.generate (greedy unless do_sample, with the KV cache), cut at the first `until`.
 
-Decoders and RNNs (arch decoder / rnn) support all three; encoder-decoders loglikelihood and generation;
-encoders (masked LMs) none, which is refused naming why. One process (rank 0).
+Decoders (the zoo's recurrent LMs among them: model=lstm|gru|rnn) support all three; encoder-decoders
+loglikelihood and generation; encoders (masked LMs) none, which is refused naming why. One process (rank 0).
 """
 
 from __future__ import annotations

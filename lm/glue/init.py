@@ -223,29 +223,31 @@ def build_classifier(
     `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
     backbone: its forward direction is the checkpoint's, the backward direction starts from scratch and
     enters through zero weights, so the classifier starts out computing what the LM computed
-    (lm.model.rnn.load_unidirectional).
+    (lm.zoo.rnn.load_unidirectional).
     """
     from dataclasses import replace
 
     from lm.model import build_model
     from lm.model.lm import SequenceClassifier
-    from lm.model.rnn import load_unidirectional
+    from lm.zoo.rnn import RNNConfig, load_unidirectional
 
-    # An ELECTRA run (model.electra) is finetuned as the plain encoder its discriminator is.
-    cfg = replace(backbone.model_cfg, electra=None)
-    if cfg.arch == "rnn" and pooling not in (None, "last", "mean"):
+    cfg = backbone.model_cfg
+    if cfg.family is not None:  # what finetuning builds of a zoo family (ELECTRA: the plain encoder it holds)
+        cfg = cfg.family.finetuned(cfg)
+    recurrent = cfg.family if isinstance(cfg.family, RNNConfig) else None
+    if recurrent is not None and pooling not in (None, "last", "mean"):
         raise InitError(
             f"pooling={pooling} is for Transformer backbones; for an RNN backbone use pooling=last "
             "(final states) or pooling=mean (mean over real tokens)"
         )
-    if bidirectional and cfg.arch != "rnn":
+    if bidirectional and recurrent is None:
         raise InitError(
             f"bidirectional=true widens a recurrent backbone (model=lstm|gru|rnn), but {backbone.source} "
             f"is a Transformer ({cfg.arch.value}); drop bidirectional=true"
         )
-    widen = bidirectional and not cfg.rnn.bidirectional
-    if widen:
-        cfg = replace(cfg, rnn=replace(cfg.rnn, bidirectional=True))
+    widen = recurrent is not None and bidirectional and not recurrent.bidirectional
+    if recurrent is not None and widen:
+        cfg = replace(cfg, family=replace(recurrent, bidirectional=True))
     model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout)
     if backbone.state_dict is not None:
         # the pretraining-only parts are dropped: the LM head (ELECTRA: the discriminator's head) and
@@ -256,7 +258,7 @@ def build_classifier(
                 load_unidirectional(model.backbone, weights)
             except (KeyError, RuntimeError) as e:
                 raise InitError(
-                    f"{backbone.source}: cannot widen to a bidirectional {cfg.rnn.cell.value}: {e}"
+                    f"{backbone.source}: cannot widen to a bidirectional {recurrent.cell.value}: {e}"
                 ) from None
             return model
         try:

@@ -1,7 +1,7 @@
 """Model code: single-device PyTorch. `build_model(cfg)` (lm/model/build.py) is the only place it meets Hydra.
 
 Public API: build_model, ModelConfig / model_preset / model_from_saved (lm.model.config), Block,
-DecoderLM, EncoderLM, EncoderDecoderLM, RNNLM (lm.model.rnn), ElectraLM (lm.model.electra), SequenceClassifier,
+DecoderLM, EncoderLM, EncoderDecoderLM, SequenceClassifier,
 generate (lm.model.generate), from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
 Each name is imported on first use, so `from lm.model.lm import DecoderLM` reads only what a GPT needs.
 """
@@ -17,8 +17,6 @@ _HOMES = {
     "EncoderLM": "lm.model.lm",
     "EncoderDecoderLM": "lm.model.lm",
     "SequenceClassifier": "lm.model.lm",
-    "RNNLM": "lm.model.rnn",
-    "ElectraLM": "lm.model.electra",
     "ModelConfig": "lm.model.config",
     "validate_model": "lm.model.validate",
 }
@@ -29,8 +27,6 @@ __all__ = [
     "DecoderLM",
     "EncoderLM",
     "EncoderDecoderLM",
-    "RNNLM",
-    "ElectraLM",
     "SequenceClassifier",
 ]
 

@@ -49,7 +49,7 @@ def collect(model: nn.Module, out):
     for _, metrics in records:
         for name, value in metrics.items():
             sums.setdefault(name, []).append(value.float())
-    # merged: a model may report metrics of its own (ELECTRA's two losses, lm/model/electra.py)
+    # merged: a model may report metrics of its own (a model/family option's: the parts of its own loss)
     out.metrics = {**out.metrics, **{name: torch.stack(values).mean() for name, values in sums.items()}}
     return out
 

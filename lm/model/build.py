@@ -3,24 +3,21 @@ the factories of its slots (lm/model/registry.py), the model of its family, and 
 
 from lm.config_base import ConfigError
 from lm.model.config import ModelConfig
-from lm.model.electra import ElectraLM
 from lm.model.init import init_weights
 from lm.model.linear import use_kind
 from lm.model.lm import DecoderLM, EncoderDecoderLM, EncoderLM
+from lm.model.options import FamilyConfig
 from lm.model.registry import slots
-from lm.model.rnn import RNNLM
 from lm.model.stack import Components
 from lm.model.validate import validate_model
 
-ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM, "rnn": RNNLM}
+ARCH_CLASSES = {"decoder": DecoderLM, "encoder": EncoderLM, "encoder_decoder": EncoderDecoderLM}
 
 
 def components(cfg: ModelConfig) -> Components:
-    """The factories of the model's slots (lm/model/registry.py) that the config fills."""
+    """The factories of the model's slots (lm/model/registry.py) that the config fills (model/family builds the
+    model itself: it is no factory). A family that reads no Transformer slot (`transformer = False`) has them null."""
     from hydra.utils import instantiate
-
-    if cfg.arch == "rnn":  # no Transformer slots (validate_rnn refuses them)
-        return Components(norm=None, ffn=None, pos=None)
 
     def build(slot):
         try:
@@ -28,7 +25,8 @@ def components(cfg: ModelConfig) -> Components:
         except Exception as e:  # Hydra wraps import and argument errors; say which slot failed
             raise ConfigError(f"model.{slot} could not be built ({e}); see conf/model/{slot}/ for the options") from e
 
-    return Components(**{slot: build(slot) for slot in slots() if getattr(cfg, slot) is not None})
+    filled = [slot for slot, base in slots().items() if getattr(cfg, slot) is not None and base is not FamilyConfig]
+    return Components(**{"norm": None, "ffn": None, "pos": None, **{slot: build(slot) for slot in filled}})
 
 
 def kernel_node(cfg: ModelConfig, slot: str):
@@ -51,8 +49,8 @@ def build_model(cfg: ModelConfig):
             f"compose one with model_preset(name, overrides) or model_from_saved(node)"
         )
     validate_model(cfg)
-    if cfg.electra is not None:  # an encoder pretrained by replaced-token detection: generator + discriminator
-        model = ElectraLM(cfg, components(cfg), components(cfg.electra.generator_config(cfg)))
+    if cfg.family is not None:  # a model/family option builds its model itself (lm/zoo)
+        model = cfg.family.build(cfg, components)
     else:
         model = ARCH_CLASSES[cfg.arch](cfg, components(cfg))
     init_weights(model, cfg)

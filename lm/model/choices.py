@@ -12,7 +12,6 @@ class Arch(Choice):
     decoder = "decoder"
     encoder = "encoder"
     encoder_decoder = "encoder_decoder"
-    rnn = "rnn"  # a recurrent baseline (model=lstm|gru|rnn): the `rnn` node (RNNConfig), lm/model/rnn.py
 
 
 class NormPosition(Choice):

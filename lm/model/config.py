@@ -22,11 +22,10 @@ from lm.model.options import (  # noqa: F401
     ALiBiConfig,
     AttnConfig,
     BlockConfig,
-    Cell,
     Component,
     CrossEntropyKernel,
-    ElectraConfig,
     EmbeddingConfig,
+    FamilyConfig,
     FFNConfig,
     GLUConfig,
     GLUKernel,
@@ -36,14 +35,12 @@ from lm.model.options import (  # noqa: F401
     MemoryConfig,
     MLPConfig,
     MoEConfig,
-    Nonlinearity,
     NoPositionConfig,
     NormConfig,
     NormKernel,
     OutputConfig,
     PosConfig,
     RMSNormConfig,
-    RNNConfig,
     RoPEConfig,
     RopeScaling,
     ScaledDotConfig,
@@ -111,13 +108,10 @@ class ModelConfig:
     block: BlockConfig | None = None  # None: the vanilla self-attention, [cross-attention,] FFN block
     stack: StackConfig | None = None  # None: lm/model/stack.py's Stack of n_layers distinct blocks
     memory: MemoryConfig | None = None  # None: an encoder-decoder's decoder reads the encoder's last state
-    rnn: RNNConfig | None = None  # arch=rnn only (model=lstm|gru|rnn): RNNConfig, validate_rnn
-    # arch=encoder only: pretrain by ELECTRA's replaced-token detection (lm/model/electra.py); None = MLM
-    electra: ElectraConfig | None = None
-    embedding: EmbeddingConfig | None = None  # model/embedding (the zoo's adaptive input); None: one (V, D) table
+    embedding: EmbeddingConfig | None = None  # model/embedding (lm/zoo); None: one (V, D) table
     output: OutputConfig | None = None  # model/output (the zoo's adaptive softmax, MoS); None: the softmax LM head
-    # -- embeddings (Narang et al. 2021; checked by validate_sharing_and_tying) --
-    factorized_embedding: int = 0  # >0: ALBERT's vocab x rank table + rank x dim projection
+    # model/family (lm/zoo): the model built in place of model.arch's; None: the arch's class
+    family: FamilyConfig | None = None
 
     @property
     def tying(self) -> TieEmbeddings:

@@ -4,10 +4,8 @@ The model is built on the meta device (no memory, no init), so the count can nev
 the code. FLOPs follow the PaLM appendix (Chowdhery et al. 2022): 6 FLOPs per matmul parameter
 per token (2 forward, 4 backward), plus attention's 12 * L * H * Dh * T for the score and value
 products. Matmul parameters exclude embedding lookups (a gather, not a matmul) but include the
-output projection, tied or not, since it is a matmul either way. Recurrent models (lm/model/rnn.py)
-count their LSTM/GRU/RNN weights the same way and have no attention term. ELECTRA (model.electra,
-lm/model/electra.py) counts both of its models: the discriminator and the generator's stack on every
-token, the generator's head on the masked share only.
+output projection, tied or not, since it is a matmul either way. A model/family option's model counts
+itself as a MatmulCount (lm/zoo: a model without Stacks has no attention term).
 
 The attention term is 3x each attention module's own forward count (`Score.forward_flops` in
 lm/model/scores.py), so every model/attn option is counted as built: multiplicative adds q W,
@@ -64,22 +62,14 @@ def active_matmul_params(module: nn.Module) -> float:
         return module.active_matmul_params(active_matmul_params)
     if isinstance(module, nn.Linear):
         return module.weight.numel()
-    if isinstance(module, nn.RNNBase):
-        return recurrent_matmul_params(module)
     return sum(active_matmul_params(child) for child in module.children())
-
-
-def recurrent_matmul_params(rnn: nn.RNNBase) -> int:
-    """LSTM/GRU/RNN layers (lm/model/rnn.py): every input and recurrent weight is one matmul per token
-    and direction (the gates' elementwise work is not counted, as norms and activations are not)."""
-    return sum(p.numel() for name, p in rnn.named_parameters() if name.startswith("weight_"))
 
 
 def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs of the attention scores and value products: 3 x forward, summed over every
     self- and cross-attention module of every stack (12 * L * H * Dh * T for scaled_dot). A stack says which
     share of the queries and keys each of its layers sees (Stack.attention_shares: a Funnel's pooled blocks
-    see fewer); a model without stacks (a recurrent one) has no attention term."""
+    see fewer); a model without stacks has no attention term."""
     from lm.model.stack import Stack
 
     total = 0.0

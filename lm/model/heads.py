@@ -34,22 +34,21 @@ class LMOutput:
 class Embedding(nn.Module):
     """Token embeddings, plus segment (token type) embeddings when n_segments > 0 (BERT).
 
-    model.factorized_embedding=r (ALBERT, Lan et al. 2019): a V x r table and an r x D projection,
-    (V + D) r parameters instead of V D.
+    A table (nn.Embedding) narrower than model.dim, V x r from a model/embedding option, is projected to it by
+    `proj` (r -> D: a factorized embedding, (V + D) r parameters); a tied plain softmax runs `proj` backwards.
     """
 
     def __init__(self, cfg: "ModelConfig", table: Callable[..., nn.Module] | None = None):
         """table: the model/embedding option's factory, built as table(cfg); None = one (V, D) table."""
         super().__init__()
-        width = cfg.factorized_embedding or cfg.dim
-        self.tok = table(cfg) if table is not None else nn.Embedding(cfg.vocab_size, width)
-        rank = cfg.factorized_embedding
-        self.proj = Linear(rank, cfg.dim, bias=False) if rank else None
+        self.tok = table(cfg) if table is not None else nn.Embedding(cfg.vocab_size, cfg.dim)
+        width = self.tok.embedding_dim if isinstance(self.tok, nn.Embedding) else cfg.dim
+        self.proj = Linear(width, cfg.dim, bias=False) if width != cfg.dim else None
         self.seg = nn.Embedding(cfg.n_segments, cfg.dim) if cfg.n_segments else None
         self.scale = math.sqrt(cfg.dim) if cfg.scale_embeddings else 1.0
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.tok(input_ids)  # (B, T, D), or (B, T, r) factorized
+        x = self.tok(input_ids)  # (B, T, D), or (B, T, r) from a narrower table
         if self.proj is not None:
             x = self.proj(x)  # (B, T, r) -> (B, T, D)
         if self.scale != 1.0:  # a multiply by 1 would still be a pass over (B, T, D), forward and backward
@@ -78,7 +77,7 @@ class LMHead(nn.Module):
     """Hidden states -> vocabulary logits, optionally tied to the token embedding (Press & Wolf 2017).
 
     `transform` is BERT's dense + activation + norm before the output layer; identity elsewhere.
-    Tied to a factorized embedding, the output runs the factorization backwards: h (D) -> r through the
+    Tied to a narrower table (Embedding.proj), the output runs the factorization backwards: h (D) -> r through the
     transpose of the input projection, then -> V through the table; untied, it is a plain D x V layer.
     """
 
@@ -90,7 +89,7 @@ class LMHead(nn.Module):
         transform: nn.Module,
         tied_proj: nn.Linear | None = None,
     ):
-        """tied: the token table whose weight the output reuses; tied_proj: a factorized embedding's r -> D
+        """tied: the token table whose weight the output reuses; tied_proj: a narrower table's r -> D
         projection (Embedding.proj), run backwards here."""
         super().__init__()
         self.transform = transform
@@ -162,12 +161,12 @@ class OutputLinear(Linear):
 
 def mlm_transform(cfg: "ModelConfig", norm: nn.Module, in_dim: int | None = None) -> nn.Module:
     """BERT's prediction-head transform: dense, activation (GELU in BERT; HF uses hidden_act), norm.
-    in_dim: the hidden states' width when not model.dim (ELECTRA's narrower generator maps back to dim)."""
+    in_dim: the hidden states' width when not model.dim (a narrower stack's states map back to dim)."""
     return nn.Sequential(Linear(in_dim or cfg.dim, cfg.dim), _Lambda(head_activation(cfg)), norm)
 
 
 def head_activation(cfg: "ModelConfig"):
-    """model.mlm_activation: the activation of the prediction heads (BERT's transform, ELECTRA's discriminator)."""
+    """model.mlm_activation: the activation of the prediction heads (BERT's transform, a model/family's heads)."""
     from lm.model.ffn import ACTIVATIONS  # here: a GPT's head has no activation, so importing heads skips ffn.py
 
     if cfg.mlm_activation not in ACTIVATIONS:

@@ -68,10 +68,10 @@ def _check_applies(name: str, kernel: str, cfg: ModelConfig, setting: str, off: 
     from lm.model.options import option_name
 
     if name == "cross_entropy":
-        if cfg.output is not None or cfg.electra is not None:
+        if cfg.output is not None or cfg.family is not None:
             what = (
-                "model.electra (its generator's loss is its own)"
-                if cfg.electra is not None
+                f"model/family={option_name(cfg.family)} (its loss is its own)"
+                if cfg.family is not None
                 else f"model/output={option_name(cfg.output)}"
             )
             raise ConfigError(

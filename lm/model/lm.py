@@ -50,7 +50,7 @@ class _LanguageModel(nn.Module):
         return n - tables if exclude_embeddings else n
 
     def pooled(self, input_ids, attention_mask=None, token_type_ids=None, how: str = "last") -> torch.Tensor:
-        """(B, D): one vector per sequence for a classifier (lm.model.rnn.RNNLM pools its own way)."""
+        """(B, D): one vector per sequence for a classifier (a model/family option's model may pool its own way)."""
         h, padding = self.classify_features(input_ids, attention_mask, token_type_ids)  # (B, T', D)
         return pool(h, padding, how)
 
@@ -162,7 +162,7 @@ class SequenceClassifier(nn.Module):
 
     Pooling: encoders use the first ([CLS]) position through a dense+tanh pooler as BERT does;
     decoders and encoder-decoders use the last real token, the only one that has seen everything;
-    recurrent models (lm/model/rnn.py) their final states.
+    a model/family option's model its own way (`pooled`).
     The backbone's LM head is dropped: it is unused here, and unused parameters break DDP.
     """
 

@@ -1,7 +1,6 @@
 """The slots' base schemas and the core's option schemas: one dataclass per option file of
-conf/model/<slot>/ (model/norm, model/ffn, model/pos, model/attn; model/block, model/stack and
-model/memory, model/embedding and model/output have zoo options only: lm/zoo), and the typed nodes model.rnn
-and model.electra.
+conf/model/<slot>/ (model/norm, model/ffn, model/pos, model/attn; model/block, model/stack, model/memory,
+model/embedding, model/output and model/family have zoo options only: lm/zoo), and the node model.kernels.
 
 Each option holds its `_target_` and its own hyperparameters; the model (lm/model/config.py's
 ModelConfig) supplies the shapes. A new option is one subclass of its slot's base, registered with
@@ -13,7 +12,7 @@ several options live in lm/model/validate.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from lm.config_base import Choice, ConfigError
@@ -227,8 +226,9 @@ ScaledDotConfig = target_option(
 
 def option_name(cfg: Component) -> str:
     """How a user picks it: LinformerConfig -> linformer (the option file's name, for messages); a class whose
-    file name is not its lowered name says it (`option_file`: AdaptiveSoftmaxConfig -> adaptive_softmax)."""
-    return getattr(type(cfg), "option_file", None) or type(cfg).__name__.removesuffix("Config").lower()
+    file name is not its lowered name says it (`option_file`: AdaptiveSoftmaxConfig -> adaptive_softmax; an
+    attribute of the node, so one schema with several option files can say which of them it is)."""
+    return getattr(cfg, "option_file", None) or type(cfg).__name__.removesuffix("Config").lower()
 
 
 # -- the slots the core leaves empty (None): extension points for the zoo (lm/zoo) -----------------
@@ -305,83 +305,28 @@ class OutputConfig(Component):
             )
 
 
-# -- recurrent baselines (model=lstm|gru|rnn): lm/model/rnn.py -------------------------------------
-
-
-class Cell(Choice):
-    """The recurrent layer: torch.nn.LSTM, torch.nn.GRU or torch.nn.RNN."""
-
-    lstm = "lstm"  # Hochreiter & Schmidhuber 1997
-    gru = "gru"  # Cho et al. 2014
-    rnn = "rnn"  # Elman 1990: h_t = act(W x_t + U h_{t-1} + b)
-
-
-class Nonlinearity(Choice):
-    tanh = "tanh"
-    relu = "relu"
-
-
+@slot("family")
 @dataclass
-class RNNConfig:
-    """model.rnn: the recurrent stack of an arch=rnn model (model.n_layers layers of this cell).
+class FamilyConfig(Component):
+    """model/family: a model in place of model.arch's (DecoderLM, EncoderLM, EncoderDecoderLM), built by
+    `build(model, components)` (components(cfg): the factories of a config's slots, lm/model/build.py); its
+    `_target_` names the model class, whose module a saved config imports (the zoo's options). Its hooks:
+    - `transformer`: the model is built from the Transformer slots, which validate_model checks before the
+      option's `check`; False: it reads none of them (they stay null) and its `check` validates the whole model.
+    - `finetuned(model)`: the config of the backbone a classifier is built from (lm finetune; a model that
+      pretrains a plain one returns that one's config); by default the model itself.
+    - `check_objective(model, objective)`: refuses a pretraining objective the model cannot learn honestly."""
 
-    Embeddings are model.dim wide; the recurrent state is `hidden` wide, projected back to model.dim
-    before the (tied) output layer when the two differ.
-    """
+    transformer: ClassVar[bool] = True
 
-    cell: Cell = Cell.lstm
-    hidden: int | None = None  # None = model.dim
-    bidirectional: bool = False  # reads the future: for classification (lm finetune) only, never for clm
-    nonlinearity: Nonlinearity = Nonlinearity.tanh  # cell=rnn only (torch.nn.RNN's nonlinearity)
+    def build(self, model: ModelConfig, components):
+        raise NotImplementedError
 
-    def width(self, dim: int) -> int:
-        return self.hidden or dim
+    def finetuned(self, model: ModelConfig) -> ModelConfig:
+        return model
 
-
-# -- ELECTRA pretraining (model.electra, arch=encoder only): lm/model/electra.py --------------------
-
-
-@dataclass
-class ElectraConfig:
-    """model.electra: pretrain the encoder as ELECTRA's discriminator (Clark et al. 2020): a small masked-LM
-    generator, reading the same token embeddings, fills the masked positions with samples; the encoder
-    learns to tell replaced tokens from original ones. Finetuning keeps the discriminator only.
-
-    The defaults are ELECTRA-Small's generator (a quarter of the discriminator's 256 width, one head of 64,
-    as deep as the discriminator) and its loss weight lambda = 50.
-    """
-
-    generator_dim: int = 64
-    generator_heads: int = 1
-    generator_ffn_dim: int | None = None  # None = model/ffn's hidden_mult x generator_dim (4x for an MLP)
-    generator_layers: int | None = None  # None = model.n_layers
-    disc_weight: float = 50.0  # lambda: loss = generator MLM loss + lambda * discriminator BCE
-    temperature: float = 1.0  # replacements are sampled from softmax(generator logits / temperature)
-
-    def generator_config(self, model: ModelConfig) -> ModelConfig:
-        """The generator's stack: the model's options at the generator's width, heads and depth, in a plain
-        Stack (no model/stack option: no Funnel pooling, no sharing) and without a factorized table: ELECTRA's
-        generator is a small BERT, and it reads
-        the discriminator's embeddings through its own projection (lm/model/electra.py)."""
-        hidden = self.generator_ffn_dim  # None: derived from the generator's width by the FFN option
-        ffn = model.ffn
-        ffn = (
-            replace(ffn, expert=replace(ffn.expert, hidden_dim=hidden))
-            if isinstance(ffn, MoEConfig)
-            else replace(ffn, hidden_dim=hidden)
-        )
-        return replace(
-            model,
-            dim=self.generator_dim,
-            n_heads=self.generator_heads,
-            n_kv_heads=None,
-            head_dim=None,
-            n_layers=self.generator_layers or model.n_layers,
-            ffn=ffn,
-            stack=None,
-            factorized_embedding=0,
-            electra=None,
-        )
+    def check_objective(self, model: ModelConfig, objective: str) -> None:
+        pass
 
 
 # -- model.kernels: fused kernels from well-kept libraries (lm/model/kernels.py; the `kernels` extra) --------

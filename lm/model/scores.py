@@ -10,8 +10,10 @@ fused kernels (Vaswani et al. 2017); the paper variants live in lm/zoo and regis
 (lm/model/registry.py; docs/attention.md lists them).
 
 Every score is built as `score(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)`
-plus its own hyperparameters from conf/model/attn/. Masks are the additive float masks of
-`lm.model.attention.build_mask` (None when only causality applies, then `is_causal` says so).
+plus its own hyperparameters from conf/model/attn/. A subclass with hyperparameters of its own takes the shape
+as `*shape, **named_shape` (positional or by name: make_score passes names, tests positions), declares its own
+keyword-only, and hands the shape to Score, which keeps it (self.n_heads, ..., self.causal). Masks are the
+additive float masks of `lm.model.attention.build_mask` (None when only causality applies, then `is_causal` says so).
 """
 
 from collections.abc import Callable
@@ -51,7 +53,7 @@ class Score(nn.Module):
                 f"lm.model.config.validate_model refuses such a model"
             )
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.max_seq_len, self.dropout = max_seq_len, dropout
+        self.max_seq_len, self.dropout, self.causal = max_seq_len, dropout, causal
         self.scale = head_dim**-0.5 if scale is None else scale
         # Set by lm.model.attention.capture: called with the (B, H, Tq, Tk) probabilities of each call.
         self.record: Callable[[torch.Tensor], None] | None = None

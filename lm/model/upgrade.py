@@ -1,5 +1,8 @@
 """ModelConfig fields that became zoo options (lm/zoo): a config saved with them loads as the option node, and an
-override that names one is refused in one line naming its new spelling.
+override that names one is refused in one line naming its new spelling. The moves: model.embedding|output's
+choices (model/embedding=adaptive, model/output=...), model.factorized_embedding (model/embedding=factorized),
+ReZero/Fixup's targets, and the nodes model.rnn (with model.arch=rnn) and model.electra, which became
+model/family=lstm|gru|rnn|electra.
 
 This table is data: the core names the zoo's targets as strings (model_from_saved imports the module a
 `_target_` names) and never imports the zoo.
@@ -20,6 +23,10 @@ _OLD_OUTPUTS = {
     "mixture_of_softmaxes": ("lm.zoo.mos.MixtureOfSoftmaxes", _MOS),
 }
 _OLD_FIELDS = {**_ADAPTIVE_SOFTMAX, **_MOS}
+# model.factorized_embedding=<rank> (0: off) became model/embedding=factorized with model.embedding.rank.
+_FACTORIZED = "lm.zoo.factorized.factorized_table"
+# The typed nodes that became model/family options: node -> the option's `_target_`.
+_OLD_FAMILIES = {"rnn": "lm.zoo.rnn.RNNLM", "electra": "lm.zoo.electra.ElectraLM"}
 
 # `_target_`s of options that moved to the zoo: a config saved before names the old home.
 MOVED_TARGETS = {
@@ -43,15 +50,32 @@ MOVED = {
         if old not in _ADAPTIVE
     },
     "model.mos_components": "model.output.components (model/output=mixture_of_softmaxes)",
+    "model.arch": "model=lstm, model=gru or model=rnn (model/family=lstm|gru|rnn with model.arch=decoder)",
+    "model.rnn": "model.family (model=lstm|gru|rnn; model.family=null for none)",
+    "model.electra": "model.family (model/family=electra; model.family=null for none)",
+    "model/electra": "model/family=electra",
+    "model.factorized_embedding": "model/embedding=factorized model.embedding.rank=<rank> (0, off: drop it)",
 }
-# The values of model.embedding / model.output that were Enum choices (anything else is a new-style override).
-_OLD_CHOICES = {"model.embedding": ("standard", *_OLD_EMBEDDINGS), "model.output": ("softmax", *_OLD_OUTPUTS)}
+# Nodes whose fields moved with them: model.rnn.hidden=512 -> model.family.hidden=512.
+_MOVED_NODES = {"model.rnn.": "model.family.", "model.electra.": "model.family."}
+# The values of model.embedding / model.output that were Enum choices (anything else is a new-style override), and
+# model.arch's value that went.
+_OLD_CHOICES = {
+    "model.embedding": ("standard", *_OLD_EMBEDDINGS),
+    "model.output": ("softmax", *_OLD_OUTPUTS),
+    "model.arch": ("rnn",),
+}
 
 
 def moved_override(arg: str) -> str | None:
     """The one-line refusal of a command-line override spelled as before the move, or None."""
     key, eq, value = arg.lstrip("+~").partition("=")
-    if not eq or key not in MOVED:
+    if not eq:
+        return None
+    for old, new in _MOVED_NODES.items():
+        if key.startswith(old):
+            return f"{arg}: this option moved to the zoo (lm/zoo); write {new}{key.removeprefix(old)}={value}"
+    if key not in MOVED:
         return None
     if key in _OLD_CHOICES and not set(value.split(",")) & set(_OLD_CHOICES[key]):
         return None  # model.output=null, or a value of the new node: Hydra judges it
@@ -61,6 +85,12 @@ def moved_override(arg: str) -> str | None:
 def upgrade_saved(data: dict) -> dict:
     """A saved model node (a plain dict) with the old fields turned into the option nodes they became."""
     data = dict(data)
+    for node, target in _OLD_FAMILIES.items():
+        fields = data.pop(node, None)
+        if isinstance(fields, dict):  # saved before model/family: the node's fields are the option's
+            data["family"] = {"_target_": target, **fields}
+    if data.get("arch") == "rnn":  # a recurrent LM reads left to right: the decoder's objective and pooling
+        data["arch"] = "decoder"
     old = {name: data.pop(name) for name in _OLD_FIELDS if name in data}
     for slot, kinds, plain in (("embedding", _OLD_EMBEDDINGS, "standard"), ("output", _OLD_OUTPUTS, "softmax")):
         kind = data.get(slot)
@@ -71,4 +101,7 @@ def upgrade_saved(data: dict) -> dict:
             continue
         target, fields = kinds[kind]
         data[slot] = {"_target_": target, **{new: old.get(name, default) for name, (new, default) in fields.items()}}
+    rank = data.pop("factorized_embedding", 0)
+    if rank and data.get("embedding") is None:  # the two could not be combined: the table was the plain one
+        data["embedding"] = {"_target_": _FACTORIZED, "rank": rank}
     return data

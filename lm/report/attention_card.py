@@ -17,6 +17,7 @@ def attention_section(run: Run, out: Path) -> list[str]:
     """Markdown lines for the card: the grids (written under `out`) or a note saying why there are none."""
     from lm.config import ConfigError
     from lm.core.checkpoint import CheckpointError
+    from lm.model.options import option_name
     from lm.report.attention_maps import (
         AttentionMapError,
         attention_maps,
@@ -31,12 +32,8 @@ def attention_section(run: Run, out: Path) -> list[str]:
     head = ["## Attention", ""]
     try:
         cfg, where = saved_model_config(run.path)
-        if cfg.arch == "rnn":
-            return head + [
-                f"No attention maps: a recurrent model (model.arch=rnn, model.rnn.cell="
-                f"{cfg.rnn.cell.value}) has no attention.",
-                "",
-            ]
+        if cfg.family is not None and not cfg.family.transformer:
+            return head + [f"No attention maps: a model/family={option_name(cfg.family)} model has no attention.", ""]
         check_request(cfg, None, None)
         loaded = load_model(run.path)
         ids = encode_text(loaded, SENTENCE)[: cfg.max_seq_len]

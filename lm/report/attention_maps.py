@@ -90,11 +90,12 @@ def stack_depths(cfg) -> dict:
 
 def check_request(cfg, layer: int | None, head: int | None, where="the model") -> None:
     """Refuse, before any work, a model without attention and a --layer / --head outside the model."""
-    if cfg.arch == "rnn":
+    from lm.model.options import option_name
+
+    if cfg.family is not None and not cfg.family.transformer:  # the zoo's recurrent LMs
         raise AttentionMapError(
-            f"{where} is a recurrent model (model.arch=rnn, model.rnn.cell={cfg.rnn.cell.value}): "
-            f"it has no attention to draw. lm attention reads Transformer runs "
-            f"(model.arch=decoder, encoder or encoder_decoder)"
+            f"{where} is a model/family={option_name(cfg.family)} model: it has no attention to draw. lm attention "
+            f"reads Transformer runs (model.arch=decoder, encoder or encoder_decoder)"
         )
     depth = max(stack_depths(cfg).values())
     if layer is not None and not 0 <= layer < depth:

@@ -76,12 +76,17 @@ ROWS: list[Row] = [
     Row(
         "block_sharing_factorized",
         "+ Factorized embeddings",
-        ["model/stack=shared", f"model.factorized_embedding={FACTOR_RANK}", "model.tie_embeddings=none"],
+        [
+            "model/stack=shared",
+            "model/embedding=factorized",
+            f"model.embedding.rank={FACTOR_RANK}",
+            "model.tie_embeddings=none",
+        ],
     ),
     Row(
         "block_sharing_factorized_shared",
         "+ Factorized & shared embeddings",
-        ["model/stack=shared", f"model.factorized_embedding={FACTOR_RANK}"],
+        ["model/stack=shared", "model/embedding=factorized", f"model.embedding.rank={FACTOR_RANK}"],
     ),
     Row("encoder_block_sharing", "Encoder only block sharing", ["model/stack=shared", "model.stack.share=encoder"]),
     Row("decoder_block_sharing", "Decoder only block sharing", ["model/stack=shared", "model.stack.share=decoder"]),
@@ -90,9 +95,13 @@ ROWS: list[Row] = [
     Row(
         "factorized_embedding",
         "Factorized Embedding",
-        [f"model.factorized_embedding={FACTOR_RANK}", "model.tie_embeddings=none"],
+        ["model/embedding=factorized", f"model.embedding.rank={FACTOR_RANK}", "model.tie_embeddings=none"],
     ),
-    Row("factorized_shared_embedding", "Factorized & shared embeddings", [f"model.factorized_embedding={FACTOR_RANK}"]),
+    Row(
+        "factorized_shared_embedding",
+        "Factorized & shared embeddings",
+        ["model/embedding=factorized", f"model.embedding.rank={FACTOR_RANK}"],
+    ),
     Row(
         "tied_encoder_decoder_input",
         "Tied encoder/decoder input embeddings",

@@ -98,22 +98,15 @@ class _Conv(Score):
     """The convolution over H heads of Dh channels, for ConvAttention. A Score subclass so that
     lm.model.flops counts its forward_flops and capture() sets its `record`."""
 
-    def __init__(
-        self,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        max_seq_len,
-        scale,
-        dropout,
-        causal,
-        kernel_size: int = 7,
-        weight_dropout: float = 0.0,
-        glu: bool = True,
-    ):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
-        self.K, self.weight_dropout, self.glu, self.causal = kernel_size, weight_dropout, glu, causal
-        self.P = kernel_size - 1 if causal else (kernel_size - 1) // 2  # inputs before t in t's window
+    def __init__(self, *shape, kernel_size: int = 7, weight_dropout: float = 0.0, glu: bool = True, **named_shape):
+        super().__init__(*shape, **named_shape)
+        self.K, self.weight_dropout, self.glu = kernel_size, weight_dropout, glu
+        self.P = kernel_size - 1 if self.causal else (kernel_size - 1) // 2  # inputs before t in t's window
+        self.make_kernel()
+
+    def make_kernel(self) -> None:
+        """The kernel's parameters (the one thing the two convolutions build differently)."""
+        raise NotImplementedError
 
     def kernel(self, u: torch.Tensor) -> torch.Tensor:
         """Softmax-normalised kernel: (H, K) static, or (B, T, H, K) per position."""
@@ -173,23 +166,8 @@ def band(w: torch.Tensor, B: int, Tq: int, Tk: int, P: int, past: int) -> torch.
 class LightweightConv(_Conv):
     """One softmax-normalised kernel per head, shared by its channels and by every position."""
 
-    def __init__(
-        self,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        max_seq_len,
-        scale,
-        dropout,
-        causal,
-        kernel_size: int = 7,
-        weight_dropout: float = 0.0,
-        glu: bool = True,
-    ):
-        super().__init__(
-            n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, kernel_size, weight_dropout, glu
-        )
-        self.weight = nn.Parameter(torch.empty(n_heads, kernel_size))
+    def make_kernel(self) -> None:
+        self.weight = nn.Parameter(torch.empty(self.n_heads, self.K))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -202,23 +180,8 @@ class LightweightConv(_Conv):
 class DynamicConv(_Conv):
     """The kernel of position t is predicted from u_t: softmax(u_t W_dyn) per head (Wu et al. eq. 4)."""
 
-    def __init__(
-        self,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        max_seq_len,
-        scale,
-        dropout,
-        causal,
-        kernel_size: int = 7,
-        weight_dropout: float = 0.0,
-        glu: bool = True,
-    ):
-        super().__init__(
-            n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, kernel_size, weight_dropout, glu
-        )
-        self.weight_linear = Linear(n_heads * head_dim, n_heads * kernel_size, bias=False)
+    def make_kernel(self) -> None:
+        self.weight_linear = Linear(self.n_heads * self.head_dim, self.n_heads * self.K, bias=False)
 
     def kernel(self, u):
         B, T, _ = u.shape

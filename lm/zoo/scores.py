@@ -111,9 +111,9 @@ class Multiplicative(Score):
     """softmax(q^T W_h k) with a learned (Dh, Dh) matrix per head. W starts at I / sqrt(Dh), so the
     model starts as scaled_dot and learns a bilinear form from there."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
-        self.W = nn.Parameter(torch.empty(n_heads, head_dim, head_dim))
+    def __init__(self, *shape, **named_shape):
+        super().__init__(*shape, **named_shape)
+        self.W = nn.Parameter(torch.empty(self.n_heads, self.head_dim, self.head_dim))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -136,23 +136,13 @@ class Additive(Score):
     (torch.utils.checkpoint), so memory holds one chunk's tensor instead of all of them.
     """
 
-    def __init__(
-        self,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        max_seq_len,
-        scale,
-        dropout,
-        causal,
-        d_attn: int | None = None,
-        query_chunk: int = 0,
-    ):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
-        self.d_attn, self.query_chunk = d_attn or head_dim, query_chunk
-        self.W1 = nn.Parameter(torch.empty(n_heads, head_dim, self.d_attn))
-        self.W2 = nn.Parameter(torch.empty(n_heads, head_dim, self.d_attn))
-        self.v = nn.Parameter(torch.empty(n_heads, self.d_attn))
+    def __init__(self, *shape, d_attn: int | None = None, query_chunk: int = 0, **named_shape):
+        super().__init__(*shape, **named_shape)
+        H, Dh = self.n_heads, self.head_dim
+        self.d_attn, self.query_chunk = d_attn or Dh, query_chunk
+        self.W1 = nn.Parameter(torch.empty(H, Dh, self.d_attn))
+        self.W2 = nn.Parameter(torch.empty(H, Dh, self.d_attn))
+        self.v = nn.Parameter(torch.empty(H, self.d_attn))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -192,22 +182,12 @@ class Linformer(ScaledDot):
 
     causal_ok = False
 
-    def __init__(
-        self,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        max_seq_len,
-        scale,
-        dropout,
-        causal,
-        k: int | None = None,
-        shared_kv: bool = False,
-    ):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
-        self.k = k if k is not None else max(1, max_seq_len // 4)  # LinformerConfig's default (linformer_k)
-        self.E = nn.Parameter(torch.empty(self.k, max_seq_len))
-        self.F = None if shared_kv else nn.Parameter(torch.empty(self.k, max_seq_len))
+    def __init__(self, *shape, k: int | None = None, shared_kv: bool = False, **named_shape):
+        super().__init__(*shape, **named_shape)
+        L = self.max_seq_len
+        self.k = k if k is not None else max(1, L // 4)  # LinformerConfig's default (linformer_k)
+        self.E = nn.Parameter(torch.empty(self.k, L))
+        self.F = None if shared_kv else nn.Parameter(torch.empty(self.k, L))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

@@ -103,8 +103,8 @@ class SynthesizerFactorizedConfig(_SynthesizerConfig):
 class _Synthesizer(Score):
     """Base of the three synthesizers: `synthesized(q, Tq, Tk)` gives B (B or 1, H, Tq, Tk); `logits` mixes it."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix: str = "none"):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal)
+    def __init__(self, *shape, mix: str = "none", **named_shape):
+        super().__init__(*shape, **named_shape)
         if mix not in MIXES:
             raise ValueError(f"model.attn.mix={mix!r}: choose one of {MIXES}")
         self.mix = mix
@@ -143,9 +143,9 @@ class _Synthesizer(Score):
 class SynthesizerDense(_Synthesizer):
     """B = relu(q) W: each query token's own row of logits over positions 0..L-1."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix: str = "none"):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix)
-        self.W = nn.Parameter(torch.empty(head_dim, max_seq_len))
+    def __init__(self, *shape, **named_shape):
+        super().__init__(*shape, **named_shape)
+        self.W = nn.Parameter(torch.empty(self.head_dim, self.max_seq_len))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -162,9 +162,9 @@ class SynthesizerDense(_Synthesizer):
 class SynthesizerRandom(_Synthesizer):
     """B = R_h: a learned (L, L) pattern per head, independent of the input."""
 
-    def __init__(self, n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix: str = "none"):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix)
-        self.R = nn.Parameter(torch.empty(n_heads, max_seq_len, max_seq_len))
+    def __init__(self, *shape, **named_shape):
+        super().__init__(*shape, **named_shape)
+        self.R = nn.Parameter(torch.empty(self.n_heads, self.max_seq_len, self.max_seq_len))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -178,22 +178,11 @@ class SynthesizerRandom(_Synthesizer):
 class SynthesizerFactorized(_Synthesizer):
     """B = R1_h R2_h^T: a factorized random synthesizer of rank k (model.attn.factorized_k)."""
 
-    def __init__(
-        self,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-        max_seq_len,
-        scale,
-        dropout,
-        causal,
-        mix: str = "none",
-        factorized_k: int = 16,
-    ):
-        super().__init__(n_heads, n_kv_heads, head_dim, max_seq_len, scale, dropout, causal, mix)
+    def __init__(self, *shape, factorized_k: int = 16, **named_shape):
+        super().__init__(*shape, **named_shape)
         self.k = factorized_k
-        self.R1 = nn.Parameter(torch.empty(n_heads, max_seq_len, factorized_k))
-        self.R2 = nn.Parameter(torch.empty(n_heads, max_seq_len, factorized_k))
+        self.R1 = nn.Parameter(torch.empty(self.n_heads, self.max_seq_len, factorized_k))
+        self.R2 = nn.Parameter(torch.empty(self.n_heads, self.max_seq_len, factorized_k))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

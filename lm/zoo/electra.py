@@ -1,8 +1,8 @@
-"""ELECTRA (Clark et al. 2020): pretraining an encoder by replaced-token detection (model.electra).
+"""ELECTRA (Clark et al. 2020): pretraining an encoder by replaced-token detection (model/family=electra).
 
 A small masked-LM generator fills the masked positions of the MLM batch with tokens sampled from its
 softmax; the discriminator, an encoder of the model's full size, predicts for every token whether it
-was replaced. The loss is the generator's MLM loss plus lambda (model.electra.disc_weight, 50 in the
+was replaced. The loss is the generator's MLM loss plus lambda (model.family.disc_weight, 50 in the
 paper) times the discriminator's binary cross-entropy over the real tokens. Learning from every token
 rather than the 15% masked ones is what makes it pay at small compute (ELECTRA-Small: GLUE dev 79.9
 against 75.1 for a BERT-Small of the same size).
@@ -13,19 +13,30 @@ head) and `generator.*` are pretraining-only. The generator reads the discrimina
 segment) embeddings `embed` and predicts through the same table, tied as in the paper. Its stack is a
 Stack at its own width with its own position scheme: here positions live in each Stack
 (lm/model/stack.py), not in the shared embedding module.
+
+Finetuning builds the plain encoder (ElectraConfig.finetuned), so lm finetune, lm transfer's scratch arm and
+lm glue read no ELECTRA code.
 """
+
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from lm.config_base import ConfigError
 from lm.constants import IGNORE_INDEX
 from lm.model import aux
+from lm.model.choices import Arch
 from lm.model.config import ModelConfig
 from lm.model.heads import Embedding, LMOutput, head_activation, make_head, mlm_transform
 from lm.model.linear import Linear, MatmulCount
 from lm.model.lm import _LanguageModel
+from lm.model.options import FamilyConfig, MoEConfig, option_name, positive
+from lm.model.registry import register
 from lm.model.stack import Components, Stack, make_stack
+from lm.model.validate import validate_model
+from lm.zoo.factorized import FactorizedConfig
 
 # The share of tokens the generator's head runs on, for lm/model/flops.py: BERT's masking rate, the default
 # of data.mlm_probability (lm/data/config.py), which model code does not see.
@@ -33,6 +44,114 @@ MASKED_FRACTION = 0.15
 # Evaluation samples replacements from its own generator with this seed: val losses stay comparable
 # across evaluations, and evaluating does not move the global RNG that training samples from.
 EVAL_SEED = 0
+
+
+# -- the option schema (conf/model/family/electra.yaml) -------------------------------------------------------
+
+
+@register("family")
+@dataclass
+class ElectraConfig(FamilyConfig):
+    """model/family=electra: pretrain the encoder as ELECTRA's discriminator (Clark et al. 2020): a small masked-LM
+    generator, reading the same token embeddings, fills the masked positions with samples; the encoder
+    learns to tell replaced tokens from original ones. Finetuning keeps the discriminator only.
+
+    The defaults are ELECTRA-Small's generator (a quarter of the discriminator's 256 width, one head of 64,
+    as deep as the discriminator) and its loss weight lambda = 50.
+    """
+
+    _target_: str = "lm.zoo.electra.ElectraLM"
+    generator_dim: int = 64
+    generator_heads: int = 1
+    generator_ffn_dim: int | None = None  # None = model/ffn's hidden_mult x generator_dim (4x for an MLP)
+    generator_layers: int | None = None  # None = model.n_layers
+    disc_weight: float = 50.0  # lambda: loss = generator MLM loss + lambda * discriminator BCE
+    temperature: float = 1.0  # replacements are sampled from softmax(generator logits / temperature)
+
+    def build(self, model: ModelConfig, components) -> "ElectraLM":
+        return ElectraLM(model, components(model), components(self.generator_config(model)))
+
+    def finetuned(self, model: ModelConfig) -> ModelConfig:
+        """The discriminator is a plain EncoderLM (its parameter names are EncoderLM's)."""
+        return replace(model, family=None)
+
+    def generator_config(self, model: ModelConfig) -> ModelConfig:
+        """The generator's stack: the model's options at the generator's width, heads and depth, in a plain
+        Stack (no model/stack option: no Funnel pooling, no sharing) and no table of its own (model/embedding):
+        ELECTRA's generator is a small BERT, and it reads the discriminator's embeddings through its own projection."""
+        hidden = self.generator_ffn_dim  # None: derived from the generator's width by the FFN option
+        ffn = model.ffn
+        ffn = (
+            replace(ffn, expert=replace(ffn.expert, hidden_dim=hidden))
+            if isinstance(ffn, MoEConfig)
+            else replace(ffn, hidden_dim=hidden)
+        )
+        return replace(
+            model,
+            dim=self.generator_dim,
+            n_heads=self.generator_heads,
+            n_kv_heads=None,
+            head_dim=None,
+            n_layers=self.generator_layers or model.n_layers,
+            ffn=ffn,
+            stack=None,
+            embedding=None,
+            family=None,
+        )
+
+    def check(self, model: ModelConfig) -> None:
+        """An encoder; the generator's numbers make a model; the model's output layer is one the generator can
+        sample."""
+        if model.arch != Arch.encoder:
+            raise ConfigError(
+                f"model/family=electra with model.arch={model.arch.value}: ELECTRA's replaced-token detection "
+                f"pretrains a bidirectional encoder (its discriminator); set model.arch=encoder (as "
+                f"experiment=glue_transfer_electra does) or remove model/family=electra"
+            )
+        for name in ("generator_dim", "generator_heads"):
+            positive(f"family.{name}", getattr(self, name))
+        for name in ("generator_ffn_dim", "generator_layers"):
+            if getattr(self, name) is not None:
+                positive(f"family.{name}", getattr(self, name))
+        if self.generator_dim % self.generator_heads:
+            raise ConfigError(
+                f"model.family.generator_dim={self.generator_dim} is not divisible by "
+                f"model.family.generator_heads={self.generator_heads}; ELECTRA's generators use heads of 64 "
+                f"(generator_heads={max(1, self.generator_dim // 64)})"
+            )
+        if not self.disc_weight > 0:
+            raise ConfigError(
+                f"model.family.disc_weight={self.disc_weight} must be > 0 (the paper's lambda is 50); "
+                f"without it the discriminator, the model that is finetuned, learns nothing"
+            )
+        if not self.temperature > 0:
+            raise ConfigError(
+                f"model.family.temperature={self.temperature} must be > 0 (1.0 samples the generator's softmax as "
+                f"it is)"
+            )
+        table = model.embedding is None or isinstance(model.embedding, FactorizedConfig)  # a (V, r <= D) matrix
+        if not table or model.output is not None or model.loss_chunk_size:
+            raise ConfigError(
+                f"model/family=electra with model/embedding={_named(model.embedding)}, model/output="
+                f"{_named(model.output)}, model.loss_chunk_size={model.loss_chunk_size}: the generator samples "
+                f"its replacements from a plain softmax over the token table, so it needs model.embedding=null "
+                f"(or factorized), model.output=null and model.loss_chunk_size=0"
+            )
+        try:
+            validate_model(self.generator_config(model))
+        except ConfigError as err:
+            raise ConfigError(
+                f"model/family=electra's generator (model.family.generator_dim={self.generator_dim}, generator_heads="
+                f"{self.generator_heads}, the model's other options) cannot be built: {err}"
+            ) from None
+
+
+def _named(node) -> str:
+    """An optional slot's option name for messages: null when unset."""
+    return "null" if node is None else option_name(node)
+
+
+# -- the models --------------------------------------------------------------------------------------------------
 
 
 class DiscriminatorHead(nn.Module):
@@ -55,7 +174,8 @@ class Generator(MatmulCount, nn.Module):
     def __init__(self, cfg: ModelConfig, c: Components, embed: Embedding):
         """cfg: the discriminator's (the model's) config; c: the components built for the generator's config."""
         super().__init__()
-        gen = cfg.electra.generator_config(cfg)
+        assert isinstance(cfg.family, ElectraConfig)
+        gen = cfg.family.generator_config(cfg)
         self.project = Linear(cfg.dim, gen.dim)  # ELECTRA's embeddings_project: the shared table is model.dim wide
         self.encoder = Stack(gen, c, gen.n_layers, causal=False)
         # Back to the table's width (dense + activation + norm), then the tied output: ELECTRA's MLM head.
@@ -82,8 +202,9 @@ class ElectraLM(MatmulCount, _LanguageModel):
         self.encoder = make_stack(cfg, c, cfg.n_layers, causal=False)
         self.head = DiscriminatorHead(cfg)
         self.generator = Generator(cfg, generator_components, self.embed)
-        self.disc_weight = cfg.electra.disc_weight
-        self.temperature = cfg.electra.temperature
+        assert isinstance(cfg.family, ElectraConfig)
+        self.disc_weight = cfg.family.disc_weight
+        self.temperature = cfg.family.temperature
 
     def features(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
         return self.encoder(self.embed(input_ids, token_type_ids), attention_mask)  # (B, T, D)
