@@ -164,13 +164,14 @@ def test_checkpoint_on_zero_stage_0_is_refused_in_one_line(cache, tmp_path):
     assert list(train_losses(run)) == list(range(1, STEPS + 1))
 
 
-# -- lm finetune: a task/seed pair stopped on one process continues on 2 DDP ranks --------------------------
+# -- lm finetune: a task/seed pair stopped on one process continues on 2 ranks (DDP or ZeRO-2) ---------------
 
 
-def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
-    """Ctrl-C inside step 15 of a 30-step pair (1 process), then the same command under torchrun on 2 ranks:
-    every step holds the uninterrupted run's examples and its loss to 1e-5 (dropout off: the streams of
-    per-rank dropout masks cannot continue across world sizes)."""
+@pytest.mark.parametrize("engine", ["ddp", "zero2"])
+def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(engine, tmp_path):
+    """Ctrl-C inside step 15 of a 30-step pair (1 process, DDP), then the same command under torchrun on 2 ranks
+    (DDP, or ZeRO-2: the engine may change too): every step holds the uninterrupted run's examples and its loss
+    to 1e-5 (dropout off: the streams of per-rank dropout masks cannot continue across world sizes)."""
     import signal
     import time
 
@@ -222,7 +223,7 @@ def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
             "-m",
             "lm.cli.finetune",
         ]
-        + _finetune_args(files, tmp_path / "run"),
+        + [a if a != "engine=ddp" else f"engine={engine}" for a in _finetune_args(files, tmp_path / "run")],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -237,7 +238,7 @@ def test_finetune_pair_stopped_on_one_process_continues_on_two_ranks(tmp_path):
     got, want = train_losses(tmp_path / "run" / "sst2" / "seed0"), train_losses(tmp_path / "whole" / "sst2" / "seed0")
     assert list(got) == list(want) == list(range(1, 31))
     worst = max(abs(got[s] - want[s]) for s in want)
-    assert worst < TOL, f"finetune 1 -> 2 ranks: max |loss - uninterrupted| = {worst:.2e}"
+    assert worst < TOL, f"finetune 1 -> 2 ranks ({engine}): max |loss - uninterrupted| = {worst:.2e}"
 
 
 def _finetune_args(files, run_dir):
