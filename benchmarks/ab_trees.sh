@@ -2,6 +2,7 @@
 # Two checkouts of lm side by side in one run (a change that touches the step: "not slower than before").
 #
 #   bash benchmarks/ab_trees.sh speedrun OLD NEW [ROUNDS]   # nanoGPT, lm in OLD, lm in NEW, alternated
+#                                                            # (NANOGPT=0: the two lm trees only)
 #   bash benchmarks/ab_trees.sh hf_step OLD NEW [STEPS]     # benchmarks/hf_step.py in OLD then NEW, per layout x vocab
 #
 # OLD and NEW are directories holding a checkout each (e.g. `git worktree add /tmp/old <commit>`); each runs
@@ -21,11 +22,13 @@ speedrun)
   (cd "$W/nanogpt/data/shakespeare_char" && python prepare.py >/dev/null)
   for r in $(seq "$N"); do
     echo "round $r: load $(cut -d' ' -f1-3 /proc/loadavg)"
+    if [ "${NANOGPT:-1}" != 0 ]; then
     s=$(date +%s.%N)
     (cd "$W/nanogpt" && OMP_NUM_THREADS=$(nproc) python train.py config/train_shakespeare_char.py --device=cpu \
       --compile=False --eval_iters=20 --log_interval=100 --block_size=64 --batch_size=12 --n_layer=4 --n_head=4 \
       --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0 >"$W/nano_$r.log" 2>&1)
     echo "  nanoGPT wall $(echo "$(date +%s.%N) - $s" | bc) s $(grep 'step 2000' "$W/nano_$r.log" | sed 's/.*val loss/val loss/')"
+    fi
     for side in old new; do
       tree=$OLD; [ "$side" = new ] && tree=$NEW
       s=$(date +%s.%N)
