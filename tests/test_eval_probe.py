@@ -10,7 +10,15 @@ import torch
 
 from lm.cli.train import train
 from lm.config import ConfigError
-from lm.eval.probe import fit_and_score, load_probe_sets, pooled_features, probe_callbacks
+from lm.eval.probe import (
+    GlueProbe,
+    ProbeSet,
+    fit_and_score,
+    load_probe_sets,
+    pooled_features,
+    probe_callbacks,
+    within_budget,
+)
 from lm.glue.metrics import compute_metrics
 from lm.model import build_model
 from lm.model.config import model_preset
@@ -90,6 +98,7 @@ PROBE = [
     "train.probe_dev_examples=40",
     "train.probe_max_len=24",
     "train.probe_tasks=[sst2,stsb]",
+    "train.probe_budget=0",  # every probe_interval steps: these tests pin the steps (the budget's own tests below)
 ]
 
 
@@ -162,9 +171,82 @@ def test_probe_setup_errors_name_the_fix(tmp_path, tokenizer_dir):
         match=r"tokenizer.json, which is not there; prepare the data first .* "
         r"train.probe_interval=0",
     ):
-        probe_callbacks(cfg.train, cfg.model, tmp_path / "nowhere", SimpleNamespace(format="torch", is_main=True))
+        probe_callbacks(
+            cfg.train, cfg.model, tmp_path / "nowhere", SimpleNamespace(format="torch", is_main=True, world_size=1)
+        )
     fsdp = SimpleNamespace(format="dcp", name="FSDP2Engine", is_main=True)
     with pytest.raises(ConfigError, match="FSDP2Engine shards it; set train.probe_interval=0"):
         probe_callbacks(cfg.train, cfg.model, tokenizer_dir, fsdp)
     with pytest.raises(ConfigError, match=r"train.probe_interval=-1 must be >= 0"):
         run(tmp_path / "bad", tokenizer_dir, 2, -1)
+
+
+# -- the budget (train.probe_budget) -----------------------------------------------------------------
+
+
+def test_within_budget_spreads_the_passes_and_keeps_room_for_the_last():
+    assert within_budget(spent=0.0, cost=5.0, elapsed=100.0, remaining=900.0, budget=0.05)  # 5 <= 5, 10 <= 50
+    assert not within_budget(0.0, 5.0, 99.0, 900.0, 0.05)  # too early: 5 > 4.95
+    assert not within_budget(40.0, 5.0, 900.0, 99.0, 0.05)  # 45 <= 45, but with the last pass 50 > 49.95
+    assert within_budget(40.0, 5.0, 900.0, 100.0, 0.05)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def paced(budget, interval=10, steps=1000, step_seconds=1.0, pass_seconds=3.0):
+    """The steps a GlueProbe probes at in a simulated run, and the seconds its passes took: every step takes
+    step_seconds, every pass pass_seconds; one probed example of 600 tokens at 100 tokens a step."""
+    clock = FakeClock()
+    probe = GlueProbe(
+        [ProbeSet("sst2", [{"input_ids": [5] * 600, "labels": 0}], [])], 0, interval, budget, steps, 100, clock=clock
+    )
+
+    def one_pass(engine, step):
+        clock.now += pass_seconds
+        return {"probe/avg": 50.0}
+
+    probe._probe = one_pass
+    probed = []
+    for step in range(1, steps + 1):
+        clock.now += step_seconds
+        if probe.due(step, last=step == steps):
+            assert probe(type("Engine", (), {"is_main": True}), step) == {"probe/avg": 50.0}
+            probed.append(step)
+    return probed, probe.spent
+
+
+def test_the_budget_postpones_passes_to_keep_the_probes_within_their_share_of_training():
+    """1000 steps of 1 s, passes of 3 s, budget 5%: the passes take 48 s (<= 50 s), spread over the run. The
+    first is placed by the estimate (600 probe tokens = 2 steps' forward work, 1.95 s: step 40); after it, the
+    measured 3 s: every 60 steps; the last step always probes, with room kept for it."""
+    probed, spent = paced(budget=0.05)
+    assert probed == [40, *range(130, 911, 60), 1000]
+    assert spent == 3.0 * len(probed) == 48.0 <= 0.05 * 1000
+    every, spent_every = paced(budget=0.0)  # no budget: every interval, as before
+    assert every == list(range(10, 1001, 10)) and spent_every == 300.0
+    short, _ = paced(budget=0.05, steps=30)  # a run too short for any pass in between still probes at its end
+    assert short == [30]
+
+
+def test_every_rank_follows_rank_0s_decision(monkeypatch):
+    """A due step is a sync point on every rank: the decision is rank 0's, broadcast."""
+    from lm.engine import dist as dist_utils
+
+    calls = []
+    monkeypatch.setattr(dist_utils, "broadcast_object", lambda obj: calls.append(obj) or False)
+    probe = GlueProbe([], 0, interval=2, budget=0.05, max_steps=10, tokens_per_step=100, clock=FakeClock())
+    assert [probe.due(s, last=s == 10) for s in range(1, 11)] == [False] * 9 + [True]
+    assert len(calls) == 4  # steps 2, 4, 6, 8 asked rank 0; step 10 is the last
+
+
+def test_probe_budget_is_checked():
+    from lm.core.config import OptimConfig, SchedConfig, TrainConfig, validate_train
+
+    with pytest.raises(ConfigError, match=r"train.probe_budget=1.5 must be in \[0, 1\)"):
+        validate_train(TrainConfig(probe_interval=10, probe_budget=1.5), OptimConfig(), SchedConfig())

@@ -79,6 +79,9 @@ class TrainConfig:
     # the frozen model's pooled features of the first probe_train_examples train rows of each task, scored
     # on its first probe_dev_examples dev rows (0 = all) with the task's official metric. 0 = off.
     probe_interval: int = 0
+    # The share of training time the probes may take: a pass due at an interval step is postponed while it would
+    # exceed it (lm/eval/probe.py's GlueProbe); the last step's pass always runs. 0 = every probe_interval steps.
+    probe_budget: float = 0.05
     probe_tasks: list[str] = field(default_factory=lambda: ["sst2", "mrpc", "stsb", "cola"])
     probe_train_examples: int = 1000
     probe_dev_examples: int = 500
@@ -169,6 +172,11 @@ def _validate_probe(cfg: TrainConfig) -> None:
     if cfg.probe_train_examples < 2:
         raise ConfigError(
             f"train.probe_train_examples={cfg.probe_train_examples} must be >= 2 (train rows per probed task)"
+        )
+    if not (_finite(cfg.probe_budget) and 0 <= cfg.probe_budget < 1):
+        raise ConfigError(
+            f"train.probe_budget={cfg.probe_budget} must be in [0, 1): the share of training time the probes "
+            f"may take (0.05 = 5%; 0 = probe every train.probe_interval steps)"
         )
     if cfg.probe_dev_examples < 0:
         raise ConfigError(

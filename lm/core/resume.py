@@ -41,6 +41,7 @@ RESUMABLE = (
     "train.prefetch",
     # the GLUE probes read the model and change nothing it computes (lm/eval/probe.py)
     "train.probe_interval",
+    "train.probe_budget",
     "train.probe_tasks",
     "train.probe_train_examples",
     "train.probe_dev_examples",

@@ -141,18 +141,81 @@ def probe_model(model, sets: Sequence[ProbeSet], pad_id: int, autocast=None) -> 
     return scores
 
 
-class GlueProbe:
-    """The loop's evaluation callback (lm.core.task.EvalCallback) for train.probe_interval."""
+def within_budget(spent: float, cost: float, elapsed: float, remaining: float, budget: float) -> bool:
+    """Whether one more probe pass of `cost` seconds keeps the probes within `budget` (a share of training time):
+    the passes so far plus this one within the budget of the training time so far (`elapsed`, probes
+    excluded), and, with the last step's pass (same cost) added, within the budget of the whole run's projected
+    training time (`elapsed` + `remaining`). The first keeps the passes spread over the run; the second keeps
+    room for the final pass, which always runs."""
+    return spent + cost <= budget * elapsed and spent + 2 * cost <= budget * (elapsed + remaining)
 
-    def __init__(self, sets: Sequence[ProbeSet], pad_id: int, interval: int):
+
+class GlueProbe:
+    """The loop's evaluation callback (lm.core.task.EvalCallback) for train.probe_interval.
+
+    With a budget (train.probe_budget, a share of the training time), a pass due every `interval` steps is
+    postponed to a later due step while it would take more than that share (within_budget): its cost is the
+    last pass's measured seconds, or before the first pass an estimate that treats the probe's forward tokens
+    as a third of a training step's per token (forward only; the scikit-learn fits are small). Rank 0
+    decides from its clock and every rank follows its decision (a due step is a sync point on every rank).
+    The last step's pass always runs. Budget 0: every `interval` steps."""
+
+    def __init__(
+        self,
+        sets: Sequence[ProbeSet],
+        pad_id: int,
+        interval: int,
+        budget: float = 0.0,
+        max_steps: int = 0,
+        tokens_per_step: int = 1,
+        clock=time.perf_counter,
+    ):
         self.sets, self.pad_id, self.interval = list(sets), pad_id, interval
+        self.budget, self.max_steps, self.tokens_per_step, self.clock = budget, max_steps, tokens_per_step, clock
+        self.probe_tokens = sum(len(e["input_ids"]) for s in self.sets for e in s.train + s.dev)
+        self.start: tuple[int, float] | None = None  # (step, time) of the first step seen by this process
+        self.spent = 0.0  # seconds of the passes so far
+        self.cost: float | None = None  # the last pass's seconds
+        self.postponed = 0
 
     def due(self, step: int, last: bool) -> bool:
-        return step % self.interval == 0 or last
+        if self.start is None:
+            self.start = (step - 1, self.clock())  # called after `step`: its own time is not counted
+        if last:
+            return True
+        if step % self.interval:
+            return False
+        if not self.budget:
+            return True
+        from lm.engine import dist as dist_utils
+
+        return dist_utils.broadcast_object(self._affordable(step))  # rank 0's clock decides for every rank
+
+    def _affordable(self, step: int) -> bool:
+        first_step, t0 = self.start or (step - 1, self.clock())
+        elapsed = self.clock() - t0 - self.spent
+        step_seconds = elapsed / max(step - first_step, 1)
+        cost = self.cost if self.cost is not None else step_seconds * self.probe_tokens / (3 * self.tokens_per_step)
+        ok = within_budget(self.spent, cost, elapsed, step_seconds * max(self.max_steps - step, 0), self.budget)
+        if not ok:
+            self.postponed += 1
+            (log.info if self.postponed == 1 else log.debug)(
+                "step %d: GLUE probe postponed: a pass (~%.1f s) would take more than train.probe_budget=%g of "
+                "the training time (train.probe_budget=0 probes every train.probe_interval steps)",
+                step,
+                cost,
+                self.budget,
+            )
+        return ok
 
     def __call__(self, engine, step: int) -> dict:
-        if not engine.is_main:
-            return {}
+        t0 = self.clock()
+        record = self._probe(engine, step) if engine.is_main else {}
+        self.cost = self.clock() - t0
+        self.spent += self.cost
+        return record
+
+    def _probe(self, engine, step: int) -> dict:
         t0 = time.perf_counter()
         model = engine.module
         training = model.training
@@ -180,8 +243,13 @@ def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> list[GlueProbe]:
             f"train.probe_interval probes the whole model on rank 0, and {engine.name} shards it; "
             f"set train.probe_interval=0 and probe a checkpoint (lm eval <run> --tasks probe)"
         )
-    if not engine.is_main:  # the other ranks only keep the same sync points
-        return [GlueProbe([], 0, train_cfg.probe_interval)]
+    pacing = dict(
+        budget=train_cfg.probe_budget,
+        max_steps=train_cfg.max_steps,
+        tokens_per_step=train_cfg.micro_batch_size * train_cfg.grad_accum * train_cfg.seq_len * engine.world_size,
+    )
+    if not engine.is_main:  # the other ranks only keep the same sync points (rank 0's budget decides)
+        return [GlueProbe([], 0, train_cfg.probe_interval, **pacing)]
     tokenizer = _tokenizer(data_dir)
     sets = load_probe_sets(
         tokenizer,
@@ -191,7 +259,7 @@ def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> list[GlueProbe]:
         train_cfg.probe_dev_examples,
         min(train_cfg.probe_max_len, model_cfg.max_seq_len),
     )
-    return [GlueProbe(sets, tokenizer.pad_id, train_cfg.probe_interval)]
+    return [GlueProbe(sets, tokenizer.pad_id, train_cfg.probe_interval, **pacing)]
 
 
 def _tokenizer(data_dir):
