@@ -57,3 +57,38 @@ def test_global_batch_size_that_does_not_divide_names_the_sizes(tmp_path):
         ConfigError, match=r"global_batch_size=12 is not divisible .* = 8; use a multiple such as \[8, 16"
     ):
         resolve_batch(run.train, world_size=2)
+
+
+@pytest.mark.parametrize("native,expected", [(True, "bf16"), (False, "fp32")])
+def test_precision_auto_is_bf16_only_where_the_device_computes_bf16(tmp_path, monkeypatch, caplog, native, expected):
+    """train.precision=auto (the GLUE-transfer presets): a CPU without AVX512-BF16 or AMX emulates bf16, several
+    times slower than fp32, so auto picks fp32 there; the engine gets the resolved value, config.yaml keeps auto."""
+    import torch
+
+    from lm.cli.train import train
+    from lm.engine import dist as dist_utils
+    from tests.engine_support import loaders
+
+    monkeypatch.setattr(dist_utils, "computes_bf16", lambda device: native)
+    cfg = compose(tiny_overrides(tmp_path, 2) + ["train.precision=auto"])
+    with caplog.at_level("INFO", logger="lm"):
+        result = train(cfg, loaders=loaders(cfg))
+    assert result.engine.dtype == {"bf16": torch.bfloat16, "fp32": torch.float32}[expected]
+    assert result.engine.train.precision == expected
+    assert f"train.precision=auto: {expected} (cpu {'has' if native else 'lacks'} bf16 units)" in caplog.text
+    assert "precision: auto" in (tmp_path / "config.yaml").read_text()
+
+
+def test_explicit_bf16_on_a_cpu_without_bf16_units_is_kept_with_a_warning(monkeypatch, caplog):
+    import torch
+
+    from lm.core.config import TrainConfig
+    from lm.core.setup import resolve_precision
+    from lm.engine import dist as dist_utils
+
+    monkeypatch.setattr(dist_utils, "computes_bf16", lambda device: False)
+    with caplog.at_level("WARNING", logger="lm"):
+        kept = resolve_precision(TrainConfig(precision="bf16"), torch.device("cpu"), say=True)
+    assert kept.precision == "bf16"
+    assert "runs several times slower than fp32; train.precision=auto picks fp32 here" in caplog.text
+    assert resolve_precision(TrainConfig(precision="fp32"), torch.device("cpu"), say=True).precision == "fp32"

@@ -67,7 +67,6 @@ decoder on books, finetune it on GLUE, print the table.
     lm quickstart --arm all                # also finetune the same model from random weights: the table + the gain
     lm quickstart --arm all --seeds 0,1,2  # with three finetuning seeds (3x the finetuning time)
     lm quickstart --tokens 300000 --tasks sst2,rte --out runs/qs-small
-    lm quickstart --pretrain train.precision=fp32   # a CPU without bf16 units (see below)
 
 It is lm transfer's recipe (docs/glue_transfer.md) on a ~15-minute CPU budget, its pretrained arm alone unless
 --arm all; every flag of lm transfer works, and a flag given wins over the preset's default:
@@ -78,7 +77,7 @@ It is lm transfer's recipe (docs/glue_transfer.md) on a ~15-minute CPU budget, i
    are never used); a byte-level BPE of 8,192 tokens. Files come from $LM_DATA_MIRROR, else the download
    cache, else are downloaded (lm.data.corpora).
 2. Pretraining: `lm train experiment=glue_transfer_decoder` (a GPT-style decoder of 4 layers x 256, 5.3M
-   parameters; bf16 autocast, which a CPU without bf16 units runs slower than fp32) for --tokens tokens,
+   parameters; bf16 autocast where the device computes bf16 natively, else fp32) for --tokens tokens,
    batches of 16 x 128.
 3. lm finetune on each task from the checkpoint (mean pooling; the recipe's budget: 3 epochs, lr 5e-4, SST-2's
    first 5,000 and STS-B's first 2,000 training examples, best dev epoch); with --arm all also from scratch

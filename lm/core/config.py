@@ -13,6 +13,7 @@ class Precision(Choice):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"  # dynamic loss scaling
+    auto = "auto"  # bf16 where the device computes bf16 natively, else fp32 (lm/core/setup.py resolve_precision)
 
 
 class OnNonfinite(Choice):

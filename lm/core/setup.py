@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from lm.config_base import ConfigError
-from lm.core.config import TrainConfig
+from lm.core.config import Precision, TrainConfig
 
 log = logging.getLogger("lm")
 
@@ -25,6 +25,7 @@ def engine_class(cfg, get_class):
 def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
     """The engine `cfg.engine` names (`cfg`: the typed run or finetuning job), for the run's train config;
     what it cannot do with that config is refused here, before anything is built."""
+    train_cfg = resolve_precision(train_cfg, dist.device, dist.is_main)
     factory = instantiate(cfg.engine)
     try:
         engine = factory(train=train_cfg, dist=dist)
@@ -43,6 +44,28 @@ def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
             "keeps weights of its own: use engine=single, ddp or fsdp2, or train.float8=false"
         )
     return engine
+
+
+def resolve_precision(train_cfg, device, say: bool):
+    """train.precision=auto as bf16 where the device computes bf16 natively, else fp32 (a copy; the composed config
+    keeps `auto`, so a run resumed on other hardware is the same run). An explicit bf16 on a CPU without bf16
+    units is kept, with a warning: it trains, several times slower than fp32."""
+    from dataclasses import replace
+
+    from lm.engine.dist import computes_bf16
+
+    native = computes_bf16(device)
+    if train_cfg.precision == Precision.auto:
+        chosen = Precision.bf16 if native else Precision.fp32
+        if say:
+            log.info("train.precision=auto: %s (%s %s bf16 units)", chosen, device.type, "has" if native else "lacks")
+        return replace(train_cfg, precision=chosen)
+    if train_cfg.precision == Precision.bf16 and device.type == "cpu" and not native and say:
+        log.warning(
+            "train.precision=bf16 on a CPU without bf16 units (no AVX512-BF16 or AMX) runs several times slower "
+            "than fp32; train.precision=auto picks fp32 here"
+        )
+    return train_cfg
 
 
 def seed_everything(seed: int) -> None:

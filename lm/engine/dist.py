@@ -71,6 +71,15 @@ def pick_device(preference: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def computes_bf16(device: torch.device) -> bool:
+    """Whether the device has bf16 arithmetic: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX.
+    Elsewhere torch emulates bf16 through fp32 conversions, and autocast runs several times slower than fp32."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own (private) probes
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
 def init(device: torch.device, need_group: bool = False, expected: int | None = None) -> Dist:
     """Join the launcher's process group (or make a 1-rank one when the engine needs a group).
 
