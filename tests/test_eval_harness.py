@@ -64,6 +64,12 @@ def exported(tmp_path_factory):
     work = tmp_path_factory.mktemp("harness")
     rng = random.Random(0)
     (work / "corpus.txt").write_text("\n".join(" ".join(rng.choices(WORDS, k=12)) for _ in range(400)) + "\n")
+    train(compose(tiny_overrides(work / "run", 3, ckpt_interval=3) + GPT2 + words_data(work)))  # prepares the data
+    return work / "run", export(work / "run")
+
+
+def words_data(work) -> list[str]:
+    """The data overrides of a BPE corpus of WORDS in work/corpus.txt (prepared into work/data)."""
     data = {
         "name": "words",
         "dir": work / "data",
@@ -75,11 +81,7 @@ def exported(tmp_path_factory):
         "val_fraction": 0.1,
         "doc_split": "line",
     }
-    cfg = compose(
-        tiny_overrides(work / "run", 3, ckpt_interval=3) + GPT2 + ["~data"] + [f"data.{k}={v}" for k, v in data.items()]
-    )
-    train(cfg)  # prepares the data (and its tokenizer.json) first
-    return work / "run", export(work / "run")
+    return ["~data"] + [f"data.{k}={v}" for k, v in data.items()]
 
 
 @pytest.fixture(scope="module")
@@ -210,3 +212,60 @@ def test_cli_without_the_eval_extra_says_which_to_install(monkeypatch):
     with pytest.raises(SystemExit) as e:
         main(["anywhere"])
     assert e.value.code == "lm eval: error: lm eval needs lm_eval (not installed): pip install 'lm[eval]'"
+
+
+# -- in the training loop (train.eval_tasks) -----------------------------------------------------------------
+
+
+def test_harness_tasks_in_the_loop_are_logged_and_leave_training_bit_identical(exported, tmp_path):
+    """train.eval_tasks=[local_sst2] every 2 steps of 4 (budget off): metrics.jsonl gets the harness's accuracy at
+    steps 2 and 4, the step-4 record equals lm eval's on the final weights, and the losses (dropout on: the
+    harness seeds torch, numpy and python RNGs) equal a run without it bit for bit."""
+    from lm.cli.train import train
+    from tests.engine_support import metrics, train_losses
+
+    work = exported[0].parent
+
+    def run(name, *extra):
+        overrides = tiny_overrides(tmp_path / name, 4) + GPT2 + words_data(work) + ["model.dropout=0.1", *extra]
+        return train(compose(overrides))
+
+    run("off")
+    on = run(
+        "on",
+        "train.eval_tasks=[local_sst2]",
+        "train.eval_tasks_interval=2",
+        "train.eval_tasks_limit=8",
+        "train.downstream_budget=0",
+    )
+    assert train_losses(tmp_path / "on") == train_losses(tmp_path / "off")
+    records = [r for r in metrics(tmp_path / "on") if "harness/local_sst2/acc" in r]
+    assert [r["step"] for r in records] == [2, 4]
+    tokenizer = LMAdapter.from_saved(exported[0]).tokenizer
+    direct = evaluate(LMAdapter(on.engine.module, tokenizer), ["local_sst2"], limit=8)["results"]["local_sst2"]
+    assert records[-1]["harness/local_sst2/acc"] == direct["acc,none"]
+    assert not any(k.startswith("harness/") for r in metrics(tmp_path / "off") for k in r)
+
+
+def test_harness_tasks_in_the_loop_refuse_what_cannot_work(exported, tmp_path):
+    from lm.cli.train import train
+    from lm.config import ConfigError
+
+    work = exported[0].parent
+    base = tiny_overrides(tmp_path / "r", 2) + words_data(work)
+    with pytest.raises(ConfigError, match=r"no harness task \['nope'\]; lm's offline ones are local_sst2"):
+        train(compose(base + GPT2 + ["train.eval_tasks=[local_sst2,nope]"]))
+    with pytest.raises(ConfigError, match="an encoder .masked LM. has none of; use the GLUE probes"):
+        train(
+            compose(
+                base
+                + [
+                    "model=bert",
+                    "model.dim=32",
+                    "model.n_layers=1",
+                    "model.n_heads=2",
+                    "model.vocab_size=320",
+                    "train.eval_tasks=[local_sst2]",
+                ]
+            )
+        )

@@ -10,6 +10,7 @@ import torch
 
 from lm.cli.train import train
 from lm.config import ConfigError
+from lm.eval.pacing import within_budget
 from lm.eval.probe import (
     GlueProbe,
     ProbeSet,
@@ -17,7 +18,6 @@ from lm.eval.probe import (
     load_probe_sets,
     pooled_features,
     probe_callbacks,
-    within_budget,
 )
 from lm.glue.metrics import compute_metrics
 from lm.model import build_model
@@ -98,7 +98,7 @@ PROBE = [
     "train.probe_dev_examples=40",
     "train.probe_max_len=24",
     "train.probe_tasks=[sst2,stsb]",
-    "train.probe_budget=0",  # every probe_interval steps: these tests pin the steps (the budget's own tests below)
+    "train.downstream_budget=0",  # every probe_interval steps: these tests pin the steps (the budget's own tests below)
 ]
 
 
@@ -181,7 +181,7 @@ def test_probe_setup_errors_name_the_fix(tmp_path, tokenizer_dir):
         run(tmp_path / "bad", tokenizer_dir, 2, -1)
 
 
-# -- the budget (train.probe_budget) -----------------------------------------------------------------
+# -- the budget (train.downstream_budget) -----------------------------------------------------------------
 
 
 def test_within_budget_spreads_the_passes_and_keeps_room_for_the_last():
@@ -204,14 +204,20 @@ def paced(budget, interval=10, steps=1000, step_seconds=1.0, pass_seconds=3.0):
     step_seconds, every pass pass_seconds; one probed example of 600 tokens at 100 tokens a step."""
     clock = FakeClock()
     probe = GlueProbe(
-        [ProbeSet("sst2", [{"input_ids": [5] * 600, "labels": 0}], [])], 0, interval, budget, steps, 100, clock=clock
+        [ProbeSet("sst2", [{"input_ids": [5] * 600, "labels": 0}], [])],
+        0,
+        interval,
+        budget=budget,
+        max_steps=steps,
+        tokens_per_step=100,
+        clock=clock,
     )
 
     def one_pass(engine, step):
         clock.now += pass_seconds
         return {"probe/avg": 50.0}
 
-    probe._probe = one_pass
+    probe.evaluate = one_pass
     probed = []
     for step in range(1, steps + 1):
         clock.now += step_seconds
@@ -245,8 +251,8 @@ def test_every_rank_follows_rank_0s_decision(monkeypatch):
     assert len(calls) == 4  # steps 2, 4, 6, 8 asked rank 0; step 10 is the last
 
 
-def test_probe_budget_is_checked():
+def test_downstream_budget_is_checked():
     from lm.core.config import OptimConfig, SchedConfig, TrainConfig, validate_train
 
-    with pytest.raises(ConfigError, match=r"train.probe_budget=1.5 must be in \[0, 1\)"):
-        validate_train(TrainConfig(probe_interval=10, probe_budget=1.5), OptimConfig(), SchedConfig())
+    with pytest.raises(ConfigError, match=r"train.downstream_budget=1.5 must be in \[0, 1\)"):
+        validate_train(TrainConfig(probe_interval=10, downstream_budget=1.5), OptimConfig(), SchedConfig())

@@ -241,7 +241,7 @@ PROBE = [
     "train.probe_train_examples=40",
     "train.probe_dev_examples=40",
     "train.probe_max_len=24",
-    "train.probe_budget=0",  # every 2 steps: the test counts the passes
+    "train.downstream_budget=0",  # every 2 steps: the test counts the passes
 ]
 
 

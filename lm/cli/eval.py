@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> dict:
         }
     harness_tasks = [t for t in tasks if t != "probe"]
     if harness_tasks:
-        from lm.eval.harness import LMAdapter, evaluate
+        from lm.eval.harness import LMAdapter, evaluate, harness_metrics
 
         adapter = LMAdapter(model, tokenizer, batch_size=args.batch_size, device=args.device)
         out = evaluate(adapter, harness_tasks, limit=args.limit, num_fewshot=args.num_fewshot)
@@ -85,18 +85,6 @@ def run(args: argparse.Namespace) -> dict:
     atomic_write_text(Path(out_dir) / "eval_results.json", json.dumps(record, indent=1) + "\n")
     record["written"] = str(Path(out_dir) / "eval_results.json")
     return record
-
-
-def harness_metrics(out: dict) -> dict[str, dict[str, float]]:
-    """{task: {metric: value}} from simple_evaluate's results ("acc,none" -> "acc"; stderr and aliases dropped)."""
-    table = {}
-    for task, metrics in out["results"].items():
-        table[task] = {
-            k.split(",")[0]: v
-            for k, v in metrics.items()
-            if isinstance(v, (int, float)) and "_stderr" not in k and "," in k
-        }
-    return table
 
 
 def format_table(results: dict[str, dict[str, float]]) -> str:

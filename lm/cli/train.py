@@ -137,8 +137,8 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
             state = session.train(
                 lambda step: optim_cfg.lr * lr_multiplier(step, sched_cfg, train_cfg.max_steps),
                 speed,
-                _probes(train_cfg, model_cfg, run.data, engine),
-            )  # [] with probe_interval=0
+                _downstream(train_cfg, model_cfg, run.data, engine),
+            )  # [] with probe_interval=0 and eval_tasks=[]
             return Trained(state=state, engine=engine, run_dir=run_dir)
 
 
@@ -231,22 +231,28 @@ def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, dist, objective: s
     return loader("train"), loader("val"), vocab
 
 
-def _probes(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:
-    """The GLUE probes of train.probe_interval (lm/eval/probe.py), with the run's tokenizer. Every rank gets
-    one (their steps are sync points on every rank); rank 0 reads the data and probes."""
-    if not train_cfg.probe_interval:
+def _downstream(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:
+    """The GLUE probes of train.probe_interval (lm/eval/probe.py) and the harness tasks of train.eval_tasks
+    (lm/eval/harness_loop.py), with the run's tokenizer. Every rank gets them (their steps are sync points on
+    every rank); rank 0 reads the data and evaluates."""
+    if not train_cfg.probe_interval and not train_cfg.eval_tasks:
         return []
     from lm.engine import dist as dist_utils
-    from lm.eval.probe import probe_callbacks
+    from lm.eval.harness_loop import harness_callbacks
+    from lm.eval.probe import probe_callbacks, run_tokenizer
 
-    probes, error = [], None
+    data_dir = os.path.expanduser(data.dir)
+    callbacks, error = [], None
     try:
-        probes = probe_callbacks(train_cfg, model_cfg, os.path.expanduser(data.dir), engine)
+        callbacks = probe_callbacks(train_cfg, model_cfg, data_dir, engine)
+        callbacks += harness_callbacks(
+            train_cfg, model_cfg, lambda: run_tokenizer(data_dir, "train.eval_tasks", "train.eval_tasks=[]"), engine
+        )
     except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
         error = e
     if dist_utils.any_rank(error is not None):
-        raise error if error else ConfigError("rank 0 could not set up train.probe_interval (see its error)")
-    return probes
+        raise error if error else ConfigError("rank 0 could not set up its downstream evaluations (see its error)")
+    return callbacks
 
 
 def _round_up(n: int, multiple: int) -> int:

@@ -80,13 +80,19 @@ class TrainConfig:
     # the frozen model's pooled features of the first probe_train_examples train rows of each task, scored
     # on its first probe_dev_examples dev rows (0 = all) with the task's official metric. 0 = off.
     probe_interval: int = 0
-    # The share of training time the probes may take: a pass due at an interval step is postponed while it would
-    # exceed it (lm/eval/probe.py's GlueProbe); the last step's pass always runs. 0 = every probe_interval steps.
-    probe_budget: float = 0.05
     probe_tasks: list[str] = field(default_factory=lambda: ["sst2", "mrpc", "stsb", "cola"])
     probe_train_examples: int = 1000
     probe_dev_examples: int = 500
     probe_max_len: int = 128  # tokens per example (longest-first truncation, as lm finetune)
+    # The LM Evaluation Harness in the loop (lm/eval/harness_loop.py): these tasks (e.g. [local_sst2,
+    # local_wikitext2]; any lm eval task) every eval_tasks_interval steps (0 = at the last step only) and at the
+    # end, eval_tasks_limit examples each (null = all); decoders and encoder-decoders. [] = off.
+    eval_tasks: list[str] = field(default_factory=list)
+    eval_tasks_interval: int = 0
+    eval_tasks_limit: int | None = 100
+    # The share of training time each of those two may take: a pass due at an interval step is postponed while it
+    # would exceed it (lm/eval/pacing.py); the last step's pass always runs. 0 = at every interval.
+    downstream_budget: float = 0.05
 
 
 @dataclass
@@ -162,6 +168,16 @@ def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> 
         bad("probe_interval", "must be >= 0 (0 = no GLUE probes)")
     if cfg.probe_interval:
         _validate_probe(cfg)
+    if cfg.eval_tasks_interval < 0:
+        bad("eval_tasks_interval", "must be >= 0 (0 = the harness tasks at the last step only)")
+    if cfg.eval_tasks_limit is not None and cfg.eval_tasks_limit < 1:
+        bad("eval_tasks_limit", "must be a positive number of examples per task, or null for all")
+    if not (_finite(cfg.downstream_budget) and 0 <= cfg.downstream_budget < 1):
+        bad(
+            "downstream_budget",
+            "must be in [0, 1): the share of training time the probes / harness tasks may take each "
+            "(0.05 = 5%; 0 = at every interval)",
+        )
     if cfg.threads is not None and cfg.threads < 1:
         bad("threads", "must be a positive integer, or null for torch's default")
     _validate_sched(sched)
@@ -173,11 +189,6 @@ def _validate_probe(cfg: TrainConfig) -> None:
     if cfg.probe_train_examples < 2:
         raise ConfigError(
             f"train.probe_train_examples={cfg.probe_train_examples} must be >= 2 (train rows per probed task)"
-        )
-    if not (_finite(cfg.probe_budget) and 0 <= cfg.probe_budget < 1):
-        raise ConfigError(
-            f"train.probe_budget={cfg.probe_budget} must be in [0, 1): the share of training time the probes "
-            f"may take (0.05 = 5%; 0 = probe every train.probe_interval steps)"
         )
     if cfg.probe_dev_examples < 0:
         raise ConfigError(

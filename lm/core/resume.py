@@ -39,13 +39,16 @@ RESUMABLE = (
     "train.world_size",
     "train.stop_check_interval",
     "train.prefetch",
-    # the GLUE probes read the model and change nothing it computes (lm/eval/probe.py)
+    # the GLUE probes and harness tasks read the model and change nothing it computes (lm/eval/)
     "train.probe_interval",
-    "train.probe_budget",
     "train.probe_tasks",
     "train.probe_train_examples",
     "train.probe_dev_examples",
     "train.probe_max_len",
+    "train.eval_tasks",
+    "train.eval_tasks_interval",
+    "train.eval_tasks_limit",
+    "train.downstream_budget",
     # recovering from a NaN/inf loss: what lm/core/loop.py's LossDiverged message advises changing
     "train.on_nonfinite",
     "train.max_nonfinite",

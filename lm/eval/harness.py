@@ -265,3 +265,15 @@ def evaluate(
         torch_random_seed=0,
         fewshot_random_seed=0,
     )
+
+
+def harness_metrics(out: dict) -> dict[str, dict[str, float]]:
+    """{task: {metric: value}} from simple_evaluate's results ("acc,none" -> "acc"; stderr and aliases dropped)."""
+    table = {}
+    for task, metrics in out["results"].items():
+        table[task] = {
+            k.split(",")[0]: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float)) and "_stderr" not in k and "," in k
+        }
+    return table

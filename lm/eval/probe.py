@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from lm.config import ConfigError
+from lm.eval.pacing import PacedEval, pacing_of
 
 log = logging.getLogger("lm")
 
@@ -141,81 +142,18 @@ def probe_model(model, sets: Sequence[ProbeSet], pad_id: int, autocast=None) -> 
     return scores
 
 
-def within_budget(spent: float, cost: float, elapsed: float, remaining: float, budget: float) -> bool:
-    """Whether one more probe pass of `cost` seconds keeps the probes within `budget` (a share of training time):
-    the passes so far plus this one within the budget of the training time so far (`elapsed`, probes
-    excluded), and, with the last step's pass (same cost) added, within the budget of the whole run's projected
-    training time (`elapsed` + `remaining`). The first keeps the passes spread over the run; the second keeps
-    room for the final pass, which always runs."""
-    return spent + cost <= budget * elapsed and spent + 2 * cost <= budget * (elapsed + remaining)
+class GlueProbe(PacedEval):
+    """The loop's evaluation callback (lm.core.task.EvalCallback) for train.probe_interval, paced by
+    train.downstream_budget (lm/eval/pacing.py); its first pass's cost is estimated from its forward tokens."""
 
+    what = "GLUE probe"
 
-class GlueProbe:
-    """The loop's evaluation callback (lm.core.task.EvalCallback) for train.probe_interval.
+    def __init__(self, sets: Sequence[ProbeSet], pad_id: int, interval: int, **pacing):
+        self.sets, self.pad_id = list(sets), pad_id
+        work = sum(len(e["input_ids"]) for s in self.sets for e in s.train + s.dev)
+        super().__init__(interval, work_tokens=work, **pacing)
 
-    With a budget (train.probe_budget, a share of the training time), a pass due every `interval` steps is
-    postponed to a later due step while it would take more than that share (within_budget): its cost is the
-    last pass's measured seconds, or before the first pass an estimate that treats the probe's forward tokens
-    as a third of a training step's per token (forward only; the scikit-learn fits are small). Rank 0
-    decides from its clock and every rank follows its decision (a due step is a sync point on every rank).
-    The last step's pass always runs. Budget 0: every `interval` steps."""
-
-    def __init__(
-        self,
-        sets: Sequence[ProbeSet],
-        pad_id: int,
-        interval: int,
-        budget: float = 0.0,
-        max_steps: int = 0,
-        tokens_per_step: int = 1,
-        clock=time.perf_counter,
-    ):
-        self.sets, self.pad_id, self.interval = list(sets), pad_id, interval
-        self.budget, self.max_steps, self.tokens_per_step, self.clock = budget, max_steps, tokens_per_step, clock
-        self.probe_tokens = sum(len(e["input_ids"]) for s in self.sets for e in s.train + s.dev)
-        self.start: tuple[int, float] | None = None  # (step, time) of the first step seen by this process
-        self.spent = 0.0  # seconds of the passes so far
-        self.cost: float | None = None  # the last pass's seconds
-        self.postponed = 0
-
-    def due(self, step: int, last: bool) -> bool:
-        if self.start is None:
-            self.start = (step - 1, self.clock())  # called after `step`: its own time is not counted
-        if last:
-            return True
-        if step % self.interval:
-            return False
-        if not self.budget:
-            return True
-        from lm.engine import dist as dist_utils
-
-        return dist_utils.broadcast_object(self._affordable(step))  # rank 0's clock decides for every rank
-
-    def _affordable(self, step: int) -> bool:
-        first_step, t0 = self.start or (step - 1, self.clock())
-        elapsed = self.clock() - t0 - self.spent
-        step_seconds = elapsed / max(step - first_step, 1)
-        cost = self.cost if self.cost is not None else step_seconds * self.probe_tokens / (3 * self.tokens_per_step)
-        ok = within_budget(self.spent, cost, elapsed, step_seconds * max(self.max_steps - step, 0), self.budget)
-        if not ok:
-            self.postponed += 1
-            (log.info if self.postponed == 1 else log.debug)(
-                "step %d: GLUE probe postponed: a pass (~%.1f s) would take more than train.probe_budget=%g of "
-                "the training time (train.probe_budget=0 probes every train.probe_interval steps)",
-                step,
-                cost,
-                self.budget,
-            )
-        return ok
-
-    def __call__(self, engine, step: int) -> dict:
-        t0 = self.clock()
-        record = self._probe(engine, step) if engine.is_main else {}
-        self.cost = self.clock() - t0
-        self.spent += self.cost
-        return record
-
-    def _probe(self, engine, step: int) -> dict:
+    def evaluate(self, engine, step: int) -> dict:
         t0 = time.perf_counter()
         model = engine.module
         training = model.training
@@ -243,14 +181,10 @@ def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> list[GlueProbe]:
             f"train.probe_interval probes the whole model on rank 0, and {engine.name} shards it; "
             f"set train.probe_interval=0 and probe a checkpoint (lm eval <run> --tasks probe)"
         )
-    pacing = dict(
-        budget=train_cfg.probe_budget,
-        max_steps=train_cfg.max_steps,
-        tokens_per_step=train_cfg.micro_batch_size * train_cfg.grad_accum * train_cfg.seq_len * engine.world_size,
-    )
+    pacing = pacing_of(train_cfg, engine)
     if not engine.is_main:  # the other ranks only keep the same sync points (rank 0's budget decides)
         return [GlueProbe([], 0, train_cfg.probe_interval, **pacing)]
-    tokenizer = _tokenizer(data_dir)
+    tokenizer = run_tokenizer(data_dir)
     sets = load_probe_sets(
         tokenizer,
         model_cfg.arch,
@@ -262,7 +196,8 @@ def probe_callbacks(train_cfg, model_cfg, data_dir, engine) -> list[GlueProbe]:
     return [GlueProbe(sets, tokenizer.pad_id, train_cfg.probe_interval, **pacing)]
 
 
-def _tokenizer(data_dir):
+def run_tokenizer(data_dir, option: str = "train.probe_interval", off: str = "train.probe_interval=0"):
+    """The run's tokenizer (data_dir/tokenizer.json), or a ConfigError naming `option` and how to turn it `off`."""
     from pathlib import Path
 
     from lm.data.tokenizer import Tokenizer
@@ -270,7 +205,7 @@ def _tokenizer(data_dir):
     path = Path(data_dir).expanduser() / "tokenizer.json"
     if not path.is_file():
         raise ConfigError(
-            f"train.probe_interval needs the run's tokenizer, {path}, which is not there; "
-            f"prepare the data first (lm prepare) or set train.probe_interval=0"
+            f"{option} needs the run's tokenizer, {path}, which is not there; "
+            f"prepare the data first (lm prepare) or set {off}"
         )
     return Tokenizer.load(path.parent)
