@@ -326,3 +326,35 @@ def test_swiglu_backward_writes_the_gate_up_gradient_once_and_bit_identically(pr
     assert all(torch.equal(a, b) for a, b in zip(eager, fused))
     assert (eager_cats, fused_cats) == (1, 0)
     assert GLU(48, activation="gelu").silu is False
+
+
+def test_sparse_prediction_gives_the_dense_masked_lm_loss_and_gradients():
+    """model.sparse_prediction (the default): the MLM head runs on the masked positions only; the loss and every
+    gradient equal the dense head's (which projects every position and ignores the unmasked ones)."""
+    from lm.constants import IGNORE_INDEX
+    from lm.model import build_model
+    from lm.model.config import model_preset
+
+    small = ["model.vocab_size=97", "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.dropout=0.0"]
+    torch.manual_seed(0)
+    sparse = build_model(model_preset("bert", small + ["model.mlm_transform=true"]))
+    dense = build_model(model_preset("bert", small + ["model.mlm_transform=true", "model.sparse_prediction=false"]))
+    dense.load_state_dict(sparse.state_dict())
+    ids = torch.randint(5, 97, (3, 16))
+    labels = torch.full_like(ids, IGNORE_INDEX)
+    masked = torch.rand(3, 16) < 0.15
+    masked[0, 0] = True
+    labels[masked] = ids[masked]
+    out_s, out_d = sparse(ids, labels=labels), dense(ids, labels=labels)
+    assert out_s.logits.shape == (1, int(masked.sum()), 97) and out_d.logits.shape == (3, 16, 97)
+    torch.testing.assert_close(out_s.loss, out_d.loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out_s.logits[0], out_d.logits[masked], rtol=1e-5, atol=1e-5)
+    out_s.loss.backward()
+    out_d.loss.backward()
+    grads = dict(dense.named_parameters())
+    for name, p in sparse.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, rtol=1e-5, atol=1e-6, msg=name)
+    # lm.model.flops counts the head (transform 32 x 32 + tied projection 97 x 32) at 15% of the positions
+    from lm.model.flops import matmul_params
+
+    assert matmul_params(dense.cfg) - matmul_params(sparse.cfg) == round(0.85 * (32 * 32 + 97 * 32))

@@ -90,6 +90,9 @@ class ModelConfig:
     n_segments: int = 0  # segment (token type) embeddings, BERT uses 2
     mlm_transform: bool = False  # BERT's dense+act+norm before the MLM output layer
     mlm_activation: Activation = Activation.gelu  # the activation of that transform (HF BERT uses hidden_act for it)
+    # Masked LM: the head (transform + vocabulary projection) runs on the masked positions only, ~15% of them (sparse
+    # prediction, Geiping & Goldstein 2022): the same loss, a fraction of the head's cost. Not under torch.compile.
+    sparse_prediction: bool = True
     logit_scale: float = 1.0  # T5 scales tied outputs by dim**-0.5
     pad_token_id: int = 0
     decoder_start_token_id: int = 0  # encoder_decoder: first decoder input (T5 uses pad)

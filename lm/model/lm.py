@@ -20,6 +20,7 @@ from lm.constants import IGNORE_INDEX
 from lm.model import aux
 from lm.model.attention import LayerCache
 from lm.model.heads import Embedding, LMOutput, make_head, mlm_transform, pool
+from lm.model.linear import MatmulCount
 from lm.model.stack import Components, make_stack
 
 if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
@@ -68,7 +69,14 @@ class DecoderLM(_LanguageModel):
 
     @aux.collected
     def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
-        return self.head.output(self.features(input_ids, attention_mask, token_type_ids), labels)
+        """With labels: the loss over the masked positions (labels != -100); its logits are theirs only when
+        model.sparse_prediction (1, M, V), else every position's (B, T, V)."""
+        h = self.features(input_ids, attention_mask, token_type_ids)  # (B, T, D)
+        if labels is not None and self.cfg.sparse_prediction and not torch.compiler.is_compiling():
+            # The same mean cross-entropy over the same positions; a compiled graph keeps the dense, fixed shape.
+            masked = labels != IGNORE_INDEX  # (B, T)
+            h, labels = h[masked].unsqueeze(0), labels[masked].unsqueeze(0)  # (1, M, D), (1, M)
+        return self.head.output(h, labels)
 
     def new_cache(self) -> list[LayerCache]:
         return self.decoder.new_cache()
@@ -78,7 +86,12 @@ class DecoderLM(_LanguageModel):
         return self.head(self.features(tokens, cache=cache)[:, -1])
 
 
-class EncoderLM(_LanguageModel):
+# The share of positions a masked-LM head runs on under sparse prediction, for lm/model/flops.py: BERT's masking
+# rate, the default of data.mlm_probability (lm/data/config.py), which model code does not see.
+MASKED_FRACTION = 0.15
+
+
+class EncoderLM(MatmulCount, _LanguageModel):
     """BERT: one bidirectional stack and a masked-LM head."""
 
     def __init__(self, cfg: "ModelConfig", c: Components):
@@ -92,11 +105,23 @@ class EncoderLM(_LanguageModel):
 
     @aux.collected
     def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
-        return self.head.output(self.features(input_ids, attention_mask, token_type_ids), labels)
+        """With labels: the loss over the masked positions (labels != -100); its logits are theirs only when
+        model.sparse_prediction (1, M, V), else every position's (B, T, V)."""
+        h = self.features(input_ids, attention_mask, token_type_ids)  # (B, T, D)
+        if labels is not None and self.cfg.sparse_prediction and not torch.compiler.is_compiling():
+            # The same mean cross-entropy over the same positions; a compiled graph keeps the dense, fixed shape.
+            masked = labels != IGNORE_INDEX  # (B, T)
+            h, labels = h[masked].unsqueeze(0), labels[masked].unsqueeze(0)  # (1, M, D), (1, M)
+        return self.head.output(h, labels)
 
     def classify_features(self, input_ids, attention_mask=None, token_type_ids=None):
         """(hidden states, padding) for a sequence classifier: a Funnel's pooled path runs alone."""
         return self.encoder.pooled_forward(self.embed(input_ids, token_type_ids), attention_mask)
+
+    def active_matmul_params(self, count) -> float:
+        """lm.model.flops: under model.sparse_prediction the head runs at the masked positions only."""
+        share = MASKED_FRACTION if self.cfg.sparse_prediction else 1.0
+        return sum(count(m) for name, m in self.named_children() if name != "head") + share * count(self.head)
 
 
 def shift_right(ids: torch.Tensor, start_id: int, pad_id: int) -> torch.Tensor:

@@ -31,16 +31,13 @@ from lm.model.choices import Arch
 from lm.model.config import ModelConfig
 from lm.model.heads import Embedding, LMOutput, head_activation, make_head, mlm_transform
 from lm.model.linear import Linear, MatmulCount
-from lm.model.lm import _LanguageModel
+from lm.model.lm import MASKED_FRACTION, _LanguageModel
 from lm.model.options import FamilyConfig, MoEConfig, option_name, positive
 from lm.model.registry import register
 from lm.model.stack import Components, Stack, make_stack
 from lm.model.validate import validate_model
 from lm.zoo.factorized import FactorizedConfig
 
-# The share of tokens the generator's head runs on, for lm/model/flops.py: BERT's masking rate, the default
-# of data.mlm_probability (lm/data/config.py), which model code does not see.
-MASKED_FRACTION = 0.15
 # Evaluation samples replacements from its own generator with this seed: val losses stay comparable
 # across evaluations, and evaluating does not move the global RNG that training samples from.
 EVAL_SEED = 0
