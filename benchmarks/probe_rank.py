@@ -14,7 +14,7 @@ metrics); the finetune average is the mean of the four medians. The table adds S
 (scipy.stats.spearmanr) of the probe average with the finetune average over the points, and per task.
 
     python benchmarks/probe_rank.py /work/runs/dec4m --out /work/runs/probrank/out
-    python benchmarks/probe_rank.py /work/runs/dec4m --out /work/runs/probrank/out --seeds 0,1 --wait 1800
+    python benchmarks/probe_rank.py /work/runs/dec4m --out /work/runs/probrank/out --seeds 0,1 --wait 1800 --threads 1
     python benchmarks/probe_rank.py /work/runs/dec4m --out /work/runs/probrank/out --table   # what is done
 
 Work goes in seed rounds (seed 0 at every point, then seed 1, ...) and, within a round, in --steps order (spread:
@@ -148,7 +148,7 @@ def probe_scores(run: Path, step: int, tasks) -> dict[str, float]:
     return {k[len("probe/") :]: v for k, v in probe_model(model, sets, tokenizer.pad_id).items()}
 
 
-def finetune_scores(run: Path, step: int, seed: int, out: Path, tasks, max_train: int) -> dict[str, float]:
+def finetune_scores(run: Path, step: int, seed: int, out: Path, tasks, max_train: int, threads) -> dict[str, float]:
     """{task: dev score} of one seed: lm transfer's finetune arm (its budget and pooling) on the cut tasks."""
     from omegaconf import OmegaConf
 
@@ -157,7 +157,8 @@ def finetune_scores(run: Path, step: int, seed: int, out: Path, tasks, max_train
 
     node = OmegaConf.create(run_config(run)["model"])
     cut = [f"tasks.{t}.max_train_examples={max_train}" for t in tasks]  # after the budget's own cuts: wins
-    recipe = Recipe(out=out, seeds=[seed], finetune=[*cut, "train.progress=false"], tasks=list(tasks))
+    more = [*cut, "train.progress=false", *([f"train.threads={threads}"] if threads else [])]
+    recipe = Recipe(out=out, seeds=[seed], finetune=more, tasks=list(tasks))
     run_dir = out / "finetune" / f"step_{step:08d}" / f"seed{seed}"
     init, tok = ("none", tokenizer_file(run)) if step == 0 else (str(checkpoint(run, step)), None)
     finetune_arm(recipe, run_dir, init, finetuned_model_node(node), tok, POOLING[family(node)], list(tasks))
@@ -182,7 +183,7 @@ def do_point(a: argparse.Namespace, step: int, seed: int) -> None:
         log.info("probe_rank: step %d probe %s", step, _fmt(record["probe"]))
     if str(seed) not in record["finetune"]:
         t0 = time.perf_counter()
-        record["finetune"][str(seed)] = finetune_scores(a.run, step, seed, a.out, a.tasks, a.max_train)
+        record["finetune"][str(seed)] = finetune_scores(a.run, step, seed, a.out, a.tasks, a.max_train, a.threads)
         record.setdefault("finetune_seconds", {})[str(seed)] = round(time.perf_counter() - t0, 1)
         write_point(a.out, record)
         log.info("probe_rank: step %d seed %d finetune %s", step, seed, _fmt(record["finetune"][str(seed)]))
@@ -233,6 +234,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tasks", type=lambda t: t.split(","), default=list(TASKS), help="GLUE tasks (%(default)s)")
     p.add_argument("--max-train", type=int, default=2000, help="each task's first N train rows (%(default)s)")
     p.add_argument("--wait", type=float, default=0, help="seconds to wait for checkpoints not written yet")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default torch's: all cores); 1 on a shared CPU")
     p.add_argument(
         "--table", action="store_true", help="only print and write the table of what is done (of --seeds only)"
     )
@@ -242,6 +244,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> None:
     a = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%H:%M:%S")
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     if not a.table:
         deadline = time.time() + a.wait
         for seed in a.seeds:

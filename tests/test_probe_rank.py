@@ -60,7 +60,9 @@ def test_table_with_seeds_keeps_only_points_that_have_them():
 
 
 def args(tmp_path, **kw) -> argparse.Namespace:
-    return argparse.Namespace(run=tmp_path / "run", out=tmp_path / "out", tasks=list(TASKS), max_train=2000, **kw)
+    return argparse.Namespace(
+        run=tmp_path / "run", out=tmp_path / "out", tasks=list(TASKS), max_train=2000, threads=None, **kw
+    )
 
 
 def test_resume_reads_done_points_back_and_computes_only_what_is_missing(tmp_path, monkeypatch):
