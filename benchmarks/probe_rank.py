@@ -249,10 +249,15 @@ def main(argv=None) -> None:
 
         torch.set_num_threads(a.threads)
     if not a.table:
+        from lm.core.loop import Preempted
+
         deadline = time.time() + a.wait
-        for seed in a.seeds:
-            run_round(a, seed, deadline)
-            print(write_table(a), flush=True)
+        try:
+            for seed in a.seeds:
+                run_round(a, seed, deadline)
+                print(write_table(a), flush=True)
+        except Preempted as e:  # SIGTERM / Ctrl-C: the finetune in flight saved its place
+            sys.exit(f"probe_rank: stopped ({e}); the same command resumes, and --table shows what is done")
     print(write_table(a))
 
 
