@@ -13,9 +13,9 @@ A task's finetune score is the median over seeds of its per-seed score (MRPC, ST
 metrics); the finetune average is the mean of the four medians. The table adds Spearman's rank correlation
 (scipy.stats.spearmanr) of the probe average with the finetune average over the points, and per task.
 
-    python benchmarks/probe_rank.py /work/runs/dec4m --out /work/runs/probrank/out
-    python benchmarks/probe_rank.py /work/runs/dec4m --out /work/runs/probrank/out --seeds 0,1 --wait 1800 --threads 1
-    python benchmarks/probe_rank.py /work/runs/dec4m --out /work/runs/probrank/out --table   # what is done
+    python benchmarks/probe_rank.py runs/glue_decoder --out runs/probe_rank
+    python benchmarks/probe_rank.py runs/glue_decoder --out runs/probe_rank --seeds 0,1 --wait 1800 --threads 1
+    python benchmarks/probe_rank.py runs/glue_decoder --out runs/probe_rank --table   # what is done
 
 Work goes in seed rounds (seed 0 at every point, then seed 1, ...) and, within a round, in --steps order (spread:
 a partial result still spans the range), so a run stopped at any time leaves a table over every point. It
