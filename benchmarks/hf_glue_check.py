@@ -195,7 +195,8 @@ def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> 
     kind = family(hf_dir)
     tok = AutoTokenizer.from_pretrained(hf_dir)
     train = encode(tok, read_tsv(root, task, "train")[: args.max_train_examples], args.max_len, kind)
-    dev = encode(tok, read_tsv(root, task, "dev"), args.max_len, kind)
+    # sorted by length: batches pad less (as lm's predict does); the scores do not depend on the order
+    dev = sorted(encode(tok, read_tsv(root, task, "dev"), args.max_len, kind), key=lambda f: len(f["input_ids"]))
     n_labels = 1 if TASKS[task][4] is None else len(TASKS[task][4])
     set_seed(seed)  # before the new head's init, as run_glue
     model = hf_model(hf_dir, kind, n_labels, tok)
