@@ -256,3 +256,11 @@ def test_downstream_budget_is_checked():
 
     with pytest.raises(ConfigError, match=r"train.downstream_budget=1.5 must be in \[0, 1\)"):
         validate_train(TrainConfig(probe_interval=10, downstream_budget=1.5), OptimConfig(), SchedConfig())
+
+
+def test_the_readers_stop_at_the_rows_asked_for(data_mirror):
+    """The probe reads SST-2's first 1,000 training rows, not its 67k: load_split(limit=) stops reading there."""
+    from lm.glue.readers import load_split
+
+    first = load_split("sst2", "train", hf=False, limit=5)
+    assert first == load_split("sst2", "train", hf=False)[:5] and len(first) == 5

@@ -69,7 +69,8 @@ def load_probe_sets(
         )
     out = []
     for task in tasks:
-        train = load_split(task, "train", root, hf=False)[:train_examples]
+        # read no further than the rows probed: SST-2's 67k training rows would cost a second and their memory
+        train = load_split(task, "train", root, hf=False, limit=train_examples)
         dev = load_eval(scored_evals(task)[0], "dev", root, hf=False)[: dev_examples or None]
         out.append(
             ProbeSet(

@@ -58,16 +58,17 @@ def split_path(task: str, split: str, root=None) -> Path:
     return data_root(root) / t.dir / t.files[split]
 
 
-def load_split(task: str, split: str, root=None, hf: bool = True) -> list[Example]:
-    """All examples of one split. The local TSV wins; `hf` allows the Hugging Face copy when it is absent."""
+def load_split(task: str, split: str, root=None, hf: bool = True, limit: int | None = None) -> list[Example]:
+    """The examples of one split (its first `limit` only, read no further, when given). The local TSV wins; `hf`
+    allows the Hugging Face copy when it is absent."""
     t = get_task(task)
     path = split_path(t.name, split, root)
     if path.is_file():
-        return read_tsv(path, t, split)
+        return read_tsv(path, t, split, limit)
     where = f"GLUE {t.dir} {split} split not found: looked for {path}"
     if not hf:
         raise GlueDataMissing(f"{where}; {DOWNLOAD_HINT}")
-    return load_hf(t, split, where)
+    return load_hf(t, split, where)[:limit]
 
 
 def load_eval(name: str, kind: str, root=None, hf: bool = True) -> list[Example]:
@@ -87,7 +88,7 @@ def load_eval(name: str, kind: str, root=None, hf: bool = True) -> list[Example]
 # -- TSV -------------------------------------------------------------------------------------------
 
 
-def read_tsv(path: str | os.PathLike, task: str | GlueTaskSpec, split: str) -> list[Example]:
+def read_tsv(path: str | os.PathLike, task: str | GlueTaskSpec, split: str, limit: int | None = None) -> list[Example]:
     t = get_task(task) if isinstance(task, str) else task
     labelled = not split.startswith("test")
     with open(path, "rb") as f:
@@ -97,7 +98,7 @@ def read_tsv(path: str | os.PathLike, task: str | GlueTaskSpec, split: str) -> l
             raise GlueDataError(f"{path}: the file is empty; expected a header line, then one example per line")
         col = _columns(path, t, header, labelled)
         out = []
-        while (row := _next_row(path, rows)) is not None:
+        while (limit is None or len(out) < limit) and (row := _next_row(path, rows)) is not None:
             if len(row) != len(header):
                 raise GlueDataError(
                     f"{path}:{rows.line_num}: expected {len(header)} tab-separated columns "
