@@ -196,7 +196,7 @@ def test_deepspeed_refuses_async_checkpoints_in_one_line():
             pass
 
     cfg = types.SimpleNamespace(engine=types.SimpleNamespace(_target_="x"))
-    train = types.SimpleNamespace(on_nonfinite="stop", async_checkpoint=True)
+    train = types.SimpleNamespace(precision="fp32", on_nonfinite="stop", async_checkpoint=True)
     with pytest.raises(
         ConfigError,
         match=r"^train.async_checkpoint=true does not work with DeepSpeed engines .*"
@@ -226,7 +226,7 @@ def test_checkpoints_are_asynchronous_by_default_where_the_engine_can_and_synchr
         made = make_engine(
             types.SimpleNamespace(engine=None),
             lambda node, w=writes_async: lambda train, dist: Engine(w),
-            types.SimpleNamespace(on_nonfinite="stop", async_checkpoint=None, float8=False),
+            types.SimpleNamespace(precision="fp32", on_nonfinite="stop", async_checkpoint=None, float8=False),
             None,
         )
         for option, expected in ((None, writes_async), (False, False)):

@@ -125,6 +125,6 @@ def test_skip_on_deepspeed_is_refused_where_engines_are_made():
             pass
 
     cfg = types.SimpleNamespace(engine=types.SimpleNamespace(_target_="x"))
-    train = types.SimpleNamespace(on_nonfinite="skip")
+    train = types.SimpleNamespace(precision="fp32", on_nonfinite="skip")
     with pytest.raises(ConfigError, match="on_nonfinite=skip does not work with DeepSpeed"):
         make_engine(cfg, lambda node: FakeDeepSpeed, train, None)

@@ -25,7 +25,8 @@ def engine_class(cfg, get_class):
 def make_engine(cfg, instantiate, train_cfg: TrainConfig, dist):
     """The engine `cfg.engine` names (`cfg`: the typed run or finetuning job), for the run's train config;
     what it cannot do with that config is refused here, before anything is built."""
-    train_cfg = resolve_precision(train_cfg, dist.device, dist.is_main)
+    if train_cfg.precision in (Precision.auto, Precision.bf16):  # the device decides (or is warned about)
+        train_cfg = resolve_precision(train_cfg, dist.device, dist.is_main)
     factory = instantiate(cfg.engine)
     try:
         engine = factory(train=train_cfg, dist=dist)

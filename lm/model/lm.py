@@ -69,14 +69,7 @@ class DecoderLM(_LanguageModel):
 
     @aux.collected
     def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
-        """With labels: the loss over the masked positions (labels != -100); its logits are theirs only when
-        model.sparse_prediction (1, M, V), else every position's (B, T, V)."""
-        h = self.features(input_ids, attention_mask, token_type_ids)  # (B, T, D)
-        if labels is not None and self.cfg.sparse_prediction and not torch.compiler.is_compiling():
-            # The same mean cross-entropy over the same positions; a compiled graph keeps the dense, fixed shape.
-            masked = labels != IGNORE_INDEX  # (B, T)
-            h, labels = h[masked].unsqueeze(0), labels[masked].unsqueeze(0)  # (1, M, D), (1, M)
-        return self.head.output(h, labels)
+        return self.head.output(self.features(input_ids, attention_mask, token_type_ids), labels)
 
     def new_cache(self) -> list[LayerCache]:
         return self.decoder.new_cache()
