@@ -75,7 +75,7 @@ def computes_bf16(device: torch.device) -> bool:
     """Whether the device has bf16 arithmetic: a CUDA GPU that supports it, or a CPU with AVX512-BF16 or AMX.
     Elsewhere torch emulates bf16 through fp32 conversions, and autocast runs several times slower than fp32."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+        return torch.cuda.is_bf16_supported(including_emulation=False)  # a V100 emulates it too
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch.cpu's own (private) probes
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
