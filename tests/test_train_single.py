@@ -233,7 +233,7 @@ def test_unknown_key_and_unknown_engine_fail_at_composition(tmp_path):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("train.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16, fp16]"),
+        ("train.precision=fp8", "Invalid value 'fp8', expected one of [fp32, bf16, fp16, auto]"),
         ("sched.kind=exp", "Invalid value 'exp', expected one of [cosine, linear, constant, wsd]"),
         ("train.on_nonfinite=ignore", "Invalid value 'ignore', expected one of [stop, skip]"),
         ("train.device=tpu", "Invalid value 'tpu', expected one of [auto, cpu, cuda]"),
