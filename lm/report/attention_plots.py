@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 from lm.core.files import atomic_write_text  # noqa: E402
 from lm.report.attention_maps import AttnMap  # noqa: E402
 from lm.report.html import to_html  # noqa: E402
+from lm.report.paths import portable  # noqa: E402
 
 DPI = 90
 CMAP = "viridis"
@@ -115,7 +116,7 @@ def write_page(
     parts += ["## All layers x heads", ""] + [f"![{p.stem}]({p.name})\n" for p in grids]
     if singles:
         parts += ["## Requested layers / heads", ""] + [f"![{p.stem}]({p.name})\n" for p in singles]
-    md = "\n".join(parts)
+    md = portable("\n".join(parts))
     atomic_write_text(out / "attention.md", md)
     atomic_write_text(out / "attention.html", to_html(md, title, out))
     return out / "attention.html"

@@ -11,6 +11,7 @@ from lm.core.files import atomic_write_text
 from lm.report import plots
 from lm.report.attention_card import attention_section
 from lm.report.html import to_html
+from lm.report.paths import portable
 from lm.report.runs import Run
 from lm.report.summary import summarize
 from lm.report.table import human
@@ -73,7 +74,7 @@ def markdown_card(run: Run, command: str, attention: list[str] | None = None) ->
 def write_run_card(run: Run, out: Path, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plots.run_card(run, out / "run_curves.png")
-    md = markdown_card(run, command, attention_section(run, out))
+    md = portable(markdown_card(run, command, attention_section(run, out)))
     atomic_write_text(out / "card.md", md)
     atomic_write_text(out / "card.html", to_html(md, f"Run card: {run.name}", out))
     return out / "card.html"

@@ -11,6 +11,7 @@ from pathlib import Path
 from lm.core.files import atomic_write_text
 from lm.report import plots, table
 from lm.report.html import to_html
+from lm.report.paths import portable
 from lm.report.stats import RULE
 from lm.report.summary import EARLY_FRACTION, WINDOW_FRACTION
 from lm.report.variants import setup_of
@@ -103,7 +104,7 @@ def write_sweep_report(
     plots.final_loss(rows, out / "final_loss.png")
     atomic_write_text(out / "report.csv", table.variants_csv(rows))
     atomic_write_text(out / "runs.csv", table.runs_csv(rows))
-    md = markdown_report(variants, rows, runs, title, notes, command, forced_differences, layout)
+    md = portable(markdown_report(variants, rows, runs, title, notes, command, forced_differences, layout))
     atomic_write_text(out / "report.md", md)
     atomic_write_text(out / "report.html", to_html(md, title, out))
     return out / "report.html"
