@@ -199,9 +199,10 @@ class FakeClock:
         return self.now
 
 
-def paced(budget, interval=10, steps=1000, step_seconds=1.0, pass_seconds=3.0):
+def paced(budget, interval=10, steps=1000, step_seconds=1.0, pass_seconds=3.0, setup=0.0):
     """The steps a GlueProbe probes at in a simulated run, and the seconds its passes took: every step takes
-    step_seconds, every pass pass_seconds; one probed example of 600 tokens at 100 tokens a step."""
+    step_seconds, every pass pass_seconds, the set-up before training `setup`; one probed example of 600
+    tokens at 100 tokens a step."""
     clock = FakeClock()
     probe = GlueProbe(
         [ProbeSet("sst2", [{"input_ids": [5] * 600, "labels": 0}], [])],
@@ -210,6 +211,7 @@ def paced(budget, interval=10, steps=1000, step_seconds=1.0, pass_seconds=3.0):
         budget=budget,
         max_steps=steps,
         tokens_per_step=100,
+        setup=setup,
         clock=clock,
     )
 
@@ -238,6 +240,15 @@ def test_the_budget_postpones_passes_to_keep_the_probes_within_their_share_of_tr
     assert every == list(range(10, 1001, 10)) and spent_every == 300.0
     short, _ = paced(budget=0.05, steps=30)  # a run too short for any pass in between still probes at its end
     assert short == [30]
+
+
+def test_the_set_up_is_charged_to_the_budget():
+    """10 s of set-up in a 1000 s run at 5%: room for the passes shrinks by 10 s (13 passes, not 16), and the
+    set-up plus the passes stay within 50 s; the first waits until 5% of training covers the set-up and its
+    estimated 1.95 s (step 250, not 40)."""
+    probed, spent = paced(budget=0.05, setup=10.0)
+    assert probed == [250, *range(330, 931, 60), 1000]
+    assert 10.0 + spent == 10.0 + 3.0 * 13 == 49.0 <= 0.05 * 1000
 
 
 def test_every_rank_follows_rank_0s_decision(monkeypatch):

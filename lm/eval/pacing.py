@@ -28,7 +28,8 @@ class PacedEval:
 
     A pass's cost is the last pass's measured seconds; before the first, `work_tokens` (the pass's forward
     tokens, when known) at a third of a training step's cost per token (forward only), else nothing: the
-    first pass then runs at its first due step."""
+    first pass then runs at its first due step. `setup`: the seconds spent setting the evaluation up before
+    training (reading and encoding its data, importing its libraries), counted against the budget like a pass."""
 
     what = "evaluation"
 
@@ -39,11 +40,13 @@ class PacedEval:
         max_steps: int = 0,
         tokens_per_step: int = 1,
         work_tokens: int | None = None,
+        setup: float = 0.0,
         clock=time.perf_counter,
     ):
         self.interval, self.budget, self.max_steps = interval, budget, max_steps
         self.tokens_per_step, self.work_tokens, self.clock = tokens_per_step, work_tokens, clock
         self.start: tuple[int, float] | None = None  # (step, time) of the first step seen by this process
+        self.setup = setup  # before the first step: charged to the budget, not part of `elapsed`
         self.spent = 0.0  # seconds of the passes so far
         self.cost: float | None = None  # the last pass's seconds
         self.postponed = 0
@@ -70,7 +73,8 @@ class PacedEval:
             cost = step_seconds * self.work_tokens / (3 * self.tokens_per_step)
         if cost is None:
             return True
-        ok = within_budget(self.spent, cost, elapsed, step_seconds * max(self.max_steps - step, 0), self.budget)
+        remaining = step_seconds * max(self.max_steps - step, 0)
+        ok = within_budget(self.setup + self.spent, cost, elapsed, remaining, self.budget)
         if not ok:
             self.postponed += 1
             (log.info if self.postponed == 1 else log.debug)(
