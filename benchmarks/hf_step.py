@@ -12,6 +12,7 @@ model and the same targets).
 
     python benchmarks/hf_step.py --layout gpt2 --vocab 50304          # GPT-2 layout, 6 layers, width 384, context 256
     python benchmarks/hf_step.py --layout llama --vocab 65 --steps 20
+    python benchmarks/hf_step.py --layout llama --vocab 65 --compile ours   # lm train.compile=true vs HF eager
 
 `--loss-chunk auto` uses our chunked output projection + cross-entropy (lm/model/loss.py) at large
 vocabularies (>= 8192), where the B*T*V logits dominate the step, and the plain one below.
@@ -113,6 +114,11 @@ def build(args):
     return {"ours": ours, "hf": theirs}
 
 
+def hf_callable(model, args):
+    """What Hugging Face's step calls: the model, or torch.compile of it (--compile both)."""
+    return torch.compile(model) if args.compile == "both" else model
+
+
 class Pairs:
     """The loop's step_begin hook: closes the timing of our previous step, runs Hugging Face's step of the same
     index after ours (even steps) or before ours (odd steps), and starts timing our next step. Steps from
@@ -148,7 +154,7 @@ class Pairs:
             self.cpu[side].append(cpu)
 
 
-def train_ours(model, batches, pairs: Pairs, threads: int) -> None:
+def train_ours(model, batches, pairs: Pairs, threads: int, compile: bool = False) -> None:
     """lm-train's loop and single engine on `batches` (one per step), through the run harness (it writes
     nothing: the run ends before the loop's last step, which would checkpoint)."""
     from lm.core.config import OptimConfig, TrainConfig
@@ -169,6 +175,7 @@ def train_ours(model, batches, pairs: Pairs, threads: int) -> None:
         ckpt_interval=0,
         progress=False,
         threads=threads,
+        compile=compile,
     )
     engine = SingleEngine(train, Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
     with (
@@ -192,9 +199,10 @@ def run(args) -> dict:
     ours = [{"input_ids": x, "labels": y} for x, y in data["ours"]]
     with torch.no_grad():  # the first step's loss: the same forward, before any update
         first_loss_ours = float(objectives.loss(models["ours"], ours[0]))
-    pairs = Pairs(lambda i: train_step(models["hf"], hf_opt, *data["hf"][i]), args.warmup, args.steps)
+    theirs = hf_callable(models["hf"], args)
+    pairs = Pairs(lambda i: train_step(theirs, hf_opt, *data["hf"][i]), args.warmup, args.steps)
     load_before = os.getloadavg()[0]
-    train_ours(models["ours"], ours, pairs, args.threads)
+    train_ours(models["ours"], ours, pairs, args.threads, compile=args.compile != "none")
     wall, cpu, first_loss = pairs.wall, pairs.cpu, {"ours": first_loss_ours, "hf": pairs.first_loss_hf}
     tokens = args.batch * args.seq
     return {
@@ -209,6 +217,7 @@ def run(args) -> dict:
         "steps": args.steps,
         "loss_chunk": loss_chunk(args),
         "linear": args.linear,
+        "compile": args.compile,
         "params_ours": sum(p.numel() for p in models["ours"].parameters()),
         "params_hf": sum(p.numel() for p in models["hf"].parameters()),
         "first_loss_ours": round(first_loss["ours"], 5),
@@ -254,6 +263,13 @@ def parse(argv=None):
         help="our Linear layers (model.linear): torch = F.linear, as lm train by default; onednn = the "
         "oneDNN fp32 CPU path (lm/model/linear.py)",
     )
+    p.add_argument(
+        "--compile",
+        choices=["none", "ours", "both"],
+        default="none",
+        help="torch.compile: none (eager, as lm train by default), ours (train.compile=true against Hugging "
+        "Face eager) or both; compilation happens in the --warmup steps",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line")
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 1:
@@ -273,7 +289,8 @@ def main(argv=None):
         return
     print(
         f"{r['layout']} layout, vocab {r['vocab']}, {r['layers']}x{r['dim']}, {r['heads']} heads, T={r['seq']}, "
-        f"B={r['batch']}, {r['threads']} thread(s), fp32, loss chunk {r['loss_chunk'] or 'off'}, linear {r['linear']}; "
+        f"B={r['batch']}, {r['threads']} thread(s), fp32, loss chunk {r['loss_chunk'] or 'off'}, "
+        f"linear {r['linear']}, compile {r['compile']}; "
         f"params ours={r['params_ours']:,} hf={r['params_hf']:,}; first-step loss ours={r['first_loss_ours']:.4f} "
         f"hf={r['first_loss_hf']:.4f}"
     )

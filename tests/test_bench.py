@@ -63,7 +63,18 @@ def test_json_line_and_explicit_chunk(capsys):
     assert set(r) >= {"tokens_per_s_ours", "tokens_per_s_hf", "ratio", "cpu_ratio", "loadavg", "machine", "date"}
 
 
-@pytest.mark.parametrize("bad, message", [(["--loss-chunk", "big"], "--loss-chunk"), (["--steps", "0"], "--steps")])
+@pytest.mark.slow
+def test_compiled_sides_run_through_the_loop(capsys):
+    """--compile both: ours through lm's engine with train.compile, theirs torch.compile'd, both timed."""
+    bench.main(TINY + ["--vocab", "65", "--compile", "both", "--json"])
+    r = json.loads(capsys.readouterr().out)
+    assert r["compile"] == "both" and r["tokens_per_s_ours"] > 0 and r["tokens_per_s_hf"] > 0
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [(["--loss-chunk", "big"], "--loss-chunk"), (["--steps", "0"], "--steps"), (["--compile", "yes"], "--compile")],
+)
 def test_bad_arguments_name_the_flag(bad, message, capsys):
     with pytest.raises(SystemExit):
         bench.parse(bad)
