@@ -2,6 +2,12 @@
 
 import torch
 
+# BERT's layout in our ModelConfig (post-norm, LayerNorm on the embeddings, segment embeddings, the MLM
+# head's transform): what lm-export maps to BertForMaskedLM
+BERT_LAYOUT = dict(
+    arch="encoder", norm_position="post", embed_norm=True, final_norm=False, n_segments=2, mlm_transform=True
+)
+
 
 @torch.no_grad()
 def greedy_by_recompute(model, prompt: torch.Tensor, arch: str, n: int) -> torch.Tensor:

@@ -13,7 +13,14 @@ from lm.model import build_model  # noqa: E402
 from lm.model.config import GLUConfig, LayerNormConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig  # noqa: E402
 from lm.model.convert import from_hf, to_hf  # noqa: E402
 from lm.model.generate import generate  # noqa: E402
-from tests.model_support import eval_logits, hf_inputs, perturb, real_positions, untie_head  # noqa: E402
+from tests.model_support import (  # noqa: E402
+    BERT_LAYOUT,
+    eval_logits,
+    hf_inputs,
+    perturb,
+    real_positions,
+    untie_head,
+)
 
 T = transformers
 V = 101
@@ -185,12 +192,7 @@ OUR_CASES = {
         pos=T5BiasConfig(),
     ),
     "bert_relu": lambda: _ours(
-        arch="encoder",
-        norm_position="post",
-        embed_norm=True,
-        final_norm=False,
-        n_segments=2,
-        mlm_transform=True,
+        **BERT_LAYOUT,
         mlm_activation="relu",
         ffn=MLPConfig(activation="relu"),
     ),

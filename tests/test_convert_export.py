@@ -17,6 +17,7 @@ from lm.cli.export import export  # noqa: E402
 from lm.data.tokenizer import Tokenizer, train  # noqa: E402
 from lm.model import build_model  # noqa: E402
 from lm.model.config import GLUConfig, MLPConfig, ModelConfig, RMSNormConfig, RoPEConfig, T5BiasConfig  # noqa: E402
+from tests.model_support import BERT_LAYOUT  # noqa: E402
 
 TEXT = ["the quick brown fox jumps over the lazy dog", "pack my box with five dozen liquor jugs"]
 
@@ -57,16 +58,11 @@ def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
         auto = transformers.AutoModelForCausalLM
     elif family == "bert":  # ReLU in the FFN and the MLM-head transform
         cfg = ModelConfig(
-            arch="encoder",
+            **BERT_LAYOUT,
             vocab_size=vocab,
             dim=32,
             n_layers=2,
             n_heads=4,
-            norm_position="post",
-            embed_norm=True,
-            final_norm=False,
-            n_segments=2,
-            mlm_transform=True,
             mlm_activation="relu",
             ffn=MLPConfig(activation="relu"),
         )

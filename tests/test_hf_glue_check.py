@@ -11,6 +11,7 @@ from lm.data.tokenizer import to_transformers, train  # noqa: E402
 from lm.glue.encode import encode_examples  # noqa: E402
 from lm.glue.readers import Example  # noqa: E402
 from tests.benchmark_scripts import load  # noqa: E402
+from tests.model_support import BERT_LAYOUT  # noqa: E402
 
 check = load("hf_glue_check")
 
@@ -98,19 +99,7 @@ def test_both_sides_compute_the_same_classifier(tmp_path, kind):
     if kind == "gpt2":
         cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
     else:
-        cfg = ModelConfig(
-            arch="encoder",
-            vocab_size=vocab,
-            dim=32,
-            n_layers=2,
-            n_heads=4,
-            max_seq_len=64,
-            norm_position="post",
-            embed_norm=True,
-            final_norm=False,
-            n_segments=2,
-            mlm_transform=True,
-        )
+        cfg = ModelConfig(**BERT_LAYOUT, vocab_size=vocab, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
     ckpt = _checkpoint(tmp_path, tok, cfg)
     hf_dir = export(ckpt, tmp_path / "export") / "hf"
     assert check.forward_gap(ckpt, hf_dir, root, "stsb", 24) < 1e-5
