@@ -27,6 +27,17 @@ def greedy_by_recompute(model, prompt: torch.Tensor, arch: str, n: int) -> torch
 
 # -- Hugging Face parity (tests/test_model_parity.py, tests/test_convert_exact.py) ----------------------------
 
+# a two-layer Llama with GQA and an untied head, as transformers.LlamaConfig fields (vocab_size apart)
+TINY_LLAMA = dict(
+    hidden_size=32,
+    intermediate_size=88,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+    tie_word_embeddings=False,
+)
+
 
 def perturb(model, seed: int = 0, scale: float = 0.2):
     """Add noise to every parameter (tied ones once), so biases, norms and embeddings are all non-trivial: zero

@@ -15,6 +15,7 @@ from lm.model.convert import from_hf, to_hf  # noqa: E402
 from lm.model.generate import generate  # noqa: E402
 from tests.model_support import (  # noqa: E402
     BERT_LAYOUT,
+    TINY_LLAMA,
     eval_logits,
     hf_inputs,
     perturb,
@@ -32,17 +33,7 @@ def gpt2(**kw):
 
 
 def llama(**kw):
-    base = dict(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=88,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return T.LlamaForCausalLM(T.LlamaConfig(**{**base, **kw}))
+    return T.LlamaForCausalLM(T.LlamaConfig(**{**TINY_LLAMA, "vocab_size": V, **kw}))
 
 
 def bert(**kw):

@@ -6,7 +6,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 from lm.model import build_model  # noqa: E402
 from lm.model.convert import from_hf, to_hf  # noqa: E402
-from tests.model_support import eval_logits, hf_inputs, perturb, real_positions, untie_head  # noqa: E402
+from tests.model_support import TINY_LLAMA, eval_logits, hf_inputs, perturb, real_positions, untie_head  # noqa: E402
 
 V = 101
 
@@ -17,18 +17,7 @@ def _hf_models():
         "gpt2": lambda: T.GPT2LMHeadModel(
             T.GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0)
         ),
-        "llama": lambda: T.LlamaForCausalLM(
-            T.LlamaConfig(
-                vocab_size=V,
-                hidden_size=32,
-                intermediate_size=88,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=64,
-                tie_word_embeddings=False,
-            )
-        ),
+        "llama": lambda: T.LlamaForCausalLM(T.LlamaConfig(vocab_size=V, **TINY_LLAMA)),
         "bert": lambda: T.BertForMaskedLM(
             T.BertConfig(
                 vocab_size=V,
