@@ -1,0 +1,41 @@
+"""benchmarks/probe_settings.py (issue 52 item 2): probe settings scored from slices of one set of features,
+at k=1 the same probe as lm/eval/probe.py, and their ranking against finetuning."""
+
+import numpy as np
+import pytest
+
+from tests.benchmark_scripts import load
+
+ps = load("probe_settings")
+
+
+def features(seed: int = 0, n_train: int = 60, n_dev: int = 40, dim: int = 8):
+    """SST-2: labels = sign of feature 0 (separable); STS-B: targets = 5 * sigmoid of feature 1, noiseless."""
+    rng = np.random.default_rng(seed)
+    x_tr, x_dev = rng.normal(size=(n_train, dim)).astype(np.float32), rng.normal(size=(n_dev, dim)).astype(np.float32)
+    cls = lambda x: [int(v > 0) for v in x[:, 0]]  # noqa: E731
+    reg = lambda x: [float(5 / (1 + np.exp(-v))) for v in x[:, 1]]  # noqa: E731
+    return {"sst2": (x_tr, cls(x_tr), x_dev, cls(x_dev), False), "stsb": (x_tr, reg(x_tr), x_dev, reg(x_dev), True)}
+
+
+def test_each_setting_scores_its_slices_and_k1_is_lm_probe():
+    from lm.eval.probe import fit_and_score
+
+    feats = features()
+    out = ps.settings_scores(feats, {"20, 10": (20, 10, 1.0), "60, all": (60, 0, 1.0), "60, all, x100": (60, 0, 100.0)})
+    x_tr, y_tr, x_dev, y_dev, _ = feats["sst2"]
+    assert out["20, 10"]["sst2"] == fit_and_score("sst2", x_tr[:20], y_tr[:20], x_dev[:10], y_dev[:10], False)
+    x_tr, y_tr, x_dev, y_dev, _ = feats["stsb"]
+    assert out["60, all"]["stsb"] == pytest.approx(fit_and_score("stsb", x_tr, y_tr, x_dev, y_dev, True))
+    assert out["60, all"]["sst2"] > 90 and out["60, all"]["stsb"] > 90  # separable / monotone: near perfect
+    assert out["60, all"]["avg"] == pytest.approx((out["60, all"]["sst2"] + out["60, all"]["stsb"]) / 2)
+    assert (
+        out["60, all, x100"]["sst2"] != out["60, all"]["sst2"] or out["60, all, x100"]["stsb"] != out["60, all"]["stsb"]
+    )
+
+
+def test_table_ranks_each_setting_against_finetuning():
+    points = {s: {"up": {"avg": float(s)}, "down": {"avg": -float(s)}} for s in (0, 50, 100, 200)}
+    lines = ps.table(points, {0: 30.0, 50: 31.0, 100: 33.0, 200: 34.0}).splitlines()
+    assert lines[0].startswith("| probe: train rows, dev rows | 0 | 50 | 100 | 200 |")
+    assert lines[2].endswith("| 1.00 |") and lines[3].endswith("| -1.00 |")
