@@ -1,11 +1,11 @@
 """How the GLUE probe's settings change its ranking of checkpoints (issue 52, item 2; companion of probe_rank.py).
 
-For each point of a probe_rank.py run, the frozen model's pooled features of each task's first --max-train
-train rows and all its dev rows are computed once; every setting (train rows, dev rows, regularisation) is
-then fit and scored on slices of them, as lm/eval/probe.py would (standardized logistic / ridge regression,
-the task's official metric); the settings' averages are ranked (Spearman) against probe_rank.py's finetune
-averages of the same points. The default setting recomputed here can differ from probe_rank.py's own probe by
-float rounding (its features come out of other batches).
+For each point of a probe_rank.py run, the frozen model's pooled features of each task's first --max-train train
+rows and all its dev rows are computed once; every setting (train rows, dev rows, regularisation) is then fit and
+scored on slices of them by lm/eval/probe.py's fit_and_score (standardized logistic / ridge regression, the
+task's official metric, the regularisation scaled per setting); the settings' averages are ranked (Spearman)
+against probe_rank.py's finetune averages of the same points. The default setting recomputed here can differ from
+probe_rank.py's own probe by float rounding (its features come out of other batches).
 
     python benchmarks/probe_settings.py runs/glue_decoder --rank-out runs/probe_rank --out runs/probe_settings
 """
@@ -32,28 +32,16 @@ SETTINGS = {
 }
 
 
-def score(task: str, x_train, y_train, x_dev, y_dev, regression: bool, k: float) -> float:
-    """lm/eval/probe.py's fit_and_score with the regularisation scaled by k (k=1: the same model)."""
-    from sklearn.linear_model import LogisticRegression, Ridge
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    from lm.glue.metrics import compute_metrics
-    from lm.glue.tasks import scored_evals
-
-    head = Ridge(alpha=1.0 * k) if regression else LogisticRegression(max_iter=2000, C=1.0 / k)
-    probe = make_pipeline(StandardScaler(), head).fit(x_train, y_train)
-    return compute_metrics(scored_evals(task)[0], probe.predict(x_dev), y_dev)["score"]
-
-
 def settings_scores(features: dict, settings: dict = SETTINGS) -> dict[str, dict[str, float]]:
     """{setting: {task: score, "avg": mean}} from features {task: (x_train, y_train, x_dev, y_dev, regression)}."""
+    from lm.eval.probe import fit_and_score
+
     out = {}
     for name, (n_train, n_dev, k) in settings.items():
         scores = {}
         for task, (x_tr, y_tr, x_dev, y_dev, regression) in features.items():
             d = n_dev or len(y_dev)
-            scores[task] = score(task, x_tr[:n_train], y_tr[:n_train], x_dev[:d], y_dev[:d], regression, k)
+            scores[task] = fit_and_score(task, x_tr[:n_train], y_tr[:n_train], x_dev[:d], y_dev[:d], regression, k)
         scores["avg"] = fmean(scores.values())
         out[name] = scores
     return out

@@ -112,8 +112,11 @@ def hidden_states(model, ids, mask, types) -> torch.Tensor:
     return model.features(ids, mask, types)
 
 
-def fit_and_score(task: str, x_train: np.ndarray, y_train, x_dev: np.ndarray, y_dev, regression: bool) -> float:
-    """The task's official dev score (points) of a standardized linear probe fit on the train features."""
+def fit_and_score(
+    task: str, x_train: np.ndarray, y_train, x_dev: np.ndarray, y_dev, regression: bool, strength: float = 1.0
+) -> float:
+    """The task's official dev score (points) of a standardized linear probe fit on the train features;
+    `strength` scales the regularisation (logistic C = 1 / strength, ridge alpha = strength)."""
     from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
@@ -126,7 +129,7 @@ def fit_and_score(task: str, x_train: np.ndarray, y_train, x_dev: np.ndarray, y_
             f"the {task} probe's train rows hold one class only; probe more of them "
             f"(train.probe_train_examples, or --limit)"
         )
-    head = Ridge(alpha=1.0) if regression else LogisticRegression(max_iter=1000)
+    head = Ridge(alpha=strength) if regression else LogisticRegression(max_iter=1000, C=1.0 / strength)
     probe = make_pipeline(StandardScaler(), head).fit(x_train, y_train)
     return compute_metrics(scored_evals(task)[0], probe.predict(x_dev), y_dev)["score"]
 
