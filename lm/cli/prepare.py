@@ -35,6 +35,8 @@ HELP = {
     "task_bytes": "bytes of text per worker task",
     "max_doc_chars": "tokenize longer documents in pieces of at most this many characters, cut before whitespace "
     "(bounds memory; counted in meta.json)",
+    "dedup": "drop exact duplicate documents (whitespace runs count as one space; counted in meta.json)",
+    "min_doc_chars": "drop documents shorter than this many characters (counted in meta.json; 0 keeps all)",
     "encoding_errors": "strict (bad UTF-8 is an error) | replace (decode as U+FFFD and count)",
     "bad_records": "error | skip (count and skip JSONL/Parquet records without text)",
     "hf_streaming": "stream a Hugging Face dataset instead of downloading it whole",

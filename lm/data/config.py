@@ -74,6 +74,8 @@ class DataConfig:
     # Tokenizing one string costs ~200-300 bytes of memory per character (a 50 MB line: 15 GB), so longer
     # documents are tokenized in pieces of at most this many characters, cut before a space in front of a word.
     max_doc_chars: int = 1 << 20
+    dedup: bool = False  # drop exact duplicate documents (whitespace runs count as one space; lm/data/dedup.py)
+    min_doc_chars: int = 0  # drop documents shorter than this many characters (stripped); 0 keeps all
     encoding_errors: EncodingErrors = EncodingErrors.strict
     bad_records: BadRecords = BadRecords.error
     # packed loader (lm.data.packed)
@@ -137,8 +139,8 @@ def validate_data(cfg: DataConfig) -> None:
     for name in ("vocab_size", "shard_tokens", "task_bytes", "max_doc_chars", "tokenizer_train_chars"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
             raise ConfigError(f"data.{name}={getattr(cfg, name)!r} must be a positive integer")
-    if cfg.workers < 0 or cfg.n_sentinels < 0:
-        raise ConfigError("data.workers and data.n_sentinels must be >= 0")
+    if cfg.workers < 0 or cfg.n_sentinels < 0 or cfg.min_doc_chars < 0:
+        raise ConfigError("data.workers, data.n_sentinels and data.min_doc_chars must be >= 0")
     if cfg.train_stride is not None and cfg.train_stride < 1:
         raise ConfigError(f"data.train_stride={cfg.train_stride} must be >= 1, or null for windows that tile the text")
     if not 0.0 < cfg.mlm_probability < 1.0 or not 0.0 < cfg.noise_density < 1.0 or cfg.mean_span_length < 1.0:

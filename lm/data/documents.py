@@ -5,6 +5,7 @@ fields, assign each document to train or val, count or reject bad records.
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -28,6 +29,8 @@ class Docs:
     invalid_utf8: int = 0
     bytes: int = 0
     split_docs: int = 0  # documents longer than max_doc_chars, tokenized in pieces
+    keys: list[int] = field(default_factory=list)  # per piece: its document's doc_key, 0 = not deduplicated
+    short_docs: int = 0  # dropped: shorter than min_doc_chars
 
 
 _INVALID = [0]
@@ -96,13 +99,25 @@ class _Reader:
             is_val, seed = self.opts.is_val, self.opts.split_seed
             splits = ["val" if is_val(doc_hash(t.encode("utf-8", "surrogatepass"), seed)) else "train" for t in texts]
         ends = [True] * (len(texts) - 1) + [last_ends]
-        limit = self.opts.max_doc_chars
-        for text, end, split in zip(texts, ends, splits):  # the split was decided by the whole document
+        limit, dedup, shortest = self.opts.max_doc_chars, self.opts.dedup, self.opts.min_doc_chars
+        for i, (text, end, split) in enumerate(zip(texts, ends, splits)):  # the whole document decided the split
+            whole = end and (i > 0 or self.task.starts_doc)  # not a piece cut by a forced split or a task
+            if shortest and whole and len(text.strip()) < shortest:
+                self.out.short_docs += 1
+                continue
             pieces = split_long(text, limit) if len(text) > limit else [text]
             self.out.split_docs += len(pieces) > 1
             self.out.texts += pieces
             self.out.ends += [False] * (len(pieces) - 1) + [end]  # EOS only after the document's last piece
             self.out.splits += [split] * len(pieces)
+            self.out.keys += [doc_key(text) if dedup and whole else 0] * len(pieces)
+
+
+def doc_key(text: str) -> int:
+    """A document's identity for deduplication: a 64-bit BLAKE2b of its text with runs of whitespace made
+    one space (so re-wrapped or re-indented copies count as the same), never 0 (0 = no key)."""
+    digest = hashlib.blake2b(" ".join(text.split()).encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") | 1
 
 
 # Where to cut, best first: before a space in front of a word (byte-level BPE and Metaspace both start
@@ -203,7 +218,15 @@ def _value_docs(r: _Reader) -> None:
 
 
 def iter_texts(tasks: Iterable[SourcePiece], opts: ReadOptions, split: str | None = "train") -> Iterator[str]:
-    """Documents of `split` (None = all), read in this process: the stream a tokenizer trains on."""
+    """Documents of `split` (None = all), read in this process: the stream a tokenizer trains on, without
+    the duplicates that lm prepare drops (opts.dedup)."""
+    seen: set[int] = set()
     for task in tasks:
         docs = read_task(task, opts)
-        yield from (t for t, s in zip(docs.texts, docs.splits) if split is None or s == split)
+        drop = False
+        for i, (text, s, key) in enumerate(zip(docs.texts, docs.splits, docs.keys)):
+            if key and (i == 0 or docs.ends[i - 1]):  # a document's first piece decides for all of its pieces
+                drop = key in seen
+                seen.add(key)
+            if not (drop and key) and (split is None or s == split):
+                yield text

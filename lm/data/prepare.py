@@ -58,6 +58,7 @@ import numpy as np
 
 from lm.config_base import to_typed
 from lm.data.config import DataConfig, validate_data
+from lm.data.dedup import KEYS_FILE, Deduper
 from lm.data.documents import iter_texts
 from lm.data.errors import DataError
 from lm.data.manifest import (
@@ -98,7 +99,11 @@ CONTENT_FIELDS = (
     "encoding_errors",
     "bad_records",
     "max_doc_chars",
+    "dedup",
+    "min_doc_chars",
 )
+# Settings added after directories were prepared without them, with the value those directories were made with.
+LATER_FIELDS = {"dedup": False, "min_doc_chars": 0}
 log = logging.getLogger("lm.data")
 
 
@@ -148,6 +153,8 @@ def read_options(cfg: DataConfig) -> ReadOptions:
         task_bytes=cfg.task_bytes,
         max_doc_chars=cfg.max_doc_chars,
         hf_streaming=cfg.hf_streaming,
+        dedup=cfg.dedup,
+        min_doc_chars=cfg.min_doc_chars,
     )
 
 
@@ -172,6 +179,9 @@ class Stats:
     examples: list[str] = field(default_factory=list)
     invalid_utf8: int = 0
     split_docs: int = 0
+    short_docs: int = 0  # dropped: shorter than min_doc_chars
+    duplicate_docs: int = 0  # dropped by dedup
+    duplicate_tokens: int = 0
 
     def add(self, r: Result) -> None:
         for split, n in r.docs.items():
@@ -180,6 +190,7 @@ class Stats:
         self.examples = (self.examples + r.examples)[:5]
         self.invalid_utf8 += r.invalid_utf8
         self.split_docs += r.split_docs
+        self.short_docs += r.short_docs
 
 
 @contextlib.contextmanager
@@ -226,7 +237,7 @@ def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) 
         return False
     # Directories prepared before max_doc_chars existed are kept: their long documents were tokenized whole,
     # which cost memory then, not correctness now.
-    stored = {"max_doc_chars": content["max_doc_chars"], **meta.get("config", {})}
+    stored = {"max_doc_chars": content["max_doc_chars"], **LATER_FIELDS, **meta.get("config", {})}
     if stored == content and not force:
         return True
     if not force:
@@ -319,6 +330,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
     state = state or {"tasks_done": 0, "writers": {}, "stats": {}}
     writers = {s: ShardWriter(partial, s, dtype, cfg.shard_tokens, w) for s, w in state["writers"].items()}
     stats = Stats(**state["stats"])
+    dedup = Deduper(partial, state.get("dedup_keys", 0)) if cfg.dedup else None
     planner = Planner(files, opts, cut)
     tasks, done = iter(planner), state["tasks_done"]
     skipped_bytes = sum(t.raw_bytes for t in itertools.islice(tasks, done))
@@ -339,6 +351,11 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
         for w in writers.values():
             files_open.callback(w.release)
         for result in tokenize_tasks(tasks, _workers(cfg), init):
+            if dedup is not None:
+                before = (dedup.documents, dedup.tokens)
+                result = dedup.filter(result)
+                stats.duplicate_docs += dedup.documents - before[0]
+                stats.duplicate_tokens += dedup.tokens - before[1]
             for split, tokens in result.tokens.items():
                 if split not in writers:
                     writers[split] = ShardWriter(partial, split, dtype, cfg.shard_tokens)
@@ -353,6 +370,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
                     "tasks_done": done,
                     "stats": asdict(stats),
                     "writers": {s: w.state() for s, w in writers.items()},
+                    **({"dedup_keys": dedup.n_keys} if dedup is not None else {}),
                 },
             )
             bar.update(result.bytes)
@@ -380,10 +398,16 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
             "invalid_utf8_sequences": stats.invalid_utf8,
         },
         "split_documents": stats.split_docs,  # longer than max_doc_chars: tokenized in pieces
+        "dropped": {
+            "short_documents": stats.short_docs,
+            "duplicate_documents": stats.duplicate_docs,
+            "duplicate_tokens": stats.duplicate_tokens,
+        },
         "seconds": round(time.time() - t0, 2),
     }
     write_json(partial / META, meta)  # last: from here on the directory is complete
     (partial / PROGRESS).unlink()
+    (partial / KEYS_FILE).unlink(missing_ok=True)
     _summary(meta)
 
 
@@ -421,6 +445,17 @@ def _summary(meta: dict) -> None:
         say(
             f"tokenized {meta['split_documents']} documents longer than max_doc_chars="
             f"{meta['config']['max_doc_chars']:,} characters in pieces cut before whitespace"
+        )
+    dropped = meta.get("dropped", {})
+    if dropped.get("short_documents"):
+        say(
+            f"dropped {dropped['short_documents']:,} documents shorter than min_doc_chars="
+            f"{meta['config']['min_doc_chars']} characters"
+        )
+    if meta["config"].get("dedup"):
+        say(
+            f"dropped {dropped['duplicate_documents']:,} exact duplicate documents "
+            f"({dropped['duplicate_tokens']:,} tokens)"
         )
     if sk["invalid_utf8_sequences"]:
         say(f"replaced {sk['invalid_utf8_sequences']} invalid UTF-8 sequences with U+FFFD")

@@ -40,6 +40,8 @@ class ReadOptions:
     task_bytes: int = 1 << 20
     max_doc_chars: int = 1 << 20  # longer documents are tokenized in pieces (lm/data/documents.py split_long)
     hf_streaming: bool = True
+    dedup: bool = False  # drop exact duplicate documents (lm/data/dedup.py)
+    min_doc_chars: int = 0  # drop documents shorter than this (characters, without surrounding whitespace)
 
     @property
     def separator(self) -> str | None:
@@ -72,6 +74,7 @@ class SourcePiece:
     start_byte: int = 0  # offset of the payload in the (decompressed) file
     split: str | None = None  # fixed split, or None: each document's hash decides
     ends_doc: bool = True  # the payload's last document ends here (false before a forced cut)
+    starts_doc: bool = True  # the payload's first document starts here (false after a forced cut)
     raw_bytes: int = 0  # bytes of the source file this task accounts for (progress)
 
 
@@ -179,17 +182,16 @@ class Planner:
         cut = self.forced_cut[1] if self.forced_cut and self.forced_cut[0] == index else None
         after = self.forced_cut is not None and index > self.forced_cut[0]
         file_mode = self.opts.doc_split == "file" and src.format == "text"
-        line, seen, n = 1, 0, 0
+        line, seen, n, starts = 1, 0, 0, True
         with reading(src), open_stream(src, raw) as stream:
             for offset, block, forced, last in cut_blocks(
                 stream, _boundary(self.opts, src.format), self.opts.task_bytes, file_mode, cut
             ):
                 n += len(block)
                 ends = last if file_mode else (last or not forced)
-                yield SourcePiece(
-                    src.path, src.format, block, line, offset, self._split_of(src, after), ends, raw.count - seen
-                )
-                seen, line, after = raw.count, line + block.count(b"\n"), after or forced
+                split = self._split_of(src, after)
+                yield SourcePiece(src.path, src.format, block, line, offset, split, ends, starts, raw.count - seen)
+                seen, line, after, starts = raw.count, line + block.count(b"\n"), after or forced, ends
         record.update(bytes=os.path.getsize(src.path), sha256=raw.sha256.hexdigest())
         if n == 0:
             self.empty_files.append(src.path)

@@ -29,6 +29,10 @@ class Result:
     examples: list[str] = field(default_factory=list)
     invalid_utf8: int = 0
     split_docs: int = 0  # documents tokenized in pieces (longer than max_doc_chars)
+    short_docs: int = 0  # dropped: shorter than min_doc_chars
+    # With dedup: per split, each document's token count (pieces and EOS together) and doc_key (0 = none),
+    # in order, so that lm/data/dedup.py can drop the documents seen in earlier tasks.
+    units: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
 
 _W: dict = {}
@@ -45,23 +49,58 @@ def _work(task: SourcePiece) -> Result:
     docs = read_task(task, _W["opts"])
     parts: dict[str, list[np.ndarray]] = {}
     counts: dict[str, int] = {}
+    units = _Units() if _W["opts"].dedup else None
     eos, dtype = _W["eos"], _W["dtype"]
     for lo, hi in _groups(docs.texts, _W["opts"].max_doc_chars):
         # Encoded a group at a time and packed into arrays at once: the tokenizer's per-token objects
         # and Python int lists of a whole task would otherwise all be alive together.
         ids = _W["tok"].encode_batch(docs.texts[lo:hi])
         group: dict[str, list] = {}
-        for doc_ids, ends, split in zip(ids, docs.ends[lo:hi], docs.splits[lo:hi]):  # one pass over the splits
+        for i, doc_ids in enumerate(ids, lo):  # one pass over the splits
+            split = docs.splits[i]
             group.setdefault(split, []).append(doc_ids)
             counts.setdefault(split, 0)
-            if ends:
+            if docs.ends[i]:
                 group[split].append(eos)
                 counts[split] += 1
+            if units is not None:
+                units.add(split, len(doc_ids) + len(eos) * docs.ends[i], docs.keys[i], docs.ends[i])
         for split, p in group.items():
             parts.setdefault(split, []).append(np.fromiter(itertools.chain.from_iterable(p), dtype=dtype))
         del ids, group
     tokens = {s: np.concatenate(p) for s, p in parts.items()}
-    return Result(tokens, counts, docs.bytes, docs.bad_records, docs.examples, docs.invalid_utf8, docs.split_docs)
+    return Result(
+        tokens,
+        counts,
+        docs.bytes,
+        docs.bad_records,
+        docs.examples,
+        docs.invalid_utf8,
+        docs.split_docs,
+        docs.short_docs,
+        units.arrays() if units is not None else {},
+    )
+
+
+class _Units:
+    """Per split, documents as (token count, key): a document's pieces are summed until the one that ends it."""
+
+    def __init__(self):
+        self.lengths: dict[str, list[int]] = {}
+        self.keys: dict[str, list[int]] = {}
+        self.open: dict[str, bool] = {}  # the split's last document has more pieces to come
+
+    def add(self, split: str, n: int, key: int, ends: bool) -> None:
+        lengths, keys = self.lengths.setdefault(split, []), self.keys.setdefault(split, [])
+        if self.open.get(split):
+            lengths[-1] += n
+        else:
+            lengths.append(n)
+            keys.append(key)
+        self.open[split] = not ends
+
+    def arrays(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        return {s: (np.array(n, np.int64), np.array(self.keys[s], np.uint64)) for s, n in self.lengths.items()}
 
 
 def _groups(texts: list[str], max_chars: int) -> Iterator[tuple[int, int]]:
