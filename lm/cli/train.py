@@ -112,7 +112,9 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
 
         if run.resume and _finished_cell(run_dir, config_yaml, train_cfg.max_steps, dist):
             return None
-        task = PretrainTask(train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches)
+        task = PretrainTask(
+            train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches, train_cfg.batch_ramp_steps
+        )
         with Session(train_cfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
             model = session.build(lambda: build_model(model_cfg), run.seed, optim_cfg)
             latest = session.resume_or_start(run.resume, train_cfg.max_steps)  # a changed model, data, ... is refused
@@ -130,6 +132,12 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                     train_cfg.seq_len,
                     run_dir,
                 )
+                if train_cfg.batch_ramp_steps:
+                    log.info(
+                        "batch ramp: 1 to %d micro-batches per step over the first %d steps",
+                        train_cfg.grad_accum,
+                        train_cfg.batch_ramp_steps,
+                    )
             session.track(run.logger, config)
             speed = loop.Speed(
                 flops_per_token(model_cfg, train_cfg.seq_len), device_peak_flops(device, train_cfg.peak_flops)

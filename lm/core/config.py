@@ -44,6 +44,10 @@ class TrainConfig:
     micro_batch_size: int = 8  # sequences per rank per forward/backward
     grad_accum: int = 1  # micro-steps per optimizer step; with global_batch_size, use resolve_batch()
     global_batch_size: int | None = None  # sequences per optimizer step = micro_batch_size * grad_accum * world
+    # Batch-size ramp (Cramming, Geiping & Goldstein 2022; GPT-3): pretraining's micro-batches per step grow
+    # linearly from 1 to grad_accum over the first batch_ramp_steps steps (lm/core/pretrain_task.py); 0 = off.
+    # The ramp's steps see fewer tokens: match a token budget with max_steps.
+    batch_ramp_steps: int = 0
     seq_len: int = 128
     max_steps: int = 100
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
@@ -153,6 +157,8 @@ def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> 
     ):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
             bad(name, "must be a positive integer")
+    if not isinstance(cfg.batch_ramp_steps, int) or cfg.batch_ramp_steps < 0:
+        bad("batch_ramp_steps", "must be an integer >= 0 (0 = no ramp)")
     for name in ("eval_interval", "ckpt_interval"):
         if getattr(cfg, name) < 0:
             bad(name, "must be >= 0 (0 = only at the end of the run)")
@@ -252,9 +258,20 @@ def resolve_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:
     composed config is never written back); the message says which sizes divide."""
     from dataclasses import replace
 
-    if cfg.global_batch_size is None:
-        return cfg
+    if cfg.global_batch_size is not None:
+        cfg = replace(cfg, grad_accum=_global_grad_accum(cfg, world_size))
+    if cfg.batch_ramp_steps and cfg.grad_accum < 2:
+        raise ConfigError(
+            f"train.batch_ramp_steps={cfg.batch_ramp_steps} ramps micro-batches per step from 1 to "
+            f"train.grad_accum, which is {cfg.grad_accum}: set train.grad_accum (or train.global_batch_size) to "
+            f"the final batch, e.g. train.grad_accum=8, or train.batch_ramp_steps=0"
+        )
+    return cfg
+
+
+def _global_grad_accum(cfg: TrainConfig, world_size: int) -> int:
     per_step = cfg.micro_batch_size * world_size
+    assert cfg.global_batch_size is not None
     if cfg.global_batch_size % per_step:
         ok = [per_step * k for k in range(1, 5)]
         raise ConfigError(
@@ -268,4 +285,4 @@ def resolve_batch(cfg: TrainConfig, world_size: int) -> TrainConfig:
             f"train.grad_accum={cfg.grad_accum} contradicts train.global_batch_size={cfg.global_batch_size} "
             f"(which gives {grad_accum} at world size {world_size}); set only one of them"
         )
-    return replace(cfg, grad_accum=grad_accum)
+    return grad_accum

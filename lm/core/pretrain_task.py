@@ -1,6 +1,7 @@
 """Pretraining as a `lm.core.task.TrainTask`: packed token windows in, token-mean val loss out.
 
-Each optimizer step takes grad_accum micro-batches of the train loader; evaluation is the token-mean
+Each optimizer step takes grad_accum micro-batches of the train loader (during a batch ramp fewer: 1 at
+the first step, growing linearly to grad_accum at step batch_ramp_steps); evaluation is the token-mean
 loss over at most eval_batches micro-batches of the val loader (lm.core.loop.evaluate). There is
 no "best": pretraining keeps its latest checkpoints.
 """
@@ -8,6 +9,7 @@ no "best": pretraining keeps its latest checkpoints.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 
 import torch
@@ -20,11 +22,22 @@ from lm.core.tracking import perplexity
 log = logging.getLogger("lm")
 
 
-class LoaderSteps:
-    """grad_accum micro-batches of a resumable loader per step; its state is the loader's own."""
+RAMP_STEP = "ramp_step"  # the task state's count of steps taken, while a batch ramp runs
 
-    def __init__(self, loader, grad_accum: int):
-        self.loader, self.grad_accum = loader, grad_accum
+
+def ramp_accum(step: int, grad_accum: int, ramp_steps: int) -> int:
+    """Micro-batches at 0-based `step` of a linear ramp from 1 to grad_accum over ramp_steps steps."""
+    if step >= ramp_steps:
+        return grad_accum
+    return max(1, math.ceil(grad_accum * (step + 1) / ramp_steps))
+
+
+class LoaderSteps:
+    """grad_accum micro-batches of a resumable loader per step (fewer during a batch ramp); its state is the
+    loader's own, plus the steps taken while a ramp is set."""
+
+    def __init__(self, loader, grad_accum: int, ramp_steps: int = 0):
+        self.loader, self.grad_accum, self.ramp_steps, self.step = loader, grad_accum, ramp_steps, 0
         # every label a target, the same shapes on every rank: the loop knows the global label count
         # without an all-reduce (lm/core/loop.py train_step)
         self.dense_labels = bool(getattr(loader, "dense_labels", False))
@@ -36,17 +49,22 @@ class LoaderSteps:
     def __next__(self) -> list[dict[str, torch.Tensor]]:
         if self._it is None:  # created on first use: after load_state_dict, from the restored position
             self._it = iter(self.loader)
-        return [next(self._it) for _ in range(self.grad_accum)]
+        n = ramp_accum(self.step, self.grad_accum, self.ramp_steps) if self.ramp_steps else self.grad_accum
+        micro = [next(self._it) for _ in range(n)]
+        self.step += 1
+        return micro
 
     @property
     def samples_per_step(self):
-        """The global batch G = micro-batch x grad_accum x world size (None: a loader without those sizes)."""
+        """The global batch G = micro-batch x grad_accum x world size (None: a loader without those sizes);
+        after the ramp, if there is one."""
         b, w = getattr(self.loader, "micro_batch_size", None), getattr(self.loader, "world_size", None)
         return None if b is None or w is None else b * w * self.grad_accum
 
     def state_dict(self) -> dict:
         state = self.loader.state_dict()
-        return state if self.samples_per_step is None else {**state, SAMPLES_PER_STEP: self.samples_per_step}
+        state = state if self.samples_per_step is None else {**state, SAMPLES_PER_STEP: self.samples_per_step}
+        return {**state, RAMP_STEP: self.step} if self.ramp_steps else state
 
     def load_state_dict(self, state: dict) -> None:
         """The loader continues at the saved global position; another global batch would put other samples
@@ -59,15 +77,21 @@ class LoaderSteps:
                 f"{self.samples_per_step}: set train.grad_accum={kept} (or leave train.grad_accum "
                 f"and train.global_batch_size as the run had them)"
             )
-        self.loader.load_state_dict(state)
+        if self.ramp_steps and RAMP_STEP not in state:
+            raise ConfigError(
+                f"train.batch_ramp_steps={self.ramp_steps} on a run that was started without a ramp: resume "
+                f"it with train.batch_ramp_steps=0, or start a new run_dir"
+            )
+        self.step = state.get(RAMP_STEP, 0)
+        self.loader.load_state_dict({k: v for k, v in state.items() if k != RAMP_STEP})
         self._it = None
 
 
 class PretrainTask:
     best_metric = None
 
-    def __init__(self, train_loader, val_loader: Iterable, grad_accum: int, eval_batches: int):
-        self.batches = LoaderSteps(train_loader, grad_accum)
+    def __init__(self, train_loader, val_loader: Iterable, grad_accum: int, eval_batches: int, ramp_steps: int = 0):
+        self.batches = LoaderSteps(train_loader, grad_accum, ramp_steps)
         self.val_loader, self.eval_batches = val_loader, eval_batches
 
     def loss(self, model, batch: dict[str, torch.Tensor], metrics=None) -> torch.Tensor:

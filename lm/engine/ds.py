@@ -42,6 +42,11 @@ def _prepare_deepspeed(shm_comm: bool) -> None:
 
 def ds_config(train, world_size: int, options: dict) -> dict:
     """DeepSpeed's JSON: what train.* decides, plus `options` (engine.config), which may not repeat it."""
+    if getattr(train, "batch_ramp_steps", 0):
+        raise EngineError(
+            f"train.batch_ramp_steps={train.batch_ramp_steps}: DeepSpeed fixes gradient_accumulation_steps for "
+            f"the whole run, so it cannot ramp the batch; use engine=ddp or engine=fsdp2, or train.batch_ramp_steps=0"
+        )
     from_train = {
         "train_batch_size": train.micro_batch_size * train.grad_accum * world_size,
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
