@@ -31,11 +31,10 @@ class Deduper:
             f.truncate(8 * n_keys)
         self.seen = set(keys.tolist())
         self.n_keys = n_keys
-        self.documents = 0  # dropped so far (by this process; the progress record keeps the total)
-        self.tokens = 0
 
     def filter(self, result: Result) -> Result:
-        """`result` without the documents seen before (in earlier tasks or earlier in this one)."""
+        """`result` without the documents seen before (in earlier tasks or earlier in this one), counting them in
+        its duplicate_docs and duplicate_tokens."""
         new: list[int] = []
         for split, (lengths, keys) in result.units.items():
             keep = np.ones(len(keys), bool)
@@ -52,8 +51,8 @@ class Deduper:
             dropped = int((~keep).sum())
             result.tokens[split] = result.tokens[split][np.repeat(keep, lengths)]
             result.docs[split] -= dropped  # a keyed document always ends in its task
-            self.documents += dropped
-            self.tokens += int(lengths[~keep].sum())
+            result.duplicate_docs += dropped
+            result.duplicate_tokens += int(lengths[~keep].sum())
         with open(self.path, "ab") as f:
             f.write(np.array(new, np.uint64).tobytes())
         self.n_keys += len(new)

@@ -191,6 +191,8 @@ class Stats:
         self.invalid_utf8 += r.invalid_utf8
         self.split_docs += r.split_docs
         self.short_docs += r.short_docs
+        self.duplicate_docs += r.duplicate_docs
+        self.duplicate_tokens += r.duplicate_tokens
 
 
 @contextlib.contextmanager
@@ -352,10 +354,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
             files_open.callback(w.release)
         for result in tokenize_tasks(tasks, _workers(cfg), init):
             if dedup is not None:
-                before = (dedup.documents, dedup.tokens)
                 result = dedup.filter(result)
-                stats.duplicate_docs += dedup.documents - before[0]
-                stats.duplicate_tokens += dedup.tokens - before[1]
             for split, tokens in result.tokens.items():
                 if split not in writers:
                     writers[split] = ShardWriter(partial, split, dtype, cfg.shard_tokens)

@@ -30,6 +30,8 @@ class Result:
     invalid_utf8: int = 0
     split_docs: int = 0  # documents tokenized in pieces (longer than max_doc_chars)
     short_docs: int = 0  # dropped: shorter than min_doc_chars
+    duplicate_docs: int = 0  # dropped by lm/data/dedup.py (set in the parent, after the worker)
+    duplicate_tokens: int = 0
     # With dedup: per split, each document's token count (pieces and EOS together) and doc_key (0 = none),
     # in order, so that lm/data/dedup.py can drop the documents seen in earlier tasks.
     units: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -78,7 +80,7 @@ def _work(task: SourcePiece) -> Result:
         docs.invalid_utf8,
         docs.split_docs,
         docs.short_docs,
-        units.arrays() if units is not None else {},
+        units=units.arrays() if units is not None else {},
     )
 
 
