@@ -64,6 +64,9 @@ class GlueTaskConfig:
     batch_size: int = 32  # examples per optimizer step
     max_len: int = 128  # tokens per example after truncation, special tokens included
     dropout: float = 0.1  # before the classification layer
+    # a pair task: encode (a, b) and (b, a), pool each and add the two before the head (Radford et al. 2018,
+    # GPT-1's similarity tasks): a causal decoder's tokens of the first sentence never see the second
+    both_orders: bool = False
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
     max_train_examples: int | None = None  # first N training examples only (smoke runs on CPU)
     data_root: str | None = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
@@ -230,6 +233,11 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
             raise ConfigError(f"{where}.{name}={getattr(cfg, name)!r} must be a positive integer")
     if cfg.max_len < 4:
         raise ConfigError(f"{where}.max_len={cfg.max_len} leaves no room for text after 3 special tokens; use >= 4")
+    if cfg.both_orders and TASKS[cfg.name].text_b is None:
+        raise ConfigError(
+            f"{where}.both_orders=true swaps a sentence pair, but {cfg.name} has one sentence per example; "
+            f"drop it (it is for pair tasks: {', '.join(n for n, t in TASKS.items() if t.text_b)})"
+        )
     _validate_task_numbers(cfg, where)
     if not cfg.seeds:
         raise ConfigError(f"{where}.seeds is empty; give at least one seed, e.g. {where}.seeds=[0]")

@@ -216,9 +216,15 @@ def _mismatch(source: str, e: RuntimeError) -> str:
 
 
 def build_classifier(
-    backbone: Backbone, n_labels: int, dropout: float, pooling: str | None = None, bidirectional: bool = False
+    backbone: Backbone,
+    n_labels: int,
+    dropout: float,
+    pooling: str | None = None,
+    bidirectional: bool = False,
+    both_orders: bool = False,
 ):
-    """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head.
+    """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head; both_orders
+    adds the pooled vectors of a pair in both orders (GlueTaskConfig.both_orders).
 
     `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
     backbone: its forward direction is the checkpoint's, the backward direction starts from scratch and
@@ -248,7 +254,7 @@ def build_classifier(
     widen = recurrent is not None and bidirectional and not recurrent.bidirectional
     if recurrent is not None and widen:
         cfg = replace(cfg, family=replace(recurrent, bidirectional=True))
-    model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout)
+    model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout, both_orders)
     if backbone.state_dict is not None:
         # the pretraining-only parts are dropped: the LM head (ELECTRA: the discriminator's head) and
         # ELECTRA's generator

@@ -226,7 +226,12 @@ def _run_one(
         # the head's init (and a scratch backbone's) from the seed on every rank; dropout then differs per rank
         model = session.build(
             lambda: build_classifier(
-                backbone, get_task(t.name).n_labels, t.dropout, job.pooling and job.pooling.value, job.bidirectional
+                backbone,
+                get_task(t.name).n_labels,
+                t.dropout,
+                job.pooling and job.pooling.value,
+                job.bidirectional,
+                t.both_orders,
             ),
             seed,
             optim,

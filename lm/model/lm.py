@@ -181,12 +181,23 @@ class SequenceClassifier(nn.Module):
     Pooling: encoders use the first ([CLS]) position through a dense+tanh pooler as BERT does;
     decoders and encoder-decoders use the last real token, the only one that has seen everything;
     a model/family option's model its own way (`pooled`).
+    both_orders: each batch holds every pair twice, rows B..2B-1 being rows 0..B-1 with the sentences
+    swapped (lm.glue.encode.collate); the two pooled vectors are added before the head (Radford et al.
+    2018, GPT-1's similarity tasks).
     The backbone's LM head is dropped: it is unused here, and unused parameters break DDP.
     """
 
-    def __init__(self, backbone: _LanguageModel, n_labels: int, pooling: str | None = None, dropout: float = 0.1):
+    def __init__(
+        self,
+        backbone: _LanguageModel,
+        n_labels: int,
+        pooling: str | None = None,
+        dropout: float = 0.1,
+        both_orders: bool = False,
+    ):
         super().__init__()
         self.backbone = backbone
+        self.both_orders = both_orders
         backbone.head = None
         self.cfg = backbone.cfg
         self.n_labels = n_labels
@@ -198,7 +209,9 @@ class SequenceClassifier(nn.Module):
 
     @aux.collected
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> LMOutput:
-        h = self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling)  # (B, D)
+        h = self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling)  # (B|2B, D)
+        if self.both_orders:
+            h = h.view(2, -1, h.shape[-1]).sum(0)  # (2B, D) -> (2, B, D) -> (B, D): given + swapped
         logits = self.classifier(self.drop(self.pooler(h)))  # (B, n_labels)
         if labels is None:
             return LMOutput(logits=logits)
