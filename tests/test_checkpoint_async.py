@@ -92,7 +92,9 @@ def install(hooks):
 
 def on_save(phase):
     """The first checkpoint's write stays parked (with its files written, nothing sealed) until the loop has
-    begun two more steps; a synchronous save would park the loop itself (the wait times out)."""
+    begun two more steps since that save began; a synchronous save would park the loop itself (the wait times
+    out). The steps count from the save's begin, not from the park: a writer thread that reaches its files only
+    after the loop has run on to the next save (which waits for this write) would otherwise never be released."""
     if phase == "begin":
         saves[0] += 1
     elif phase == "files" and saves[0] == 1:
@@ -102,7 +104,7 @@ def on_save(phase):
 
 
 def on_step(step):
-    if parked.is_set() and not released.is_set():
+    if saves[0] == 1 and not released.is_set():
         during.append(step)
         if len(during) == 2:
             released.set()
