@@ -309,6 +309,10 @@ def _policy(
         else "its update may have reached the weights"
     )
     if cfg.on_nonfinite == "stop" or state.nonfinite > cfg.max_nonfinite:
+        try:
+            checkpointer.wait()  # an asynchronous write in flight: the message names it once `latest` does
+        except Exception as e:  # that write failed: no new checkpoint to name; the divergence stays the error
+            log.error("the checkpoint write in flight failed: %s", e)
         latest = checkpointer.latest() if engine.is_main else None
         seen = (
             f" (seen at the sync point after step {state.step}; the steps between trained on, skipping "
