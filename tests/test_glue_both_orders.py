@@ -2,8 +2,6 @@
 and (b, a), batched as 2B rows, and the classifier adds the two pooled vectors, so its prediction does
 not depend on which sentence comes first; a single-sentence task refuses the option."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -13,20 +11,7 @@ from lm.glue.config import GlueTaskConfig, validate_glue_task
 from lm.glue.readers import Example
 from lm.model import SequenceClassifier, build_model
 from lm.model.config import ModelConfig
-
-FIXTURES = Path(__file__).parent / "fixtures" / "glue"
-
-
-class WordTokenizer:
-    """One id per whitespace word; special ids as in lm.data.tokenizer."""
-
-    pad_id, bos_id, eos_id, mask_id, sep_id, cls_id = 0, 1, 2, 3, 4, 5
-
-    def __init__(self):
-        self.vocab = {}
-
-    def encode(self, text):
-        return [self.vocab.setdefault(w, 10 + len(self.vocab)) for w in text.split()]
+from tests.test_glue_encode import FIXTURES, WordTokenizer
 
 
 def test_a_pair_is_encoded_in_both_orders_and_a_single_sentence_once():
