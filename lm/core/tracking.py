@@ -14,6 +14,7 @@ import netrc
 import os
 import resource
 import secrets
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -62,7 +63,18 @@ def memory_gib(device: torch.device) -> float:
     """Peak memory of this process: CUDA max allocated on GPU, peak resident set size on CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux reports KiB
+    return peak_rss_bytes() / 2**30
+
+
+def peak_rss_bytes() -> int:
+    """This program's peak resident set size. Linux's VmHWM belongs to the program now running, while
+    ru_maxrss also counts the parent's pages a fork copied before exec (a 1 GB parent gives a 1 GB floor)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        scale = 1 if sys.platform == "darwin" else 1024  # macOS reports bytes, Linux KiB
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
 
 
 def wandb_key_configured() -> bool:
