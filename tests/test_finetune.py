@@ -430,28 +430,31 @@ def test_a_decoder_finetunes_with_position_weighted_mean_pooling(tmp_path, easy_
     assert dev_acc(run_dir) > 80.0
 
 
-def easy_pair_glue(root):
+def easy_pair_glue(root, similarity: bool = False):
     """glue_data/STS-B of an easy symmetric pair task: each sentence holds one sentiment word, the score
-    is 2.5 x the number of positive ones (0, 2.5 or 5), whichever sentence comes first."""
+    is 2.5 x the number of positive ones (0, 2.5 or 5), whichever sentence comes first; with similarity,
+    5 when the two words agree and 0 when not (what a siamese model's cosine can express)."""
     rng = random.Random(2)
     header = ["index", "sentence1", "sentence2", "score"]
     for split, n in (("train", 400), ("dev", 100)):
         labels = [(i % 2, (i // 2) % 2) for i in range(n)]
-        rows = [[i, sentence(rng, a), sentence(rng, b), 2.5 * (a + b)] for i, (a, b) in enumerate(labels)]
+        score = (lambda a, b: 5.0 * (a == b)) if similarity else (lambda a, b: 2.5 * (a + b))
+        rows = [[i, sentence(rng, a), sentence(rng, b), score(a, b)] for i, (a, b) in enumerate(labels)]
         write_tsv(root / "STS-B" / f"{split}.tsv", header, rows)
     test = [[i, sentence(rng, i % 2), sentence(rng, 1)] for i in range(20)]
     write_tsv(root / "STS-B" / "test.tsv", ["index", "sentence1", "sentence2"], test)
     return root
 
 
-def test_a_pair_task_finetunes_with_both_orders(tmp_path, pretrained):
-    """tasks.stsb.both_orders=true (GPT-1's similarity input) from the lm train checkpoint learns the easy
-    pair task, and its config and the submission file record the run."""
-    root, run_dir = easy_pair_glue(tmp_path / "glue_data"), tmp_path / "both"
-    fields = {"epochs": 6, "lr": 3e-3, "batch_size": 16, "max_len": 40, "seeds": [0], "both_orders": True}
+@pytest.mark.parametrize("pair_input", ["both_orders", "siamese"])
+def test_a_pair_task_finetunes_with_each_pair_input(tmp_path, pretrained, pair_input):
+    """tasks.stsb.pair_input=both_orders (GPT-1's similarity input) and =siamese (Sentence-BERT's cosine)
+    from the lm train checkpoint learn an easy pair task, and the config and submission file record the run."""
+    root, run_dir = easy_pair_glue(tmp_path / "glue_data", similarity=pair_input == "siamese"), tmp_path / "pair"
+    fields = {"epochs": 6, "lr": 3e-3, "batch_size": 16, "max_len": 40, "seeds": [0], "pair_input": pair_input}
     task = ["task=glue/stsb", f"glue.data_root={root}", *(f"tasks.stsb.{k}={v}" for k, v in fields.items())]
-    finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", *task]))
-    assert "both_orders: true" in (run_dir / "config.yaml").read_text()
+    finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "pooling=mean", *task]))
+    assert f"pair_input: {pair_input}" in (run_dir / "config.yaml").read_text()
     score = json.loads((run_dir / "results.json").read_text())["columns"]["stsb"]["seeds"]["0"]["pearson"]
     assert score > 90.0, f"dev Pearson {score} on a task a bag of words solves"
     assert check_submission(run_dir / "submission", names=["stsb"], expected_rows={"stsb": 20}) == []

@@ -44,6 +44,18 @@ class Pooling(Choice):
     weighted_mean = "weighted_mean"  # real token i weighted by i (SGPT, Muennighoff 2022): for causal decoders
 
 
+class PairInput(Choice):
+    """How a pair task's two sentences reach the classifier (lm/glue/encode.py, lm.model.SequenceClassifier)."""
+
+    joint = "joint"  # one sequence, a [SEP] b (BERT, GPT)
+    # (a, b) and (b, a), pooled and added (Radford et al. 2018, GPT-1's similarity tasks): a causal
+    # decoder's tokens of the first sentence never see the second
+    both_orders = "both_orders"
+    # a and b read apart by the same backbone (Sentence-BERT, Reimers & Gurevych 2019): classes from
+    # [u; v; |u - v|], a score from cos(u, v); a similarity the small pretrained model already encodes
+    siamese = "siamese"
+
+
 @dataclass
 class GlueTaskConfig:
     """One GLUE task's finetuning hyperparameters (conf/task/glue/<name>.yaml, under tasks.<name>).
@@ -64,9 +76,7 @@ class GlueTaskConfig:
     batch_size: int = 32  # examples per optimizer step
     max_len: int = 128  # tokens per example after truncation, special tokens included
     dropout: float = 0.1  # before the classification layer
-    # a pair task: encode (a, b) and (b, a), pool each and add the two before the head (Radford et al. 2018,
-    # GPT-1's similarity tasks): a causal decoder's tokens of the first sentence never see the second
-    both_orders: bool = False
+    pair_input: PairInput = PairInput.joint  # a pair task's input: joint | both_orders | siamese
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
     max_train_examples: int | None = None  # first N training examples only (smoke runs on CPU)
     data_root: str | None = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
@@ -233,10 +243,11 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
             raise ConfigError(f"{where}.{name}={getattr(cfg, name)!r} must be a positive integer")
     if cfg.max_len < 4:
         raise ConfigError(f"{where}.max_len={cfg.max_len} leaves no room for text after 3 special tokens; use >= 4")
-    if cfg.both_orders and TASKS[cfg.name].text_b is None:
+    if cfg.pair_input != PairInput.joint and TASKS[cfg.name].text_b is None:
+        pair_tasks = ", ".join(n for n, t in TASKS.items() if t.text_b)
         raise ConfigError(
-            f"{where}.both_orders=true swaps a sentence pair, but {cfg.name} has one sentence per example; "
-            f"drop it (it is for pair tasks: {', '.join(n for n, t in TASKS.items() if t.text_b)})"
+            f"{where}.pair_input={PairInput(cfg.pair_input).value} reads a sentence pair, but {cfg.name} has one "
+            f"sentence per example; drop it (it is for pair tasks: {pair_tasks})"
         )
     _validate_task_numbers(cfg, where)
     if not cfg.seeds:

@@ -10,9 +10,11 @@ Encoders pool the first position ([CLS]); decoders and encoder-decoders pool the
 (lm.model.SequenceClassifier), so [EOS] closes the input: it is the one position that has
 attended to all of a and b, and it is the same token in every example.
 
-With both_orders (a pair task's GlueTaskConfig.both_orders), an example also holds "swapped": the same
-layout of (b, a). collate then stacks the swapped rows under the given ones, and the classifier adds
-the two pooled vectors (Radford et al. 2018, GPT-1's similarity tasks).
+A pair task's GlueTaskConfig.pair_input other than "joint" reads each pair twice, and an example holds
+its "second" reading: with "both_orders" the example is (a, b) and "second" the same layout of (b, a);
+with "siamese" the example is a alone and "second" b alone, each in the single-sentence layout. collate
+stacks the second rows under the first ones, and the classifier combines the two pooled vectors
+(lm.model.SequenceClassifier: GPT-1's sum, Sentence-BERT's [u; v; |u - v|] or cosine).
 
 Truncation is longest-first (BERT's run_classifier, Devlin et al. 2019): while a and b together
 exceed max_len minus the special tokens, drop the last token of the longer one (of b on a tie).
@@ -75,18 +77,22 @@ def build_inputs(tokenizer, a: Sequence[int], b: Sequence[int] | None, max_len: 
     return {"input_ids": ids, "attention_mask": [1] * len(ids), "token_type_ids": types}
 
 
-def encode_examples(tokenizer, examples, max_len: int, arch: str, both_orders: bool = False) -> list[Features]:
+def encode_examples(tokenizer, examples, max_len: int, arch: str, pair_input: str = "joint") -> list[Features]:
     """encode_pair over readers.Example rows (batched through tokenizer.encode_batch when it has one),
-    with "labels" when the example has a label, and "swapped" (b before a) for a pair with both_orders."""
+    with "labels" when the example has a label, and a pair's "second" reading unless pair_input is "joint"."""
     encode_batch = getattr(tokenizer, "encode_batch", None) or (lambda texts: [tokenizer.encode(t) for t in texts])
     a_ids = encode_batch([e.text_a for e in examples])
     pairs = [i for i, e in enumerate(examples) if e.text_b is not None]
     b_ids = dict(zip(pairs, encode_batch([examples[i].text_b for i in pairs])))
     out = []
     for i, e in enumerate(examples):
-        f = build_inputs(tokenizer, a_ids[i], b_ids.get(i), max_len, arch)
-        if both_orders and i in b_ids:
-            f["swapped"] = build_inputs(tokenizer, b_ids[i], a_ids[i], max_len, arch)
+        if i in b_ids and pair_input == "siamese":
+            f = build_inputs(tokenizer, a_ids[i], None, max_len, arch)
+            f["second"] = build_inputs(tokenizer, b_ids[i], None, max_len, arch)
+        else:
+            f = build_inputs(tokenizer, a_ids[i], b_ids.get(i), max_len, arch)
+            if i in b_ids and pair_input == "both_orders":
+                f["second"] = build_inputs(tokenizer, b_ids[i], a_ids[i], max_len, arch)
         if e.label is not None:
             f["labels"] = e.label
         out.append(f)
@@ -95,19 +101,19 @@ def encode_examples(tokenizer, examples, max_len: int, arch: str, both_orders: b
 
 def collate(features: Sequence[Features], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pad a list of encoded examples into (B, T) long tensors; attention_mask and token_type_ids
-    are 0 on pads. "labels" (B,) is long for class ids and float for STS-B scores. Examples with
-    "swapped" give (2B, T): rows 0..B-1 the given order, rows B..2B-1 the same examples swapped."""
+    are 0 on pads. "labels" (B,) is long for class ids and float for STS-B scores. Examples with a
+    "second" reading give (2B, T): rows 0..B-1 the first readings, rows B..2B-1 the second ones."""
     import torch
 
     if not features:
         raise ValueError("collate got an empty batch")
-    swapped = ["swapped" in f for f in features]
-    if any(swapped):
-        if not all(swapped):
-            raise ValueError("collate: some examples have both orders and some do not; encode a task one way")
+    twice = ["second" in f for f in features]
+    if any(twice):
+        if not all(twice):
+            raise ValueError("collate: some examples are read twice and some once; encode a task one way")
         label_of = [{"labels": f["labels"]} if "labels" in f else {} for f in features]
-        rows = [{k: v for k, v in f.items() if k != "swapped"} for f in features]
-        rows += [{**f["swapped"], **y} for f, y in zip(features, label_of)]  # padded to one length with the given
+        rows = [{k: v for k, v in f.items() if k != "second"} for f in features]
+        rows += [{**f["second"], **y} for f, y in zip(features, label_of)]  # padded to one length with the first
         batch = collate(rows, pad_id)
         if "labels" in batch:
             batch["labels"] = batch["labels"][: len(features)]  # (B,): one label per pair

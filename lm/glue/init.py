@@ -221,10 +221,11 @@ def build_classifier(
     dropout: float,
     pooling: str | None = None,
     bidirectional: bool = False,
-    both_orders: bool = False,
+    pair_input: str = "joint",
+    score_range: tuple[float, float] | None = None,
 ):
-    """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head; both_orders
-    adds the pooled vectors of a pair in both orders (GlueTaskConfig.both_orders).
+    """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head that reads a
+    pair as pair_input says (GlueTaskConfig.pair_input); score_range is a regression task's label range.
 
     `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
     backbone: its forward direction is the checkpoint's, the backward direction starts from scratch and
@@ -254,7 +255,7 @@ def build_classifier(
     widen = recurrent is not None and bidirectional and not recurrent.bidirectional
     if recurrent is not None and widen:
         cfg = replace(cfg, family=replace(recurrent, bidirectional=True))
-    model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout, both_orders)
+    model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout, pair_input, score_range or (0.0, 1.0))
     if backbone.state_dict is not None:
         # the pretraining-only parts are dropped: the LM head (ELECTRA: the discriminator's head) and
         # ELECTRA's generator

@@ -45,6 +45,7 @@ class GlueTaskSpec:
     headerless: tuple[str, ...] | None = None  # column names of labelled files that have no header (CoLA)
     hf_text: tuple[str, str | None] = ("sentence", None)  # field names in the Hugging Face dataset
     evals: tuple[str, ...] = ()  # leaderboard columns this task's model is scored on / predicts
+    score_range: tuple[float, float] | None = None  # a regression task's label range (STS-B: 0 to 5)
 
     @property
     def n_labels(self) -> int:
@@ -112,6 +113,7 @@ TASKS: dict[str, GlueTaskSpec] = {
             dict(_SPLITS),
             hf_text=("sentence1", "sentence2"),
             evals=("stsb",),
+            score_range=(0.0, 5.0),
         ),
         GlueTaskSpec(
             "qqp",

@@ -67,13 +67,13 @@ def load_task_data(
     train = load_split(task.name, "train", cfg.data_root, hf)
     if cfg.max_train_examples:
         train = train[: cfg.max_train_examples]
-    dev, test, missing, swap = {}, {}, [], cfg.both_orders
+    dev, test, missing, pair = {}, {}, [], str(cfg.pair_input)
     for col in task.evals:
         e = EVALS[col]
         if e.dev is not None:
             rows = load_split(e.task, e.dev, cfg.data_root, hf)
             labels = np.array([r.label for r in rows])
-            dev[col] = Split(encode(tokenizer, rows, max_len, arch, swap=swap), labels=labels)
+            dev[col] = Split(encode(tokenizer, rows, max_len, arch, pair_input=pair), labels=labels)
         if with_test:
             try:
                 rows = load_split(e.task, e.test, cfg.data_root, hf)
@@ -81,15 +81,15 @@ def load_task_data(
                 missing.append(f"{e.submission}: {err}")
                 continue
             test[col] = Split(
-                encode(tokenizer, rows, max_len, arch, labels=False, swap=swap), indices=[r.index for r in rows]
+                encode(tokenizer, rows, max_len, arch, labels=False, pair_input=pair), indices=[r.index for r in rows]
             )
     if not train:  # a local TSV with no rows is refused by read_tsv with its path; this is the HF copy
         raise GlueDataError(f"GLUE {task.dir}: the train split has no examples")
-    return TaskData(task, Split(encode(tokenizer, train, max_len, arch, swap=swap)), dev, test, missing)
+    return TaskData(task, Split(encode(tokenizer, train, max_len, arch, pair_input=pair)), dev, test, missing)
 
 
-def encode(tokenizer, rows, max_len: int, arch: str, labels: bool = True, swap: bool = False) -> list[Features]:
-    feats = encode_examples(tokenizer, rows, max_len, arch, both_orders=swap)
+def encode(tokenizer, rows, max_len: int, arch: str, labels: bool = True, pair_input: str = "joint") -> list[Features]:
+    feats = encode_examples(tokenizer, rows, max_len, arch, pair_input)
     if not labels:
         for f in feats:
             f.pop("labels", None)

@@ -181,9 +181,13 @@ class SequenceClassifier(nn.Module):
     Pooling: encoders use the first ([CLS]) position through a dense+tanh pooler as BERT does;
     decoders and encoder-decoders use the last real token, the only one that has seen everything;
     a model/family option's model its own way (`pooled`).
-    both_orders: each batch holds every pair twice, rows B..2B-1 being rows 0..B-1 with the sentences
-    swapped (lm.glue.encode.collate); the two pooled vectors are added before the head (Radford et al.
-    2018, GPT-1's similarity tasks).
+    pair_input (lm.glue.config.PairInput) "both_orders" and "siamese" read 2B rows for B labels: rows
+    B..2B-1 are the second reading of rows 0..B-1 (lm.glue.encode.collate).
+      both_orders: (a, b) then (b, a); the two pooled vectors are added before the head (Radford et al.
+        2018, GPT-1's similarity tasks).
+      siamese: a alone then b alone, pooled to u and v (Reimers & Gurevych 2019, Sentence-BERT): classes
+        from a linear layer on [u; v; |u - v|], a score from cos(u, v) through a scale and shift that start
+        out mapping [-1, 1] onto score_range, so the pretrained similarity is the first prediction.
     The backbone's LM head is dropped: it is unused here, and unused parameters break DDP.
     """
 
@@ -193,11 +197,12 @@ class SequenceClassifier(nn.Module):
         n_labels: int,
         pooling: str | None = None,
         dropout: float = 0.1,
-        both_orders: bool = False,
+        pair_input: str = "joint",
+        score_range: tuple[float, float] = (0.0, 1.0),
     ):
         super().__init__()
         self.backbone = backbone
-        self.both_orders = both_orders
+        self.pair_input = pair_input
         backbone.head = None
         self.cfg = backbone.cfg
         self.n_labels = n_labels
@@ -205,14 +210,22 @@ class SequenceClassifier(nn.Module):
         dim = backbone.cfg.dim
         self.pooler = nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) if self.pooling == "first" else nn.Identity()
         self.drop = nn.Dropout(dropout)
-        self.classifier = nn.Linear(dim, n_labels)
+        if pair_input == "siamese" and n_labels == 1:
+            lo, hi = score_range
+            self.classifier = nn.Linear(1, 1)  # score = scale * cos(u, v) + shift
+            nn.init.constant_(self.classifier.weight, (hi - lo) / 2)
+            nn.init.constant_(self.classifier.bias, (hi + lo) / 2)
+        else:
+            self.classifier = nn.Linear(3 * dim if pair_input == "siamese" else dim, n_labels)
 
     @aux.collected
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> LMOutput:
-        h = self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling)  # (B|2B, D)
-        if self.both_orders:
-            h = h.view(2, -1, h.shape[-1]).sum(0)  # (2B, D) -> (2, B, D) -> (B, D): given + swapped
-        logits = self.classifier(self.drop(self.pooler(h)))  # (B, n_labels)
+        h = self.pooler(self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling))  # (B|2B, D)
+        if self.pair_input == "joint":
+            logits = self.classifier(self.drop(h))  # (B, n_labels)
+        else:
+            first, second = h.view(2, -1, h.shape[-1])  # (2B, D) -> (2, B, D): each pair's two readings
+            logits = self._pair_logits(first, second)
         if labels is None:
             return LMOutput(logits=logits)
         if self.n_labels == 1:
@@ -220,3 +233,12 @@ class SequenceClassifier(nn.Module):
         else:
             loss = F.cross_entropy(logits.float(), labels.long())
         return LMOutput(loss=loss, logits=logits.detach())
+
+    def _pair_logits(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+        """(B, n_labels) from the pooled vectors of each pair's two readings, (B, D) each."""
+        if self.pair_input == "both_orders":
+            return self.classifier(self.drop(first + second))
+        u, v = first, second
+        if self.n_labels == 1:
+            return self.classifier(F.cosine_similarity(u.float(), v.float(), dim=-1)[:, None].to(u.dtype))
+        return self.classifier(self.drop(torch.cat([u, v, (u - v).abs()], dim=-1)))  # (B, 3D) -> (B, n_labels)

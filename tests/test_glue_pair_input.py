@@ -1,0 +1,133 @@
+"""A pair task's pair_input. "both_orders" (GPT-1's similarity input, Radford et al. 2018): each pair is
+encoded as (a, b) and (b, a), batched as 2B rows, and the classifier adds the two pooled vectors, so its
+prediction does not depend on which sentence comes first. "siamese" (Sentence-BERT, Reimers & Gurevych
+2019): a and b are encoded apart; classes come from [u; v; |u - v|], a score from cos(u, v). A
+single-sentence task refuses both."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lm.config import ConfigError
+from lm.glue import collate, encode_examples, encode_pair, load_split
+from lm.glue.config import GlueTaskConfig, validate_glue_task
+from lm.glue.readers import Example
+from lm.model import SequenceClassifier, build_model
+from lm.model.config import ModelConfig
+from tests.test_glue_encode import FIXTURES, WordTokenizer
+
+
+def tiny_decoder():
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="decoder", vocab_size=10 + 64, dim=32, n_layers=1, n_heads=4, max_seq_len=24, dropout=0.0)
+    return build_model(cfg)
+
+
+def test_a_pair_is_encoded_in_both_orders_and_a_single_sentence_once():
+    tok = WordTokenizer()
+    rows = [Example(0, "a b c", "d e", 1), Example(1, "f", None, 0)]
+    pair, single = encode_examples(tok, rows, max_len=16, arch="decoder", pair_input="both_orders")
+    assert pair["second"] == encode_pair(tok, "d e", "a b c", 16, "decoder")
+    assert pair["second"]["input_ids"] == [1, 14, 15, 4, 10, 11, 12, 2]  # [BOS] d e [SEP] a b c [EOS]; f is 13
+    assert "labels" not in pair["second"] and pair["labels"] == 1
+    assert "second" not in single
+    assert all("second" not in f for f in encode_examples(tok, rows, 16, "decoder"))  # joint by default
+
+
+def test_siamese_encodes_each_sentence_alone():
+    tok = WordTokenizer()
+    rows = [Example(0, "a b c", "d e", 1), Example(1, "f", None, 0)]
+    pair, single = encode_examples(tok, rows, max_len=16, arch="decoder", pair_input="siamese")
+    assert {k: v for k, v in pair.items() if k not in ("second", "labels")} == encode_pair(
+        tok, "a b c", None, 16, "decoder"
+    )
+    assert pair["second"] == encode_pair(tok, "d e", None, 16, "decoder")
+    assert pair["second"]["input_ids"] == [1, 14, 15, 2]  # [BOS] d e [EOS]
+    assert single == {**encode_pair(tok, "f", None, 16, "decoder"), "labels": 0}
+
+
+def test_collate_stacks_the_second_rows_under_the_first():
+    tok = WordTokenizer()
+    rows = [Example(0, "a b c", "d", 4.5), Example(1, "e", "f g", 0.25)]
+    feats = encode_examples(tok, rows, max_len=16, arch="decoder", pair_input="both_orders")
+    batch = collate(feats, tok.pad_id)
+    assert batch["input_ids"].shape == (4, 7)  # 2 pairs x 2 orders, padded to the longest of the four
+    for i, f in enumerate(feats):
+        for row, enc in ((i, f), (i + 2, f["second"])):
+            n = len(enc["input_ids"])
+            assert batch["input_ids"][row, :n].tolist() == enc["input_ids"]
+            assert batch["attention_mask"][row].sum() == n
+    assert batch["labels"].tolist() == [4.5, 0.25]  # one label per pair
+    with pytest.raises(ValueError, match="read twice"):
+        collate([feats[0], {k: v for k, v in feats[1].items() if k != "second"}], tok.pad_id)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_the_classifier_adds_both_orders_so_its_prediction_ignores_which_comes_first(pooling):
+    tok = WordTokenizer()
+    qqp = load_split("qqp", "train", root=FIXTURES, hf=False)
+    clf = SequenceClassifier(tiny_decoder(), n_labels=2, pooling=pooling, dropout=0.0, pair_input="both_orders")
+    clf.eval()
+    feats = encode_examples(tok, qqp, max_len=24, arch="decoder", pair_input="both_orders")
+    out = clf(**collate(feats, tok.pad_id))
+    assert out.logits.shape == (len(qqp), 2) and torch.isfinite(out.loss)
+    # the same pairs with a and b exchanged: the same logits, which one order alone does not give
+    flipped = [Example(e.index, e.text_b, e.text_a, e.label) for e in qqp]
+    torch.testing.assert_close(
+        clf(**collate(encode_examples(tok, flipped, 24, "decoder", "both_orders"), tok.pad_id)).logits,
+        out.logits,
+        rtol=0,
+        atol=1e-5,
+    )
+    one_order = SequenceClassifier(clf.backbone, n_labels=2, pooling=pooling, dropout=0.0).eval()
+    one_order.classifier = clf.classifier
+    given, swapped = (one_order(**collate(encode_examples(tok, r, 24, "decoder"), tok.pad_id)) for r in (qqp, flipped))
+    assert not torch.allclose(given.logits, swapped.logits, atol=1e-3)  # a causal decoder reads order
+
+    # what it adds: the head applied to the sum of the two orders' pooled vectors
+    def pooled(rows):
+        batch = collate(encode_examples(tok, rows, 24, "decoder"), tok.pad_id)
+        return clf.backbone.pooled(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], pooling)
+
+    torch.testing.assert_close(out.logits, clf.classifier(pooled(qqp) + pooled(flipped)), rtol=0, atol=1e-5)
+
+
+def pooled_alone(clf, tok, texts):
+    """(N, D): each text encoded alone as one sentence, pooled as the classifier pools."""
+    batch = collate(encode_examples(tok, [Example(i, t, None, None) for i, t in enumerate(texts)], 24, "decoder"), 0)
+    return clf.backbone.pooled(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], clf.pooling)
+
+
+def test_siamese_classes_come_from_u_v_and_their_distance():
+    tok = WordTokenizer()
+    qqp = load_split("qqp", "train", root=FIXTURES, hf=False)
+    clf = SequenceClassifier(tiny_decoder(), n_labels=2, pooling="mean", dropout=0.0, pair_input="siamese").eval()
+    assert clf.classifier.in_features == 3 * 32
+    out = clf(**collate(encode_examples(tok, qqp, 24, "decoder", "siamese"), tok.pad_id))
+    assert out.logits.shape == (len(qqp), 2) and torch.isfinite(out.loss)
+    u, v = pooled_alone(clf, tok, [e.text_a for e in qqp]), pooled_alone(clf, tok, [e.text_b for e in qqp])
+    torch.testing.assert_close(out.logits, clf.classifier(torch.cat([u, v, (u - v).abs()], -1)), rtol=0, atol=1e-5)
+    assert out.loss.item() == pytest.approx(F.cross_entropy(out.logits, torch.tensor([e.label for e in qqp])).item())
+
+
+def test_a_siamese_score_starts_as_the_cosine_mapped_onto_the_label_range():
+    tok = WordTokenizer()
+    pairs = [Example(0, "a b c", "a b c", 5.0), Example(1, "a b", "d e f g", 1.0), Example(2, "f", "g h", 2.5)]
+    clf = SequenceClassifier(
+        tiny_decoder(), n_labels=1, pooling="mean", dropout=0.0, pair_input="siamese", score_range=(0.0, 5.0)
+    ).eval()
+    out = clf(**collate(encode_examples(tok, pairs, 24, "decoder", "siamese"), tok.pad_id))
+    u, v = pooled_alone(clf, tok, [e.text_a for e in pairs]), pooled_alone(clf, tok, [e.text_b for e in pairs])
+    cos = F.cosine_similarity(u, v, dim=-1)
+    torch.testing.assert_close(out.logits.squeeze(-1), 2.5 + 2.5 * cos, rtol=0, atol=1e-5)
+    assert out.logits[0].item() == pytest.approx(5.0, abs=1e-4)  # a sentence and itself: cos 1, the top score
+    assert out.loss.item() == pytest.approx(F.mse_loss(out.logits.squeeze(-1), torch.tensor([5.0, 1.0, 2.5])).item())
+    out.loss.backward()  # the score trains the backbone and the scale and shift
+    assert clf.classifier.weight.grad is not None and clf.backbone.embed.tok.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("pair_input", ["both_orders", "siamese"])
+def test_a_single_sentence_task_refuses_a_pair_input(pair_input):
+    validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, pair_input=pair_input))
+    with pytest.raises(ConfigError, match=rf"tasks\.sst2\.pair_input={pair_input} .* one sentence"):
+        validate_glue_task(GlueTaskConfig(name="sst2", pair_input=pair_input))
