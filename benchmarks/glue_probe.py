@@ -7,8 +7,13 @@ pooled (mean over real tokens, and the last real token), and a logistic regressi
 probe barely above random ones, finetuning from them cannot be expected to beat training from
 scratch.
 
+A regression task (STS-B) is probed without any fit: each sentence is encoded alone, pooled, and the
+cosine of a pair's two vectors is correlated with the dev scores (Pearson, Spearman), the zero-shot
+similarity that tasks.stsb.pair_input=siamese starts its finetuning from.
+
     python benchmarks/glue_probe.py runs/quickstart/pretrain                 # SST-2, first 5000 train rows
     python benchmarks/glue_probe.py runs/quickstart/pretrain --task cola --train-examples 0   # all rows
+    python benchmarks/glue_probe.py runs/quickstart/pretrain --task stsb     # cosine of pooled a and b
 
 Data: $LM_DATA_MIRROR/glue_data (or --data-root), as lm finetune reads it.
 """
@@ -20,22 +25,23 @@ import numpy as np
 import torch
 
 POOLINGS = ("mean", "last")
+SIMILARITY_POOLINGS = ("mean", "weighted_mean", "last")
 
 
-def features(model, tokenizer, examples, arch: str, max_len: int, batch: int = 256):
+def features(model, tokenizer, examples, arch: str, max_len: int, batch: int = 256, poolings=POOLINGS):
     """{pooling: (N, D) array} and the (N,) labels of `examples`, from one no-grad pass."""
     from lm.glue.encode import collate, encode_examples
     from lm.model.heads import pool
 
     enc = encode_examples(tokenizer, examples, max_len, arch)
-    out = {p: [] for p in POOLINGS}
+    out = {p: [] for p in poolings}
     with torch.no_grad():
         for i in range(0, len(enc), batch):
             b = collate(enc[i : i + batch], tokenizer.pad_id)
             h = model.features(b["input_ids"], b["attention_mask"], b["token_type_ids"])  # (B, T, D)
-            for p in POOLINGS:
+            for p in poolings:
                 out[p].append(pool(h, b["attention_mask"], p).numpy())
-    return {p: np.concatenate(v) for p, v in out.items()}, np.array([e["labels"] for e in enc])
+    return {p: np.concatenate(v) for p, v in out.items()}, np.array([e.get("labels") for e in enc])
 
 
 def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: int = 0) -> dict:
@@ -47,7 +53,7 @@ def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: i
     from lm.model import build_model
 
     if get_task(task).n_labels == 1:
-        raise SystemExit(f"glue_probe: {task} is a regression task; probe a classification task")
+        raise SystemExit(f"glue_probe: {task} is a regression task; its probe is similarity()")
     bb = load_backbone(init)
     train = load_split(task, "train", root, hf=False)[: train_examples or None]
     dev = load_split(task, "dev", root, hf=False)
@@ -65,6 +71,36 @@ def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: i
     return rows
 
 
+def similarity(init: str, task: str, max_len: int, root, seed: int = 0) -> dict:
+    """{(weights, pooling): (Pearson, Spearman)} of cos(u, v) against a regression task's dev scores,
+    u and v the pooled features of each sentence encoded alone; no training."""
+    from scipy.stats import pearsonr, spearmanr
+
+    from lm.glue.init import load_backbone
+    from lm.glue.readers import Example, load_split
+    from lm.model import build_model
+
+    bb = load_backbone(init)
+    dev = load_split(task, "dev", root, hf=False)
+    if dev[0].text_b is None:
+        raise SystemExit(f"glue_probe: {task} has one sentence per example; the similarity probe needs pairs")
+    firsts = [Example(e.index, e.text_a, None, None) for e in dev]
+    seconds = [Example(e.index, e.text_b, None, None) for e in dev]
+    scores = np.array([e.label for e in dev])
+    rows = {}
+    for name in ("pretrained", "random init"):
+        torch.manual_seed(seed)
+        model = build_model(bb.model_cfg).eval()
+        if name == "pretrained":
+            model.load_state_dict(bb.state_dict)
+        u, _ = features(model, bb.tokenizer, firsts, bb.model_cfg.arch, max_len, poolings=SIMILARITY_POOLINGS)
+        v, _ = features(model, bb.tokenizer, seconds, bb.model_cfg.arch, max_len, poolings=SIMILARITY_POOLINGS)
+        for p in SIMILARITY_POOLINGS:
+            cos = (u[p] * v[p]).sum(1) / np.maximum(np.linalg.norm(u[p], axis=1) * np.linalg.norm(v[p], axis=1), 1e-12)
+            rows[(name, p)] = (100 * pearsonr(cos, scores)[0], 100 * spearmanr(cos, scores)[0])
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("init", help="an lm train run dir (or checkpoint, or lm export dir)")
@@ -76,6 +112,16 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    from lm.glue.tasks import get_task
+
+    if get_task(args.task).n_labels == 1:
+        rows = similarity(args.init, args.task, args.max_len, args.data_root)
+        print(f"zero-shot similarity: cos of the pooled sentences against {args.task} dev, init={args.init}")
+        print("| weights | pooling | Pearson | Spearman |\n|---|---|---:|---:|")
+        for (name, pooling), (r, rho) in rows.items():
+            print(f"| {name} | {pooling} | {r:.1f} | {rho:.1f} |")
+        print(f"({time.perf_counter() - t0:.0f} s)")
+        return
     rows = probe(args.init, args.task, args.train_examples, args.max_len, args.data_root)
     print(f"linear probe on frozen features, {args.task}, init={args.init}")
     print("| weights | pooling | train acc | dev acc |\n|---|---|---:|---:|")

@@ -471,6 +471,22 @@ def test_linear_probe_of_frozen_features(pretrained, easy_glue):
     assert all(0 <= acc <= 100 for pair in rows.values() for acc in pair)
 
 
+def test_zero_shot_similarity_of_frozen_features(pretrained, tmp_path):
+    """benchmarks/glue_probe.py on STS-B: cos of each sentence's pooled features, read alone, against the
+    dev scores; no training. Half the pairs are a sentence and itself (score 5, cos exactly 1), half two
+    different sentences (score 0, cos below 1): every weight and pooling correlates strongly."""
+    rng = random.Random(3)
+    rows = [
+        [i, s, s if i % 2 else sentence(rng, 1 - i % 2), 5.0 * (i % 2)]
+        for i, s in enumerate(sentence(rng, i % 2) for i in range(60))
+    ]
+    write_tsv(tmp_path / "STS-B" / "dev.tsv", ["index", "sentence1", "sentence2", "score"], rows)
+    glue_probe = load("glue_probe")
+    got = glue_probe.similarity(str(pretrained / "run"), "stsb", 24, str(tmp_path))
+    assert set(got) == {(w, p) for w in ("pretrained", "random init") for p in ("mean", "weighted_mean", "last")}
+    assert all(r > 50 for pair in got.values() for r in pair), got
+
+
 def test_a_nonfinite_loss_follows_train_on_nonfinite(tmp_path, easy_glue, pretrained, monkeypatch):
     """The loop's NaN policy: stop (the default) names the step and the fix; skip drops that update and goes on."""
     import math
