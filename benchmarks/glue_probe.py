@@ -44,13 +44,24 @@ def features(model, tokenizer, examples, arch: str, max_len: int, batch: int = 2
     return {p: np.concatenate(v) for p, v in out.items()}, np.array([e.get("labels") for e in enc])
 
 
+def both_weights(bb, seed: int):
+    """("pretrained", model) then ("random init", the same model freshly initialised from `seed`)."""
+    from lm.model import build_model
+
+    for name in ("pretrained", "random init"):
+        torch.manual_seed(seed)
+        model = build_model(bb.model_cfg).eval()
+        if name == "pretrained":
+            model.load_state_dict(bb.state_dict)
+        yield name, model
+
+
 def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: int = 0) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from lm.glue.init import load_backbone
     from lm.glue.readers import load_split
     from lm.glue.tasks import get_task
-    from lm.model import build_model
 
     if get_task(task).n_labels == 1:
         raise SystemExit(f"glue_probe: {task} is a regression task; its probe is similarity()")
@@ -58,11 +69,7 @@ def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: i
     train = load_split(task, "train", root, hf=False)[: train_examples or None]
     dev = load_split(task, "dev", root, hf=False)
     rows = {}
-    for name in ("pretrained", "random init"):
-        torch.manual_seed(seed)
-        model = build_model(bb.model_cfg).eval()
-        if name == "pretrained":
-            model.load_state_dict(bb.state_dict)
+    for name, model in both_weights(bb, seed):
         x_tr, y_tr = features(model, bb.tokenizer, train, bb.model_cfg.arch, max_len)
         x_dev, y_dev = features(model, bb.tokenizer, dev, bb.model_cfg.arch, max_len)
         for p in POOLINGS:
@@ -78,7 +85,6 @@ def similarity(init: str, task: str, max_len: int, root, seed: int = 0) -> dict:
 
     from lm.glue.init import load_backbone
     from lm.glue.readers import Example, load_split
-    from lm.model import build_model
 
     bb = load_backbone(init)
     dev = load_split(task, "dev", root, hf=False)
@@ -88,11 +94,7 @@ def similarity(init: str, task: str, max_len: int, root, seed: int = 0) -> dict:
     seconds = [Example(e.index, e.text_b, None, None) for e in dev]
     scores = np.array([e.label for e in dev])
     rows = {}
-    for name in ("pretrained", "random init"):
-        torch.manual_seed(seed)
-        model = build_model(bb.model_cfg).eval()
-        if name == "pretrained":
-            model.load_state_dict(bb.state_dict)
+    for name, model in both_weights(bb, seed):
         u, _ = features(model, bb.tokenizer, firsts, bb.model_cfg.arch, max_len, poolings=SIMILARITY_POOLINGS)
         v, _ = features(model, bb.tokenizer, seconds, bb.model_cfg.arch, max_len, poolings=SIMILARITY_POOLINGS)
         for p in SIMILARITY_POOLINGS:
