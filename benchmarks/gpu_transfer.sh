@@ -28,6 +28,8 @@
 # The finetuning is issue 17's recipe for a GPU (docs/glue_transfer.md, "GPU preset"): every SST-2 and STS-B
 # training example, lr 1e-4; SST-2 in batches of 128 at lr 2e-4 for 2 epochs (its 67k examples were 3/4 of
 # the finetuning time at batch 32, and its dev accuracy peaked at epoch 2 of 3 on the H200).
+# MRPC and STS-B are read as siamese pairs (the recipe's budget, lm/cli/transfer_recipe.py); the H100 runs below
+# read them as one text, FINETUNE_OTHER="tasks.mrpc.pair_input=joint tasks.stsb.pair_input=joint" repeats that.
 # CoLA and STS-B get 4 epochs (2026-11-26, 22:43 on an H100: the pretrained arm's STS-B went 35.7 -> 38.8+,
 # CoLA 25.2 -> 26.8, scratch unmoved; average gain +7.8 -> at least +8.9).
 # SCRATCH_SST2=0: no scratch SST-2 lane, and SCRATCH_TASKS (default cola,mrpc,stsb,rte) narrows the scratch lane

@@ -482,6 +482,28 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
         check_scratch_arm(r, {"pooling": "mean", "model": {**node, "dim": 64}})
 
 
+def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_path):
+    """Both arms read MRPC's and STS-B's pairs as siamese pairs and RTE's as one text (the budget); a --finetune
+    override of pair_input wins; a scratch arm recorded under another budget (or before the budget was recorded)
+    is not shared."""
+    from lm.cli.transfer_recipe import budget, check_scratch_arm, finetune_config
+
+    def pair_inputs(finetune):
+        r = Recipe(out=tmp_path / "point", tasks=["mrpc", "stsb", "rte"], finetune=finetune)
+        cfg = finetune_config(r, tmp_path / "arm", "none", None, "mean", r.tasks)
+        return {t: cfg.tasks[t].pair_input for t in r.tasks}
+
+    assert pair_inputs([]) == {"mrpc": "siamese", "stsb": "siamese", "rte": "joint"}
+    assert pair_inputs(["tasks.stsb.pair_input=joint"]) == {"mrpc": "siamese", "stsb": "joint", "rte": "joint"}
+    assert [o for o in budget(["sst2", "stsb"]) if "pair_input" in o] == ["tasks.stsb.pair_input=siamese"]
+
+    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
+    r.scratch.mkdir()
+    (r.scratch / "transfer_arm.json").write_text(json.dumps({"pooling": "mean"}))  # recorded before the budget was
+    with pytest.raises(TransferError, match=r"differs in \['budget'\]"):
+        check_scratch_arm(r, {"pooling": "mean", "budget": budget(["stsb"])})
+
+
 def test_an_interrupted_call_still_counts_its_seconds(tmp_path, monkeypatch):
     """A point finished over several calls (a stop, then the same command) reports their summed time."""
     import time

@@ -7,8 +7,7 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
     lm transfer --preset glue_transfer_electra --tokens 10000000   # encoder (ELECTRA's discriminator), [CLS]
     lm transfer --preset glue_transfer_gpu --tokens 300000000  # the 29M GPU size (finetuning: docs/glue_transfer.md)
     lm transfer --tokens 30000000 --pretrain data=gutenberg_mix_tapt_bpe \
-      --finetune pooling=weighted_mean tasks.rte.epochs=10 tasks.stsb.epochs=10 \
-      tasks.mrpc.pair_input=siamese tasks.stsb.pair_input=siamese   # the best CPU recipe: 55.9 (docs/results.md)
+      --finetune pooling=weighted_mean tasks.rte.epochs=10 tasks.stsb.epochs=10     # the CPU recipe (docs/results.md)
     lm transfer --tokens 3000000 --scratch runs/transfer/decoder_scratch   # share the scratch arm across a curve
     lm transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
     lm transfer --tokens 30000000 --parallel                  # the scratch arm beside the pretraining
@@ -21,9 +20,10 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
    model, corpus, schedule) with train.max_steps = ceil(--tokens / tokens per step), in <out>/pretrain.
    --tokens 0 pretrains nothing (the curve's origin: the pretrained arm is then the scratch arm).
 2. Finetuning: lm finetune on each task with the recipe's budget (lm/cli/transfer_recipe.py:
-   3 epochs, lr 5e-4, SST-2's first 5,000 and STS-B's first 2,000 training examples) and the
-   preset's pooling (decoder and encoder: mean, electra: first = [CLS]), from <out>/pretrain and from scratch
-   (init=none, the pretraining run's model config and tokenizer.json).
+   3 epochs, lr 5e-4, SST-2's first 5,000 and STS-B's first 2,000 training examples, MRPC and STS-B read as
+   siamese pairs: tasks.<task>.pair_input, docs/finetuning.md) and the preset's pooling (decoder and encoder:
+   mean, electra: first = [CLS]), from <out>/pretrain and from scratch (init=none, the pretraining run's model
+   config and tokenizer.json).
 3. Tasks: every GLUE task whose train and dev files are in the mirror (--tasks to choose).
 Both arms and the pretraining share one wandb group (--group, default the output directory's name;
 --logger wandb turns wandb on). The same command resumes: lm train from its latest checkpoint,
@@ -81,7 +81,8 @@ It is lm transfer's recipe (docs/glue_transfer.md) on a ~15-minute CPU budget, i
    parameters; bf16 autocast where the device computes bf16 natively, else fp32) for --tokens tokens,
    batches of 16 x 128.
 3. lm finetune on each task from the checkpoint (mean pooling; the recipe's budget: 3 epochs, lr 5e-4, SST-2's
-   first 5,000 and STS-B's first 2,000 training examples, best dev epoch); with --arm all also from scratch
+   first 5,000 and STS-B's first 2,000 training examples, STS-B's two sentences read apart and scored by the
+   cosine of their pooled features, best dev epoch); with --arm all also from scratch
    (init=none: the same model and tokenizer, random weights, the same finetuning settings).
 
 Everything lands under --out (default runs/quickstart): pretrain/ (an lm train run dir), finetune/pretrained/

@@ -34,6 +34,11 @@ ARMS = ("all", "scratch", "pretrained")
 # at lr 5e-4 (tiny models want more than BERT's 2e-5..1e-4, Turc et al. 2019), the first 5000 of SST-2's 67k
 # training sentences and the first 2000 of STS-B's 5749 pairs; --finetune overrides any of it.
 BUDGET_EXAMPLES = {"sst2": 5000, "stsb": 2000}
+# The similarity pairs read apart (Sentence-BERT, Reimers & Gurevych 2019: each sentence pooled alone; the score
+# from cos(u, v), MRPC's classes from [u; v; |u - v|]). A model this small finetuned on a few thousand pairs does
+# not learn to compare two sentences read as one text: STS-B dev ~20 in both arms read jointly, ~50 pretrained
+# read apart (docs/glue_transfer.md, "How a pair is read"). RTE (entailment) stays joint.
+BUDGET_PAIR_INPUT = {"mrpc": "siamese", "stsb": "siamese"}
 
 
 class TransferError(ConfigError):
@@ -213,13 +218,19 @@ def finetune_arm(
     return finetune(cfg)
 
 
-def budget_overrides(tasks: list[str], seeds: list[int]) -> list[str]:
-    """The finetuning budget as lm finetune overrides of the selected tasks (tasks.<task>.<field>)."""
+def budget(tasks: list[str]) -> list[str]:
+    """The finetuning budget as lm finetune overrides of the selected tasks (tasks.<task>.<field>), seeds aside."""
     out = [f"task=[{','.join(f'glue/{t}' for t in tasks)}]", "optim.lr=5e-4"]
     for t in tasks:
-        out += [f"tasks.{t}.epochs=3", f"tasks.{t}.seeds=[{','.join(map(str, seeds))}]"]
+        out += [f"tasks.{t}.epochs=3"]
         out += [f"tasks.{t}.max_train_examples={BUDGET_EXAMPLES[t]}"] if t in BUDGET_EXAMPLES else []
+        out += [f"tasks.{t}.pair_input={BUDGET_PAIR_INPUT[t]}"] if t in BUDGET_PAIR_INPUT else []
     return out
+
+
+def budget_overrides(tasks: list[str], seeds: list[int]) -> list[str]:
+    """The budget and the seeds, as lm finetune overrides."""
+    return [*budget(tasks), *(f"tasks.{t}.seeds=[{','.join(map(str, seeds))}]" for t in tasks)]
 
 
 def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None, pooling: str, tasks: list[str]):
@@ -377,6 +388,7 @@ def scratch_record(r: Recipe, p: Plan) -> dict:
         "tasks": p.tasks,
         "seeds": r.seeds,
         "model": OmegaConf.to_container(p.model_node, resolve=True),
+        "budget": budget(p.tasks),  # a scratch arm finetuned under an older budget is not reused
         "finetune": r.finetune,
     }
 
@@ -403,7 +415,7 @@ def recipe_record(r: Recipe, p: Plan) -> dict:
         "pretrain_overrides": r.pretrain,
         "finetune_overrides": r.finetune,
         "finetune_note": "the quickstart's budget (3 epochs, lr 5e-4, SST-2 first 5,000 and STS-B first "
-        f"2,000 train examples) unless overridden, {p.pooling} pooling, "
+        f"2,000 train examples, MRPC and STS-B read as siamese pairs) unless overridden, {p.pooling} pooling, "
         "best dev epoch" + (f"; overrides: {' '.join(r.finetune)}" if r.finetune else ""),
     }
 
