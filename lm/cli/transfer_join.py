@@ -51,7 +51,7 @@ def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Path | Non
 
 def join_arms(paths: list[Path], out: Path, command: str) -> dict:
     """The table from two arm records (write_arm_record), one per arm: <out>/transfer.{json,md}. The arms must
-    agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, finetuning), as a
+    agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, budget, finetuning), as a
     curve's runs must to share a scratch arm; the pretraining's settings are the pretrained arm's alone."""
     from lm.report.transfer import compare, scores_of
 
