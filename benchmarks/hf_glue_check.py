@@ -8,22 +8,25 @@ sets, several seeds each, side by side.
 
 `--run` is what lm-finetune starts from (init=: an lm-train run dir or one of its checkpoints); `--hf-dir` is
 its lm-export hf/ directory (default: <run>/checkpoints/<latest>/export/hf, where lm-export writes by default).
-The family comes from the export's config.json model_type: bert (model=bert, any size) or gpt2 (a decoder of
-the GPT-2 layout: learned positions, LayerNorm, GELU, biases). Runs offline from the local GLUE copy
+The family comes from the export's config.json model_type: bert (model=bert, any size), esm (a pre-norm
+RoPE encoder, e.g. the GLUE GPU preset's, which lm-export writes as ESM's EsmModel) or gpt2 (a decoder of the
+GPT-2 layout: learned positions, LayerNorm, GELU, biases). Runs offline from the local GLUE copy
 ($LM_DATA_MIRROR/glue_data, or --data-root). Sides: hf (Trainer), lm (lm-finetune with the head that matches
 the Hugging Face one), lm-mean (lm-finetune with the GLUE-transfer recipe's own head, for context).
 
 What is the same on both sides (hf and lm): the weights, the tokenizer, the pair layout and longest-first
-truncation to --max-len (bert: [CLS] a [SEP] b [SEP], segment ids 0/1; gpt2: [BOS] a [SEP] b [EOS], no
-segment ids: GPT-2 would add the token embedding of a segment id), the pooled position (bert: [CLS] through
-a fresh dense+tanh pooler; gpt2: the last real token, i.e. [EOS], no pooler: lm's pooling=first / last), a
-new linear head (MSE with one output for STS-B, cross-entropy otherwise), the dropout before it (bert: 0.1,
-the export sets no classifier dropout so this script does; gpt2: none, GPT2ForSequenceClassification has
-none), dropout 0 inside the backbone (the export's, and lm's model.dropout), AdamW (0.9, 0.999, eps 1e-8)
-with weight decay 0.01 on the same tensors (Linear weights and the embedding tables; none on biases and
-norms: Trainer's default groups, lm's optim.decay_embeddings=true), linear decay to 0 after a 10% warmup,
-gradient clipping at 1.0, --batch-size with the last partial batch kept, dev scored after every epoch and
-the best epoch kept (the number lm-finetune reports), fp32, the same first --max-train-examples rows.
+truncation to --max-len (bert: [CLS] a [SEP] b [SEP], segment ids 0/1; esm: the same without segment ids, as the
+model has no segment table; gpt2: [BOS] a [SEP] b [EOS], no segment ids: GPT-2 would add the token embedding of
+a segment id), the pooled position (bert, esm: [CLS] through a fresh dense+tanh pooler; gpt2: the last real
+token, i.e. [EOS], no pooler: lm's pooling=first / last), a new linear head (MSE with one output for STS-B,
+cross-entropy otherwise), the dropout before it (bert: 0.1, the export sets no classifier dropout so this script
+does; esm: 0.1 set on ESM's classification head, which also drops out before its dense+tanh; gpt2: none,
+GPT2ForSequenceClassification has none), dropout 0 inside the backbone (the export's, and lm's model.dropout),
+AdamW (0.9, 0.999, eps 1e-8) with weight decay 0.01 on the same tensors (Linear weights and the embedding
+tables; none on biases and norms: Trainer's default groups, lm's optim.decay_embeddings=true), linear decay to 0
+after a 10% warmup, gradient clipping at 1.0, --batch-size with the last partial batch kept, dev scored after
+every epoch and the best epoch kept (the number lm-finetune reports), fp32 on the same device (the GPU when
+there is one), the same first --max-train-examples rows.
 What differs by design: the Hugging Face side encodes with the export's own fast tokenizer and reads the
 TSV files with its own few lines (no lm.glue code); it scores raw predictions (lm clips STS-B to [0, 5] as
 the leaderboard would); its new head is initialised as the family does (normal, std 0.02; lm: torch's
@@ -64,7 +67,8 @@ def read_tsv(root: Path, task: str, split: str):
         return [(r[ia], r[ib], float(r[iy]) if labels is None else labels.index(r[iy])) for r in rows]
 
 
-FAMILIES = {"bert": "encoder", "gpt2": "decoder"}  # config.json model_type -> lm's arch (pair layout)
+FAMILIES = {"bert": "encoder", "esm": "encoder", "gpt2": "decoder"}  # config.json model_type -> lm's arch
+SEGMENTS = {"bert"}  # the families whose pairs carry segment ids (token_type_ids)
 
 
 def family(hf_dir: Path) -> str:
@@ -77,9 +81,11 @@ def family(hf_dir: Path) -> str:
 
 def encode(tok, rows, max_len: int, kind: str = "bert"):
     """lm's pair layout with the export's tokenizer, longest-first truncation (the longer side loses its last
-    token; b on a tie). bert: [CLS] a [SEP] b [SEP] with segment ids 0/1 (BERT's run_classifier); gpt2:
-    [BOS] a [SEP] b [EOS] and no segment ids (GPT-2 adds wte(token_type_ids) to its input: not lm's model)."""
-    first, last = (tok.cls_token_id, tok.sep_token_id) if kind == "bert" else (tok.bos_token_id, tok.eos_token_id)
+    token; b on a tie). bert: [CLS] a [SEP] b [SEP] with segment ids 0/1 (BERT's run_classifier); esm: the same
+    without segment ids; gpt2: [BOS] a [SEP] b [EOS] and no segment ids (GPT-2 adds wte(token_type_ids) to its
+    input: not lm's model)."""
+    encoder = FAMILIES[kind] == "encoder"
+    first, last = (tok.cls_token_id, tok.sep_token_id) if encoder else (tok.bos_token_id, tok.eos_token_id)
     out = []
     for a, b, y in rows:
         ta = tok.encode(a, add_special_tokens=False)
@@ -88,7 +94,7 @@ def encode(tok, rows, max_len: int, kind: str = "bert"):
             (ta if len(ta) > len(tb) else tb).pop()
         ids = [first, *ta, tok.sep_token_id, *tb, last]
         f = {"input_ids": ids, "attention_mask": [1] * len(ids), "labels": y}
-        if kind == "bert":
+        if kind in SEGMENTS:
             f["token_type_ids"] = [0] * (len(ta) + 2) + [1] * (len(tb) + 1)
         out.append(f)
     return out
@@ -126,17 +132,21 @@ def layout_mismatches(hf_dir: Path, root: Path, task: str, max_len: int) -> int:
         Tokenizer.load(hf_dir / "tokenizer.json"), load_split(task, "dev", root, hf=False), max_len, FAMILIES[kind]
     )
     theirs = encode(AutoTokenizer.from_pretrained(hf_dir), read_tsv(root, task, "dev"), max_len, kind)
-    keys = ("input_ids", "token_type_ids", "labels") if kind == "bert" else ("input_ids", "labels")
+    keys = ("input_ids", "token_type_ids", "labels") if kind in SEGMENTS else ("input_ids", "labels")
     return sum(any(o[k] != t[k] for k in keys) for o, t in zip(ours, theirs)) + abs(len(ours) - len(theirs))
 
 
 def hf_model(hf_dir: Path, kind: str, n_labels: int, tok):
     """The family's sequence classifier on the export (a new head), as run_glue builds it."""
-    from transformers import BertForSequenceClassification, GPT2ForSequenceClassification
+    from transformers import BertForSequenceClassification, EsmForSequenceClassification, GPT2ForSequenceClassification
 
     # run_glue: num_labels=1 makes the model's loss MSE (problem_type "regression")
     if kind == "bert":  # the export's hidden_dropout_prob is 0: the head's dropout is set as lm's (0.1)
         return BertForSequenceClassification.from_pretrained(hf_dir, num_labels=n_labels, classifier_dropout=0.1)
+    if kind == "esm":  # its head's dropout is hidden_dropout_prob, 0 in the export as in the backbone: set here
+        model = EsmForSequenceClassification.from_pretrained(hf_dir, num_labels=n_labels)
+        model.classifier.dropout.p = 0.1
+        return model
     # GPT-2 pools the rightmost token that is not pad_token_id: pads must be the collator's pads only
     if tok.pad_token_id in (tok.eos_token_id, None):
         raise SystemExit(f"{hf_dir}: the pad token must be its own token (not [EOS]) for last-token pooling")
@@ -165,6 +175,9 @@ def forward_gap(run: Path, hf_dir: Path, root: Path, task: str, max_len: int, ro
         if kind == "bert":
             theirs.bert.pooler.dense.load_state_dict(ours.pooler[0].state_dict())
             theirs.classifier.load_state_dict(ours.classifier.state_dict())
+        elif kind == "esm":
+            theirs.classifier.dense.load_state_dict(ours.pooler[0].state_dict())
+            theirs.classifier.out_proj.load_state_dict(ours.classifier.state_dict())
         else:
             ours.classifier.bias.zero_()
             theirs.score.weight.copy_(ours.classifier.weight)
@@ -183,6 +196,7 @@ def forward_gap(run: Path, hf_dir: Path, root: Path, task: str, max_len: int, ro
 
 def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> dict:
     """One Trainer run; dev scored at every epoch end; returns the best epoch's and the last epoch's scores."""
+    import torch
     from transformers import (
         AutoTokenizer,
         DataCollatorWithPadding,
@@ -222,7 +236,7 @@ def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> 
         logging_strategy="no",
         report_to=[],
         seed=seed,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),  # where lm-finetune runs (train.device=auto)
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
@@ -248,6 +262,7 @@ SIDES = ["hf", "lm", "lm-mean"]
 LM_HEADS = {  # side -> family -> lm-finetune overrides that give the head (see the module docstring)
     "lm": {
         "bert": ["pooling=first", "dropout=0.1", "optim.decay_embeddings=true"],
+        "esm": ["pooling=first", "dropout=0.1", "optim.decay_embeddings=true"],
         "gpt2": ["pooling=last", "dropout=0.0", "optim.decay_embeddings=true"],
     },
     "lm-mean": {k: ["pooling=mean", "dropout=0.1", "optim.decay_embeddings=false"] for k in FAMILIES},

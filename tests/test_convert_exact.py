@@ -50,6 +50,23 @@ def bert(**kw):
     )
 
 
+def esm(**kw):
+    """ESM-2's layout: pre-norm, rotary, no embedding LayerNorm (token_dropout off: it rescales embeddings)."""
+    config = dict(
+        vocab_size=V,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        position_embedding_type="rotary",
+        emb_layer_norm_before=False,
+        pad_token_id=0,
+        mask_token_id=3,
+    )
+    return T.EsmForMaskedLM(T.EsmConfig(**{**config, **kw}))
+
+
 def t5(untied=False, num_decoder_layers=3, **kw):
     hf = T.T5ForConditionalGeneration(
         T.T5Config(
@@ -99,6 +116,8 @@ HF_CASES = {
     "bert_relu": lambda: bert(hidden_act="relu"),
     "bert_silu": lambda: bert(hidden_act="silu"),
     "bert_gelu_new": lambda: bert(hidden_act="gelu_new"),
+    "esm": lambda: esm(),
+    "esm_rope_theta": lambda: esm(rope_theta=500.0, layer_norm_eps=1e-5),
     "t5": lambda: t5(),
     "t5_gelu": lambda: t5(feed_forward_proj="gelu"),
     "t5_gated_gelu_untied": lambda: t5(untied=True, feed_forward_proj="gated-gelu", tie_word_embeddings=False),
@@ -187,6 +206,8 @@ OUR_CASES = {
         mlm_activation="relu",
         ffn=MLPConfig(activation="relu"),
     ),
+    # the GLUE GPU preset's encoder with BERT's MLM-head transform: EsmForMaskedLM
+    "esm_mlm_transform": lambda: _ours(arch="encoder", mlm_transform=True, pos=RoPEConfig(theta=1000.0)),
     "gpt2_layer_scaled": lambda: _ours(attn_scale_by_layer=True, ffn=MLPConfig(activation="gelu_tanh")),
     "gpt2_exact_gelu_untied": lambda: _ours(tie_embeddings=False),
     "llama_rope_llama3_biases": lambda: _ours(
@@ -224,6 +245,30 @@ def test_to_hf_of_our_layouts(name, tmp_path):
     assert max_diff(ours, back, kw) < TOL
 
 
+def test_an_encoder_without_the_mlm_transform_exports_as_esms_encoder_alone(tmp_path):
+    """The GLUE GPU preset's encoder (RoPE, pre-norm, no MLM-head transform): ESM's MLM head has the transform, so
+    the export is EsmModel, whose last hidden states are ours; a sequence classifier loads it."""
+    torch.manual_seed(0)
+    ours = perturb(build_model(_ours(arch="encoder", pos=RoPEConfig())))
+    theirs = to_hf(ours)
+    assert type(theirs) is T.EsmModel
+    kw = inputs(False)
+    with torch.no_grad():
+        h_ours = ours.features(kw["input_ids"], kw["attention_mask"])
+        h_theirs = theirs(**kw).last_hidden_state
+    real = kw["attention_mask"].bool()
+    diff = (h_ours[real] - h_theirs[real]).abs().max() / h_ours[real].abs().max()
+    assert diff < TOL, diff
+    other = perturb(build_model(ours.cfg), seed=5)  # not vacuous
+    with torch.no_grad():
+        assert (other.features(kw["input_ids"], kw["attention_mask"])[real] - h_theirs[real]).abs().max() > 1e-2
+    theirs.save_pretrained(tmp_path)
+    clf = T.EsmForSequenceClassification.from_pretrained(tmp_path, num_labels=2).eval()
+    with torch.no_grad():
+        h_clf = clf.esm(**kw).last_hidden_state
+    assert torch.allclose(h_clf[real], h_theirs[real], atol=1e-6)
+
+
 @pytest.mark.parametrize(
     "hf_factory, match",
     [
@@ -254,6 +299,9 @@ def test_to_hf_of_our_layouts(name, tmp_path):
             "position_embedding_type",
         ),
         (lambda: t5(feed_forward_proj="gated-gelu_fast"), "feed_forward_proj='gelu_fast'"),
+        (lambda: esm(token_dropout=True), "token_dropout=True"),
+        (lambda: esm(emb_layer_norm_before=True), "emb_layer_norm_before=True"),
+        (lambda: esm(position_embedding_type="absolute"), "position_embedding_type='absolute'"),
     ],
 )
 def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
@@ -273,6 +321,12 @@ def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
         (lambda: _ours(bias=False), "without biases"),
         (lambda: _ours(n_kv_heads=2), "n_kv_heads=2"),
         (lambda: _ours(norm=LayerNormConfig(bias=False)), "norm.bias=false"),
+        (lambda: _ours(arch="encoder", pos=RoPEConfig(), ffn=MLPConfig(activation="gelu_tanh")), "exact gelu only"),
+        (
+            lambda: _ours(arch="encoder", pos=RoPEConfig(), mlm_transform=True, tie_embeddings=False),
+            "tie_embeddings=false",
+        ),
+        (lambda: _ours(arch="encoder", pos=RoPEConfig(scaling="linear", factor=2.0)), "pos.scaling=linear"),
     ],
 )
 def test_to_hf_refuses_what_it_cannot_represent(cfg, match):

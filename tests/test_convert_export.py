@@ -41,7 +41,7 @@ def _checkpoint(tmp_path, model_cfg: ModelConfig, tokenizer: Tokenizer):
     return ckpt, model.eval()
 
 
-@pytest.mark.parametrize("family", ["llama", "t5", "gpt2", "bert"])
+@pytest.mark.parametrize("family", ["llama", "t5", "gpt2", "bert", "esm"])
 def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
     tok = train("char", TEXT, n_sentinels=4)
     vocab = 64 * ((tok.vocab_size + 63) // 64)
@@ -82,6 +82,9 @@ def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
             pos=RoPEConfig(theta=500.0, scaling="llama3", factor=8.0, original_max_seq_len=16),
         )
         auto = transformers.AutoModelForCausalLM
+    elif family == "esm":  # the GLUE GPU preset's encoder (RoPE, pre-norm, no MLM-head transform): EsmModel
+        cfg = ModelConfig(arch="encoder", vocab_size=vocab, dim=32, n_layers=2, n_heads=4, pos=RoPEConfig(theta=500.0))
+        auto = transformers.AutoModel
     else:  # T5 v1.1 layout: untied, GeGLU (tanh), unscaled logits
         cfg = ModelConfig(
             arch="encoder_decoder",
@@ -117,5 +120,8 @@ def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
     if family == "t5":
         kw["decoder_input_ids"] = x[:, :7]
     with torch.no_grad():
-        ours, theirs = model(**kw).logits, hf(**kw).logits
+        if family == "esm":  # the encoder alone: its last hidden states
+            ours, theirs = model.features(x), hf(**kw).last_hidden_state
+        else:
+            ours, theirs = model(**kw).logits, hf(**kw).logits
     assert (ours - theirs).abs().max().item() < 1e-5 * max(1.0, ours.abs().max().item())

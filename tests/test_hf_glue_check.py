@@ -32,7 +32,7 @@ def tokenizers(tmp_path_factory):
     return ours, to_transformers(path)
 
 
-@pytest.mark.parametrize(("kind", "arch"), [("gpt2", "decoder"), ("bert", "encoder")])
+@pytest.mark.parametrize(("kind", "arch"), [("gpt2", "decoder"), ("bert", "encoder"), ("esm", "encoder")])
 @pytest.mark.parametrize("max_len", [12, 128])
 def test_the_script_encodes_pairs_as_lm_finetune_does(tokenizers, kind, arch, max_len):
     ours, theirs = tokenizers
@@ -41,8 +41,9 @@ def test_the_script_encodes_pairs_as_lm_finetune_does(tokenizers, kind, arch, ma
     keys = ["input_ids", "attention_mask", "labels"] + (["token_type_ids"] if kind == "bert" else [])
     assert [{k: r[k] for k in keys} for r in hf_rows] == [{k: r[k] for k in keys} for r in lm_rows]
     assert max(len(r["input_ids"]) for r in hf_rows) == min(max_len, max(len(r["input_ids"]) for r in lm_rows))
-    if kind == "gpt2":  # GPT-2 would add the embedding of token id 0/1 to every position
+    if kind != "bert":  # GPT-2 would add the embedding of token id 0/1 to every position; ESM takes none
         assert all("token_type_ids" not in r for r in hf_rows)
+    if kind == "gpt2":
         assert {r["input_ids"][-1] for r in hf_rows} == {ours.eos_id}  # the pooled last token
 
 
@@ -83,12 +84,12 @@ def _checkpoint(tmp_path, tok, model_cfg):
     return ckpt
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "bert"])
+@pytest.mark.parametrize("kind", ["gpt2", "bert", "esm"])
 def test_both_sides_compute_the_same_classifier(tmp_path, kind):
     """Given the same head weights, lm-finetune's classifier and the Hugging Face one give the same STS-B
     scores (the pooled position, the pair layout and the backbone all agree); mean pooling would not."""
     from lm.cli.export import export
-    from lm.model.config import ModelConfig
+    from lm.model.config import ModelConfig, RoPEConfig
 
     root = tmp_path / "glue"
     (root / "STS-B").mkdir(parents=True)
@@ -98,6 +99,10 @@ def test_both_sides_compute_the_same_classifier(tmp_path, kind):
     vocab = 64 * ((tok.vocab_size + 63) // 64)
     if kind == "gpt2":
         cfg = ModelConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
+    elif kind == "esm":  # the GLUE GPU preset's layout: a pre-norm RoPE encoder, exported as EsmModel
+        cfg = ModelConfig(
+            arch="encoder", vocab_size=vocab, dim=32, n_layers=2, n_heads=4, max_seq_len=64, pos=RoPEConfig()
+        )
     else:
         cfg = ModelConfig(**BERT_LAYOUT, vocab_size=vocab, dim=32, n_layers=2, n_heads=4, max_seq_len=64)
     ckpt = _checkpoint(tmp_path, tok, cfg)
@@ -109,3 +114,57 @@ def test_both_sides_compute_the_same_classifier(tmp_path, kind):
             assert check.forward_gap(ckpt, hf_dir, root, "stsb", 24) > 1e-3
         finally:
             check.LM_HEADS["lm"]["gpt2"][0] = "pooling=last"
+
+
+@pytest.mark.slow
+def test_the_gpu_hf_check_script_pretrains_exports_and_checks_tiny(tmp_path, data_mirror):
+    """benchmarks/gpu_hf_check.sh on the CPU with a tiny model of the GPU preset's layout: the pretraining,
+    the export (ESM's EsmModel) and both sides of the check run; both sides encode RTE's dev rows alike and
+    compute the same classifier; OUT holds six files (a device call brings back at most 8)."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).parents[1]
+    subprocess.run(
+        ["bash", str(repo / "benchmarks" / "gpu_transfer_data.sh"), "1", str(data_mirror)],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    env = {
+        **os.environ,
+        "LM_CACHE": str(tmp_path / "cache"),
+        "LM_DATA_MIRROR": str(tmp_path / ".gpu_data"),
+        "RUN_DIR": str(tmp_path / "run"),
+        "TOKENS": "20000",
+        "COMPILE": "false",
+        "PRETRAIN": "model.dim=32 model.n_layers=1 model.n_heads=2 train.micro_batch_size=8 train.precision=fp32 "
+        "train.eval_batches=2",
+        "TASKS": "rte",
+        "SEEDS": "0",
+        "EPOCHS": "1",
+        "MAX_TRAIN": "32",
+    }
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_hf_check.sh", str(out)], cwd=repo, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "check.json",
+        "check.log",
+        "env.txt",
+        "export.log",
+        "log.txt",
+        "pretrain.log",
+    ]
+    assert "esm ['EsmModel']" in (out / "log.txt").read_text()
+    log = (out / "check.log").read_text()
+    assert "rte: dev rows encoded differently by the two sides: 0" in log
+    gap = float(log.split("max |logit difference| / max |logit| on 64 dev rows: ")[1].split()[0])
+    assert gap < 1e-5
+    rows = json.loads((out / "check.json").read_text())
+    assert [(r["task"], r["side"], sorted(r["seeds"])) for r in rows] == [("rte", "hf", ["0"]), ("rte", "lm", ["0"])]
+    assert all(0 <= r["seeds"]["0"]["best"] <= 100 for r in rows)

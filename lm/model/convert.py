@@ -1,4 +1,4 @@
-"""State-dict adapters to and from Hugging Face layouts: GPT-2, Llama, BERT and T5.
+"""State-dict adapters to and from Hugging Face layouts: GPT-2, Llama, BERT, ESM and T5.
 
 `from_hf(hf_model)` returns (our model, its ModelConfig) with the same weights; `to_hf(model)`
 returns the matching `transformers` model. Each family is a config mapping plus a table of
@@ -16,7 +16,7 @@ import torch
 
 from lm.extras import require
 from lm.model.config import GLUConfig, ModelConfig, ScaledDotConfig
-from lm.model.hf_families import FAMILIES, needs
+from lm.model.hf_families import ESM_BACKBONE, FAMILIES, needs
 from lm.model.hf_fields import check_fields
 from lm.model.options import option_name
 
@@ -28,7 +28,7 @@ def _family_of(cfg: ModelConfig) -> str:
         hint = f"; lm finetune init=<run> finetunes it as the plain {cfg.arch.value} it holds" if plain else ""
         raise ValueError(
             f"no Hugging Face family matches model/family={option_name(cfg.family)}; exportable: gpt2, llama, bert, "
-            f"t5 layouts (use this export's model.safetensors){hint}"
+            f"esm, t5 layouts (use this export's model.safetensors){hint}"
         )
     norm, pos = cfg.norm._target_.rsplit(".", 1)[1], cfg.pos._target_.rsplit(".", 1)[1]
     glu = isinstance(cfg.ffn, GLUConfig)
@@ -38,17 +38,20 @@ def _family_of(cfg: ModelConfig) -> str:
         return "llama"
     if cfg.arch == "encoder" and norm == "LayerNorm" and pos == "Learned" and cfg.norm_position == "post":
         return "bert"
+    if cfg.arch == "encoder" and norm == "LayerNorm" and pos == "RoPE" and not glu and cfg.norm_position == "pre":
+        return "esm"
     if cfg.arch == "encoder_decoder" and norm == "RMSNorm" and pos == "T5Bias" and cfg.norm_position == "pre":
         return "t5"
     raise ValueError(
         f"no Hugging Face family matches arch={cfg.arch}, norm={norm}, pos={pos}, glu={glu}, "
-        f"norm_position={cfg.norm_position}; exportable: gpt2, llama, bert, t5 layouts (export safetensors instead)"
+        f"norm_position={cfg.norm_position}; exportable: gpt2, llama, bert, esm, t5 layouts "
+        f"(export safetensors instead)"
     )
 
 
 def _check_common(cfg: ModelConfig, family: str) -> None:
     """Options of ours that no target family has (or only one has): refused rather than dropped."""
-    bert = family == "bert"
+    bert, esm = family == "bert", family == "esm"
     checks = [
         (not cfg.qk_norm, "model.qk_norm=true"),
         (not cfg.scale_embeddings, "model.scale_embeddings=true"),
@@ -60,7 +63,7 @@ def _check_common(cfg: ModelConfig, family: str) -> None:
             cfg.embed_norm == bert
             and cfg.final_norm != bert
             and (cfg.n_segments > 0) == bert
-            and cfg.mlm_transform == bert,
+            and (cfg.mlm_transform == bert or esm),  # ESM without it: the encoder alone (ESM_BACKBONE)
             "embed_norm/final_norm/n_segments/mlm_transform of another family",
         ),
         (
@@ -97,7 +100,7 @@ def _output_tied(hf_model) -> bool:
 
 
 def from_hf(hf_model):
-    """(our model, ModelConfig) with the weights of a Hugging Face GPT-2, Llama, BERT or T5 model.
+    """(our model, ModelConfig) with the weights of a Hugging Face GPT-2, Llama, BERT, ESM or T5 model.
 
     Raises ValueError naming the field when their config asks for maths this converter does not do.
     """
@@ -110,12 +113,35 @@ def from_hf(hf_model):
     to_ours, _, rules, _ = FAMILIES[family]
     cfg = to_ours(hf_model.config, _output_tied(hf_model))
     model = build_model(cfg)
-    theirs = hf_model.state_dict()
+    theirs = _without_derived(hf_model.state_dict(), cfg)
     table = rules(cfg)
     _check_all_used(theirs, [n for _, names, _ in table for n in names], family)
     ours = {key: _gather(theirs, names, how) for key, names, how in table}
     _load_strict(model, ours)
     return model, cfg
+
+
+# ESM keeps its RoPE inverse frequencies in its state dict; ours computes them from model.pos.theta.
+ROTARY_BUFFER = "rotary_embeddings.inv_freq"
+# ESM's protein contact predictor reads attention maps (EsmModel.predict_contacts): no part of the MLM or
+# classification forward, no part of ours; left out of a conversion and left at their init in an export.
+CONTACT_HEAD = "contact_head."
+
+
+def _without_derived(theirs: dict, cfg: ModelConfig) -> dict:
+    """Their state dict less ESM's contact head and its stored RoPE frequencies, the latter checked equal to
+    those cfg's theta gives (frequencies changed in place are refused rather than converted wrong)."""
+    from lm.model.position import rope_inv_freq
+
+    out = {}
+    for key, t in theirs.items():
+        if CONTACT_HEAD in key:
+            continue
+        if not key.endswith(ROTARY_BUFFER):
+            out[key] = t
+        elif not torch.allclose(t.float(), rope_inv_freq(cfg.pos.theta, cfg.d_head), rtol=1e-6, atol=0):
+            raise ValueError(f"Hugging Face {key} is not the RoPE of rope_theta={cfg.pos.theta}; not converting")
+    return out
 
 
 def _check_all_used(theirs: dict, used: list[str], family: str) -> None:
@@ -136,7 +162,12 @@ def to_hf(model):
     family = _family_of(model.cfg)
     _check_common(model.cfg, family)
     _, to_theirs, rules, cls_name = FAMILIES[family]
-    hf_model = getattr(transformers, cls_name)(to_theirs(model.cfg))
+    backbone = family == "esm" and not model.cfg.mlm_transform  # ESM's MLM head needs the transform
+    if backbone:
+        cls_name = ESM_BACKBONE
+        hf_model = transformers.EsmModel(to_theirs(model.cfg), add_pooling_layer=False)
+    else:
+        hf_model = getattr(transformers, cls_name)(to_theirs(model.cfg))
     ours = model.state_dict()
     theirs = {}
     for key, names, how in rules(model.cfg):
@@ -152,11 +183,16 @@ def to_hf(model):
         "cls.predictions.decoder.bias",
         "encoder.embed_tokens.weight",
         "decoder.embed_tokens.weight",
+        "lm_head.decoder.weight",
     }
-    if unexpected or set(missing) - tied:
+    derived = {k for k in missing if k.endswith(ROTARY_BUFFER) or CONTACT_HEAD in k}  # (see above)
+    if unexpected or set(missing) - tied - derived:
         raise RuntimeError(
-            f"export to {cls_name} left keys unmatched: missing={sorted(set(missing) - tied)}, unexpected={unexpected}"
+            f"export to {cls_name} left keys unmatched: missing={sorted(set(missing) - tied - derived)}, "
+            f"unexpected={unexpected}"
         )
+    if backbone:
+        return hf_model  # the encoder alone: no output layer to tie
     if model.cfg.output_tied:
         hf_model.tie_weights()
     if _output_tied(hf_model) != model.cfg.output_tied:

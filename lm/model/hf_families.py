@@ -1,4 +1,4 @@
-"""The Hugging Face families lm/model/convert.py converts: GPT-2, Llama, BERT and T5, each a config mapping
+"""The Hugging Face families lm/model/convert.py converts: GPT-2, Llama, BERT, ESM and T5, each a config mapping
 (theirs -> ours, ours -> theirs) and a table of rules `(our key, their keys, how)` ("copy", "t": transpose, for
 GPT-2's Conv1D, "cat": our fused q|k|v, k|v or gate|up rows are their separate projections stacked).
 
@@ -365,6 +365,105 @@ def _bert_rules(cfg: ModelConfig) -> list[Rule]:
     return rules
 
 
+# ---------------------------------------------------------------- ESM
+# ESM-2 (Lin et al. 2023) is transformers' pre-norm encoder with rotary positions: LayerNorm before attention and
+# FFN, exact GELU, biases, a final LayerNorm (emb_layer_norm_after), no embedding norm, no segments. It holds the
+# GLUE GPU preset's encoder (RoPE, pre-norm). Its MLM head has BERT's dense+GELU+LayerNorm transform: an encoder
+# without model.mlm_transform exports its encoder alone (EsmModel, ESM_BACKBONE), which is what a sequence
+# classifier (EsmForSequenceClassification) starts from.
+
+ESM_BACKBONE = "EsmModel"
+
+
+def _esm_config(hf, tied: bool) -> ModelConfig:
+    needs(hf.position_embedding_type == "rotary", "ESM", f"position_embedding_type={hf.position_embedding_type!r}")
+    needs(not hf.emb_layer_norm_before, "ESM", "emb_layer_norm_before=True (a LayerNorm on the embeddings)")
+    needs(tied, "ESM", "an MLM decoder not tied to the word embeddings")
+    return ModelConfig(
+        arch="encoder",
+        vocab_size=hf.vocab_size,
+        dim=hf.hidden_size,
+        n_layers=hf.num_hidden_layers,
+        n_heads=hf.num_attention_heads,
+        max_seq_len=hf.max_position_embeddings,
+        norm_position="pre",
+        norm_eps=hf.layer_norm_eps,
+        bias=True,
+        embed_norm=False,
+        final_norm=True,
+        mlm_transform=True,
+        mlm_activation="gelu",
+        tie_embeddings=True,
+        init="normal",
+        pad_token_id=hf.pad_token_id or 0,
+        norm=_norm("layernorm"),
+        ffn=_ffn(False, "gelu", hf.intermediate_size),
+        pos=_pos("rope", theta=float(hf.rope_theta)),
+    )
+
+
+def _esm_to_hf_config(cfg: ModelConfig):
+    from transformers import EsmConfig
+
+    # ESM's FFN and MLM-head activation is exact GELU, written into its code rather than its config.
+    needs(
+        str(cfg.ffn.activation) == "gelu", "ESM", f"model.ffn.activation={str(cfg.ffn.activation)!r} (exact gelu only)"
+    )
+    needs(
+        not cfg.mlm_transform or str(cfg.mlm_activation) == "gelu",
+        "ESM",
+        f"model.mlm_activation={str(cfg.mlm_activation)!r} (exact gelu only)",
+    )
+    needs(cfg.bias and _ffn_bias(cfg), "ESM", "this layout without biases")
+    needs(cfg.output_tied or not cfg.mlm_transform, "ESM", "model.tie_embeddings=false (ESM's MLM decoder is tied)")
+    return EsmConfig(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.dim,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=_hidden(cfg),
+        max_position_embeddings=cfg.max_seq_len,
+        layer_norm_eps=cfg.norm_eps,
+        position_embedding_type="rotary",
+        rope_theta=float(cfg.pos.theta),
+        emb_layer_norm_before=False,
+        token_dropout=False,
+        pad_token_id=cfg.pad_token_id,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+
+
+def _esm_rules(cfg: ModelConfig) -> list[Rule]:
+    e = "esm." if cfg.mlm_transform else ""  # EsmForMaskedLM holds the encoder as .esm; EsmModel is it
+    rules = [
+        ("embed.tok.weight", [e + "embeddings.word_embeddings.weight"], "copy"),
+        ("encoder.final_norm.weight", [e + "encoder.emb_layer_norm_after.weight"], "copy"),
+        ("encoder.final_norm.bias", [e + "encoder.emb_layer_norm_after.bias"], "copy"),
+    ]
+    if cfg.mlm_transform:
+        rules += [
+            ("head.transform.0.weight", ["lm_head.dense.weight"], "copy"),
+            ("head.transform.0.bias", ["lm_head.dense.bias"], "copy"),
+            ("head.transform.2.weight", ["lm_head.layer_norm.weight"], "copy"),
+            ("head.transform.2.bias", ["lm_head.layer_norm.bias"], "copy"),
+            ("head.proj.bias", ["lm_head.bias"], "copy"),
+        ]
+    for i in range(cfg.n_layers):
+        o, t = f"encoder.blocks.{i}.", f"{e}encoder.layer.{i}."
+        s = t + "attention.self."
+        for p in (".weight", ".bias"):
+            rules += [
+                (o + "self_attn.qkv" + p, [s + n + p for n in ("query", "key", "value")], "cat"),
+                (o + "self_attn.out" + p, [t + "attention.output.dense" + p], "copy"),
+                (o + "norm_self" + p, [t + "attention.LayerNorm" + p], "copy"),
+                (o + "ffn.up" + p, [t + "intermediate.dense" + p], "copy"),
+                (o + "ffn.down" + p, [t + "output.dense" + p], "copy"),
+                (o + "norm_ffn" + p, [t + "LayerNorm" + p], "copy"),
+            ]
+    return rules
+
+
 # ---------------------------------------------------------------- T5
 
 
@@ -496,5 +595,6 @@ FAMILIES: dict[str, tuple[Callable, Callable, Callable, str]] = {
     "gpt2": (_gpt2_config, _gpt2_to_hf_config, _gpt2_rules, "GPT2LMHeadModel"),
     "llama": (_llama_config, _llama_to_hf_config, _llama_rules, "LlamaForCausalLM"),
     "bert": (_bert_config, _bert_to_hf_config, _bert_rules, "BertForMaskedLM"),
+    "esm": (_esm_config, _esm_to_hf_config, _esm_rules, "EsmForMaskedLM"),
     "t5": (_t5_config, _t5_to_hf_config, _t5_rules, "T5ForConditionalGeneration"),
 }

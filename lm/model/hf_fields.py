@@ -96,6 +96,21 @@ HANDLED: dict[str, frozenset[str]] = {
             "tie_word_embeddings",
         }
     ),
+    "esm": frozenset(
+        {
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "layer_norm_eps",
+            "position_embedding_type",
+            "rope_theta",
+            "emb_layer_norm_before",
+            "tie_word_embeddings",
+        }
+    ),
     "t5": frozenset(
         {
             "vocab_size",
@@ -137,6 +152,8 @@ FAMILY_INERT: dict[str, frozenset[str]] = {
     # pretraining_tp only slices the same matmuls (transformers 5 ignores it).
     "llama": frozenset({"attention_dropout", "pretraining_tp"}),
     "bert": frozenset({"hidden_dropout_prob", "attention_probs_dropout_prob"}),
+    # mask_token_id matters only with token_dropout (refused unless False, its default); vocab_list names tokens
+    "esm": frozenset({"hidden_dropout_prob", "attention_probs_dropout_prob", "mask_token_id", "vocab_list"}),
     "t5": frozenset({"dropout_rate", "n_positions"}),
 }
 
