@@ -376,9 +376,14 @@ ESM_BACKBONE = "EsmModel"
 
 
 def _esm_config(hf, tied: bool) -> ModelConfig:
-    needs(hf.position_embedding_type == "rotary", "ESM", f"position_embedding_type={hf.position_embedding_type!r}")
-    needs(not hf.emb_layer_norm_before, "ESM", "emb_layer_norm_before=True (a LayerNorm on the embeddings)")
-    needs(tied, "ESM", "an MLM decoder not tied to the word embeddings")
+    refused = [
+        (hf.position_embedding_type != "rotary", f"position_embedding_type={hf.position_embedding_type!r}"),
+        (bool(hf.emb_layer_norm_before), "emb_layer_norm_before=True (a LayerNorm on the embeddings)"),
+        (not tied, "an MLM decoder not tied to the word embeddings"),
+    ]
+    for bad, what in refused:
+        if bad:
+            raise ValueError(f"Hugging Face ESM with {what} is not converted (ESM-2's layout only)")
     return ModelConfig(
         arch="encoder",
         vocab_size=hf.vocab_size,
