@@ -350,18 +350,26 @@ def _bert_rules(cfg: ModelConfig) -> list[Rule]:
         ("head.transform.2.bias", ["cls.predictions.transform.LayerNorm.bias"], "copy"),
         ("head.proj.bias", ["cls.predictions.bias"], "copy"),
     ]
-    for i in range(cfg.n_layers):
+    for i in range(cfg.n_layers):  # post-norm: each LayerNorm after its sublayer's output projection
         o, t = f"encoder.blocks.{i}.", f"bert.encoder.layer.{i}."
-        s = t + "attention.self."
-        for p in (".weight", ".bias"):
-            rules += [
-                (o + "self_attn.qkv" + p, [s + n + p for n in ("query", "key", "value")], "cat"),
-                (o + "self_attn.out" + p, [t + "attention.output.dense" + p], "copy"),
-                (o + "norm_self" + p, [t + "attention.output.LayerNorm" + p], "copy"),
-                (o + "ffn.up" + p, [t + "intermediate.dense" + p], "copy"),
-                (o + "ffn.down" + p, [t + "output.dense" + p], "copy"),
-                (o + "norm_ffn" + p, [t + "output.LayerNorm" + p], "copy"),
-            ]
+        rules += _bert_layer_rules(o, t, "attention.output.LayerNorm", "output.LayerNorm")
+    return rules
+
+
+def _bert_layer_rules(o: str, t: str, norm_self: str, norm_ffn: str) -> list[Rule]:
+    """One encoder layer in BERT's naming (ESM keeps it), from our block `o` to their layer `t`; the two
+    LayerNorms are named where each family keeps them."""
+    s = t + "attention.self."
+    rules = []
+    for p in (".weight", ".bias"):
+        rules += [
+            (o + "self_attn.qkv" + p, [s + n + p for n in ("query", "key", "value")], "cat"),
+            (o + "self_attn.out" + p, [t + "attention.output.dense" + p], "copy"),
+            (o + "norm_self" + p, [t + norm_self + p], "copy"),
+            (o + "ffn.up" + p, [t + "intermediate.dense" + p], "copy"),
+            (o + "ffn.down" + p, [t + "output.dense" + p], "copy"),
+            (o + "norm_ffn" + p, [t + norm_ffn + p], "copy"),
+        ]
     return rules
 
 
@@ -454,18 +462,9 @@ def _esm_rules(cfg: ModelConfig) -> list[Rule]:
             ("head.transform.2.bias", ["lm_head.layer_norm.bias"], "copy"),
             ("head.proj.bias", ["lm_head.bias"], "copy"),
         ]
-    for i in range(cfg.n_layers):
+    for i in range(cfg.n_layers):  # pre-norm: each LayerNorm before its sublayer
         o, t = f"encoder.blocks.{i}.", f"{e}encoder.layer.{i}."
-        s = t + "attention.self."
-        for p in (".weight", ".bias"):
-            rules += [
-                (o + "self_attn.qkv" + p, [s + n + p for n in ("query", "key", "value")], "cat"),
-                (o + "self_attn.out" + p, [t + "attention.output.dense" + p], "copy"),
-                (o + "norm_self" + p, [t + "attention.LayerNorm" + p], "copy"),
-                (o + "ffn.up" + p, [t + "intermediate.dense" + p], "copy"),
-                (o + "ffn.down" + p, [t + "output.dense" + p], "copy"),
-                (o + "norm_ffn" + p, [t + "LayerNorm" + p], "copy"),
-            ]
+        rules += _bert_layer_rules(o, t, "attention.LayerNorm", "LayerNorm")
     return rules
 
 
