@@ -20,19 +20,20 @@ model has no segment table; gpt2: [BOS] a [SEP] b [EOS], no segment ids: GPT-2 w
 a segment id), the pooled position (bert, esm: [CLS] through a fresh dense+tanh pooler; gpt2: the last real
 token, i.e. [EOS], no pooler: lm's pooling=first / last), a new linear head (MSE with one output for STS-B,
 cross-entropy otherwise), the dropout before it (bert: 0.1, the export sets no classifier dropout so this script
-does; esm: 0.1 set on ESM's classification head, which also drops out before its dense+tanh; gpt2: none,
-GPT2ForSequenceClassification has none), dropout 0 inside the backbone (the export's, and lm's model.dropout),
-AdamW (0.9, 0.999, eps 1e-8) with weight decay 0.01 on the same tensors (Linear weights and the embedding
-tables; none on biases and norms: Trainer's default groups, lm's optim.decay_embeddings=true), linear decay to 0
-after a 10% warmup, gradient clipping at 1.0, --batch-size with the last partial batch kept, dev scored after
-every epoch and the best epoch kept (the number lm-finetune reports), fp32 on the same device (the GPU when
-there is one), the same first --max-train-examples rows.
-What differs by design: the Hugging Face side encodes with the export's own fast tokenizer and reads the
-TSV files with its own few lines (no lm.glue code); it scores raw predictions (lm clips STS-B to [0, 5] as
-the leaderboard would); its new head is initialised as the family does (normal, std 0.02; lm: torch's
-Linear default, uniform +-1/sqrt(dim)) and GPT-2's `score` has no bias (lm's classifier has one); its
-warmup starts at lr 0 and its decay reaches 0 one step after the last (lm: (step+1)/(warmup+1), 0 at the
-last step); its data order, dropout masks and head init come from its own seeding.
+does; esm: 0.1, set on ESM's classification head; gpt2: none, GPT2ForSequenceClassification has none), dropout 0
+inside the backbone (the export's, and lm's model.dropout), AdamW (0.9, 0.999, eps 1e-8) with weight decay 0.01
+on the same tensors (Linear weights and the embedding tables; none on biases and norms: Trainer's default
+groups, lm's optim.decay_embeddings=true), linear decay to 0 after a 10% warmup, gradient clipping at 1.0,
+--batch-size with the last partial batch kept, dev scored after every epoch and the best epoch kept (the number
+lm-finetune reports), fp32 on the same device (the GPU when there is one), the same first --max-train-examples
+rows.
+What differs by design: the Hugging Face side encodes with the export's own fast tokenizer and reads the TSV
+files with its own few lines (no lm.glue code); it scores raw predictions (lm clips STS-B to [0, 5] as the
+leaderboard would); its new head is initialised as the family does (normal, std 0.02; lm: torch's Linear
+default, uniform +-1/sqrt(dim)) and GPT-2's `score` has no bias (lm's classifier has one); its warmup starts at
+lr 0 and its decay reaches 0 one step after the last (lm: (step+1)/(warmup+1), 0 at the last step); ESM's head
+also drops out before its dense+tanh (lm's only before the last linear layer); its data order, dropout masks and
+head init come from its own seeding.
 The lm-mean side is lm-finetune as the GLUE-transfer recipe runs it (mean pooling, dropout 0.1 before the
 head, no weight decay on embeddings) with this script's lr, epochs, batch and examples.
 """
