@@ -1,10 +1,10 @@
 """State-dict adapters to and from Hugging Face layouts: GPT-2, Llama, BERT, ESM and T5.
 
-`from_hf(hf_model)` returns (our model, its ModelConfig) with the same weights; `to_hf(model)`
-returns the matching `transformers` model. Each family is a config mapping plus a table of
-rules `(our key, their keys, how)` (lm/model/hf_families.py); here: which family a model is, what none of them
-has, and the copying of tensors by those rules. transformers is imported lazily: it is a test reference and an
-export target, not a dependency of the model.
+`from_hf(hf_model)` returns (our model, its ModelConfig) with the same weights; `to_hf(model)` returns the
+matching `transformers` model. Each family is a config mapping plus a table of rules `(our key, their keys,
+how)` (lm/model/hf_families.py; BERT and ESM in hf_encoders.py); here: which family a model is, what none of
+them has, and the copying of tensors by those rules. transformers is imported lazily: it is a test reference and
+an export target, not a dependency of the model.
 
 Exact or refused: every config field that can change the forward pass is either mapped here or
 refused by name (lm/model/hf_fields.py lists them per family), every tensor of theirs must be used,
@@ -16,7 +16,9 @@ import torch
 
 from lm.extras import require
 from lm.model.config import GLUConfig, ModelConfig, ScaledDotConfig
-from lm.model.hf_families import ESM_BACKBONE, FAMILIES, needs
+from lm.model.hf_common import needs
+from lm.model.hf_encoders import ESM_BACKBONE
+from lm.model.hf_families import FAMILIES
 from lm.model.hf_fields import check_fields
 from lm.model.options import option_name
 

@@ -18,7 +18,7 @@ def write_hf_dir(model, out: Path, tokenizer=None) -> Path:
     """Save `to_hf(model)` (ValueError when no family matches) and, when given, `tokenizer` (a transformers
     PreTrainedTokenizerFast) into `out`."""
     hf_model = to_hf(model)
-    if hf_model.get_output_embeddings() is None:  # ESM's encoder alone (lm.model.hf_families.ESM_BACKBONE)
+    if hf_model.get_output_embeddings() is None:  # ESM's encoder alone (lm.model.hf_encoders.ESM_BACKBONE)
         log.warning(
             "hf/ holds %s, the encoder without its MLM head (Hugging Face's head has a transform this model "
             "lacks: model.mlm_transform=false); model.safetensors holds the whole model",

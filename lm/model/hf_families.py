@@ -2,75 +2,26 @@
 (theirs -> ours, ours -> theirs) and a table of rules `(our key, their keys, how)` ("copy", "t": transpose, for
 GPT-2's Conv1D, "cat": our fused q|k|v, k|v or gate|up rows are their separate projections stacked).
 
+The encoder families (BERT, ESM) are in lm/model/hf_encoders.py, what all share in hf_common.py.
 FAMILIES is the one table convert.py reads; the refusals of what no family has and the weight copying stay there.
 transformers is imported inside the functions that build their configs: it is an export target, not a dependency.
 """
 
 from collections.abc import Callable
 
-from lm.model.config import (
-    GLUConfig,
-    LayerNormConfig,
-    LearnedConfig,
-    MLPConfig,
-    ModelConfig,
-    RMSNormConfig,
-    RoPEConfig,
-    T5BiasConfig,
+from lm.model.config import GLUConfig, ModelConfig
+from lm.model.hf_common import (
+    Rule,
+    ffn_bias,
+    ffn_config,
+    hf_activation,
+    hidden_dim,
+    needs,
+    norm_config,
+    our_activation,
+    pos_config,
 )
-
-Rule = tuple[str, list[str], str]
-
-
-def _norm(kind: str, **kw):
-    return {"layernorm": LayerNormConfig, "rmsnorm": RMSNormConfig}[kind](**kw)
-
-
-def _ffn(glu: bool, activation: str, hidden_dim: int):
-    return (GLUConfig if glu else MLPConfig)(activation=activation, hidden_dim=hidden_dim)
-
-
-def _pos(kind: str, **kw):
-    return {"learned": LearnedConfig, "rope": RoPEConfig, "t5_bias": T5BiasConfig}[kind](**kw)
-
-
-# Their activation names -> ours (ACTIVATIONS in lm/model/ffn.py), and ours -> their canonical name.
-HF_ACTIVATIONS = {
-    "relu": "relu",
-    "gelu": "gelu",
-    "gelu_python": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "silu": "silu",
-    "swish": "silu",
-}
-TO_HF_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_new", "silu": "silu"}
-
-
-def _act(name: str, field: str) -> str:
-    if name not in HF_ACTIVATIONS:
-        raise ValueError(
-            f"Hugging Face {field}={name!r} has no exact equivalent here; supported: {sorted(HF_ACTIVATIONS)}"
-        )
-    return HF_ACTIVATIONS[name]
-
-
-def _hf_act(cfg: ModelConfig) -> str:
-    name = str(cfg.ffn.activation)
-    if name not in TO_HF_ACTIVATIONS:
-        raise ValueError(f"activation {name!r} has no Hugging Face name; exportable: {sorted(TO_HF_ACTIVATIONS)}")
-    return TO_HF_ACTIVATIONS[name]
-
-
-def _ffn_bias(cfg: ModelConfig) -> bool:
-    return cfg.bias if cfg.ffn_bias is None else cfg.ffn_bias
-
-
-def needs(ok: bool, family: str, what: str) -> None:
-    """Refuse an export the family cannot represent exactly (`what`: the option, named as the user set it)."""
-    if not ok:
-        raise ValueError(f"{family} export cannot represent {what}; export safetensors instead (lm export --no-hf)")
-
+from lm.model.hf_encoders import bert_config, bert_rules, bert_to_hf_config, esm_config, esm_rules, esm_to_hf_config
 
 # ---------------------------------------------------------------- GPT-2
 
@@ -88,16 +39,18 @@ def _gpt2_config(hf, tied: bool) -> ModelConfig:
         tie_embeddings=tied,
         attn_scale=None if hf.scale_attn_weights else 1.0,
         attn_scale_by_layer=bool(hf.scale_attn_by_inverse_layer_idx),
-        norm=_norm("layernorm"),
-        ffn=_ffn(False, _act(hf.activation_function, "activation_function"), hf.n_inner or 4 * hf.n_embd),
-        pos=_pos("learned"),
+        norm=norm_config("layernorm"),
+        ffn=ffn_config(
+            False, our_activation(hf.activation_function, "activation_function"), hf.n_inner or 4 * hf.n_embd
+        ),
+        pos=pos_config("learned"),
     )
 
 
 def _gpt2_to_hf_config(cfg: ModelConfig):
     from transformers import GPT2Config
 
-    needs(cfg.bias and _ffn_bias(cfg), "GPT-2", "projections without biases (model.bias / model.ffn_bias false)")
+    needs(cfg.bias and ffn_bias(cfg), "GPT-2", "projections without biases (model.bias / model.ffn_bias false)")
     needs(cfg.attn_scale in (None, 1.0), "GPT-2", f"model.attn_scale={cfg.attn_scale} (only null or 1.0)")
     return GPT2Config(
         vocab_size=cfg.vocab_size,
@@ -106,8 +59,8 @@ def _gpt2_to_hf_config(cfg: ModelConfig):
         n_head=cfg.n_heads,
         n_positions=cfg.max_seq_len,
         layer_norm_epsilon=cfg.norm_eps,
-        activation_function=_hf_act(cfg),
-        n_inner=_hidden(cfg),
+        activation_function=hf_activation(cfg),
+        n_inner=hidden_dim(cfg),
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attn_pdrop=0.0,
@@ -167,9 +120,9 @@ def _rope_pos(hf) -> dict:
             f"dynamic, llama3, without partial_rotary_factor / attention_factor)"
         )
     if kind == "default":
-        return _pos("rope", theta=theta)
+        return pos_config("rope", theta=theta)
     if kind == "llama3":
-        return _pos(
+        return pos_config(
             "rope",
             theta=theta,
             scaling="llama3",
@@ -180,7 +133,7 @@ def _rope_pos(hf) -> dict:
         )
     # dynamic NTK counts from max_position_embeddings in transformers, whatever the dict says
     orig = hf.max_position_embeddings if kind == "dynamic" else None
-    return _pos("rope", theta=theta, scaling=kind, factor=float(p["factor"]), original_max_seq_len=orig)
+    return pos_config("rope", theta=theta, scaling=kind, factor=float(p["factor"]), original_max_seq_len=orig)
 
 
 def _llama_config(hf, tied: bool) -> ModelConfig:
@@ -199,8 +152,8 @@ def _llama_config(hf, tied: bool) -> ModelConfig:
         ffn_bias=bool(getattr(hf, "mlp_bias", False)),
         tie_embeddings=tied,
         init="normal",
-        norm=_norm("rmsnorm"),
-        ffn=_ffn(True, _act(hf.hidden_act, "hidden_act"), hf.intermediate_size),
+        norm=norm_config("rmsnorm"),
+        ffn=ffn_config(True, our_activation(hf.hidden_act, "hidden_act"), hf.intermediate_size),
         pos=_rope_pos(hf),
     )
 
@@ -232,16 +185,16 @@ def _llama_to_hf_config(cfg: ModelConfig):
     return LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.dim,
-        intermediate_size=_hidden(cfg),
+        intermediate_size=hidden_dim(cfg),
         num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.kv_heads,
         head_dim=cfg.d_head,
         max_position_embeddings=cfg.max_seq_len,
         rms_norm_eps=cfg.norm_eps,
-        hidden_act=_hf_act(cfg),
+        hidden_act=hf_activation(cfg),
         attention_bias=cfg.bias,
-        mlp_bias=_ffn_bias(cfg),
+        mlp_bias=ffn_bias(cfg),
         tie_word_embeddings=cfg.output_tied,
         rope_parameters=_llama_rope_parameters(cfg),
     )
@@ -264,7 +217,7 @@ def _llama_rules(cfg: ModelConfig) -> list[Rule]:
         params = (".weight", ".bias") if cfg.bias else (".weight",)
         rules += [(o + "self_attn.qkv" + p, [attn + n + "_proj" + p for n in "qkv"], "cat") for p in params]
         rules += [(o + "self_attn.out" + p, [attn + "o_proj" + p], "copy") for p in params]
-        for p in (".weight", ".bias") if _ffn_bias(cfg) else (".weight",):
+        for p in (".weight", ".bias") if ffn_bias(cfg) else (".weight",):
             rules += [
                 (o + "ffn.gate_up" + p, [t + "mlp.gate_proj" + p, t + "mlp.up_proj" + p], "cat"),
                 (o + "ffn.down" + p, [t + "mlp.down_proj" + p], "copy"),
@@ -272,207 +225,11 @@ def _llama_rules(cfg: ModelConfig) -> list[Rule]:
     return rules
 
 
-# ---------------------------------------------------------------- BERT
-
-
-def _bert_config(hf, tied: bool) -> ModelConfig:
-    kind = getattr(hf, "position_embedding_type", "absolute")
-    if kind != "absolute":
-        raise ValueError(f"Hugging Face BERT position_embedding_type={kind!r} is not converted (only 'absolute')")
-    if not tied:
-        raise ValueError("a BERT whose MLM decoder is not tied to the word embeddings is not converted")
-    act = _act(hf.hidden_act, "hidden_act")
-    return ModelConfig(
-        arch="encoder",
-        vocab_size=hf.vocab_size,
-        dim=hf.hidden_size,
-        n_layers=hf.num_hidden_layers,
-        n_heads=hf.num_attention_heads,
-        max_seq_len=hf.max_position_embeddings,
-        norm_position="post",
-        norm_eps=hf.layer_norm_eps,
-        bias=True,
-        embed_norm=True,
-        final_norm=False,
-        n_segments=hf.type_vocab_size,
-        mlm_transform=True,
-        mlm_activation=act,
-        tie_embeddings=True,
-        init="normal",
-        pad_token_id=hf.pad_token_id or 0,
-        norm=_norm("layernorm"),
-        ffn=_ffn(False, act, hf.intermediate_size),
-        pos=_pos("learned"),
-    )
-
-
-def _bert_to_hf_config(cfg: ModelConfig):
-    from transformers import BertConfig
-
-    # One hidden_act drives both the FFN and the MLM-head transform in transformers.
-    needs(
-        cfg.mlm_activation == cfg.ffn.activation,
-        "BERT",
-        f"model.mlm_activation={str(cfg.mlm_activation)!r} != model.ffn.activation={str(cfg.ffn.activation)!r}",
-    )
-    needs(
-        cfg.bias and _ffn_bias(cfg) and cfg.mlm_transform and cfg.output_tied and cfg.embed_norm,
-        "BERT",
-        "this layout (needs bias, mlm_transform, tie_embeddings and embed_norm true)",
-    )
-    return BertConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.dim,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        intermediate_size=_hidden(cfg),
-        max_position_embeddings=cfg.max_seq_len,
-        type_vocab_size=cfg.n_segments,
-        layer_norm_eps=cfg.norm_eps,
-        hidden_act=_hf_act(cfg),
-        pad_token_id=cfg.pad_token_id,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-
-
-def _bert_rules(cfg: ModelConfig) -> list[Rule]:
-    e = "bert.embeddings."
-    rules = [
-        ("embed.tok.weight", [e + "word_embeddings.weight"], "copy"),
-        ("embed.seg.weight", [e + "token_type_embeddings.weight"], "copy"),
-        ("encoder.pos.table.weight", [e + "position_embeddings.weight"], "copy"),
-        ("encoder.embed_norm.weight", [e + "LayerNorm.weight"], "copy"),
-        ("encoder.embed_norm.bias", [e + "LayerNorm.bias"], "copy"),
-        ("head.transform.0.weight", ["cls.predictions.transform.dense.weight"], "copy"),
-        ("head.transform.0.bias", ["cls.predictions.transform.dense.bias"], "copy"),
-        ("head.transform.2.weight", ["cls.predictions.transform.LayerNorm.weight"], "copy"),
-        ("head.transform.2.bias", ["cls.predictions.transform.LayerNorm.bias"], "copy"),
-        ("head.proj.bias", ["cls.predictions.bias"], "copy"),
-    ]
-    for i in range(cfg.n_layers):  # post-norm: each LayerNorm after its sublayer's output projection
-        o, t = f"encoder.blocks.{i}.", f"bert.encoder.layer.{i}."
-        rules += _bert_layer_rules(o, t, "attention.output.LayerNorm", "output.LayerNorm")
-    return rules
-
-
-def _bert_layer_rules(o: str, t: str, norm_self: str, norm_ffn: str) -> list[Rule]:
-    """One encoder layer in BERT's naming (ESM keeps it), from our block `o` to their layer `t`; the two
-    LayerNorms are named where each family keeps them."""
-    s = t + "attention.self."
-    rules = []
-    for p in (".weight", ".bias"):
-        rules += [
-            (o + "self_attn.qkv" + p, [s + n + p for n in ("query", "key", "value")], "cat"),
-            (o + "self_attn.out" + p, [t + "attention.output.dense" + p], "copy"),
-            (o + "norm_self" + p, [t + norm_self + p], "copy"),
-            (o + "ffn.up" + p, [t + "intermediate.dense" + p], "copy"),
-            (o + "ffn.down" + p, [t + "output.dense" + p], "copy"),
-            (o + "norm_ffn" + p, [t + norm_ffn + p], "copy"),
-        ]
-    return rules
-
-
-# ---------------------------------------------------------------- ESM
-# ESM-2 (Lin et al. 2023) is transformers' pre-norm encoder with rotary positions: LayerNorm before attention and
-# FFN, exact GELU, biases, a final LayerNorm (emb_layer_norm_after), no embedding norm, no segments. It holds the
-# GLUE GPU preset's encoder (RoPE, pre-norm). Its MLM head has BERT's dense+GELU+LayerNorm transform: an encoder
-# without model.mlm_transform exports its encoder alone (EsmModel, ESM_BACKBONE), which is what a sequence
-# classifier (EsmForSequenceClassification) starts from.
-
-ESM_BACKBONE = "EsmModel"
-
-
-def _esm_config(hf, tied: bool) -> ModelConfig:
-    refused = [
-        (hf.position_embedding_type != "rotary", f"position_embedding_type={hf.position_embedding_type!r}"),
-        (bool(hf.emb_layer_norm_before), "emb_layer_norm_before=True (a LayerNorm on the embeddings)"),
-        (not tied, "an MLM decoder not tied to the word embeddings"),
-    ]
-    for bad, what in refused:
-        if bad:
-            raise ValueError(f"Hugging Face ESM with {what} is not converted (ESM-2's layout only)")
-    return ModelConfig(
-        arch="encoder",
-        vocab_size=hf.vocab_size,
-        dim=hf.hidden_size,
-        n_layers=hf.num_hidden_layers,
-        n_heads=hf.num_attention_heads,
-        max_seq_len=hf.max_position_embeddings,
-        norm_position="pre",
-        norm_eps=hf.layer_norm_eps,
-        bias=True,
-        embed_norm=False,
-        final_norm=True,
-        mlm_transform=True,
-        mlm_activation="gelu",
-        tie_embeddings=True,
-        init="normal",
-        pad_token_id=hf.pad_token_id or 0,
-        norm=_norm("layernorm"),
-        ffn=_ffn(False, "gelu", hf.intermediate_size),
-        pos=_pos("rope", theta=float(hf.rope_theta)),
-    )
-
-
-def _esm_to_hf_config(cfg: ModelConfig):
-    from transformers import EsmConfig
-
-    # ESM's FFN and MLM-head activation is exact GELU, written into its code rather than its config.
-    needs(
-        str(cfg.ffn.activation) == "gelu", "ESM", f"model.ffn.activation={str(cfg.ffn.activation)!r} (exact gelu only)"
-    )
-    needs(
-        not cfg.mlm_transform or str(cfg.mlm_activation) == "gelu",
-        "ESM",
-        f"model.mlm_activation={str(cfg.mlm_activation)!r} (exact gelu only)",
-    )
-    needs(cfg.bias and _ffn_bias(cfg), "ESM", "this layout without biases")
-    needs(cfg.output_tied or not cfg.mlm_transform, "ESM", "model.tie_embeddings=false (ESM's MLM decoder is tied)")
-    return EsmConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.dim,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        intermediate_size=_hidden(cfg),
-        max_position_embeddings=cfg.max_seq_len,
-        layer_norm_eps=cfg.norm_eps,
-        position_embedding_type="rotary",
-        rope_theta=float(cfg.pos.theta),
-        emb_layer_norm_before=False,
-        token_dropout=False,
-        pad_token_id=cfg.pad_token_id,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-
-
-def _esm_rules(cfg: ModelConfig) -> list[Rule]:
-    e = "esm." if cfg.mlm_transform else ""  # EsmForMaskedLM holds the encoder as .esm; EsmModel is it
-    rules = [
-        ("embed.tok.weight", [e + "embeddings.word_embeddings.weight"], "copy"),
-        ("encoder.final_norm.weight", [e + "encoder.emb_layer_norm_after.weight"], "copy"),
-        ("encoder.final_norm.bias", [e + "encoder.emb_layer_norm_after.bias"], "copy"),
-    ]
-    if cfg.mlm_transform:
-        rules += [
-            ("head.transform.0.weight", ["lm_head.dense.weight"], "copy"),
-            ("head.transform.0.bias", ["lm_head.dense.bias"], "copy"),
-            ("head.transform.2.weight", ["lm_head.layer_norm.weight"], "copy"),
-            ("head.transform.2.bias", ["lm_head.layer_norm.bias"], "copy"),
-            ("head.proj.bias", ["lm_head.bias"], "copy"),
-        ]
-    for i in range(cfg.n_layers):  # pre-norm: each LayerNorm before its sublayer
-        o, t = f"encoder.blocks.{i}.", f"{e}encoder.layer.{i}."
-        rules += _bert_layer_rules(o, t, "attention.LayerNorm", "LayerNorm")
-    return rules
-
-
 # ---------------------------------------------------------------- T5
 
 
 def _t5_config(hf, tied: bool) -> ModelConfig:
-    act = _act(hf.dense_act_fn, "feed_forward_proj")  # "gated-gelu" is gelu_new (tanh), plain "gelu" is exact
+    act = our_activation(hf.dense_act_fn, "feed_forward_proj")  # "gated-gelu" is gelu_new (tanh), plain "gelu" is exact
     # transformers < 5 scaled decoder outputs by d_model^-1/2 exactly when tied; 5 has a flag for it.
     scaled = bool(getattr(hf, "scale_decoder_outputs", hf.tie_word_embeddings))
     return ModelConfig(
@@ -492,16 +249,16 @@ def _t5_config(hf, tied: bool) -> ModelConfig:
         pad_token_id=hf.pad_token_id,
         decoder_start_token_id=hf.decoder_start_token_id,
         init="t5",
-        norm=_norm("rmsnorm"),
-        ffn=_ffn(bool(hf.is_gated_act), act, hf.d_ff),
-        pos=_pos(
+        norm=norm_config("rmsnorm"),
+        ffn=ffn_config(bool(hf.is_gated_act), act, hf.d_ff),
+        pos=pos_config(
             "t5_bias", num_buckets=hf.relative_attention_num_buckets, max_distance=hf.relative_attention_max_distance
         ),
     )
 
 
 def _t5_feed_forward_proj(cfg: ModelConfig) -> str:
-    act = _hf_act(cfg)
+    act = hf_activation(cfg)
     if not isinstance(cfg.ffn, GLUConfig):
         return act
     # T5Config rewrites "gated-gelu" to the tanh GELU; exact GELU gated needs another name for it
@@ -514,7 +271,7 @@ def _t5_to_hf_config(cfg: ModelConfig):
     scaled = abs(cfg.logit_scale - cfg.dim**-0.5) < 1e-9
     needs(scaled or cfg.logit_scale == 1.0, "T5", f"model.logit_scale={cfg.logit_scale} (only 1.0 or dim^-1/2)")
     needs(
-        cfg.attn_scale == 1.0 and not cfg.bias and not _ffn_bias(cfg),
+        cfg.attn_scale == 1.0 and not cfg.bias and not ffn_bias(cfg),
         "T5",
         "attention scaling or biases (T5 needs attn_scale 1.0, bias and ffn_bias false)",
     )
@@ -526,7 +283,7 @@ def _t5_to_hf_config(cfg: ModelConfig):
         vocab_size=cfg.vocab_size,
         d_model=cfg.dim,
         d_kv=cfg.d_head,
-        d_ff=_hidden(cfg),
+        d_ff=hidden_dim(cfg),
         num_layers=cfg.n_layers,
         num_decoder_layers=cfg.decoder_layers,
         num_heads=cfg.n_heads,
@@ -587,18 +344,11 @@ def _t5_rules(cfg: ModelConfig) -> list[Rule]:
     return rules
 
 
-def _hidden(cfg: ModelConfig) -> int:
-    from lm.model.ffn import hidden_size
-
-    f = cfg.ffn
-    return hidden_size(cfg.dim, f.hidden_mult, f.multiple_of, f.hidden_dim)
-
-
 FAMILIES: dict[str, tuple[Callable, Callable, Callable, str]] = {
     # model_type: (their config, tied -> ours; ours -> their config; rules; their model class)
     "gpt2": (_gpt2_config, _gpt2_to_hf_config, _gpt2_rules, "GPT2LMHeadModel"),
     "llama": (_llama_config, _llama_to_hf_config, _llama_rules, "LlamaForCausalLM"),
-    "bert": (_bert_config, _bert_to_hf_config, _bert_rules, "BertForMaskedLM"),
-    "esm": (_esm_config, _esm_to_hf_config, _esm_rules, "EsmForMaskedLM"),
+    "bert": (bert_config, bert_to_hf_config, bert_rules, "BertForMaskedLM"),
+    "esm": (esm_config, esm_to_hf_config, esm_rules, "EsmForMaskedLM"),
     "t5": (_t5_config, _t5_to_hf_config, _t5_rules, "T5ForConditionalGeneration"),
 }

@@ -1,6 +1,6 @@
 """Which Hugging Face config fields the converter understands, per family; everything else is refused.
 
-A field is *handled* when lm/model/hf_families.py maps it (or refuses its unsupported values there),
+A field is *handled* when lm/model/hf_families.py or hf_encoders.py maps it (or refuses its unsupported values),
 *inert* when it cannot change the logits of an eval-mode forward pass (dropout, token ids,
 bookkeeping). Any other field whose value differs from the family's default config could change
 the maths, so `check_fields` refuses it by name and value rather than convert silently wrong.
