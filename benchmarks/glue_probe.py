@@ -9,7 +9,8 @@ scratch.
 
 A regression task (STS-B) is probed without any fit: each sentence is encoded alone, pooled, and the
 cosine of a pair's two vectors is correlated with the dev scores (Pearson, Spearman), the zero-shot
-similarity that tasks.stsb.pair_input=siamese starts its finetuning from.
+similarity that tasks.stsb.pair_input=siamese starts its finetuning from; and again after whitening the
+pooled vectors (a mean and linear map fit on the first --whiten-rows training pairs, no labels).
 
     python benchmarks/glue_probe.py runs/quickstart/pretrain                 # SST-2, first 5000 train rows
     python benchmarks/glue_probe.py runs/quickstart/pretrain --task cola --train-examples 0   # all rows
@@ -78,29 +79,51 @@ def probe(init: str, task: str, train_examples: int, max_len: int, root, seed: i
     return rows
 
 
-def similarity(init: str, task: str, max_len: int, root, seed: int = 0) -> dict:
-    """{(weights, pooling): (Pearson, Spearman)} of cos(u, v) against a regression task's dev scores,
-    u and v the pooled features of each sentence encoded alone; no training."""
+def similarity(init: str, task: str, max_len: int, root, seed: int = 0, whiten_rows: int = 2000) -> dict:
+    """{(weights, pooling, "raw" | "whitened"): (Pearson, Spearman)} of cos(u, v) against a regression task's dev
+    scores, u and v the pooled features of each sentence encoded alone; no training. "whitened" maps every
+    pooled vector x to (x - m) W first, m and W the mean and whitening of the first `whiten_rows` training
+    pairs' pooled sentences (Su et al. 2021, "Whitening Sentence Representations"): what the cosine says once
+    the direction every sentence shares is taken out."""
     from scipy.stats import pearsonr, spearmanr
 
     from lm.glue.init import load_backbone
-    from lm.glue.readers import Example, load_split
+    from lm.glue.readers import load_split
 
     bb = load_backbone(init)
     dev = load_split(task, "dev", root, hf=False)
     if dev[0].text_b is None:
         raise SystemExit(f"glue_probe: {task} has one sentence per example; the similarity probe needs pairs")
-    firsts = [Example(e.index, e.text_a, None, None) for e in dev]
-    seconds = [Example(e.index, e.text_b, None, None) for e in dev]
+    train = load_split(task, "train", root, hf=False, limit=whiten_rows)
     scores = np.array([e.label for e in dev])
     rows = {}
     for name, model in both_weights(bb, seed):
-        u, _ = features(model, bb.tokenizer, firsts, bb.model_cfg.arch, max_len, poolings=SIMILARITY_POOLINGS)
-        v, _ = features(model, bb.tokenizer, seconds, bb.model_cfg.arch, max_len, poolings=SIMILARITY_POOLINGS)
+        u, v = (sentence_features(model, bb, dev, side, max_len) for side in ("text_a", "text_b"))
+        fit = (
+            sentence_features(model, bb, train, "text_a", max_len),
+            sentence_features(model, bb, train, "text_b", max_len),
+        )
         for p in SIMILARITY_POOLINGS:
-            cos = (u[p] * v[p]).sum(1) / np.maximum(np.linalg.norm(u[p], axis=1) * np.linalg.norm(v[p], axis=1), 1e-12)
-            rows[(name, p)] = (100 * pearsonr(cos, scores)[0], 100 * spearmanr(cos, scores)[0])
+            m, w = whitening(np.concatenate([fit[0][p], fit[1][p]]))
+            for kind, (a, b) in (("raw", (u[p], v[p])), ("whitened", ((u[p] - m) @ w, (v[p] - m) @ w))):
+                cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+                rows[(name, p, kind)] = (100 * pearsonr(cos, scores)[0], 100 * spearmanr(cos, scores)[0])
     return rows
+
+
+def sentence_features(model, bb, examples, side: str, max_len: int) -> dict:
+    """{pooling: (N, D)} of one side of each pair ("text_a" or "text_b"), encoded alone."""
+    from lm.glue.readers import Example
+
+    alone = [Example(e.index, getattr(e, side), None, None) for e in examples]
+    return features(model, bb.tokenizer, alone, bb.model_cfg.arch, max_len, poolings=SIMILARITY_POOLINGS)[0]
+
+
+def whitening(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mean m (D,) and W (D, D) with (x - m) W of identity covariance: W = U S^-1/2 from the SVD of cov(x)."""
+    m = x.mean(0)
+    u, s, _ = np.linalg.svd(np.cov((x - m).T))
+    return m, u / np.sqrt(s + 1e-6)
 
 
 def main(argv=None):
@@ -110,6 +133,7 @@ def main(argv=None):
     p.add_argument("--train-examples", type=int, default=5000, help="first N training rows (0 = all)")
     p.add_argument("--max-len", type=int, default=64)
     p.add_argument("--data-root", default=None, help="GLUE root (default: $LM_DATA_MIRROR/glue_data)")
+    p.add_argument("--whiten-rows", type=int, default=2000, help="training pairs the whitening is fit on (STS-B)")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -117,11 +141,11 @@ def main(argv=None):
     from lm.glue.tasks import get_task
 
     if get_task(args.task).n_labels == 1:
-        rows = similarity(args.init, args.task, args.max_len, args.data_root)
+        rows = similarity(args.init, args.task, args.max_len, args.data_root, whiten_rows=args.whiten_rows)
         print(f"zero-shot similarity: cos of the pooled sentences against {args.task} dev, init={args.init}")
-        print("| weights | pooling | Pearson | Spearman |\n|---|---|---:|---:|")
-        for (name, pooling), (r, rho) in rows.items():
-            print(f"| {name} | {pooling} | {r:.1f} | {rho:.1f} |")
+        print("| weights | pooling | vectors | Pearson | Spearman |\n|---|---|---|---:|---:|")
+        for (name, pooling, kind), (r, rho) in rows.items():
+            print(f"| {name} | {pooling} | {kind} | {r:.1f} | {rho:.1f} |")
         print(f"({time.perf_counter() - t0:.0f} s)")
         return
     rows = probe(args.init, args.task, args.train_examples, args.max_len, args.data_root)

@@ -12,6 +12,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -446,15 +447,18 @@ def easy_pair_glue(root, similarity: bool = False):
     return root
 
 
-@pytest.mark.parametrize("pair_input", ["both_orders", "siamese"])
-def test_a_pair_task_finetunes_with_each_pair_input(tmp_path, pretrained, pair_input):
-    """tasks.stsb.pair_input=both_orders (GPT-1's similarity input) and =siamese (Sentence-BERT's cosine)
-    from the lm train checkpoint learn an easy pair task, and the config and submission file record the run."""
+@pytest.mark.parametrize("pair_input,whiten", [("both_orders", False), ("siamese", False), ("siamese", True)])
+def test_a_pair_task_finetunes_with_each_pair_input(tmp_path, pretrained, pair_input, whiten):
+    """tasks.stsb.pair_input=both_orders (GPT-1's similarity input) and =siamese (Sentence-BERT's cosine;
+    whitened or not) from the lm train checkpoint learn an easy pair task, and the config and submission file
+    record the run."""
     root, run_dir = easy_pair_glue(tmp_path / "glue_data", similarity=pair_input == "siamese"), tmp_path / "pair"
     fields = {"epochs": 6, "lr": 3e-3, "batch_size": 16, "max_len": 40, "seeds": [0], "pair_input": pair_input}
+    fields["whiten"] = whiten
     task = ["task=glue/stsb", f"glue.data_root={root}", *(f"tasks.stsb.{k}={v}" for k, v in fields.items())]
     finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", "pooling=mean", *task]))
     assert f"pair_input: {pair_input}" in (run_dir / "config.yaml").read_text()
+    assert f"whiten: {str(whiten).lower()}" in (run_dir / "config.yaml").read_text()
     score = json.loads((run_dir / "results.json").read_text())["columns"]["stsb"]["seeds"]["0"]["pearson"]
     assert score > 90.0, f"dev Pearson {score} on a task a bag of words solves"
     assert check_submission(run_dir / "submission", names=["stsb"], expected_rows={"stsb": 20}) == []
@@ -474,17 +478,29 @@ def test_linear_probe_of_frozen_features(pretrained, easy_glue):
 def test_zero_shot_similarity_of_frozen_features(pretrained, tmp_path):
     """benchmarks/glue_probe.py on STS-B: cos of each sentence's pooled features, read alone, against the
     dev scores; no training. Half the pairs are a sentence and itself (score 5, cos exactly 1), half two
-    different sentences (score 0, cos below 1): every weight and pooling correlates strongly."""
+    different sentences (score 0, cos below 1): every weight and pooling correlates strongly, raw or
+    whitened (fit on the training pairs, which are built the same way)."""
     rng = random.Random(3)
-    rows = [
-        [i, s, s if i % 2 else sentence(rng, 1 - i % 2), 5.0 * (i % 2)]
-        for i, s in enumerate(sentence(rng, i % 2) for i in range(60))
-    ]
-    write_tsv(tmp_path / "STS-B" / "dev.tsv", ["index", "sentence1", "sentence2", "score"], rows)
+    for split in ("train", "dev"):
+        rows = [
+            [i, s, s if i % 2 else sentence(rng, 1 - i % 2), 5.0 * (i % 2)]
+            for i, s in enumerate(sentence(rng, i % 2) for i in range(60))
+        ]
+        write_tsv(tmp_path / "STS-B" / f"{split}.tsv", ["index", "sentence1", "sentence2", "score"], rows)
     glue_probe = load("glue_probe")
     got = glue_probe.similarity(str(pretrained / "run"), "stsb", 24, str(tmp_path))
-    assert set(got) == {(w, p) for w in ("pretrained", "random init") for p in ("mean", "weighted_mean", "last")}
+    weights, poolings = ("pretrained", "random init"), ("mean", "weighted_mean", "last")
+    assert set(got) == {(w, p, k) for w in weights for p in poolings for k in ("raw", "whitened")}
     assert all(r > 50 for pair in got.values() for r in pair), got
+
+
+def test_whitening_gives_identity_covariance():
+    glue_probe = load("glue_probe")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 4)) @ rng.normal(size=(4, 4)) + 3.0  # correlated, off-centre
+    m, w = glue_probe.whitening(x)
+    np.testing.assert_allclose(np.cov(((x - m) @ w).T), np.eye(4), atol=1e-4)
+    np.testing.assert_allclose(m, x.mean(0))
 
 
 def test_a_nonfinite_loss_follows_train_on_nonfinite(tmp_path, easy_glue, pretrained, monkeypatch):

@@ -227,3 +227,27 @@ def test_a_finished_pair_is_reused_with_a_moved_copy_of_its_tokenizer_but_not_an
     with pytest.raises(ConfigError) as e:
         finetune(finetune_cfg(run_dir, with_tokenizer(copy)))
     assert f"tokenizer: '{pretrained / 'data'}' -> '{copy}'" in str(e.value)
+
+
+def test_a_task_field_newer_than_a_finished_pair_counts_as_its_default(tmp_path, easy_glue, pretrained, uninterrupted):
+    """A result.pt written before a GlueTaskConfig field existed (here: its task.dropout line removed, as a
+    pair finished before tasks.<task>.whiten did) is reused only while that field keeps its default."""
+    import shutil
+
+    import yaml
+
+    from lm.glue.run import RESULT_SHA256, _sha256
+
+    run_dir = tmp_path / "ft"
+    shutil.copytree(uninterrupted, run_dir, ignore=shutil.ignore_patterns(".lock"))
+    result = run_dir / "sst2" / "seed0" / "result.pt"
+    fields = torch.load(result, weights_only=True)
+    saved = yaml.safe_load(fields["config_yaml"])
+    del saved["task"]["dropout"]
+    torch.save({**fields, "config_yaml": yaml.safe_dump(saved)}, result)
+    result.with_name(RESULT_SHA256).write_text(_sha256(result))
+    with pytest.raises(ConfigError, match=r"task\.dropout: 0\.1 -> 0\.3"):
+        finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained, "tasks.sst2.dropout=0.3")))
+    finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained)))  # the default: reused, not retrained
+    got, want = (json.loads((d / "results.json").read_text())["columns"] for d in (run_dir, uninterrupted))
+    assert got == want

@@ -131,3 +131,47 @@ def test_a_single_sentence_task_refuses_a_pair_input(pair_input):
     validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, pair_input=pair_input))
     with pytest.raises(ConfigError, match=rf"tasks\.sst2\.pair_input={pair_input} .* one sentence"):
         validate_glue_task(GlueTaskConfig(name="sst2", pair_input=pair_input))
+
+
+def test_a_whitened_siamese_score_is_the_cosine_of_whitened_vectors():
+    """whiten=True: identity until fit; fit_whitening (lm.glue.init) sets m and W from the training pairs'
+    pooled sentences so that they have zero mean and identity covariance; the score is then the cosine of
+    (u - m) W and (v - m) W, and m and W are buffers (saved and resumed with the model, never trained)."""
+    from lm.glue.init import fit_whitening
+
+    tok = WordTokenizer()
+    words = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    rows = [Example(i, " ".join(words[i % 8 : i % 8 + 3]), " ".join(words[i * 3 % 7 :][:2]), 1.0) for i in range(80)]
+    feats = encode_examples(tok, rows, 24, "decoder", "siamese")
+    clf = SequenceClassifier(
+        tiny_decoder(), 1, "mean", dropout=0.0, pair_input="siamese", score_range=(0.0, 5.0), whiten=True
+    ).train()
+    assert {"white_mean", "white_map"} <= set(clf.state_dict())
+    assert not any("white" in name for name, _ in clf.named_parameters())
+    torch.testing.assert_close(clf.white_map, torch.eye(32))
+    fit_whitening(clf, feats, tok.pad_id, batch_size=16)
+    assert clf.training  # back in the mode it was in
+    with torch.no_grad():
+        u, v = pooled_pairs(clf, tok, feats)  # (N, D) each, before whitening
+        z = clf._whitened(torch.cat([u, v])).double()  # (2N, D)
+        x = torch.cat([u, v]).double()
+    torch.testing.assert_close(z.mean(0), torch.zeros(32, dtype=torch.float64), atol=1e-4, rtol=0)
+    rank = torch.linalg.matrix_rank(torch.cov(x.T)).item()  # 8 words in a few dozen texts: a few directions
+    top = torch.linalg.eigvalsh(torch.cov(z.T))[-rank:]  # the directions the texts span have unit variance
+    torch.testing.assert_close(top, torch.ones(rank, dtype=torch.float64), atol=1e-2, rtol=0)
+    out = clf.eval()(**collate(feats, tok.pad_id))
+    cos = F.cosine_similarity(clf._whitened(u), clf._whitened(v), dim=-1)
+    torch.testing.assert_close(out.logits.squeeze(-1), 2.5 + 2.5 * cos, rtol=0, atol=1e-4)
+
+
+def pooled_pairs(clf, tok, feats):
+    batch = collate(feats, tok.pad_id)
+    return clf.pooled_pairs(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+
+
+def test_whiten_needs_siamese_pairs():
+    validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, pair_input="siamese", whiten=True))
+    with pytest.raises(ConfigError, match=r"tasks\.stsb\.whiten=true .* tasks\.stsb\.pair_input=siamese"):
+        validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, whiten=True))
+    with pytest.raises(ValueError, match="siamese"):
+        SequenceClassifier(tiny_decoder(), n_labels=1, pair_input="both_orders", whiten=True)

@@ -112,11 +112,16 @@ def resumable(key: str, may_change: Sequence[str] = RESUMABLE) -> bool:
     return any(key == f or key.startswith(f + ".") for f in may_change)
 
 
-def config_changes(saved: dict, requested: dict, may_change: Sequence[str] = RESUMABLE) -> tuple[list[str], list[str]]:
+def config_changes(
+    saved: dict, requested: dict, may_change: Sequence[str] = RESUMABLE, defaults: dict | None = None
+) -> tuple[list[str], list[str]]:
     """(refused, allowed) differences between two plain config dicts, as 'key: old -> new' lines.
     A key on one side only is skipped: a field added to a schema after the run started (its default
-    keeps the old behaviour), or one of another component class, whose `_target_` differs anyway."""
+    keeps the old behaviour), or one of another component class, whose `_target_` differs anyway;
+    unless `defaults` (flat 'a.b' keys) holds its default: then the run had that value, and a requested
+    key set to anything else is a change."""
     old, new = _flatten(saved), _flatten(requested)
+    old |= {k: v for k, v in (defaults or {}).items() if k in new and k not in old}
     refused, allowed = [], []
     for key in sorted(old.keys() & new.keys()):
         if old[key] != new[key]:
@@ -182,16 +187,22 @@ def _check(ckpt: Path, config_yaml: str, max_steps: int | None, may_change: Sequ
 
 
 def refuse_changes(
-    saved_yaml: str, config_yaml: str, may_change: Sequence[str], what: str, where, start_over: str
+    saved_yaml: str,
+    config_yaml: str,
+    may_change: Sequence[str],
+    what: str,
+    where,
+    start_over: str,
+    defaults: dict | None = None,
 ) -> None:
     """Raise a ConfigError listing the fields outside `may_change` where config_yaml differs from saved_yaml
-    (the config of `where`); log the allowed differences."""
+    (the config of `where`; a field it predates counts as its value in `defaults`); log the allowed differences."""
     from omegaconf import OmegaConf
 
     saved = OmegaConf.to_container(OmegaConf.create(saved_yaml))
     requested = OmegaConf.to_container(OmegaConf.create(config_yaml))
     assert isinstance(saved, dict) and isinstance(requested, dict)  # run configs are mappings
-    refused, allowed = config_changes(saved, requested, may_change)
+    refused, allowed = config_changes(saved, requested, may_change, defaults)
     if refused:
         lines = "\n  ".join(refused)
         names = "RESUMABLE" if tuple(may_change) == RESUMABLE else "FINETUNE_RESUMABLE"

@@ -77,6 +77,7 @@ class GlueTaskConfig:
     max_len: int = 128  # tokens per example after truncation, special tokens included
     dropout: float = 0.1  # before the classification layer
     pair_input: PairInput = PairInput.joint  # a pair task's input: joint | both_orders | siamese
+    whiten: bool = False  # siamese: whiten the pooled vectors, fit once on the training pairs (Su et al. 2021)
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
     max_train_examples: int | None = None  # first N training examples only (smoke runs on CPU)
     data_root: str | None = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
@@ -248,6 +249,11 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
         raise ConfigError(
             f"{where}.pair_input={PairInput(cfg.pair_input).value} reads a sentence pair, but {cfg.name} has one "
             f"sentence per example; drop it (it is for pair tasks: {pair_tasks})"
+        )
+    if cfg.whiten and cfg.pair_input != PairInput.siamese:
+        raise ConfigError(
+            f"{where}.whiten=true whitens the two pooled sentences of a siamese pair; add "
+            f"{where}.pair_input=siamese or drop it"
         )
     _validate_task_numbers(cfg, where)
     if not cfg.seeds:

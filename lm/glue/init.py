@@ -223,9 +223,11 @@ def build_classifier(
     bidirectional: bool = False,
     pair_input: str = "joint",
     score_range: tuple[float, float] | None = None,
+    whiten: bool = False,
 ):
     """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head that reads a
-    pair as pair_input says (GlueTaskConfig.pair_input); score_range is a regression task's label range.
+    pair as pair_input says (GlueTaskConfig.pair_input); score_range is a regression task's label range;
+    whiten adds the siamese head's whitening (identity until fit_whitening).
 
     `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
     backbone: its forward direction is the checkpoint's, the backward direction starts from scratch and
@@ -255,7 +257,9 @@ def build_classifier(
     widen = recurrent is not None and bidirectional and not recurrent.bidirectional
     if recurrent is not None and widen:
         cfg = replace(cfg, family=replace(recurrent, bidirectional=True))
-    model = SequenceClassifier(build_model(cfg), n_labels, pooling, dropout, pair_input, score_range or (0.0, 1.0))
+    model = SequenceClassifier(
+        build_model(cfg), n_labels, pooling, dropout, pair_input, score_range or (0.0, 1.0), whiten
+    )
     if backbone.state_dict is not None:
         # the pretraining-only parts are dropped: the LM head (ELECTRA: the discriminator's head) and
         # ELECTRA's generator
@@ -278,3 +282,21 @@ def build_classifier(
                 f"unexpected={sorted(unexpected)}"
             )
     return model
+
+
+def fit_whitening(model, features, pad_id: int, batch_size: int = 64) -> None:
+    """Fits a siamese classifier's whitening (SequenceClassifier.fit_whitening) on the pooled sentences of
+    `features` (encoded pairs with their second reading), in eval mode (no dropout) and without gradients."""
+    import torch
+
+    from lm.glue.encode import collate
+
+    keep = ("input_ids", "attention_mask", "token_type_ids")
+    was_training, pooled = model.training, []
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(features), batch_size):
+            batch = collate(features[i : i + batch_size], pad_id)
+            pooled.append(model.pooled_pairs(**{k: batch[k] for k in keep}).flatten(0, 1))  # (2, B, D) -> (2B, D)
+    model.fit_whitening(torch.cat(pooled))
+    model.train(was_training)

@@ -25,7 +25,8 @@ import shutil
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import MISSING, asdict, replace
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from lm.core.files import atomic_write_text
 from lm.glue.config import FinetuneSchema, GlueTaskConfig
 from lm.glue.grid import GridOutcome, run_grid
 from lm.glue.grid_report import protocol_record
-from lm.glue.init import Backbone, build_classifier
+from lm.glue.init import Backbone, build_classifier, fit_whitening
 from lm.glue.readers import GlueDataMissing, split_path
 from lm.glue.results import results_table, write_results
 from lm.glue.submission import check_submission, write_submission
@@ -224,19 +225,7 @@ def _run_one(
     config_yaml = _pair_yaml(config, backbone, t, seed)
     with Session(train_cfg, engine, task, out, config_yaml) as session:
         # the head's init (and a scratch backbone's) from the seed on every rank; dropout then differs per rank
-        model = session.build(
-            lambda: build_classifier(
-                backbone,
-                get_task(t.name).n_labels,
-                t.dropout,
-                job.pooling and job.pooling.value,
-                job.bidirectional,
-                str(t.pair_input),
-                get_task(t.name).score_range,
-            ),
-            seed,
-            optim,
-        )
+        model = session.build(lambda: _classifier(t, data, job, backbone), seed, optim)
         if job.save_best:
             best = session.checkpointer_at(
                 out / "best",
@@ -262,6 +251,18 @@ def _run_one(
             _save_result(out / RESULT, result, config_yaml)
             shutil.rmtree(out / "checkpoints", ignore_errors=True)  # done: result.pt is what resume reads
         return result
+
+
+def _classifier(t: GlueTaskConfig, data, job: FinetuneSchema, backbone: Backbone):
+    """The task's fresh classifier; a whitened siamese head is fit on the training pairs before any step."""
+    spec = get_task(t.name)
+    pooling = job.pooling and job.pooling.value
+    model = build_classifier(
+        backbone, spec.n_labels, t.dropout, pooling, job.bidirectional, str(t.pair_input), spec.score_range, t.whiten
+    )
+    if t.whiten:
+        fit_whitening(model, data.train.features, backbone.tokenizer.pad_id)
+    return model
 
 
 def _save_result(path: Path, result: SeedResult, config_yaml: str) -> None:
@@ -309,9 +310,18 @@ def _load_result(path: Path, config_yaml: str) -> SeedResult:
             f"reuse the finished {path}",
             path,
             f"delete {path.parent} to train this task/seed again with the new values",
+            TASK_DEFAULTS,
         )
     fields["test"] = {col: preds.numpy() for col, preds in fields["test"].items()}
     return SeedResult(**fields)
+
+
+# a GlueTaskConfig field added since a pair finished had its default there (tasks.stsb.whiten: false)
+TASK_DEFAULTS = {
+    f"task.{f.name}": getattr(f.default, "value", f.default)  # an Enum as config.yaml writes it
+    for f in dataclass_fields(GlueTaskConfig)
+    if f.default is not MISSING and f.name != "name"
+}
 
 
 def _read_result(path: Path) -> dict:

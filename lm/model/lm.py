@@ -188,6 +188,8 @@ class SequenceClassifier(nn.Module):
       siamese: a alone then b alone, pooled to u and v (Reimers & Gurevych 2019, Sentence-BERT): classes
         from a linear layer on [u; v; |u - v|], a score from cos(u, v) through a scale and shift that start
         out mapping [-1, 1] onto score_range, so the pretrained similarity is the first prediction.
+        whiten=True maps u and v to (x - m) W first (Su et al. 2021): m and W are buffers, the identity
+        until fit_whitening sets them from pooled training pairs; then frozen.
     The backbone's LM head is dropped: it is unused here, and unused parameters break DDP.
     """
 
@@ -199,6 +201,7 @@ class SequenceClassifier(nn.Module):
         dropout: float = 0.1,
         pair_input: str = "joint",
         score_range: tuple[float, float] = (0.0, 1.0),
+        whiten: bool = False,
     ):
         super().__init__()
         self.backbone = backbone
@@ -217,6 +220,12 @@ class SequenceClassifier(nn.Module):
             nn.init.constant_(self.classifier.bias, (hi + lo) / 2)
         else:
             self.classifier = nn.Linear(3 * dim if pair_input == "siamese" else dim, n_labels)
+        self.whiten = whiten
+        if whiten:
+            if pair_input != "siamese":
+                raise ValueError(f"whiten=True whitens a siamese pair's pooled vectors, not pair_input={pair_input}")
+            self.register_buffer("white_mean", torch.zeros(dim))
+            self.register_buffer("white_map", torch.eye(dim))
 
     @aux.collected
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> LMOutput:
@@ -225,6 +234,8 @@ class SequenceClassifier(nn.Module):
             logits = self.classifier(self.drop(h))  # (B, n_labels)
         else:
             first, second = h.view(2, -1, h.shape[-1])  # (2B, D) -> (2, B, D): each pair's two readings
+            if self.whiten:
+                first, second = self._whitened(first), self._whitened(second)
             logits = self._pair_logits(first, second)
         if labels is None:
             return LMOutput(logits=logits)
@@ -233,6 +244,23 @@ class SequenceClassifier(nn.Module):
         else:
             loss = F.cross_entropy(logits.float(), labels.long())
         return LMOutput(loss=loss, logits=logits.detach())
+
+    def pooled_pairs(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
+        """(2, B, D): the pooled vectors of a batch of pairs' two readings, before any whitening."""
+        h = self.pooler(self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling))  # (2B, D)
+        return h.view(2, -1, h.shape[-1])
+
+    @torch.no_grad()
+    def fit_whitening(self, x: torch.Tensor, eps: float = 1e-6) -> None:
+        """Sets m and W from pooled vectors x (N, D) so that (x - m) W has identity covariance:
+        W = U S^-1/2 from the eigendecomposition of cov(x) (in float64; eps keeps flat directions finite)."""
+        x = x.double()
+        s, u = torch.linalg.eigh(torch.cov((x - x.mean(0)).T))  # cov: (D, D)
+        self.white_mean.copy_(x.mean(0))
+        self.white_map.copy_(u / (s.clamp_min(0) + eps).sqrt())
+
+    def _whitened(self, x: torch.Tensor) -> torch.Tensor:
+        return ((x.float() - self.white_mean) @ self.white_map).to(x.dtype)
 
     def _pair_logits(self, first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
         """(B, n_labels) from the pooled vectors of each pair's two readings, (B, D) each."""
