@@ -175,3 +175,23 @@ def test_whiten_needs_siamese_pairs():
         validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, whiten=True))
     with pytest.raises(ValueError, match="siamese"):
         SequenceClassifier(tiny_decoder(), n_labels=1, pair_input="both_orders", whiten=True)
+
+
+@pytest.mark.gpu
+def test_whitening_fit_on_the_gpu_matches_the_cpu_and_leaves_the_model_home():
+    """fit_whitening(device="cuda") reads the pairs on the GPU, leaves the model on the CPU, and the scores it
+    then gives equal those of a fit on the CPU."""
+    from lm.glue.init import fit_whitening
+
+    tok = WordTokenizer()
+    rows = [Example(i, "a b c d"[i % 4 :], "e f g h"[: 1 + i % 7], 1.0) for i in range(40)]
+    feats = encode_examples(tok, rows, 24, "decoder", "siamese")
+    scores, means = [], []
+    for device in ("cpu", "cuda"):
+        clf = SequenceClassifier(tiny_decoder(), 1, "mean", dropout=0.0, pair_input="siamese", whiten=True)
+        fit_whitening(clf, feats, tok.pad_id, device=device)
+        assert clf.white_map.device.type == "cpu" and next(clf.parameters()).device.type == "cpu"
+        means.append(clf.white_mean)
+        scores.append(clf.eval()(**collate(feats, tok.pad_id)).logits)
+    torch.testing.assert_close(means[1], means[0], atol=1e-4, rtol=0)
+    torch.testing.assert_close(scores[1], scores[0], atol=1e-2, rtol=0)

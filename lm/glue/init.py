@@ -284,19 +284,22 @@ def build_classifier(
     return model
 
 
-def fit_whitening(model, features, pad_id: int, batch_size: int = 64) -> None:
+def fit_whitening(model, features, pad_id: int, batch_size: int = 64, device=None) -> None:
     """Fits a siamese classifier's whitening (SequenceClassifier.fit_whitening) on the pooled sentences of
-    `features` (encoded pairs with their second reading), in eval mode (no dropout) and without gradients."""
+    `features` (encoded pairs with their second reading), in eval mode (no dropout) and without gradients;
+    on `device` when given (the engine's: a GPU reads the pairs in moments), leaving the model where it was."""
     import torch
 
     from lm.glue.encode import collate
 
     keep = ("input_ids", "attention_mask", "token_type_ids")
-    was_training, pooled = model.training, []
-    model.eval()
+    was_training, home, pooled = model.training, next(model.parameters()).device, []
+    device = torch.device(device or home)
+    model.eval().to(device)
     with torch.no_grad():
         for i in range(0, len(features), batch_size):
             batch = collate(features[i : i + batch_size], pad_id)
-            pooled.append(model.pooled_pairs(**{k: batch[k] for k in keep}).flatten(0, 1))  # (2, B, D) -> (2B, D)
-    model.fit_whitening(torch.cat(pooled))
+            h = model.pooled_pairs(**{k: batch[k].to(device) for k in keep})  # (2, B, D)
+            pooled.append(h.flatten(0, 1).cpu())  # (2B, D)
+    model.to(home).fit_whitening(torch.cat(pooled))
     model.train(was_training)

@@ -225,7 +225,7 @@ def _run_one(
     config_yaml = _pair_yaml(config, backbone, t, seed)
     with Session(train_cfg, engine, task, out, config_yaml) as session:
         # the head's init (and a scratch backbone's) from the seed on every rank; dropout then differs per rank
-        model = session.build(lambda: _classifier(t, data, job, backbone), seed, optim)
+        model = session.build(lambda: _classifier(t, data, job, backbone, engine.device), seed, optim)
         if job.save_best:
             best = session.checkpointer_at(
                 out / "best",
@@ -253,15 +253,16 @@ def _run_one(
         return result
 
 
-def _classifier(t: GlueTaskConfig, data, job: FinetuneSchema, backbone: Backbone):
-    """The task's fresh classifier; a whitened siamese head is fit on the training pairs before any step."""
+def _classifier(t: GlueTaskConfig, data, job: FinetuneSchema, backbone: Backbone, device):
+    """The task's fresh classifier; a whitened siamese head is fit on the training pairs (on `device`) before
+    any step."""
     spec = get_task(t.name)
     pooling = job.pooling and job.pooling.value
     model = build_classifier(
         backbone, spec.n_labels, t.dropout, pooling, job.bidirectional, str(t.pair_input), spec.score_range, t.whiten
     )
     if t.whiten:
-        fit_whitening(model, data.train.features, backbone.tokenizer.pad_id)
+        fit_whitening(model, data.train.features, backbone.tokenizer.pad_id, device=device)
     return model
 
 
