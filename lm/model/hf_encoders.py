@@ -14,6 +14,42 @@ from lm.model.hf_common import (
     pos_config,
 )
 
+# BERT and ESM name their shapes alike in transformers; these are the fields both families share.
+
+
+def _encoder_from_hf(hf) -> dict:
+    """ModelConfig fields of a BERT-named HF config: the shape, LayerNorm with biases, a tied MLM head."""
+    return dict(
+        arch="encoder",
+        vocab_size=hf.vocab_size,
+        dim=hf.hidden_size,
+        n_layers=hf.num_hidden_layers,
+        n_heads=hf.num_attention_heads,
+        max_seq_len=hf.max_position_embeddings,
+        norm_eps=hf.layer_norm_eps,
+        bias=True,
+        mlm_transform=True,
+        tie_embeddings=True,
+        init="normal",
+        pad_token_id=hf.pad_token_id or 0,
+        norm=norm_config("layernorm"),
+    )
+
+
+def _encoder_to_hf(cfg: ModelConfig) -> dict:
+    """The BERT-named HF config fields of our shape."""
+    return dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.dim,
+        num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads,
+        intermediate_size=hidden_dim(cfg),
+        max_position_embeddings=cfg.max_seq_len,
+        layer_norm_eps=cfg.norm_eps,
+        pad_token_id=cfg.pad_token_id,
+    )
+
+
 # ---------------------------------------------------------------- BERT
 
 
@@ -25,24 +61,12 @@ def bert_config(hf, tied: bool) -> ModelConfig:
         raise ValueError("a BERT whose MLM decoder is not tied to the word embeddings is not converted")
     act = our_activation(hf.hidden_act, "hidden_act")
     return ModelConfig(
-        arch="encoder",
-        vocab_size=hf.vocab_size,
-        dim=hf.hidden_size,
-        n_layers=hf.num_hidden_layers,
-        n_heads=hf.num_attention_heads,
-        max_seq_len=hf.max_position_embeddings,
+        **_encoder_from_hf(hf),
         norm_position="post",
-        norm_eps=hf.layer_norm_eps,
-        bias=True,
         embed_norm=True,
         final_norm=False,
         n_segments=hf.type_vocab_size,
-        mlm_transform=True,
         mlm_activation=act,
-        tie_embeddings=True,
-        init="normal",
-        pad_token_id=hf.pad_token_id or 0,
-        norm=norm_config("layernorm"),
         ffn=ffn_config(False, act, hf.intermediate_size),
         pos=pos_config("learned"),
     )
@@ -63,16 +87,9 @@ def bert_to_hf_config(cfg: ModelConfig):
         "this layout (needs bias, mlm_transform, tie_embeddings and embed_norm true)",
     )
     return BertConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.dim,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        intermediate_size=hidden_dim(cfg),
-        max_position_embeddings=cfg.max_seq_len,
+        **_encoder_to_hf(cfg),
         type_vocab_size=cfg.n_segments,
-        layer_norm_eps=cfg.norm_eps,
         hidden_act=hf_activation(cfg),
-        pad_token_id=cfg.pad_token_id,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
@@ -135,23 +152,11 @@ def esm_config(hf, tied: bool) -> ModelConfig:
         if bad:
             raise ValueError(f"Hugging Face ESM with {what} is not converted (ESM-2's layout only)")
     return ModelConfig(
-        arch="encoder",
-        vocab_size=hf.vocab_size,
-        dim=hf.hidden_size,
-        n_layers=hf.num_hidden_layers,
-        n_heads=hf.num_attention_heads,
-        max_seq_len=hf.max_position_embeddings,
+        **_encoder_from_hf(hf),
         norm_position="pre",
-        norm_eps=hf.layer_norm_eps,
-        bias=True,
         embed_norm=False,
         final_norm=True,
-        mlm_transform=True,
         mlm_activation="gelu",
-        tie_embeddings=True,
-        init="normal",
-        pad_token_id=hf.pad_token_id or 0,
-        norm=norm_config("layernorm"),
         ffn=ffn_config(False, "gelu", hf.intermediate_size),
         pos=pos_config("rope", theta=float(hf.rope_theta)),
     )
@@ -172,18 +177,11 @@ def esm_to_hf_config(cfg: ModelConfig):
     needs(cfg.bias and ffn_bias(cfg), "ESM", "this layout without biases")
     needs(cfg.output_tied or not cfg.mlm_transform, "ESM", "model.tie_embeddings=false (ESM's MLM decoder is tied)")
     return EsmConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.dim,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        intermediate_size=hidden_dim(cfg),
-        max_position_embeddings=cfg.max_seq_len,
-        layer_norm_eps=cfg.norm_eps,
+        **_encoder_to_hf(cfg),
         position_embedding_type="rotary",
         rope_theta=float(cfg.pos.theta),
         emb_layer_norm_before=False,
         token_dropout=False,
-        pad_token_id=cfg.pad_token_id,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,
     )
