@@ -120,10 +120,11 @@ def sentence_features(model, bb, examples, side: str, max_len: int) -> dict:
 
 
 def whitening(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The mean m (D,) and W (D, D) with (x - m) W of identity covariance: W = U S^-1/2 from the SVD of cov(x)."""
-    m = x.mean(0)
-    u, s, _ = np.linalg.svd(np.cov((x - m).T))
-    return m, u / np.sqrt(s + 1e-6)
+    """lm.model.heads.whitening (the map tasks.<task>.whiten fits) of pooled vectors x (N, D), as numpy."""
+    from lm.model.heads import whitening as fit
+
+    m, w = fit(torch.from_numpy(x))
+    return m.numpy(), w.numpy()
 
 
 def main(argv=None):

@@ -183,6 +183,16 @@ class _Lambda(nn.Module):
         return self.fn(x)
 
 
+def whitening(x: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean m (D,) and map W (D, D) under which pooled vectors x (N, D) have identity covariance,
+    (x - m) W (Su et al. 2021): W = U S^-1/2 from the eigendecomposition of cov(x), in float64; eps keeps
+    directions of no variance finite."""
+    x = x.double()
+    m = x.mean(0)
+    s, u = torch.linalg.eigh(torch.cov((x - m).T))  # cov: (D, D)
+    return m, u / (s.clamp_min(0) + eps).sqrt()
+
+
 def pool(h: torch.Tensor, padding: torch.Tensor | None, how: str) -> torch.Tensor:
     """(B, T, D) -> (B, D). first: the [CLS] position; mean: over real tokens; last: last real token;
     weighted_mean: real token i (from 1) weighted i / sum of 1..L (SGPT's position-weighted mean,

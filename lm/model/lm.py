@@ -19,7 +19,7 @@ from torch import nn
 from lm.constants import IGNORE_INDEX
 from lm.model import aux
 from lm.model.attention import LayerCache
-from lm.model.heads import Embedding, LMOutput, make_head, mlm_transform, pool
+from lm.model.heads import Embedding, LMOutput, make_head, mlm_transform, pool, whitening
 from lm.model.linear import MatmulCount
 from lm.model.stack import Components, make_stack
 
@@ -229,11 +229,11 @@ class SequenceClassifier(nn.Module):
 
     @aux.collected
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, labels=None) -> LMOutput:
-        h = self.pooler(self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling))  # (B|2B, D)
         if self.pair_input == "joint":
+            h = self.pooler(self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling))  # (B, D)
             logits = self.classifier(self.drop(h))  # (B, n_labels)
         else:
-            first, second = h.view(2, -1, h.shape[-1])  # (2B, D) -> (2, B, D): each pair's two readings
+            first, second = self.pooled_pairs(input_ids, attention_mask, token_type_ids)  # (2, B, D)
             if self.whiten:
                 first, second = self._whitened(first), self._whitened(second)
             logits = self._pair_logits(first, second)
@@ -246,18 +246,17 @@ class SequenceClassifier(nn.Module):
         return LMOutput(loss=loss, logits=logits.detach())
 
     def pooled_pairs(self, input_ids, attention_mask=None, token_type_ids=None) -> torch.Tensor:
-        """(2, B, D): the pooled vectors of a batch of pairs' two readings, before any whitening."""
+        """(2, B, D): the pooled vectors of a batch of pairs' two readings (rows 0..B-1 and B..2B-1 of the
+        batch), before any whitening."""
         h = self.pooler(self.backbone.pooled(input_ids, attention_mask, token_type_ids, self.pooling))  # (2B, D)
-        return h.view(2, -1, h.shape[-1])
+        return h.view(2, -1, h.shape[-1])  # (2B, D) -> (2, B, D)
 
     @torch.no_grad()
-    def fit_whitening(self, x: torch.Tensor, eps: float = 1e-6) -> None:
-        """Sets m and W from pooled vectors x (N, D) so that (x - m) W has identity covariance:
-        W = U S^-1/2 from the eigendecomposition of cov(x) (in float64; eps keeps flat directions finite)."""
-        x = x.double()
-        s, u = torch.linalg.eigh(torch.cov((x - x.mean(0)).T))  # cov: (D, D)
-        self.white_mean.copy_(x.mean(0))
-        self.white_map.copy_(u / (s.clamp_min(0) + eps).sqrt())
+    def fit_whitening(self, x: torch.Tensor) -> None:
+        """Sets m and W from pooled vectors x (N, D) so that (x - m) W has identity covariance (heads.whitening)."""
+        m, w = whitening(x)
+        self.white_mean.copy_(m)
+        self.white_map.copy_(w)
 
     def _whitened(self, x: torch.Tensor) -> torch.Tensor:
         return ((x.float() - self.white_mean) @ self.white_map).to(x.dtype)
