@@ -127,10 +127,38 @@ def archive_point(out: Path, archive: Path) -> Path:
         summary["scratch_measured"] = json.loads((Path(scratch) / PROVENANCE).read_text())
     dest = archive / series_key(summary) / str(summary["recipe"]["tokens"])
     dest.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(dest / TRANSFER, json.dumps({**summary, "run_dir": str(out)}, indent=2) + "\n")
+    record = portable({**summary, "run_dir": str(out)}, machine_paths())
+    atomic_write_text(dest / TRANSFER, json.dumps(record, indent=2) + "\n")
     if (out / "transfer.md").is_file():
-        atomic_write_text(dest / "transfer.md", (out / "transfer.md").read_text())
+        atomic_write_text(dest / "transfer.md", portable((out / "transfer.md").read_text(), machine_paths()))
     return dest
+
+
+def machine_paths(cwd: Path | None = None) -> dict[str, str]:
+    """How this machine's paths are written in the archive (it is committed): lm's cache as $LM_CACHE, the working
+    directory's contents relative to it (a symlinked entry, runs/ on other storage say, by its name)."""
+    from lm.data.corpora import cache_dir
+
+    cwd = (cwd or Path.cwd()).absolute()
+    names = {str(cwd.resolve()): "", str(cwd): ""}
+    names.update({str(e.resolve()): e.name for e in cwd.iterdir() if e.is_symlink() and e.is_dir()})
+    names[str(cache_dir().absolute())] = "$LM_CACHE"
+    return names
+
+
+def portable(value, names: dict[str, str]):
+    """`value` (a record: dicts, lists, strings) with every path under a key of `names` written from its value."""
+    if isinstance(value, dict):
+        return {k: portable(v, names) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v, names) for v in value]
+    if not isinstance(value, str):
+        return value
+    for prefix in sorted((p for p in names if len(p) > 1), key=len, reverse=True):  # the longest first
+        short = names[prefix]
+        value = value.replace(prefix + "/", short + "/" if short else "")
+        value = re.sub(re.escape(prefix) + r"(?=[\s`'\"]|$)", short or ".", value)
+    return value
 
 
 def series_key(summary) -> str:
