@@ -21,6 +21,18 @@ def test_no_checkpoints_or_weights_are_tracked():
     assert binaries == [], f"binaries belong in run directories, not in git: {binaries[:10]}"
 
 
+HOME = re.compile(r"(?<![\w$~./-])/(?:root|home|Users)/")  # a user's home: a path of the machine that wrote it
+
+
+def test_docs_name_no_home_directory_of_a_machine():
+    """Reference pages and the transfer curve's archive are read on other machines: lm's cache is written
+    $LM_CACHE (benchmarks/glue_transfer_curve.py), commands use relative or placeholder paths."""
+    pages = [f for f in tracked("README.md", "docs") if not f.endswith(".png")]
+    found = [f"{f}: {m.group(0)}" for f in pages for m in HOME.finditer((REPO / f).read_text(errors="replace"))]
+    assert found == []
+    assert HOME.search('"tokenizer": "/root/.cache/lm/x"') and not HOME.search('"$LM_CACHE/data/x" ~/.cache/lm')
+
+
 def relative_links(page: Path):
     for target in LINK.findall(page.read_text()):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
