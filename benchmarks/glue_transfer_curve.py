@@ -43,6 +43,7 @@ from lm.cli.transfer import run_transfer
 from lm.cli.transfer_lane import recipe_argv
 from lm.cli.transfer_recipe import Recipe, plan, scratch_record
 from lm.core.files import atomic_write_text
+from lm.report.paths import portable
 from lm.report.transfer import TRANSFER, curve_table, find_transfers, overrides, plot_curve, series, series_labels
 
 TOKENS = "0,3e6,1e7,3e7"
@@ -127,38 +128,21 @@ def archive_point(out: Path, archive: Path) -> Path:
         summary["scratch_measured"] = json.loads((Path(scratch) / PROVENANCE).read_text())
     dest = archive / series_key(summary) / str(summary["recipe"]["tokens"])
     dest.mkdir(parents=True, exist_ok=True)
-    record = portable({**summary, "run_dir": str(out)}, machine_paths())
+    record = portable_record({**summary, "run_dir": str(out)})
     atomic_write_text(dest / TRANSFER, json.dumps(record, indent=2) + "\n")
     if (out / "transfer.md").is_file():
-        atomic_write_text(dest / "transfer.md", portable((out / "transfer.md").read_text(), machine_paths()))
+        atomic_write_text(dest / "transfer.md", portable((out / "transfer.md").read_text()))
     return dest
 
 
-def machine_paths(cwd: Path | None = None) -> dict[str, str]:
-    """How this machine's paths are written in the archive (it is committed): lm's cache as $LM_CACHE, the working
-    directory's contents relative to it (a symlinked entry, runs/ on other storage say, by its name)."""
-    from lm.data.corpora import cache_dir
-
-    cwd = (cwd or Path.cwd()).absolute()
-    names = {str(cwd.resolve()): "", str(cwd): ""}
-    names.update({str(e.resolve()): e.name for e in cwd.iterdir() if e.is_symlink() and e.is_dir()})
-    names[str(cache_dir().absolute())] = "$LM_CACHE"
-    return names
-
-
-def portable(value, names: dict[str, str]):
-    """`value` (a record: dicts, lists, strings) with every path under a key of `names` written from its value."""
+def portable_record(value):
+    """`value` (a point's record: dicts, lists, strings) with every string written without this machine's paths
+    (lm.report.paths.portable: the archive is committed)."""
     if isinstance(value, dict):
-        return {k: portable(v, names) for k, v in value.items()}
+        return {k: portable_record(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [portable(v, names) for v in value]
-    if not isinstance(value, str):
-        return value
-    for prefix in sorted((p for p in names if len(p) > 1), key=len, reverse=True):  # the longest first
-        short = names[prefix]
-        value = value.replace(prefix + "/", short + "/" if short else "")
-        value = re.sub(re.escape(prefix) + r"(?=[\s`'\"]|$)", short or ".", value)
-    return value
+        return [portable_record(v) for v in value]
+    return portable(value) if isinstance(value, str) else value
 
 
 def series_key(summary) -> str:

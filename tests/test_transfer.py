@@ -328,7 +328,7 @@ def test_the_curve_page_keeps_archived_points_of_earlier_sessions(tmp_path):
 
 def test_an_archived_point_names_no_path_of_this_machine(tmp_path, monkeypatch):
     """The archive is committed: lm's cache is written $LM_CACHE, what lies in the working directory relative to
-    it, a symlinked entry (runs/ on other storage) by its name; a path elsewhere stays as it is."""
+    it, a symlinked entry (runs/ on other storage) by its name (lm.report.paths.portable, on every string)."""
     curve = _curve_script()
     work, storage, cache = tmp_path / "work", tmp_path / "storage", tmp_path / "cache"
     (work / "docs").mkdir(parents=True)
@@ -336,22 +336,20 @@ def test_an_archived_point_names_no_path_of_this_machine(tmp_path, monkeypatch):
     (work / "runs").symlink_to(storage / "runs")
     monkeypatch.chdir(work)
     monkeypatch.setenv("LM_CACHE", str(cache))
-    names = curve.machine_paths()
     record = {
         "recipe": {"tokenizer": f"{cache}/data/x/tokenizer.json", "seeds": [0, 1]},
         "arms": {"scratch": f"{storage}/runs/p/scratch", "pretrained": f"{work}/runs/p/finetune/pretrained"},
-        "run": {"command": f"lm transfer --out {storage}/runs/p --scratch {work}", "seconds": 1.0},
+        "run": {"command": f"lm transfer --out {storage}/runs/p", "seconds": 1.0},
         "run_dir": f"{work}/docs",
         "elsewhere": "/opt/data/x",
     }
-    assert curve.portable(record, names) == {
+    assert curve.portable_record(record) == {
         "recipe": {"tokenizer": "$LM_CACHE/data/x/tokenizer.json", "seeds": [0, 1]},
         "arms": {"scratch": "runs/p/scratch", "pretrained": "runs/p/finetune/pretrained"},
-        "run": {"command": "lm transfer --out runs/p --scratch .", "seconds": 1.0},
+        "run": {"command": "lm transfer --out runs/p", "seconds": 1.0},
         "run_dir": "docs",
         "elsewhere": "/opt/data/x",
     }
-    assert curve.portable(f"Runs: scratch `{storage}/runs/p/scratch`.", names) == "Runs: scratch `runs/p/scratch`."
 
 
 def test_a_finished_scratch_arm_is_archived_and_restored_by_its_record(tmp_path, monkeypatch):
