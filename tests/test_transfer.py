@@ -233,6 +233,11 @@ def test_the_average_row_and_the_curve_table():
         ]
     )
     assert "| encoder (first, rope) | 3,000,000 |" in table and "| encoder (first, learned) | 3,000,000 |" in table
+    one = compare(arm({"sst2": [70, 72, 74]}), arm({"sst2": [75, 74, 79]}))
+    recipe |= {"preset": "p", "objective": "mlm", "finetune_note": "n", "steps": 2, "tokens_per_step": 8}
+    for c, n in ((cmp, "2 tasks"), (one, "1 task")):
+        md = transfer_table({"comparison": c, "recipe": recipe, "arms": {"scratch": "s", "pretrained": "p"}})
+        assert f"| **average ({n})** | score |" in md
 
 
 PROBE = [

@@ -119,8 +119,9 @@ def transfer_table(summary: Mapping) -> str:
             f"{s['range']:.1f} | {seeds(p)} | {p['median']:.1f} | {p['range']:.1f} | {t['gain']:+.1f} |"
         )
     a = cmp["average"]
+    n = len(a["tasks"])
     lines.append(
-        f"| **average ({len(a['tasks'])} tasks)** | score | {seeds(a['scratch'])} | {a['scratch']['median']:.1f} | "
+        f"| **average ({n} task{'s' * (n != 1)})** | score | {seeds(a['scratch'])} | {a['scratch']['median']:.1f} | "
         f"{a['scratch']['range']:.1f} | {seeds(a['pretrained'])} | {a['pretrained']['median']:.1f} | "
         f"{a['pretrained']['range']:.1f} | **{a['gain']:+.1f}** |"
     )
