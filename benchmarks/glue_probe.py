@@ -15,6 +15,12 @@ pooled vectors (a mean and linear map fit on the first --whiten-rows training pa
     python benchmarks/glue_probe.py runs/quickstart/pretrain                 # SST-2, first 5000 train rows
     python benchmarks/glue_probe.py runs/quickstart/pretrain --task cola --train-examples 0   # all rows
     python benchmarks/glue_probe.py runs/quickstart/pretrain --task stsb     # cosine of pooled a and b
+    python benchmarks/glue_probe.py runs/quickstart/pretrain --label-words   # SST-2 by the LM's next word
+
+The label-word probe (decoders) asks whether the language model itself already knows sentiment, the
+knowledge prompt-based finetuning builds on (Schick & Schuetze 2021; Gao et al. 2021, LM-BFF): each SST-2
+dev sentence is followed by a template (" It was"), and log p(positive word) - log p(negative word) at the
+next position ranks the sentences; the ROC AUC of that ranking against the labels is 50 for no knowledge.
 
 Data: $LM_DATA_MIRROR/glue_data (or --data-root), as lm finetune reads it.
 """
@@ -127,6 +133,50 @@ def whitening(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return m.numpy(), w.numpy()
 
 
+LABEL_WORDS = ((" great", " terrible"), (" good", " bad"), (" wonderful", " awful"), (" happy", " sad"))
+TEMPLATES = (" It was", " This is")
+
+
+def label_words(init: str, root, max_len: int, seed: int = 0, batch: int = 128) -> dict:
+    """{(weights, template, "pos/neg"): ROC AUC} of the next-word log-odds of each label-word pair after
+    each template, over SST-2 dev (a decoder's LM head; its first token of each word)."""
+    from sklearn.metrics import roc_auc_score
+
+    from lm.glue.init import load_backbone
+    from lm.glue.readers import load_split
+
+    bb = load_backbone(init)
+    if bb.model_cfg.arch != "decoder":
+        raise SystemExit(f"glue_probe: --label-words reads a decoder's next word; {init} is {bb.model_cfg.arch}")
+    dev = load_split("sst2", "dev", root, hf=False)
+    labels = np.array([e.label for e in dev])
+    words = [(bb.tokenizer.encode(a)[0], bb.tokenizer.encode(b)[0]) for a, b in LABEL_WORDS]
+    rows = {}
+    for name, model in both_weights(bb, seed):
+        for template in TEMPLATES:
+            ids = [bb.tokenizer.encode(e.text_a.strip() + template)[-max_len:] for e in dev]
+            logp = next_word_logprobs(model, ids, bb.tokenizer.pad_id, batch)  # (N, V)
+            for (a, b), (pos, neg) in zip(LABEL_WORDS, words):
+                auc = roc_auc_score(labels, logp[:, pos] - logp[:, neg])
+                rows[(name, template, f"{a.strip()}/{b.strip()}")] = 100 * auc
+    return rows
+
+
+def next_word_logprobs(model, ids: list[list[int]], pad_id: int, batch: int) -> np.ndarray:
+    """(N, V) log-probabilities of the token after each of the N sequences `ids` (right-padded batches)."""
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(ids), batch):
+            rows = ids[i : i + batch]
+            x = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)  # (B, T)
+            for r, seq in enumerate(rows):
+                x[r, : len(seq)] = torch.tensor(seq)
+            logits = model(x).logits  # (B, T, V); causal, so right padding changes no real position
+            last = torch.tensor([len(seq) - 1 for seq in rows])
+            out.append(logits[torch.arange(len(rows)), last].float().log_softmax(-1).numpy())
+    return np.concatenate(out)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("init", help="an lm train run dir (or checkpoint, or lm export dir)")
@@ -136,9 +186,21 @@ def main(argv=None):
     p.add_argument("--data-root", default=None, help="GLUE root (default: $LM_DATA_MIRROR/glue_data)")
     p.add_argument("--whiten-rows", type=int, default=2000, help="training pairs the whitening is fit on (STS-B)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--label-words", action="store_true", help="SST-2 by the next-word log-odds (decoders)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    if args.label_words:
+        rows = label_words(args.init, args.data_root, args.max_len)
+        print(f"label words: ROC AUC of log p(pos) - log p(neg) after a template, SST-2 dev, init={args.init}")
+        print("| weights | template | words | AUC |\n|---|---|---|---:|")
+        for (name, template, pair), auc in rows.items():
+            print(f"| {name} | {template!r} | {pair} | {auc:.1f} |")
+        for name in dict.fromkeys(w for w, _, _ in rows):
+            aucs = [auc for (w, _, _), auc in rows.items() if w == name]
+            print(f"{name}: mean AUC {np.mean(aucs):.1f} (range {min(aucs):.1f}-{max(aucs):.1f})")
+        print(f"({time.perf_counter() - t0:.0f} s)")
+        return
     from lm.glue.tasks import get_task
 
     if get_task(args.task).n_labels == 1:

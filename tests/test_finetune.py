@@ -494,6 +494,30 @@ def test_zero_shot_similarity_of_frozen_features(pretrained, tmp_path):
     assert all(r > 50 for pair in got.values() for r in pair), got
 
 
+def test_next_word_logprobs_of_right_padded_batches_are_each_sequence_alone(pretrained):
+    """benchmarks/glue_probe.py --label-words: a batch of sequences of different lengths, right-padded, gives
+    each one the next-word log-probabilities it gets alone (a causal model's real positions never see pads)."""
+    from lm.eval.saved import load_model
+
+    glue_probe = load("glue_probe")
+    model, tok = load_model(pretrained / "run")
+    ids = [tok.encode(t) for t in ("a good film . It was", "bad . It was", "the plot is fine and the cast good")]
+    batched = glue_probe.next_word_logprobs(model, ids, tok.pad_id, batch=3)  # (3, V)
+    alone = np.concatenate([glue_probe.next_word_logprobs(model, [x], tok.pad_id, batch=1) for x in ids])
+    assert batched.shape == (3, model.cfg.vocab_size)
+    np.testing.assert_allclose(batched, alone, atol=1e-4)
+    np.testing.assert_allclose(np.exp(batched).sum(1), 1.0, atol=1e-4)
+
+
+def test_label_word_probe_scores_each_template_and_word_pair(pretrained, easy_glue):
+    glue_probe = load("glue_probe")
+    rows = glue_probe.label_words(str(pretrained / "run"), str(easy_glue), max_len=24)
+    pairs = [f"{a.strip()}/{b.strip()}" for a, b in glue_probe.LABEL_WORDS]
+    weights = ("pretrained", "random init")
+    assert set(rows) == {(w, t, p) for w in weights for t in glue_probe.TEMPLATES for p in pairs}
+    assert all(0 <= auc <= 100 for auc in rows.values())
+
+
 def test_whitening_gives_identity_covariance():
     glue_probe = load("glue_probe")
     rng = np.random.default_rng(0)
