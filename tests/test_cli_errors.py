@@ -87,6 +87,8 @@ def test_safetensors_full_disk_is_one_line():
         (["--tokens", "x"], "not a number of tokens"),
         (["--seeds", "a"], "integer seeds"),
         (["--seeds="], "integer seeds"),
+        (["--tasks", "sst2,sst3"], "'sst2,sst3': sst3: not a GLUE task; choose from cola,sst2,mrpc,stsb,qqp,mnli,"),
+        (["--tasks", ","], "',': no task; choose from cola,sst2"),
     ],
 )
 def test_bad_numbers_are_usage_errors(command, args, what, capsys, tmp_path):

@@ -20,13 +20,14 @@ def test_the_preset_sets_the_defaults_and_a_given_flag_wins():
     assert (a.preset, a.tokens, a.tasks, a.seeds, a.out, a.arm) == (
         "glue_transfer_decoder",
         2_000_000,
-        "sst2,cola,stsb",
+        ["sst2", "cola", "stsb"],
         [0],
         Path("runs/quickstart"),
         "pretrained",
     )
     a = parse_args(["--recipe", "quickstart", "--arm", "all", "--seeds", "0,1,2", "--tokens", "1e6"])
-    assert (a.arm, a.seeds, a.tokens, a.tasks) == ("all", [0, 1, 2], 1_000_000, "sst2,cola,stsb")
+    assert (a.arm, a.seeds, a.tokens, a.tasks) == ("all", [0, 1, 2], 1_000_000, ["sst2", "cola", "stsb"])
+    assert parse_args(["--tasks", "SST-2, cola,sst2"]).tasks == ["sst2", "cola"]  # GLUE's spelling too, each once
     a = parse_args([])  # lm transfer's own
     assert (a.recipe, a.tokens, a.tasks, a.seeds, a.out, a.arm) == (
         "transfer",

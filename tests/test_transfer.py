@@ -675,7 +675,7 @@ def test_the_lane_command_rebuilds_the_recipe(tmp_path):
         r.out,
         r.scratch,
         [1, 2],
-        "rte,cola",
+        ["rte", "cola"],
         "g",
         r.pretrain,
         r.finetune,

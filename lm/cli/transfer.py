@@ -44,6 +44,7 @@ from pathlib import Path
 from lm.cli.errors import entry
 from lm.cli.transfer_recipe import (
     ARMS,
+    CANDIDATE_TASKS,
     DEFAULT_PRESET,
     Recipe,
     TransferError,
@@ -199,6 +200,16 @@ def seeds_arg(text: str) -> list[int]:
     return [int(s) for s in seeds]
 
 
+def tasks_arg(text: str) -> list[str]:
+    """--tasks: comma-separated GLUE task names (sst2 or SST-2), each once, in the order given."""
+    tasks = list(dict.fromkeys(t.strip().lower().replace("-", "") for t in text.split(",") if t.strip()))
+    unknown = [t for t in tasks if t not in CANDIDATE_TASKS]
+    if unknown or not tasks:
+        what = f"{', '.join(unknown)}: not a GLUE task" if unknown else "no task"
+        raise argparse.ArgumentTypeError(f"{text!r}: {what}; choose from {','.join(CANDIDATE_TASKS)}")
+    return tasks
+
+
 def _parser(recipe: str = "transfer", prog: str = "lm transfer") -> argparse.ArgumentParser:
     """lm transfer's flags with the defaults of preset `recipe` (RECIPES)."""
     doc = QUICKSTART if recipe == "quickstart" else __doc__
@@ -231,6 +242,7 @@ def _parser(recipe: str = "transfer", prog: str = "lm transfer") -> argparse.Arg
     )
     p.add_argument(
         "--tasks",
+        type=tasks_arg,
         help="comma-separated GLUE tasks (default: every task with local train/dev data; the "
         "quickstart's: sst2,cola,stsb)",
     )
@@ -327,7 +339,7 @@ def run_cli(argv: list[str], prog: str) -> None:
         seeds=a.seeds,
         pretrain=a.pretrain,
         finetune=a.finetune,
-        tasks=[t.strip() for t in a.tasks.split(",") if t.strip()] if a.tasks else None,
+        tasks=a.tasks,
         command="lm transfer " + " ".join(map(shlex.quote, argv)),
         arm=a.arm,
         parallel=a.parallel,
