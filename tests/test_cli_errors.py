@@ -121,6 +121,23 @@ def test_bad_recipes_are_refused_before_any_work(kw, what, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_chosen_task_without_its_files_is_refused_before_any_work(tmp_path):
+    """lm transfer reads GLUE from disk: a --tasks entry with no train/dev file stops the plan (lm finetune would
+    say it only after the corpus and the pretraining), unless --finetune skip_missing=true."""
+    from lm.cli.transfer_recipe import Recipe, TransferError, plan
+
+    root = tmp_path / "glue_data"
+    for split in ("train", "dev"):
+        (root / "RTE").mkdir(parents=True, exist_ok=True)
+        (root / "RTE" / f"{split}.tsv").write_text("index\tsentence1\tsentence2\tlabel\n")
+    kw = {"out": tmp_path / "o", "tokens": 1000, "tasks": ["rte", "qnli"]}
+    with pytest.raises(TransferError) as e:
+        plan(Recipe(**kw, finetune=[f"glue.data_root={root}"]))
+    assert "--tasks: GLUE data missing for qnli:\n  qnli: not found: " in str(e.value)
+    assert "leave the task out (on disk: rte)" in str(e.value) and not (tmp_path / "o").exists()
+    assert plan(Recipe(**kw, finetune=[f"glue.data_root={root}", "skip_missing=true"])).tasks == ["rte", "qnli"]
+
+
 def test_the_cli_says_a_bad_preset_in_one_line(tmp_path):
     p = subprocess.run(
         [sys.executable, "-m", "lm.cli.transfer", "--preset", "bogus", "--out", str(tmp_path / "o")],

@@ -141,11 +141,32 @@ def check_finetune_overrides(overrides: list[str]) -> None:
 
 def present_tasks(data_root: str | None = None) -> list[str]:
     """The GLUE tasks whose train and dev files are on disk (the mirror's glue_data, or glue.data_root)."""
+    missing = missing_tasks(list(CANDIDATE_TASKS), data_root)
+    return [t for t in CANDIDATE_TASKS if t not in missing]
+
+
+def missing_tasks(tasks: list[str], data_root: str | None = None) -> dict[str, str]:
+    """{task: why} for the tasks among `tasks` whose train or dev file is not on disk."""
     from lm.glue.config import GlueTaskConfig
     from lm.glue.run import check_data
 
-    missing = check_data([GlueTaskConfig(name=t, data_root=data_root) for t in CANDIDATE_TASKS])
-    return [t for t in CANDIDATE_TASKS if t not in missing]
+    return check_data([GlueTaskConfig(name=t, data_root=data_root) for t in tasks])
+
+
+def check_tasks_present(r: Recipe, tasks: list[str]) -> None:
+    """A chosen task without its files is a TransferError before the corpus or the pretraining, as lm finetune
+    would raise it only after them (the recipe reads GLUE from disk: hf=false); --finetune skip_missing=true
+    lets lm finetune skip it instead."""
+    root = _data_root(r.finetune)
+    missing = missing_tasks(tasks, root)
+    if missing and (_override(r.finetune, "skip_missing") or "").lower() != "true":
+        lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())
+        have = ", ".join(present_tasks(root)) or "none"
+        raise TransferError(
+            f"--tasks: GLUE data missing for {', '.join(missing)}:\n  {lines}\npoint LM_DATA_MIRROR at the "
+            f"directory that holds glue_data/ (or --finetune glue.data_root=<the glue_data directory>), or leave "
+            f"the task out (on disk: {have}), or --finetune skip_missing=true"
+        )
 
 
 def prepared_tokenizer(cfg) -> Path:
@@ -348,6 +369,7 @@ def plan(r: Recipe) -> Plan:
             "no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
             "glue.data_root=<glue_data>)"
         )
+    check_tasks_present(r, tasks)
     finetune_config(r, r.scratch, "none", None, pooling, tasks)  # a bad --finetune fails here, not after hours
     return Plan(
         cfg=cfg,
