@@ -272,3 +272,59 @@ def test_cli_lists_the_tasks_for_an_unknown_one(tmp_path):
         f"lm finetune: task=glue/foo is not a task; pick task=glue/<name> with <name> one of "
         f"{ALLOWED} (several: 'task=[glue/rte,glue/mrpc]')"
     )
+
+
+@pytest.mark.parametrize(
+    "arg,bad,choices",
+    [
+        (
+            "model=gpt3",
+            "model=gpt3",
+            "in conf/model/; pick one of bert, gpt2, gru, llama, lstm, narang_vanilla, rnn, t5,",
+        ),
+        ("model/ffn=gelu,swigluu", "model/ffn=swigluu", "in conf/model/ffn/; pick one of elu, geglu, gelu, gelu_tanh,"),
+        ("+engine=fsdp", "engine=fsdp", "in conf/engine/; pick one of ddp, deepspeed, fsdp2, single, zero1, zero2,"),
+        ("experiment=[narang_row/gelu,narang_row/x]", "experiment=narang_row/x", "in conf/experiment/; pick one of"),
+        ("model/ffn=mlp_schema", "model/ffn=mlp_schema", "in conf/model/ffn/"),  # a schema node is no option
+    ],
+)
+def test_an_unknown_group_option_lists_the_groups_options(arg, bad, choices):
+    from lm.cli.group_choice import check_group_options
+    from lm.config import register_train_configs
+
+    register_train_configs()
+    with pytest.raises(ConfigError) as e:
+        check_group_options(["model.dim=64", arg])
+    assert str(e.value).startswith(f"{bad}: no such option ") and choices in str(e.value)
+    assert "schema" not in str(e.value).split("pick one of")[1]
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "model/ffn=gelu,swiglu",
+        "experiment=narang_row/gelu",  # a ConfigStore node (lm/config.py), no yaml file
+        "+model/ffn=geglu",
+        "~model/pos",
+        "model/pos=null",
+        "model/ffn=glob(*)",
+        "hydra/launcher=basic",  # Hydra's own
+        "model.dim=64",
+        "model@foo=gpt2",
+    ],
+)
+def test_known_group_options_and_other_args_pass(arg):
+    from lm.cli.group_choice import check_group_options
+    from lm.config import register_train_configs
+
+    register_train_configs()
+    check_group_options([arg])
+    check_group_options(["hydra.searchpath=[file:///elsewhere]", "model=mine"])  # options may live anywhere
+    check_group_options(["--config-dir", "/elsewhere", "model=mine"])
+
+
+def test_cli_says_an_unknown_model_in_one_line(tmp_path):
+    p = run_cli("lm.cli.train", "model=gpt3", cwd=tmp_path)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip().startswith("lm train: model=gpt3: no such option in conf/model/; pick one of bert, gpt2,")
+    assert p.stderr.count("\n") == 1 and not any(tmp_path.iterdir())  # no run_dir left behind

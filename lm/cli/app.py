@@ -35,6 +35,7 @@ def run_app(
     import hydra
 
     from lm.cli.errors import describe
+    from lm.cli.group_choice import check_group_options
     from lm.engine import dist as dist_utils
 
     _strip_launcher_args()
@@ -43,6 +44,7 @@ def run_app(
     _refuse_moved_overrides(sys.argv[1:])
     if check_args is not None:
         check_args(sys.argv[1:])  # its errors reach main()'s lm.cli.errors.entry: one line
+    check_group_options(sys.argv[1:])
     _agree_on_run_stamp()
     fresh = _new_run_dirs(config_name)
 
