@@ -369,7 +369,8 @@ def plan(r: Recipe) -> Plan:
             "no GLUE task has its train and dev files on disk; set LM_DATA_MIRROR (or --finetune "
             "glue.data_root=<glue_data>)"
         )
-    check_tasks_present(r, tasks)
+    if r.tasks:  # chosen; present_tasks' own are on disk
+        check_tasks_present(r, tasks)
     finetune_config(r, r.scratch, "none", None, pooling, tasks)  # a bad --finetune fails here, not after hours
     return Plan(
         cfg=cfg,
