@@ -31,8 +31,8 @@
 # MRPC and STS-B are read as siamese pairs (the recipe's budget, lm/cli/transfer_recipe.py), STS-B's pooled
 # vectors whitened (tasks.stsb.whiten; with these STS-B settings on the CPU recipe's 30M checkpoint: 62.4 -> 68.9,
 # docs/results.md);
-# the H100 runs below read both as one text: FINETUNE_OTHER="tasks.mrpc.pair_input=joint tasks.stsb.pair_input=joint
-# tasks.stsb.whiten=false" repeats that.
+# RTE is read as siamese pairs too, for 5 epochs: read as one text it stayed at chance in both arms, read apart the
+# pretrained arm gains beyond the seed ranges (docs/results.md, "GPU recipe").
 # CoLA and STS-B get 4 epochs (2026-11-26, 22:43 on an H100: the pretrained arm's STS-B went 35.7 -> 38.8+,
 # CoLA 25.2 -> 26.8, scratch unmoved; average gain +7.8 -> at least +8.9).
 # SCRATCH_SST2=0: no scratch SST-2 lane, and SCRATCH_TASKS (default cola,mrpc,stsb,rte) narrows the scratch lane
@@ -81,7 +81,8 @@ common=(--preset glue_transfer_gpu --tokens "$tokens" --group gpu_transfer "$@")
 [ "${COMPILE:-1}" = 1 ] && common+=(--pretrain train.compile=true)  # after "$@": lm transfer adds both lists
 base=(optim.lr=1e-4 train.micro_batch_size=128)
 sst2=(tasks.sst2.max_train_examples=null tasks.sst2.batch_size=128 tasks.sst2.lr=2e-4 tasks.sst2.epochs=2)
-other=(tasks.stsb.max_train_examples=null tasks.cola.epochs=4 tasks.stsb.epochs=4 tasks.stsb.whiten=true)
+other=(tasks.stsb.max_train_examples=null tasks.cola.epochs=4 tasks.stsb.epochs=4 tasks.stsb.whiten=true
+  tasks.rte.pair_input=siamese tasks.rte.epochs=5)
 # shellcheck disable=SC2206  # the FINETUNE* variables are lists of overrides, split on spaces on purpose
 extra=(${FINETUNE:-})
 sst2+=(${FINETUNE_SST2:-})
