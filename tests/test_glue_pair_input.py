@@ -134,10 +134,10 @@ def test_a_single_sentence_task_refuses_a_pair_input(pair_input):
 
 
 def test_a_whitened_siamese_score_is_the_cosine_of_whitened_vectors():
-    """whiten=True: identity until fit; fit_whitening (lm.glue.init) sets m and W from the training pairs'
+    """whiten=True: identity until fit; fit_siamese_head (lm.glue.init) sets m and W from the training pairs'
     pooled sentences so that they have zero mean and identity covariance; the score is then the cosine of
     (u - m) W and (v - m) W, and m and W are buffers (saved and resumed with the model, never trained)."""
-    from lm.glue.init import fit_whitening
+    from lm.glue.init import fit_siamese_head
 
     tok = WordTokenizer()
     words = ["a", "b", "c", "d", "e", "f", "g", "h"]
@@ -149,7 +149,7 @@ def test_a_whitened_siamese_score_is_the_cosine_of_whitened_vectors():
     assert {"white_mean", "white_map"} <= set(clf.state_dict())
     assert not any("white" in name for name, _ in clf.named_parameters())
     torch.testing.assert_close(clf.white_map, torch.eye(32))
-    fit_whitening(clf, feats, tok.pad_id, batch_size=16)
+    fit_siamese_head(clf, feats, tok.pad_id, whiten=True, fit_head=False, batch_size=16)
     assert clf.training  # back in the mode it was in
     with torch.no_grad():
         u, v = pooled_pairs(clf, tok, feats)  # (N, D) each, before whitening
@@ -169,6 +169,58 @@ def pooled_pairs(clf, tok, feats):
     return clf.pooled_pairs(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
 
 
+@pytest.mark.parametrize("whiten", [False, True])
+def test_fit_head_starts_the_score_at_the_least_squares_line_of_the_cosines(whiten):
+    """fit_head: the score's scale and shift are the least-squares fit of the labels on the training pairs'
+    cosines (whitened first when the head whitens), so the first predictions' squared error is the least any
+    line through those cosines gives, and below the fixed [-1, 1] -> [0, 5] map's."""
+    from lm.glue.init import fit_siamese_head
+
+    tok = WordTokenizer()
+    words = ["a", "b", "c", "d", "e", "f", "g", "h"]
+    rows = [
+        Example(i, " ".join(words[i % 8 : i % 8 + 3]), " ".join(words[i * 3 % 7 :][:2]), (i * 7 % 11) / 2.2)
+        for i in range(60)
+    ]
+    feats = encode_examples(tok, rows, 24, "decoder", "siamese")
+    labels = torch.tensor([r.label for r in rows], dtype=torch.float64)
+
+    def head(fit):
+        clf = SequenceClassifier(
+            tiny_decoder(), 1, "mean", dropout=0.0, pair_input="siamese", score_range=(0.0, 5.0), whiten=whiten
+        )
+        fit_siamese_head(clf, feats, tok.pad_id, whiten=whiten, fit_head=fit, batch_size=16)
+        with torch.no_grad():
+            u, v = pooled_pairs(clf, tok, feats)
+            u, v = (clf._whitened(u), clf._whitened(v)) if whiten else (u, v)
+            cos = F.cosine_similarity(u, v, dim=-1).double()
+            pred = clf.eval()(**collate(feats, tok.pad_id)).logits.squeeze(-1).double()
+        return clf, cos, pred
+
+    fixed, cos, fixed_pred = head(False)
+    assert fixed.classifier.weight.item() == 2.5 and fixed.classifier.bias.item() == 2.5
+    fitted, cos_fitted, pred = head(True)
+    torch.testing.assert_close(cos_fitted, cos)
+    a = torch.stack([cos, torch.ones_like(cos)], dim=1)  # (N, 2): the least-squares line by lstsq
+    scale, shift = torch.linalg.lstsq(a, labels[:, None]).solution.squeeze(1).tolist()
+    assert fitted.classifier.weight.item() == pytest.approx(scale, abs=1e-4)
+    assert fitted.classifier.bias.item() == pytest.approx(shift, abs=1e-4)
+    torch.testing.assert_close(pred, scale * cos + shift, atol=1e-4, rtol=0)
+    assert F.mse_loss(pred, labels) < F.mse_loss(fixed_pred, labels)
+
+
+def test_fit_head_needs_a_siamese_score():
+    validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, pair_input="siamese", fit_head=True))
+    with pytest.raises(ConfigError, match=r"tasks\.stsb\.fit_head=true .* pair_input=joint .* drop it"):
+        validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, fit_head=True))
+    with pytest.raises(ConfigError, match=r"tasks\.mrpc\.fit_head=true .* pair_input=siamese"):
+        validate_glue_task(GlueTaskConfig(name="mrpc", pair_input="siamese", fit_head=True))
+    with pytest.raises(ValueError, match="siamese regression"):
+        SequenceClassifier(tiny_decoder(), n_labels=2, pair_input="siamese").fit_cosine_head(
+            torch.ones(2, 32), torch.ones(2, 32), torch.ones(2)
+        )
+
+
 def test_whiten_needs_siamese_pairs():
     validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, pair_input="siamese", whiten=True))
     with pytest.raises(ConfigError, match=r"tasks\.stsb\.whiten=true .* tasks\.stsb\.pair_input=siamese"):
@@ -179,9 +231,9 @@ def test_whiten_needs_siamese_pairs():
 
 @pytest.mark.gpu
 def test_whitening_fit_on_the_gpu_matches_the_cpu_and_leaves_the_model_home():
-    """fit_whitening(device="cuda") reads the pairs on the GPU, leaves the model on the CPU, and the scores it
+    """fit_siamese_head(device="cuda") reads the pairs on the GPU, leaves the model on the CPU, and the scores it
     then gives equal those of a fit on the CPU."""
-    from lm.glue.init import fit_whitening
+    from lm.glue.init import fit_siamese_head
 
     tok = WordTokenizer()
     rows = [Example(i, "a b c d"[i % 4 :], "e f g h"[: 1 + i % 7], 1.0) for i in range(40)]
@@ -189,7 +241,7 @@ def test_whitening_fit_on_the_gpu_matches_the_cpu_and_leaves_the_model_home():
     scores, means = [], []
     for device in ("cpu", "cuda"):
         clf = SequenceClassifier(tiny_decoder(), 1, "mean", dropout=0.0, pair_input="siamese", whiten=True)
-        fit_whitening(clf, feats, tok.pad_id, device=device)
+        fit_siamese_head(clf, feats, tok.pad_id, whiten=True, fit_head=True, device=device)
         assert clf.white_map.device.type == "cpu" and next(clf.parameters()).device.type == "cpu"
         means.append(clf.white_mean)
         scores.append(clf.eval()(**collate(feats, tok.pad_id)).logits)

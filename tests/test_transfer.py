@@ -522,10 +522,13 @@ def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_pa
     def pair_inputs(finetune):
         r = Recipe(out=tmp_path / "point", tasks=["mrpc", "stsb", "rte"], finetune=finetune)
         cfg = finetune_config(r, tmp_path / "arm", "none", None, "mean", r.tasks)
-        return {t: cfg.tasks[t].pair_input for t in r.tasks}
+        return {t: cfg.tasks[t].pair_input for t in r.tasks}, cfg.tasks.stsb.fit_head
 
-    assert pair_inputs([]) == {"mrpc": "siamese", "stsb": "siamese", "rte": "joint"}
-    assert pair_inputs(["tasks.stsb.pair_input=joint"]) == {"mrpc": "siamese", "stsb": "joint", "rte": "joint"}
+    assert pair_inputs([]) == ({"mrpc": "siamese", "stsb": "siamese", "rte": "joint"}, True)
+    # STS-B read as one text has no cosine score: the budget's fit_head follows, and validates
+    joint = pair_inputs(["tasks.stsb.pair_input=joint"])
+    assert joint == ({"mrpc": "siamese", "stsb": "joint", "rte": "joint"}, False)
+    assert pair_inputs(["tasks.stsb.fit_head=false"])[1] is False
     assert [o for o in budget(["sst2", "stsb"]) if "pair_input" in o] == ["tasks.stsb.pair_input=siamese"]
 
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")

@@ -78,6 +78,7 @@ class GlueTaskConfig:
     dropout: float = 0.1  # before the classification layer
     pair_input: PairInput = PairInput.joint  # a pair task's input: joint | both_orders | siamese
     whiten: bool = False  # siamese: whiten the pooled vectors, fit once on the training pairs (Su et al. 2021)
+    fit_head: bool = False  # siamese STS-B: the score's scale and shift start from the training pairs' least squares
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
     max_train_examples: int | None = None  # first N training examples only (smoke runs on CPU)
     data_root: str | None = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
@@ -254,6 +255,12 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
         raise ConfigError(
             f"{where}.whiten=true whitens the two pooled sentences of a siamese pair; add "
             f"{where}.pair_input=siamese or drop it"
+        )
+    if cfg.fit_head and (cfg.pair_input != PairInput.siamese or cfg.n_labels != 1):
+        raise ConfigError(
+            f"{where}.fit_head=true fits the cosine score of a siamese regression task (STS-B: "
+            f"tasks.stsb.pair_input=siamese); {cfg.name} with pair_input={PairInput(cfg.pair_input).value} has no "
+            f"such head: drop it"
         )
     _validate_task_numbers(cfg, where)
     if not cfg.seeds:

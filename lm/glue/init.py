@@ -227,7 +227,7 @@ def build_classifier(
 ):
     """A fresh SequenceClassifier: the backbone's weights (or a random init) plus a new head that reads a
     pair as pair_input says (GlueTaskConfig.pair_input); score_range is a regression task's label range;
-    whiten adds the siamese head's whitening (identity until fit_whitening).
+    whiten adds the siamese head's whitening (identity until fit_siamese_head).
 
     `bidirectional` (RNN backbones, lm finetune bidirectional=true) widens a unidirectional recurrent
     backbone: its forward direction is the checkpoint's, the backward direction starts from scratch and
@@ -284,10 +284,14 @@ def build_classifier(
     return model
 
 
-def fit_whitening(model, features, pad_id: int, batch_size: int = 64, device=None) -> None:
-    """Fits a siamese classifier's whitening (SequenceClassifier.fit_whitening) on the pooled sentences of
-    `features` (encoded pairs with their second reading), in eval mode (no dropout) and without gradients;
-    on `device` when given (the engine's: a GPU reads the pairs in moments), leaving the model where it was."""
+def fit_siamese_head(
+    model, features, pad_id: int, whiten: bool, fit_head: bool, batch_size: int = 64, device=None
+) -> None:
+    """Fits a siamese classifier's head on the pooled sentences of `features` (encoded pairs with their second
+    reading) before any step: whiten, the whitening (SequenceClassifier.fit_whitening); fit_head, the score
+    head's scale and shift on the pairs' labels, after that whitening (SequenceClassifier.fit_cosine_head).
+    The pairs are read once, in eval mode (no dropout) and without gradients, on `device` when given (the
+    engine's: a GPU reads the pairs in moments), leaving the model where it was."""
     import torch
 
     from lm.glue.encode import collate
@@ -299,7 +303,11 @@ def fit_whitening(model, features, pad_id: int, batch_size: int = 64, device=Non
     with torch.no_grad():
         for i in range(0, len(features), batch_size):
             batch = collate(features[i : i + batch_size], pad_id)
-            h = model.pooled_pairs(**{k: batch[k].to(device) for k in keep})  # (2, B, D)
-            pooled.append(h.flatten(0, 1).cpu())  # (2B, D)
-    model.to(home).fit_whitening(torch.cat(pooled))
+            pooled.append(model.pooled_pairs(**{k: batch[k].to(device) for k in keep}).cpu())  # (2, B, D)
+    pairs = torch.cat(pooled, dim=1)  # (2, N, D)
+    model.to(home)
+    if whiten:
+        model.fit_whitening(pairs.flatten(0, 1))  # (2N, D)
+    if fit_head:
+        model.fit_cosine_head(pairs[0], pairs[1], torch.tensor([float(f["labels"]) for f in features]))
     model.train(was_training)

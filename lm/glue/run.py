@@ -35,7 +35,7 @@ from lm.core.files import atomic_write_text
 from lm.glue.config import FinetuneSchema, GlueTaskConfig
 from lm.glue.grid import GridOutcome, run_grid
 from lm.glue.grid_report import protocol_record
-from lm.glue.init import Backbone, build_classifier, fit_whitening
+from lm.glue.init import Backbone, build_classifier, fit_siamese_head
 from lm.glue.readers import GlueDataMissing, split_path
 from lm.glue.results import results_table, write_results
 from lm.glue.submission import check_submission, write_submission
@@ -254,15 +254,15 @@ def _run_one(
 
 
 def _classifier(t: GlueTaskConfig, data, job: FinetuneSchema, backbone: Backbone, device):
-    """The task's fresh classifier; a whitened siamese head is fit on the training pairs (on `device`) before
-    any step."""
+    """The task's fresh classifier; a siamese head's whitening and score line (tasks.<task>.whiten, fit_head) are
+    fit on the training pairs (on `device`) before any step."""
     spec = get_task(t.name)
     pooling = job.pooling and job.pooling.value
     model = build_classifier(
         backbone, spec.n_labels, t.dropout, pooling, job.bidirectional, str(t.pair_input), spec.score_range, t.whiten
     )
-    if t.whiten:
-        fit_whitening(model, data.train.features, backbone.tokenizer.pad_id, device=device)
+    if t.whiten or t.fit_head:
+        fit_siamese_head(model, data.train.features, backbone.tokenizer.pad_id, t.whiten, t.fit_head, device=device)
     return model
 
 

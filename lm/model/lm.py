@@ -189,7 +189,8 @@ class SequenceClassifier(nn.Module):
         from a linear layer on [u; v; |u - v|], a score from cos(u, v) through a scale and shift that start
         out mapping [-1, 1] onto score_range, so the pretrained similarity is the first prediction.
         whiten=True maps u and v to (x - m) W first (Su et al. 2021): m and W are buffers, the identity
-        until fit_whitening sets them from pooled training pairs; then frozen.
+        until fit_whitening sets them from pooled training pairs; then frozen. fit_cosine_head starts a score's
+        scale and shift from the training pairs' least-squares line.
     The backbone's LM head is dropped: it is unused here, and unused parameters break DDP.
     """
 
@@ -257,6 +258,25 @@ class SequenceClassifier(nn.Module):
         m, w = whitening(x)
         self.white_mean.copy_(m)
         self.white_map.copy_(w)
+
+    @torch.no_grad()
+    def fit_cosine_head(self, first: torch.Tensor, second: torch.Tensor, labels: torch.Tensor) -> None:
+        """Sets the score head (score = scale * cos(u, v) + shift) to the least-squares line of labels (N,) on the
+        cosines of pooled pairs (N, D) each, read as the head reads them (whitened when it whitens): the first
+        prediction is then the best linear reading of the backbone's own similarity, and the first steps' large
+        errors do not pull the backbone away from it (linear probing before finetuning, Kumar et al. 2022).
+        Cosines that do not vary leave the head as it is."""
+        if self.pair_input != "siamese" or self.n_labels != 1:
+            raise ValueError(f"fit_cosine_head fits a siamese regression head, not pair_input={self.pair_input}")
+        if self.whiten:
+            first, second = self._whitened(first), self._whitened(second)
+        cos = F.cosine_similarity(first.double(), second.double(), dim=-1)  # (N,)
+        y, var = labels.double(), cos.var(unbiased=False)
+        if var <= 1e-12:
+            return
+        scale = ((cos - cos.mean()) * (y - y.mean())).mean() / var
+        self.classifier.weight.fill_(float(scale))
+        self.classifier.bias.fill_(float(y.mean() - scale * cos.mean()))
 
     def _whitened(self, x: torch.Tensor) -> torch.Tensor:
         return ((x.float() - self.white_mean) @ self.white_map).to(x.dtype)
