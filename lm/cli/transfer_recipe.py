@@ -290,8 +290,12 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
             f"--finetune {' '.join(r.finetune)}: {first} (the tasks finetuned: {', '.join(tasks)}; "
             f"a tasks.<task>.* override needs its task among them)"
         ) from None
-    for t in BUDGET_FIT_HEAD:  # the budget's score line follows a --finetune that reads the pairs another way
-        if t in cfg.tasks and cfg.tasks[t].pair_input != "siamese" and f"tasks.{t}.fit_head=true" not in r.finetune:
+    for t in BUDGET_FIT_HEAD:  # unless --finetune sets it, the budget's score line follows how the pairs are read
+        if (
+            t in cfg.tasks
+            and cfg.tasks[t].pair_input != "siamese"
+            and _override(r.finetune, f"tasks.{t}.fit_head") is None
+        ):
             cfg.tasks[t].fit_head = False
     return cfg
 
