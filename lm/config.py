@@ -10,7 +10,15 @@ once, at the entry point (lm.cli.train.train).
 
 from dataclasses import dataclass, field
 
-from lm.config_base import Choice, ConfigError, conf_dir, explain, to_typed  # noqa: F401 - the root re-exports the leaf
+from lm.config_base import (  # noqa: F401 - the root re-exports the leaf
+    Choice,
+    ConfigError,
+    composition_error,
+    conf_dir,
+    explain,
+    not_a_key,
+    to_typed,
+)
 from lm.config_base import compose_group as _compose_group
 
 
@@ -18,7 +26,6 @@ def check_known_keys(cfg, prefix: str = "") -> None:
     """Refuse a key that the dataclass typing its node does not have. Hydra appends `+key=value` even under
     a typed node (its own advice for a mistyped key), and OmegaConf.to_object keeps it as an attribute that
     nothing reads: `+train.max_step=20` would train the default number of steps without a word."""
-    import difflib
     from dataclasses import fields as dataclass_fields
     from dataclasses import is_dataclass
 
@@ -28,16 +35,7 @@ def check_known_keys(cfg, prefix: str = "") -> None:
     known = [f.name for f in dataclass_fields(kind)] if is_dataclass(kind) else None
     for key in cfg:
         if known is not None and key not in known:
-            close = difflib.get_close_matches(str(key), known, n=1)
-            where = prefix.rstrip(".") or "the top level"
-            raise ConfigError(
-                f"{prefix}{key} is not a key of {where} ({kind.__name__}), so nothing would read it"
-                + (
-                    f"; did you mean {prefix}{close[0]}? Set it without the +"
-                    if close
-                    else f"; drop it (the keys there: {', '.join(known)})"
-                )
-            )
+            raise ConfigError(not_a_key(prefix, str(key), kind, plus=True))
         child = cfg._get_node(key)  # the node itself: values are not resolved here
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             check_known_keys(child, f"{prefix}{key}.")

@@ -55,6 +55,41 @@ def explain(e: Exception, prefix: str = "") -> str:
     return f"{key}: {msg}" if key else msg
 
 
+def not_a_key(prefix: str, key: str, kind, plus: bool = False) -> str:
+    """The line for `<prefix><key>`, which the dataclass `kind` typing that node does not have: the closest field,
+    else the fields there. plus: the key was given as `+key=` (which Hydra accepts and nothing would read)."""
+    import difflib
+
+    known = [f.name for f in fields(kind)]
+    close = difflib.get_close_matches(str(key), known, n=1)
+    where = prefix.rstrip(".") or "the top level"
+    line = f"{prefix}{key} is not a key of {where} ({kind.__name__})" + (", so nothing would read it" if plus else "")
+    if close:
+        return line + f"; did you mean {prefix}{close[0]}?" + (" Set it without the +" if plus else "")
+    return line + (
+        f"; drop it (the keys there: {', '.join(known)})" if plus else f"; the keys there: {', '.join(known)}"
+    )
+
+
+def composition_error(e: Exception) -> str | None:
+    """One line for an override Hydra could not apply to the composed config (a mistyped key, a value of the wrong
+    type), or None when OmegaConf did not refuse it (a missing config file: Hydra's report lists the options).
+    Hydra's own report takes 5-7 lines, and for a mistyped key it advises `+key=value`, which appends a key nothing
+    reads (lm refuses it: lm.config.check_known_keys); this line names the closest key instead."""
+    from dataclasses import is_dataclass
+
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+
+    cause = e.__cause__
+    if not isinstance(cause, OmegaConfBaseException):
+        return None
+    kind, full_key, key = getattr(cause, "object_type", None), getattr(cause, "full_key", None), cause.key
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and is_dataclass(kind) and full_key and key:
+        return not_a_key(full_key[: len(full_key) - len(str(key))], str(key), kind)
+    what = str(getattr(cause, "msg", cause)).strip().splitlines()[0]  # OmegaConf's next lines repeat the key
+    return f"{full_key}: {what}" if full_key else f"{str(e).strip().splitlines()[0].rstrip('.')}: {what}"
+
+
 def compose_group(
     group: str, option: str, overrides: list[str] | None = None, register: Callable[[], None] = lambda: None
 ):

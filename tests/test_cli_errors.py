@@ -68,6 +68,26 @@ def test_usage_errors_exit_2_and_bugs_keep_their_traceback(capsys):
     assert describe(TypeError("x")) is None and describe(RuntimeError("x")) is None
 
 
+def test_a_closed_pipe_ends_quietly_as_a_sigpipe_would(capsys, monkeypatch):
+    """`lm train --help | head -1`: the reader leaves early; no "lm train: Broken pipe" line, status 141 as a shell
+    reports for a process the pipe ended (the `lm` dispatcher's own usage too)."""
+    from lm.cli.main import main
+
+    @entry("lm-x")
+    def reads_on():
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    assert _exit(reads_on) == 141 and capsys.readouterr().err == ""
+
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr("builtins.print", closed)
+    assert _exit(main, ["--help"]) == 141
+    monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+
+
 def test_safetensors_full_disk_is_one_line():
     from safetensors import SafetensorError
 
@@ -107,7 +127,10 @@ def test_bad_numbers_are_usage_errors(command, args, what, capsys, tmp_path):
             {"preset": "bogus"},
             "--preset bogus: no such experiment (conf/experiment/bogus.yaml); pick one of glue_transfer_decoder",
         ),
-        ({"pretrain": ["bogus.key=1"]}, "--pretrain bogus.key=1: Could not override 'bogus.key'. (Key 'bogus' not in"),
+        (
+            {"pretrain": ["bogus.key=1"]},
+            "--pretrain bogus.key=1: bogus is not a key of the top level (RunSchema); the keys there: run_dir,",
+        ),
         ({"pretrain": ["model=lstm"]}, "--pretrain model=lstm: the model family rnn is not one the recipe finetunes"),
         ({"pretrain": ["+train.max_step=20"]}, "did you mean train.max_steps?"),
     ],

@@ -258,11 +258,78 @@ def test_unknown_task_lists_the_real_tasks(arg, bad):
         "task=[glue/rte, glue/mrpc]",
         "task=glue/rte,glue/cola",
         "task=choice(glue/rte,glue/cola)",
-        "tasks.foo.lr=1",
+        "tasks.sst2.lr=1",  # the default task
     ],
 )
 def test_known_tasks_and_other_args_pass(arg):
     check_task_args([arg])
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["task=glue/rte", "tasks.cola.epochs=1"],
+            "tasks.cola.epochs=1: cola is not among the tasks this run "
+            "finetunes (rte); add it ('task=[glue/rte,glue/cola]') or leave the override out",
+        ),
+        (["tasks.cola.epochs=1"], "(sst2); add it ('task=[glue/sst2,glue/cola]')"),  # conf/finetune.yaml's default
+        (
+            ["task=[glue/rte,glue/mrpc]", "+tasks.cola.lr=1"],
+            "(rte, mrpc); add it ('task=[glue/rte,glue/mrpc,glue/cola]')",
+        ),
+        (["task=glue/cola", "task=glue/rte", "tasks.cola.lr=1"], "(rte)"),  # the last task= is Hydra's
+        (["task=glue/rte", "tasks.colaa.lr=1"], "tasks.colaa.lr=1: colaa is not a GLUE task; the task names are cola,"),
+    ],
+)
+def test_an_override_of_a_task_not_finetuned_is_refused_naming_the_fix(args, message):
+    """Hydra's report would be "Could not override 'tasks.cola.epochs'. To append to your config use
+    +tasks.cola.epochs=1 ... Key 'cola' is not in struct", whose advice composes a task entry with no name."""
+    with pytest.raises(ConfigError) as e:
+        check_task_args(args)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["task=glue/all", "tasks.cola.epochs=1"],
+        ["task=[glue/rte,glue/cola]", "tasks.cola.epochs=1"],
+        ["task=glue/cola", "tasks.cola.epochs=1"],
+        ["task=glue/rte,glue/cola", "tasks.cola.epochs=1"],  # a sweep: the rte cell is Hydra's to refuse
+        ["task=glue/rte", "~tasks.cola"],
+        ["task=glue/rte", "tasks=null"],
+    ],
+)
+def test_overrides_of_selected_tasks_pass(args):
+    check_task_args(args)
+
+
+@pytest.mark.parametrize(
+    "module,args,line",
+    [
+        (
+            "lm.cli.train",
+            ["model=tiny", "train.max_step=20"],
+            "lm train: train.max_step is not a key of train (TrainConfig); did you mean train.max_steps?",
+        ),
+        (
+            "lm.cli.train",
+            ["model=tiny", "train.max_steps=abc"],
+            "lm train: train.max_steps: Value 'abc' of type 'str' could not be converted to Integer",
+        ),
+        (
+            "lm.cli.finetune",
+            ["task=glue/rte", "init=none", "tasks.rte.epoch=1"],
+            "lm finetune: tasks.rte.epoch is not a key of tasks.rte (GlueTaskConfig); did you mean tasks.rte.epochs?",
+        ),
+    ],
+)
+def test_an_override_hydra_cannot_apply_is_one_line_naming_the_key(tmp_path, module, args, line):
+    """Not Hydra's 5-7 lines, whose advice for a mistyped key is `+train.max_step=20` (a key nothing reads)."""
+    p = run_cli(module, *args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert p.returncode == 1 and p.stderr.strip() == line, p.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_cli_lists_the_tasks_for_an_unknown_one(tmp_path):

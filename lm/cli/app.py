@@ -7,6 +7,7 @@ multirun, re-raise so the sweep records the cell and goes on), remove the run di
 job was refused before writing into it, and always tear the process group down.
 """
 
+import contextlib
 import errno
 import logging
 import os
@@ -64,10 +65,46 @@ def run_app(
             sys.exit(1)
 
     try:
-        app()
+        with _composition_errors_in_one_line(prog):
+            app()
     finally:
         dist_utils.shutdown()
     dist_utils.exit_after_success()
+
+
+@contextlib.contextmanager
+def _composition_errors_in_one_line(prog: str):
+    """An override Hydra cannot apply (`train.max_step=20`, `train.max_steps=abc`) ends in one line naming the
+    closest key (lm.config.composition_error), not Hydra's 5-7 lines that advise `+train.max_step=20`. Hydra reports
+    composition errors inside its private hydra._internal.utils.run_and_report and offers no hook, so that function
+    is wrapped while the app runs; a Hydra without it keeps its own report, as does HYDRA_FULL_ERROR=1."""
+    from hydra._internal import utils as hydra_utils
+    from hydra.errors import ConfigCompositionException
+
+    from lm.config import composition_error
+
+    original = getattr(hydra_utils, "run_and_report", None)
+    if original is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
+        yield
+        return
+
+    def report(func):
+        def one_line():
+            try:
+                return func()
+            except ConfigCompositionException as e:
+                line = composition_error(e)
+                if line is None:
+                    raise  # a missing config file: Hydra's report lists the options
+                sys.exit(f"{prog}: {line}")
+
+        return original(one_line)
+
+    hydra_utils.run_and_report = report
+    try:
+        yield
+    finally:
+        hydra_utils.run_and_report = original
 
 
 def _refuse_moved_overrides(args: list[str]) -> None:

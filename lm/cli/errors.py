@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import pickle
 import sys
 from collections.abc import Callable
@@ -103,6 +104,9 @@ def entry(prog: str, usage: tuple[type[BaseException], ...] = ()) -> Callable:
         def run(*args, **kwargs):
             try:
                 return main(*args, **kwargs)
+            except BrokenPipeError:  # the reader left (`lm train --help | head`): stop quietly, as a SIGPIPE would
+                _quiet_stdout()
+                raise SystemExit(141) from None  # 128 + SIGPIPE: what a shell reports for a process the pipe ended
             except KeyboardInterrupt as e:  # the loop's Aborted says where the same command resumes from
                 print(f"{prog}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
                 raise SystemExit(130) from None
@@ -118,3 +122,11 @@ def entry(prog: str, usage: tuple[type[BaseException], ...] = ()) -> Callable:
         return run
 
     return wrap
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that Python's flush at exit does not raise the same error again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor behind sys.stdout (a test's capture): nothing to flush
+        pass

@@ -15,6 +15,8 @@ import importlib
 import sys
 from typing import NamedTuple
 
+from lm.cli.errors import entry
+
 
 class Command(NamedTuple):
     module: str
@@ -52,6 +54,7 @@ def usage() -> str:
     )
 
 
+@entry("lm")
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args or args[0] in ("-h", "--help", "help"):

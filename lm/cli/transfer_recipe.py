@@ -92,7 +92,7 @@ def pretrain_config(r: Recipe, max_steps: int | None = None):
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    from lm.config import check_known_keys, conf_dir, register_train_configs
+    from lm.config import check_known_keys, composition_error, conf_dir, register_train_configs
 
     register_train_configs()
     presets = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
@@ -114,11 +114,10 @@ def pretrain_config(r: Recipe, max_steps: int | None = None):
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="train", overrides=overrides)
-    except HydraException as e:  # the first line: Hydra's second ("use +key=value to append") hides a typo
-        cause = f" ({str(e.__cause__).strip().splitlines()[0]})" if e.__cause__ else ""
+    except HydraException as e:  # one line: Hydra's second ("use +key=value to append") is wrong advice for a typo
+        why = composition_error(e) or str(e).strip().splitlines()[0]
         raise TransferError(
-            f"--pretrain {' '.join(r.pretrain)}: {str(e).strip().splitlines()[0]}{cause}; see "
-            f"lm train --help for the keys and options"
+            f"--pretrain {' '.join(r.pretrain)}: {why}; see lm train --help for the keys and options"
         ) from None
     check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
     return cfg
@@ -265,7 +264,7 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
     from hydra.errors import HydraException
 
     from lm.cli.finetune import register
-    from lm.config import conf_dir
+    from lm.config import composition_error, conf_dir
 
     register()
     overrides = [
@@ -283,11 +282,10 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="finetune", overrides=overrides)
-    except HydraException as e:
-        # the first line only: Hydra's second ("use +key=value to append") is wrong advice for a task not selected
-        first = str(e).strip().splitlines()[0]
+    except HydraException as e:  # one line: Hydra's second ("use +key=value to append") is wrong advice here
+        why = composition_error(e) or str(e).strip().splitlines()[0]
         raise TransferError(
-            f"--finetune {' '.join(r.finetune)}: {first} (the tasks finetuned: {', '.join(tasks)}; "
+            f"--finetune {' '.join(r.finetune)}: {why} (the tasks finetuned: {', '.join(tasks)}; "
             f"a tasks.<task>.* override needs its task among them)"
         ) from None
     for t in BUDGET_FIT_HEAD:  # unless --finetune sets it, the budget's score line follows how the pairs are read

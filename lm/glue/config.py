@@ -314,8 +314,9 @@ def _finite(x) -> bool:
 
 
 def check_task_args(args: list[str]) -> None:
-    """Refuse an unknown `task=` option before Hydra composes (Hydra only says it "could not find" the file):
-    the message lists the tasks. A user's own conf/task/<group>/<name>.yaml is still accepted."""
+    """Refuse before Hydra composes an unknown `task=` option (Hydra only says it "could not find" the file; a
+    user's own conf/task/<group>/<name>.yaml is still accepted), and a `tasks.<name>.*` override of a task the run
+    does not finetune (Hydra says "Key '<name>' is not in struct"): each message lists what to pick."""
     from lm.config import conf_dir
     from lm.glue.tasks import GLUE_TASKS
 
@@ -324,12 +325,51 @@ def check_task_args(args: list[str]) -> None:
         key, _, value = arg.lstrip("+~").partition("=")
         if key != "task" or not value or "(" in value or "$" in value:  # sweep functions, interpolations
             continue
-        for name in (v.strip().strip("'\"") for v in value.strip("[]").split(",")):
-            if name and name not in known and not (conf_dir() / "task" / f"{name}.yaml").is_file():
+        for name in _names(value):
+            if name not in known and not (conf_dir() / "task" / f"{name}.yaml").is_file():
                 raise ConfigError(
                     f"task={name} is not a task; pick task=glue/<name> with <name> one of "
                     f"{', '.join((*GLUE_TASKS, 'all'))} (several: 'task=[glue/rte,glue/mrpc]')"
                 )
+    _check_selected(args, GLUE_TASKS)
+
+
+def _names(value: str) -> list[str]:
+    return [n for n in (v.strip().strip("'\"") for v in value.strip("[]").split(",")) if n]
+
+
+def _check_selected(args: list[str], glue_tasks) -> None:
+    """A `tasks.<name>.<field>=` override (or +) needs <name> among the tasks task= selects (the last task=, else
+    conf/finetune.yaml's default). Left to Hydra: a sweep of task=, glue/all, a user's own task file."""
+    selected = [v for a in args if a.startswith("task=") for v in [a.partition("=")[2]]][-1:] or [_default_task()]
+    names = _names(selected[0])
+    if ("," in selected[0] and not selected[0].startswith("[")) or any(not n.startswith("glue/") for n in names):
+        return  # a sweep over tasks, or a task file of the user's: its tasks are not known here
+    chosen = [n.removeprefix("glue/") for n in names]
+    if "all" in chosen:
+        return
+    for arg in args:
+        key = arg.lstrip("+").partition("=")[0]
+        parts = key.split(".")
+        if arg.startswith("~") or len(parts) < 3 or parts[0] != "tasks" or parts[1] in chosen:
+            continue
+        t = parts[1]
+        if t not in glue_tasks:
+            raise ConfigError(f"{arg}: {t} is not a GLUE task; the task names are {', '.join(glue_tasks)}")
+        raise ConfigError(
+            f"{arg}: {t} is not among the tasks this run finetunes ({', '.join(chosen)}); add it "
+            f"('task=[{','.join(f'glue/{c}' for c in chosen)},glue/{t}]') or leave the override out"
+        )
+
+
+def _default_task() -> str:
+    """conf/finetune.yaml's `task:` default (glue/sst2)."""
+    import yaml
+
+    from lm.config import conf_dir
+
+    defaults = yaml.safe_load((conf_dir() / "finetune.yaml").read_text()).get("defaults", [])
+    return next(str(d["task"]) for d in defaults if isinstance(d, dict) and "task" in d)
 
 
 def register_glue_configs() -> None:
