@@ -30,7 +30,7 @@
 # the finetuning time at batch 32, and its dev accuracy peaked at epoch 2 of 3 on the H200).
 # MRPC and STS-B are read as siamese pairs (the recipe's budget, lm/cli/transfer_recipe.py), STS-B's pooled
 # vectors whitened (tasks.stsb.whiten; with these STS-B settings on the CPU recipe's 30M checkpoint: 62.4 -> 68.9,
-# docs/results.md);
+# and 74.2 with the budget's tasks.stsb.fit_head, docs/results.md);
 # RTE is read as siamese pairs too, for 5 epochs: read as one text it stayed at chance in both arms, read apart the
 # pretrained arm gains beyond the seed ranges (docs/results.md, "GPU recipe").
 # CoLA and STS-B get 4 epochs (2026-11-26, 22:43 on an H100: the pretrained arm's STS-B went 35.7 -> 38.8+,
