@@ -299,9 +299,13 @@ def test_an_override_of_a_task_not_finetuned_is_refused_naming_the_fix(args, mes
         ["task=glue/rte,glue/cola", "tasks.cola.epochs=1"],  # a sweep: the rte cell is Hydra's to refuse
         ["task=glue/rte", "~tasks.cola"],
         ["task=glue/rte", "tasks=null"],
+        ["task=[glue/rte,glue/pair]", "tasks.cola.epochs=1"],  # glue/pair: a task file of the user's (below)
     ],
 )
-def test_overrides_of_selected_tasks_pass(args):
+def test_overrides_of_selected_tasks_pass(args, monkeypatch, tmp_path):
+    (tmp_path / "task" / "glue").mkdir(parents=True)
+    (tmp_path / "task" / "glue" / "pair.yaml").write_text("defaults:\n  - glue/rte\n  - glue/cola\n")
+    monkeypatch.setattr("lm.config.conf_dir", lambda: tmp_path)
     check_task_args(args)
 
 

@@ -340,14 +340,13 @@ def _names(value: str) -> list[str]:
 
 def _check_selected(args: list[str], glue_tasks) -> None:
     """A `tasks.<name>.<field>=` override (or +) needs <name> among the tasks task= selects (the last task=, else
-    conf/finetune.yaml's default). Left to Hydra: a sweep of task=, glue/all, a user's own task file."""
+    conf/finetune.yaml's default). Left to Hydra: a sweep of task=, glue/all, a task file of the user's (which may
+    select several tasks)."""
     selected = [v for a in args if a.startswith("task=") for v in [a.partition("=")[2]]][-1:] or [_default_task()]
     names = _names(selected[0])
-    if ("," in selected[0] and not selected[0].startswith("[")) or any(not n.startswith("glue/") for n in names):
-        return  # a sweep over tasks, or a task file of the user's: its tasks are not known here
     chosen = [n.removeprefix("glue/") for n in names]
-    if "all" in chosen:
-        return
+    if ("," in selected[0] and not selected[0].startswith("[")) or any(c not in glue_tasks for c in chosen):
+        return  # a sweep over tasks, glue/all, or a task file of the user's: the tasks are not known here
     for arg in args:
         key = arg.lstrip("+").partition("=")[0]
         parts = key.split(".")
