@@ -13,9 +13,8 @@
 # FINETUNE_OTHER for the cola,mrpc,stsb,rte lanes (both also go to the table's call).
 #
 # Why four processes: finetuning a 29M model at batch 32 ran at ~37 steps/s on the H200 (2026-11-26), far below
-# what the device can do, so lanes were meant to fill it. Measured on an H100 (2026-11-26, docs/glue_transfer.md):
-# they do not; processes time-slice the GPU (the pretraining ran at ~265k tokens/s beside two lanes, ~760k
-# alone), so the lanes cost about what running them in turn would. The whole recipe took 12.3 minutes: two
+# what the device can do, so lanes were meant to fill it. They do not: processes time-slice the GPU, so the lanes
+# cost about what running them in turn would (docs/results.md, "The GPU recipe"). The whole recipe took 12.3 minutes: two
 # calls on one warm machine, the second the same script resuming every lane (~20 s lost to the stop and resume).
 # Each arm runs as two lanes, SST-2 (3 seeds) and the other four tasks:
 #   1. scratch SST-2 lane (--arm scratch --tasks sst2); it prepares the corpus first, the others wait for that
