@@ -116,9 +116,7 @@ def pretrain_config(r: Recipe, max_steps: int | None = None):
             cfg = compose(config_name="train", overrides=overrides)
     except HydraException as e:  # one line: Hydra's second ("use +key=value to append") is wrong advice for a typo
         why = composition_error(e) or str(e).strip().splitlines()[0]
-        raise TransferError(
-            f"--pretrain {' '.join(r.pretrain)}: {why}; see lm train --help for the keys and options"
-        ) from None
+        raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {why} (lm train --help lists the keys)") from None
     check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
     return cfg
 
@@ -279,15 +277,19 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
         f"logger.group={r.group}",
         *r.finetune,
     ]
+    for o in r.finetune:  # Hydra would say only "Key '<task>' is not in struct"
+        parts = o.lstrip("+").split("=", 1)[0].split(".")
+        if len(parts) > 2 and parts[0] == "tasks" and parts[1] not in tasks and not o.startswith("~"):
+            raise TransferError(
+                f"--finetune {o}: {parts[1]} is not among the tasks the recipe finetunes ({', '.join(tasks)}); "
+                f"add it to --tasks or leave the override out"
+            )
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="finetune", overrides=overrides)
     except HydraException as e:  # one line: Hydra's second ("use +key=value to append") is wrong advice here
         why = composition_error(e) or str(e).strip().splitlines()[0]
-        raise TransferError(
-            f"--finetune {' '.join(r.finetune)}: {why} (the tasks finetuned: {', '.join(tasks)}; "
-            f"a tasks.<task>.* override needs its task among them)"
-        ) from None
+        raise TransferError(f"--finetune {' '.join(r.finetune)}: {why}") from None
     for t in BUDGET_FIT_HEAD:  # unless --finetune sets it, the budget's score line follows how the pairs are read
         if (
             t in cfg.tasks
