@@ -14,8 +14,9 @@
 #
 # Why four processes: finetuning a 29M model at batch 32 ran at ~37 steps/s on the H200 (2026-11-26), far below
 # what the device can do, so lanes were meant to fill it. They do not: processes time-slice the GPU, so the lanes
-# cost about what running them in turn would (docs/results.md, "The GPU recipe"). The whole recipe took 12.3 minutes: two
-# calls on one warm machine, the second the same script resuming every lane (~20 s lost to the stop and resume).
+# cost about what running them in turn would (docs/results.md, "The GPU recipe"). The whole recipe took 12.3
+# minutes: two calls on one warm machine, the second the same script resuming every lane (~20 s lost to the stop
+# and resume).
 # Each arm runs as two lanes, SST-2 (3 seeds) and the other four tasks:
 #   1. scratch SST-2 lane (--arm scratch --tasks sst2); it prepares the corpus first, the others wait for that
 #   2. scratch lane of cola,mrpc,stsb,rte (its own --out and --scratch), and the pretraining, which then
