@@ -284,7 +284,7 @@ def test_known_tasks_and_other_args_pass(arg):
 )
 def test_an_override_of_a_task_not_finetuned_is_refused_naming_the_fix(args, message):
     """Hydra's report would be "Could not override 'tasks.cola.epochs'. To append to your config use
-    +tasks.cola.epochs=1 ... Key 'cola' is not in struct", whose advice composes a task entry with no name."""
+    +tasks.cola.epochs=1 ... Key 'cola' is not in struct", and its advice fails as well."""
     with pytest.raises(ConfigError) as e:
         check_task_args(args)
     assert message in str(e.value)
