@@ -263,6 +263,7 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
 
     from lm.cli.finetune import register
     from lm.config import composition_error, conf_dir
+    from lm.glue.config import unselected_task_override
 
     register()
     overrides = [
@@ -277,13 +278,12 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
         f"logger.group={r.group}",
         *r.finetune,
     ]
-    for o in r.finetune:  # Hydra would say only "Key '<task>' is not in struct"
-        parts = o.lstrip("+").split("=", 1)[0].split(".")
-        if len(parts) > 2 and parts[0] == "tasks" and parts[1] not in tasks and not o.startswith("~"):
-            raise TransferError(
-                f"--finetune {o}: {parts[1]} is not among the tasks the recipe finetunes ({', '.join(tasks)}); "
-                f"add it to --tasks or leave the override out"
-            )
+    found = unselected_task_override(r.finetune, tasks)
+    if found is not None:
+        raise TransferError(
+            f"--finetune {found[0]}: {found[1]} is not among the tasks the recipe finetunes ({', '.join(tasks)}); "
+            f"add it to --tasks or leave the override out"
+        )
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="finetune", overrides=overrides)

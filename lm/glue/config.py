@@ -347,18 +347,26 @@ def _check_selected(args: list[str], glue_tasks) -> None:
     chosen = [n.removeprefix("glue/") for n in names]
     if ("," in selected[0] and not selected[0].startswith("[")) or any(c not in glue_tasks for c in chosen):
         return  # a sweep over tasks, glue/all, or a task file of the user's: the tasks are not known here
-    for arg in args:
-        key = arg.lstrip("+").partition("=")[0]
-        parts = key.split(".")
-        if arg.startswith("~") or len(parts) < 3 or parts[0] != "tasks" or parts[1] in chosen:
-            continue
-        t = parts[1]
-        if t not in glue_tasks:
-            raise ConfigError(f"{arg}: {t} is not a GLUE task; the task names are {', '.join(glue_tasks)}")
-        raise ConfigError(
-            f"{arg}: {t} is not among the tasks this run finetunes ({', '.join(chosen)}); add it "
-            f"('task=[{','.join(f'glue/{c}' for c in chosen)},glue/{t}]') or leave the override out"
-        )
+    found = unselected_task_override(args, chosen)
+    if found is None:
+        return
+    arg, t = found
+    if t not in glue_tasks:
+        raise ConfigError(f"{arg}: {t} is not a GLUE task; the task names are {', '.join(glue_tasks)}")
+    raise ConfigError(
+        f"{arg}: {t} is not among the tasks this run finetunes ({', '.join(chosen)}); add it "
+        f"('task=[{','.join(f'glue/{c}' for c in chosen)},glue/{t}]') or leave the override out"
+    )
+
+
+def unselected_task_override(overrides: list[str], tasks: list[str]) -> tuple[str, str] | None:
+    """The first `tasks.<name>.<field>=` override (or +) whose <name> is not among `tasks`, with that name; Hydra
+    would say only "Key '<name>' is not in struct". lm finetune (task=) and lm transfer (--tasks) word the fix."""
+    for o in overrides:
+        parts = o.lstrip("+").partition("=")[0].split(".")
+        if not o.startswith("~") and len(parts) > 2 and parts[0] == "tasks" and parts[1] not in tasks:
+            return o, parts[1]
+    return None
 
 
 def _default_task() -> str:
