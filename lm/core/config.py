@@ -27,6 +27,15 @@ class Device(Choice):
     cuda = "cuda"
 
 
+class CompileMode(Choice):
+    """torch.compile's mode (train.compile=true), its hyphens written as underscores."""
+
+    default = "default"
+    reduce_overhead = "reduce-overhead"  # CUDA graphs: a step's kernels replayed from one launch (GPU)
+    max_autotune = "max-autotune"  # Triton's kernel choices benchmarked while compiling, and CUDA graphs
+    max_autotune_no_cudagraphs = "max-autotune-no-cudagraphs"
+
+
 class Schedule(Choice):
     cosine = "cosine"
     linear = "linear"
@@ -53,6 +62,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
     precision: Precision = Precision.fp32
     compile: bool = False  # torch.compile the model
+    compile_mode: CompileMode = CompileMode.default  # with compile: its mode (reduce_overhead: CUDA graphs)
     # float8 training (lm/engine/float8.py): false, or torchao (its convert_to_float8_training swaps the model's
     # Linears before the engine wraps it; CUDA with compute capability >= 8.9, the `kernels` extra)
     float8: bool | str = False
@@ -168,6 +178,9 @@ def validate_train(cfg: TrainConfig, optim: OptimConfig, sched: SchedConfig) -> 
         bad("peak_flops", "must be a finite number > 0 (FLOP/s per device), or null to look the GPU up")
     if cfg.float8 not in (False, "torchao"):
         bad("float8", "is not one of false, torchao (float8 matmuls from torchao: train.float8=torchao)")
+    if cfg.compile_mode != CompileMode.default and not cfg.compile:
+        mode = getattr(cfg.compile_mode, "name", cfg.compile_mode)  # the name an override writes
+        raise ConfigError(f"train.compile_mode={mode} is torch.compile's mode: add train.compile=true, or drop it")
     if cfg.prefetch < 0:
         bad("prefetch", "must be >= 0 (steps prepared ahead; 0 = none)")
     if cfg.probe_interval < 0:

@@ -35,6 +35,7 @@ RESUMABLE = (
     "train.threads",
     "train.device",
     "train.compile",
+    "train.compile_mode",
     "train.peak_flops",
     "train.world_size",
     "train.stop_check_interval",
@@ -89,6 +90,7 @@ FINETUNE_RESUMABLE = (
     "train.threads",
     "train.device",
     "train.compile",
+    "train.compile_mode",
     "train.world_size",
     "train.on_nonfinite",
     "train.max_nonfinite",
@@ -98,6 +100,7 @@ FINETUNE_RESUMABLE = (
     "skip_missing",
     "task.seeds",  # which other seeds run; this pair's seed is `seed`
     "glue.data_root",
+    "glue.pad_to_multiple_of",  # the batches' padding: the same results (tests/test_glue_padding.py)
     "task.data_root",  # where the same TSVs are found
     "engine._target_",
     "engine._partial_",

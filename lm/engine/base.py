@@ -99,7 +99,8 @@ class Engine:
             # Dynamic loss scaling (Micikevicius et al. 2018): fp16 gradients underflow without it.
             self.scaler = torch.amp.GradScaler(self.device.type)
         if self.train.compile:
-            self.model = cast(nn.Module, torch.compile(self.model))  # an OptimizedModule; the stub says Callable
+            mode = str(self.train.compile_mode)
+            self.model = cast(nn.Module, torch.compile(self.model, mode=mode))  # an OptimizedModule (stub: Callable)
         return self
 
     def _wrap(self, module: nn.Module) -> nn.Module:

@@ -29,6 +29,9 @@ class TrainSettings(Protocol):
     def compile(self) -> bool: ...
 
     @property
+    def compile_mode(self) -> str: ...  # torch.compile's mode (a str Enum: "default", "reduce-overhead", ...)
+
+    @property
     def float8(self): ...  # False | "torchao" (lm/engine/float8.py)
 
 

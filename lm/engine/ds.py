@@ -119,7 +119,7 @@ class DeepSpeedEngine(Engine):
         self.model, self.optimizer = engine, ds_optimizer
         self.module = cast(nn.Module, engine.module)  # typed Tensor | Module by nn.Module.__getattr__
         if self.train.compile:
-            self.model.compile()
+            self.model.compile(compile_kwargs={"mode": str(self.train.compile_mode)})
         return self
 
     def autocast(self):

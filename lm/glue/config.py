@@ -24,6 +24,7 @@ from omegaconf import MISSING
 
 from lm.config import Choice, ConfigError, check_known_keys
 from lm.core.config import (
+    CompileMode,
     Device,
     LoggerConfig,
     OnNonfinite,
@@ -102,6 +103,9 @@ class GlueShared:
 
     data_root: str | None = None
     max_train_examples: int | None = None
+    # a batch's length rounded up to a multiple of this (at most the task's max_len): few distinct shapes, so
+    # torch.compile and its CUDA graphs (train.compile_mode=reduce_overhead) record few; 1 = the longest example
+    pad_to_multiple_of: int = 1
 
 
 @dataclass
@@ -113,6 +117,7 @@ class FinetuneTrain:
     grad_clip: float = 1.0
     precision: Precision = Precision.fp32
     compile: bool = False
+    compile_mode: CompileMode = CompileMode.default  # torch.compile's mode (reduce_overhead: CUDA graphs)
     device: Device = Device.auto
     log_interval: int = 50  # steps between metrics.jsonl lines
     ckpt_interval: int = 0  # steps between checkpoints of a task/seed; 0 = at the end of every epoch
@@ -132,6 +137,7 @@ class FinetuneTrain:
             grad_clip=self.grad_clip,
             precision=self.precision,
             compile=self.compile,
+            compile_mode=self.compile_mode,
             device=self.device,
             log_interval=self.log_interval,
             eval_interval=per_epoch,
@@ -219,6 +225,10 @@ def validate_finetune(job: FinetuneSchema) -> None:
         validate_glue_task(t)
     if job.protocol is not None:
         validate_protocol(job.protocol)
+    if not isinstance(job.glue.pad_to_multiple_of, int) or job.glue.pad_to_multiple_of < 1:
+        raise ConfigError(
+            f"glue.pad_to_multiple_of={job.glue.pad_to_multiple_of!r} must be a positive integer (1 = no rounding)"
+        )
     if job.train.ckpt_interval < 0:
         raise ConfigError(f"train.ckpt_interval={job.train.ckpt_interval} must be >= 0 (0 = at the end of every epoch)")
     validate_train(job.train.for_task(1, 1), job.optim, job.sched)

@@ -99,10 +99,21 @@ def encode_examples(tokenizer, examples, max_len: int, arch: str, pair_input: st
     return out
 
 
-def collate(features: Sequence[Features], pad_id: int) -> dict[str, torch.Tensor]:
+def padded_length(longest: int, multiple: int, cap: int | None) -> int:
+    """`longest` rounded up to a multiple of `multiple`, at most max(cap, longest)."""
+    rounded = -(-longest // multiple) * multiple
+    return max(longest, min(rounded, cap)) if cap is not None else rounded
+
+
+def collate(
+    features: Sequence[Features], pad_id: int, multiple: int = 1, cap: int | None = None
+) -> dict[str, torch.Tensor]:
     """Right-pad a list of encoded examples into (B, T) long tensors; attention_mask and token_type_ids
     are 0 on pads. "labels" (B,) is long for class ids and float for STS-B scores. Examples with a
-    "second" reading give (2B, T): rows 0..B-1 the first readings, rows B..2B-1 the second ones."""
+    "second" reading give (2B, T): rows 0..B-1 the first readings, rows B..2B-1 the second ones.
+
+    T is the longest example rounded up to a multiple of `multiple`, but not beyond `cap` (the task's max_len)
+    where the longest fits under it: fewer distinct shapes for torch.compile and CUDA graphs to record."""
     import torch
 
     if not features:
@@ -114,12 +125,13 @@ def collate(features: Sequence[Features], pad_id: int) -> dict[str, torch.Tensor
         label_of = [{"labels": f["labels"]} if "labels" in f else {} for f in features]
         rows = [{k: v for k, v in f.items() if k != "second"} for f in features]
         rows += [{**f["second"], **y} for f, y in zip(features, label_of)]  # padded to one length with the first
-        batch = collate(rows, pad_id)
+        batch = collate(rows, pad_id, multiple, cap)
         if "labels" in batch:
             batch["labels"] = batch["labels"][: len(features)]  # (B,): one label per pair
         return batch
     lengths = np.array([len(f["input_ids"]) for f in features])
-    real = np.arange(lengths.max())[None, :] < lengths[:, None]  # (B, T): row-major order = concatenation order
+    width = padded_length(int(lengths.max()), multiple, cap)
+    real = np.arange(width)[None, :] < lengths[:, None]  # (B, T): row-major order = concatenation order
     batch = {}
     for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("token_type_ids", 0)):
         x = np.full(real.shape, fill, dtype=np.int64)  # (B, T)

@@ -218,7 +218,17 @@ def _run_one(
     from lm.core.session import Session
 
     is_main, pad_id = dist.is_main, backbone.tokenizer.pad_id
-    task = GlueTask(t, data, seed, dist.rank, dist.world_size, job.train.micro_batch_size, pad_id, job.eval_batch_size)
+    task = GlueTask(
+        t,
+        data,
+        seed,
+        dist.rank,
+        dist.world_size,
+        job.train.micro_batch_size,
+        pad_id,
+        job.eval_batch_size,
+        pad_to_multiple_of=job.glue.pad_to_multiple_of,
+    )
     train_cfg = job.train.for_task(task.total, task.per_epoch)
     optim, sched = t.optim(job.optim), t.sched(job.sched, task.total)
     engine = make_engine(train_cfg)

@@ -131,9 +131,11 @@ class EpochBatches:
         world_size: int,
         micro_batch_size: int,
         pad_id: int,
+        pad: tuple[int, int | None] = (1, None),
     ):
         self.features, self.batch_size, self.per_epoch, self.seed = features, batch_size, per_epoch, seed
         self.rank, self.world_size, self.micro_batch_size, self.pad_id = rank, world_size, micro_batch_size, pad_id
+        self.pad = pad  # (multiple, cap) of lm.glue.encode.collate
         self.load_state_dict({"step": 0})
 
     def __iter__(self):
@@ -144,7 +146,7 @@ class EpochBatches:
         batch = self._order(epoch)[i * self.batch_size : (i + 1) * self.batch_size]
         self.step += 1
         return [
-            collate([self.features[j] for j in chunk], self.pad_id)
+            collate([self.features[j] for j in chunk], self.pad_id, *self.pad)
             for chunk in micro_batches(batch, self.rank, self.world_size, self.micro_batch_size)
         ]
 
@@ -164,10 +166,13 @@ class EpochBatches:
 
 
 @torch.no_grad()
-def predict(engine, features: Sequence[Features], pad_id: int, batch_size: int = 128) -> np.ndarray:
+def predict(
+    engine, features: Sequence[Features], pad_id: int, batch_size: int = 128, pad: tuple[int, int | None] = (1, None)
+) -> np.ndarray:
     """(N, n_labels) logits (STS-B: (N, 1) scores) in the order of `features`.
 
     Batches are sorted by length so padding costs little; the output is put back in input order.
+    `pad`: (multiple, cap) of lm.glue.encode.collate.
     """
     order = np.argsort([len(f["input_ids"]) for f in features], kind="stable")
     out = [None] * len(features)
@@ -175,7 +180,7 @@ def predict(engine, features: Sequence[Features], pad_id: int, batch_size: int =
     try:
         for start in range(0, len(order), batch_size):
             idx = order[start : start + batch_size]
-            batch = collate([{k: v for k, v in features[i].items() if k != "labels"} for i in idx], pad_id)
+            batch = collate([{k: v for k, v in features[i].items() if k != "labels"} for i in idx], pad_id, *pad)
             batch = {k: v.to(engine.device) for k, v in batch.items()}
             with engine.autocast():
                 logits = engine.model(**batch).logits.float().cpu().numpy()  # (b, n_labels)
@@ -186,9 +191,11 @@ def predict(engine, features: Sequence[Features], pad_id: int, batch_size: int =
     return np.stack(out)
 
 
-def score_dev(engine, data: TaskData, pad_id: int, batch_size: int) -> dict[str, Metrics]:
+def score_dev(
+    engine, data: TaskData, pad_id: int, batch_size: int, pad: tuple[int, int | None] = (1, None)
+) -> dict[str, Metrics]:
     return {
-        col: compute_metrics(col, predict(engine, s.features, pad_id, batch_size), s.labels)
+        col: compute_metrics(col, predict(engine, s.features, pad_id, batch_size, pad), s.labels)
         for col, s in data.dev.items()
     }
 
@@ -223,12 +230,22 @@ class GlueTask:
         pad_id: int,
         eval_batch_size: int = 128,
         save_best: Callable[[int, dict], None] | None = None,
+        pad_to_multiple_of: int = 1,
     ):
         self.cfg, self.data, self.seed, self.pad_id, self.eval_batch_size = cfg, data, seed, pad_id, eval_batch_size
+        self.pad = (pad_to_multiple_of, cfg.max_len)  # batch lengths: lm.glue.encode.collate
         self.per_epoch = steps_per_epoch(cfg.batch_size, len(data.train.features), world_size)
         self.total = total_steps(cfg.epochs, self.per_epoch)
         self.batches = EpochBatches(
-            data.train.features, cfg.batch_size, self.per_epoch, seed, rank, world_size, micro_batch_size, pad_id
+            data.train.features,
+            cfg.batch_size,
+            self.per_epoch,
+            seed,
+            rank,
+            world_size,
+            micro_batch_size,
+            pad_id,
+            self.pad,
         )
         self.save_best = save_best
         self.history: list[dict] = []
@@ -240,7 +257,7 @@ class GlueTask:
 
     def evaluate(self, engine, step: int) -> dict:
         epoch = math.ceil(step / self.per_epoch)
-        dev = score_dev(engine, self.data, self.pad_id, self.eval_batch_size)
+        dev = score_dev(engine, self.data, self.pad_id, self.eval_batch_size, self.pad)
         main = main_metric(self.data.task.name, dev, self.cfg.main_metric)
         self.history.append({"epoch": epoch, "step": step, "main": main, "dev": dev})
         if engine.is_main:
@@ -258,7 +275,10 @@ class GlueTask:
 
     def on_best(self, engine, step: int, record: dict) -> None:
         last = self.history[-1]
-        test = {c: predict(engine, s.features, self.pad_id, self.eval_batch_size) for c, s in self.data.test.items()}
+        test = {
+            c: predict(engine, s.features, self.pad_id, self.eval_batch_size, self.pad)
+            for c, s in self.data.test.items()
+        }
         self.best = {"epoch": last["epoch"], "main": last["main"], "dev": last["dev"], "test": test}
         if self.save_best:
             self.save_best(step, {"epoch": last["epoch"], "main": last["main"], "dev": last["dev"]})
