@@ -45,6 +45,7 @@ VARIANTS = {  # name: lm finetune overrides
         "glue.pad_to_multiple_of=32",
     ],  # fmt: skip
 }
+WARM = 20  # steps before the profiled ones
 PAIRS = {"sst2": [], "cola": [], "stsb": ["tasks.stsb.pair_input=siamese"], "mrpc": ["tasks.mrpc.pair_input=siamese"]}
 
 
@@ -107,7 +108,7 @@ def timed(args, variant: str) -> list[dict]:
 
 
 def profiled(argv: list[str], active: int) -> None:
-    """lm finetune in this process under torch.profiler: `active` steps after 20 of warm-up."""
+    """lm finetune in this process under torch.profiler: `active` steps after WARM of warm-up."""
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -122,7 +123,7 @@ def profiled(argv: list[str], active: int) -> None:
     def ready(p) -> None:
         report["events"] = p.key_averages()
 
-    prof = profile(activities=acts, schedule=schedule(wait=15, warmup=5, active=active), on_trace_ready=ready)
+    prof = profile(activities=acts, schedule=schedule(wait=WARM - 5, warmup=5, active=active), on_trace_ready=ready)
     step = loop.train_step
 
     def counted(*a, **k):  # the loop calls its module's train_step once per step
@@ -140,7 +141,7 @@ def profiled(argv: list[str], active: int) -> None:
         except SystemExit as e:
             if e.code:
                 raise SystemExit(f"lm finetune failed (exit {e.code}); see {log}") from None
-    walls = [b - a for a, b in zip(starts[20 : 20 + active], starts[21 : 21 + active])]
+    walls = [b - a for a, b in zip(starts[WARM : WARM + active], starts[WARM + 1 : WARM + 1 + active])]
     summarize(report["events"], active, statistics.median(walls), cuda)
 
 
@@ -166,6 +167,10 @@ def main() -> None:
     names = args.variants.split(",")
     if unknown := [n for n in names if n not in VARIANTS]:
         sys.exit(f"--variants: {', '.join(unknown)} not among {', '.join(VARIANTS)}")
+    if args.profile and args.steps < WARM + args.profile_steps + 1:
+        sys.exit(
+            f"--profile: --steps must be at least {WARM + args.profile_steps + 1} ({WARM} warm, the profiled ones)"
+        )
     print(f"{args.task}, batch {args.batch}, {args.layers} x {args.dim}, {args.steps} steps, {args.concurrent} at once")
     for name in names:
         for r in timed(args, name):
