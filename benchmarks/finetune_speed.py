@@ -15,7 +15,9 @@ operators that cost the host most.
 On the device (benchmarks/gpu_transfer_data.sh and gpu_devsite.sh made .gpu_data and .devsite):
 
     export PYTHONPATH=$PWD/.devsite:$PWD LM_DATA_MIRROR=$PWD/.gpu_data
-    python benchmarks/finetune_speed.py --out $OUT/fs --variants bf16,compile,compile32,graphs --profile
+    python benchmarks/finetune_speed.py --out $OUT/fs --variants fp32,bf16,compile32,graphs --profile
+
+(fp32 first: lm finetune's default precision, which the GPU recipe finetunes in, TF32 off: torch's default.)
 
 Needs $LM_DATA_MIRROR (glue_data, text/wikitext-2-raw: the tokenizer is trained on it in a second).
 """
