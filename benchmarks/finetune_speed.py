@@ -45,7 +45,7 @@ VARIANTS = {  # name: lm finetune overrides
         "train.compile=true",
         "train.compile_mode=reduce_overhead",
         "glue.pad_to_multiple_of=32",
-    ],  # fmt: skip
+    ],
 }
 WARM = 20  # steps before the profiled ones
 PAIRS = {"sst2": [], "cola": [], "stsb": ["tasks.stsb.pair_input=siamese"], "mrpc": ["tasks.mrpc.pair_input=siamese"]}
@@ -72,8 +72,8 @@ def tokenizer(out: Path) -> Path:
     tok = out / "tokenizer"
     if not (tok / "tokenizer.json").is_file():
         text = Path(os.environ["LM_DATA_MIRROR"]) / "text" / "wikitext-2-raw" / "wiki.valid.raw"  # in .gpu_data too
-        cmd = ["lm", "prepare", str(text), "--vocab-size", "8192", "--out", str(tok), "--no-progress", "--force"]
-        subprocess.run([sys.executable, "-m", "lm", *cmd[1:]], check=True, stdout=subprocess.DEVNULL)
+        cmd = ["prepare", str(text), "--vocab-size", "8192", "--out", str(tok), "--no-progress", "--force"]
+        subprocess.run([sys.executable, "-m", "lm", *cmd], check=True, stdout=subprocess.DEVNULL)
     return tok
 
 
