@@ -17,7 +17,8 @@ On the device (benchmarks/gpu_transfer_data.sh and gpu_devsite.sh made .gpu_data
     export PYTHONPATH=$PWD/.devsite:$PWD LM_DATA_MIRROR=$PWD/.gpu_data
     python benchmarks/finetune_speed.py --out $OUT/fs --variants fp32,bf16,compile32,graphs --profile
 
-(fp32 first: lm finetune's default precision, which the GPU recipe finetunes in, TF32 off: torch's default.)
+(fp32 first: lm finetune's default precision, TF32 off as torch's default, in which the GPU recipe's table of
+2026-11-29 was finetuned; lm transfer's budget now finetunes in train.precision=auto, bf16 on a GPU.)
 
 Needs $LM_DATA_MIRROR (glue_data, text/wikitext-2-raw: the tokenizer is trained on it in a second).
 """

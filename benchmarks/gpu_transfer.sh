@@ -26,7 +26,8 @@
 #   4. the second lanes' task directories are copied into the first lanes' arms, and lm transfer (all tasks, both
 #      arms) finds every task/seed finished (lm finetune skips a pair with result.pt) and writes the table.
 # The finetuning is issue 17's recipe for a GPU (docs/glue_transfer.md, "GPU preset"): every SST-2 and STS-B
-# training example, lr 1e-4; SST-2 in batches of 128 at lr 2e-4 for 2 epochs (its 67k examples were 3/4 of
+# training example, lr 1e-4, bf16 (lm transfer's budget: train.precision=auto; the 2026-11-29 table was finetuned
+# in fp32, FINETUNE="train.precision=fp32"); SST-2 in batches of 128 at lr 2e-4 for 2 epochs (its 67k examples were 3/4 of
 # the finetuning time at batch 32, and its dev accuracy peaked at epoch 2 of 3 on the H200).
 # MRPC and STS-B are read as siamese pairs (the recipe's budget, lm/cli/transfer_recipe.py), STS-B's pooled
 # vectors whitened (tasks.stsb.whiten; with these STS-B settings on the CPU recipe's 30M checkpoint: 62.4 -> 68.9,

@@ -530,6 +530,7 @@ def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_pa
     assert joint == ({"mrpc": "siamese", "stsb": "joint", "rte": "joint"}, False)
     assert pair_inputs(["tasks.stsb.fit_head=false"])[1] is False
     assert [o for o in budget(["sst2", "stsb"]) if "pair_input" in o] == ["tasks.stsb.pair_input=siamese"]
+    assert "train.precision=auto" in budget(["sst2"])  # bf16 where the device has it, as the pretraining
 
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
     r.scratch.mkdir()

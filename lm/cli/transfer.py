@@ -83,7 +83,8 @@ It is lm transfer's recipe (docs/glue_transfer.md) on a ~15-minute CPU budget, i
    batches of 16 x 128.
 3. lm finetune on each task from the checkpoint (mean pooling; the recipe's budget: 3 epochs, lr 5e-4, SST-2's
    first 5,000 and STS-B's first 2,000 training examples, STS-B's two sentences read apart and scored by the
-   cosine of their pooled features, best dev epoch); with --arm all also from scratch
+   cosine of their pooled features, best dev epoch; bf16 autocast where the device computes bf16 natively, else
+   fp32); with --arm all also from scratch
    (init=none: the same model and tokenizer, random weights, the same finetuning settings).
 
 Everything lands under --out (default runs/quickstart): pretrain/ (an lm train run dir), finetune/pretrained/

@@ -42,6 +42,10 @@ BUDGET_PAIR_INPUT = {"mrpc": "siamese", "stsb": "siamese"}
 # STS-B's cosine score starts from the training pairs' least-squares line, not the fixed [-1, 1] -> [0, 5] map,
 # whose large first errors pull the backbone away from the similarity it encodes (docs/finetuning.md, fit_head).
 BUDGET_FIT_HEAD = ("stsb",)
+# Finetuning in the pretraining's precision: bf16 autocast where the device computes bf16 natively (a GPU, a CPU
+# with AVX512-BF16 or AMX), else fp32. On such a CPU it halves the finetuning time and scores as fp32 does
+# (docs/results.md, "Finetuning in bf16").
+BUDGET_PRECISION = "auto"
 
 
 class TransferError(ConfigError):
@@ -241,7 +245,7 @@ def finetune_arm(
 
 def budget(tasks: list[str]) -> list[str]:
     """The finetuning budget as lm finetune overrides of the selected tasks (tasks.<task>.<field>), seeds aside."""
-    out = [f"task=[{','.join(f'glue/{t}' for t in tasks)}]", "optim.lr=5e-4"]
+    out = [f"task=[{','.join(f'glue/{t}' for t in tasks)}]", "optim.lr=5e-4", f"train.precision={BUDGET_PRECISION}"]
     for t in tasks:
         out += [f"tasks.{t}.epochs=3"]
         out += [f"tasks.{t}.max_train_examples={BUDGET_EXAMPLES[t]}"] if t in BUDGET_EXAMPLES else []
