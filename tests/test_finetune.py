@@ -145,6 +145,30 @@ def test_scratch_finetune_learns_the_easy_task_and_writes_its_files(tmp_path, ea
     assert [m["epoch"] for m in metrics if "epoch" in m] == [1, 2, 3, 4, 5, 6]
 
 
+def test_precision_auto_is_chosen_once_for_the_whole_job(tmp_path, easy_glue, pretrained, monkeypatch, caplog):
+    """train.precision=auto (lm transfer's budget) is resolved once, before the tasks and seeds: every engine gets
+    the choice, the log says it once, config.yaml keeps auto (a job resumed on other hardware is the same job)."""
+    import lm.glue.run as glue_run
+    from lm.engine import dist as dist_utils
+
+    monkeypatch.setattr(dist_utils, "computes_bf16", lambda device: False)
+    precisions = []
+    make = glue_run._run_one
+
+    def recorded(t, data, seed, out, job, *rest):
+        precisions.append(job.train.precision)
+        return make(t, data, seed, out, job, *rest)
+
+    monkeypatch.setattr(glue_run, "_run_one", recorded)
+    run_dir = tmp_path / "auto"
+    overrides = ["init=none", *TINY, f"tokenizer={pretrained / 'data'}", "train.precision=auto"]
+    with caplog.at_level("INFO", logger="lm"):
+        finetune(finetune_cfg(run_dir, [*overrides, *easy_task(easy_glue, epochs=1, seeds="[0,1]")]))
+    assert precisions == ["fp32", "fp32"]
+    assert caplog.text.count("train.precision=auto: fp32 (cpu lacks bf16 units)") == 1
+    assert "precision: auto" in (run_dir / "config.yaml").read_text()
+
+
 def test_finetune_from_an_lm_train_checkpoint_uses_its_weights_and_tokenizer(tmp_path, easy_glue, pretrained):
     from lm.core.checkpoint import consolidated_state_dict, resolve
 

@@ -40,8 +40,9 @@ def finetune(cfg: DictConfig):
     import torch
     from hydra.utils import get_class, instantiate
 
+    from lm.core.config import Precision
     from lm.core.lock import held_run_dir
-    from lm.core.setup import engine_class, make_engine, quiet_other_ranks
+    from lm.core.setup import engine_class, make_engine, quiet_other_ranks, resolve_precision
     from lm.engine import dist as dist_utils
     from lm.glue.init import load_backbone
     from lm.glue.run import finetune_glue
@@ -60,6 +61,8 @@ def finetune(cfg: DictConfig):
         expected=job.train.world_size,
     )
     quiet_other_ranks(dist)
+    if job.train.precision == Precision.auto:  # chosen (and said) once for every task and seed of the job
+        job.train = resolve_precision(job.train, dist.device, dist.is_main)
     backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, job.model), dist)
     run_dir = Path(job.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
