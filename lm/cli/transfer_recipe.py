@@ -43,7 +43,7 @@ BUDGET_PAIR_INPUT = {"mrpc": "siamese", "stsb": "siamese"}
 # whose large first errors pull the backbone away from the similarity it encodes (docs/finetuning.md, fit_head).
 BUDGET_FIT_HEAD = ("stsb",)
 # Finetuning in the pretraining's precision: bf16 autocast where the device computes bf16 natively (a GPU, a CPU
-# with AVX512-BF16 or AMX), else fp32. On such a CPU it halves the finetuning time and scores as fp32 does
+# with AVX512-BF16 or AMX), else fp32. On such a CPU its steps run 2.2x faster and it scores as fp32 does
 # (docs/results.md, "Finetuning in bf16").
 BUDGET_PRECISION = "auto"
 
