@@ -29,6 +29,18 @@ def exit_message(argv) -> str:
     return e.value.code
 
 
+def test_help_names_every_family_the_hf_directory_converts(capsys):
+    """`lm export --help` named GPT-2, Llama, BERT and T5 after ESM joined FAMILIES (README, docs/convert.md)."""
+    from lm.model.hf_families import FAMILIES
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    names = {"gpt2": "GPT-2", "llama": "Llama", "bert": "BERT", "esm": "ESM", "t5": "T5"}
+    assert set(FAMILIES) == set(names)
+    assert all(name in text for name in names.values()), text
+
+
 def test_export_writes_the_checkpoint_weights(run_dir, tmp_path):
     out = export(run_dir, tmp_path / "new" / "out", hf=False)
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]

@@ -203,7 +203,7 @@ def main(argv=None) -> None:
         prog="lm export",
         description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
         "model.safetensors + config.json, and a Hugging Face directory when the "
-        "architecture matches GPT-2, Llama, BERT or T5.",
+        "architecture matches GPT-2, Llama, BERT, ESM or T5.",
     )
     parser.add_argument("path", help="run directory (uses checkpoints/latest) or a checkpoint directory")
     parser.add_argument(
