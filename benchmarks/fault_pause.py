@@ -1,9 +1,9 @@
-"""An LM_PLUGINS plugin (lm/core/hooks.py) that parks an lm-train / lm-finetune process at a chosen point, so
+"""An LM_PLUGINS plugin (lm/core/hooks.py) that parks an lm train / lm finetune process at a chosen point, so
 a test or benchmarks/fault_injection.py can SIGKILL it exactly there:
 
-    LM_PLUGINS=benchmarks/fault_pause.py LM_FAULT_PAUSE_FILE=<flag> LM_FAULT_PAUSE_AT_STEP=N lm-train ...
+    LM_PLUGINS=benchmarks/fault_pause.py LM_FAULT_PAUSE_FILE=<flag> LM_FAULT_PAUSE_AT_STEP=N lm train ...
         parks in the N-th optimizer step the process runs (after its first micro-batch's backward, before
-        the update), counted over every run of the process: a fresh lm-train parks in step N, lm-finetune
+        the update), counted over every run of the process: a fresh lm train parks in step N, lm finetune
         in the task/seed where its steps reach N
     ... LM_FAULT_PAUSE_IN_SAVE=<phase>:<n>
         parks at <phase> (lm.core.checkpoint.SAVE_PHASES) of the n-th checkpoint the process writes; with

@@ -2,7 +2,7 @@
 # Issue 50 item 1 on the GPU recipe's checkpoint, in one device call: pretrain the GLUE GPU preset
 # (experiment=glue_transfer_gpu: a pre-norm RoPE encoder, 150M tokens, compiled), lm export it (Hugging Face's
 # ESM layout: EsmModel, the encoder without its MLM head), then benchmarks/hf_glue_check.py: Hugging Face's
-# EsmForSequenceClassification + Trainer against lm-finetune with the matching head ([CLS] through a dense+tanh
+# EsmForSequenceClassification + Trainer against lm finetune with the matching head ([CLS] through a dense+tanh
 # pooler), the same checkpoint, every training row, the GPU recipe's lr 1e-4 and 4 epochs, 3 seeds each.
 #   benchmarks/gpu_transfer_data.sh 5 && bash benchmarks/gpu_devsite.sh     # here, once
 #   run(carry=[".gpu_data", ".devsite"], command="bash benchmarks/gpu_hf_check.sh $OUT", timeout_s=600)
@@ -13,7 +13,7 @@
 # LIMIT (default 590 s, a device call's 600 less a margin): each step gets what is left; a call stopped in the
 # pretraining resumes from its last checkpoint (every 1,000 steps) when run again on the same warm machine.
 # The pretraining is the one benchmarks/gpu_transfer.sh runs (its pretrained arm's, 2026-11-27: ~199 s compiled
-# on an H100), so the check's STS-B/RTE rows sit beside that run's lm-finetune numbers.
+# on an H100), so the check's STS-B/RTE rows sit beside that run's lm finetune numbers.
 set -uo pipefail
 out="${1:?usage: gpu_hf_check.sh OUT}"
 tokens="${TOKENS:-150000000}"

@@ -23,7 +23,7 @@ by eager steps of doubling size until out of memory, then the compiled step is t
 records it. The model starts from seed 0 and each row gives its last step's loss, so two runs of one preset
 can be checked to compute the same thing.
 
-What is timed is what lm-train runs: lm's loop and single engine (train.precision=bf16, clipping, lm's fused
+What is timed is what lm train runs: lm's loop and single engine (train.precision=bf16, clipping, lm's fused
 AdamW, the loop's batch prefetch and host-to-device copy) through the run harness (lm/core/session.py), on one
 fixed batch; the engine's model is compiled here with --compile-mode and dynamic=False. Only the search for the
 largest batch that fits uses a hand-written eager step (it times nothing).

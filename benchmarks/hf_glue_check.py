@@ -1,18 +1,18 @@
-"""Outside check of lm-finetune (issue 50 item 1): the same pretrained checkpoint finetuned by Hugging Face's
-own sequence-classification model + Trainer (the run_glue recipe) and by `lm-finetune`, on the same GLUE dev
+"""Outside check of lm finetune (issue 50 item 1): the same pretrained checkpoint finetuned by Hugging Face's
+own sequence-classification model + Trainer (the run_glue recipe) and by `lm finetune`, on the same GLUE dev
 sets, several seeds each, side by side.
 
     python -m lm.cli.export runs/dec --out runs/dec_export        # -> runs/dec_export/hf
     python benchmarks/hf_glue_check.py --run runs/dec --hf-dir runs/dec_export/hf --tasks stsb,mrpc,rte \\
         --seeds 0,1,2 --lrs 5e-4 --epochs 3 --sides hf,lm,lm-mean --out runs/hf_glue_check
 
-`--run` is what lm-finetune starts from (init=: an lm-train run dir or one of its checkpoints); `--hf-dir` is
-its lm-export hf/ directory (default: <run>/checkpoints/<latest>/export/hf, where lm-export writes by default).
+`--run` is what lm finetune starts from (init=: an lm train run dir or one of its checkpoints); `--hf-dir` is
+its lm export hf/ directory (default: <run>/checkpoints/<latest>/export/hf, where lm export writes by default).
 The family comes from the export's config.json model_type: bert (model=bert, any size), esm (a pre-norm
-RoPE encoder, e.g. the GLUE GPU preset's, which lm-export writes as ESM's EsmModel) or gpt2 (a decoder of the
+RoPE encoder, e.g. the GLUE GPU preset's, which lm export writes as ESM's EsmModel) or gpt2 (a decoder of the
 GPT-2 layout: learned positions, LayerNorm, GELU, biases). Runs offline from the local GLUE copy
-($LM_DATA_MIRROR/glue_data, or --data-root). Sides: hf (Trainer), lm (lm-finetune with the head that matches
-the Hugging Face one), lm-mean (lm-finetune with the GLUE-transfer recipe's own head, for context).
+($LM_DATA_MIRROR/glue_data, or --data-root). Sides: hf (Trainer), lm (lm finetune with the head that matches
+the Hugging Face one), lm-mean (lm finetune with the GLUE-transfer recipe's own head, for context).
 
 What is the same on both sides (hf and lm): the weights, the tokenizer, the pair layout and longest-first
 truncation to --max-len (bert: [CLS] a [SEP] b [SEP], segment ids 0/1; esm: the same without segment ids, as the
@@ -25,7 +25,7 @@ inside the backbone (the export's, and lm's model.dropout), AdamW (0.9, 0.999, e
 on the same tensors (Linear weights and the embedding tables; none on biases and norms: Trainer's default
 groups, lm's optim.decay_embeddings=true), linear decay to 0 after a 10% warmup, gradient clipping at 1.0,
 --batch-size with the last partial batch kept, dev scored after every epoch and the best epoch kept (the number
-lm-finetune reports), fp32 on the same device (the GPU when there is one), the same first --max-train-examples
+lm finetune reports), fp32 on the same device (the GPU when there is one), the same first --max-train-examples
 rows.
 What differs by design: the Hugging Face side encodes with the export's own fast tokenizer and reads the TSV
 files with its own few lines (no lm.glue code); it scores raw predictions (lm clips STS-B to [0, 5] as the
@@ -34,7 +34,7 @@ default, uniform +-1/sqrt(dim)) and GPT-2's `score` has no bias (lm's classifier
 lr 0 and its decay reaches 0 one step after the last (lm: (step+1)/(warmup+1), 0 at the last step); ESM's head
 also drops out before its dense+tanh (lm's only before the last linear layer); its data order, dropout masks and
 head init come from its own seeding.
-The lm-mean side is lm-finetune as the GLUE-transfer recipe runs it (mean pooling, dropout 0.1 before the
+The lm-mean side is lm finetune as the GLUE-transfer recipe runs it (mean pooling, dropout 0.1 before the
 head, no weight decay on embeddings) with this script's lr, epochs, batch and examples.
 """
 
@@ -120,7 +120,7 @@ def metrics(task: str, preds, labels) -> dict:
 
 def layout_mismatches(hf_dir: Path, root: Path, task: str, max_len: int) -> int:
     """Dev rows whose ids (bert: and segment ids) or labels differ between this script's encoding (the
-    export's fast tokenizer) and lm-finetune's (lm.glue.encode with the run's tokenizer file, as the export
+    export's fast tokenizer) and lm finetune's (lm.glue.encode with the run's tokenizer file, as the export
     holds it)."""
     from transformers import AutoTokenizer
 
@@ -155,7 +155,7 @@ def hf_model(hf_dir: Path, kind: str, n_labels: int, tok):
 
 
 def forward_gap(run: Path, hf_dir: Path, root: Path, task: str, max_len: int, rows: int = 64) -> float:
-    """Whether both sides finetune the same function: lm-finetune's classifier (lm.glue.init, the `lm` side's
+    """Whether both sides finetune the same function: lm finetune's classifier (lm.glue.init, the `lm` side's
     pooling) and the Hugging Face one, given the same head weights (lm's; its bias zeroed where the family's head
     has none), on the first dev rows as each side encodes them: max |logit difference| / max |logit|."""
     import torch
@@ -237,7 +237,7 @@ def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> 
         logging_strategy="no",
         report_to=[],
         seed=seed,
-        use_cpu=not torch.cuda.is_available(),  # where lm-finetune runs (train.device=auto)
+        use_cpu=not torch.cuda.is_available(),  # where lm finetune runs (train.device=auto)
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
@@ -260,7 +260,7 @@ def hf_side(hf_dir: Path, root: Path, task: str, seed: int, lr: float, args) -> 
 
 
 SIDES = ["hf", "lm", "lm-mean"]
-LM_HEADS = {  # side -> family -> lm-finetune overrides that give the head (see the module docstring)
+LM_HEADS = {  # side -> family -> lm finetune overrides that give the head (see the module docstring)
     "lm": {
         "bert": ["pooling=first", "dropout=0.1", "optim.decay_embeddings=true"],
         "esm": ["pooling=first", "dropout=0.1", "optim.decay_embeddings=true"],
@@ -271,7 +271,7 @@ LM_HEADS = {  # side -> family -> lm-finetune overrides that give the head (see 
 
 
 def lm_command(run: Path, task: str, seeds, lr: float, args, side: str, kind: str, out: Path) -> list[str]:
-    """The lm-finetune command line of one side, task and lr (every seed)."""
+    """The lm finetune command line of one side, task and lr (every seed)."""
     head = {k: v for k, _, v in (o.partition("=") for o in LM_HEADS[side][kind])}
     cmd = [
         sys.executable,
@@ -305,7 +305,7 @@ def lm_command(run: Path, task: str, seeds, lr: float, args, side: str, kind: st
 
 
 def lm_side(run: Path, task: str, seeds, lr: float, args, side: str = "lm", kind: str = "bert") -> dict:
-    """lm-finetune from the run itself with the head of `side` (LM_HEADS)."""
+    """lm finetune from the run itself with the head of `side` (LM_HEADS)."""
     out = args.out / f"{side}_{task}_lr{lr:g}"
     cmd = lm_command(run, task, seeds, lr, args, side, kind, out)
     print(" ".join(cmd), flush=True)
@@ -324,7 +324,7 @@ def lm_side(run: Path, task: str, seeds, lr: float, args, side: str = "lm", kind
 
 
 def export_dir(run: Path, hf_dir: Path | None = None) -> Path:
-    """--hf-dir, else the run's lm-export hf/ directory (lm-export writes <checkpoint>/export by default)."""
+    """--hf-dir, else the run's lm export hf/ directory (lm export writes <checkpoint>/export by default)."""
     if hf_dir is None:
         latest = run / "checkpoints" / "latest"
         ckpt = run / "checkpoints" / latest.read_text().strip() if latest.is_file() else latest.resolve()
@@ -356,8 +356,8 @@ def main(argv=None) -> None:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--run", type=Path, required=True, help="lm-finetune's init=: an lm-train run or checkpoint dir")
-    p.add_argument("--hf-dir", type=Path, default=None, help="its lm-export hf/ dir (default: under the checkpoint)")
+    p.add_argument("--run", type=Path, required=True, help="lm finetune's init=: an lm train run or checkpoint dir")
+    p.add_argument("--hf-dir", type=Path, default=None, help="its lm export hf/ dir (default: under the checkpoint)")
     p.add_argument("--tasks", default="stsb,mrpc", help=f"comma-separated, of {sorted(TASKS)}")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--lrs", default="1e-4,3e-4", help="peak learning rates (each side runs every one)")
@@ -368,7 +368,7 @@ def main(argv=None) -> None:
     p.add_argument("--sides", default="hf,lm", help=f"comma-separated, of {SIDES}")
     p.add_argument("--data-root", default=None, help="glue_data dir (default $LM_DATA_MIRROR/glue_data)")
     p.add_argument("--out", type=Path, default=Path("runs/hf_glue_check"))
-    p.add_argument("--quiet", action="store_true", help="hide lm-finetune's log")
+    p.add_argument("--quiet", action="store_true", help="hide lm finetune's log")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads of both sides (default: torch's)")
     args = p.parse_args(argv)
     if args.threads:

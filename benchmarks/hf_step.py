@@ -3,7 +3,7 @@
 Both models hold the same weights (ours is exported with lm.model.convert.to_hf), see the same
 batches with the same targets, use the same AdamW settings, clipping (1.0), dtype and thread count, and
 are timed step by step in alternating order in one process, so machine noise hits both alike. Ours is
-what lm-train runs: lm's loop and single engine through the run harness (lm/core/session.py; each of our
+what lm train runs: lm's loop and single engine through the run harness (lm/core/session.py; each of our
 steps is timed from its start to the next one's by the loop's step_begin hook, which also runs Hugging
 Face's step of the same index before or after ours); theirs is HF's usual step, written out. Prints tokens/s
 for each (median step), the ratio ours/theirs (median of the per-pair ratios), the parameter
@@ -155,7 +155,7 @@ class Pairs:
 
 
 def train_ours(model, batches, pairs: Pairs, threads: int, compile: bool = False) -> None:
-    """lm-train's loop and single engine on `batches` (one per step), through the run harness (it writes
+    """lm train's loop and single engine on `batches` (one per step), through the run harness (it writes
     nothing: the run ends before the loop's last step, which would checkpoint)."""
     from lm.core.config import OptimConfig, TrainConfig
     from lm.core.fixed_task import FixedTask

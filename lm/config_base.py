@@ -93,8 +93,8 @@ def composition_error(e: Exception) -> str | None:
 def compose_group(
     group: str, option: str, overrides: list[str] | None = None, register: Callable[[], None] = lambda: None
 ):
-    """One config group option plus overrides in lm-train's own grammar (`model/ffn=swiglu`,
-    `model.dim=128`), composed by Hydra exactly as `lm-train <group>=<option> ...` would compose that
+    """One config group option plus overrides in lm train's own grammar (`model/ffn=swiglu`,
+    `model.dim=128`), composed by Hydra exactly as `lm train <group>=<option> ...` would compose that
     section, and returned typed (the section's dataclass). `register` stores the schemas the group's
     YAML files name (lm.config.compose_group registers every section's)."""
     from hydra import compose, initialize_config_dir

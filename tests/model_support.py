@@ -3,7 +3,7 @@
 import torch
 
 # BERT's layout in our ModelConfig (post-norm, LayerNorm on the embeddings, segment embeddings, the MLM
-# head's transform): what lm-export maps to BertForMaskedLM
+# head's transform): what lm export maps to BertForMaskedLM
 BERT_LAYOUT = dict(
     arch="encoder", norm_position="post", embed_norm=True, final_norm=False, n_segments=2, mlm_transform=True
 )

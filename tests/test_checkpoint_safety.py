@@ -140,7 +140,7 @@ def test_the_same_process_may_lock_its_run_dir_again(tmp_path):
 
 
 def test_a_lock_file_planted_as_a_symlink_is_refused_and_its_target_left_alone(tmp_path):
-    """Issue 49 item 6: `<run_dir>/.lock -> victim.txt` made lm-train truncate and overwrite victim.txt."""
+    """Issue 49 item 6: `<run_dir>/.lock -> victim.txt` made lm train truncate and overwrite victim.txt."""
     from lm.core.lock import RunDirUnwritable
 
     victim = tmp_path / "victim.txt"
@@ -498,4 +498,4 @@ def test_latest_must_name_a_checkpoint_directory_of_this_run(tmp_path, caplog, p
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "whole")
     (ckpts / "latest").write_text(pointer.format(other=tmp_path / "other"))
     with pytest.raises(CheckpointError, match="which is not a step_NNNNNNNN directory"):
-        resolve(tmp_path / "run")  # lm-export and lm-finetune init= refuse it too
+        resolve(tmp_path / "run")  # lm export and lm finetune init= refuse it too

@@ -60,6 +60,16 @@ def test_hydra_commands_show_usage_grammar_and_groups(tmp_path, name, group):
         assert "model/ffn=swiglu" in p.stdout and "-m " in p.stdout  # the override grammar
 
 
+def test_help_lists_only_options_a_user_can_pick(tmp_path):
+    """Hydra's group list also names the schema nodes that type the options (`mlp_schema`, `data: ... schema`)."""
+    p = run_cli("lm", "train", "--help", cwd=tmp_path)
+    listed = p.stdout.split("== Config groups (group=option) ==")[1]
+    groups = dict(line.split(": ", 1) for line in listed.splitlines() if line)
+    assert groups["model/ffn"].split(", ")[:3] == ["elu", "geglu", "gelu"]
+    assert "swiglu" in groups["model/ffn"].split(", ") and "single" in groups["engine"].split(", ")
+    assert not [o for line in groups.values() for o in line.split(", ") if o.endswith("schema")], groups
+
+
 def test_a_dispatched_hydra_app_names_itself_in_its_errors(tmp_path):
     (tmp_path / "f").write_text("x")
     p = run_cli("lm", "train", "model=tiny", f"run_dir={tmp_path / 'f' / 'run'}", cwd=tmp_path)

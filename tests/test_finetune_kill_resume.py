@@ -122,7 +122,7 @@ def test_sigkill_mid_seed_then_same_command_gives_the_uninterrupted_results(file
 
 
 def test_ctrl_c_mid_seed_stops_with_a_checkpoint_and_the_same_command_resumes(files, whole, tmp_path, monkeypatch):
-    """Issue 49 item 10 for lm-finetune: Ctrl-C inside seed 1's step 25 stops after that step with its checkpoint
+    """Issue 49 item 10 for lm finetune: Ctrl-C inside seed 1's step 25 stops after that step with its checkpoint
     (one line, exit status 1, as SIGTERM), and the same command gives the uninterrupted results."""
     import signal
 

@@ -1,4 +1,4 @@
-"""The STS-B / sentence-pair path of lm-finetune, checked against what BERT's run_glue does (issue 50):
+"""The STS-B / sentence-pair path of lm finetune, checked against what BERT's run_glue does (issue 50):
 dev predictions come back in dev order, the regression head is trained with MSE on the raw 0-5 scores,
 segment ids reach a model that has segment embeddings, and the dev score is Pearson/Spearman of the
 aligned arrays. benchmarks/hf_glue_check.py is the end-to-end version against Hugging Face's Trainer."""

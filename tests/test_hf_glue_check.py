@@ -1,5 +1,5 @@
 """benchmarks/hf_glue_check.py: its own pair encoding (the export's transformers tokenizer, no lm.glue code) must
-give lm-finetune's token ids, or the two sides of the check would finetune on different inputs."""
+give lm finetune's token ids, or the two sides of the check would finetune on different inputs."""
 
 import json
 
@@ -59,7 +59,7 @@ STSB_HEADER = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsenten
 
 
 def _checkpoint(tmp_path, tok, model_cfg):
-    """A minimal lm-train checkpoint (as tests/test_convert_export.py builds it) with non-trivial weights."""
+    """A minimal lm train checkpoint (as tests/test_convert_export.py builds it) with non-trivial weights."""
     import dataclasses
 
     import torch
@@ -86,7 +86,7 @@ def _checkpoint(tmp_path, tok, model_cfg):
 
 @pytest.mark.parametrize("kind", ["gpt2", "bert", "esm"])
 def test_both_sides_compute_the_same_classifier(tmp_path, kind):
-    """Given the same head weights, lm-finetune's classifier and the Hugging Face one give the same STS-B
+    """Given the same head weights, lm finetune's classifier and the Hugging Face one give the same STS-B
     scores (the pooled position, the pair layout and the backbone all agree); mean pooling would not."""
     from lm.cli.export import export
     from lm.model.config import ModelConfig, RoPEConfig

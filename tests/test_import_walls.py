@@ -155,7 +155,7 @@ def test_the_config_root_is_in_no_import_cycle():
 
 def test_names_explain_themselves():
     """No one-letter aliases of lm's modules (`dist as D`), and no two unrelated classes share the name Task (the loop's
-    TrainTask, GLUE's GlueTaskSpec, lm-prepare's SourcePiece)."""
+    TrainTask, GLUE's GlueTaskSpec, lm prepare's SourcePiece)."""
     aliases, tasks = [], []
     for path in LM.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

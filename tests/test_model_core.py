@@ -76,7 +76,7 @@ EXTRA = {
 @pytest.mark.parametrize("slot,option", ZOO_OPTIONS)
 def test_every_option_of_the_zoo_slots_composes_and_trains_one_step(slot, option):
     """Each option file of model/attn|block|stack|memory|embedding|output composes into a tiny encoder-decoder (where
-    every option applies) as lm-train would, builds, and takes one AdamW step with finite loss and gradients."""
+    every option applies) as lm train would, builds, and takes one AdamW step with finite loss and gradients."""
     import torch
 
     from lm.model import build_model

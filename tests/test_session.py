@@ -1,6 +1,6 @@
 """The run harness (lm/core/session.py) and its hook points (lm/core/hooks.py): hooks installed through
-LM_PLUGINS reach the loop and every checkpoint write of lm-train; lm/ holds no fault-injection code; a Session
-driven directly (as the speed benchmarks do) resumes exactly; lm-finetune hands only typed objects down."""
+LM_PLUGINS reach the loop and every checkpoint write of lm train; lm/ holds no fault-injection code; a Session
+driven directly (as the speed benchmarks do) resumes exactly; lm finetune hands only typed objects down."""
 
 import sys
 from pathlib import Path
@@ -42,7 +42,7 @@ def test_lm_holds_no_fault_injection_code():
 
 
 def test_a_session_driven_directly_resumes_exactly(tmp_path):
-    """What lm-train does, through the harness's API: 3 steps then 6 give the losses of 6 in one go."""
+    """What lm train does, through the harness's API: 3 steps then 6 give the losses of 6 in one go."""
     import torch
 
     from lm.cli.train import typed_run

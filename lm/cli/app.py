@@ -9,6 +9,7 @@ job was refused before writing into it, and always tear the process group down.
 
 import contextlib
 import errno
+import io
 import logging
 import os
 import sys
@@ -65,7 +66,7 @@ def run_app(
             sys.exit(1)
 
     try:
-        with _composition_errors_in_one_line(prog):
+        with _composition_errors_in_one_line(prog), _help_without_schemas():
             app()
     finally:
         dist_utils.shutdown()
@@ -105,6 +106,22 @@ def _composition_errors_in_one_line(prog: str):
         yield
     finally:
         hydra_utils.run_and_report = original
+
+
+@contextlib.contextmanager
+def _help_without_schemas():
+    """--help: Hydra's text, each config group's line without the schema nodes (lm/cli/group_choice.py)."""
+    if not {"--help", "-h"} & set(sys.argv[1:]):
+        yield
+        return
+    from lm.cli.group_choice import offered_only
+
+    text = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(text):
+            yield  # Hydra prints the help and exits
+    finally:
+        sys.stdout.write(offered_only(text.getvalue()))
 
 
 def _refuse_moved_overrides(args: list[str]) -> None:

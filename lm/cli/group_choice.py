@@ -31,6 +31,20 @@ def check_group_options(args: list[str]) -> None:
                 raise ConfigError(f"{key}={name}: no such option in conf/{key}/; pick one of {', '.join(shown)}")
 
 
+def offered_only(help_text: str) -> str:
+    """Hydra's --help lists each group's options as its search finds them, the `*_schema` nodes among them
+    (`model/ffn: ..., mlp_schema, ...`); they type the options and cannot be chosen, so each `group: a, b` line
+    keeps the options `options(group)` offers."""
+    lines = []
+    for line in help_text.splitlines(keepends=True):
+        group, sep, items = line.partition(": ")
+        known = options(group) if sep and group and " " not in group else set()
+        if known:
+            line = f"{group}: {', '.join(i for i in items.strip().split(', ') if i in known)}\n"
+        lines.append(line)
+    return "".join(lines)
+
+
 def options(group: str) -> set[str]:
     """The option names of config group `group` ("model", "model/ffn"; nested: "glue/sst2" under "task")."""
     from hydra.core.config_store import ConfigStore

@@ -35,7 +35,7 @@ COMMANDS: dict[str, Command] = {
     "preflight": Command("lm.cli.preflight", "check a cluster (ranks, GPUs, all-reduce, disk) before a long run"),
     "quickstart": Command(
         "lm.cli.transfer",
-        "the transfer recipe on a ~15-minute CPU budget: pretrain, finetune on GLUE, print the table",
+        "the transfer recipe in minutes on a CPU: pretrain, finetune on GLUE, print the table",
         "quickstart",
     ),
     "transfer": Command(

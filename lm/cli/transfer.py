@@ -70,8 +70,9 @@ decoder on books, finetune it on GLUE, print the table.
     lm quickstart --arm all --seeds 0,1,2  # with three finetuning seeds (3x the finetuning time)
     lm quickstart --tokens 300000 --tasks sst2,rte --out runs/qs-small
 
-It is lm transfer's recipe (docs/glue_transfer.md) on a ~15-minute CPU budget, its pretrained arm alone unless
---arm all; every flag of lm transfer works, and a flag given wins over the preset's default:
+It is lm transfer's recipe (docs/glue_transfer.md) cut to minutes on a CPU (~6 on 2 cores with bf16 units, about
+twice that without), its pretrained arm alone unless --arm all; every flag of lm transfer works, and a flag given
+wins over the preset's default:
 
 1. Corpus: `data=gutenberg_mix_bpe`, prepared once into the cache (~1 min on 2 cores): 724 Project Gutenberg
    books, WikiText-2 raw valid + test, the TinyStories slice and the UNLABELLED training sentences of SST-2,
@@ -92,8 +93,8 @@ Everything lands under --out (default runs/quickstart): pretrain/ (an lm train r
 """
 
 # The recipe presets: the defaults of the flags below (a flag given on the command line wins). `quickstart`
-# pretrains the tokens that leave its whole default job (corpus, pretraining, three finetunes) inside a
-# ~15-minute budget on a 2-core CPU, with room for slower ones (docs/results.md has the timings).
+# pretrains the tokens that keep its whole default job (corpus, pretraining, three finetunes) within ~15 minutes
+# on a 2-core CPU without bf16 units (~6 with them; docs/results.md has the timings).
 RECIPES: dict[str, dict] = {
     "transfer": {"tokens": 10_000_000, "tasks": None, "seeds": "0,1,2", "out": None, "arm": "all"},
     "quickstart": {

@@ -11,7 +11,7 @@ them; it never knows why.
                                   rank, then SAVE_PHASES in the order the save reaches them (with
                                   train.async_checkpoint, in the background thread that writes it)
 
-The extension point for a process started elsewhere (a test runs `lm-train` in a subprocess):
+The extension point for a process started elsewhere (a test runs `lm train` in a subprocess):
 LM_PLUGINS=<module or file.py>[,...] names modules with an `install(hooks)` function; the run harness
 (lm.core.session.Session) calls each one with the Hooks of every run it starts.
 """

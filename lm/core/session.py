@@ -1,4 +1,4 @@
-"""The run harness: what every training run does around the loop, written once. lm-train (lm/cli/train.py),
+"""The run harness: what every training run does around the loop, written once. lm train (lm/cli/train.py),
 each GLUE task/seed (lm/glue/run.py; lm-transfer runs both) and the speed benchmarks (lm-bench,
 benchmarks/gpu_mfu.py) train through it, so a benchmark times what users run.
 
