@@ -61,6 +61,19 @@ def test_an_export_whose_config_json_was_edited_is_one_line(pretrained, tmp_path
     assert msg.endswith("restore it (an lm export directory: export the checkpoint again)")
 
 
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", "\udcff"])
+def test_an_export_whose_config_json_is_not_a_json_object_is_one_line(tmp_path, text):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"")
+    (out / "config.json").write_bytes(text.encode("utf-8", "surrogateescape"))  # "\udcff": the byte 0xff
+    with pytest.raises(CheckpointError) as e:
+        load_backbone(str(out), tokenizer=None)
+    msg = str(e.value)
+    assert msg.startswith(f"{out / 'config.json'} is ") and "\n" not in msg
+    assert msg.endswith("not the model config lm export writes; restore it (export the checkpoint again)")
+
+
 class _Payload:
     def __reduce__(self):  # what a crafted pickle does: call something when loaded
         return (exec, ("open('PWNED', 'w').write('ran')",))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from lm.core.checkpoint import consolidated_state_dict, resolve
+from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve
 
 EXPORT_MARKERS = (
     "model.safetensors",
@@ -46,7 +46,16 @@ class SavedModel:
             config = self.run_config()
             assert config is not None  # None only for an export
             return config["model"]
-        node = json.loads((self.path / "config.json").read_text())
+        file = self.path / "config.json"
+        try:
+            node = json.loads(file.read_text())
+        except ValueError as e:  # not JSON, or not UTF-8
+            node = e
+        if not isinstance(node, dict):
+            why = f"not valid JSON: {node}" if isinstance(node, ValueError) else f"a JSON {type(node).__name__}"
+            raise CheckpointError(
+                f"{file} is {why}, not the model config lm export writes; restore it (export the checkpoint again)"
+            )
         node.pop(LM_CLASS, None)
         return node
 
