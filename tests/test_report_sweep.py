@@ -134,3 +134,40 @@ def test_user_strings_reach_the_html_page_as_text(tmp_path):
     assert "<td>&lt;script&gt;alert(2)&lt;/script&gt;</td>" in page
     assert '<a href="docs/a.md">doc</a>' in page and '<a href="https://example.org">web</a>' in page
     assert page.count('src="data:image/png;base64,') == 1  # our figure is embedded, not a file outside the report
+
+
+def test_files_of_the_users_at_out_are_never_replaced(sweep, tmp_path, capsys):
+    out = tmp_path / "docs"
+    out.mkdir()
+    for name, text in (("report.md", "# my conclusions\n"), ("runs.csv", "a,b\n1,2\n")):
+        (out / name).write_text(text)
+        with pytest.raises(SystemExit) as e:
+            main([str(sweep), "-o", str(out), "--notes", str(out / "report.md")])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err == (
+            f"lm report: error: {out / name} exists and is not a file lm report wrote; the report would replace "
+            f"it: pass -o <another directory>, or move the file\n"
+        )
+        assert (out / name).read_text() == text and not (out / "report.html").exists()
+        (out / name).rename(tmp_path / name)
+    assert main([str(sweep), "-o", str(out), "--notes", str(tmp_path / "report.md")]) == 0
+    assert main([str(sweep), "-o", str(out)]) == 0  # its own report is replaced
+    (out / "card").mkdir()
+    (out / "card" / "card.md").write_text("my run notes\n")
+    with pytest.raises(SystemExit):
+        main([str(sweep / "0"), "-o", str(out / "card")])
+    assert (out / "card" / "card.md").read_text() == "my run notes\n"
+    assert "card.md exists and is not a file lm report wrote" in capsys.readouterr().err
+
+
+def test_a_transfer_md_of_lm_transfer_is_not_replaced_by_the_curve_report(tmp_path):
+    from lm.cli.report import check_out
+    from lm.report.runs import ReportError
+    from lm.report.transfer import CURVE_NOTE
+
+    (tmp_path / "transfer.md").write_text("# GLUE transfer: decoder, 0 pretraining tokens\n\nDev scores in points\n")
+    with pytest.raises(ReportError, match="transfer.md exists and is not a file lm report wrote"):
+        check_out(tmp_path, ["transfer.md"])  # lm report runs/t -o runs/t: lm transfer's own table
+    (tmp_path / "transfer.md").write_text(f"# GLUE transfer\n\n{CURVE_NOTE}\n")
+    check_out(tmp_path, ["transfer.md"])  # a curve report of lm report's: replaced

@@ -29,6 +29,10 @@ TRANSFER = "transfer.json"
 ARMS = ("scratch", "pretrained")
 
 
+# The first sentence of lm report's transfer.md (write_curve_report): lm/cli/report.py knows its own file by it
+CURVE_NOTE = "Gain = pretrained median - scratch median (points), per task and the GLUE-style average."
+
+
 class TransferError(ValueError):
     """A transfer directory or results file that cannot be compared; the message names the file."""
 
@@ -283,7 +287,7 @@ def write_curve_report(paths, out: Path, title: str | None = None) -> Path:
     parts = [
         f"# {title or 'GLUE transfer'}",
         "",
-        "Gain = pretrained median - scratch median (points), per task and the GLUE-style average.",
+        CURVE_NOTE,
         "",
         curve_table(summaries),
         f"![gain over pretraining tokens]({plot.name})",
