@@ -60,6 +60,27 @@ def test_torn_last_line_is_dropped_but_a_corrupt_middle_line_fails(tmp_path):
     assert run.status == "failed" and f"{d / 'metrics.jsonl'}:2: not valid JSON" in run.reason
 
 
+def test_binary_metrics_or_results_fail_the_run_naming_the_file(tmp_path):
+    for name in ("metrics.jsonl", "results.json"):
+        d = make_run(tmp_path / name, max_steps=30)
+        (d / name).write_bytes(b"{\xa8\x00\xff")
+        run = load_run(d)
+        assert run.status == "failed" and run.reason.startswith(f"{d / name}: not UTF-8 text (byte b'\\xa8' at")
+
+
+@pytest.mark.parametrize("text", [b"a: [1, 2\n", b"\xb5\x00garbage"])
+def test_a_damaged_config_yaml_is_one_line_naming_it(tmp_path, capsys, text):
+    d = make_run(tmp_path / "r", max_steps=30)
+    (d / "config.yaml").write_bytes(text)
+    with pytest.raises(ReportError, match=r"config\.yaml: not valid YAML \(.*\); the file is damaged: restore it"):
+        load_run(d)
+    with pytest.raises(SystemExit) as e:
+        main([str(d), "-o", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"lm report: error: {d / 'config.yaml'}: not valid YAML")
+    assert err.count("\n") == 1
+
+
 def test_sweep_with_failed_cells_still_reports(tmp_path):
     for seed in (0, 1):
         make_run(tmp_path / f"{seed}", ffn="gelu", seed=seed)

@@ -107,10 +107,27 @@ def _split_digits(s: str) -> list:
 
 
 def load_yaml(path: Path) -> Any:
+    import yaml
     from omegaconf import OmegaConf
 
-    # Interpolations like ${hydra:...} cannot resolve outside Hydra; keep them unresolved.
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    try:  # Interpolations like ${hydra:...} cannot resolve outside Hydra; keep them unresolved.
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        why = " ".join(str(e).split())
+        raise ReportError(
+            f"{path}: not valid YAML ({why}); the file is damaged: restore it, or move the run away"
+        ) from None
+
+
+def read_text(path: Path) -> str:
+    """A file lm wrote as UTF-8 text; another (a damaged or foreign file) is a ReportError naming it."""
+    try:
+        return path.read_text()
+    except UnicodeDecodeError as e:
+        raise ReportError(
+            f"{path}: not UTF-8 text (byte {e.object[e.start : e.start + 1]!r} at offset {e.start}); "
+            f"the file is damaged: restore it, or move the run away"
+        ) from None
 
 
 def read_config(path: Path) -> dict:
@@ -133,7 +150,7 @@ def read_overrides(path: Path) -> list | None:
 def read_metrics(path: Path) -> list:
     """Entries of metrics.jsonl. A torn last line (the writer was killed) is dropped; a bad line
     elsewhere means the file is corrupt and raises, naming the line."""
-    lines = path.read_text().splitlines()
+    lines = read_text(path).splitlines()
     entries = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -223,7 +240,7 @@ def load_run(path: Path) -> Run:
         if metrics.is_file():
             run.train, run.val, run.other = split_metrics(read_metrics(metrics))
         if (path / "results.json").is_file():
-            run.results = json.loads((path / "results.json").read_text())
+            run.results = json.loads(read_text(path / "results.json"))
     except (ReportError, json.JSONDecodeError) as e:
         run.status, run.reason = "failed", str(e)
         return run
