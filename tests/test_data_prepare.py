@@ -229,6 +229,43 @@ def test_finished_output_is_kept_unless_forced_and_survives_a_failed_rebuild(tmp
     assert open_prepared(out)["config"]["vocab_size"] == 300
 
 
+def test_a_source_edited_after_preparing_is_refused_not_silently_reused(tmp_path, stories):
+    out = run(tmp_path, source=str(stories), doc_split="line")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    stories.write_text(stories.read_text() + "A new story about a fox.\n")
+    with pytest.raises(DataError) as e:
+        run(tmp_path, source=str(stories), doc_split="line")
+    assert str(e.value).startswith(f"{out} was prepared from sources that changed since ({stories}: ")
+    assert "bytes). Pass --force to rebuild it" in str(e.value) and "\n" not in str(e.value)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing was touched
+    rebuilt = prepare(
+        {
+            "source": str(stories),
+            "doc_split": "line",
+            "vocab_size": 320,
+            "n_sentinels": 4,
+            "val_fraction": 0.2,
+            "workers": 1,
+        },
+        out,
+        force=True,
+        progress=False,
+    )
+    assert json.loads((rebuilt / "meta.json").read_text())["sources"][0]["bytes"] == stories.stat().st_size
+
+
+def test_a_file_added_to_a_source_directory_is_refused_by_lm_train(tmp_path):
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("".join(f"story {i} about a cat\n" for i in range(40)))
+    cfg = {"source": str(texts), "dir": str(tmp_path / "data"), "doc_split": "line", "tokenizer": "char"}
+    cfg |= {"val_fraction": 0.2}
+    ensure_prepared(cfg)
+    (texts / "b.txt").write_text("another story\n")
+    with pytest.raises(DataError, match=r"changed since \(.*b\.txt added\)\. Give these settings a directory"):
+        ensure_prepared(cfg)
+
+
 def _cli_error(argv) -> str:
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -225,8 +225,8 @@ TRAIN_HINT = (
 )
 
 
-def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) -> bool:
-    """True when `out` is already complete for these settings; raise when it must not be touched."""
+def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT, files=()) -> bool:
+    """True when `out` is already complete for these settings and sources; raise when it must not be touched."""
     if not out.exists():
         return False
     meta = read_json(out / META)
@@ -241,6 +241,9 @@ def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) 
     # which cost memory then, not correctness now.
     stored = {"max_doc_chars": content["max_doc_chars"], **LATER_FIELDS, **meta.get("config", {})}
     if stored == content and not force:
+        changed = _changed_sources(meta.get("sources"), files)
+        if changed:
+            raise DataError(f"{out} was prepared from sources that changed since ({changed}). {hint}")
         return True
     if not force:
         diff = sorted(k for k in content if stored.get(k) != content[k])
@@ -253,6 +256,23 @@ def _check_out(out: Path, content: dict, force: bool, hint: str = REBUILD_HINT) 
             f"directory away"
         )
     return False
+
+
+def _changed_sources(recorded, files) -> str:
+    """What differs between the local files a directory was prepared from (meta.json "sources": path and size)
+    and `files` now: a file edited (another size), added or removed. Sizes only, so nothing is read; a
+    directory whose recorded paths are all elsewhere now (moved, prepared on another machine) is not judged."""
+    if not isinstance(recorded, list):
+        return ""
+    was = {r["path"]: r.get("bytes") for r in recorded if isinstance(r, dict) and r.get("format") != "hf"}
+    now = {f.path: f.stat()[0] for f in files if f.format != "hf"}
+    if not was.keys() & now.keys():
+        return ""
+    edited = [f"{p}: {was[p]:,} -> {now[p]:,} bytes" for p in now if p in was and was[p] not in (None, now[p])]
+    added = [f"{p} added" for p in now if p not in was]
+    removed = [f"{p} gone" for p in was if p not in now]
+    changes = edited + added + removed
+    return "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
 
 
 def _start(partial: Path, fp: str, restart: bool) -> dict | None:
@@ -304,7 +324,7 @@ def prepare(
     validate_data(cfg)
     content = content_config(cfg)
     with _lock(out):
-        if _check_out(out, content, force, hint):
+        if _check_out(out, content, force, hint, files):
             say(f"{out} is already prepared with these settings; nothing to do")
             return out
         partial = out.with_name(f".{out.name}.partial")
