@@ -203,6 +203,18 @@ def test_cli_writes_results_and_prints_a_table(exported, tmp_path, capsys):
     assert isinstance(e.value.code, str) and "\n" not in e.value.code and "no such directory" in e.value.code
 
 
+def test_a_missing_path_names_only_what_lm_eval_takes(tmp_path):
+    from lm.config import ConfigError
+    from lm.eval.saved import load_model
+
+    with pytest.raises(ConfigError) as e:
+        load_model(tmp_path / "missing")
+    assert str(e.value) == (
+        f"{tmp_path / 'missing'}: no such directory; pass an lm train run directory, one of its "
+        f"checkpoints/step_* directories, an lm export directory"
+    )  # not lm finetune's `init=none`, which lm eval has no way to take
+
+
 def test_cli_without_the_eval_extra_says_which_to_install(monkeypatch):
     import sys
 

@@ -17,7 +17,8 @@ def load_model(path, tokenizer: str | None = None) -> tuple[Any, Any]:
     try:
         backbone = load_backbone(str(path), tokenizer=tokenizer)
     except InitError as e:
-        message = str(e).replace("tokenizer=", "--tokenizer ")
+        # lm finetune's words: its tokenizer= is --tokenizer here, and init=none (random weights) is not offered
+        message = str(e).replace("tokenizer=", "--tokenizer ").replace(", or init=none", "")
         raise ConfigError(message[len("init=") :] if message.startswith("init=") else message) from None
     model = build_model(backbone.model_cfg)
     missing, unexpected = model.load_state_dict(backbone.state_dict or {}, strict=False)
