@@ -9,6 +9,7 @@ filler; a bag-of-words model separates it, so a tiny decoder reaches far above c
 
 import csv
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -218,12 +219,16 @@ def test_a_foreign_tokenizer_is_refused(tmp_path, pretrained):
         finetune(cfg)
 
 
-def test_missing_task_directory_names_the_path_and_how_to_get_it(tmp_path, pretrained):
+def test_missing_task_directory_names_the_path_and_how_to_get_it(tmp_path, pretrained, caplog):
+    """One error, said once (the hub's answer was also logged as a warning before it), and no run directory: it
+    was made, with a config.yaml, before the data was looked for."""
     cfg = finetune_cfg(tmp_path / "x", [f"init={pretrained / 'run'}", "task=glue/rte", f"glue.data_root={tmp_path}"])
-    with pytest.raises(GlueDataMissing) as e:
+    with caplog.at_level(logging.WARNING, logger="lm"), pytest.raises(GlueDataMissing) as e:
         finetune(cfg)
     assert str(tmp_path / "RTE" / "train.tsv") in str(e.value) and "download_glue_data.py" in str(e.value)
-    assert not (tmp_path / "x" / "results.json").exists()
+    assert str(e.value).splitlines()[1].startswith(f"  rte: not found: {tmp_path / 'RTE' / 'train.tsv'}, ")
+    assert not [r for r in caplog.records if "RTE" in r.getMessage()]
+    assert not (tmp_path / "x").exists()
 
 
 def test_skip_missing_runs_the_tasks_that_are_there(tmp_path, pretrained):

@@ -1,9 +1,9 @@
 """Evaluate a run, checkpoint or lm export directory: the LM Evaluation Harness and the GLUE probes.
 
-    python -m lm.cli.eval runs/pretrain                                      # local GLUE zero-shot + WikiText-2
-    python -m lm.cli.eval runs/pretrain --tasks local_sst2,local_wikitext2 --limit 200
-    python -m lm.cli.eval runs/pretrain/checkpoints/step_00001000/export --tasks probe
-    python -m lm.cli.eval runs/pretrain --tasks hellaswag                    # any harness task that can download
+    lm eval runs/pretrain                                                # local GLUE zero-shot + WikiText-2
+    lm eval runs/pretrain --tasks local_sst2,local_wikitext2 --limit 200
+    lm eval runs/pretrain/checkpoints/step_00001000/export --tasks probe
+    lm eval runs/pretrain --tasks hellaswag                              # any harness task that can download
 
 --tasks names harness tasks (lm's offline ones: local_sst2, local_rte, local_mrpc, local_cola (the tag
 local_glue: all four) and local_wikitext2, read from $LM_DATA_MIRROR) and `probe`, the GLUE probes of

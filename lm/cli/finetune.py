@@ -45,10 +45,11 @@ def finetune(cfg: DictConfig):
     from lm.core.setup import engine_class, make_engine, quiet_other_ranks, resolve_precision
     from lm.engine import dist as dist_utils
     from lm.glue.init import load_backbone
-    from lm.glue.run import finetune_glue
+    from lm.glue.run import finetune_glue, missing_data
 
     job = finetune_job(cfg)  # typed and validated, once
     check_run_dir(Path(job.run_dir), job.init)  # before anything is loaded or written
+    missing_data(job)  # a task without data is refused here, before the run directory is made
     # The job's record, made once here: below this line only typed objects, text and plain dicts travel.
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

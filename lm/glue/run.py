@@ -72,19 +72,9 @@ def finetune_glue(
     make_engine(train_config) gives a fresh, unwrapped engine (lm.engine); `config` is the job's resolved
     config for the trackers; `dist` (lm.engine.dist.Dist): rank 0 writes the files, every rank trains and predicts.
     """
-    from lm.glue.tasks import DOWNLOAD_HINT
-
     tasks = list(job.tasks.values())
     run_dir = Path(job.run_dir)
-    missing = check_data(tasks)
-    if job.hf and not job.skip_missing:
-        missing = {t: why for t, why in missing.items() if not _on_hub(t, tasks)}
-    if missing and not job.skip_missing:  # before any training: a job must not die at its seventh task
-        lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())
-        raise GlueDataMissing(
-            f"GLUE data missing for {len(missing)} task(s):\n  {lines}\n{DOWNLOAD_HINT}; or set "
-            f"skip_missing=true to run the tasks that are there (the GLUE score is then partial)"
-        )
+    missing = missing_data(job)
     for t in missing:
         log.warning("skipping GLUE %s (skip_missing=true): %s", t, missing[t])
     tasks = [t for t in tasks if t.name not in missing]
@@ -130,17 +120,41 @@ def finetune_glue(
     return {"dev": dev, **info}
 
 
-def _on_hub(name: str, tasks: list[GlueTaskConfig]) -> bool:
-    """Whether the Hugging Face copy of a task that is not on disk can be read (network or HF cache)."""
+def missing_data(job: FinetuneSchema) -> dict[str, str]:
+    """{task: why} for the job's tasks that cannot run: neither on disk nor (job.hf) readable from the Hugging Face
+    hub. Unless job.skip_missing, any is refused here, before anything is trained or written (lm finetune asks
+    before it makes its run directory): a job must not die at its seventh task."""
+    from lm.glue.tasks import DOWNLOAD_HINT
+
+    tasks = list(job.tasks.values())
+    missing = check_data(tasks)
+    if job.skip_missing:
+        return missing
+    if job.hf:
+        missing = {t: why + hub for t, why in missing.items() if (hub := _hub_problem(t, tasks)) is not None}
+    if missing:
+        lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())
+        raise GlueDataMissing(
+            f"GLUE data missing for {len(missing)} task(s):\n  {lines}\n{DOWNLOAD_HINT}; or set "
+            f"skip_missing=true to run the tasks that are there (the GLUE score is then partial)"
+        )
+    return missing
+
+
+def _hub_problem(name: str, tasks: list[GlueTaskConfig]) -> str | None:
+    """None when the Hugging Face copy of a task that is not on disk can be read (network or HF cache), else why
+    not (", and the hub is not reachable (...)"), to follow the local paths in the job's one error."""
     from lm.glue.readers import load_split
+    from lm.glue.tasks import DOWNLOAD_HINT
 
     t = next(t for t in tasks if t.name == name)
     try:
         load_split(name, "train", t.data_root, hf=True)
-        return True
+        return None
     except GlueDataMissing as e:
-        log.warning("%s", e)
-        return False
+        path = split_path(name, "train", t.data_root)
+        where = f"GLUE {get_task(name).dir} train split not found: looked for {path}"  # load_split's words
+        return str(e).removeprefix(where).replace(f"; {DOWNLOAD_HINT}", "")
 
 
 def _run_task(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone, make_engine, config: dict, dist):
