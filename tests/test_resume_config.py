@@ -65,12 +65,16 @@ def test_max_steps_below_the_step_says_so(gelu_run, tmp_path):
 
 
 def test_max_steps_equal_to_the_step_logs_that_the_run_is_complete(gelu_run, tmp_path, caplog):
+    """A resumable field changed on a complete run trains nothing, so config.yaml keeps the settings the weights
+    trained under (it recorded the new optim.lr that no step used)."""
     r = _copy(gelu_run, tmp_path / "r")
+    before = (r / "config.yaml").read_text()
     with caplog.at_level(logging.WARNING, logger="lm"):
-        _, result = run(r, steps=4)
+        _, result = run(r, steps=4, extra=["optim.lr=0.01"])
     assert result.state.step == 4
     assert "at step 4 = train.max_steps: the run is complete" in caplog.text
     assert "raise train.max_steps" in caplog.text
+    assert "lr: 0.01" not in before and (r / "config.yaml").read_text() == before
 
 
 def test_the_comparison_itself():

@@ -120,8 +120,10 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
             latest = session.resume_or_start(run.resume, train_cfg.max_steps)  # a changed model, data, ... is refused
             if latest and dist.is_main:
                 log.info("resumed from %s (step %d)", latest, session.state.step)
+            complete = latest is not None and session.state.step >= train_cfg.max_steps
             if dist.is_main:
-                atomic_write_text(run_dir / "config.yaml", config_yaml)
+                if not complete:  # a complete run's record keeps the settings its weights trained under
+                    atomic_write_text(run_dir / "config.yaml", config_yaml)
                 log.info(
                     "%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
                     engine.name,
