@@ -75,6 +75,27 @@ def test_bad_arguments_are_rejected(capsys):
     assert "--model no_such_preset" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("--iters", "0"),  # under torchrun this was a ZeroDivisionError traceback on every rank
+        ("--size-mb", "-5"),  # reported "-5 MiB fp32" and passed
+        ("--size-mb", "nan"),
+        ("--timeout", "0"),
+        ("--need-gb", "nan"),  # said "--model None: cannot convert float NaN to integer"
+        ("--need-gb", "-1"),
+        ("--keep-last", "0"),
+        ("--expect-world-size", "0"),
+        ("--min-busbw", "inf"),
+    ],
+)
+def test_out_of_range_numbers_are_refused_in_one_line_before_any_rendezvous(flag, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        preflight_cli.main([flag, value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].startswith(f"lm preflight: error: argument {flag}: {value} is not a ")
+
+
 def info(rank, host, local_rank, gpus=8, name="NVIDIA H100 80GB HBM3", free=500e9, local_world=8):
     return preflight_cli.RankInfo(
         rank=rank,

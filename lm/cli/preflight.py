@@ -19,6 +19,7 @@ and every rank exits 1 if any check failed:
 
 import argparse
 import json
+import math
 import os
 import shutil
 import socket
@@ -103,6 +104,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [o for o in args.overrides if not o.lstrip("+").startswith("run_dir=")]
     if unknown:
         p.error(f"unknown argument(s) {unknown}: lm preflight takes only run_dir=PATH besides its --options")
+    for flag, value, ok, want in (
+        ("--iters", args.iters, args.iters >= 1, "a positive integer"),
+        ("--keep-last", args.keep_last, args.keep_last >= 1, "a positive integer"),
+        (
+            "--expect-world-size",
+            args.expect_world_size,
+            args.expect_world_size is None or args.expect_world_size >= 1,
+            "a positive integer",
+        ),
+        ("--size-mb", args.size_mb, args.size_mb is None or 0 < args.size_mb < math.inf, "a finite number > 0"),
+        ("--timeout", args.timeout, 0 < args.timeout < math.inf, "a finite number of seconds > 0"),
+        ("--need-gb", args.need_gb, args.need_gb is None or 0 <= args.need_gb < math.inf, "a finite number >= 0"),
+        (
+            "--min-busbw",
+            args.min_busbw,
+            args.min_busbw is None or 0 <= args.min_busbw < math.inf,
+            "a finite number >= 0",
+        ),
+    ):
+        if not ok:  # checked before any rendezvous: a bad value would fail every rank (--iters 0: a division by 0)
+            p.error(f"argument {flag}: {value:g} is not {want}")
     args.ckpt_dir = args.ckpt_dir or (run_dirs[-1] if run_dirs else "runs")
     return args
 
