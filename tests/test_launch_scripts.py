@@ -348,6 +348,26 @@ def test_slurm_batch_script_sets_the_rendezvous_from_slurm_variables(stubs):
     ]  # the user's run_dir, kept
 
 
+def test_slurm_default_run_dir_is_one_hydra_string_whatever_the_job_name(stubs):
+    """`sbatch -J gpt2,lr=3e-4(v2)`: the default run_dir=runs/<job name>-<id> was a Hydra parse error (or a
+    sweep, for a comma) on every rank, about an override the user never typed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    slurm = dict(
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NAME="gpt2 lr=3e-4,(v2)'#~",
+        SLURM_JOB_NODELIST="gpu-node-017",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_SUBMIT_DIR=str(REPO),
+    )
+    out = stubs("slurm.sbatch", "engine=ddp", **slurm)
+    assert out.returncode == 0, out.stderr
+    (srun,) = [c for c in stubs.calls() if c["cmd"] == "srun"]
+    assert srun["args"][-1] == "run_dir=runs/gpt2_lr_3e-4__v2____-4242"
+    (parsed,) = OverridesParser.create().parse_overrides([srun["args"][-1]])
+    assert parsed.value() == "runs/gpt2_lr_3e-4__v2____-4242"
+
+
 @pytest.mark.parametrize("name", ["multi_gpu.yaml", "multi_node.yaml"])
 def test_accelerate_configs_load_as_accelerate_cluster_configs(name):
     from accelerate.commands.config.config_args import ClusterConfig
