@@ -5,6 +5,7 @@ which assembles RunSchema from the sections) is the only module that imports the
 the sections import this leaf, never the root (no import cycle). lm/config.py re-exports every name.
 """
 
+import shlex
 from collections.abc import Callable
 from dataclasses import fields
 from enum import Enum
@@ -88,6 +89,27 @@ def composition_error(e: Exception) -> str | None:
         return not_a_key(full_key[: len(full_key) - len(str(key))], str(key), kind)
     what = str(getattr(cause, "msg", cause)).strip().splitlines()[0]  # OmegaConf's next lines repeat the key
     return f"{full_key}: {what}" if full_key else f"{str(e).strip().splitlines()[0].rstrip('.')}: {what}"
+
+
+def override_parse_error(override: str, message: str) -> str:
+    """One line for a command-line override Hydra's grammar cannot read (`run_dir=runs/lr=3e-4`, `it's`), naming
+    it and the quoted form that reads as typed. Hydra's report is its parser's message, which names neither."""
+    first = message.strip().splitlines()[0] if message.strip() else "a parse error"
+    what = "a character its grammar does not allow there" if first.startswith("LexerNoViableAlt") else first
+    key, sep, value = override.partition("=")
+    if not sep or not value or value[0] in "'\"[({":  # a list, sweep or quoted value: its own grammar to fix
+        return (
+            f"cannot read the override {override}: {what}; see https://hydra.cc/docs/advanced/override_grammar/basic/"
+        )
+    if "'" not in value:
+        quoted = f"{key}='{value}'"
+    else:
+        quoted = key + '="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    shell = f'"{quoted}"' if not any(c in quoted for c in '"$`\\!') else shlex.quote(quoted)
+    return (
+        f"cannot read the override {override}: {what}; Hydra's grammar gives characters such as , = ( ) [ ] ' # "
+        f"a meaning: quote the value, inside the shell's quotes: {shell}"
+    )
 
 
 def compose_group(

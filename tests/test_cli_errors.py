@@ -173,6 +173,35 @@ def test_the_cli_says_a_bad_preset_in_one_line(tmp_path):
     assert p.stderr.count("\n") == 1
 
 
+def test_an_override_hydra_cannot_read_is_one_line_with_the_quoted_form_that_runs(tmp_path):
+    """`run_dir=/shared/runs/lr=3e-4` was Hydra's `mismatched input '=' expecting <EOF>` and its grammar's URL,
+    naming neither the override nor the fix."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from lm.config import override_parse_error
+
+    run_dir = tmp_path / "lr=3e-4 (2)"
+    p = subprocess.run(
+        [sys.executable, "-m", "lm", "train", "model=tiny", f"run_dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
+    fix = f"\"run_dir='{run_dir}'\""
+    assert p.returncode == 1 and p.stderr == (
+        f"lm train: cannot read the override run_dir={run_dir}: mismatched input '=' expecting <EOF>; Hydra's "
+        f"grammar gives characters such as , = ( ) [ ] ' # a meaning: quote the value, inside the shell's quotes: "
+        f"{fix}\n"
+    )
+    assert not run_dir.exists()
+    parse = OverridesParser.create().parse_overrides
+    assert parse([fix.strip('"')])[0].value() == str(run_dir)  # the advised form reads as typed
+    line = override_parse_error("run_dir=runs/it's", "LexerNoViableAltException: run_dir=runs/it's\n ^")
+    assert "a character its grammar does not allow there" in line and line.endswith("""'run_dir="runs/it'"'"'s"'""")
+    assert parse(['run_dir="runs/it\'s"'])[0].value() == "runs/it's"
+
+
 # -- typed schemas: `+key=` -----------------------------------------------------------------------------
 
 

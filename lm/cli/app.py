@@ -76,13 +76,14 @@ def run_app(
 @contextlib.contextmanager
 def _composition_errors_in_one_line(prog: str):
     """An override Hydra cannot apply (`train.max_step=20`, `train.max_steps=abc`) ends in one line naming the
-    closest key (lm.config.composition_error), not Hydra's 5-7 lines that advise `+train.max_step=20`. Hydra reports
+    closest key (lm.config.composition_error), not Hydra's 5-7 lines that advise `+train.max_step=20`; one it cannot
+    read (`run_dir=runs/lr=3e-4`) names the quoted form that reads as typed (override_parse_error). Hydra reports
     composition errors inside its private hydra._internal.utils.run_and_report and offers no hook, so that function
     is wrapped while the app runs; a Hydra without it keeps its own report, as does HYDRA_FULL_ERROR=1."""
     from hydra._internal import utils as hydra_utils
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    from lm.config import composition_error
+    from lm.config import composition_error, override_parse_error
 
     original = getattr(hydra_utils, "run_and_report", None)
     if original is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -98,6 +99,8 @@ def _composition_errors_in_one_line(prog: str):
                 if line is None:
                     raise  # a missing config file: Hydra's report lists the options
                 sys.exit(f"{prog}: {line}")
+            except OverrideParseException as e:  # `run_dir=runs/lr=3e-4`: Hydra's line names neither it nor a fix
+                sys.exit(f"{prog}: {override_parse_error(e.override, e.message)}")
 
         return original(one_line)
 
