@@ -22,11 +22,14 @@ here="$(dirname "${BASH_SOURCE[0]}")"
 
 lm_default_nproc
 lm_need_command accelerate
-nnodes="${NNODES:-1}"
+NNODES="${NNODES:-1}"
+lm_need_count NNODES
+nnodes="$NNODES"
 total=$((NPROC_PER_NODE * nnodes))
 if [ "$nnodes" -gt 1 ]; then
   config="${ACCELERATE_CONFIG:-$here/accelerate/multi_node.yaml}"
   lm_need NODE_RANK "this node's index from 0 to NNODES-1, e.g. NODE_RANK=0 on the first node"
+  lm_need_node_rank
   lm_need MASTER_ADDR "an address of node 0 that every node can reach, e.g. MASTER_ADDR=node001"
   machine=(--machine_rank "$NODE_RANK" --main_process_ip "$MASTER_ADDR" --main_process_port "${MASTER_PORT:-29500}")
 else

@@ -55,9 +55,18 @@ lm_gpus_on_node() {
   fi
 }
 
+lm_need_count() {  # lm_need_count VAR: a positive integer, checked before any arithmetic or launcher sees it
+  [[ "${!1:-}" =~ ^[1-9][0-9]*$ ]] || lm_die "$1=${!1:-} must be a positive integer"
+}
+
+lm_need_node_rank() {  # NODE_RANK within 0..NNODES-1 (NNODES already checked by lm_need_count)
+  [[ "$NODE_RANK" =~ ^(0|[1-9][0-9]*)$ ]] && [ "$NODE_RANK" -lt "$NNODES" ] ||
+    lm_die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES: this node's index, from 0 on the first node"
+}
+
 lm_default_nproc() {
   export NPROC_PER_NODE="${NPROC_PER_NODE:-$(lm_gpus_on_node)}"
-  [[ "$NPROC_PER_NODE" =~ ^[1-9][0-9]*$ ]] || lm_die "NPROC_PER_NODE=$NPROC_PER_NODE must be a positive integer"
+  lm_need_count NPROC_PER_NODE
 }
 
 lm_has_run_dir() {  # true when the Hydra overrides pin run_dir (every rank and every restart must agree)

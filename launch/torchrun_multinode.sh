@@ -20,6 +20,7 @@ set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 lm_need NNODES "the number of nodes, e.g. NNODES=2"
+lm_need_count NNODES
 export NODE_RANK="${NODE_RANK:-${SLURM_NODEID:-}}"
 lm_need NODE_RANK "this node's index from 0 to NNODES-1, e.g. NODE_RANK=0 on the first node"
 lm_need MASTER_ADDR "an address of node 0 that every node can reach, e.g. MASTER_ADDR=node001"
@@ -27,7 +28,7 @@ export MASTER_PORT="${MASTER_PORT:-29500}"
 export RDZV_ID="${RDZV_ID:-lm-$MASTER_PORT}"
 lm_default_nproc
 lm_need_command torchrun
-[[ "$NODE_RANK" =~ ^[0-9]+$ ]] && [ "$NODE_RANK" -lt "$NNODES" ] || lm_die "NODE_RANK=$NODE_RANK must be below NNODES=$NNODES"
+lm_need_node_rank
 [ "$LM_ENTRY" = lm.cli.preflight ] || lm_has_run_dir "$@" || echo "lm launch: no run_dir=... given; rank 0 names one under runs/ (every node must see it)" >&2
 
 # c10d hands out global ranks in joining order; NODE_RANK decides which agent hosts the rendezvous

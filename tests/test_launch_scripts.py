@@ -190,11 +190,33 @@ def test_multinode_takes_the_node_rank_from_slurm(stubs):
         ({"NNODES": "2", "NODE_RANK": "0"}, "set MASTER_ADDR"),
         ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "n1"}, "NODE_RANK=2 must be below NNODES=2"),
         ({"NNODES": "2", "NODE_RANK": "0", "MASTER_ADDR": "n1", "NPROC_PER_NODE": "0"}, "NPROC_PER_NODE=0 must be"),
+        # odd values: bash's "integer expression expected" came first, then a line blaming NODE_RANK
+        ({"NNODES": "two", "NODE_RANK": "0", "MASTER_ADDR": "n1"}, "NNODES=two must be a positive integer"),
+        ({"NNODES": "0", "NODE_RANK": "0", "MASTER_ADDR": "n1"}, "NNODES=0 must be a positive integer"),
+        ({"NNODES": "2", "NODE_RANK": "-1", "MASTER_ADDR": "n1"}, "NODE_RANK=-1 must be below NNODES=2"),
     ],
 )
 def test_multinode_names_what_is_missing(stubs, env, needs):
     out = stubs("torchrun_multinode.sh", "engine=ddp", **env)
-    assert out.returncode == 2 and needs in out.stderr, out.stderr
+    assert out.returncode == 2 and out.stderr == f"lm launch: {needs}" + out.stderr.split(needs, 1)[1], out.stderr
+    assert out.stderr.count("\n") == 1
+    assert stubs.calls() == []  # nothing started
+
+
+@pytest.mark.parametrize(
+    "env,needs",
+    [  # `NNODES=two`: "unbound variable"; `2x`: two bash errors; 0 or -1: accelerate started with 0 or -1 processes
+        ({"NNODES": "two"}, "NNODES=two must be a positive integer"),
+        ({"NNODES": "2x"}, "NNODES=2x must be a positive integer"),
+        ({"NNODES": "0"}, "NNODES=0 must be a positive integer"),
+        ({"NNODES": "-1"}, "NNODES=-1 must be a positive integer"),
+        ({"NNODES": "2", "NODE_RANK": "5", "MASTER_ADDR": "n1"}, "NODE_RANK=5 must be below NNODES=2"),
+    ],
+)
+def test_accelerate_refuses_odd_node_counts_in_one_line(stubs, env, needs):
+    out = stubs("accelerate.sh", "engine=ddp", NPROC_PER_NODE="2", **env)
+    assert out.returncode == 2 and out.stderr.startswith(f"lm launch: {needs}"), out.stderr
+    assert out.stderr.count("\n") == 1
     assert stubs.calls() == []  # nothing started
 
 
