@@ -77,6 +77,39 @@ def test_jsonl_bad_records_error_with_line_or_counted_skip(tmp_path):
     assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == len(GOOD) - 3
 
 
+def test_jsonl_records_of_the_wrong_shape_say_what_is_wrong(tmp_path):
+    """A field that is there but not a string, a line that is an array, a .json file holding one JSON array:
+    each says what it is (not "no string field 'text' (has: ['text'])") and how to fix it."""
+    for i, (line, problem) in enumerate(
+        [
+            (json.dumps({"text": ["a", "b"]}), r"field 'text' is a JSON array, not a string. Make it a string"),
+            (json.dumps({"text": 5}), r"field 'text' is a JSON number, not a string"),
+            (json.dumps({"text": None}), r"field 'text' is a JSON null, not a string"),
+            (json.dumps(["a"]), r"a JSON array, not an object. JSON Lines needs one JSON object per line.*jq -c"),
+            ("[", r"not valid JSON .*JSON Lines needs one JSON object per line.*jq -c"),
+        ]
+    ):
+        path = tmp_path / f"docs{i}.jsonl"
+        path.write_text("\n".join([json.dumps({"text": t}) for t in GOOD[:5]] + [line]) + "\n")
+        with pytest.raises(DataError, match=f"docs{i}.jsonl:6: {problem}.*--bad-records skip"):
+            run(tmp_path, source=str(path))
+
+
+def test_jsonl_lone_surrogate_escape_names_the_line_or_is_counted(tmp_path):
+    """json.loads turns "\\ud800" (half of a UTF-16 pair, common in scraped JSONL) into a str that UTF-8 cannot
+    encode: the tokenizer failed with a UnicodeEncodeError traceback."""
+    lines = [json.dumps({"text": t}) for t in GOOD]
+    lines[7] = '{"text": "broken \\ud800 pair, and a whole one \\ud83d\\ude00"}'
+    path = tmp_path / "web.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"web.jsonl:8: the text holds a lone UTF-16 surrogate .*--encoding-errors"):
+        run(tmp_path, source=str(path))
+    for workers in (1, 2):
+        out = run(tmp_path, f"out{workers}", source=str(path), encoding_errors="replace", workers=workers)
+        assert open_prepared(out)["skipped"]["invalid_utf8_sequences"] == 1
+    assert (tmp_path / "out1" / "train_00000.bin").read_bytes() == (tmp_path / "out2" / "train_00000.bin").read_bytes()
+
+
 def test_parquet_without_the_column_names_the_columns(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -34,6 +34,7 @@ class Docs:
 
 
 _INVALID = [0]
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _count_invalid(e: UnicodeDecodeError):
@@ -72,6 +73,22 @@ class _Reader:
             text = data.decode("utf-8", errors="lm.count")
             self.out.invalid_utf8 += _INVALID[0] - before
             return text
+
+    def surrogates(self, text: str, line: int) -> str:
+        """A JSON string with a lone surrogate escape ("\\ud800", half of a pair) is not text UTF-8 can hold
+        (the tokenizer cannot encode it): an error naming file and line, or (replace) counted U+FFFD."""
+        if not _SURROGATE.search(text):
+            return text
+        if self.opts.encoding_errors != "replace":
+            raise DataError(
+                f"{self.where(line=line)}: the text holds a lone UTF-16 surrogate escape "
+                f"({_SURROGATE.search(text).group().encode('unicode_escape').decode()}, half of a pair), which is "
+                f"not Unicode text. Fix the record upstream, or set encoding_errors=replace (lm prepare "
+                f"--encoding-errors replace) to read such escapes as U+FFFD and count them"
+            )
+        text, n = _SURROGATE.subn("\ufffd", text)
+        self.out.invalid_utf8 += n
+        return text
 
     def bad(self, where: str, problem: str, fix: str) -> None:
         if self.opts.bad_records != "skip":
@@ -180,22 +197,46 @@ def _jsonl_docs(r: _Reader) -> None:
         except UnicodeDecodeError:
             record = _loads_or_none(r.decode(raw, line=here))
         except ValueError as e:
-            r.bad(r.where(line=here), f"not valid JSON ({e})", "Fix or remove the line")
+            fix = _NOT_JSONL if raw.strip() in (b"[", b"{") else "Fix or remove the line"
+            r.bad(r.where(line=here), f"not valid JSON ({e})", fix)
             continue
         if record is None:
             r.bad(r.where(line=here), "not valid JSON", "Fix or remove the line")
             continue
-        value = record.get(field_name) if isinstance(record, dict) else None
-        if not isinstance(value, str):
-            keys = list(record)[:10] if isinstance(record, dict) else type(record).__name__
+        if not isinstance(record, dict):
+            r.bad(r.where(line=here), f"a JSON {_json_kind(record)}, not an object", _NOT_JSONL)
+            continue
+        value = record.get(field_name)
+        if field_name in record and not isinstance(value, str):
             r.bad(
                 r.where(line=here),
-                f"no string field {field_name!r} (has: {keys})",
+                f"field {field_name!r} is a JSON {_json_kind(value)}, not a string",
+                "Make it a string upstream (join a list of strings), or set text_field to the field that "
+                "holds the text (lm prepare --text-field KEY)",
+            )
+            continue
+        if value is None:
+            r.bad(
+                r.where(line=here),
+                f"no string field {field_name!r} (has: {list(record)[:10]})",
                 "Set text_field to the field that holds the text (lm prepare --text-field KEY)",
             )
             continue
         if value:
-            r.add(value)
+            r.add(r.surrogates(value, here))
+
+
+# A .json file that holds one JSON array (or one pretty-printed object) is not JSON Lines.
+_NOT_JSONL = (
+    "JSON Lines needs one JSON object per line, each with the text field; a file holding one JSON array "
+    "converts with jq -c '.[]' FILE > FILE.jsonl"
+)
+
+
+def _json_kind(value) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null", dict: "object"}.get(
+        type(value), "number"
+    )
 
 
 def _loads_or_none(text: str):
@@ -214,7 +255,7 @@ def _value_docs(r: _Reader) -> None:
                 "Drop such records upstream",
             )
         elif value:
-            r.add(value)
+            r.add(r.surrogates(value, r.task.first_line + i))
 
 
 def iter_texts(tasks: Iterable[SourcePiece], opts: ReadOptions, split: str | None = "train") -> Iterator[str]:
