@@ -67,6 +67,12 @@ def test_bpe_vocab_too_small_is_a_clear_error():
         train("bpe", TEXT, vocab_size=100, n_sentinels=100)
 
 
+def test_unigram_vocab_too_small_is_a_clear_error():
+    """The unigram trainer's own 'The vocabulary is not large enough to contain all chars' was a traceback."""
+    with pytest.raises(TokenizerError, match=r"vocab_size=10 is too small for a unigram tokenizer .*raise vocab_size"):
+        train("unigram", TEXT, vocab_size=10, n_sentinels=2)
+
+
 def test_unknown_kind_and_missing_file(tmp_path):
     with pytest.raises(TokenizerError, match="not one of"):
         train("wordpiece", TEXT)

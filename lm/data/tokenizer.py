@@ -226,7 +226,16 @@ def _unigram(texts: Iterable[str], vocab_size: int, specials: list[str], progres
     trainer = trainers.UnigramTrainer(
         vocab_size=vocab_size, special_tokens=specials, unk_token=SPECIAL_TOKENS["unk"], show_progress=progress
     )
-    tok.train_from_iterator(texts, trainer)
+    try:
+        tok.train_from_iterator(texts, trainer)
+    except Exception as e:  # the Rust side raises plain Exception
+        if "not large enough to contain all chars" not in str(e):
+            raise
+        raise TokenizerError(
+            f"vocab_size={vocab_size} is too small for a unigram tokenizer of this text: it needs every distinct "
+            f"character of the train split + {len(specials)} special tokens; raise vocab_size (thousands are "
+            f"usual), or use tokenizer=char for a vocabulary of exactly the text's characters"
+        ) from None
     return Tokenizer(tok)
 
 
