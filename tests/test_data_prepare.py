@@ -150,6 +150,25 @@ def test_directory_glob_and_val_source(tmp_path, stories):
     assert np.array_equal(tokens(globbed, "train"), tokens(out, "train"))
 
 
+def test_symlinked_directories_are_read_and_each_file_once(tmp_path):
+    """A directory source skipped the files of its symlinked subdirectories (rglob does not follow them), while
+    a ** glob over the same tree read them; a glob through a symlink loop listed each file thousands of times."""
+    from lm.data.sources import resolve
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "s.txt").write_text("shared text\n")
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "own.txt").write_text("own text\n")
+    (d / "linked").symlink_to(shared)  # read
+    (d / "up").symlink_to(tmp_path)  # a loop: its files are reached through corpus/ and linked/ already
+    (d / "again.txt").symlink_to(d / "own.txt")  # the same file under a second name: once
+    expected = [str(d / "linked" / "s.txt"), str(d / "own.txt")]
+    assert [f.path for f in resolve(str(d))[0]] == expected
+    assert [f.path for f in resolve(str(d / "**" / "*.txt"))[0]] == expected
+
+
 def test_interrupted_run_resumes_to_identical_output(tmp_path, stories, monkeypatch, capsys):
     full = run(tmp_path, "full", source=str(stories), doc_split="line", shard_tokens=700)
     real = prep.write_json

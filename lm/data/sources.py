@@ -56,21 +56,45 @@ def detect_format(path: str, fmt: str = "auto") -> str:
     return "text"
 
 
+def _walk(root: Path) -> list[str]:
+    """The files under `root`, hidden ones skipped, following symlinked directories (rglob skipped them, and
+    their files with them) except those that lead back to a directory already on the way (a loop)."""
+    found = []
+    for top, dirs, files in os.walk(root, followlinks=True):
+        here = os.path.realpath(top)
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and not (
+                os.path.islink(os.path.join(top, d))
+                and (here + os.sep).startswith(os.path.realpath(os.path.join(top, d)) + os.sep)
+            )
+        ]
+        found += [os.path.join(top, f) for f in files if not f.startswith(".") and os.path.isfile(os.path.join(top, f))]
+    return found
+
+
+def _once(paths: list[str]) -> list[str]:
+    """Sorted, each file once: a glob or directory that reaches a file twice (through a symlink loop, or a
+    link to a directory it also holds) read it thousands of times."""
+    shortest: dict[str, str] = {}
+    for p in sorted(paths, key=lambda p: (len(p), p)):  # a file's shortest path names it
+        shortest.setdefault(os.path.realpath(p), p)
+    return sorted(shortest.values())
+
+
 def _expand(pattern: str, fmt: str, split: str | None) -> list[SourceFile]:
-    """A path, directory or glob -> sorted files (hidden files skipped)."""
+    """A path, directory or glob -> sorted files (hidden files skipped), each once."""
     path = Path(pattern).expanduser()
     if any(c in pattern for c in "*?["):
-        found = sorted(p for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        found = _once([p for p in glob.glob(str(path), recursive=True) if Path(p).is_file()])
         if not found:
             raise DataError(
                 f"{pattern}: no file matches this glob; check the pattern (quote it so the shell does not expand it)"
             )
     elif path.is_dir():
-        found = sorted(
-            str(p)
-            for p in path.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-        )
+        found = _once(_walk(path))
         if not found:
             raise DataError(f"{path}: directory has no files; point the source at the text files")
     elif path.is_file():
