@@ -136,6 +136,16 @@ def test_missing_paths_and_bad_settings(tmp_path):
         data_config({"train_stride": 0})
 
 
+def test_settings_these_sources_never_read_are_refused(tmp_path, good):
+    """--doc-separator without --doc-split regex, and --text-field on plain text files, were silently ignored."""
+    with pytest.raises(ConfigError, match=r"data.doc_separator='\\n\\n' is read only with doc_split=regex.*'line'"):
+        run(tmp_path, source=str(good), doc_separator=r"\n\n")
+    with pytest.raises(ConfigError, match=r"data.text_field='content' .* every source is read as plain text.*--format"):
+        run(tmp_path, source=str(good), text_field="content")
+    assert not (tmp_path / "out").exists()
+    run(tmp_path, source=str(good), doc_split="regex", doc_separator=r"\n")  # used: fine
+
+
 def test_single_document_split_by_document_explains_contiguous(tmp_path, good):
     with pytest.raises(DataError, match=r"the (train|val) split is empty: .*split=contiguous"):
         run(tmp_path, source=str(good), doc_split="file")

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lm.config_base import to_typed
+from lm.config_base import ConfigError, to_typed
 from lm.data.config import DataConfig, validate_data
 from lm.data.dedup import KEYS_FILE, Deduper
 from lm.data.documents import iter_texts
@@ -138,6 +138,22 @@ def with_corpus_defaults(cfg: DataConfig, corpus) -> DataConfig:
         doc_separator=cfg.doc_separator or (corpus.doc_separator if corpus else None),
         split=cfg.split or (corpus.split if corpus else "document"),
     )
+
+
+def _check_used(cfg: DataConfig, files: list[SourceFile], corpus) -> None:
+    """A setting these sources would never read is refused, naming it (it was silently ignored)."""
+    doc_split = cfg.doc_split or (corpus.doc_split if corpus else "line")
+    if cfg.doc_separator and doc_split != "regex":
+        raise ConfigError(
+            f"data.doc_separator='{cfg.doc_separator}' is read only with doc_split=regex, and this run splits "
+            f"documents by {doc_split!r}: add --doc-split regex (data.doc_split=regex), or drop the separator"
+        )
+    if cfg.text_field != "text" and files and all(f.format == "text" for f in files):
+        raise ConfigError(
+            f"data.text_field={cfg.text_field!r} names a JSONL field or a Parquet/dataset column, but every source "
+            f"is read as plain text ({files[0].path}{' ...' if len(files) > 1 else ''}): drop --text-field, or "
+            f"pass --format jsonl (data.format=jsonl) if the files hold JSON lines"
+        )
 
 
 def read_options(cfg: DataConfig) -> ReadOptions:
@@ -320,6 +336,7 @@ def prepare(
     cfg = data_config(cfg)
     out = Path(out or cfg.dir).expanduser().absolute()
     files, corpus = _sources(cfg)
+    _check_used(cfg, files, corpus)
     cfg = with_corpus_defaults(cfg, corpus)
     validate_data(cfg)
     content = content_config(cfg)
