@@ -193,6 +193,15 @@ def prepared(tmp_path, good):
     return run(tmp_path, source=str(good))
 
 
+def test_data_without_a_val_split_says_how_to_get_one(tmp_path, good):
+    """A directory prepared with val_fraction=0: lm train's val loader said only "no 'val' split (has ['train'])"."""
+    out = run(tmp_path, source=str(good), val_fraction=0.0)
+    with pytest.raises(
+        DataError, match=r"no 'val' split \(has \['train'\]\); it was prepared without one .*--val-fraction"
+    ):
+        PackedLoader(out, "val", 8, 2)
+
+
 def test_truncated_shard_names_the_file(prepared):
     shard = prepared / "train_00000.bin"
     data = shard.read_bytes()

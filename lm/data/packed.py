@@ -45,7 +45,14 @@ class TokenStream:
 
     def __init__(self, root: Path, meta: dict, split: str):
         if split not in meta["splits"]:
-            raise DataError(f"{root}: no {split!r} split (has {sorted(meta['splits'])})")
+            fix = (
+                f"; it was prepared without one (val_fraction={meta.get('config', {}).get('val_fraction')}), and "
+                f"training validates on it: prepare it again with --val-fraction 0.01 or --val-source FILE "
+                f"(lm prepare ... --force --out {root}; lm train data.source=...: data.val_fraction=0.01)"
+                if split == "val"
+                else ""
+            )
+            raise DataError(f"{root}: no {split!r} split (has {sorted(meta['splits'])}){fix}")
         self.root, self.dtype = root, np.dtype(meta["dtype"])
         self.files = [s["file"] for s in meta["splits"][split]["shards"]]
         self.starts = np.cumsum([0] + [s["tokens"] for s in meta["splits"][split]["shards"]])  # (n_shards + 1,)
