@@ -150,6 +150,18 @@ def test_directory_glob_and_val_source(tmp_path, stories):
     assert np.array_equal(tokens(globbed, "train"), tokens(out, "train"))
 
 
+def test_crlf_lines_are_the_documents_of_lf_lines(tmp_path):
+    """A Windows (CRLF) file split by line kept each document's trailing \\r: a token before every EOS."""
+    (tmp_path / "lf.txt").write_bytes("\n".join(STORIES).encode() + b"\n")
+    (tmp_path / "crlf.txt").write_bytes("\r\n".join(STORIES).encode() + b"\r\n")
+    lf = run(tmp_path, "lf", source=str(tmp_path / "lf.txt"), doc_split="line")
+    for workers in (1, 2):
+        crlf = run(tmp_path, f"crlf{workers}", source=str(tmp_path / "crlf.txt"), doc_split="line", workers=workers)
+        assert (crlf / "tokenizer.json").read_bytes() == (lf / "tokenizer.json").read_bytes()
+        for split in ("train", "val"):
+            assert np.array_equal(tokens(crlf, split), tokens(lf, split))
+
+
 def test_symlinked_directories_are_read_and_each_file_once(tmp_path):
     """A directory source skipped the files of its symlinked subdirectories (rglob does not follow them), while
     a ** glob over the same tree read them; a glob through a symlink loop listed each file thousands of times."""

@@ -18,7 +18,7 @@ from lm.data.errors import DataError
 from lm.data.readers import HashingReader, file_sha256, iter_hf, open_stream, parquet_values, reading
 from lm.data.sources import SourceFile
 
-DOC_SEPARATORS = {"line": r"\n", "blank_line": r"\n[ \t\r]*\n"}
+DOC_SEPARATORS = {"line": r"\r?\n", "blank_line": r"\r?\n[ \t\r]*\n"}  # a CRLF ends a line as LF does
 FILE_BOUNDARY = rb"\n(?=\S)"  # cut a whole-file document after a newline that starts a non-blank line
 
 
