@@ -297,6 +297,23 @@ def test_a_file_added_to_a_source_directory_is_refused_by_lm_train(tmp_path):
         ensure_prepared(cfg)
 
 
+def test_an_output_inside_its_source_directory_is_not_read_as_a_source(tmp_path):
+    """lm prepare DIR --out DIR/prepared: a rerun saw the shards as source files added since (refused), and --force
+    would have read them as text."""
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text("".join(f"story {i} about a cat\n" for i in range(40)))
+    cfg = {"source": str(texts), "doc_split": "line", "tokenizer": "char", "val_fraction": 0.2}
+    first = prepare(cfg, texts / "prepared", progress=False)
+    meta = json.loads((first / "meta.json").read_text())
+    assert [s["path"] for s in meta["sources"]] == [str(texts / "a.txt")]
+    assert prepare(cfg, texts / "prepared", progress=False) == first  # already prepared, not "changed since"
+    forced = prepare(cfg, texts / "prepared", force=True, progress=False)
+    assert json.loads((forced / "meta.json").read_text())["sources"] == meta["sources"]
+    with pytest.raises(DataError, match="every source file is inside --out"):
+        prepare({**cfg, "source": str(first)}, first, force=True, progress=False)
+
+
 def _cli_error(argv) -> str:
     with pytest.raises(SystemExit) as e:
         main(argv)

@@ -329,6 +329,15 @@ def _tokenizer(cfg: DataConfig, files, opts, cut, partial: Path, progress: dict 
     return tok
 
 
+def _outside(files: list, out: Path) -> list:
+    """The sources without the files of `out` itself (lm prepare DIR --out DIR/prepared): they are this command's
+    output, not text; a rerun counted them as sources added since, and --force would have read the shards."""
+    kept = [f for f in files if not Path(f.path).absolute().is_relative_to(out)]
+    if files and not kept:
+        raise DataError(f"every source file is inside --out {out}: point the source at the text, not at its output")
+    return kept
+
+
 def prepare(
     cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True, hint: str = REBUILD_HINT
 ) -> Path:
@@ -336,6 +345,7 @@ def prepare(
     cfg = data_config(cfg)
     out = Path(out or cfg.dir).expanduser().absolute()
     files, corpus = _sources(cfg)
+    files = _outside(files, out)
     _check_used(cfg, files, corpus)
     cfg = with_corpus_defaults(cfg, corpus)
     validate_data(cfg)
