@@ -231,6 +231,9 @@ def test_tokenizer_shard_mismatch(tmp_path, prepared, good):
 
 
 def test_unfinished_directory_and_model_vocab_mismatch(tmp_path, prepared):
+    with pytest.raises(DataError, match="nothing: no such directory"):
+        PackedLoader(tmp_path / "nothing", "train", 16, 2)
+    (tmp_path / "nothing").mkdir()
     with pytest.raises(DataError, match="no readable meta.json"):
         PackedLoader(tmp_path / "nothing", "train", 16, 2)
     with pytest.raises(ConfigError, match=r"model.vocab_size=10 is smaller than the tokenizer"):

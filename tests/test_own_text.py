@@ -79,6 +79,19 @@ def test_data_source_alone_selects_the_text_preset_and_a_directory_names_the_pre
     ):
         (tmp_path / "empty").mkdir()
         own_data_args([f"data={tmp_path / 'empty'}"])
+    (tmp_path / "notes.txt").write_text("some text\n")  # the text itself, where its prepared directory belongs
+    with pytest.raises(ConfigError, match=r"notes.txt is a file: train on its text with data.source=.*notes.txt$"):
+        own_data_args([f"data={tmp_path / 'notes.txt'}"])
+
+
+def test_verify_names_a_file_or_a_missing_directory_for_what_it_is(tmp_path):
+    from lm.data.manifest import open_prepared
+
+    (tmp_path / "notes.txt").write_text("some text\n")
+    with pytest.raises(DataError, match=r"notes.txt is a file, not an lm prepare directory: lm prepare .*notes.txt"):
+        open_prepared(tmp_path / "notes.txt")
+    with pytest.raises(DataError, match=r"gone: no such directory; lm prepare <text> --out .*gone makes it"):
+        open_prepared(tmp_path / "gone")
 
 
 def test_prepared_data_with_other_settings_is_never_answered_with_force(tmp_path):

@@ -36,9 +36,10 @@ def _data_choice(value: str) -> list[str]:
     if (path / "meta.json").is_file():
         return ["data=prepared", f"data.dir={path.absolute()}"]
     presets = ", ".join(sorted(p.stem for p in (conf_dir() / "data").glob("*.yaml") if p.stem != "schema"))
-    where = (
-        f"{path} has no meta.json (run lm prepare <your text> --out {path} first)"
-        if path.is_dir()
-        else f"there is no directory {path}"
-    )
+    if path.is_dir():
+        where = f"{path} has no meta.json (run lm prepare <your text> --out {path} first)"
+    elif path.is_file():
+        where = f"{path} is a file: train on its text with data.source={value}"
+    else:
+        where = f"there is no directory {path}"
     raise ConfigError(f"data={value} is neither a data preset ({presets}) nor a directory lm prepare finished: {where}")

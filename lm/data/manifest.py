@@ -61,6 +61,13 @@ def open_prepared(data_dir, checksums: bool = False) -> dict:
     missing manifest, tokenizer/shard mismatch, missing or truncated shards (and, with
     checksums=True, corrupt shards)."""
     root = Path(data_dir).expanduser()
+    if root.is_file():  # a text file given where its prepared directory belongs
+        raise DataError(
+            f"{root} is a file, not an lm prepare directory: lm prepare {root} --out <dir> prepares it (or lm train "
+            f"data.source={root} prepares and trains)"
+        )
+    if not root.exists() and not root.with_name(f".{root.name}.partial").exists():
+        raise DataError(f"{root}: no such directory; lm prepare <text> --out {root} makes it")
     meta = read_json(root / META)
     if meta is None:
         partial = root.with_name(f".{root.name}.partial")
