@@ -88,3 +88,30 @@ def test_local_gpus_launcher_on_a_machine_without_gpus(tmp_path):
     assert last_step(cells[1]) == 4
     assert f"  group: {sweep_dir.name}\n" in (cells[1] / "config.yaml").read_text()
     check_report(tmp_path, ["model.n_heads=4"], sweep_dir)
+
+
+def test_a_rerun_with_another_grid_leaves_the_finished_cells_their_names_and_results(tmp_path):
+    """The sweep run again with its grid reordered: every cell is refused (its run trained other overrides), and
+    Hydra has rewritten each cell's .hydra/overrides.yaml before the refusal. lm report still names each run by
+    what it trained with (lm train's overrides.yaml) and shows it finished: no error.txt beside a finished run.
+    The original grid again skips the cells and drops an earlier attempt's error.txt."""
+    assert sweep(tmp_path, "model/ffn=gelu,swiglu").returncode == 0
+    before = check_labels(tmp_path)
+    assert before == {"0": "model/ffn=gelu", "1": "model/ffn=swiglu"}
+    out = sweep(tmp_path, "model/ffn=swiglu,gelu")
+    assert out.returncode != 0 and "model.ffn" in out.stderr
+    assert "model/ffn=swiglu" in (tmp_path / "sweep" / "0" / ".hydra" / "overrides.yaml").read_text()
+    assert not any((tmp_path / "sweep" / c / "error.txt").exists() for c in ("0", "1"))
+    assert check_labels(tmp_path) == before
+    (tmp_path / "sweep" / "1" / "error.txt").write_text("overrides: ...\nRuntimeError: an earlier attempt\n")
+    assert sweep(tmp_path, "model/ffn=gelu,swiglu").returncode == 0
+    assert not (tmp_path / "sweep" / "1" / "error.txt").exists()
+    assert check_labels(tmp_path) == before
+
+
+def check_labels(tmp_path) -> dict:
+    """{cell: variant} of a report of tmp_path/sweep whose runs all finished."""
+    assert report([str(tmp_path / "sweep"), "-o", str(tmp_path / "report")]) == 0
+    rows = list(csv.DictReader((tmp_path / "report" / "runs.csv").read_text().splitlines()))
+    assert all(r["status"] == "ok" for r in rows), rows
+    return {r["run"].rsplit("/", 1)[1]: r["variant"] for r in rows}

@@ -124,6 +124,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
             if dist.is_main:
                 if not complete:  # a complete run's record keeps the settings its weights trained under
                     atomic_write_text(run_dir / "config.yaml", config_yaml)
+                    _record_overrides(run_dir)
                 log.info(
                     "%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
                     engine.name,
@@ -177,6 +178,16 @@ def _finished_cell(run_dir: Path, config_yaml: str, max_steps: int, dist) -> boo
     if dist.is_main:
         log.info("run_dir %s finished at step %d (train.max_steps): this cell is skipped", run_dir, found[1])
     return True
+
+
+def _record_overrides(run_dir: Path) -> None:
+    """A sweep cell's overrides beside its config.yaml (overrides.yaml), for lm report to name its variant by.
+    Hydra writes <cell>/.hydra/overrides.yaml before every job, also for a rerun with a changed grid that this
+    cell then refuses (other overrides than its run's): the copy taken here, when the run writes its record,
+    keeps naming what the run trained with."""
+    hydra_record = run_dir / ".hydra" / "overrides.yaml"
+    if hydra_record.is_file():
+        atomic_write_text(run_dir / "overrides.yaml", hydra_record.read_text())
 
 
 def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bool):

@@ -3,8 +3,9 @@
 A run directory (the lm train contract) holds config.yaml (the resolved config), metrics.jsonl
 (one JSON object per logged step; validation entries carry val_loss) and, after finetuning,
 results.json. A Hydra job directory also has .hydra/ (config.yaml, overrides.yaml) and the job's
-<name>.log. Everything here is tolerant of missing fields: a cell that crashed early is still a
-Run, with status "failed" and the reason, so the report can show it instead of dropping it.
+<name>.log; a sweep cell's run keeps its own copy of the overrides as overrides.yaml. Everything here
+is tolerant of missing fields: a cell that crashed early is still a Run, with status "failed" and the
+reason, so the report can show it instead of dropping it.
 """
 
 from __future__ import annotations
@@ -141,7 +142,10 @@ def read_config(path: Path) -> dict:
 
 
 def read_overrides(path: Path) -> list | None:
-    for candidate in (path / ".hydra" / "overrides.yaml", path / "overrides.yaml"):
+    """The overrides the run trained with: lm train's copy (overrides.yaml, written with config.yaml) before
+    Hydra's .hydra/overrides.yaml, which a later job refused in this directory (a rerun of the sweep with
+    another grid) has replaced with its own."""
+    for candidate in (path / "overrides.yaml", path / ".hydra" / "overrides.yaml"):
         if candidate.is_file():
             return [str(o) for o in (load_yaml(candidate) or [])]
     return None

@@ -5,6 +5,12 @@ the sweep, so nothing in the cell's directory would say why it failed. This writ
 to <run_dir>/error.txt, which lm report shows in its table. lm train reports a ConfigError as a
 log line and exits (lm.sweep.launchers turns that exit into a CellExited failure), so the
 error lines logged during the cell are appended: the reason is the last of them.
+
+error.txt says why the cell's run is not a result, so it is kept only while that is true: a cell that
+completes (a rerun of the sweep trained it to the end, or found it finished) drops an earlier attempt's
+error.txt, and a failure never writes one beside a run that lm report reads as finished (a rerun with a
+changed grid, refused for the cell's other overrides, or a rerun whose data could not be prepared): that
+run is still a result, and the error is the new job's, printed by the sweep.
 """
 
 from __future__ import annotations
@@ -16,6 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+
+from lm.report.runs import ERROR_FILE
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether run_dir holds a run lm report reads as finished (its metrics reach its train.max_steps)."""
+    from lm.report.runs import ReportError, load_run
+
+    if not (run_dir / "metrics.jsonl").is_file():
+        return False
+    try:
+        return load_run(run_dir).ok
+    except (ReportError, OSError):
+        return False
 
 
 def cell_dir(config: Any) -> Path:
@@ -43,17 +63,19 @@ class RecordFailure(Callback):
         from hydra.core.utils import JobStatus
 
         logged = self._stop_listening()
-        if job_return.status != JobStatus.FAILED:
+        run_dir = cell_dir(config)
+        if job_return.status == JobStatus.COMPLETED:
+            (run_dir / ERROR_FILE).unlink(missing_ok=True)  # an earlier attempt's: this one trained or skipped it
+        if job_return.status != JobStatus.FAILED or _finished(run_dir):
             return
         error = job_return._return_value  # the exception; .return_value would re-raise it
-        run_dir = cell_dir(config)
         run_dir.mkdir(parents=True, exist_ok=True)
         text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         if logged:
             text += "logged errors:\n" + "".join(f"{line}\n" for line in logged)
         tmp = run_dir / ".error.txt.tmp"
         tmp.write_text(f"overrides: {' '.join(config.hydra.overrides.task)}\n{text}")
-        os.replace(tmp, run_dir / "error.txt")
+        os.replace(tmp, run_dir / ERROR_FILE)
 
     def _stop_listening(self) -> list:
         if self._errors is None:
