@@ -327,6 +327,8 @@ def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
             "tie_embeddings=false",
         ),
         (lambda: _ours(arch="encoder", pos=RoPEConfig(scaling="linear", factor=2.0)), "pos.scaling=linear"),
+        # BERT's layout with a gated FFN (lm train model=bert model/ffn=geglu): a KeyError traceback in lm export
+        (lambda: _ours(**BERT_LAYOUT, ffn=GLUConfig(activation="gelu")), "glu=True"),
     ],
 )
 def test_to_hf_refuses_what_it_cannot_represent(cfg, match):

@@ -38,8 +38,8 @@ def _family_of(cfg: ModelConfig) -> str:
         return "gpt2"
     if cfg.arch == "decoder" and norm == "RMSNorm" and pos == "RoPE" and glu and cfg.norm_position == "pre":
         return "llama"
-    if cfg.arch == "encoder" and norm == "LayerNorm" and pos == "Learned" and cfg.norm_position == "post":
-        return "bert"
+    if cfg.arch == "encoder" and norm == "LayerNorm" and pos == "Learned" and not glu and cfg.norm_position == "post":
+        return "bert"  # BertLayer's FFN is one up and one down projection: no gate
     if cfg.arch == "encoder" and norm == "LayerNorm" and pos == "RoPE" and not glu and cfg.norm_position == "pre":
         return "esm"
     if cfg.arch == "encoder_decoder" and norm == "RMSNorm" and pos == "T5Bias" and cfg.norm_position == "pre":
