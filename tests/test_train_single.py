@@ -368,3 +368,23 @@ def test_a_second_ctrl_c_aborts_at_once_without_a_checkpoint(tmp_path, monkeypat
     assert str(e.value) == f"run the same command to resume from {tmp_path / 'checkpoints' / 'step_00000004'}"
     assert max(train_losses(tmp_path)) == 4
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_keep_last_keeps_a_checkpoint_holding_an_export_and_prunes_it_once_moved(tmp_path, caplog):
+    """lm export's default output is <checkpoint>/export: a run continued with a larger train.max_steps used to prune
+    that checkpoint, export and all, at its next save."""
+    from lm.cli.export import export
+
+    run(tmp_path, steps=4, ckpt_interval=4, keep_last=1)
+    first = tmp_path / "checkpoints" / "step_00000004"
+    out = export(tmp_path, hf=False)
+    assert out == first / "export"
+    with caplog.at_level("WARNING", logger="lm"):
+        run(tmp_path, steps=12, ckpt_interval=4, keep_last=1)
+    assert (out / "model.safetensors").is_file()
+    assert caplog.text.count(f"kept {first} past train.keep_last=1: it holds export") == 1
+    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert ckpts == ["latest", "step_00000004", "step_00000012"]  # step 8 pruned as usual
+    out.rename(tmp_path / "export")
+    run(tmp_path, steps=16, ckpt_interval=4, keep_last=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000016"]

@@ -165,6 +165,7 @@ class Checkpointer:
         self.root = Path(run_dir) / "checkpoints"
         self.engine = engine
         self.keep_last = keep_last
+        self._kept: set[Path] = set()  # checkpoints _prune keeps for the files added to them (logged once)
         self.config_yaml = config_yaml  # the run's resolved config, copied into every checkpoint
         self._verified: Path | None = None  # what resume_point checked against its manifest (not hashed twice)
         # called with "begin" as a save starts (every rank), then each of SAVE_PHASES (lm.core.hooks.Hooks.save_phase)
@@ -298,11 +299,25 @@ class Checkpointer:
         ) from error
 
     def _prune(self) -> None:
+        """Remove the checkpoints older than the last train.keep_last, except one that holds what the checkpoint
+        did not write (lm export's default <checkpoint>/export, lm eval's eval_results.json): it stays, said once."""
         keep = self.latest()
         done = sorted(p for p in step_dirs(self.root) if (p / "trainer.json").exists())
         for old in done[: -self.keep_last]:
-            if old != keep:
+            if old == keep:
+                continue
+            added = added_files(old)
+            if not added:
                 shutil.rmtree(old, ignore_errors=True)
+            elif old not in self._kept:
+                self._kept.add(old)
+                log.warning(
+                    "kept %s past train.keep_last=%d: it holds %s, which the checkpoint did not write (an lm export, "
+                    "eval results); move them out of it and a later checkpoint prunes it",
+                    old,
+                    self.keep_last,
+                    ", ".join(added),
+                )
 
     def _check_intact(self, path: Path) -> None:
         """Raise (every rank) unless `path` matches its manifest; rank 0 checks. No fallback here: the
@@ -407,6 +422,21 @@ def damage(ckpt: Path) -> str | None:
         if _sha256(path) != want["sha256"]:
             return f"{name} does not match the sha256 written with it (its bytes changed since)"
     return None
+
+
+def added_files(ckpt: Path) -> list[str]:
+    """The names in checkpoint `ckpt` that it did not write (not in its manifest): an lm export's export/, lm eval's
+    eval_results.json. [] for a checkpoint without a readable manifest (written before checksums): all its own."""
+    try:
+        listed = json.loads((Path(ckpt) / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    own = {name.split("/", 1)[0] for name in listed} | set(UNSEALED)
+    return sorted(
+        p.name
+        for p in Path(ckpt).iterdir()
+        if p.name not in own and (p.is_file() or any(f.is_file() for f in p.rglob("*")))  # not an empty directory
+    )
 
 
 def _read_pointer(root: Path) -> tuple[str | None, str | None]:
