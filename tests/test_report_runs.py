@@ -199,3 +199,19 @@ def test_default_baseline_is_the_first_variant_that_finished(tmp_path):
     rows = list(csv.DictReader((tmp_path / "out" / "report.csv").read_text().splitlines()))
     assert [r["variant"] for r in rows] == ["model/ffn=relu", "model/ffn=gelu", "model/ffn=swiglu"]
     assert rows[1]["final_loss_delta"] == "" and float(rows[2]["final_loss_delta"]) == pytest.approx(-0.1)
+
+
+def test_a_multi_line_error_of_a_cell_reaches_the_report_whole(tmp_path):
+    """A resume refusal lists its fields below "old -> new:"; the report's reason kept only that first line."""
+    import logging
+
+    from lm.report.runs import load_run
+    from lm.sweep.callbacks import _ErrorLines
+
+    lines = _ErrorLines()
+    record = logging.LogRecord("lm", logging.ERROR, __file__, 1, "ConfigError: %s", None, None)
+    record.args = ("resume r: these fields differ, old -> new:\n  model.ffn.activation: 'gelu' -> 'swiglu'",)
+    lines.emit(record)
+    (tmp_path / "error.txt").write_text("Traceback ...\nCellExited: exit 1\nlogged errors:\n" + lines.lines[0] + "\n")
+    reason = load_run(tmp_path).reason
+    assert reason.endswith("old -> new: model.ffn.activation: 'gelu' -> 'swiglu'"), reason

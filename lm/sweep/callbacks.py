@@ -48,7 +48,9 @@ class _ErrorLines(logging.Handler):
         self.lines: list = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        # one line per error: lm report shows error.txt's last error line, which cut a resume refusal (its fields
+        # listed below "old -> new:") at its first line
+        self.lines.append(" ".join(record.getMessage().split()))
 
 
 class RecordFailure(Callback):
