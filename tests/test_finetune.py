@@ -74,18 +74,25 @@ def easy_glue(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory, easy_glue):
     """A 3-step lm train run (single engine) on a BPE tokenizer of 320 tokens; returns its run dir."""
-    from lm.cli.train import train
-    from lm.config import register_train_configs
-
     work = tmp_path_factory.mktemp("pretrain")
     rng = random.Random(1)
     text = "\n".join(sentence(rng, i % 2) for i in range(600)) + "\n"
     (work / "corpus.txt").write_text(text)
+    pretrain(work, work / "run", max_steps=3)
+    return work
+
+
+def pretrain(work, run_dir, max_steps: int) -> None:
+    """lm train of the `pretrained` fixture's run (its corpus and data dir under `work`) to max_steps in run_dir:
+    the same command continues a copy of the run."""
+    from lm.cli.train import train
+    from lm.config import register_train_configs
+
     register_train_configs()
     overrides = [
         *TINY,
-        f"run_dir={work / 'run'}",
-        "train.max_steps=3",
+        f"run_dir={run_dir}",
+        f"train.max_steps={max_steps}",
         "train.seq_len=32",
         "train.micro_batch_size=4",
         "train.eval_interval=0",
@@ -108,7 +115,6 @@ def pretrained(tmp_path_factory, easy_glue):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
     train(cfg)
-    return work
 
 
 def finetune_cfg(run_dir, overrides):

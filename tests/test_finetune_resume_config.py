@@ -18,7 +18,7 @@ from lm.cli.finetune import finetune
 from lm.config import ConfigError
 from lm.glue.run import _checkpoint_digest, _with_moved_paths
 from lm.glue.trainer import GlueTask
-from tests.test_finetune import TINY, easy_task, finetune_cfg
+from tests.test_finetune import TINY, easy_task, finetune_cfg, pretrain
 from tests.test_finetune import easy_glue as easy_glue  # fixtures, re-exported
 from tests.test_finetune import pretrained as pretrained
 
@@ -198,6 +198,26 @@ def test_a_finished_pair_is_reused_from_a_moved_pretraining_run_but_not_a_damage
     saved = torch.load(result, weights_only=True)["config_yaml"]
     new = saved.replace(str(pretrained / "run"), str(moved))
     assert new != saved and _with_moved_paths(saved, new, result) == new  # so the pair is refused on init
+
+
+def test_a_finished_pair_is_not_reused_once_its_init_run_pretrained_further(tmp_path, easy_glue, pretrained):
+    """init=<run> names the run's latest checkpoint: after more pretraining under the same path, a finished pair
+    (and so results.json, or lm transfer's table at more tokens) would report the old weights as the new ones."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(pretrained / "run", run, ignore=shutil.ignore_patterns(".lock"))
+    run_dir, cfg = tmp_path / "ft", ["init=" + str(run), *overrides(easy_glue, pretrained)[1:]]
+    finetune(finetune_cfg(run_dir, cfg))
+    result = run_dir / "sst2" / "seed0" / "result.pt"
+    before = result.read_bytes()
+    pretrain(pretrained, run, max_steps=6)  # the same run, 3 steps more
+    with pytest.raises(ConfigError) as e:
+        finetune(finetune_cfg(run_dir, cfg))
+    msg = str(e.value)
+    assert f"cannot reuse the finished {result}" in msg and "init_weights: 'step_00000003, manifest sha256" in msg
+    assert "-> 'step_00000006, manifest sha256" in msg and f"delete {result.parent} to train" in msg
+    assert result.read_bytes() == before  # kept as it was
 
 
 def test_a_finished_pair_is_reused_with_a_moved_copy_of_its_tokenizer_but_not_another(

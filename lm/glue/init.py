@@ -48,6 +48,9 @@ class Backbone:
     tokenizer: Any  # lm.data.tokenizer.Tokenizer
     source: str  # what it was loaded from, for results.json
     pretrain: dict | None = None  # the pretraining run's resolved config (wandb group), if known
+    # which weights init= held when loaded (a checkpoint's manifest sha256, an export's model.safetensors sha256):
+    # a finished task/seed pair is not reused once its run has pretrained further under the same init= path
+    weights: str | None = None
 
 
 def load_backbone(init: str, tokenizer: str | None = None, model_node=None) -> Backbone:
@@ -88,7 +91,7 @@ def _from_checkpoint(saved: SavedModel, tokenizer: str | None) -> Backbone:
     cfg = model_from_saved(pretrain["model"])
     weights = saved.state_dict()  # verifies the checkpoint's files first
     tok = _pretraining_tokenizer(pretrain, tokenizer, ckpt, _recorded_tokenizer_sha256(ckpt))
-    return Backbone(cfg, weights, tok, str(ckpt), pretrain)
+    return Backbone(cfg, weights, tok, str(ckpt), pretrain, _checkpoint_weights(ckpt))
 
 
 def _from_export(saved: SavedModel, tokenizer: str | None) -> Backbone:
@@ -105,7 +108,27 @@ def _from_export(saved: SavedModel, tokenizer: str | None) -> Backbone:
             f"the embedding of {path} ({cfg.vocab_size} rows)",
             "pass the tokenizer the model was pretrained with",
         )
-    return Backbone(cfg, saved.state_dict(), tok, str(path), pretrain)
+    weights = f"model.safetensors sha256 {_file_sha256(path / 'model.safetensors')}"
+    return Backbone(cfg, saved.state_dict(), tok, str(path), pretrain, weights)
+
+
+def _checkpoint_weights(ckpt: Path) -> str:
+    """A checkpoint's identity: its step directory's name and manifest sha256 (verified with its files when the
+    weights were read; a checkpoint older than manifests: its name alone)."""
+    from lm.core.checkpoint import read_trainer
+
+    digest = read_trainer(ckpt).get("manifest_sha256")
+    return f"{ckpt.name}, manifest sha256 {digest}" if digest else ckpt.name
+
+
+def _file_sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _recorded_tokenizer_sha256(ckpt: Path) -> str | None:

@@ -435,11 +435,15 @@ def _pair_yaml(config: dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -
 def pair_config(config: dict, backbone: Backbone, t: GlueTaskConfig, seed: int) -> dict:
     """The config a task/seed pair's checkpoints record and resume compares (FINETUNE_RESUMABLE in
     lm/core/resume.py): the job's, with the pair's own settings under `task` instead of every task's
-    `tasks`, and the model as built (with init=<run> that is the checkpoint's model, not `model=`). A grid cell's
-    lr, batch size and epochs are in its `task`; the `protocol` node, which only says which cells run, is left
-    out, so a grid extended later reuses the cells it finished."""
+    `tasks`, the model as built (with init=<run> that is the checkpoint's model, not `model=`) and which
+    weights init= held (`init_weights`). A grid cell's lr, batch size and epochs are in its `task`; the
+    `protocol` node, which only says which cells run, is left out, so a grid extended later reuses the cells
+    it finished."""
     rest = {k: v for k, v in config.items() if k not in ("tasks", "model", "protocol")}  # `task` holds a cell's own
-    return {**rest, "model": _plain(backbone.model_cfg), "task": _plain(t), "seed": seed}
+    pair = {**rest, "model": _plain(backbone.model_cfg), "task": _plain(t), "seed": seed}
+    # the weights init= held (None: init=none): a run pretrained further since is another start, though its path
+    # is the same; a pair finished before this was recorded lacks the key, and is compared without it
+    return {**pair, "init_weights": backbone.weights}
 
 
 def _plain(dataclass_obj) -> dict:
