@@ -4,6 +4,7 @@ scratch arm of another recipe)."""
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -119,6 +120,15 @@ def test_finetuning_with_another_tokenizer_or_model_is_refused():
         ):
             check_finetune_overrides(["tasks.sst2.epochs=1", bad])
     check_finetune_overrides(["tasks.sst2.epochs=1", "pooling=last", "optim.lr=1e-4"])
+
+
+def test_a_finetuning_override_of_the_tasks_or_seeds_names_the_recipes_flag():
+    """--finetune task=... or tasks.<task>.seeds=... would finetune other tasks or seeds than the records and the
+    table say (--tasks rte --finetune 'task=[glue/rte,glue/cola]' finetuned CoLA's full train set too)."""
+    for bad, flag in (("task=[glue/rte,glue/cola]", "--tasks"), ("tasks.rte.seeds=[3]", "--seeds")):
+        with pytest.raises(TransferError, match=rf"--finetune {re.escape(bad)}: .* use {flag} instead"):
+            check_finetune_overrides(["tasks.rte.epochs=1", bad])
+    check_finetune_overrides(["tasks.rte.max_train_examples=64", "glue.max_train_examples=64"])
 
 
 def test_a_pretraining_run_with_another_tokenizer_is_refused(tmp_path, corpus, easy_glue):  # noqa: F811

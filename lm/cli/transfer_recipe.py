@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import platform
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +135,12 @@ def tokens_per_step(cfg) -> int:
 def check_finetune_overrides(overrides: list[str]) -> None:
     for o in overrides:
         key = o.lstrip("+~").split("=", 1)[0]
+        flag = {"task": "--tasks"}.get(key) or ("--seeds" if re.fullmatch(r"tasks\.[^.]+\.seeds", key) else None)
+        if flag:  # the recipe's own choice, which its records and table report: a --finetune one would replace it
+            raise TransferError(
+                f"--finetune {o}: the recipe chooses the {flag[2:]} of both arms itself (its table and records name "
+                f"them); use {flag} instead (e.g. {'--tasks rte,mrpc' if flag == '--tasks' else '--seeds 0,1,2'})"
+            )
         if key.split(".")[0].split("/")[0] in FIXED:
             raise TransferError(
                 f"--finetune {o}: the recipe sets {key.split('.')[0]} itself. Both arms finetune the pretraining "
