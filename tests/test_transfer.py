@@ -656,6 +656,36 @@ def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, c
     assert not (tmp_path / "x").exists()
 
 
+def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):
+    """A hand-edited or damaged record (no dir, no run seconds, results that are no results.json) is a TransferError
+    naming the file and the call that writes it again, not a KeyError/TypeError traceback; nothing is written."""
+    from lm.cli.transfer_join import join_arms
+
+    results = {"columns": {"rte": {"metrics": ["acc"], "seeds": {"0": {"acc": 50.0}}, "median": {"acc": 50.0}}}}
+    run = {"command": "lm transfer", "machine": "m", "finished": "", "seconds": 1.0}
+    recipe = {"preset": "p", "arch": "decoder", "objective": "causal LM", "finetune_note": "", "tokens": 2048}
+    recipe |= {"steps": 1, "tokens_per_step": 2048, "val_loss": None, "probe": None}
+    good = {"recipe": recipe, "shared": {"seeds": [0]}, "dir": "d", "results": results, "run": run}
+    scratch = tmp_path / "scratch.json"
+    scratch.write_text(json.dumps({"arm": "scratch", **good}))
+    for name, damage in {
+        "nodir": {"dir": None},
+        "norun": {"run": {}},
+        "columns": {"results": {"columns": 3}},
+        "noresults": {"results": {}},
+        "shared": {"shared": None},
+        "recipe": {"recipe": {"preset": "p"}},
+    }.items():
+        record = {"arm": "pretrained", **good, **damage}
+        record = {k: v for k, v in record.items() if v is not None or k != "dir"}
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+        with pytest.raises(TransferError, match=rf"{name}.json: (a damaged|not an) lm transfer arm record"):
+            join_arms([scratch, tmp_path / f"{name}.json"], tmp_path / "x", "")
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "ok.json").write_text(json.dumps({"arm": "pretrained", **good}))
+    assert join_arms([scratch, tmp_path / "ok.json"], tmp_path / "x", "")["comparison"]["tasks"]["rte"]["gain"] == 0
+
+
 def test_a_failed_lane_is_an_error_naming_its_log(tmp_path, corpus, easy_glue, monkeypatch):  # noqa: F811
     import lm.cli.transfer_lane as lane
 

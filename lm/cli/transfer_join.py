@@ -53,16 +53,18 @@ def join_arms(paths: list[Path], out: Path, command: str) -> dict:
     """The table from two arm records (write_arm_record), one per arm: <out>/transfer.{json,md}. The arms must
     agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, budget, finetuning), as a
     curve's runs must to share a scratch arm; the pretraining's settings are the pretrained arm's alone."""
-    from lm.report.transfer import compare, scores_of
+    from lm.report.transfer import compare, scores_of, transfer_table
 
-    records = {}
+    records, scores, where = {}, {}, {}
     for path in paths:
         try:
             record = json.loads(Path(path).read_text())
         except (OSError, ValueError) as e:
             raise TransferError(f"{path}: cannot be read as JSON ({type(e).__name__}: {e})") from e
         missing = [
-            k for k in ("arm", "recipe", "shared", "results", "run") if not isinstance(record, dict) or k not in record
+            k
+            for k in ("arm", "recipe", "shared", "dir", "results", "run")
+            if not isinstance(record, dict) or k not in record
         ]
         if missing or record["arm"] not in ("scratch", "pretrained"):
             raise TransferError(
@@ -70,12 +72,24 @@ def join_arms(paths: list[Path], out: Path, command: str) -> dict:
                 f"call with --arm scratch or --arm pretrained writes one as <out>/transfer_<arm>.json"
             )
         arm = record["arm"]
+        try:  # an edited or damaged record: one line naming it, not a KeyError deep in the table
+            if not isinstance(record["shared"], dict) or not isinstance(record["recipe"], dict):
+                raise TypeError("its recipe or shared settings are not a JSON object")
+            run = record["run"]
+            if not isinstance(run, dict) or not isinstance(run.get("seconds"), (int, float)) or "machine" not in run:
+                raise TypeError("its run has no seconds or machine")
+            scores[arm] = scores_of(record["results"])
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise TransferError(
+                f"{path}: a damaged lm transfer arm record ({type(e).__name__}: {e}); the same --arm {arm} call "
+                f"writes it again (its finished work is read back)"
+            ) from None
         if arm in records:
             raise TransferError(
                 f"{paths[0]} and {paths[1]} are both the {arm} arm; --join takes one scratch and "
                 f"one pretrained arm record"
             )
-        records[arm] = record
+        records[arm], where[arm] = record, path
     scratch, pretrained = records["scratch"], records["pretrained"]
     old, new = scratch["shared"], pretrained["shared"]
     diff = sorted(k for k in set(old) | set(new) if not same_value(k, old.get(k), new.get(k)))
@@ -88,12 +102,19 @@ def join_arms(paths: list[Path], out: Path, command: str) -> dict:
     summary = {
         "recipe": pretrained["recipe"],
         "arms": {a: f"{records[a]['dir']} ({records[a]['run']['machine']})" for a in ("scratch", "pretrained")},
-        "comparison": compare(scores_of(scratch["results"]), scores_of(pretrained["results"])),
+        "comparison": compare(scores["scratch"], scores["pretrained"]),
         "run": {
             **run_record(command, scratch["run"]["seconds"] + pretrained["run"]["seconds"]),
             "arms": {a: records[a]["run"] for a in ("scratch", "pretrained")},
         },
     }
+    try:  # the table's recipe line, before anything is written
+        transfer_table(summary)
+    except (KeyError, TypeError, ValueError) as e:
+        raise TransferError(
+            f"{where['pretrained']}: a damaged lm transfer arm record (its recipe: "
+            f"{type(e).__name__}: {e}); the same --arm pretrained call writes it again (its finished work is read back)"
+        ) from None
     out.mkdir(parents=True, exist_ok=True)
     return write_table(out, summary)
 
