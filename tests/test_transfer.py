@@ -523,6 +523,21 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
         check_scratch_arm(r, {"pooling": "mean", "model": {**node, "dim": 64}})
 
 
+def test_a_damaged_scratch_arm_record_is_one_line_and_kept(tmp_path):
+    """A transfer_arm.json cut short or not a JSON object is refused naming it and the fix (it was a JSONDecodeError
+    or AttributeError traceback); the file is left as it was."""
+    from lm.cli.transfer_recipe import check_scratch_arm
+
+    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
+    r.scratch.mkdir()
+    path = r.scratch / "transfer_arm.json"
+    for text in ('{"tokenizer_sha', "[1]"):
+        path.write_text(text)
+        with pytest.raises(TransferError, match=rf"{re.escape(str(path))} is damaged .* Delete it and the same"):
+            check_scratch_arm(r, {"pooling": "mean"})
+        assert path.read_text() == text
+
+
 def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_path):
     """Both arms read MRPC's and STS-B's pairs as siamese pairs and RTE's as one text (the budget); a --finetune
     override of pair_input wins; a scratch arm recorded under another budget (or before the budget was recorded)

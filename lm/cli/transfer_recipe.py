@@ -213,7 +213,17 @@ def check_scratch_arm(r: Recipe, record: dict) -> None:
     """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings."""
     path = r.scratch / "transfer_arm.json"
     if path.is_file():
-        old = json.loads(path.read_text())
+        try:
+            old = json.loads(path.read_text())
+        except ValueError as e:  # not JSON, or not UTF-8
+            old = e
+        if not isinstance(old, dict):
+            raise TransferError(
+                f"{path} is damaged ({old if isinstance(old, ValueError) else 'not a JSON object'}); it records which "
+                f"recipe the scratch arm in {r.scratch} belongs to. Delete it and the same command records this "
+                f"recipe again (lm finetune still refuses a finished task/seed of other settings), or pass another "
+                f"--scratch"
+            )
         diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
         if diff:
             raise TransferError(
