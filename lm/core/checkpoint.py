@@ -30,7 +30,6 @@ task state (a global position) and keeps its freshly seeded RNGs.
 Consolidating a sharded (ZeRO/FSDP2) checkpoint into one file: `lm export` (lm/cli/export.py).
 """
 
-import hashlib
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ import numpy as np
 import torch
 
 from lm.core.async_save import BackgroundWrite
+from lm.core.files import file_sha256
 from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
@@ -384,20 +384,12 @@ class Checkpointer:
 # -- checksums -------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):  # hashlib.file_digest needs Python 3.11
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_manifest(ckpt: Path) -> str:
     """sha256 + size of every file but trainer.json (which records the manifest's own sha256, returned)."""
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and str(p.relative_to(ckpt)) not in UNSEALED)
-    entries = {str(p.relative_to(ckpt)): {"sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}
+    entries = {str(p.relative_to(ckpt)): {"sha256": file_sha256(p), "bytes": p.stat().st_size} for p in files}
     _write_durably(ckpt / MANIFEST, json.dumps({"files": entries}, indent=1))
-    return _sha256(ckpt / MANIFEST)
+    return file_sha256(ckpt / MANIFEST)
 
 
 def damage(ckpt: Path) -> str | None:
@@ -411,7 +403,7 @@ def damage(ckpt: Path) -> str | None:
     if "manifest_sha256" not in trainer:
         return None  # written before checkpoints had checksums: nothing to compare with
     manifest = ckpt / MANIFEST
-    if not manifest.is_file() or _sha256(manifest) != trainer["manifest_sha256"]:
+    if not manifest.is_file() or file_sha256(manifest) != trainer["manifest_sha256"]:
         return f"{MANIFEST} is missing or does not match the sha256 recorded in trainer.json"
     for name, want in json.loads(manifest.read_text())["files"].items():
         path = ckpt / name
@@ -419,7 +411,7 @@ def damage(ckpt: Path) -> str | None:
             return f"{name} is missing"
         if path.stat().st_size != want["bytes"]:
             return f"{name} has {path.stat().st_size} bytes, {want['bytes']} when written (truncated or overwritten)"
-        if _sha256(path) != want["sha256"]:
+        if file_sha256(path) != want["sha256"]:
             return f"{name} does not match the sha256 written with it (its bytes changed since)"
     return None
 

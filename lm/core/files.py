@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -22,3 +23,12 @@ def atomic_write_text(path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in blocks (a checkpoint's shards, an export's weights: gigabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):  # hashlib.file_digest needs Python 3.11
+            digest.update(block)
+    return digest.hexdigest()

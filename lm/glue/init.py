@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lm.config import ConfigError
+from lm.core.files import file_sha256
 
 if TYPE_CHECKING:
     from lm.core.saved_model import SavedModel
@@ -108,7 +109,7 @@ def _from_export(saved: SavedModel, tokenizer: str | None) -> Backbone:
             f"the embedding of {path} ({cfg.vocab_size} rows)",
             "pass the tokenizer the model was pretrained with",
         )
-    weights = f"model.safetensors sha256 {_file_sha256(path / 'model.safetensors')}"
+    weights = f"model.safetensors sha256 {file_sha256(path / 'model.safetensors')}"
     return Backbone(cfg, saved.state_dict(), tok, str(path), pretrain, weights)
 
 
@@ -119,16 +120,6 @@ def _checkpoint_weights(ckpt: Path) -> str:
 
     digest = read_trainer(ckpt).get("manifest_sha256")
     return f"{ckpt.name}, manifest sha256 {digest}" if digest else ckpt.name
-
-
-def _file_sha256(path: Path) -> str:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _recorded_tokenizer_sha256(ckpt: Path) -> str | None:
