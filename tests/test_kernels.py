@@ -121,7 +121,7 @@ def test_lm_train_refuses_a_kernel_on_the_cpu_in_one_line(tmp_path):
     "overrides, says",
     [
         (["model/norm=fixup", "model.kernels.norm=liger"], "model/norm=layernorm|rmsnorm only, not model/norm=fixup"),
-        (["model/ffn=gelu", "model.kernels.glu=liger"], "model/ffn=swiglu|glu only, not model/ffn=mlp"),
+        (["model/ffn=gelu", "model.kernels.glu=liger"], "model/ffn=swiglu|glu only, not model/ffn=gelu"),
         (["model/ffn=geglu", "model.kernels.glu=liger"], "set model.ffn.activation=gelu_tanh"),
         (["model.loss_chunk_size=64", "model.kernels.cross_entropy=liger"], "set model.loss_chunk_size=0"),
         (

@@ -62,6 +62,21 @@ def test_every_zoo_option_is_registered_and_has_an_option_file():
         assert any(p.parent.name == slot and schema_name(cls) in t for p, t in texts.items()), (slot, cls)
 
 
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "conf" / "model").glob("*/*.yaml")), ids=lambda p: p.parent.name + "/" + p.stem
+)
+def test_messages_name_each_option_as_its_file(path):
+    """option_name (what refusals print as model/<slot>=<name>) is the file a user picks, not the schema's class:
+    model/attn=synthesizer_dense was printed as synthesizerdense, model/ffn=swiglu as glu, model/pos=t5_bias as
+    t5bias, model/norm=rezero_layernorm as rezero, model/stack=universal as shared."""
+    import lm.zoo  # noqa: F401
+    from lm.config import compose_group, register_train_configs
+    from lm.model.options import option_name
+
+    register_train_configs()
+    assert option_name(compose_group(f"model/{path.parent.name}", path.stem)) == path.stem
+
+
 ZOO_SLOTS = ("attn", "block", "stack", "memory", "embedding", "output")
 ZOO_OPTIONS = [(slot, p.stem) for slot in ZOO_SLOTS for p in sorted((ROOT / "conf" / "model" / slot).glob("*.yaml"))]
 # funnel: the groups must sum to model.n_layers; a banded table or torch's adaptive softmax cannot be tied

@@ -412,7 +412,7 @@ def test_bools_keep_their_meaning_for_saved_configs():
     [
         ("gpt2", ["model/embedding=factorized", "model.embedding.rank=32"], "model/embedding=factorized"),
         ("gpt2", ["model/stack=shared"], "model/stack=shared"),
-        ("llama", ["model.n_kv_heads=1", "model/stack=universal"], "model/stack=shared"),
+        ("llama", ["model.n_kv_heads=1", "model/stack=universal"], "model/stack=universal"),
         ("t5", ["model.tie_embeddings=none"], "model.tie_embeddings=none"),
         ("gpt2", ["model/norm=rezero_layernorm"], "norm=rezero_norm"),
         ("gpt2", ["model/ffn=liglu"], "liglu|activation|GLU|glu"),

@@ -149,7 +149,7 @@ def test_parameters_and_flops_from_the_config():
     [
         ("model/pos=rope", "model/pos=rope"),
         ("model/norm=rmsnorm", "model/norm=rmsnorm"),
-        ("model/ffn=swiglu", "model/ffn=glu"),
+        ("model/ffn=swiglu", "model/ffn=swiglu"),
         ("model.n_heads=8", "model.n_heads=8"),
         ("model.qk_norm=true", "model.qk_norm=True"),
         ("model.activation_checkpointing=true", "activation_checkpointing"),

@@ -82,7 +82,22 @@ class FFNConfig(Component):
     hidden_dim: int | None = None
 
 
-MLPConfig = target_option("ffn", "MLPConfig", "lm.model.ffn.MLP")
+# conf/model/ffn/<file>.yaml of an MLP / GLU node, by its activation (several files share each schema), for messages
+MLP_FILES = {Activation.silu: "swish"}  # the others are named after their activation (relu, gelu, elu, ...)
+GLU_FILES = {
+    Activation.silu: "swiglu",
+    Activation.gelu: "geglu",
+    Activation.relu: "reglu",
+    Activation.sigmoid: "glu",
+    Activation.linear: "liglu",
+}
+
+MLPConfig = target_option(
+    "ffn",
+    "MLPConfig",
+    "lm.model.ffn.MLP",
+    option_file=property(lambda self: MLP_FILES.get(Activation(self.activation), Activation(self.activation).value)),
+)
 
 
 @register("ffn")
@@ -91,6 +106,10 @@ class GLUConfig(FFNConfig):
     _target_: str = "lm.model.ffn.GLU"
     activation: Activation = Activation.silu
     hidden_mult: float = 8 / 3  # parameter-matched to an MLP of 4*dim (Shazeer 2020)
+
+    @property
+    def option_file(self) -> str:
+        return GLU_FILES.get(Activation(self.activation), "glu")
 
 
 # -- model/ffn=moe|switch (issue #20): lm/model/moe.py ---------------------------------------------
@@ -136,7 +155,7 @@ class PosConfig(Component):
 
 
 LearnedConfig = target_option("pos", "LearnedConfig", "lm.model.position.Learned")
-NoPositionConfig = target_option("pos", "NoPositionConfig", "lm.model.position.NoPosition")
+NoPositionConfig = target_option("pos", "NoPositionConfig", "lm.model.position.NoPosition", option_file="none")
 
 
 @register("pos")
@@ -165,6 +184,11 @@ class RoPEConfig(PosConfig):
     high_freq_factor: float = 4.0  # llama3 only
     original_max_seq_len: int | None = None  # the trained context; None = model.max_seq_len
 
+    @property
+    def option_file(self) -> str:
+        """rope, or rope_<scaling> (conf/model/pos/rope_linear.yaml, ...)."""
+        return "rope" if self.scaling is None else f"rope_{RopeScaling(self.scaling).value}"
+
 
 ALiBiConfig = target_option("pos", "ALiBiConfig", "lm.model.position.ALiBi")
 
@@ -173,6 +197,7 @@ ALiBiConfig = target_option("pos", "ALiBiConfig", "lm.model.position.ALiBi")
 @dataclass
 class T5BiasConfig(PosConfig):
     _target_: str = "lm.model.position.T5Bias"
+    option_file: ClassVar[str] = "t5_bias"
     num_buckets: int = 32
     max_distance: int = 128
 
@@ -221,6 +246,7 @@ ScaledDotConfig = target_option(
     "ScaledDotConfig",
     "lm.model.scores.ScaledDot",
     "softmax(q k^T / sqrt(d)) (Vaswani et al. 2017) on SDPA's fused kernels: the default.",
+    option_file="scaled_dot",
 )
 
 

@@ -45,16 +45,23 @@ def register(slot_name: str):
     return add
 
 
-def target_option(slot_name: str, name: str, target: str, doc: str = "", base: type | None = None) -> type:
+def target_option(
+    slot_name: str, name: str, target: str, doc: str = "", base: type | None = None, option_file=None
+) -> type:
     """An option that is nothing but what it builds: the dataclass `name`, a subclass of `base` (default: the
     slot's base) whose `_target_` is `target`, registered for the slot and defined in the calling module (pickled
-    configs and the option file's schema name find it there). One line instead of the same five-line class."""
+    configs and the option file's schema name find it there). One line instead of the same five-line class.
+    `option_file`: its conf/model/<slot>/ file's name when that is not the class name lowered (a string, or a
+    property when several files share the schema); lm.model.options.option_name reads it for messages."""
     module = sys._getframe(1).f_globals["__name__"]
+    namespace = {"__doc__": doc or f"{name}: builds {target}.", "__module__": module}
+    if option_file is not None:
+        namespace["option_file"] = option_file
     cls = make_dataclass(
         name,
         [("_target_", str, field(default=target))],
         bases=(base or _SLOTS[slot_name],),
-        namespace={"__doc__": doc or f"{name}: builds {target}.", "__module__": module},
+        namespace=namespace,
     )
     return register(slot_name)(cls)
 

@@ -69,7 +69,7 @@ class _ConvConfig(AttnConfig):
             )
         if isinstance(model.pos, (ALiBiConfig, T5BiasConfig)):
             raise ConfigError(
-                f"model.pos._target_={model.pos._target_} biases attention scores, which "
+                f"model/pos={option_name(model.pos)} biases attention scores, which "
                 f"model/attn={name} does not compute; use model/pos=learned, sinusoidal or none"
             )
 
@@ -81,6 +81,7 @@ class LightweightConvConfig(_ConvConfig):
     self-attention; causal in decoders."""
 
     _target_: str = "lm.zoo.conv_attn.LightweightConv"
+    option_file: ClassVar[str] = "lightweight_conv"
 
 
 @register("attn")
@@ -89,6 +90,7 @@ class DynamicConvConfig(_ConvConfig):
     """Dynamic convolution (Wu et al. 2019): each position's kernel is predicted from its input."""
 
     _target_: str = "lm.zoo.conv_attn.DynamicConv"
+    option_file: ClassVar[str] = "dynamic_conv"
 
 
 # -- the convolutions --------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ class FunnelStack(MatmulCount, Stack):
         if hooks:
             raise ConfigError(
                 f"model/stack=funnel needs positions added to the embeddings (model/pos=learned, "
-                f"sinusoidal or none); {cfg.pos._target_} acts inside attention ({hooks[0]})"
+                f"sinusoidal or none); model/pos={option_name(cfg.pos)} acts inside attention ({hooks[0]})"
             )
         self.groups: list[int] = groups
 

@@ -109,6 +109,11 @@ class ReZeroConfig(_ResidualNormConfig):
     _target_: str = "lm.zoo.residual.rezero_norm"
     with_norm: ReZeroNorm = ReZeroNorm.none
 
+    @property
+    def option_file(self) -> str:
+        """rezero, rezero_layernorm or rezero_rmsnorm: the file that sets with_norm (option_name, for messages)."""
+        return "rezero" if self.with_norm == ReZeroNorm.none else f"rezero_{ReZeroNorm(self.with_norm).value}"
+
     def residual(self) -> Residual:
         return REZERO
 

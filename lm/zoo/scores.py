@@ -17,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from lm.config_base import ConfigError
 from lm.model.choices import Arch
-from lm.model.options import ALiBiConfig, AttnConfig, T5BiasConfig, positive
+from lm.model.options import ALiBiConfig, AttnConfig, T5BiasConfig, option_name, positive
 from lm.model.registry import register
 from lm.model.scores import NEG, ScaledDot, Score
 
@@ -86,7 +86,7 @@ class LinformerConfig(AttnConfig):
             )
         if isinstance(model.pos, (ALiBiConfig, T5BiasConfig)):
             raise ConfigError(
-                f"model.pos._target_={model.pos._target_} (alibi, t5_bias) adds a bias per key position, which "
+                f"model/pos={option_name(model.pos)} adds a bias per key position, which "
                 f"Linformer projects away into k rows; use model/pos=learned, sinusoidal, rope or none with "
                 f"model/attn=linformer"
             )

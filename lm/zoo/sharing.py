@@ -47,6 +47,10 @@ class SharedConfig(StackConfig):
     steps: int | None = None
     step_embedding: StepKind = StepKind.sinusoidal
 
+    @property
+    def option_file(self) -> str:
+        return "universal" if self.universal else "shared"
+
     def depth(self, n_layers: int) -> int:
         return (self.steps or n_layers) if self.universal else n_layers
 

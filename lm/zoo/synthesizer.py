@@ -73,6 +73,7 @@ SynthesizerDenseConfig = target_option(
     "lm.zoo.synthesizer.SynthesizerDense",
     "Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len).",
     _SynthesizerConfig,
+    option_file="synthesizer_dense",
 )
 SynthesizerRandomConfig = target_option(
     "attn",
@@ -80,6 +81,7 @@ SynthesizerRandomConfig = target_option(
     "lm.zoo.synthesizer.SynthesizerRandom",
     "Random Synthesizer: a learned (max_seq_len, max_seq_len) logit pattern per head.",
     _SynthesizerConfig,
+    option_file="synthesizer_random",
 )
 
 
@@ -89,6 +91,7 @@ class SynthesizerFactorizedConfig(_SynthesizerConfig):
     """Factorized random Synthesizer: the pattern is R1 R2^T of rank factorized_k."""
 
     _target_: str = "lm.zoo.synthesizer.SynthesizerFactorized"
+    option_file: ClassVar[str] = "synthesizer_factorized"
     factorized_k: int = 16
 
     def check(self, model) -> None:
