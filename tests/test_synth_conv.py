@@ -354,7 +354,7 @@ def test_ops_count_each_option_as_built():
 @pytest.mark.parametrize(
     "overrides,field",
     [
-        (["model/attn=lightweight_conv", "model/pos=alibi"], "model.pos"),
+        (["model/attn=lightweight_conv", "model/pos=alibi"], "model/pos=alibi"),
         (["model/attn=dynamic_conv", "model.n_kv_heads=2"], "model.n_kv_heads"),
         (["model/attn=synthesizer_random", "model/pos=rope"], "model/pos=rope"),
         (["model/attn=synthesizer_dense", "model.attn_scale=0.5"], "model.attn_scale"),
@@ -362,6 +362,9 @@ def test_ops_count_each_option_as_built():
         (["model/block=weighted", "model/ffn=moe"], "model/ffn=moe"),
         (["model/block=evolved", "model.dim=36", "model.n_heads=4"], "head_dim=9"),
         (["model/block=evolved", "model/ffn=moe"], "model/ffn=moe"),  # the decoder cell's FFN is the Swish FFN
+        # the decoder cell's 2H heads of Dh/2 do not fit a rotation built for Dh (a RuntimeError in forward before)
+        (["model/block=evolved", "model/pos=rope"], "model/pos=rope"),
+        (["model/block=evolved", "model.arch=encoder_decoder", "model/pos=rope_dynamic"], "model/pos=rope_dynamic"),
         (["model/block=evolved", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"], "funnel"),
         (
             ["model/attn=synthesizer_random", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]"],

@@ -83,8 +83,8 @@ class FFNConfig(Component):
 
 
 # conf/model/ffn/<file>.yaml of an MLP / GLU node, by its activation (several files share each schema), for messages
-MLP_FILES = {Activation.silu: "swish"}  # the others are named after their activation (relu, gelu, elu, ...)
-GLU_FILES = {
+_MLP_FILES = {Activation.silu: "swish"}  # the others are named after their activation (relu, gelu, elu, ...)
+_GLU_FILES = {
     Activation.silu: "swiglu",
     Activation.gelu: "geglu",
     Activation.relu: "reglu",
@@ -96,7 +96,7 @@ MLPConfig = target_option(
     "ffn",
     "MLPConfig",
     "lm.model.ffn.MLP",
-    option_file=property(lambda self: MLP_FILES.get(Activation(self.activation), Activation(self.activation).value)),
+    option_file=property(lambda self: _MLP_FILES.get(Activation(self.activation), Activation(self.activation).value)),
 )
 
 
@@ -109,7 +109,7 @@ class GLUConfig(FFNConfig):
 
     @property
     def option_file(self) -> str:
-        return GLU_FILES.get(Activation(self.activation), "glu")
+        return _GLU_FILES.get(Activation(self.activation), "glu")
 
 
 # -- model/ffn=moe|switch (issue #20): lm/model/moe.py ---------------------------------------------

@@ -39,7 +39,7 @@ from lm.config_base import ConfigError
 from lm.model.attention import CrossAttention, SelfAttention, key_keep
 from lm.model.choices import Arch
 from lm.model.linear import Linear, MatmulCount
-from lm.model.options import BlockConfig, MoEConfig
+from lm.model.options import BlockConfig, MoEConfig, RoPEConfig, option_name
 from lm.model.registry import register
 from lm.model.stack import BlockParts
 
@@ -69,6 +69,12 @@ class EvolvedConfig(BlockConfig):
                 f"{name} needs an even model.dim (its d/2-wide convolution branches) and an even head "
                 f"size (its decoder cell's first attention has 2 x n_heads heads of head_dim / 2): "
                 f"got dim={model.dim}, head_dim={model.d_head}"
+            )
+        if model.arch != Arch.encoder and isinstance(model.pos, RoPEConfig):
+            raise ConfigError(
+                f"{name} with model/pos={option_name(model.pos)}: the decoder cell's branched attention has "
+                f"2 x n_heads heads of head_dim / 2, which the rotation (built for head_dim) does not fit; use "
+                f"model/pos=learned, sinusoidal, alibi, t5_bias or none, or model.arch=encoder"
             )
 
 
