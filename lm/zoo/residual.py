@@ -21,6 +21,7 @@ from lm.model.norms import LayerNorm, RMSNorm
 from lm.model.options import NormConfig, option_name
 from lm.model.registry import register
 from lm.model.stack import Stack
+from lm.zoo.adaptive import AdaptiveSoftmax
 
 # -- the residual functions ------------------------------------------------------------------------
 
@@ -168,4 +169,13 @@ def fixup_rescale(model: nn.Module) -> None:
                 layer.weight.mul_(scale)
     head = getattr(model, "head", None)
     if head is not None and not model.cfg.output_tied:
-        head.proj.weight.zero_()
+        for layer in logit_layers(head):
+            layer.weight.zero_()
+
+
+def logit_layers(head: nn.Module) -> list[nn.Module]:
+    """The layers of an output module that produce logits, which Fixup starts at 0: the softmax head's (and a
+    mixture of softmaxes') projection; the adaptive softmax's head cluster and the last layer of each tail."""
+    if isinstance(head, AdaptiveSoftmax):
+        return [head.asm.head, *(cluster[-1] for cluster in head.asm.tail)]
+    return [head.proj]
