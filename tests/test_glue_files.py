@@ -82,6 +82,20 @@ def test_check_submission_finds_bad_files(tmp_path):
     assert "STS-B.tsv:2: bad row" in problems[2] and "WNLI.tsv: missing" in problems[3]
 
 
+def test_a_run_of_some_tasks_says_how_many_submission_files_it_has_not_a_problem_count(tmp_path):
+    """lm finetune task=glue/rte (the README's second command) said 'submission/ is not complete (10 problem(s),
+    e.g. .../CoLA.tsv: missing); no submission.zip': the other tasks' files are absent by design, not problems."""
+    from lm.glue.run import incomplete_submission
+
+    write_submission("rte", [0, 1] * 1500, tmp_path)  # the official test set's 3,000 rows
+    msg = incomplete_submission(tmp_path, check_submission(tmp_path))
+    assert msg.startswith(f"{tmp_path}: 1 of the 11 leaderboard files;") and "task=glue/all" in msg
+    assert "problem" not in msg
+    (tmp_path / "RTE.tsv").write_text("index\tprediction\n0\tmaybe\n")  # a file the leaderboard rejects is named
+    msg = incomplete_submission(tmp_path, check_submission(tmp_path))
+    assert "problem(s), e.g." in msg and "RTE.tsv: 1 rows" in msg and "no submission.zip" in msg
+
+
 def test_writes_are_atomic(tmp_path, monkeypatch):
     path = write_submission("sst2", [1, 0], tmp_path)
     before = path.read_text()

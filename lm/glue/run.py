@@ -468,13 +468,25 @@ def _zip_if_complete(sub_dir: Path, info: dict) -> None:
     problems = check_submission(sub_dir)
     info["submission_problems"] = problems
     if problems:
-        log.info("submission/ is not complete (%d problem(s), e.g. %s); no submission.zip", len(problems), problems[0])
+        log.info("%s", incomplete_submission(sub_dir, problems))
         return
     tmp = sub_dir.with_name(".submission.zip.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
         for e in EVALS.values():
             z.write(sub_dir / f"{e.submission}.tsv", f"{e.submission}.tsv")
     shutil.move(str(tmp), str(sub_dir.with_name("submission.zip")))
+
+
+def incomplete_submission(sub_dir: Path, problems: list[str]) -> str:
+    """Why no submission.zip: a run of some tasks lacks the other tasks' files (expected, said as a count and how
+    to get them all); a file the leaderboard would reject is named with its first problem."""
+    bad = [p for p in problems if not p.endswith(": missing")]
+    if bad:
+        return f"submission/ is not complete ({len(problems)} problem(s), e.g. {bad[0]}); no submission.zip"
+    return (
+        f"{sub_dir}: {len(EVALS) - len(problems)} of the {len(EVALS)} leaderboard files; submission.zip is written "
+        f"when a run has them all (task=glue/all: the nine tasks, AX from MNLI's model)"
+    )
 
 
 def print_table(run_dir: Path) -> str:
