@@ -223,6 +223,20 @@ def test_changed_settings_restart_and_say_so(tmp_path, stories, monkeypatch, cap
     assert "restarting: discarding the interrupted run" in capsys.readouterr().err
 
 
+def test_a_fresh_preparation_says_first_what_it_prepares_where(tmp_path, stories, capsys):
+    """lm quickstart's first minutes (or lm train data.source=... logged to a file, where no bar shows) were silent
+    until 'trained a bpe tokenizer': the first line now names the directory, the sources and that it happens once."""
+    out = run(tmp_path, source=str(stories), doc_split="line")
+    first = capsys.readouterr().err.splitlines()[0]
+    size = stories.stat().st_size / 1e6
+    assert first == (
+        f"lm prepare: preparing {out} from 1 file(s), {size:,.1f} MB: a tokenizer, then the token shards; once, "
+        f"later runs reuse it"
+    )
+    run(tmp_path, source=str(stories), doc_split="line")
+    assert "preparing" not in capsys.readouterr().err  # found prepared: only 'already prepared'
+
+
 def test_finished_output_is_kept_unless_forced_and_survives_a_failed_rebuild(tmp_path, stories, monkeypatch, capsys):
     out = run(tmp_path, source=str(stories), doc_split="line")
     before = {p.name: p.read_bytes() for p in out.iterdir()}

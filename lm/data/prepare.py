@@ -338,6 +338,14 @@ def _outside(files: list, out: Path) -> list:
     return kept
 
 
+def _starting(out: Path, files) -> str:
+    """The first line of a fresh preparation: what is prepared where, from how much."""
+    size = sum(f.stat()[0] for f in files if f.format != "hf")
+    hub = sum(f.format == "hf" for f in files)
+    what = f"{len(files)} file(s), {size / 1e6:,.1f} MB" if not hub else f"{len(files)} source(s)"
+    return f"preparing {out} from {what}: a tokenizer, then the token shards; once, later runs reuse it"
+
+
 def prepare(
     cfg, out=None, *, force: bool = False, restart: bool = False, progress: bool = True, hint: str = REBUILD_HINT
 ) -> Path:
@@ -357,6 +365,8 @@ def prepare(
         partial = out.with_name(f".{out.name}.partial")
         fp = fingerprint(content, files)
         state = _start(partial, fp, restart)
+        if state is None:  # a long silence otherwise on a first use (minutes for a large corpus, no bar off a terminal)
+            say(_starting(out, files))
         try:
             _run(cfg, files, partial, fp, state, progress)
         except CannotResume as e:
