@@ -149,3 +149,25 @@ def test_a_full_disk_is_one_line_and_keeps_the_previous_export(run_dir, tmp_path
     assert message.endswith("— free space on that disk, or write somewhere else")
     assert (out / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # no temporary directory left
+
+
+def test_the_hugging_face_directory_is_written_without_deepspeeds_no_gpu_warning(run_dir, tmp_path):
+    """lm export (the README's) printed DeepSpeed's '[WARNING] ... Setting accelerator to CPU. If you have GPU or other
+    accelerator, we were unable to detect it.' on a CPU machine: transformers' save_pretrained imports deepspeed."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    p = subprocess.run(
+        [sys.executable, "-m", "lm", "export", str(run_dir), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "out" / "hf" / "config.json").is_file()
+    if importlib.util.find_spec("deepspeed") is not None:  # without it nothing warned
+        assert "Setting accelerator to CPU" not in p.stdout + p.stderr, p.stdout + p.stderr

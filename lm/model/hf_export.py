@@ -14,6 +14,18 @@ from lm.model.convert import to_hf
 log = logging.getLogger("lm")
 
 
+class _NoCpuNotice(logging.Filter):
+    """save_pretrained has accelerate import deepspeed, when installed (lm[dev] has it), to unwrap a DeepSpeedEngine;
+    without CUDA that import warns 'Setting accelerator to CPU. If you have GPU or other accelerator, we were unable
+    to detect it.' An export needs no accelerator: the line only alarmed (lm export on a laptop printed it)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Setting accelerator to CPU")
+
+
+_NO_CPU_NOTICE = _NoCpuNotice()
+
+
 def write_hf_dir(model, out: Path, tokenizer=None) -> Path:
     """Save `to_hf(model)` (ValueError when no family matches) and, when given, `tokenizer` (a transformers
     PreTrainedTokenizerFast) into `out`."""
@@ -34,5 +46,6 @@ def write_hf_dir(model, out: Path, tokenizer=None) -> Path:
         tokenizer.save_pretrained(out)
     else:
         log.warning("no tokenizer for the Hugging Face export: config.json has no bos/eos/pad ids")
+    logging.getLogger("DeepSpeed").addFilter(_NO_CPU_NOTICE)  # deepspeed's logger, before its import; once
     hf_model.save_pretrained(out)
     return Path(out)
