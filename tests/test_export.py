@@ -39,6 +39,8 @@ def test_help_names_every_family_the_hf_directory_converts(capsys):
     names = {"gpt2": "GPT-2", "llama": "Llama", "bert": "BERT", "esm": "ESM", "t5": "T5"}
     assert set(FAMILIES) == set(names)
     assert all(name in text for name in names.values()), text
+    # an example and the next step: what loads the output (a newcomer's --help named neither)
+    assert "lm export runs/" in text and "from_pretrained" in text and "init=<out>" in text
 
 
 def test_export_writes_the_checkpoint_weights(run_dir, tmp_path):

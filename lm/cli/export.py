@@ -197,13 +197,23 @@ def _export_hf(model, out: Path, tokenizer_file: Path | None) -> None:
         log.warning("no Hugging Face export: %s", e)
 
 
+EPILOG = """examples:
+  lm export runs/data-shakespeare_char+model-tiny        # -> <its latest checkpoint>/export
+  lm export runs/my_run/checkpoints/step_00001000 --out exports/step1000 --no-hf
+
+then: transformers' AutoModelForCausalLM (a decoder; AutoModelForMaskedLM for an encoder) and AutoTokenizer
+load <out>/hf with from_pretrained (docs/convert.md); lm finetune task=glue/rte init=<out> tokenizer=<tokenizer.json>
+finetunes the export on GLUE (docs/finetuning.md)."""
+
+
 @entry("lm export")
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         prog="lm export",
-        description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into "
-        "model.safetensors + config.json, and a Hugging Face directory when the "
-        "architecture matches GPT-2, Llama, BERT, ESM or T5.",
+        description="Consolidate a checkpoint of any engine (single, ddp, zero1-3, fsdp2) into model.safetensors +\n"
+        "config.json, and a Hugging Face directory (hf/) when the architecture matches GPT-2, Llama, BERT, ESM or T5.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("path", help="run directory (uses checkpoints/latest) or a checkpoint directory")
     parser.add_argument(
