@@ -60,6 +60,11 @@ def test_the_pretrained_arm_alone_then_both_arms_with_arm_all(tmp_path, corpus, 
     quickstart(_argv(out, corpus, easy_glue))
     printed = capsys.readouterr().out
     assert "| SST-2 | acc |" in printed and "scratch: seeds" not in printed  # the arm's dev table (lm finetune's)
+    last = printed.strip().splitlines()[-1]  # what comes next, without lm transfer's --join (a split run's tool)
+    assert last == (
+        f"results: {out / 'finetune' / 'pretrained' / 'results.json'}; with the other arm and the gain: the same "
+        f"command with --arm all"
+    )
     assert not (out / "finetune" / "scratch").exists()
     assert (out / "pretrain" / "checkpoints" / "latest").read_text() == "step_00000004"
     results = json.loads((out / "finetune" / "pretrained" / "results.json").read_text())

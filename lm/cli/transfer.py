@@ -150,15 +150,9 @@ def _transfer(r: Recipe, t0: float) -> dict | None:
         )
     if r.arm != "all":
         if not r.lane:  # a lane's parent writes the table itself
-            from lm.cli.transfer_join import arm_record_name, write_arm_record
+            from lm.cli.transfer_join import write_arm_record
 
-            write_arm_record(r, p, r.arm_dir(r.arm), t0)
-            log.info(
-                "lm transfer: the %s arm is done (%s); a call with --arm all writes the table once both arms "
-                "are, or lm transfer --join with the other arm's record",
-                r.arm,
-                r.out / arm_record_name(r.arm),
-            )
+            write_arm_record(r, p, r.arm_dir(r.arm), t0)  # run_cli says what comes next
         return None
     summary = {
         "recipe": recipe_record(r, p),
@@ -357,10 +351,13 @@ def run_cli(argv: list[str], prog: str) -> None:
         from lm.glue.run import print_table
 
         print(print_table(recipe.arm_dir(recipe.arm)))
-        print(
-            f"results: {recipe.arm_dir(recipe.arm) / 'results.json'}; with the other arm and the gain: the same "
-            f"command with --arm all"
-        )
+        then = "the same command with --arm all"
+        if prog != "lm quickstart":  # a split run's other half, elsewhere (the quickstart's newcomer needs neither)
+            from lm.cli.transfer_join import arm_record_name
+
+            record = recipe.out / arm_record_name(recipe.arm)
+            then += f", or lm transfer --join {record} <the other arm's record> --out <dir>"
+        print(f"results: {recipe.arm_dir(recipe.arm) / 'results.json'}; with the other arm and the gain: {then}")
 
 
 if __name__ == "__main__":
