@@ -480,3 +480,13 @@ def test_every_data_preset_composes_with_hydra(monkeypatch, tmp_path):
         data_preset("shakespeare_char", ["data.doc_split=para"])
     with pytest.raises(ConfigError, match="known presets"):
         data_preset("no_such_corpus")
+
+
+def test_vocab_size_with_the_char_tokenizer_is_refused_not_ignored(tmp_path, stories):
+    """The char vocabulary is the text's characters: --vocab-size 500 built the same tokenizer without a word."""
+    msg = _cli_error([str(stories), "--out", str(tmp_path / "c"), "--tokenizer", "char", "--vocab-size", "500"])
+    assert msg == (
+        "lm prepare: --vocab-size 500 does nothing with --tokenizer char, whose vocabulary is every character of the "
+        "text; drop it, or pick --tokenizer bpe or unigram"
+    )
+    assert not (tmp_path / "c").exists()

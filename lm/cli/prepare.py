@@ -94,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args.out and not args.data:
         raise ConfigError("say where to write: --out DIR (or --data PRESET, whose dir is used)")
     cfg = data_config({**base, **given})
+    if "vocab_size" in given and cfg.tokenizer == "char":  # the char vocabulary is the text's characters
+        raise ConfigError(
+            f"--vocab-size {given['vocab_size']} does nothing with --tokenizer char, whose vocabulary is every "
+            f"character of the text; drop it, or pick --tokenizer bpe or unigram"
+        )
     prepare(cfg, args.out, force=args.force, restart=args.restart, progress=not args.no_progress)
 
 
