@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lm.core.files import file_sha256
 from lm.data.errors import DataError
-from lm.data.readers import file_sha256
 from lm.data.sources import SourceFile
 from lm.data.tokenizer import Tokenizer
 

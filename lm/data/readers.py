@@ -169,11 +169,3 @@ def iter_hf(src: SourceFile, text_field: str, streaming: bool) -> Iterator[objec
         ) from None
     for row in ds:
         yield row.get(text_field) if isinstance(row, dict) else None
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()

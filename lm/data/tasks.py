@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lm.core.files import file_sha256
 from lm.data.errors import DataError
-from lm.data.readers import HashingReader, file_sha256, iter_hf, open_stream, parquet_values, reading
+from lm.data.readers import HashingReader, iter_hf, open_stream, parquet_values, reading
 from lm.data.sources import SourceFile
 
 DOC_SEPARATORS = {"line": r"\r?\n", "blank_line": r"\r?\n[ \t\r]*\n"}  # a CRLF ends a line as LF does
