@@ -92,3 +92,22 @@ def test_explicit_bf16_on_a_cpu_without_bf16_units_is_kept_with_a_warning(monkey
     assert kept.precision == "bf16"
     assert "runs several times slower than fp32; train.precision=auto picks fp32 here" in caplog.text
     assert resolve_precision(TrainConfig(precision="fp32"), torch.device("cpu"), say=True).precision == "fp32"
+
+
+def test_deepspeed_precision_its_accelerator_lacks_is_refused_in_one_line(monkeypatch):
+    """DeepSpeed checks fp16/bf16 only inside deepspeed.initialize, as a ValueError traceback after the model is
+    built (fp16 on most CPUs); the engine asks DeepSpeed's accelerator when it is made and names what runs."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from lm.core.config import TrainConfig
+    from lm.engine.dist import Dist
+    from lm.engine.ds import DeepSpeedEngine
+
+    monkeypatch.setattr(type(get_accelerator()), "is_fp16_supported", lambda self: False)
+    dist = Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    config = {"zero_optimization": {"stage": 2}}
+    refusal = r"^train.precision=fp16 with DeepSpeed: .*; use train.precision=bf16 or fp32"
+    with pytest.raises(EngineError, match=refusal):
+        DeepSpeedEngine(TrainConfig(precision="fp16"), dist, config=config)
+    assert DeepSpeedEngine(TrainConfig(precision="fp32"), dist, config=config).stage == 2

@@ -69,6 +69,28 @@ def ds_config(train, world_size: int, options: dict) -> dict:
     return {**from_train, **options}
 
 
+def half_precision_refusal(precision: str, device: torch.device, shm_comm: bool) -> str | None:
+    """Why DeepSpeed cannot train in `precision` on `device`, or None. DeepSpeed asks its accelerator only inside
+    deepspeed.initialize, whose ValueError ("Type fp16 is not supported on your device", e.g. on most CPUs) would
+    end the run in a traceback after the model is built; asked here, it is one line naming what runs instead."""
+    if precision not in ("fp16", "bf16"):
+        return None
+    _prepare_deepspeed(shm_comm)
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    assert accelerator is not None  # typed Optional upstream; get_accelerator always sets one
+    supported = accelerator.is_fp16_supported() if precision == "fp16" else accelerator.is_bf16_supported()
+    if supported:
+        return None
+    other = "bf16" if precision == "fp16" else "fp16"
+    return (
+        f"train.precision={precision} with DeepSpeed: its {device.type} accelerator has no {precision} here; "
+        f"use train.precision={other} or fp32, or engine=single|ddp (torch's autocast, which runs {precision} "
+        f"on a {device.type} too)"
+    )
+
+
 class DeepSpeedEngine(Engine):
     format = "deepspeed"
     needs_process_group = True
@@ -88,6 +110,9 @@ class DeepSpeedEngine(Engine):
         self.shm_comm = shm_comm
         self.cpu_adam = cpu_adam
         self.stage = int(self.config.get("zero_optimization", {}).get("stage", 0))
+        why = half_precision_refusal(train.precision, dist.device, shm_comm)
+        if why:
+            raise EngineError(why)
 
     def check_launch(self) -> None:
         pass
