@@ -101,6 +101,7 @@ LAYOUTS = {  # name: (first world, engine), (second world, engine)
     "zero2->fsdp2": ((2, "zero2"), (2, "fsdp2")),
     "fsdp2->zero2": ((2, "fsdp2"), (2, "zero2")),
     "ddp->zero3": ((2, "ddp"), (2, "zero3")),
+    "zero1->zero3": ((2, "zero1"), (2, "zero3")),  # one engine class, another stage's files
 }
 
 

@@ -97,3 +97,26 @@ def test_the_comparison_itself():
     assert allowed == ["logger.tags: ['a'] -> ['b']", "train.max_steps: 4 -> 9"]
     assert resumable("logger.wandb") and resumable("train.max_steps") and not resumable("train.max_steps_x")
     assert not any(f.startswith("model") for f in RESUMABLE)
+
+
+def test_another_zero_stage_is_resharded_not_refused():
+    """zero1 -> zero3 changes memory, not the maths: allowed as zero1 -> fsdp2 -> zero3 already was; every other
+    engine.config value still refused. One DeepSpeedEngine class writes each stage's own files, so a stage change
+    on the same world size is an elastic resume (load_resharded), not the engine's own load_state."""
+    from lm.core.checkpoint import same_layout
+    from lm.core.resume import FINETUNE_RESUMABLE
+
+    def ds(stage, bucket=5e8):
+        return {"engine": {"config": {"zero_optimization": {"stage": stage, "reduce_bucket_size": bucket}}}}
+
+    for may_change in (RESUMABLE, FINETUNE_RESUMABLE):
+        assert config_changes(ds(1), ds(3), may_change) == ([], ["engine.config.zero_optimization.stage: 1 -> 3"])
+        assert config_changes(ds(1), ds(1, 1e6), may_change)[0]  # another DeepSpeed option: refused
+    zero1 = {"engine": "DeepSpeedEngine", "format": "deepspeed", "world_size": 2, "zero_stage": 1, "cpu_adam": False}
+    assert same_layout(zero1, dict(zero1))
+    assert not same_layout(zero1, {**zero1, "zero_stage": 3})
+    assert not same_layout(zero1, {**zero1, "world_size": 1})
+    assert same_layout(
+        {"engine": "Engine", "format": "torch", "world_size": 1},
+        {"engine": "Engine", "format": "torch", "world_size": 1},
+    )

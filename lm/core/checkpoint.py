@@ -338,7 +338,7 @@ class Checkpointer:
         self._check_intact(path)
         trainer = read_trainer(path)
         saved = trainer["engine"]
-        if saved["world_size"] == self.engine.world_size and saved["engine"] == self.engine.name:
+        if same_layout(saved, self.engine.describe()):
             _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
         else:
             self._load_elsewhere(path, trainer)
@@ -379,6 +379,13 @@ class Checkpointer:
         positions (lm.data.packed, lm.glue.trainer), the same in every rank's file."""
         rank = self.engine.rank if self.engine.rank < saved_world else 0
         return path / f"rank{rank:05d}.pt"
+
+
+def same_layout(saved: dict, current: dict) -> bool:
+    """Whether the engine `current` describes (Engine.describe) reads the checkpoint `saved` (its trainer.json engine
+    record) with its own load_state: the same engine class and world size, and for DeepSpeed the same ZeRO stage,
+    whose files one DeepSpeedEngine class writes in another layout per stage. A key a checkpoint predates matches."""
+    return all(saved.get(key, value) == value for key, value in current.items())
 
 
 # -- checksums -------------------------------------------------------------------------------------

@@ -66,9 +66,10 @@ RESUMABLE = (
     "data.workers",
     # the engine class and world size may change too (elastic resume: Checkpointer.load in
     # lm/core/checkpoint.py reshards, or refuses what it cannot in one line); these options change speed and
-    # memory, not the maths (engine.config, DeepSpeed's JSON with its ZeRO stage and offload, and
-    # engine.cpu_adam must match)
+    # memory, not the maths (engine.config, DeepSpeed's JSON, and engine.cpu_adam must match, but for the
+    # ZeRO stage: zero1 -> zero3 is resharded as zero1 -> fsdp2 -> zero3 would be)
     "engine._target_",
+    "engine.config.zero_optimization.stage",
     "engine._partial_",
     "engine.bucket_cap_mb",
     "engine.find_unused_parameters",
@@ -103,6 +104,7 @@ FINETUNE_RESUMABLE = (
     "glue.pad_to_multiple_of",  # the batches' padding: the same results (tests/test_glue_padding.py)
     "task.data_root",  # where the same TSVs are found
     "engine._target_",
+    "engine.config.zero_optimization.stage",
     "engine._partial_",
     "engine.bucket_cap_mb",
     "engine.find_unused_parameters",
