@@ -173,7 +173,7 @@ def _worker(rank: int, world: int, port: int, overrides: list[str], objective: s
                 {
                     "world_size": engine.world_size,
                     "local_numel": engine.local_numel(),
-                    "numel": sum(p.numel() for p in engine.module.parameters()) if engine.format != "dcp" else None,
+                    "numel": engine.numel() if engine.format != "dcp" else None,
                     "engine": engine.name,
                 },
             )

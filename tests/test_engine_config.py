@@ -111,3 +111,15 @@ def test_deepspeed_precision_its_accelerator_lacks_is_refused_in_one_line(monkey
     with pytest.raises(EngineError, match=refusal):
         DeepSpeedEngine(TrainConfig(precision="fp16"), dist, config=config)
     assert DeepSpeedEngine(TrainConfig(precision="fp32"), dist, config=config).stage == 2
+
+
+def test_the_run_log_counts_zero3_parameters_whole(tmp_path):
+    """ZeRO-3 leaves each Parameter an empty tensor (its partition hangs off it as ds_tensor): lm train's first log
+    line said `0 params`. Engine.numel, which that line prints, counts the whole model on every engine."""
+    from lm.model import build_model
+    from tests.engine_support import spawn
+
+    overrides = tiny_overrides(tmp_path, 1)
+    whole = sum(p.numel() for p in build_model(OmegaConf.to_object(compose(overrides)).model).parameters())
+    (report,) = spawn(1, overrides + ["engine=zero3"])
+    assert report[2]["numel"] == whole

@@ -116,7 +116,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
             train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches, train_cfg.batch_ramp_steps
         )
         with Session(train_cfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
-            model = session.build(lambda: build_model(model_cfg), run.seed, optim_cfg)
+            session.build(lambda: build_model(model_cfg), run.seed, optim_cfg)
             latest = session.resume_or_start(run.resume, train_cfg.max_steps)  # a changed model, data, ... is refused
             if latest and dist.is_main:
                 log.info("resumed from %s (step %d)", latest, session.state.step)
@@ -130,7 +130,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                     engine.name,
                     dist.world_size,
                     device,
-                    sum(p.numel() for p in model.parameters()),
+                    engine.numel(),  # ZeRO-3's partitioned parameters are empty tensors here
                     train_cfg.micro_batch_size * train_cfg.grad_accum * dist.world_size,
                     train_cfg.seq_len,
                     run_dir,

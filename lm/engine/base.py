@@ -240,7 +240,12 @@ class Engine:
         """What reading the checkpoint back needs: recorded in trainer.json."""
         return {"engine": self.name, "format": self.format, "world_size": self.world_size}
 
-    # -- introspection (tests, benchmarks)
+    # -- introspection (the run's log line, tests, benchmarks)
+    def numel(self) -> int:
+        """Parameter elements of the whole model, however the engine spreads them over ranks (FSDP2's DTensors
+        count their global size)."""
+        return sum(p.numel() for p in self.module.parameters())
+
     def local_numel(self) -> int:
         """Parameter elements stored on this rank."""
         return sum(p.numel() for p in self.module.parameters())

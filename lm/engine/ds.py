@@ -235,6 +235,11 @@ class DeepSpeedEngine(Engine):
     def describe(self):
         return {**super().describe(), "zero_stage": self.stage, "cpu_adam": self.cpu_adam}
 
+    def numel(self) -> int:
+        if self.stage == 3:  # a partitioned Parameter is empty (numel 0); ds_numel is its full size
+            return sum(p.ds_numel for p in self.module.parameters())  # pyright: ignore[reportAttributeAccessIssue]
+        return super().numel()
+
     def local_numel(self) -> int:
         if self.stage == 3:
             # ZeRO-3 hangs each rank's partition on its Parameter as ds_tensor, which torch's stub cannot know
