@@ -123,3 +123,17 @@ def test_the_run_log_counts_zero3_parameters_whole(tmp_path):
     whole = sum(p.numel() for p in build_model(OmegaConf.to_object(compose(overrides)).model).parameters())
     (report,) = spawn(1, overrides + ["engine=zero3"])
     assert report[2]["numel"] == whole
+
+
+def test_zero_stage_0_in_fp32_reports_the_gradient_norm(tmp_path):
+    """engine=deepspeed in fp32 steps lm's AdamW itself, and DeepSpeed reports no gradient norm for it (None): read
+    as NaN, every such run stopped at step 1 as diverged. The engine measures the norm itself: the single engine's."""
+    from lm.cli.train import train
+    from tests.engine_support import loaders, metrics, spawn
+
+    single = tmp_path / "single"
+    cfg = compose(tiny_overrides(single, 2))
+    train(cfg, loaders=loaders(cfg))
+    spawn(1, tiny_overrides(tmp_path / "ds", 2) + ["engine=deepspeed"])
+    norms = [[m["grad_norm"] for m in metrics(run) if "grad_norm" in m] for run in (single, tmp_path / "ds")]
+    assert len(norms[1]) == 2 and norms[0] == pytest.approx(norms[1], rel=1e-5)

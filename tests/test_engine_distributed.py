@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 STEPS = 10
 TOL = 1e-5
-ENGINES = ["ddp", "zero1", "zero2", "zero3", "fsdp2"]
+ENGINES = ["ddp", "deepspeed", "zero1", "zero2", "zero3", "fsdp2"]
 
 
 @pytest.fixture(scope="module")

@@ -160,9 +160,18 @@ class DeepSpeedEngine(Engine):
         self.model.backward(share * self.world_size, scale_wrt_gas=False)
 
     def step(self) -> torch.Tensor:
+        # ZeRO's optimizers and DeepSpeed's bf16/fp16 ones report the gradient norm of the step; stage 0 in fp32 steps
+        # lm's AdamW itself and reports none (None, read as NaN: a divergence at step 1), so it is measured here,
+        # before the step zeroes the gradients (all-reduced by now; DeepSpeed clips them itself).
+        own = self._fp32_grad_norm() if self.stage == 0 and self.train.precision == "fp32" else None
         self.model.step()
         norm = self.model.get_global_grad_norm()
+        if norm is None:
+            norm = own
         return torch.as_tensor(math.nan if norm is None else norm)
+
+    def _fp32_grad_norm(self) -> torch.Tensor:
+        return torch.nn.utils.get_total_norm([p.grad for p in self.module.parameters() if p.grad is not None])
 
     def skip_step(self) -> None:
         raise EngineError(
