@@ -137,3 +137,22 @@ def test_zero_stage_0_in_fp32_reports_the_gradient_norm(tmp_path):
     spawn(1, tiny_overrides(tmp_path / "ds", 2) + ["engine=deepspeed"])
     norms = [[m["grad_norm"] for m in metrics(run) if "grad_norm" in m] for run in (single, tmp_path / "ds")]
     assert len(norms[1]) == 2 and norms[0] == pytest.approx(norms[1], rel=1e-5)
+
+
+def test_zero_stage_0_in_bf16_exports_its_fp32_masters(tmp_path):
+    """engine=deepspeed in bf16 keeps fp32 master weights in its optimizer and bf16 copies in the module: lm export
+    and finetune init= read the rounded copies. The consolidated state is the masters (fp32, not all bf16 values),
+    whose bf16 rounding is the module's; the tied LM head is the embedding's master too."""
+    import torch
+
+    from lm.core.checkpoint import consolidated_state_dict, resolve
+    from tests.engine_support import spawn
+
+    spawn(1, tiny_overrides(tmp_path, 3, precision="bf16") + ["engine=deepspeed"])
+    ckpt = resolve(tmp_path)
+    state = consolidated_state_dict(ckpt)
+    module = torch.load(ckpt / "deepspeed" / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    assert {t.dtype for t in state.values()} == {torch.float32}
+    assert any(not torch.equal(t, t.bfloat16().float()) for t in state.values())
+    assert all(torch.equal(state[k].bfloat16(), v) for k, v in module["module"].items())
+    assert torch.equal(state["head.proj.weight"], state["embed.tok.weight"])

@@ -7,6 +7,7 @@ compiles nothing); gradient accumulation boundaries are set by the loop's micro_
 """
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -23,6 +24,11 @@ from lm.engine.formats import DCP, TAG, weights_only_loads
 if TYPE_CHECKING:
     import deepspeed
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
+
+# Stage 0 in bf16/fp16 keeps the fp32 master weights in its optimizer's fp32_groups, numbered by group, not named:
+# each group's parameter names, written beside DeepSpeed's files, let lm export read the masters, not the module's
+# rounded copies.
+GROUP_NAMES = "group_names.json"
 
 
 def _prepare_deepspeed(shm_comm: bool) -> None:
@@ -182,6 +188,8 @@ class DeepSpeedEngine(Engine):
     def save_state(self, path: Path) -> None:
         """DeepSpeed's own files under `path`/deepspeed: model states, optimizer partitions per rank."""
         self.model.save_checkpoint(str(path), tag=TAG, save_latest=False)
+        if self.stage == 0 and self.dist.is_main:
+            (Path(path) / TAG / GROUP_NAMES).write_text(json.dumps(self.group_names))
 
     def load_state(self, path: Path) -> None:
         with weights_only_loads():
@@ -230,10 +238,11 @@ class DeepSpeedEngine(Engine):
 
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: dict) -> dict[str, torch.Tensor]:
-        """Stage 0: rank 0's module states; ZeRO-1/2/3: DeepSpeed's zero_to_fp32 merges the partitions."""
+        """Stage 0: rank 0's module states, its fp32 masters where it keeps them; ZeRO-1/2/3: DeepSpeed's
+        zero_to_fp32 merges the partitions."""
         with weights_only_loads():
             if info.get("zero_stage", 0) == 0:
-                return torch.load(Path(path) / TAG / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
+                return _stage0_state(Path(path) / TAG)
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
             state = get_fp32_state_dict_from_zero_checkpoint(str(path), tag=TAG)
@@ -255,3 +264,25 @@ class DeepSpeedEngine(Engine):
             parts = [p.ds_tensor for p in self.module.parameters()]  # pyright: ignore[reportAttributeAccessIssue]
             return sum(part.numel() for part in parts)
         return super().local_numel()
+
+
+def _stage0_state(files: Path) -> dict[str, torch.Tensor]:
+    """Stage 0's model: the module's states, each parameter replaced by its fp32 master where the optimizer keeps
+    one (bf16/fp16: the module holds the rounded copies the forward pass uses). A weight tied to another (the LM
+    head) is one tensor under two names, both replaced."""
+    saved = torch.load(files / "mp_rank_00_model_states.pt", map_location="cpu")
+    module = saved["module"]
+    masters = (saved.get("optimizer") or {}).get("fp32_groups")
+    if masters is None or not (files / GROUP_NAMES).is_file():  # fp32 (no masters), or saved before the names
+        return module
+    names = json.loads((files / GROUP_NAMES).read_text())
+    # keyed by where a tensor starts and its shape: DeepSpeed may keep every bf16 parameter in one flat storage
+    replaced = {}
+    for group, tensors in zip(names, masters, strict=True):
+        for name, master in zip(group, tensors, strict=True):
+            replaced[_where(module[name])] = master
+    return {name: replaced.get(_where(t), t) for name, t in module.items()}
+
+
+def _where(t: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    return t.data_ptr(), tuple(t.shape)
