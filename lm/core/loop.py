@@ -25,6 +25,9 @@ cannot skip on the device (DeepSpeed) check each step's loss on the host before 
 gradient norm at the next sync.
 The preemption flag is checked every train.stop_check_interval steps (a collective), and at every sync
 point on the same all-reduce; every rank checks at the same steps, so every rank stops at the same step.
+A signal after the last check (in the run's last steps: its final evaluation and checkpoint) lets the run complete;
+the next loop of the same process (lm finetune's next task/seed, lm transfer's finetuning) then stops before its
+first step, so the request is not lost with the finished loop's handlers.
 Ctrl-C (SIGINT) is a stop request like SIGTERM; a second Ctrl-C aborts at once (Aborted, a KeyboardInterrupt
 naming the checkpoint the same command resumes from, which the console scripts print on one line:
 lm/cli/errors.py entry).
@@ -133,6 +136,7 @@ def run(
     """Train `task` (lm.core.task.TrainTask) from `state` to cfg.max_steps; cfg gives the intervals and the NaN policy.
     evals: extra evaluations at their own intervals (lm.core.task.EvalCallback: the GLUE probes); `hooks`
     (lm.core.hooks) are called at their points."""
+    _stop_left_over()
     source = task.batches
     task.batches = Prefetcher(source, engine.device, cfg.prefetch)  # task.state_dict() reads the consumed position
     try:
@@ -147,6 +151,7 @@ def run(
                 _finish_write(checkpointer)  # the checkpoint in flight still completes; the run's error wins
                 raise
             checkpointer.wait()  # the final checkpoint is complete (or its error raised) when the run returns
+            _leave_over(stop.name)
             return state
     except KeyboardInterrupt as e:  # the second Ctrl-C (_StopSignals): say where the same command resumes from
         if isinstance(e, Aborted):
@@ -519,6 +524,28 @@ class _StopSignals:
 
 
 _signals: _StopSignals | None = None  # the running loop's
+
+# A stop signal that reached a loop after its last stop check (in its last steps): that loop completed anyway, so
+# the next loop of the process (lm finetune's next task/seed pair, lm transfer's finetuning after its pretraining)
+# stops before its first step instead of dropping the request with the finished loop's signal handlers.
+_unheeded: str | None = None
+
+
+def _leave_over(name: str | None) -> None:
+    global _unheeded
+    _unheeded = name
+
+
+def _stop_left_over() -> None:
+    """Raise Preempted (on every rank: a collective, as every rank starts each loop) when a stop signal reached an
+    earlier loop of this process on some rank after that loop's last stop check; nothing of this loop ran yet."""
+    global _unheeded
+    name, _unheeded = _unheeded, None
+    if dist_utils.any_rank(name is not None):
+        raise Preempted(
+            f"{name or 'a stop signal (on another rank)'} received in the last steps of the run before, which "
+            f"completed with its checkpoint; stopped before the next one started: run the same command to resume"
+        )
 
 
 def stop_requested() -> bool:
