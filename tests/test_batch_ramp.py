@@ -38,6 +38,21 @@ def test_a_resume_mid_ramp_continues_with_the_same_samples_and_sizes(data):  # n
     assert len({d for step in whole for d in step}) == sum(len(d) for d in whole)  # no sample twice
 
 
+def test_a_resume_inside_the_ramp_on_another_world_size_is_refused(data):  # noqa: F811
+    """The ramp counts micro-batches per rank (2 ranks x grad_accum 3: 2, 2, 4, 4, 6, 6 sequences per step; 1 rank x
+    grad_accum 6: 1, 2, 3, 4, 5, 6): an elastic resume inside it silently trained other samples per step."""
+    two = LoaderSteps(PackedLoader(data, "train", 16, 1, rank=0, world_size=2, seed=3), 3, 6)
+    for _ in range(2):
+        next(two)
+    one = LoaderSteps(PackedLoader(data, "train", 16, 1, seed=3), 6, 6)  # the same 6 sequences per step after it
+    with pytest.raises(ConfigError, match=r"at step 2 of its batch ramp .* Resume on 2 rank\(s\) until step 6"):
+        one.load_state_dict(two.state_dict())
+    for _ in range(4):
+        next(two)
+    one.load_state_dict(two.state_dict())  # past the ramp: any world size that keeps the global batch
+    assert one.step == 6
+
+
 def test_a_ramp_on_a_state_saved_without_one_is_refused(data):  # noqa: F811
     _, state = steps(data, 2, ramp=0)
     with pytest.raises(ConfigError, match="started without a ramp: resume it with train.batch_ramp_steps=0"):

@@ -23,6 +23,9 @@ log = logging.getLogger("lm")
 
 
 RAMP_STEP = "ramp_step"  # the task state's count of steps taken, while a batch ramp runs
+# ... and the world size it ran on: the ramp counts micro-batches per rank, so its steps hold other samples on
+# another world size (an elastic resume waits for the ramp's end)
+RAMP_WORLD = "ramp_world_size"
 
 
 def ramp_accum(step: int, grad_accum: int, ramp_steps: int) -> int:
@@ -64,7 +67,8 @@ class LoaderSteps:
     def state_dict(self) -> dict:
         state = self.loader.state_dict()
         state = state if self.samples_per_step is None else {**state, SAMPLES_PER_STEP: self.samples_per_step}
-        return {**state, RAMP_STEP: self.step} if self.ramp_steps else state
+        world = getattr(self.loader, "world_size", None)
+        return {**state, RAMP_STEP: self.step, RAMP_WORLD: world} if self.ramp_steps else state
 
     def load_state_dict(self, state: dict) -> None:
         """The loader continues at the saved global position; another global batch would put other samples
@@ -83,8 +87,21 @@ class LoaderSteps:
                 f"it with train.batch_ramp_steps=0, or start a new run_dir"
             )
         self.step = state.get(RAMP_STEP, 0)
-        self.loader.load_state_dict({k: v for k, v in state.items() if k != RAMP_STEP})
+        self._check_ramp_world(state.get(RAMP_WORLD))
+        self.loader.load_state_dict({k: v for k, v in state.items() if k not in (RAMP_STEP, RAMP_WORLD)})
         self._it = None
+
+    def _check_ramp_world(self, saved_world: int | None) -> None:
+        """Refuse a resume inside the ramp on another world size: ramp_accum counts micro-batches per rank, so
+        the ramp's remaining steps would hold other numbers of samples than the run's (None: not recorded)."""
+        world = getattr(self.loader, "world_size", None)
+        if not self.ramp_steps or self.step >= self.ramp_steps or saved_world is None or saved_world == world:
+            return
+        raise ConfigError(
+            f"the checkpoint is at step {self.step} of its batch ramp (train.batch_ramp_steps={self.ramp_steps}), "
+            f"which counts micro-batches per rank: on {world} rank(s) instead of {saved_world} its steps would hold "
+            f"other samples than the run's. Resume on {saved_world} rank(s) until step {self.ramp_steps}, then on any"
+        )
 
 
 class PretrainTask:
