@@ -68,6 +68,22 @@ def test_resume_continues_bit_identically(tmp_path):
     assert resumed.state.step == 10
 
 
+def test_resume_false_sets_the_run_already_there_aside(tmp_path):
+    """resume=false where a run is: its checkpoints stayed beside the new run's (keep_last pruned the old run's,
+    a damaged `latest` fell back to the old run's newest) and its metrics.jsonl was cut to nothing. They move to
+    run_dir/previous/<time>/, whole; the new run starts in an empty checkpoints directory."""
+    run(tmp_path, steps=6, ckpt_interval=2)
+    old = metrics(tmp_path)
+    _, result = run(tmp_path, steps=4, extra=["resume=false"], ckpt_interval=2, keep_last=1)
+    assert result.state.step == 4
+    (aside,) = (tmp_path / "previous").iterdir()
+    names = ["latest", "step_00000002", "step_00000004", "step_00000006"]
+    assert sorted(p.name for p in (aside / "checkpoints").iterdir()) == names
+    assert metrics(aside) == old and "max_steps: 6" in (aside / "config.yaml").read_text()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000004"]
+    assert [r["step"] for r in metrics(tmp_path) if "loss" in r] == [1, 2, 3, 4]
+
+
 def test_resume_on_another_engine_continues_exactly(tmp_path):
     """Elastic resume (docs/training.md): a single-process checkpoint continues under DDP (one rank here: the
     same arithmetic), with the uninterrupted run's losses. Refusals of what cannot change: tests/test_elastic.py."""

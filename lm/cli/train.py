@@ -64,7 +64,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     from lm.core.objectives import objective_for
     from lm.core.optim import lr_multiplier
     from lm.core.pretrain_task import PretrainTask
-    from lm.core.session import Session
+    from lm.core.session import Session, set_aside
     from lm.core.tracking import device_peak_flops
     from lm.engine import dist as dist_utils
     from lm.model import build_model, validate_model
@@ -112,6 +112,10 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
 
         if run.resume and _finished_cell(run_dir, config_yaml, train_cfg.max_steps, dist):
             return None
+        if not run.resume:
+            if dist.is_main:
+                set_aside(run_dir)
+            dist_utils.barrier()  # no rank looks at the run_dir before the old run has left it
         task = PretrainTask(
             train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches, train_cfg.batch_ramp_steps
         )

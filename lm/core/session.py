@@ -15,6 +15,8 @@ LM_PLUGINS modules install.
 """
 
 import logging
+import shutil
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -28,6 +30,25 @@ from lm.core.tracking import NullTracker, Tracker
 from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
+
+# What a run leaves in its run_dir that the next run there would read (checkpoints: the resume point, keep_last) or
+# write over (metrics.jsonl, train.log, config.yaml).
+RUN_RECORDS = ("checkpoints", "metrics.jsonl", "train.log", "config.yaml")
+
+
+def set_aside(run_dir: Path) -> Path | None:
+    """resume=false in a run_dir that holds a run: that run's records moved to run_dir/previous/<UTC time>/, so the
+    new run neither mixes with its checkpoints (a damaged `latest` would fall back to the old run's newest, keep_last
+    would count them) nor writes over its metrics. Returns where they went, or None when there was no run."""
+    found = [run_dir / name for name in RUN_RECORDS if (run_dir / name).exists()]
+    if not any(p.name in ("checkpoints", "metrics.jsonl") for p in found):
+        return None
+    aside = run_dir / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside.mkdir(parents=True, exist_ok=False)
+    for p in found:
+        shutil.move(str(p), str(aside / p.name))
+    log.info("resume=false: the run already in %s moved to %s (delete it when you no longer need it)", run_dir, aside)
+    return aside
 
 
 class Session:
