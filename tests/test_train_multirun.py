@@ -73,57 +73,76 @@ def test_a_multirun_with_an_explicit_run_dir_gives_each_cell_its_own_directory(t
     assert "resumed from" not in proc.stdout + proc.stderr
 
 
-def test_a_killed_sweep_run_again_resumes_its_unfinished_cell_exactly_and_skips_the_finished(tmp_path):
-    """Issue 51 item 2: `lm train -m ... run_dir=sweep` SIGKILLed inside the second cell (benchmarks/fault_pause.py
-    parks the process in its 6th optimizer step: cell 1's step 2; a checkpoint every step), then the same command
-    again: cell 0 is not trained again (its files stay as they were), cell 1 continues from its checkpoint, cell
-    2 starts, and every cell's losses equal an uninterrupted sweep's, bit for bit (one process)."""
-    import os
-    import signal
+def _sweep(tmp_path, run_dir, **env):
+    """`lm train -m ... seed=0,1,2 run_dir=<run_dir>`: three cells of 4 steps, a checkpoint every step."""
+    args = [
+        "-m",
+        "model=tiny",
+        "data=shakespeare_char",
+        "train.seq_len=32",
+        "train.micro_batch_size=2",
+        "train.max_steps=4",
+        "train.log_interval=1",
+        "train.eval_interval=0",
+        "train.ckpt_interval=1",
+        "sched.warmup_steps=1",
+        "seed=0,1,2",
+        f"run_dir={run_dir}",
+    ]
+    return subprocess.Popen(
+        [sys.executable, "-m", "lm.cli.train", *args],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=subprocess_env(LM_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(REPO), **env),
+    )
+
+
+def _finished(proc):
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 0, err[-3000:]
+    return out + err
+
+
+def _parked_in_cell_1(tmp_path, run_dir):
+    """The sweep, parked (benchmarks/fault_pause.py) in its 6th optimizer step: cell 1's step 2."""
     import time
 
-    def sweep(run_dir, **env):
-        args = [
-            "-m",
-            "model=tiny",
-            "data=shakespeare_char",
-            "train.seq_len=32",
-            "train.micro_batch_size=2",
-            "train.max_steps=4",
-            "train.log_interval=1",
-            "train.eval_interval=0",
-            "train.ckpt_interval=1",
-            "sched.warmup_steps=1",
-            "seed=0,1,2",
-            f"run_dir={run_dir}",
-        ]
-        return subprocess.Popen(
-            [sys.executable, "-m", "lm.cli.train", *args],
-            cwd=tmp_path,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=subprocess_env(LM_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(REPO), **env),
-        )
-
-    def finished(proc):
-        out, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err[-3000:]
-        return out + err
-
-    finished(sweep("whole"))
-    flag = tmp_path / "paused"
-    killed = sweep(
-        "sweep",
+    flag = tmp_path / f"paused-{run_dir}"
+    proc = _sweep(
+        tmp_path,
+        run_dir,
         LM_PLUGINS=str(REPO / "benchmarks" / "fault_pause.py"),
         LM_FAULT_PAUSE_FILE=str(flag),
         LM_FAULT_PAUSE_AT_STEP="6",
     )
     deadline = time.time() + 600
     while not flag.exists():
-        assert killed.poll() is None, killed.communicate()[1][-3000:]
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.time() < deadline, "the sweep never reached the fault step"
         time.sleep(0.2)
+    return proc
+
+
+def _same_as_whole(tmp_path, cells):
+    for cell in ("0", "1", "2"):
+        got, want = train_losses(cells / cell), train_losses(tmp_path / "whole" / cell)
+        assert list(got) == [1, 2, 3, 4] and got == want, cell
+
+
+def test_a_killed_sweep_run_again_resumes_its_unfinished_cell_exactly_and_skips_the_finished(tmp_path):
+    """Issue 51 item 2: `lm train -m ... run_dir=sweep` SIGKILLed inside the second cell (cell 1's step 2; a
+    checkpoint every step), then the same command again: cell 0 is not trained again (its files stay as they
+    were), cell 1 continues from its checkpoint, cell 2 starts, and every cell's losses equal an uninterrupted
+    sweep's, bit for bit (one process). A SIGTERM there (preemption) ends the sweep after cell 1's step in
+    flight: cell 2 never starts (the sender would kill it within its grace period), and the same command
+    finishes the sweep as exactly."""
+    import os
+    import signal
+
+    _finished(_sweep(tmp_path, "whole"))
+    killed = _parked_in_cell_1(tmp_path, "sweep")
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate()
     cells = tmp_path / "sweep"
@@ -131,13 +150,21 @@ def test_a_killed_sweep_run_again_resumes_its_unfinished_cell_exactly_and_skips_
     assert not (cells / "2").exists()
     done = _files(cells / "0")
 
-    out = finished(sweep("sweep"))
+    out = _finished(_sweep(tmp_path, "sweep"))
     assert "sweep/0 finished at step 4 (train.max_steps): this cell is skipped" in out
     assert "resumed from" in out and "sweep/1/checkpoints/step_00000001 (step 1)" in out
     assert _files(cells / "0") == done, "the finished cell was written again"
-    for cell in ("0", "1", "2"):
-        got, want = train_losses(cells / cell), train_losses(tmp_path / "whole" / cell)
-        assert list(got) == [1, 2, 3, 4] and got == want, cell
+    _same_as_whole(tmp_path, cells)
+
+    stopped = _parked_in_cell_1(tmp_path, "preempted")
+    os.kill(stopped.pid, signal.SIGTERM)
+    out = "".join(stopped.communicate(timeout=600))
+    cells = tmp_path / "preempted"
+    assert stopped.returncode == 1 and "Preempted: SIGTERM" in out, out[-3000:]
+    assert (cells / "1" / "checkpoints" / "latest").read_text() == "step_00000002"
+    assert not (cells / "2").exists(), "the sweep went on to the next cell after a stop signal"
+    _finished(_sweep(tmp_path, "preempted"))
+    _same_as_whole(tmp_path, cells)
 
 
 def _files(run_dir):

@@ -61,6 +61,10 @@ def run_app(
             log.error("%s: %s", type(e).__name__, line)  # sweep reports read this line back (lm/report/runs.py)
             dist_utils.shutdown()
             _remove_if_empty(fresh)
+            if in_multirun() and _stopped(e):  # preempted: end the sweep (lm.sweep.launchers.SweepStopped)
+                from lm.sweep.launchers import SweepStopped
+
+                raise SweepStopped(1) from e
             if in_multirun():  # Hydra records a cell's exception and goes on; an exit would end the sweep
                 raise
             sys.exit(1)
@@ -177,6 +181,12 @@ def _agree_on_run_stamp() -> None:
         dist_utils.init(dist_utils.pick_device("auto"))
         stamp = dist_utils.broadcast_object(stamp)
     os.environ["LM_RUN_STAMP"] = stamp
+
+
+def _stopped(e: Exception) -> bool:
+    """Whether a stop signal (SIGTERM, SIGUSR1, Ctrl-C) stopped the job (lm.core.loop, when it ran, says so)."""
+    loop = sys.modules.get("lm.core.loop")
+    return loop is not None and isinstance(e, loop.Preempted)
 
 
 def in_multirun() -> bool:

@@ -19,6 +19,8 @@ thin subclasses of these.
    crash or not, so two sweeps on one machine share the GPUs) and holds it until it exits. Without a
    GPU, `cpu_slots` cells run at a time.
    (claim_slot and visible_gpus are here so they are tested without the plugin.)
+4. A stop signal (preemption) that stops a cell run in the sweep's own process ends the sweep (SweepStopped)
+   instead of starting the next cell; the same command resumes it.
 """
 
 from __future__ import annotations
@@ -37,26 +39,39 @@ class CellExited(RuntimeError):
     """The cell's task called sys.exit with a failure status (its reason is in its log)."""
 
 
-class ExitAsError:
-    """The task function, with a failing SystemExit turned into CellExited (picklable for submitit)."""
+class SweepStopped(SystemExit):
+    """Raised by a cell (lm/cli/app.py) that a stop signal stopped (lm.core.loop.Preempted: SIGTERM, SIGUSR1,
+    Ctrl-C): it ends a sweep whose cells run in its own process (Hydra's basic launcher lets a SystemExit through),
+    where the next cell would start training only to be killed when the sender's grace period ends. The same
+    command resumes the sweep (the stopped cell from its checkpoint)."""
 
-    def __init__(self, task_function: Any) -> None:
+
+class ExitAsError:
+    """The task function, with a failing SystemExit turned into CellExited (picklable for submitit); with
+    `end_on_stop`, a SweepStopped goes through."""
+
+    def __init__(self, task_function: Any, end_on_stop: bool = False) -> None:
         self.task_function = task_function
+        self.end_on_stop = end_on_stop
 
     def __call__(self, cfg: Any) -> Any:
         try:
             return self.task_function(cfg)
         except SystemExit as e:
+            if isinstance(e, SweepStopped) and self.end_on_stop:
+                raise
             if e.code in (None, 0):
                 return None
             raise CellExited(f"the cell exited with status {e.code!r}") from None
 
 
 class KeepGoing:
-    """Mixed into a Hydra launcher: wrap the task function once, at setup."""
+    """Mixed into a Hydra launcher: wrap the task function once, at setup. Cells in this process (not
+    InCellProcess's) end the sweep when a stop signal stops one."""
 
     def setup(self, *, hydra_context: Any, task_function: Any, config: Any) -> None:
-        super().setup(hydra_context=hydra_context, task_function=ExitAsError(task_function), config=config)
+        wrapped = ExitAsError(task_function, end_on_stop=not isinstance(self, InCellProcess))
+        super().setup(hydra_context=hydra_context, task_function=wrapped, config=config)
 
 
 class InCellProcess:
