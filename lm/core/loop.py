@@ -10,7 +10,7 @@
             (and keep the best), checkpoint
 
 No host sync per step. Each step leaves its loss and gradient norm on the device; the host reads them
-(one all-reduce of the losses and one copy) only at sync points: log steps, evaluations, checkpoints, the
+(two all-reduces, one copy) only at sync points: log steps, evaluations, checkpoints, the
 last step, and a preemption stop. The NaN/inf guarantee (a non-finite loss never updates the weights) holds without a
 per-step check: a rank whose loss is non-finite multiplies its backward by NaN, so every gradient, and
 after the engine's reduction every rank's gradient norm, is NaN, and the engine skips the update on the
@@ -23,8 +23,9 @@ max_nonfinite in a row, each logged) is then applied at the next sync point, ste
 have been at each step; the steps in between trained on with their own (finite) updates. Engines that
 cannot skip on the device (DeepSpeed) check each step's loss on the host before their update, and its
 gradient norm at the next sync.
-The preemption flag is checked every train.stop_check_interval steps (a collective), and at every sync
-point on the same all-reduce; every rank checks at the same steps, so every rank stops at the same step.
+The preemption flag is checked every train.stop_check_interval steps (a collective), and at each log,
+evaluation or checkpoint step but the last, beside the token count; every rank checks at the same steps, so
+every rank stops at the same step.
 A signal after the last check (in the run's last steps: its final evaluation and checkpoint) lets the run complete;
 the next loop of the same process (lm finetune's next task/seed, lm transfer's finetuning) then stops before its
 first step, so the request is not lost with the finished loop's handlers.
@@ -234,8 +235,8 @@ def _run(
         for e in extra:
             tracker.log({"step": state.step, "tokens": state.tokens, **e(engine, state.step)})
         path = checkpointer.save(state.to_checkpoint(), task.state_dict()) if saved else None
-        if stopping:  # a signal during the last step: the run is complete anyway
-            path = path or checkpointer.save(state.to_checkpoint(), task.state_dict())
+        if stopping:  # never at the last step (check_stop=not last): a signal then is left over to the next loop
+            path = path or checkpointer.save(state.to_checkpoint(), task.state_dict())  # unless this step saved
             checkpointer.wait()  # an asynchronous write completes before the process stops
             raise Preempted(
                 f"{stop.name} received: stopped after step {state.step} with checkpoint {path}; "
@@ -267,7 +268,8 @@ def _sync(
 ) -> tuple[int, bool]:
     """The host catches up with the device: each pending step's global loss (one all-reduce) and gradient norm
     (global already: every rank computed it from the reduced gradients), read in one copy; the NaN/inf policy
-    applied to each step in order; state.tokens. With check_stop, the stop flag rides on the same all-reduce.
+    applied to each step in order; state.tokens (a second all-reduce, of the token count and, with check_stop,
+    the stop flag).
     Returns (the global input tokens of the pending steps, whether the ranks agreed to stop)."""
     losses = dist_utils.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
     asked = stop if check_stop else None
