@@ -1,7 +1,7 @@
 """Training-step speed of the ffn x norm variants, timed in interleaved rounds in one process.
 
 A sweep runs its cells one after another, so on a shared machine their steps/s columns measure the
-load at the time each cell ran. This times the same variants the way lm-bench does: the same batch,
+load at the time each cell ran. This times the same variants the way benchmarks/hf_step.py does: the same batch,
 optimizer, dtype and thread count, one block of steps per variant per round, rounds interleaved, so
 load changes hit every variant alike. Reports the median tokens/s per variant and its ratio to the
 first variant (GELU + LayerNorm). Then the norms alone (forward + backward on one activation):

@@ -141,7 +141,7 @@ def test_gpu_mfu_inductor_settings_apply_and_are_recorded(monkeypatch):
 
 
 def test_both_speed_benchmarks_time_lm_loop_and_engine_through_the_harness(monkeypatch):
-    """lm-bench and gpu_mfu.py time what users run: each measurement is one Session's loop (lm/core/session.py)."""
+    """hf_step.py and gpu_mfu.py time what users run: each measurement is one Session's loop (lm/core/session.py)."""
     from lm.core import session
 
     runs, real = [], session.Session.train

@@ -1,5 +1,5 @@
 """FixedTask: a task over a given list of micro-batches, one per step (step i trains on batches[i % n]), with
-no evaluation. The speed benchmarks (lm-bench, benchmarks/gpu_mfu.py) train it through the run harness
+no evaluation. The speed benchmarks (benchmarks/hf_step.py, benchmarks/gpu_mfu.py) train it through the run harness
 (lm/core/session.py), so what they time is lm's loop and engine on tokens they choose; a step_begin hook
 times the steps and raises TimedStepsDone before the loop's last step (which would evaluate and write a
 checkpoint), and Records keeps the loop's logged records in memory.

@@ -1,5 +1,5 @@
 """The run harness: what every training run does around the loop, written once. lm train (lm/cli/train.py),
-each GLUE task/seed (lm/glue/run.py; lm-transfer runs both) and the speed benchmarks (lm-bench,
+each GLUE task/seed (lm/glue/run.py; lm transfer runs both) and the speed benchmarks (benchmarks/hf_step.py,
 benchmarks/gpu_mfu.py) train through it, so a benchmark times what users run.
 
     engine = make_engine(run, instantiate, train_cfg, dist)   # lm.core.setup: refuses what the engine cannot do
