@@ -10,7 +10,7 @@ stalls the device. Exact resume is unchanged: each prefetched step carries the s
 taken right after it was read, and `state_dict()` returns the one of the last step handed out, so a
 checkpoint records what was consumed. `close()` rewinds the source to that position.
 
-The source must not draw from global random generators (ours key theirs by sample position: packed.py,
+The source must not draw from global random generators (ours key theirs by sample position: lm/data/packed.py,
 lm/glue/trainer.py), since a second thread would interleave with the training thread's draws.
 """
 

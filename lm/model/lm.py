@@ -5,7 +5,7 @@
 | EncoderLM        | 1      | no                  | no              | MLM head            |
 | EncoderDecoderLM | 2      | encoder no, dec yes | decoder yes     | LM head on decoder  |
 
-Batch conventions (see objectives.py): decoder labels are already aligned with input_ids (the
+Batch conventions (see lm/core/objectives.py): decoder labels are already aligned with input_ids (the
 loader shifts them); encoder labels are -100 except at masked positions; encoder-decoder labels
 align with decoder_input_ids (built by shifting labels right when not given, as in T5).
 """

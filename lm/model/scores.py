@@ -50,7 +50,7 @@ class Score(nn.Module):
         if causal and not self.causal_ok:
             raise ValueError(
                 f"{type(self).__name__} cannot be causal (its keys mix positions); "
-                f"lm.model.config.validate_model refuses such a model"
+                f"lm.model.validate.validate_model refuses such a model (the option's check)"
             )
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.max_seq_len, self.dropout, self.causal = max_seq_len, dropout, causal
@@ -128,8 +128,8 @@ class ScaledDot(Score):
 
 def make_score(factory: Callable[..., Score] | None, causal: bool, **shapes) -> Score:
     """The score of one attention module. A causal self-attention keeps scaled_dot when the chosen
-    option cannot be causal (the decoder of an encoder-decoder with model/attn=linformer);
-    lm.model.config refuses a decoder-only model with such an option."""
+    option cannot be causal (the decoder of an encoder-decoder with model/attn=linformer); the option's
+    `check` (run by lm.model.validate.validate_model) refuses a decoder-only model with it."""
     cls = getattr(factory, "func", factory)  # Hydra's _partial_ gives a functools.partial
     if factory is None or (causal and not cls.causal_ok):
         return ScaledDot(**shapes, causal=causal)
