@@ -106,8 +106,8 @@ class GLU(nn.Module):
         hidden = hidden_size(dim, hidden_mult, multiple_of, hidden_dim)
         self.act = _activation(activation)
         self.silu = activation == "silu"
-        # W_gate and W_up stacked in one (2*hidden, dim) matrix: one matmul instead of two, which a CPU
-        # runs faster than two half-size ones (docs/results.md, benchmarks/hf_step.py); the maths is unchanged.
+        # W_gate and W_up stacked in one (2*hidden, dim) matrix: one matmul instead of two half-size ones
+        # (docs/results.md, "CPU kernel choices inside the model"); the maths is unchanged.
         self.gate_up = Linear(dim, 2 * hidden, bias=bias)
         self.down = Linear(hidden, dim, bias=bias, residual=True)
         self.dropout = nn.Dropout(dropout)

@@ -1,11 +1,10 @@
 """`Linear`: nn.Linear with an optional fp32 CPU path through oneDNN (`model.linear=onednn`).
 
 PyTorch runs an fp32 nn.Linear on CPU as MKL sgemm. The oneDNN matmul that PyTorch CPU builds also
-ship (the private op torch.ops.mkldnn._linear_pointwise) ran the forward product x W^T 1.2-1.5x and
-the input gradient g W 1.1-1.3x faster at Transformer shapes (2048 tokens, width 384..2048) on the
-2-core AMD EPYC (AVX-512) of docs/results.md, +3-6% per training step there, and the weight gradient
-g^T x about 0.85x, so the weight gradient stays on MKL. On an AVX2 AMD and an AVX-512 Intel CPU whole
-steps differed by 1-2% either way, so the default is plain F.linear (`model.linear=torch`) and
+ship (the private op torch.ops.mkldnn._linear_pointwise) can run the forward product x W^T and the
+input gradient g W faster at Transformer shapes, but not the weight gradient g^T x, which stays on MKL.
+Whole training steps gained a few percent on one CPU and nothing beyond noise on others (docs/results.md,
+"CPU kernel choices inside the model"), so the default is plain F.linear (`model.linear=torch`) and
 oneDNN is an option. The products are the same; only the summation order differs (~1e-6 relative).
 
 Even with the option on, everything but fp32 CPU eager runs plain F.linear: GPUs, half precision and

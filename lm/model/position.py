@@ -160,8 +160,8 @@ class RoPE(PositionScheme):
         sin = freqs.sin()
         # Half-split RoPE is x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1). That
         # equals roll(x, Dh/2) * cat(-sin, sin): one roll and one fused multiply-add per tensor instead of
-        # a negation, a concatenation, two products and a sum (~1.5x faster forward + backward on a CPU,
-        # where a small model's step is many small elementwise kernels).
+        # a negation, a concatenation, two products and a sum: fewer kernels, which is what a small model's
+        # CPU step is made of (docs/results.md, "CPU kernel choices inside the model").
         signed_sin = torch.cat((-sin, sin), dim=-1)  # (T, Dh)
         half = self.head_dim // 2
 
