@@ -119,7 +119,8 @@ class _Attention(nn.Module):
     def attend(self, q, k, v, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
         y = self.score(q, k, v, mask, is_causal)  # (B, H, Tq, Dh)
         B, _, T, _ = y.shape
-        return self.out(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)  # (B, H, T, Dh) -> (B, T, H*Dh)
+        return self.out(y)  # (B, T, D)
 
 
 class SelfAttention(_Attention):
@@ -131,7 +132,7 @@ class SelfAttention(_Attention):
 
     def forward(self, x, causal: bool, mask, pos, cache: LayerCache | None = None):
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)  # (B, T, H*Dh), 2 x (B, T, KVH*Dh)
         q = self.q_norm(self._heads(q, self.n_heads))  # (B, H, T, Dh)
         k = self.k_norm(self._heads(k, self.n_kv_heads))  # (B, KVH, T, Dh)
         v = self._heads(v, self.n_kv_heads)
@@ -151,7 +152,7 @@ class CrossAttention(_Attention):
         self.kv = Linear(dim, 2 * n_kv_heads * head_dim, bias=bias)
 
     def _memory_kv(self, memory: torch.Tensor) -> tuple:
-        k, v = self.kv(memory).chunk(2, dim=-1)
+        k, v = self.kv(memory).chunk(2, dim=-1)  # (B, S, 2*KVH*Dh) -> 2 x (B, S, KVH*Dh)
         return self.k_norm(self._heads(k, self.n_kv_heads)), self._heads(v, self.n_kv_heads)
 
     def forward(self, x, memory, memory_mask, cache: LayerCache | None = None):

@@ -116,7 +116,7 @@ class LMHead(nn.Module):
         logits = self(h)  # (B, T, V)
         if labels is None:
             return LMOutput(logits=logits)
-        # fp32 loss: log-softmax over a large vocabulary loses precision in half precision.
+        # fp32 loss: log-softmax over a large vocabulary loses precision in half precision. (B*T, V) against (B*T,)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
         # Detached: under torch.compile, returned logits that require grad get a (B, T, V) zero gradient
         # allocated and filled in backward though nothing uses it (13 GB of bf16 at GPT-2's vocabulary and

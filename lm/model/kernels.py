@@ -163,7 +163,7 @@ def fused_linear_cross_entropy(
     """Mean cross-entropy of softmax(h W^T + b) over the labels that are not IGNORE_INDEX, without the logits.
     h (..., D), labels (...)."""
     _on_cuda(h, "cross_entropy")
-    h2, target = h.reshape(-1, h.shape[-1]), labels.reshape(-1)
+    h2, target = h.reshape(-1, h.shape[-1]), labels.reshape(-1)  # (N, D), (N,)
     if kernel == "liger":
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 

@@ -35,7 +35,7 @@ class _OneDNNLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
         y = _onednn_mm(x.reshape(-1, x.shape[-1]), weight, bias)  # (..., in) -> (N, in) -> (N, out)
-        return y.view(*x.shape[:-1], weight.shape[0])
+        return y.view(*x.shape[:-1], weight.shape[0])  # (N, out) -> (..., out)
 
     @staticmethod
     def backward(ctx, grad):

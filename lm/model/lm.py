@@ -241,7 +241,7 @@ class SequenceClassifier(nn.Module):
         if labels is None:
             return LMOutput(logits=logits)
         if self.n_labels == 1:
-            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())  # (B, 1) -> (B,)
         else:
             loss = F.cross_entropy(logits.float(), labels.long())
         return LMOutput(loss=loss, logits=logits.detach())

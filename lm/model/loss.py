@@ -84,4 +84,5 @@ def chunked_cross_entropy(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, chunk_size: int
 ) -> torch.Tensor:
     """Mean cross-entropy of softmax(h W^T + b) against labels; h (..., D), labels (...)."""
-    return _ChunkedLinearCrossEntropy.apply(h.reshape(-1, h.shape[-1]), weight, bias, labels.reshape(-1), chunk_size)
+    h2, target = h.reshape(-1, h.shape[-1]), labels.reshape(-1)  # (N, D), (N,)
+    return _ChunkedLinearCrossEntropy.apply(h2, weight, bias, target, chunk_size)

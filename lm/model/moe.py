@@ -107,7 +107,7 @@ def route(
     # Each group's choices in serve order, read row-major: (T, k) is position-major, (k, T) choice-major.
     # The transpose is its own inverse, so `serve` also maps back to (G, T, k).
     serve = (lambda t: t) if causal else (lambda t: t.transpose(1, 2))
-    queue = serve(expert).reshape(G, T * top_k)
+    queue = serve(expert).reshape(G, T * top_k)  # (G, T*k): each choice's expert, in serve order
     claims = F.one_hot(queue, n_experts) * serve(claiming).reshape(G, T * top_k, 1)  # (G, T*k, E); pads claim nothing
     earlier = claims.cumsum(1).gather(2, queue[..., None]) - 1  # claims on the same expert before this one
     taken = serve(earlier.view(serve(expert).shape))  # (G, T, k)
@@ -121,7 +121,7 @@ def _mean(values: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
     """Mean over the first dimension, over the rows of weight 1 only (the real tokens) when given."""
     if weight is None:
         return values.mean(0)
-    weight = weight.to(values.dtype).view(-1, *([1] * (values.dim() - 1)))
+    weight = weight.to(values.dtype).view(-1, *([1] * (values.dim() - 1)))  # (N,) -> (N, 1, ...) like values
     return (values * weight).sum(0) / weight.sum().clamp(min=1)
 
 
@@ -231,6 +231,7 @@ class MoE(MatmulCount, AuxSource):
     def _record(self, logits: torch.Tensor, probs: torch.Tensor, r: Routing, real: torch.Tensor | None) -> None:
         E, k = self.n_experts, self.top_k
         weight = None if real is None else real.flatten()  # pads count in no loss or metric
+        # (B, T, E) -> (N, E); (B, T, k) -> (N, k), N = B*T tokens
         flat_probs, expert, kept = probs.reshape(-1, E), r.expert.reshape(-1, k), r.kept.reshape(-1, k)
         balance = balance_loss(flat_probs, expert, weight)
         z = _mean(torch.logsumexp(logits.reshape(-1, E), -1).pow(2), weight)

@@ -106,7 +106,7 @@ class ScaledDot(Score):
     kernels, `is_causal` without a mask) unless probabilities are being captured."""
 
     def logits(self, q, k):
-        return (q @ k.transpose(-2, -1)) * self.scale
+        return (q @ k.transpose(-2, -1)) * self.scale  # (B, H, Tq, Dh) @ (B, H, Dh, Tk) -> (B, H, Tq, Tk)
 
     def forward(self, q, k, v, mask, is_causal):
         if self.record is not None:
