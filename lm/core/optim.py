@@ -1,8 +1,9 @@
 """Parameter groups, AdamW, and learning-rate schedules as pure functions of the step.
 
 Weight decay applies to matrices of Linear layers only: norms, biases and embeddings are left
-undecayed (as in GPT-3, Brown et al. 2020, and nanoGPT): decaying a gain or a bias towards zero
-has no regularising meaning, and embeddings are lookups whose rows see few updates.
+undecayed (as in GPT-3, Brown et al. 2020; nanoGPT also decays the embeddings: optim.decay_embeddings=true):
+decaying a gain or a bias towards zero has no regularising meaning, and embeddings are lookups whose rows
+see few updates.
 """
 
 import math
