@@ -54,7 +54,8 @@ class TrainConfig:
     grad_accum: int = 1  # micro-steps per optimizer step; with global_batch_size, use resolve_batch()
     global_batch_size: int | None = None  # sequences per optimizer step = micro_batch_size * grad_accum * world
     # Batch-size ramp (Cramming, Geiping & Goldstein 2022; GPT-3): pretraining's micro-batches per step grow
-    # linearly from 1 to grad_accum over the first batch_ramp_steps steps (lm/core/pretrain_task.py); 0 = off.
+    # linearly to grad_accum over the first batch_ramp_steps steps (from 1 when batch_ramp_steps >= grad_accum;
+    # lm/core/pretrain_task.py ramp_accum); 0 = off.
     # The ramp's steps see fewer tokens: match a token budget with max_steps.
     batch_ramp_steps: int = 0
     seq_len: int = 128

@@ -1,9 +1,9 @@
 """Pretraining as a `lm.core.task.TrainTask`: packed token windows in, token-mean val loss out.
 
-Each optimizer step takes grad_accum micro-batches of the train loader (during a batch ramp fewer: 1 at
-the first step, growing linearly to grad_accum at step batch_ramp_steps); evaluation is the token-mean
-loss over at most eval_batches micro-batches of the val loader (lm.core.loop.evaluate). There is
-no "best": pretraining keeps its latest checkpoints.
+Each optimizer step takes grad_accum micro-batches of the train loader (during a batch ramp fewer: growing
+linearly, grad_accum / batch_ramp_steps rounded up and at least 1 at the first step, to grad_accum at step
+batch_ramp_steps); evaluation is the token-mean loss over at most eval_batches micro-batches of the val loader
+(lm.core.loop.evaluate). There is no "best": pretraining keeps its latest checkpoints.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ RAMP_WORLD = "ramp_world_size"
 
 
 def ramp_accum(step: int, grad_accum: int, ramp_steps: int) -> int:
-    """Micro-batches at 0-based `step` of a linear ramp from 1 to grad_accum over ramp_steps steps."""
+    """Micro-batches at 0-based `step` of a linear ramp to grad_accum over ramp_steps steps: ceil(grad_accum x
+    (step + 1) / ramp_steps), at least 1 (so 1 at the first step only when ramp_steps >= grad_accum)."""
     if step >= ramp_steps:
         return grad_accum
     return max(1, math.ceil(grad_accum * (step + 1) / ramp_steps))
