@@ -1,9 +1,9 @@
 """Model code: single-device PyTorch. `build_model(cfg)` (lm/model/build.py) is the only place it meets Hydra.
 
-Public API: build_model, ModelConfig / model_preset / model_from_saved (lm.model.config), Block,
-DecoderLM, EncoderLM, EncoderDecoderLM, SequenceClassifier,
-generate (lm.model.generate), from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
-Each name is imported on first use, so `from lm.model.lm import DecoderLM` reads only what a GPT needs.
+Public API from `lm.model` itself: build_model, ModelConfig, validate_model, Block, DecoderLM, EncoderLM,
+EncoderDecoderLM, SequenceClassifier, each imported on first use, so `from lm.model.lm import DecoderLM` reads
+only what a GPT needs. From their own modules: model_preset / model_from_saved (lm.model.config), generate
+(lm.model.generate), from_hf / to_hf (lm.model.convert), num_params / flops_per_token (lm.model.flops).
 """
 
 import importlib
