@@ -82,6 +82,8 @@ def test_resume_false_sets_the_run_already_there_aside(tmp_path):
     assert metrics(aside) == old and "max_steps: 6" in (aside / "config.yaml").read_text()
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000004"]
     assert [r["step"] for r in metrics(tmp_path) if "loss" in r] == [1, 2, 3, 4]
+    run(tmp_path, steps=2, extra=["resume=false"])  # again, within the same second or not: a second directory
+    assert len(list((tmp_path / "previous").iterdir())) == 2
 
 
 def test_resume_on_another_engine_continues_exactly(tmp_path):

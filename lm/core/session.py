@@ -43,8 +43,12 @@ def set_aside(run_dir: Path) -> Path | None:
     found = [run_dir / name for name in RUN_RECORDS if (run_dir / name).exists()]
     if not any(p.name in ("checkpoints", "metrics.jsonl") for p in found):
         return None
-    aside = run_dir / "previous" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    aside.mkdir(parents=True, exist_ok=False)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = run_dir / "previous" / stamp
+    n = 1
+    while aside.exists():  # two starts over in one second
+        aside, n = run_dir / "previous" / f"{stamp}-{n}", n + 1
+    aside.mkdir(parents=True)
     for p in found:
         shutil.move(str(p), str(aside / p.name))
     log.info("resume=false: the run already in %s moved to %s (delete it when you no longer need it)", run_dir, aside)
