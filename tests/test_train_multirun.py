@@ -10,14 +10,12 @@ from tests.engine_support import REPO, metrics, subprocess_env, train_losses
 
 pytestmark = pytest.mark.slow
 
+TINY_SWEEP = ["-m", "model=tiny", "data=shakespeare_char", "train.seq_len=32", "train.micro_batch_size=2"]
+
 
 def test_plain_multirun_gives_each_cell_its_own_run_dir_and_survives_a_bad_cell(tmp_path):
     args = [
-        "-m",
-        "model=tiny",
-        "data=shakespeare_char",
-        "train.seq_len=32",
-        "train.micro_batch_size=2",
+        *TINY_SWEEP,
         "train.max_steps=2",
         "train.log_interval=1",
         "train.eval_batches=1",
@@ -46,11 +44,7 @@ def test_plain_multirun_gives_each_cell_its_own_run_dir_and_survives_a_bad_cell(
 
 def test_a_multirun_with_an_explicit_run_dir_gives_each_cell_its_own_directory(tmp_path):
     args = [
-        "-m",
-        "model=tiny",
-        "data=shakespeare_char",
-        "train.seq_len=32",
-        "train.micro_batch_size=2",
+        *TINY_SWEEP,
         "train.max_steps=1",
         "train.eval_batches=1",
         "sched.warmup_steps=1",
@@ -76,11 +70,7 @@ def test_a_multirun_with_an_explicit_run_dir_gives_each_cell_its_own_directory(t
 def _sweep(tmp_path, run_dir, **env):
     """`lm train -m ... seed=0,1,2 run_dir=<run_dir>`: three cells of 4 steps, a checkpoint every step."""
     args = [
-        "-m",
-        "model=tiny",
-        "data=shakespeare_char",
-        "train.seq_len=32",
-        "train.micro_batch_size=2",
+        *TINY_SWEEP,
         "train.max_steps=4",
         "train.log_interval=1",
         "train.eval_interval=0",
