@@ -108,6 +108,32 @@ def test_harmless_changes_resume_to_the_uninterrupted_result(
     ).read_text()
 
 
+def test_resume_false_sets_the_earlier_job_aside_and_starts_over(
+    tmp_path, easy_glue, pretrained, monkeypatch, uninterrupted, caplog
+):
+    """resume=false over an interrupted pair with another lr: the earlier job's files move to previous/<time>/
+    intact, and the new job neither resumes from nor is refused by its checkpoints."""
+    run_dir = tmp_path / "ft"
+    pair = interrupted_run(run_dir, easy_glue, pretrained, monkeypatch)
+    latest = (pair / "checkpoints" / "latest").read_text()
+    before = sorted(p.relative_to(run_dir) for p in run_dir.rglob("*") if p.name != ".lock")
+    with caplog.at_level(logging.INFO, logger="lm"):
+        finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained, "resume=false", "tasks.sst2.lr=1e-3")))
+    (aside,) = (run_dir / "previous").iterdir()
+    assert f"moved to {aside}" in caplog.text and "resumed from" not in caplog.text
+    assert sorted(p.relative_to(aside) for p in aside.rglob("*")) == before
+    assert (aside / "sst2" / "seed0" / "checkpoints" / "latest").read_text() == latest
+    assert json.loads((run_dir / "results.json").read_text())["tasks"]["sst2"]["config"]["lr"] == 1e-3
+    assert OmegaConf.load(aside / "config.yaml").tasks.sst2.lr == 0.003  # the earlier job's record, not written over
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lm"):  # and once more: the finished job goes aside too
+        finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained, "resume=false")))
+    assert len(list((run_dir / "previous").iterdir())) == 2 and "done in an earlier run" not in caplog.text
+    got, want = (json.loads((d / "results.json").read_text()) for d in (run_dir, uninterrupted))
+    assert got["columns"] == want["columns"]
+
+
 def test_save_best_keeps_a_loadable_checkpoint_of_the_best_epoch(tmp_path, easy_glue, pretrained):
     from lm.core.checkpoint import consolidated_state_dict, read_trainer, resolve
     from lm.glue.init import Backbone, build_classifier

@@ -68,7 +68,10 @@ def finetune(cfg: DictConfig):
     run_dir = Path(job.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
         if dist.is_main:
+            if not job.resume:
+                _set_aside(run_dir)
             atomic_write_text(run_dir / "config.yaml", config_yaml)
+        dist_utils.barrier()  # no rank looks at the run_dir before an earlier job has left it
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
         return finetune_glue(
             job, backbone, lambda train_cfg: make_engine(job, instantiate, train_cfg, dist), config, dist
@@ -107,6 +110,16 @@ def check_run_dir(run_dir: Path, init: str | None) -> None:
         source = Path(init).expanduser().resolve()
         if source.exists() and source.is_relative_to(run_dir.resolve()):
             raise ConfigError(f"run_dir={run_dir} holds init={init}, the model finetuning starts from: {fix}")
+
+
+def _set_aside(run_dir: Path) -> None:
+    """resume=false: an earlier job's results, submission and task directories moved to run_dir/previous/<UTC time>/
+    (lm.core.session.set_aside), so starting over neither writes over them nor resumes a pair from its checkpoints."""
+    from lm.core.lock import LOCK_NAME
+    from lm.core.session import set_aside
+
+    records = sorted(p.name for p in run_dir.iterdir() if p.name not in ("previous", LOCK_NAME))
+    set_aside(run_dir, records, marks=[r for r in records if r != "config.yaml"])
 
 
 def _is_finetune_config(path: Path) -> bool:

@@ -34,14 +34,16 @@ log = logging.getLogger("lm")
 # What a run leaves in its run_dir that the next run there would read (checkpoints: the resume point, keep_last) or
 # write over (metrics.jsonl, train.log, config.yaml).
 RUN_RECORDS = ("checkpoints", "metrics.jsonl", "train.log", "config.yaml")
+RUN_MARKS = ("checkpoints", "metrics.jsonl")  # a run was there (a config.yaml alone: a start that was refused)
 
 
-def set_aside(run_dir: Path) -> Path | None:
-    """resume=false in a run_dir that holds a run: that run's records moved to run_dir/previous/<UTC time>/, so the
+def set_aside(run_dir: Path, records: Sequence[str] = RUN_RECORDS, marks: Sequence[str] = RUN_MARKS) -> Path | None:
+    """resume=false in a run_dir that holds a run: that run's `records` moved to run_dir/previous/<UTC time>/, so the
     new run neither mixes with its checkpoints (a damaged `latest` would fall back to the old run's newest, keep_last
-    would count them) nor writes over its metrics. Returns where they went, or None when there was no run."""
-    found = [run_dir / name for name in RUN_RECORDS if (run_dir / name).exists()]
-    if not any(p.name in ("checkpoints", "metrics.jsonl") for p in found):
+    would count them) nor writes over its metrics or results. A run is there when one of `marks` is. Returns where
+    the records went, or None when there was no run."""
+    found = [run_dir / name for name in records if (run_dir / name).exists()]
+    if not any(p.name in marks for p in found):
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     aside = run_dir / "previous" / stamp
