@@ -95,6 +95,90 @@ def test_safetensors_full_disk_is_one_line():
     assert line.endswith("— free space on that disk, or write somewhere else") and "\n" not in line
 
 
+# -- under torchrun: one rank prints, every rank writes torchrun's error file ------------------------------
+
+
+def _elastic_rank(monkeypatch, tmp_path, rank):
+    """The environment torchrun gives rank `rank`: its RANK and the error file it reads back when the rank fails."""
+    error_file = tmp_path / f"error_{rank}.json"
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    return error_file
+
+
+def _summary(error_file, rank=1):
+    """torchrun's own summary of a rank that exited with status 1 and wrote `error_file`."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    failure = ProcessFailure(local_rank=rank, pid=1, exitcode=1, error_file=str(error_file))
+    return ChildFailedError("lm", {rank: failure}).format_msg()
+
+
+def test_under_torchrun_only_rank_0_prints_a_user_error(capsys, monkeypatch, tmp_path):
+    """Every rank hits the same user error: rank 0 prints its line, the others exit with status 1 in silence; each
+    writes the line as its elastic error file, which torchrun's summary shows instead of 'To enable traceback'."""
+
+    @entry("lm-x")
+    def main(e):
+        raise e
+
+    @entry("lm-x", usage=(ConfigError,))
+    def usage():
+        raise ConfigError("--layer 9: the model has 2 layers")
+
+    @entry("lm-x")
+    def exits():
+        sys.exit("lm-x: run_dir=/r is not writable")  # the sys.exit(message) of lm/cli/app.py and others
+
+    error_file = _elastic_rank(monkeypatch, tmp_path, 1)
+    assert _exit(main, ConfigError("train.lr=-1 must be > 0")) == 1 and capsys.readouterr().err == ""
+    assert "traceback : lm-x: train.lr=-1 must be > 0\n" in _summary(error_file)
+    assert _exit(exits) == 1 and capsys.readouterr().err == ""
+    assert "traceback : lm-x: run_dir=/r is not writable\n" in _summary(error_file)
+    assert _exit(usage) == 2 and capsys.readouterr().err == ""
+    error_file = _elastic_rank(monkeypatch, tmp_path, 0)
+    assert _exit(main, ConfigError("train.lr=-1 must be > 0")) == "lm-x: train.lr=-1 must be > 0"  # printed
+    assert "traceback : lm-x: train.lr=-1 must be > 0\n" in _summary(error_file, rank=0)
+
+
+def test_under_torchrun_a_bug_keeps_its_traceback_on_every_rank(monkeypatch, tmp_path):
+    @entry("lm-x")
+    def bug():
+        raise KeyError("rnn")
+
+    error_file = _elastic_rank(monkeypatch, tmp_path, 1)
+    with pytest.raises(KeyError):
+        bug()
+    assert not error_file.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("train.max_steps=abc", "lm train: train.max_steps: Value 'abc' of type 'str' could not be converted"),
+        ("train.world_size=3", "EngineError: train.world_size=3 but the launcher started 2 process(es)"),
+    ],
+)
+def test_a_user_error_under_torchrun_is_said_once(override, line, tmp_path):
+    """`torchrun --nproc_per_node 2 -m lm train <a user error>`: the line once (rank 0's), not once per rank, and
+    torchrun's summary names it as the root cause, not 'To enable traceback see: ...'. Refused before any work."""
+    from tests.engine_support import free_port
+
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    rendezvous = ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    args = ["-m", "lm", "train", "model=tiny", override, f"run_dir={tmp_path / 'run'}"]
+    p = subprocess.run(
+        torchrun + rendezvous + args, capture_output=True, text=True, env=subprocess_env(), timeout=300, cwd=tmp_path
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 1, out[-3000:]
+    assert out.count(line) - out.count(f"traceback : {line}") == 1, out[-3000:]  # said once beside the summary
+    root_cause = out.split("Root Cause (first observed failure):", 1)[1]
+    assert f"traceback : {line}" in root_cause and "To enable traceback" not in out, out[-3000:]
+
+
 # -- lm quickstart / lm transfer arguments ----------------------------------------------------------------
 
 

@@ -2,9 +2,9 @@
 
 Both apps run the same way under every launcher (python, torchrun, accelerate, deepspeed, srun):
 drop the launcher's `--local_rank` argument, agree on one run stamp across ranks, run the job,
-turn the errors a user can fix (lm/cli/errors.py) into one log line and exit status 1 (or, inside a Hydra
-multirun, re-raise so the sweep records the cell and goes on), remove the run directory Hydra created when the
-job was refused before writing into it, and always tear the process group down.
+turn the errors a user can fix (lm/cli/errors.py) into one log line (under torchrun, rank 0's) and exit
+status 1 (or, inside a Hydra multirun, re-raise so the sweep records the cell and goes on), remove the run
+directory Hydra created when the job was refused before writing into it, and always tear the process group down.
 """
 
 import contextlib
@@ -36,7 +36,7 @@ def run_app(
     (lm/cli/errors.py's `describe`, plus `user_errors`) is logged as one line and ends the job with status 1."""
     import hydra
 
-    from lm.cli.errors import describe
+    from lm.cli.errors import describe, quiet
     from lm.cli.group_choice import check_group_options
     from lm.engine import dist as dist_utils
 
@@ -58,7 +58,9 @@ def run_app(
             line = describe(e) or (str(e) if isinstance(e, user_errors) else None)
             if line is None:
                 raise
-            log.error("%s: %s", type(e).__name__, line)  # sweep reports read this line back (lm/report/runs.py)
+            said = f"{type(e).__name__}: {line}"
+            if in_multirun() or not quiet(said):  # a sweep's cell goes on: no elastic error file is written for it
+                log.error("%s", said)  # sweep reports read this line back (lm/report/runs.py)
             dist_utils.shutdown()
             _remove_if_empty(fresh)
             if in_multirun() and _stopped(e):  # preempted: end the sweep (lm.sweep.launchers.SweepStopped)

@@ -10,15 +10,20 @@ status 2, as argparse's own);
 Ctrl-C outside the training loop is one line and status 130. User errors are the project's own (each
 already names the file and the fix) and those that bad input, a wrong path or a full disk raise from the
 OS, the UTF-8 decoder, csv, pickle and safetensors. Anything else is a bug: its traceback is kept.
+
+Under torchrun every rank hits the same user error, so only rank 0 prints the line; each rank also writes it as
+its elastic error file (`quiet`), which torchrun's summary of failed ranks shows as the first failure's cause.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import json
 import os
 import pickle
 import sys
+import time
 from collections.abc import Callable
 
 # The project's exceptions a user can fix, by module: only modules already imported are looked up (an
@@ -108,20 +113,47 @@ def entry(prog: str, usage: tuple[type[BaseException], ...] = ()) -> Callable:
                 _quiet_stdout()
                 raise SystemExit(141) from None  # 128 + SIGPIPE: what a shell reports for a process the pipe ended
             except KeyboardInterrupt as e:  # the loop's Aborted says where the same command resumes from
-                print(f"{prog}: interrupted" + (f"; {e}" if str(e) else ""), file=sys.stderr)
+                _say(f"{prog}: interrupted" + (f"; {e}" if str(e) else ""))
                 raise SystemExit(130) from None
+            except SystemExit as e:  # sys.exit("lm-x: <what>") below: Python prints it, and does so on every rank
+                if isinstance(e.code, str) and quiet(e.code):
+                    raise SystemExit(1) from None
+                raise
             except Exception as e:  # noqa: BLE001 - a bug (describe is None) is re-raised unchanged
                 line = describe(e)
                 if line is None:
                     raise
                 if isinstance(e, usage):  # worded as argparse words its own
-                    print(f"{prog}: error: {line}", file=sys.stderr)
+                    _say(f"{prog}: error: {line}")
                     raise SystemExit(2) from None
-                raise SystemExit(f"{prog}: {line}") from None  # printed on stderr, status 1
+                message = f"{prog}: {line}"
+                raise SystemExit(1 if quiet(message) else message) from None  # a message: printed on stderr, status 1
 
         return run
 
     return wrap
+
+
+def quiet(line: str) -> bool:
+    """Whether this process leaves its user error's `line` unprinted: a rank other than 0 under torchrun (or
+    `accelerate launch`, which runs it). Every rank there first writes the line as its elastic error file, in the
+    format of torch's own `@record`, so a rank that failed alone is still heard once: torchrun's summary shows the
+    first failed rank's line where it would say 'To enable traceback see: ...'. Elsewhere every rank prints."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return False
+    data = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:  # not recorded: this rank says it itself
+        return False
+    return os.environ.get("RANK", "0") != "0"
+
+
+def _say(line: str) -> None:
+    if not quiet(line):
+        print(line, file=sys.stderr)
 
 
 def _quiet_stdout() -> None:
