@@ -167,6 +167,46 @@ def test_sigkill_then_same_command_continues_the_trajectory(world, engine, exact
         assert max(abs(got[s] - expected[s]) for s in expected) < 1e-5
 
 
+def test_ranks_of_a_sigkilled_torchrun_stop_with_a_checkpoint(cache, tmp_path):
+    """torchrun cannot pass a SIGKILL on: its ranks, parked inside step 7, get SIGTERM from Linux instead
+    (lm.engine.dist.stop_with_torchrun) and stop as on a preemption, with a checkpoint of step 7."""
+    run_dir = tmp_path / "run"
+    proc = start_paused(2, overrides(run_dir, "engine=ddp"), cache, tmp_path)
+    ranks = descendants(proc.pid)
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 120
+    try:
+        while any(_state(pid) not in (None, "Z") for pid in ranks) and time.time() < deadline:
+            time.sleep(0.2)
+        assert all(_state(pid) in (None, "Z") for pid in ranks), "the ranks outlived torchrun"
+    finally:
+        for pid in ranks:  # parked forever without the death signal
+            if _state(pid) not in (None, "Z"):
+                os.kill(pid, signal.SIGKILL)
+    assert (run_dir / "checkpoints" / "latest").read_text() == f"step_{KILL_AT:08d}"
+
+
+@pytest.mark.parametrize("session_leader", [True, False])
+def test_only_a_process_torchrun_started_asks_for_its_death_signal(session_leader):
+    """torchrun starts each rank as a session leader; a process a rank starts (same environment) is none and asks
+    for no death signal, which would follow whichever thread of the rank started it."""
+    code = (
+        "import ctypes; from lm.engine.dist import stop_with_torchrun; stop_with_torchrun(); "
+        "sig = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(sig)); print(sig.value)"  # PR_GET_PDEATHSIG
+    )
+    env = subprocess_env(TORCHELASTIC_RUN_ID="test")
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        start_new_session=session_leader,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == (str(int(signal.SIGTERM)) if session_leader else "0"), out.stderr[-2000:]
+
+
 def test_hydra_under_torchrun_makes_one_run_directory(cache, tmp_path):
     """No run_dir given: rank 0's timestamp names one directory for both ranks, with one config."""
     args = [a for a in overrides("unused", "engine=ddp") if not a.startswith("run_dir=")]

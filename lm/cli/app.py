@@ -1,10 +1,11 @@
 """The Hydra entry point shared by lm train and lm finetune.
 
 Both apps run the same way under every launcher (python, torchrun, accelerate, deepspeed, srun):
-drop the launcher's `--local_rank` argument, agree on one run stamp across ranks, run the job,
-turn the errors a user can fix (lm/cli/errors.py) into one log line (under torchrun, rank 0's) and exit
-status 1 (or, inside a Hydra multirun, re-raise so the sweep records the cell and goes on), remove the run
-directory Hydra created when the job was refused before writing into it, and always tear the process group down.
+stop with a SIGKILLed torchrun (lm.engine.dist.stop_with_torchrun), drop the launcher's `--local_rank`
+argument, agree on one run stamp across ranks, run the job, turn the errors a user can fix (lm/cli/errors.py)
+into one log line (under torchrun, rank 0's) and exit status 1 (or, inside a Hydra multirun, re-raise so the
+sweep records the cell and goes on), remove the run directory Hydra created when the job was refused before
+writing into it, and always tear the process group down.
 """
 
 import contextlib
@@ -40,6 +41,7 @@ def run_app(
     from lm.cli.group_choice import check_group_options
     from lm.engine import dist as dist_utils
 
+    dist_utils.stop_with_torchrun()
     _strip_launcher_args()
     _check_run_dir_arg(prog, config_name)
     sys.argv = [sys.argv[0], *cells_apart(sys.argv[1:])]

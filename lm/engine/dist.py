@@ -6,7 +6,10 @@ then assert that the process group really has that many ranks (accelerate can
 silently run one unsynchronised process per rank, or one process instead of N).
 """
 
+import ctypes
 import os
+import signal
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +62,20 @@ def _accelerate_simple_launcher_processes() -> int:
         if a.replace("-", "_").startswith("__num_processes="):
             return int(a.split("=", 1)[1])
     return 0
+
+
+def stop_with_torchrun() -> None:
+    """Have Linux send this rank SIGTERM when the torchrun that started it dies. torchrun passes its own SIGTERM
+    or Ctrl-C on to its ranks, but a SIGKILL (kill -9, the OOM killer) leaves them training on without it;
+    SIGTERM stops them as a preemption does (a checkpoint after the step in flight, lm/core/loop.py).
+
+    Only in the process torchrun (or `accelerate launch`, which runs it) started: torch starts each rank as a
+    session leader, which a process the rank starts in turn is not. The signal follows the thread that started
+    the process, which in torch's agent is its main thread. A torchrun killed before this call goes unnoticed."""
+    if sys.platform != "linux" or "TORCHELASTIC_RUN_ID" not in os.environ or os.getsid(0) != os.getpid():
+        return
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
 
 
 def pick_device(preference: str = "auto") -> torch.device:
