@@ -69,7 +69,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     from lm.engine import dist as dist_utils
     from lm.model import build_model, validate_model
     from lm.model.flops import flops_per_token
-    from lm.model.validate import check_objective
+    from lm.model.validate import check_objective, refuse_unread
 
     run = typed_run(cfg)
     # The run's record, made once here: below this line only typed objects, text and plain dicts travel.
@@ -78,6 +78,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     train_cfg, optim_cfg, sched_cfg, model_cfg = run.train, run.optim, run.sched, run.model
     validate_train(train_cfg, optim_cfg, sched_cfg)
     validate_model(model_cfg)
+    refuse_unread(model_cfg)  # an override the model would not read: the user's config only, never a saved one
     check_objective(model_cfg, objective_for(model_cfg.arch))  # e.g. a bidirectional RNN cannot learn clm
     if train_cfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
         torch.set_num_threads(train_cfg.threads)

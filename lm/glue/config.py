@@ -232,6 +232,23 @@ def validate_finetune(job: FinetuneSchema) -> None:
     if job.train.ckpt_interval < 0:
         raise ConfigError(f"train.ckpt_interval={job.train.ckpt_interval} must be >= 0 (0 = at the end of every epoch)")
     validate_train(job.train.for_task(1, 1), job.optim, job.sched)
+    _validate_scratch_model(job)
+
+
+# init= values that build model= with random weights (as lm/glue/init.py load_backbone reads them)
+_SCRATCH = ("none", "scratch", "")
+
+
+def _validate_scratch_model(job: FinetuneSchema) -> None:
+    """init=none builds model=<preset> as composed, the user's config: refused as lm train refuses it (a value the
+    model would not read included). A plain model node (not composed on the model schema) is a saved one, which
+    lm/glue/init.py loads as it was saved."""
+    from lm.model.config import ModelConfig
+    from lm.model.validate import refuse_unread, validate_model
+
+    if isinstance(job.model, ModelConfig) and str(job.init).lower() in _SCRATCH:
+        validate_model(job.model)
+        refuse_unread(job.model)
 
 
 def validate_glue_task(cfg: GlueTaskConfig) -> None:

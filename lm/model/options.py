@@ -42,6 +42,12 @@ class Component:
     def check(self, model: ModelConfig) -> None:
         pass
 
+    def unread(self, model: ModelConfig) -> str | None:
+        """The line refusing a value, of this option's fields or the model's, that the model built with this option
+        never reads; None when there is none. Asked at entry only (lm/model/validate.py's refuse_unread), never of
+        a saved config."""
+        return None
+
     def after_init(self, model) -> None:
         """Called by lm/model/init.py after the init scheme's pass over the built model: an option whose weights
         start by a rule of its own (Fixup's rescaling) applies it here."""
@@ -55,6 +61,11 @@ class NormConfig(Component):
 
     def residual(self):
         return None
+
+    def has_norm(self) -> bool:
+        """Whether the option builds a norm (model.norm_eps is its epsilon); False: it builds the identity (the
+        zoo's ReZero without a norm, Fixup)."""
+        return True
 
 
 @register("norm")
@@ -213,6 +224,8 @@ class AttnConfig(Component):
 
     Its interface (class attributes, not config fields, and one method):
     - `uses_scale`: whether model.attn_scale applies;
+    - `uses_dropout`: whether model.attn_dropout applies (it drops attention probabilities, which a convolution
+      does not compute);
     - `self_only`: the option is about the positions of one sequence (a synthesized pattern, a convolution
       window): cross-attention keeps scaled_dot, and stacks that move queries off their positions refuse it;
     - `check(model)`: refuses, before anything is built, the model settings the option cannot honour.
@@ -220,6 +233,7 @@ class AttnConfig(Component):
     """
 
     uses_scale: ClassVar[bool] = True
+    uses_dropout: ClassVar[bool] = True
     self_only: ClassVar[bool] = False
 
     def uses_qk(self) -> bool:

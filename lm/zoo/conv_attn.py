@@ -52,6 +52,7 @@ class _ConvConfig(AttnConfig):
     weight_dropout: float = 0.0  # DropConnect on the normalised kernel (the paper uses 0.1)
     glu: bool = True  # the GLU input projection d -> 2d -> d; false: a plain d -> d projection
     uses_scale: ClassVar[bool] = False
+    uses_dropout: ClassVar[bool] = False  # no attention probabilities to drop: weight_dropout is its own
     self_only: ClassVar[bool] = True  # a window over one sequence: cross-attention keeps scaled_dot
 
     def uses_qk(self) -> bool:

@@ -96,6 +96,14 @@ class ElectraConfig(FamilyConfig):
             family=None,
         )
 
+    def unread(self, model: ModelConfig) -> str | None:
+        if not model.sparse_prediction:
+            return (
+                "model.sparse_prediction=false has no effect with model/family=electra: its generator predicts at "
+                "the masked positions only and its discriminator at every token, whatever it says; drop the override"
+            )
+        return None
+
     def check(self, model: ModelConfig) -> None:
         """An encoder; the generator's numbers make a model; the model's output layer is one the generator can
         sample."""

@@ -59,6 +59,14 @@ class SharedConfig(StackConfig):
             return f"model/stack=shared (model.stack.share={self.share})"
         return f"model/stack=universal (model.stack.steps={self.steps or 'n_layers'})"
 
+    def unread(self, model) -> str | None:
+        if not self.universal and self.step_embedding != StepKind.sinusoidal:
+            return (
+                f"model.stack.step_embedding={self.step_embedding.value} has no effect: {self.describe()} adds no "
+                f"step embedding (the Universal Transformer's, model/stack=universal, does); drop the override"
+            )
+        return None
+
     def check(self, model) -> None:
         stacks = {Arch.decoder: {"decoder"}, Arch.encoder: {"encoder"}, Arch.encoder_decoder: {"encoder", "decoder"}}
         if self.share in ("encoder", "decoder") and self.share not in stacks[model.arch]:
