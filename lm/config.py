@@ -17,6 +17,7 @@ from lm.config_base import (  # noqa: F401 - the root re-exports the leaf
     conf_dir,
     explain,
     not_a_key,
+    null_node_error,
     override_parse_error,
     to_typed,
 )

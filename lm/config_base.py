@@ -91,6 +91,37 @@ def composition_error(e: Exception) -> str | None:
     return f"{full_key}: {what}" if full_key else f"{str(e).strip().splitlines()[0].rstrip('.')}: {what}"
 
 
+# OmegaConf's assertion when an override sets a field inside a node that is null (model.family.hidden=512 on a
+# Transformer, whose model.family is null): a traceback that names neither the override nor the node.
+NULL_NODE = "Unexpected type for root: NoneType"
+
+
+def null_node_error(e: Exception, overrides: list[str]) -> str | None:
+    """One line for `e` when it is that assertion, naming the override, its null node and the config group to choose
+    an option from; else None. The key comes from the frame of OmegaConf.update(cfg, key, ...), which raised it: the
+    overrides of fields inside option nodes that are set look the same."""
+    if not isinstance(e, AssertionError) or str(e) != NULL_NODE:
+        return None
+    key = _updated_key(e)
+    arg = next((a for a in overrides if a.lstrip("+~").partition("=")[0] == key), None)
+    if key is None or arg is None or "." not in key:
+        return None
+    where, name = key.rsplit(".", 1)
+    group = where.replace(".", "/")
+    fix = f"choose one ({group}=<option>, see conf/{group}/)" if conf_dir().joinpath(group).is_dir() else "set it"
+    return f"{arg}: {where} is null here (no {group} option is chosen), so it has no field {name}; {fix} or drop {arg}"
+
+
+def _updated_key(e: Exception) -> str | None:
+    tb, key = e.__traceback__, None
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        if tb.tb_frame.f_code.co_name == "update" and isinstance(local.get("key"), str):
+            key = local["key"]
+        tb = tb.tb_next
+    return key
+
+
 def override_parse_error(override: str, message: str) -> str:
     """One line for a command-line override Hydra's grammar cannot read (`run_dir=runs/lr=3e-4`, `it's`), naming
     it and the quoted form that reads as typed. Hydra's report is its parser's message, which names neither."""
@@ -129,4 +160,9 @@ def compose_group(
             cfg = compose(config_name=None, overrides=[f"+{group}={option}", *(overrides or [])])
         except HydraException as e:
             raise ConfigError(f"{group}={option} {list(overrides or [])}: {explain(e.__cause__ or e)}") from None
+        except AssertionError as e:
+            line = null_node_error(e, list(overrides or []))
+            if line is None:
+                raise
+            raise ConfigError(line) from None
     return OmegaConf.to_object(OmegaConf.select(cfg, group.replace("/", ".")))

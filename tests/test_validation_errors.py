@@ -4,6 +4,7 @@ GLUE files with a header and no examples, an unknown `task=`."""
 
 import errno
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -327,6 +328,13 @@ def test_overrides_of_selected_tasks_pass(args, monkeypatch, tmp_path):
             ["task=glue/rte", "init=none", "tasks.rte.epoch=1"],
             "lm finetune: tasks.rte.epoch is not a key of tasks.rte (GlueTaskConfig); did you mean tasks.rte.epochs?",
         ),
+        (  # a recurrent model's field on a Transformer: OmegaConf's assertion, without this line a traceback
+            "lm.cli.train",
+            ["model=tiny", "model.family.hidden=512"],
+            "lm train: model.family.hidden=512: model.family is null here (no model/family option is chosen), so it "
+            "has no field hidden; choose one (model/family=<option>, see conf/model/family/) or drop "
+            "model.family.hidden=512",
+        ),
     ],
 )
 def test_an_override_hydra_cannot_apply_is_one_line_naming_the_key(tmp_path, module, args, line):
@@ -334,6 +342,22 @@ def test_an_override_hydra_cannot_apply_is_one_line_naming_the_key(tmp_path, mod
     p = run_cli(module, *args, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     assert p.returncode == 1 and p.stderr.strip() == line, p.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "preset,args,node",
+    [
+        ("tiny", ["model.ffn.hidden_mult=3", "model.family.hidden=512"], "family"),  # the override that failed
+        ("gpt2", ["+model.stack.steps=3"], "stack"),
+        ("lstm", ["model.pos.theta=5.0"], "pos"),
+    ],
+)
+def test_a_field_of_a_null_option_node_is_one_line_naming_its_group(preset, args, node):
+    from lm.model.config import model_preset
+
+    arg = args[-1]
+    with pytest.raises(ConfigError, match=f"^{re.escape(arg)}: model.{node} is null here .*model/{node}=<option>"):
+        model_preset(preset, args)
 
 
 def test_cli_lists_the_tasks_for_an_unknown_one(tmp_path):

@@ -91,7 +91,7 @@ def _composition_errors_in_one_line(prog: str):
     from hydra._internal import utils as hydra_utils
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    from lm.config import composition_error, override_parse_error
+    from lm.config import composition_error, null_node_error, override_parse_error
 
     original = getattr(hydra_utils, "run_and_report", None)
     if original is None or os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -109,6 +109,11 @@ def _composition_errors_in_one_line(prog: str):
                 sys.exit(f"{prog}: {line}")
             except OverrideParseException as e:  # `run_dir=runs/lr=3e-4`: Hydra's line names neither it nor a fix
                 sys.exit(f"{prog}: {override_parse_error(e.override, e.message)}")
+            except AssertionError as e:  # a field of a null node: OmegaConf asserts (lm.config.null_node_error)
+                line = null_node_error(e, sys.argv[1:])
+                if line is None:
+                    raise
+                sys.exit(f"{prog}: {line}")
 
         return original(one_line)
 

@@ -97,7 +97,7 @@ def pretrain_config(r: Recipe, max_steps: int | None = None):
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
-    from lm.config import check_known_keys, composition_error, conf_dir, register_train_configs
+    from lm.config import check_known_keys, composition_error, conf_dir, null_node_error, register_train_configs
 
     register_train_configs()
     presets = sorted(p.stem for p in (conf_dir() / "experiment").glob("*.yaml"))
@@ -122,6 +122,11 @@ def pretrain_config(r: Recipe, max_steps: int | None = None):
     except HydraException as e:  # one line: Hydra's second ("use +key=value to append") is wrong advice for a typo
         why = composition_error(e) or str(e).strip().splitlines()[0]
         raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {why} (lm train --help lists the keys)") from None
+    except AssertionError as e:  # a field of a null node (model.family.hidden=512 on a Transformer): OmegaConf asserts
+        why = null_node_error(e, r.pretrain)
+        if why is None:
+            raise
+        raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {why}") from None
     check_known_keys(cfg)  # a `+key=` no schema reads: refused now, not after the scratch arm's hours
     return cfg
 
