@@ -266,6 +266,19 @@ def test_known_tasks_and_other_args_pass(arg):
     check_task_args([arg])
 
 
+@pytest.mark.parametrize("arg", ["model=bert", "model.dim=128", "model/ffn=swiglu", "+model.n_segments=2"])
+def test_a_model_override_with_a_saved_init_is_refused(arg):
+    """init=<run> finetunes the model saved there: model= and model.* (conf/finetune.yaml's init=none baseline) would
+    change nothing."""
+    with pytest.raises(ConfigError, match=f"^{re.escape(arg)} has no effect with init=runs/x: lm finetune builds"):
+        check_task_args(["task=glue/rte", "init=runs/x", arg])
+
+
+@pytest.mark.parametrize("init", ["none", "scratch", "runs/a,runs/b"])  # the baseline's model; a sweep: the job's
+def test_a_model_override_with_init_none_passes(init):
+    check_task_args(["task=glue/rte", f"init={init}", "model=bert", "model.dim=128"])
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -359,6 +359,22 @@ def check_task_args(args: list[str]) -> None:
                     f"{', '.join((*GLUE_TASKS, 'all'))} (several: 'task=[glue/rte,glue/mrpc]')"
                 )
     _check_selected(args, GLUE_TASKS)
+    _check_model_args(args)
+
+
+def _check_model_args(args: list[str]) -> None:
+    """model= and model.* choose the model init=none builds; with init=<run or export> the model is the one saved
+    there, so such an override would change nothing (a sweep or interpolation of init= is left to the job)."""
+    inits = [a.partition("=")[2] for a in args if a.lstrip("+").startswith("init=")][-1:]
+    if not inits or any(c in inits[0] for c in ",($") or inits[0].strip("'\"").lower() in _SCRATCH:
+        return
+    for arg in args:
+        key = arg.lstrip("+~").partition("=")[0]
+        if key == "model" or key.startswith(("model.", "model/")):
+            raise ConfigError(
+                f"{arg} has no effect with init={inits[0]}: lm finetune builds the model saved there (model= and "
+                f"model.* choose the init=none baseline's); drop the override, or pretrain the model you want"
+            )
 
 
 def _names(value: str) -> list[str]:
