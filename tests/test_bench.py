@@ -155,3 +155,17 @@ def test_both_speed_benchmarks_time_lm_loop_and_engine_through_the_harness(monke
     assert runs == ["Engine"] and r["tokens_per_s_ours"] > 0
     rows = load("gpu_mfu").measure("tiny", 16, [2, 3], 2, False, ["model.n_layers=1", "model.dim=32"], device="cpu")
     assert runs == ["Engine"] * 3 and len(rows) == 2
+
+
+def test_cpu_kernel_pairs_do_the_same_maths_on_each_side():
+    """benchmarks/cpu_kernels.py times lm's form against the old one: each side must compute the same thing."""
+    import torch
+
+    kernels = load("cpu_kernels")
+    rope = kernels.rope_pair(batch=2, heads=2, seq=8, head_dim=8)  # asserts equal rotations itself
+    glu = kernels.glu_pair(tokens=16, dim=8, hidden=12)  # asserts equal outputs itself
+    split = kernels.SplitGLU(8, 12)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(kernels.FusedGLU(split)(x), split(x))
+    times = kernels.alternate({**rope, "glu": glu["lm"]}, rounds=2, calls=1)
+    assert set(times) == {"lm", "old", "glu"} and all(t > 0 for t in times.values())

@@ -1,4 +1,5 @@
-"""lm.model.linear: model.linear=onednn gives F.linear's values and gradients; torch is the default."""
+"""lm.model.linear: model.linear=onednn gives F.linear's values and gradients; auto, the default, takes it where it
+is there."""
 
 import pytest
 import torch
@@ -76,7 +77,7 @@ def test_other_dtypes_and_the_default_run_f_linear(monkeypatch):
 
 def test_model_linear_option_sets_every_linear_and_keeps_the_numbers():
     torch.manual_seed(0)
-    plain = build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16))
+    plain = build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16, linear="torch"))
     torch.manual_seed(0)
     fast = build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16, linear="onednn"))
     layers = [m for m in fast.modules() if isinstance(m, Linear)]
@@ -84,6 +85,15 @@ def test_model_linear_option_sets_every_linear_and_keeps_the_numbers():
     assert not any(m.onednn for m in plain.modules() if isinstance(m, Linear))
     ids = torch.randint(0, 50, (2, 16))
     torch.testing.assert_close(fast(ids, labels=ids).loss, plain(ids, labels=ids).loss, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_the_default_takes_onednn_where_the_build_has_it(monkeypatch):
+    assert ModelConfig().linear == "auto"
+    default = build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16))
+    assert all(m.onednn for m in default.modules() if isinstance(m, Linear))
+    monkeypatch.setattr(linear, "onednn_available", lambda: False)
+    without = build_model(ModelConfig(vocab_size=50, dim=32, n_heads=4, max_seq_len=16))
+    assert not any(m.onednn for m in without.modules() if isinstance(m, Linear))
 
 
 def test_onednn_option_without_the_op_is_a_clear_error(monkeypatch):

@@ -27,6 +27,7 @@ class Init(Choice):
 
 
 class LinearKind(Choice):
+    auto = "auto"  # onednn where this PyTorch build has it, else torch
     torch = "torch"  # F.linear
     onednn = "onednn"  # fp32 CPU matmuls on oneDNN: lm/model/linear.py
 

@@ -100,7 +100,7 @@ class ModelConfig:
     init_std: float = 0.02
     loss_chunk_size: int = 0  # >0: chunked output projection + cross-entropy (tokens per chunk)
     activation_checkpointing: bool = False
-    linear: LinearKind = LinearKind.torch
+    linear: LinearKind = LinearKind.auto  # fp32 CPU eager matmuls on oneDNN where it is there (lm/model/linear.py)
     # Fused CUDA kernels per op (lm/model/kernels.py): torch (off) by default, each one switch
     kernels: KernelsConfig = field(default_factory=KernelsConfig)
     norm: NormConfig = field(default_factory=LayerNormConfig)

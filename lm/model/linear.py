@@ -3,9 +3,10 @@
 PyTorch runs an fp32 nn.Linear on CPU as MKL sgemm. The oneDNN matmul that PyTorch CPU builds also
 ship (the private op torch.ops.mkldnn._linear_pointwise) can run the forward product x W^T and the
 input gradient g W faster at Transformer shapes, but not the weight gradient g^T x, which stays on MKL.
-Whole training steps gained a few percent on one CPU and nothing beyond noise on others (docs/results.md,
-"CPU kernel choices inside the model"), so the default is plain F.linear (`model.linear=torch`) and
-oneDNN is an option. The products are the same; only the summation order differs (~1e-6 relative).
+On some CPUs whole training steps of small models run 1.3-1.4x faster with it, on others within a few percent
+either way (docs/results.md, "CPU kernel choices inside the model"), so the default `model.linear=auto` takes
+oneDNN wherever the PyTorch build has the op; `model.linear=torch` is plain F.linear. The products are the
+same; only the summation order differs (~1e-6 relative).
 
 Even with the option on, everything but fp32 CPU eager runs plain F.linear: GPUs, half precision and
 autocast, torch.compile (which fuses on its own). The weights are an ordinary nn.Linear's: state
@@ -18,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-KINDS = ("torch", "onednn")
+KINDS = ("auto", "torch", "onednn")
 
 
 def onednn_available() -> bool:
@@ -63,7 +64,7 @@ def _fast_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 class Linear(nn.Linear):
-    onednn: bool = False  # set per model by use_kind(model, "onednn")
+    onednn: bool = False  # set per model by use_kind (model.linear)
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, residual: bool = False, **kw):
         """residual: the layer projects back into the residual stream (attention output, FFN down): GPT-2's
@@ -78,9 +79,12 @@ class Linear(nn.Linear):
 
 
 def use_kind(model: nn.Module, kind: str) -> nn.Module:
-    """Run every Linear of `model` on `kind` (model.linear): torch (F.linear) or onednn."""
+    """Run every Linear of `model` on `kind` (model.linear): torch (F.linear), onednn, or auto (onednn where this
+    PyTorch build has the op, else torch)."""
     if kind not in KINDS:
-        raise ValueError(f"model.linear={kind!r} is not one of {KINDS}; use model.linear=torch (the default)")
+        raise ValueError(f"model.linear={kind!r} is not one of {KINDS}; use model.linear=auto (the default)")
+    if kind == "auto":
+        kind = "onednn" if onednn_available() else "torch"
     if kind == "onednn" and not onednn_available():
         raise ValueError(
             f"model.linear=onednn: this PyTorch build ({torch.__version__}) has no oneDNN linear op "
