@@ -54,6 +54,15 @@ def test_a_larger_max_steps_and_other_resumable_fields_continue(gelu_run, tmp_pa
     assert "max_steps: 7" in (r / "config.yaml").read_text()
 
 
+def test_a_run_from_before_model_linear_auto_resumes_under_the_new_default(tmp_path, caplog):
+    """model.linear changes the kernel, not the products: a run that recorded torch (the default before auto)
+    continues under auto."""
+    run(tmp_path, steps=2, extra=["model.linear=torch"])
+    with caplog.at_level(logging.WARNING, logger="lm"):
+        _, result = run(tmp_path, steps=3)
+    assert result.state.step == 3 and "model.linear: 'torch' -> 'auto'" in caplog.text
+
+
 def test_max_steps_below_the_step_says_so(gelu_run, tmp_path):
     r = _copy(gelu_run, tmp_path / "r")
     with pytest.raises(

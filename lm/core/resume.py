@@ -38,6 +38,7 @@ RESUMABLE = (
     "train.compile_mode",
     "train.peak_flops",
     "train.world_size",
+    "model.linear",  # which kernel runs fp32 CPU matmuls: the same products (runs from before auto record torch)
     "train.stop_check_interval",
     "train.prefetch",
     # the GLUE probes and harness tasks read the model and change nothing it computes (lm/eval/)
@@ -93,6 +94,7 @@ FINETUNE_RESUMABLE = (
     "train.compile",
     "train.compile_mode",
     "train.world_size",
+    "model.linear",
     "train.on_nonfinite",
     "train.max_nonfinite",
     "run_dir",
