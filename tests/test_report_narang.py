@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from lm.cli.report import main
 from lm.model.config import model_preset
 from lm.model.flops import flops_per_token, num_params
-from lm.sweep.narang_rows import BANDS, PAPER_ORDER, ROWS, by_name, row_node
+from lm.sweep.narang_rows import BANDS, HALVES, PAPER_ORDER, ROWS, by_name, row_node
 from tests.fixtures.runs.synthetic import loss_at
 
 EFFECT = {"transparent_attention": 0.02, "swiglu": -0.1, "vanilla": 0.0, "adaptive_softmax": 0.05}  # job order
@@ -139,6 +139,8 @@ def test_every_row_composes_and_names_a_paper_row():
                 expected = OmegaConf.select(cfg, value[2:-1]) if value.startswith("${") else yaml.safe_load(value)
                 if value == BANDS:  # the adaptive rows' band edges: [V/8, V/2] of the experiment's vocabulary
                     expected = [cfg.model.vocab_size // 8, cfg.model.vocab_size // 2]
+                if value == HALVES:  # the funnel row's groups: half of the layers each
+                    expected = [cfg.model.n_layers // 2] * 2
                 actual = OmegaConf.select(cfg, key)
                 if OmegaConf.is_list(actual):
                     actual = list(actual)
@@ -156,6 +158,18 @@ def test_the_adaptive_rows_keep_each_experiments_band_edges(experiment, bands):
     ):
         cfg = compose_experiment(row, experiment)
         assert list(OmegaConf.select(cfg, f"model.{slot}.cutoffs")) == bands, row
+
+
+@pytest.mark.parametrize("experiment", ["narang", "narang_gpu"])
+def test_every_row_of_both_sizes_is_a_valid_model(experiment):
+    """Each row's overrides hold at both bases (2 + 2 layers of width 128, 6 + 6 of 512): none is refused before it
+    trains (the funnel row's groups once summed to the CPU base's 2 layers only)."""
+    from lm.model.validate import refuse_unread, validate_model
+
+    for row in ROWS:
+        model = OmegaConf.to_object(compose_experiment(row.name, experiment).model)
+        validate_model(model)
+        refuse_unread(model)
 
 
 def compose_experiment(row: str, experiment: str = "narang"):

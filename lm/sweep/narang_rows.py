@@ -17,6 +17,9 @@ from typing import NamedTuple
 # Band edges of the adaptive rows: [V/8, V/2] of the experiment's vocabulary (experiment=narang: [512, 2048] of
 # 4096 BPE ids; narang_gpu: [4096, 16384] of 32768), quoted so the row's YAML reads each as one interpolation.
 BANDS = "['${lm.div:${model.vocab_size},8}','${lm.div:${model.vocab_size},2}']"
+# The funnel row's two groups of the encoder's blocks: half of model.n_layers each (experiment=narang: [1, 1];
+# narang_gpu: [3, 3]).
+HALVES = "['${lm.div:${model.n_layers},2}','${lm.div:${model.n_layers},2}']"
 # Rank of the factorized-embedding rows: ALBERT's 128 of 768 is 1/6 of the width; 32 of 128 is the
 # nearest power of two at this base's width.
 FACTOR_RANK = 32
@@ -162,13 +165,13 @@ ROWS: list[Row] = [
     # Experts are the base's ReLU FFN; every block's FFN is routed (8 experts).
     Row("mixture_of_experts", "Mixture of experts", ["model/ffn=moe", "model/ffn@model.ffn.expert=relu"]),
     Row("switch_transformer", "Switch Transformer", ["model/ffn=switch", "model/ffn@model.ffn.expert=relu"]),
-    # The encoder's two blocks in two groups (length halved between them), one full-length block after
+    # The encoder's blocks in two equal groups (length halved between them), one full-length block after
     # up-sampling for the decoder's memory. Pooling needs positions added to the embeddings (the relative
     # bias acts inside attention, at lengths pooling changes), so this row uses learned absolute positions.
     Row(
         "funnel_transformer",
         "Funnel Transformer",
-        ["model/stack=funnel", "model.stack.blocks=[1,1]", "model.stack.decoder_layers=1", "model/pos=learned"],
+        ["model/stack=funnel", f"model.stack.blocks={HALVES}", "model.stack.decoder_layers=1", "model/pos=learned"],
     ),
     Row("weighted_transformer", "Weighted Transformer", ["model/block=weighted"]),
     # The memory replaces the FFN of the second block of each stack.
