@@ -8,17 +8,17 @@ import re
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from omegaconf import OmegaConf
 
 import lm.zoo  # noqa: F401 - registers the zoo's options (model/stack=shared, model/family=electra, ...)
-from lm.config import ConfigError, conf_dir, register_train_configs
+from lm.config import ConfigError, conf_dir
 from lm.model import build_model
 from lm.model.config import model_from_saved, model_preset
 from lm.model.validate import refuse_unread, validate_model
 from tests.engine_support import compose as compose_train
 from tests.engine_support import loaders, tiny_overrides
+from tests.test_sweep_experiments import hydra_conf as hydra_conf  # the fixture, re-exported
 
 # (preset, overrides, the refusal's line). Every line is "<override> has no effect: <why>; <fix>".
 REFUSED = [
@@ -190,15 +190,6 @@ def test_every_preset_passes_at_entry(preset):
     cfg = model_preset(preset)
     validate_model(cfg)
     refuse_unread(cfg)
-
-
-@pytest.fixture(scope="module")
-def hydra_conf():
-    register_train_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-        yield
-    GlobalHydra.instance().clear()
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
