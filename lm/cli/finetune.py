@@ -118,7 +118,8 @@ def _set_aside(run_dir: Path) -> None:
     from lm.core.lock import LOCK_NAME
     from lm.core.session import set_aside
 
-    records = sorted(p.name for p in run_dir.iterdir() if p.name not in ("previous", LOCK_NAME))
+    kept = ("previous", LOCK_NAME, ".hydra")  # .hydra: a sweep cell's, which Hydra wrote for this job
+    records = sorted(p.name for p in run_dir.iterdir() if p.name not in kept)
     set_aside(run_dir, records, marks=[r for r in records if r != "config.yaml"])
 
 
