@@ -153,16 +153,22 @@ def run_name() -> str:
     """The default run directory's name: the command line's overrides (`model-tiny+train.seq_len-32`; "default"
     without any), so running the same command again resumes the same run. Inside a multirun it is the sweep's
     stamp (each cell adds its job number, lm.cell); outside Hydra, a stamp."""
-    import hashlib
-    import re
-
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if not HydraConfig.initialized() or HydraConfig.get().mode == RunMode.MULTIRUN:
         return run_stamp()
+    return run_name_of(HydraConfig.get().overrides.task)
+
+
+def run_name_of(overrides) -> str:
+    """run_name() of these command-line overrides (Hydra's overrides.task: the command line's, hydra.* left out);
+    lm/cli/app.py also reads it before Hydra runs, to know the directory Hydra will create."""
+    import hashlib
+    import re
+
     keep = []
-    for override in HydraConfig.get().overrides.task:
+    for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0].replace("/", ".")
         if not any(key == k or key.startswith(k + ".") for k in NOT_IN_RUN_NAME):
             keep.append(override.lstrip("+~").replace("=", "-", 1))

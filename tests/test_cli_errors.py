@@ -334,6 +334,35 @@ def test_a_refused_config_leaves_no_empty_run_directory(tmp_path):
     assert (tmp_path / "keep").is_dir()  # a directory that was there before stays
 
 
+@pytest.mark.parametrize(
+    "module,args",
+    [
+        ("lm.cli.train", ["model=tiny", "train.max_steps=0"]),
+        ("lm.cli.finetune", ["task=glue/rte", "init=nowhere/run"]),
+    ],
+)
+def test_a_refused_job_leaves_no_default_run_directory(tmp_path, module, args):
+    """Without run_dir= the run directory is named by the overrides (runs/<name>, runs/finetune/<name>): a job
+    refused before writing removes it, and runs/ with it when the job made that too."""
+
+    def refused():
+        p = subprocess.run(
+            [sys.executable, "-m", module, *args],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert p.returncode == 1 and "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+
+    refused()
+    assert not (tmp_path / "runs").exists(), sorted(str(q.relative_to(tmp_path)) for q in tmp_path.rglob("*"))
+    (tmp_path / "runs").mkdir()  # a runs/ that was there before stays; the run's own directory does not
+    refused()
+    assert [q.name for q in (tmp_path / "runs").iterdir()] == []
+
+
 def test_a_schedule_that_ends_in_its_warmup_warns_once(tmp_path, caplog):
     from lm.cli.train import train
 
@@ -351,3 +380,13 @@ def test_a_schedule_that_ends_in_its_warmup_warns_once(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="lm"):
         train(cfg, loaders=loaders(cfg))
     assert not [r for r in caplog.records if "warmup" in r.getMessage()]
+
+
+def test_the_default_run_directory_is_named_from_the_overrides_hydra_records():
+    from lm.cli.app import _default_run_dir_prefix, _task_overrides
+    from lm.config import run_name_of
+
+    argv = ["model=tiny", "--cfg", "job", "hydra.job.chdir=false", "hydra/job_logging=stdout", "+train.seed=1", "-m"]
+    assert _task_overrides(argv) == ["model=tiny", "+train.seed=1"]
+    assert run_name_of(_task_overrides(argv)) == "model-tiny+train.seed-1"
+    assert (_default_run_dir_prefix("train"), _default_run_dir_prefix("finetune")) == ("runs/", "runs/finetune/")

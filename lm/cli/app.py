@@ -154,13 +154,15 @@ def _refuse_moved_overrides(args: list[str]) -> None:
 def _new_run_dirs(config_name: str) -> list[Path]:
     """The run directory Hydra is about to create, and each of its parents it will create with it, when
     they do not exist yet: a job refused before writing anything removes them again (they are empty)."""
+    from lm.config import run_name_of
+
     args = [a.lstrip("+") for a in sys.argv[1:]]
     values = [a.split("=", 1)[1] for a in args if a.startswith(("run_dir=", "hydra.run.dir="))]
     if values:
         run_dir = values[-1]
-    else:
+    else:  # runs/<the overrides>, as lm.config.run_name will name it
         prefix = _default_run_dir_prefix(config_name)
-        run_dir = prefix + os.environ.get("LM_RUN_STAMP", "") if prefix else ""
+        run_dir = prefix + run_name_of(_task_overrides(sys.argv[1:])) if prefix else ""
     if not run_dir or "${" in run_dir or "," in run_dir or "-m" in sys.argv[1:] or "--multirun" in sys.argv[1:]:
         return []
     path, fresh = Path(run_dir).expanduser().absolute(), []
@@ -259,16 +261,46 @@ def _reason(error: OSError) -> str:
 
 
 def _default_run_dir_prefix(config_name: str) -> str:
-    """The literal start of conf/<config_name>.yaml's run_dir (`runs/` of `runs/${lm.run_name:}`): where Hydra
-    will create the default one. Empty when it is not a plain relative path."""
+    """The literal start of conf/<config_name>.yaml's run_dir (`runs/` of `runs/${lm.run_name:}${lm.cell:}`), the
+    directory the default run_dir is named in. Empty when it is not a plain relative path followed by the name."""
     import yaml
 
     try:
         value = str(yaml.safe_load((conf_dir() / f"{config_name}.yaml").read_text()).get("run_dir", ""))
     except (OSError, yaml.YAMLError, AttributeError):
         return ""
-    prefix = value.split("${", 1)[0]
-    return prefix if prefix and not prefix.startswith(("/", "~")) and "/" in prefix else ""
+    prefix, _, rest = value.partition("${")
+    named = "${" + rest in ("${lm.run_name:}", "${lm.run_name:}${lm.cell:}")  # lm.cell: "" outside a multirun
+    return prefix if named and not prefix.startswith(("/", "~")) and prefix.endswith("/") else ""
+
+
+# Hydra's flags that take the next argument as their value (hydra/_internal/utils.py get_args_parser)
+_VALUE_FLAGS = (
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+)
+
+
+def _task_overrides(argv: list[str]) -> list[str]:
+    """The overrides of a command line as Hydra records them in hydra.overrides.task: flags, their values and
+    hydra.* / hydra/ overrides left out."""
+    found, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("-"):
+            skip = not skip and arg in _VALUE_FLAGS
+            continue
+        if not arg.lstrip("+~").startswith(("hydra.", "hydra/")):
+            found.append(arg)
+    return found
 
 
 def _unwritable(run_dir: Path):
