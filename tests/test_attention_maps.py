@@ -274,3 +274,21 @@ def test_an_out_that_is_a_file_is_one_line(decoder_run, tmp_path, capsys):
             f"directory (new, or one lm attention wrote before)"
         )
     assert (tmp_path / "notes.md").read_text() == "mine"
+
+
+def test_a_users_file_at_out_is_never_replaced(decoder_run, tmp_path, capsys):
+    """lm attention --out docs replaced docs/attention.md (and any figure of a name it writes) without a word."""
+    out = tmp_path / "docs"
+    out.mkdir()
+    for name in ("attention.md", "grid_decoder_self.png", "decoder_self_layer1_head0.png"):
+        (out / name).write_bytes(b"mine")
+        err = _error([str(decoder_run), "--text", TEXT, "--layer", "1", "--head", "0", "--out", str(out)], capsys)
+        assert err == (
+            f"lm attention: error: {out / name} exists and is not a file lm attention wrote; the maps would replace "
+            f"it: pass --out <another directory>, or move the file"
+        )
+        assert sorted(p.name for p in out.iterdir()) == [name]  # nothing written beside it either
+        (out / name).unlink()
+    for _ in range(2):  # its own files are replaced by the next call
+        assert main([str(decoder_run), "--text", TEXT, "--head", "0", "--out", str(out)]) == 0
+    assert not list(out.glob(".*"))  # no temporary file left

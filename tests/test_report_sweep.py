@@ -161,6 +161,44 @@ def test_files_of_the_users_at_out_are_never_replaced(sweep, tmp_path, capsys):
     assert "card.md exists and is not a file lm report wrote" in capsys.readouterr().err
 
 
+def _png(path, software=None):
+    """A matplotlib PNG as a user makes one (matplotlib's own Software text), or marked `software`."""
+    import matplotlib.pyplot as plt
+
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(path, **({"metadata": {"Software": software}} if software else {}))
+    plt.close(fig)
+    return path.read_bytes()
+
+
+def test_a_figure_of_the_users_at_out_is_never_replaced(sweep, tmp_path, capsys):
+    """lm report checked only its text files: a user's loss_curves.png at -o was overwritten."""
+    from lm.report.outputs import SOFTWARE, ours
+
+    out = tmp_path / "docs"
+    out.mkdir()
+    mine = _png(out / "loss_curves.png")
+    with pytest.raises(SystemExit) as e:
+        main([str(sweep), "-o", str(out)])
+    assert e.value.code == 2 and "loss_curves.png exists and is not a file lm report wrote" in capsys.readouterr().err
+    assert (out / "loss_curves.png").read_bytes() == mine and not (out / "report.md").exists()
+    (out / "loss_curves.png").unlink()
+    assert main([str(sweep), "-o", str(out)]) == 0
+    assert all(ours(out / name) for name in ("loss_curves.png", "final_loss.png", "report.md", "runs.csv"))
+    _png(out / "final_loss.png")  # a figure of an earlier lm report, before figures carried the mark
+    assert ours(out / "final_loss.png")  # ... that its report.md shows: replaced
+    assert main([str(sweep), "-o", str(out)]) == 0
+    (out / "report.md").write_text("# my notes\n\n![final](final_loss.png)\n")
+    _png(out / "final_loss.png")
+    assert not ours(out / "final_loss.png")  # a user's page links it: theirs
+    _png(out / "final_loss.png", SOFTWARE)
+    assert ours(out / "final_loss.png")  # lm's mark
+    (out / "card").write_text("a file")
+    with pytest.raises(SystemExit):
+        main([str(sweep / "0"), "-o", str(out / "card")])
+    assert "-o " + str(out / "card") + ": " in capsys.readouterr().err
+
+
 def test_a_transfer_md_of_lm_transfer_is_not_replaced_by_the_curve_report(tmp_path):
     from lm.cli.report import check_out
     from lm.report.runs import ReportError

@@ -7,7 +7,8 @@
 Writes to --out (default <run_dir>/attention/<step_N>, or <export>-attention beside an export):
 grid_<stack>_<self|cross>.png per attention stack (rows: layers, columns: heads), one PNG per requested
 layer/head, and attention.md / attention.html listing the tokens. --layer alone draws every head of that
-layer, --head alone that head in every layer.
+layer, --head alone that head in every layer. A file of one of those names there that lm attention did not
+write (docs/attention.md, a figure of yours) is never replaced: the call is refused in one line.
 Loading, checks and the maps are lm/report/attention_maps.py; drawing is lm/report/attention_plots.py.
 Exit status 2 with one line when the request cannot be drawn (RNN run, out-of-range values, long text).
 """
@@ -78,17 +79,6 @@ def default_out(source: Path) -> Path:
     return source.with_name(f"{source.name}-attention")
 
 
-def check_out(out: Path) -> None:
-    """--out must be (or become) a directory: refused before the model is loaded, not at the first write."""
-    above = out.absolute()
-    while not above.exists() and above != above.parent:
-        above = above.parent
-    if not above.is_dir():
-        raise ReportError(
-            f"--out {out}: {above} is a file, not a directory; name a directory (new, or one lm attention wrote before)"
-        )
-
-
 def draw(
     path, text: str, layer=None, head=None, out: Path | None = None, tokenizer=None, decoder_text: str | None = None
 ) -> Path:
@@ -102,12 +92,13 @@ def draw(
         saved_model_config,
         token_labels,
     )
-    from lm.report.attention_plots import draw_grid, draw_single, grid_name, single_name, write_page
+    from lm.report.attention_plots import PAGE_FILES, draw_grid, draw_single, grid_name, single_name, write_page
+    from lm.report.outputs import ATTENTION_TITLE, check_out
 
     cfg, where = saved_model_config(path)
     check_request(cfg, layer, head, where=str(where))  # before any weight is read
-    if out is not None:
-        check_out(Path(out))
+    if out is not None:  # a file in the way is refused before the model is loaded
+        check_out(Path(out), [], "lm attention", "--out", "the maps")
     if decoder_text is not None and cfg.arch != "encoder_decoder":
         raise ReportError(
             f"--decoder-text applies to encoder-decoders only; {where} is model.arch={cfg.arch.value}: "
@@ -118,9 +109,12 @@ def draw(
     dec_ids = decoder_input_ids(loaded, ids, decoder_text) if cfg.arch == "encoder_decoder" else None
     maps = attention_maps(loaded, ids, dec_ids)
     out = Path(out) if out else default_out(Path(loaded.source))
+    stacks, pairs = list(groups(maps).values()), requested(maps, layer, head)
+    names = [grid_name(ms[0]) for ms in stacks] + [single_name(m, h) for m, h in pairs] + PAGE_FILES
+    check_out(out, names, "lm attention", "--out", "the maps")  # a user's file of one of these names stays as it is
     out.mkdir(parents=True, exist_ok=True)
-    grids = [draw_grid(ms, out / grid_name(ms[0])) for ms in groups(maps).values()]
-    singles = [draw_single(m, h, out / single_name(m, h)) for m, h in requested(maps, layer, head)]
+    grids = [draw_grid(ms, out / grid_name(ms[0])) for ms in stacks]
+    singles = [draw_single(m, h, out / single_name(m, h)) for m, h in pairs]
     inputs = [("Input tokens" if dec_ids is None else "Encoder input tokens", token_labels(loaded.tokenizer, ids), ids)]
     lines = [
         f"Model: `{loaded.source}` (model.arch={cfg.arch.value}, model/attn="
@@ -141,7 +135,7 @@ def draw(
             "Linformer: the key axis of its (non-causal) attentions is the k projected rows E1..Ek "
             "(K' = E K), not tokens."
         )
-    return write_page(out, f"Attention maps: {Path(path).name}", lines, inputs, grids, singles)
+    return write_page(out, f"{ATTENTION_TITLE}{Path(path).name}", lines, inputs, grids, singles)
 
 
 @entry("lm attention", usage=(ReportError, ConfigError, CheckpointError))  # status 2: the request cannot be drawn

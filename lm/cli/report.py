@@ -11,11 +11,8 @@ from lm.cli.errors import entry
 from lm.extras import exit_if_missing
 from lm.report import narang
 from lm.report.runs import ReportError, load_runs
-from lm.report.transfer import CURVE_NOTE, TransferError
+from lm.report.transfer import TransferError
 from lm.report.variants import check_comparable, group_variants
-
-CARD_FILES = ["card.md", "card.html"]  # the text files lm/report/card.py writes
-SWEEP_FILES = ["report.md", "report.html", "report.csv", "runs.csv"]  # and lm/report/sweep.py
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,52 +56,31 @@ def pick_baseline(variants: list, wanted) -> int:
     return matches[0]
 
 
-def _ours(name: str, text: str) -> bool:
-    """Whether `text`, the file `name` found at --out, is one lm report wrote: its Markdown and HTML name the
-    command ("Made with `lm report ...`"), its CSVs start with the header lm/report/table.py writes."""
-    if name == "transfer.md":
-        return CURVE_NOTE in text
-    if name.endswith(".csv"):
-        return text.startswith("variant,")
-    return "lm report" in text
-
-
 def check_out(out: Path, names: list[str]) -> None:
-    """Refuse an --out where writing the report would replace a file of these names that lm report did not
-    write (the user's notes as report.md, a table of their own): it is left as it is."""
-    for name in names:
-        file = out / name
-        if not file.exists() and not file.is_symlink():
-            continue
-        try:
-            ours = file.is_file() and _ours(name, file.read_text(errors="replace"))
-        except OSError:
-            ours = False
-        if not ours:
-            raise ReportError(
-                f"{file} exists and is not a file lm report wrote; the report would replace it: "
-                f"pass -o <another directory>, or move the file"
-            )
+    """Refuse an -o where writing the report would replace a file of these names that lm report did not
+    write (the user's notes as report.md, a table or figure of their own): it is left as it is."""
+    from lm.report import outputs
+
+    outputs.check_out(out, names, "lm report", "-o", "the report")
 
 
 def run(args: argparse.Namespace, command: str) -> Path:
-    from lm.report.card import write_run_card
-    from lm.report.sweep import write_sweep_report
-    from lm.report.transfer import find_transfers, write_curve_report
+    from lm.report import card, sweep
+    from lm.report.transfer import CURVE_FILES, find_transfers, write_curve_report
 
     if find_transfers(args.paths):  # lm transfer directories: their tables and the curve over tokens
         out = args.out or (Path(args.paths[0]) / "report" if len(args.paths) == 1 else Path("report"))
-        check_out(out, ["transfer.md"])
+        check_out(out, CURVE_FILES)
         return write_curve_report(args.paths, out, args.title)
     runs = load_runs(args.paths)
     out = args.out or (Path(args.paths[0]) / "report" if len(args.paths) == 1 else Path("report"))
     if args.card or len(runs) == 1:
         for where in [out] if len(runs) == 1 else [out / r.name for r in runs]:
-            check_out(where, CARD_FILES)
+            check_out(where, card.FILES)
         if len(runs) == 1:
-            return write_run_card(runs[0], out, command)
+            return card.write_run_card(runs[0], out, command)
         for r in runs:
-            last = write_run_card(r, out / r.name, command)
+            last = card.write_run_card(r, out / r.name, command)
         return last
     forced = False
     if args.force:
@@ -121,10 +97,10 @@ def run(args: argparse.Namespace, command: str) -> Path:
     baseline = pick_baseline(variants, args.baseline)
     if layout and args.baseline is None and narang.vanilla_index(variants) is not None:
         baseline = narang.vanilla_index(variants)
-    check_out(out, SWEEP_FILES)
+    check_out(out, sweep.FILES)
     notes = args.notes.read_text() if args.notes else ""
     title = args.title or f"Ablation report: {', '.join(map(str, args.paths))}"
-    return write_sweep_report(variants, runs, out, title, command, notes, baseline, forced, layout)
+    return sweep.write_sweep_report(variants, runs, out, title, command, notes, baseline, forced, layout)
 
 
 @entry("lm report", usage=(ReportError, TransferError))  # status 2: the inputs cannot make a report

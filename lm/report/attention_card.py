@@ -13,6 +13,13 @@ from lm.report.runs import Run
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 
 
+def png_name(stack: str, kind: str) -> str:
+    return f"attention_{stack}_{kind}.png"
+
+
+FILES = [png_name(stack, kind) for stack in ("encoder", "decoder") for kind in ("self", "cross")]  # every grid's
+
+
 def attention_section(run: Run, out: Path) -> list[str]:
     """Markdown lines for the card: the grids (written under `out`) or a note saying why there are none."""
     from lm.config import ConfigError
@@ -48,7 +55,7 @@ def attention_section(run: Run, out: Path) -> list[str]:
         "",
     ]
     for ms in groups(maps).values():
-        name = f"attention_{ms[0].stack}_{ms[0].kind}.png"
+        name = png_name(ms[0].stack, ms[0].kind)
         draw_grid(ms, out / name)
         lines += [f"![{ms[0].title}]({name})", ""]
     return lines

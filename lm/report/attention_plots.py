@@ -4,6 +4,7 @@ grid_panels(layer_maps)          the (layers x heads) matrices a grid draws, row
 draw_grid(layer_maps, path)      one PNG: every layer (rows) x head (columns) of one stack's self- or cross-attention
 draw_single(m, head, path)       one PNG: one layer's head, tokens as axis labels (queries down, keys across)
 write_page(...)                  attention.md + attention.html (PNGs embedded), tokens listed
+The PNGs are lm's (lm/report/outputs.py save_png): a later call may replace them, never a user's file.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np  # noqa: E402
 from lm.core.files import atomic_write_text  # noqa: E402
 from lm.report.attention_maps import AttnMap  # noqa: E402
 from lm.report.html import to_html  # noqa: E402
+from lm.report.outputs import save_png  # noqa: E402
 from lm.report.paths import portable  # noqa: E402
 
 DPI = 90
@@ -57,9 +59,7 @@ def draw_grid(layer_maps: list[AttnMap], path: Path, title: str | None = None) -
     keys = "Linformer's k projected rows" if first.keys and first.keys[0].startswith("E1") else "keys"
     fig.suptitle(title or f"{first.title}: layers x heads (rows: queries, columns: {keys})", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=DPI)
 
 
 def draw_single(m: AttnMap, head: int, path: Path) -> Path:
@@ -76,9 +76,7 @@ def draw_single(m: AttnMap, head: int, path: Path) -> Path:
     ax.set_title(f"{m.title}, layer {m.layer}, head {head}", fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.04)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, dpi=DPI)
 
 
 def _tokens_table(labels: list[str], ids: list[int], width: int = 24) -> str:
@@ -104,6 +102,9 @@ def _tokens_table(labels: list[str], ids: list[int], width: int = 24) -> str:
     return "\n".join(tables)
 
 
+PAGE_FILES = ["attention.md", "attention.html"]  # what write_page writes beside the figures
+
+
 def write_page(
     out: Path, title: str, lines: list[str], inputs: list[tuple], grids: list[Path], singles: list[Path]
 ) -> Path:
@@ -117,6 +118,6 @@ def write_page(
     if singles:
         parts += ["## Requested layers / heads", ""] + [f"![{p.stem}]({p.name})\n" for p in singles]
     md = portable("\n".join(parts))
-    atomic_write_text(out / "attention.md", md)
-    atomic_write_text(out / "attention.html", to_html(md, title, out))
+    atomic_write_text(out / PAGE_FILES[0], md)
+    atomic_write_text(out / PAGE_FILES[1], to_html(md, title, out))
     return out / "attention.html"

@@ -8,13 +8,15 @@ import json
 from pathlib import Path
 
 from lm.core.files import atomic_write_text
-from lm.report import plots
+from lm.report import attention_card, plots
 from lm.report.attention_card import attention_section
 from lm.report.html import to_html
 from lm.report.paths import portable
 from lm.report.runs import Run
 from lm.report.summary import summarize
 from lm.report.table import human
+
+FILES = ["card.md", "card.html", "run_curves.png", *attention_card.FILES]  # what write_run_card may write
 
 
 def _fmt(v, digits: int = 3) -> str:

@@ -11,6 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 
+from lm.report.outputs import save_png  # noqa: E402
 from lm.report.runs import _number  # noqa: E402
 
 DPI = 90  # small files: the committed example report stays a few hundred KB
@@ -157,7 +158,4 @@ def _probe_panel(ax, entries: list) -> None:
 
 def _save(fig, path: Path) -> None:
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=DPI)
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path, dpi=DPI)

@@ -16,6 +16,8 @@ from lm.report.stats import RULE
 from lm.report.summary import EARLY_FRACTION, WINDOW_FRACTION
 from lm.report.variants import setup_of
 
+FILES = ["report.md", "report.html", "report.csv", "runs.csv", "loss_curves.png", "final_loss.png"]  # what it writes
+
 
 def _setup_lines(runs: list, forced_differences: bool) -> list:
     setups = [setup_of(r) for r in runs if r.config]

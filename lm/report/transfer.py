@@ -24,13 +24,13 @@ from pathlib import Path
 from statistics import fmean
 
 from lm.glue.tasks import EVALS
+from lm.report.outputs import CURVE_NOTE, save_png
 
 TRANSFER = "transfer.json"
 ARMS = ("scratch", "pretrained")
 
 
-# The first sentence of lm report's transfer.md (write_curve_report): lm/cli/report.py knows its own file by it
-CURVE_NOTE = "Gain = pretrained median - scratch median (points), per task and the GLUE-style average."
+CURVE_FILES = ["transfer.md", "transfer_curve.png"]  # what write_curve_report writes
 
 
 class TransferError(ValueError):
@@ -268,11 +268,7 @@ def plot_curve(summaries: list[Mapping], path: Path) -> Path:
     fig.legend(handles, names, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=7, frameon=False)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_png(fig, path, dpi=90, bbox_inches="tight")
 
 
 def write_curve_report(paths, out: Path, title: str | None = None) -> Path:
