@@ -203,6 +203,38 @@ def test_cli_writes_results_and_prints_a_table(exported, tmp_path, capsys):
     assert isinstance(e.value.code, str) and "\n" not in e.value.code and "no such directory" in e.value.code
 
 
+def test_cli_keeps_every_earlier_result_and_refuses_a_file_it_did_not_write(exported, tmp_path, capsys):
+    """eval_results.json of other tasks, weights or settings was replaced; a user's file of that name too, and a
+    file where --out's directory belongs failed only after the evaluation (a traceback, the results lost)."""
+    from lm.cli.eval import main
+    from lm.cli.export import is_export
+
+    run_dir, export_dir = exported
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "eval_results.json").write_text('{"my": "numbers"}')
+    (tmp_path / "file").write_text("mine")
+    for where, says in (
+        (out, "eval_results.json exists and is not a record lm eval wrote"),
+        (tmp_path / "file", "is a file, not a directory"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            main([str(run_dir), "--tasks", "nonexistent_task", "--out", str(where)])  # refused before the tasks load
+        assert says in e.value.code and "\n" not in e.value.code
+    assert (out / "eval_results.json").read_text() == '{"my": "numbers"}' and (tmp_path / "file").read_text() == "mine"
+    (out / "eval_results.json").unlink()
+    for task, limit in (("local_rte", "4"), ("local_sst2", "4"), ("local_sst2", "6")):
+        main([str(run_dir), "--tasks", task, "--limit", limit, "--out", str(out)])
+    (aside,) = out.glob("eval_results.*Z.json")  # the --limit 4 record, moved aside by the --limit 6 one
+    earlier, record = (json.loads(f.read_text()) for f in (aside, out / "eval_results.json"))
+    assert set(earlier["tasks"]) == {"local_rte", "local_sst2"} and earlier["limit"] == 4  # the same settings merged
+    assert set(record["tasks"]) == {"local_sst2"} and record["limit"] == 6
+    assert record["weights"] == earlier["weights"] and record["weights"].startswith("step_00000003, manifest sha256")
+    main([str(export_dir), "--tasks", "local_rte", "--limit", "4"])  # beside an export, not in it
+    assert (export_dir.with_name("export-eval") / "eval_results.json").is_file() and is_export(export_dir)
+    capsys.readouterr()
+
+
 def test_a_missing_path_names_only_what_lm_eval_takes(tmp_path):
     from lm.config import ConfigError
     from lm.eval.saved import load_model

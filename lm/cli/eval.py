@@ -7,20 +7,31 @@
 
 --tasks names harness tasks (lm's offline ones: local_sst2, local_rte, local_mrpc, local_cola (the tag
 local_glue: all four) and local_wikitext2, read from $LM_DATA_MIRROR) and `probe`, the GLUE probes of
-lm/eval/probe.py. Writes <out>/eval_results.json (default out: the checkpoint or export directory) and prints
-one table row per task and metric. A missing extra, an unknown path or a model that cannot be scored is one
-line on stderr, exit status 1.
+lm/eval/probe.py. Writes <out>/eval_results.json (default out: the checkpoint, or <export>-eval beside an
+export, which holds only lm export's files so that lm export --force can replace it) and prints one table row
+per task and metric. The tasks of an earlier record there of the same weights and settings are kept beside the
+new ones; a record of other weights or settings is moved aside to eval_results.<UTC time>.json; a file of that
+name lm eval did not write is refused before anything is evaluated. A missing extra, an unknown path, an --out
+that cannot be written or a model that cannot be scored is one line on stderr, exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import itertools
 import json
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 
+from lm.cli.errors import entry
+
 DEFAULT_TASKS = "local_glue,local_wikitext2"
+RESULTS = "eval_results.json"
+SAME = ("weights", "limit", "num_fewshot")  # records that agree on these are one evaluation's: their tasks merge
 log = logging.getLogger("lm")
 
 
@@ -47,17 +58,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         "where its config says, or for an export without its checkpoint",
     )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--out", type=Path, help="directory for eval_results.json (default: the checkpoint or export)")
+    p.add_argument(
+        "--out", type=Path, help="directory for eval_results.json (default: the checkpoint, or <export>-eval)"
+    )
     return p.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> dict:
-    """{"path", "tasks": {task: {metric: value}}}, written to <out>/eval_results.json."""
+    """{"path", "weights", "limit", "num_fewshot", "tasks": {task: {metric: value}}}, written to
+    <out>/eval_results.json with the tasks of an earlier record of the same weights and settings."""
     from lm.core.files import atomic_write_text
-    from lm.eval.saved import load_model
+    from lm.eval.saved import load_with_weights
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    model, tokenizer = load_model(args.path, args.tokenizer)
+    model, tokenizer, weights = load_with_weights(args.path, args.tokenizer)
+    file = results_file(args.out or default_out(args.path))  # refused now, not after the evaluation
     results: dict[str, dict[str, float]] = {}
     if "probe" in tasks:
         from lm.eval.probe import load_probe_sets, probe_model
@@ -80,10 +95,66 @@ def run(args: argparse.Namespace) -> dict:
         adapter = LMAdapter(model, tokenizer, batch_size=args.batch_size, device=args.device)
         out = evaluate(adapter, harness_tasks, limit=args.limit, num_fewshot=args.num_fewshot)
         results.update(harness_metrics(out))
-    record = {"path": str(args.path), "limit": args.limit, "tasks": results}
-    out_dir = args.out or _saved_dir(args.path)
-    atomic_write_text(Path(out_dir) / "eval_results.json", json.dumps(record, indent=1) + "\n")
-    record["written"] = str(Path(out_dir) / "eval_results.json")
+    new = {"path": str(args.path), "weights": weights, "limit": args.limit, "num_fewshot": args.num_fewshot}
+    record = with_earlier(file, {**new, "tasks": results})
+    atomic_write_text(file, json.dumps(record, indent=1) + "\n")
+    return {**record, "tasks": results, "written": str(file)}
+
+
+def default_out(path) -> Path:
+    """A checkpoint's own directory (its keep-last rotation keeps a checkpoint holding files it did not write);
+    <export>-eval beside an export, whose directory holds only lm export's files (lm export --force replaces it)."""
+    from lm.core.saved_model import find_saved_model
+
+    saved = find_saved_model(path)
+    return saved.path.with_name(f"{saved.path.name}-eval") if saved.export else saved.path
+
+
+def results_file(out: Path) -> Path:
+    """<out>/eval_results.json, once `out` can hold it: a file in the way, a directory that cannot be written or an
+    eval_results.json that is not lm eval's would otherwise fail, or be replaced, after the whole evaluation."""
+    from lm.config import ConfigError
+
+    above = Path(out).absolute()
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ConfigError(f"--out {out}: {above} is a file, not a directory; name a directory (--out <dir>)")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(above))
+    file = Path(out) / RESULTS
+    if (file.exists() or file.is_symlink()) and earlier_record(file) is None:
+        raise ConfigError(
+            f"{file} exists and is not a record lm eval wrote; it would be replaced: pass --out <another "
+            f"directory>, or move the file"
+        )
+    return file
+
+
+def earlier_record(file: Path) -> dict | None:
+    """The record at `file` when it is one lm eval wrote (a JSON object with its "path" and "tasks"), else None."""
+    try:
+        record = json.loads(file.read_text()) if file.is_file() and not file.is_symlink() else None
+    except (OSError, ValueError):
+        return None
+    ours = isinstance(record, dict) and "path" in record and isinstance(record.get("tasks"), dict)
+    return record if ours else None
+
+
+def with_earlier(file: Path, record: dict) -> dict:
+    """`record` with the other tasks of the earlier record at `file` when both are of the same weights and
+    settings (SAME); an earlier record of others is moved aside first (eval_results.<UTC time>.json): one record
+    never mixes two models or two settings, and no result is lost."""
+    old = earlier_record(file) if file.exists() else None
+    if old is None:
+        return record
+    if all(old.get(k) == record[k] for k in SAME):
+        return {**record, "tasks": {**old["tasks"], **record["tasks"]}}
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    names = (file.with_name(f"{file.stem}.{stamp}{f'.{n}' if n else ''}{file.suffix}") for n in itertools.count())
+    aside = next(name for name in names if not name.exists())  # two in one second: .1, .2, ...
+    os.replace(file, aside)
+    log.info("the earlier %s (of other weights or settings) is kept as %s", file.name, aside)
     return record
 
 
@@ -94,12 +165,7 @@ def format_table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(rows)
 
 
-def _saved_dir(path) -> Path:
-    from lm.core.saved_model import find_saved_model
-
-    return find_saved_model(path).path
-
-
+@entry("lm eval")  # what the except below leaves (a disk full or unwritable at the end, Ctrl-C): one line too
 def main(argv: list[str] | None = None) -> None:
     """Evaluate a run, checkpoint or export with the LM Evaluation Harness and the GLUE probes."""
     from lm.config import ConfigError

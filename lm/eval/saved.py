@@ -11,6 +11,13 @@ from lm.config import ConfigError
 
 def load_model(path, tokenizer: str | None = None) -> tuple[Any, Any]:
     """(model in eval mode, lm.data.tokenizer.Tokenizer). Raises ConfigError naming the path and the fix."""
+    model, tok, _ = load_with_weights(path, tokenizer)
+    return model, tok
+
+
+def load_with_weights(path, tokenizer: str | None = None) -> tuple[Any, Any, str | None]:
+    """load_model's pair and which weights were read (a checkpoint's step and manifest sha256, an export's
+    model.safetensors sha256: lm/glue/init.py's Backbone.weights), which lm eval's record names."""
     from lm.glue.init import InitError, load_backbone
     from lm.model import build_model
 
@@ -28,4 +35,4 @@ def load_model(path, tokenizer: str | None = None) -> tuple[Any, Any]:
             f"{backbone.source} does not match its model config: missing={sorted(set(missing) - tied)}, "
             f"unexpected={sorted(unexpected)}"
         )
-    return model.eval(), backbone.tokenizer
+    return model.eval(), backbone.tokenizer, backbone.weights
