@@ -671,6 +671,31 @@ def test_two_one_arm_calls_elsewhere_join_into_the_table_of_one_call(tmp_path, c
     assert not (tmp_path / "x").exists()
 
 
+def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, easy_glue):  # noqa: F811
+    """lm quickstart --tokens N grown in the same --out continued that point's pretraining (its checkpoint pruned,
+    keep_last=1) before lm finetune refused the pairs; another model was refused by lm train only after the scratch
+    arm had finetuned. Both are refused before any work, the point's checkpoint and table kept."""
+    out = tmp_path / "t"
+    run_transfer(recipe(out, corpus, easy_glue, seeds=[0]))
+    ckpts, table = out / "pretrain" / "checkpoints", (out / "transfer.json").read_text()
+    with pytest.raises(TransferError, match=r"t holds the point of another recipe \(steps: 4 -> 8; see .*point.json\)"):
+        run_transfer(recipe(out, corpus, easy_glue, seeds=[0], tokens=8 * 4 * 32))
+    other = recipe(out, corpus, easy_glue, seeds=[0], scratch=tmp_path / "s2")
+    other.pretrain = [*other.pretrain, "model.dim=48"]
+    with pytest.raises(TransferError, match=r"\(--pretrain \(none\) -> model.dim=48; see "):
+        run_transfer(other)
+    assert not (tmp_path / "s2").exists()  # no scratch arm finetuned for nothing
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000004"]
+    assert (out / "transfer.json").read_text() == table
+    (out / "transfer_point.json").unlink()  # a directory from before the record: its table says which point
+    with pytest.raises(TransferError, match=r"\(steps: 4 -> 2; see .*transfer.json\)"):
+        run_transfer(recipe(out, corpus, easy_glue, seeds=[0], tokens=2 * 4 * 32))
+    same = recipe(out, corpus, easy_glue, seeds=[0])
+    same.pretrain = [*same.pretrain, "train.threads=1"]  # changes nothing computed: the same point, read back
+    assert run_transfer(same)["comparison"] == json.loads(table)["comparison"]
+    assert json.loads((out / "transfer_point.json").read_text())["steps"] == 4
+
+
 def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):
     """A hand-edited or damaged record (no dir, no run seconds, results that are no results.json) is a TransferError
     naming the file and the call that writes it again, not a KeyError/TypeError traceback; nothing is written."""
@@ -699,6 +724,13 @@ def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):
     assert not (tmp_path / "x").exists()
     (tmp_path / "ok.json").write_text(json.dumps({"arm": "pretrained", **good}))
     assert join_arms([scratch, tmp_path / "ok.json"], tmp_path / "x", "")["comparison"]["tasks"]["rte"]["gain"] == 0
+    table = (tmp_path / "x" / "transfer.md").read_text()
+    (tmp_path / "longer.json").write_text(json.dumps({"arm": "pretrained", **good, "recipe": {**recipe, "steps": 2}}))
+    with pytest.raises(
+        TransferError, match=r"x holds the point of another recipe \(steps: 1 -> 2; see .*transfer.json"
+    ):
+        join_arms([scratch, tmp_path / "longer.json"], tmp_path / "x", "")  # that point's table is not replaced
+    assert (tmp_path / "x" / "transfer.md").read_text() == table
 
 
 def test_a_failed_lane_is_an_error_naming_its_log(tmp_path, corpus, easy_glue, monkeypatch):  # noqa: F811

@@ -27,8 +27,9 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
 3. Tasks: every GLUE task whose train and dev files are in the mirror (--tasks to choose).
 Both arms and the pretraining share one wandb group (--group, default the output directory's name;
 --logger wandb turns wandb on). The same command resumes: lm train from its latest checkpoint,
-lm finetune skipping finished task/seed pairs. A tokenizer= or model.* finetuning override is refused:
-the two arms and the pretraining must use one tokenizer and one model.
+lm finetune skipping finished task/seed pairs; another point (--tokens, --preset, --pretrain) in the same --out
+is refused before any work (<out>/transfer_point.json records its point). A tokenizer= or model.* finetuning
+override is refused: the two arms and the pretraining must use one tokenizer and one model.
 """
 
 from __future__ import annotations
@@ -48,12 +49,16 @@ from lm.cli.transfer_recipe import (
     DEFAULT_PRESET,
     Recipe,
     TransferError,
+    arm_record_name,
+    check_point,
     check_scratch_arm,
     cpu_cores,
     finetune_arm,
     plan,
+    point_of,
     pretrain,
     recipe_record,
+    record_point,
     run_record,
     scratch_record,
     spent,
@@ -89,7 +94,8 @@ wins over the preset's default:
    (init=none: the same model and tokenizer, random weights, the same finetuning settings).
 
 Everything lands under --out (default runs/quickstart): pretrain/ (an lm train run dir), finetune/pretrained/
-(and finetune/scratch/), each with results.json / results.md. The same command resumes an interrupted run.
+(and finetune/scratch/), each with results.json / results.md. The same command resumes an interrupted run;
+other --tokens in the same --out are refused (a point of the curve per directory): pick a new --out.
 """
 
 # The recipe presets: the defaults of the flags below (a flag given on the command line wins). `quickstart`
@@ -127,8 +133,13 @@ def _transfer(r: Recipe, t0: float) -> dict | None:
     p = plan(r)
     pretrained = r.arm_dir("pretrained")
     scratch_runs = r.arm in ("all", "scratch") or not p.steps  # at 0 tokens it is the pretrained arm too
+    point = point_of(
+        {"preset": r.preset, "steps": p.steps, "tokens_per_step": p.per_step, "pretrain_overrides": r.pretrain}
+    )
+    check_point(r.out, point)  # another point's --out: refused before any work
     if scratch_runs:
         check_scratch_arm(r, scratch_record(r, p))
+    record_point(r.out, point)
     lane = _start_lane(r) if r.parallel and p.steps else None
     try:
         if scratch_runs and lane is None:
@@ -353,8 +364,6 @@ def run_cli(argv: list[str], prog: str) -> None:
         print(print_table(recipe.arm_dir(recipe.arm)))
         then = "the same command with --arm all"
         if prog != "lm quickstart":  # a split run's other half, elsewhere (the quickstart's newcomer needs neither)
-            from lm.cli.transfer_join import arm_record_name
-
             record = recipe.out / arm_record_name(recipe.arm)
             then += f", or lm transfer --join {record} <the other arm's record> --out <dir>"
         print(f"results: {recipe.arm_dir(recipe.arm) / 'results.json'}; with the other arm and the gain: {then}")

@@ -16,6 +16,9 @@ from lm.cli.transfer_recipe import (
     Plan,
     Recipe,
     TransferError,
+    arm_record_name,
+    check_point,
+    point_of,
     recipe_record,
     run_record,
     same_value,
@@ -23,10 +26,6 @@ from lm.cli.transfer_recipe import (
     spent,
     write_table,
 )
-
-
-def arm_record_name(arm: str) -> str:
-    return f"transfer_{arm}.json"
 
 
 def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Path | None:
@@ -108,13 +107,15 @@ def join_arms(paths: list[Path], out: Path, command: str) -> dict:
             "arms": {a: records[a]["run"] for a in ("scratch", "pretrained")},
         },
     }
-    try:  # the table's recipe line, before anything is written
+    try:  # the table's recipe line and the point it is of, before anything is written
         transfer_table(summary)
+        point = point_of(pretrained["recipe"])
     except (KeyError, TypeError, ValueError) as e:
         raise TransferError(
             f"{where['pretrained']}: a damaged lm transfer arm record (its recipe: "
             f"{type(e).__name__}: {e}); the same --arm pretrained call writes it again (its finished work is read back)"
         ) from None
+    check_point(out, point)  # an --out of another point: its table is not replaced
     out.mkdir(parents=True, exist_ok=True)
     return write_table(out, summary)
 

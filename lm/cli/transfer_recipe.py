@@ -241,6 +241,89 @@ def check_scratch_arm(r: Recipe, record: dict) -> None:
         atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 
+def arm_record_name(arm: str) -> str:
+    """A one-arm call's record in <out> (lm/cli/transfer_join.py writes and joins them)."""
+    return f"transfer_{arm}.json"
+
+
+# <out>'s record of the point it holds: written by the first call, before any work, and compared by every later one
+POINT = "transfer_point.json"
+
+
+def point_of(recipe: dict) -> dict:
+    """What a point's pretraining and table are of, from its recipe record (recipe_record): the preset, the steps
+    and their size, and the --pretrain overrides lm train would refuse to change on resume (train.threads,
+    logger=... may change between calls: they change nothing computed)."""
+    from lm.core.resume import resumable
+
+    given = recipe.get("pretrain_overrides") or []
+    overrides = [o for o in given if not resumable(o.lstrip("+~").split("=", 1)[0])]
+    return {k: recipe[k] for k in ("preset", "steps", "tokens_per_step")} | {"pretrain_overrides": overrides}
+
+
+def held_point(out: Path) -> tuple[dict, Path] | None:
+    """The point <out> holds and the file that says so: its transfer_point.json, else (a directory from before that
+    record) the recipe of its table or of a one-arm call's record; None for a new or unknown directory."""
+    path = out / POINT
+    if path.is_file():
+        return _point_record(path), path
+    for path in (out / "transfer.json", *(out / arm_record_name(a) for a in ARMS[1:])):
+        try:
+            return point_of(json.loads(path.read_text())["recipe"]), path
+        except (OSError, ValueError, KeyError, TypeError):  # none, or too old or damaged to say (rewritten later)
+            continue
+    return None
+
+
+def _point_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as e:  # not JSON, or not UTF-8
+        record = e
+    if not isinstance(record, dict):
+        why = record if isinstance(record, ValueError) else "not a JSON object"
+        raise TransferError(
+            f"{path} is damaged ({why}); it records which point of a curve {path.parent} holds. Delete it and the "
+            f"same command records this call's point, or pass another --out"
+        )
+    return record
+
+
+def check_point(out: Path, point: dict) -> None:
+    """Refuse, before any work, a call whose point differs from the one `out` holds: a grown --tokens continued
+    that point's pretraining (its checkpoint pruned, its table no longer the directory's) and then had its
+    finetuning refused; another model was refused by lm train only after the scratch arm's hours."""
+    held = held_point(out)
+    if held is None:
+        return
+    old, path = held
+    diff = [k for k in point if old.get(k) != point[k]]
+    if diff:
+        changes = "; ".join(_change(k, old.get(k), point[k]) for k in diff)
+        raise TransferError(
+            f"--out {out} holds the point of another recipe ({changes}; see {path}): its pretraining and table are "
+            f"that point's. Each point needs its own directory: pass another --out (copy {out / 'pretrain'} into it "
+            f"to continue that pretraining there), or remove {out}"
+        )
+
+
+def _change(key: str, old, new) -> str:
+    """One difference in words; of the override lists, only the overrides one side has."""
+    if key == "pretrain_overrides" and isinstance(old, list) and set(old) != set(new):
+        return f"--pretrain {' '.join(o for o in old if o not in new) or '(none)'} -> " + (
+            " ".join(o for o in new if o not in old) or "(none)"
+        )
+    return f"{key}: {old!r} -> {new!r}"
+
+
+def record_point(out: Path, point: dict) -> None:
+    """<out>/transfer_point.json, once: later calls are compared with it (check_point)."""
+    from lm.core.files import atomic_write_text
+
+    if not (out / POINT).exists():
+        atomic_write_text(out / POINT, json.dumps(point, indent=2) + "\n")
+
+
 def same_value(key: str, old, new) -> bool:
     """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
     ModelConfig field existed (say model.family) equals one that holds that field's default."""

@@ -9,6 +9,8 @@ A transfer run directory (what `lm transfer` writes) holds
                      directory shared by every run of a curve: the scratch arm does not depend on tokens)
     transfer_<arm>.json  written by a one-arm call (--arm scratch|pretrained): the recipe and that arm's
                      results; `lm transfer --join` makes the table from two of them, e.g. from two machines
+    transfer_point.json  the point it holds (preset, steps, tokens per step, --pretrain overrides), recorded by
+                     its first call: a call of another point there is refused (lm/cli/transfer_recipe.py)
 
 Scores are lm finetune's task scores in points (a task's score is the mean of its metrics, e.g. MRPC
 F1/acc). Per task: each seed, the median over seeds (of the per-metric medians, as results.json
