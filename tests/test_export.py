@@ -77,7 +77,9 @@ def test_the_current_directory_and_a_file_get_a_clear_message(run_dir, tmp_path,
     monkeypatch.chdir(tmp_path / "here")
     assert "--out . is the current directory" in exit_message([str(run_dir), "--out", ".", "--no-hf", "--force"])
     assert "--out .. is the current directory (or holds it)" in exit_message([str(run_dir), "--out", "..", "--no-hf"])
-    assert "--out notes.md is a file" in exit_message([str(run_dir), "--out", "notes.md", "--no-hf"])
+    assert exit_message([str(run_dir), "--out", "notes.md", "--no-hf"]) == (
+        "lm export: --out notes.md is a file, not a directory; name a directory (new, empty, or a previous export)"
+    )  # not "remove it": the file is the user's
     assert (tmp_path / "here" / "notes.md").read_text() == "mine"
 
 
@@ -119,6 +121,40 @@ def test_the_default_output_sits_in_the_checkpoint(run_dir):
     with pytest.raises(CheckpointError, match="previous export"):
         export(run_dir, hf=False)
     assert export(run_dir, hf=False, force=True) == out
+
+
+def test_a_second_export_to_one_out_waits_and_keeps_the_firsts_files(run_dir, tmp_path):
+    """Two exports to one --out at once: the second swept the first's temporary directory away as left by a killed
+    export (the first's write then failed) and swapped its own output over the first's without --force."""
+    import fcntl
+    import os
+    import shutil
+    import threading
+
+    first = export(run_dir, tmp_path / "first", hf=False)
+    out, writing = tmp_path / "exp", tmp_path / ".exp.tmp-1"  # what another export, running, writes
+    writing.mkdir()
+    (writing / "model.safetensors").write_bytes(b"half")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # as the running export holds it
+    errors = []
+
+    def second():
+        try:
+            export(run_dir, out, hf=False)
+        except CheckpointError as e:
+            errors.append(str(e))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(timeout=5)
+    assert thread.is_alive() and (writing / "model.safetensors").read_bytes() == b"half" and not out.exists()
+    shutil.copytree(first, out)  # the running export finishes
+    shutil.rmtree(writing)
+    os.close(fd)
+    thread.join()
+    assert errors and "holds a previous export; pass --force" in errors[0]
+    assert (out / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
 
 
 def test_out_below_a_file_is_one_line(run_dir, tmp_path):

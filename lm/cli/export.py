@@ -5,14 +5,17 @@
 
 The engine that wrote the checkpoint consolidates it (lm.core.checkpoint.consolidated_state_dict).
 The output is written to a temporary sibling directory and swapped in at the end, so an interrupted
-export leaves the previous one (or nothing) in place. `--out` never replaces user files: a non-empty
+export leaves the previous one (or nothing) in place; one export at a time writes in a directory (a second
+to the same --out waits, then is refused unless --force). `--out` never replaces user files: a non-empty
 directory that is not a previous export, the run directory, a directory holding it, or the current
 directory are refused; a previous export is replaced only with --force. hf/ gets the tokenizer the run was
 pretrained with (the sha256 its checkpoint recorded), never a data directory's newer one.
 """
 
 import argparse
+import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -50,21 +53,42 @@ def export(path, out: Path | None = None, hf: bool = True, force: bool = False, 
             f"{ckpt} does not match its config.yaml model: missing={sorted(set(missing) - tied)}, "
             f"unexpected={sorted(unexpected)}"
         )
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by an export killed mid-write
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        save_model(model, str(tmp / "model.safetensors"))  # tied tensors stored once
-        config = OmegaConf.to_container(cfg.model, resolve=True)
-        config[LM_CLASS] = type(model).__name__
-        (tmp / "config.json").write_text(json.dumps(config, indent=1))
-        if hf:
-            _export_hf(model, tmp / "hf", tokenizer_file)
-        _swap_in(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with _writing(out):
+        check_output(out, ckpt, force)  # again: an export that held the lock may have written `out` meanwhile
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by an export killed mid-write (none is running)
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            save_model(model, str(tmp / "model.safetensors"))  # tied tensors stored once
+            config = OmegaConf.to_container(cfg.model, resolve=True)
+            config[LM_CLASS] = type(model).__name__
+            (tmp / "config.json").write_text(json.dumps(config, indent=1))
+            if hf:
+                _export_hf(model, tmp / "hf", tokenizer_file)
+            _swap_in(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+@contextlib.contextmanager
+def _writing(out: Path):
+    """One lm export at a time writes in `out`'s parent directory: a flock on that directory itself (no lock file
+    left beside the user's files), released by the kernel however the holder ends. A second export to the same
+    --out swept the first's temporary directory away as stale and swapped its output over the first's without
+    --force; now it waits, then finds the first's output (replaced only with --force)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another lm export writing in %s", out.parent)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def check_output(out: Path, ckpt: Path, force: bool) -> None:
@@ -82,7 +106,9 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
             f"the export. Name a new directory, e.g. --out ./export"
         )
     if out.is_symlink() or (out.exists() and not out.is_dir()):
-        raise CheckpointError(f"--out {out} is a file, not a directory; remove it or name a new directory")
+        raise CheckpointError(
+            f"--out {out} is a file, not a directory; name a directory (new, empty, or a previous export)"
+        )
     above = out.absolute().parent
     while not above.exists() and above != above.parent:
         above = above.parent
