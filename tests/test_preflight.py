@@ -43,6 +43,25 @@ def test_one_process_is_ready_and_reports_free_disk(tmp_path, capsys):
     assert list((tmp_path / "ckpt").iterdir()) == []  # its probe files are gone
 
 
+def test_json_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
+    """--json overwrote any file (a config, notes) after every check had run, and a directory there failed only
+    then; both are refused before the rendezvous. Its own report is replaced."""
+    (tmp_path / "notes.json").write_text('{"mine": 1}')
+    for path, why in (
+        (tmp_path / "notes.json", "exists and is not a report lm preflight wrote; name another file, or move it"),
+        (tmp_path, "is a directory; name a file"),
+        (tmp_path / "notes.json" / "r.json", f"lies below {tmp_path / 'notes.json'}, which is a file"),
+    ):
+        with pytest.raises(SystemExit) as e:
+            preflight_cli.main(["--ckpt-dir", str(tmp_path / "ckpt"), "--json", str(path)])
+        assert e.value.code == 2 and f"argument --json: {path} {why}" in capsys.readouterr().err
+    assert (tmp_path / "notes.json").read_text() == '{"mine": 1}' and not (tmp_path / "ckpt").exists()
+    for _ in range(2):
+        argv = ["--ckpt-dir", str(tmp_path / "ckpt"), "--need-gb", "0.001", "--json", str(tmp_path / "r.json")]
+        assert run_main(capsys, *argv)[0] == 0
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "ready"
+
+
 def test_too_little_disk_fails_with_the_numbers(tmp_path, capsys):
     code, out = run_main(capsys, "--ckpt-dir", str(tmp_path), "--need-gb", "1e9")
     assert code == 1

@@ -91,7 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--min-busbw", type=float, help="fail below this all-reduce bus bandwidth, GB/s (default: report only)"
     )
     p.add_argument("--timeout", type=float, default=300, help="seconds to wait for every rank to join (default 300)")
-    p.add_argument("--json", help="also write the results to this file (rank 0)")
+    p.add_argument(
+        "--json", help="also write the results to this file (rank 0): new, or a report of an earlier lm preflight"
+    )
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # the deepspeed launcher's
     p.add_argument(
         "overrides",
@@ -126,7 +128,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not ok:  # checked before any rendezvous: a bad value would fail every rank (--iters 0: a division by 0)
             p.error(f"argument {flag}: {value:g} is not {want}")
     args.ckpt_dir = args.ckpt_dir or (run_dirs[-1] if run_dirs else "runs")
+    why = _json_refused(Path(args.json)) if args.json else None
+    if why:  # before any rendezvous, not after every check has run
+        p.error(f"argument --json: {args.json} {why}")
     return args
+
+
+def _json_refused(path: Path) -> str | None:
+    """Why --json must not be written: a directory, a path below a file, or a file lm preflight did not write
+    (a report of its own, a JSON object with its verdict and checks, is replaced); None when it may be."""
+    above = path.absolute().parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        return f"lies below {above}, which is a file; name a file elsewhere"
+    if path.is_dir():
+        return "is a directory; name a file"
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        report = json.loads(path.read_text()) if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        report = None
+    if isinstance(report, dict) and {"verdict", "checks"} <= report.keys():
+        return None
+    return "exists and is not a report lm preflight wrote; name another file, or move it"
 
 
 @entry("lm preflight")
@@ -447,10 +473,9 @@ def _report(args, checks: list[Check], world: int, nodes: int) -> bool:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    from lm.core.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2))
 
 
 if __name__ == "__main__":
