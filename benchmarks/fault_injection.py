@@ -15,7 +15,8 @@ infinite gradient norm (optim.lr=1e3: the run must stop, not finish with frozen 
 another run's checkpoint; and 4 kills during an asynchronous checkpoint write (train.async_checkpoint=true: parked in
 a random phase of a random write's background thread while the loop trains on, then killed after a random delay;
 or killed at a random moment), whose rerun (asynchronous too) must give the synchronous reference's losses.
---kinds a,b keeps only those kinds of the single-process mix.
+--kinds a,b keeps only those kinds of the single-process mix. --out must be new or empty: an earlier call's runs
+there would be resumed, and judged, as this call's trials.
 --ddp-trials / --zero2-trials: the same kinds under `torchrun --nproc_per_node 2` (gloo; full disks excluded; ZeRO
 refuses asynchronous writes, so has none). --fsdp2-trials: kills during FSDP2's asynchronous writes (DCP's
 async_save) on 2 ranks.
@@ -802,6 +803,11 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"--kinds: unknown {sorted(unknown)}; the kinds: {', '.join(dict.fromkeys(KINDS))}")
     kinds = [k for k in KINDS if k in args.kinds.split(",")] if args.kinds else KINDS
+    if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
+        p.error(  # its trials would resume an earlier call's runs there, and judge them as this call's
+            f"--out {args.out} is not a new or empty directory: the trials would resume the runs an earlier call "
+            f"left there and judge them as this call's; name a new directory"
+        )
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)

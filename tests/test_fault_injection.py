@@ -83,3 +83,16 @@ def test_kills_during_asynchronous_writes_find_no_silent_corruption(tmp_path):
     total = summary["total"]
     assert total["trials"] == 3 and total["exact_resume"] == 3 and total["silent_corruption"] == 0, summary
     assert summary["outside_run_dir_touched"] is False
+
+
+def test_an_out_of_an_earlier_call_is_refused(tmp_path, capsys):
+    """A second call with the same --out resumed the first call's finished runs as its own trials (no fault ever
+    landed) and overwrote its summary; a file as --out was a FileExistsError traceback."""
+    from tests.benchmark_scripts import load
+
+    (tmp_path / "fault_injection.json").write_text("{}")
+    for out in (tmp_path, tmp_path / "fault_injection.json"):
+        with pytest.raises(SystemExit) as e:
+            load("fault_injection").main(["--trials", "1", "--out", str(out)])
+        assert e.value.code == 2 and "is not a new or empty directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fault_injection.json"]
