@@ -572,6 +572,7 @@ def test_an_interrupted_call_still_counts_its_seconds(tmp_path, monkeypatch):
 
     def stopped(r, t0):
         r.out.mkdir(parents=True, exist_ok=True)
+        (r.out / "transfer_point.json").write_text("{}")  # as a call records its point before any work
         time.sleep(0.2)
         raise KeyboardInterrupt
 
@@ -694,6 +695,12 @@ def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, ea
     same.pretrain = [*same.pretrain, "train.threads=1"]  # changes nothing computed: the same point, read back
     assert run_transfer(same)["comparison"] == json.loads(table)["comparison"]
     assert json.loads((out / "transfer_point.json").read_text())["steps"] == 4
+    notes = tmp_path / "notes"  # a directory of the user's as --out: its transfer.md would be replaced at the end
+    notes.mkdir()
+    (notes / "transfer.md").write_text("# my notes on transfer\n")
+    with pytest.raises(TransferError, match=r"notes/transfer.md exists and is not a file lm transfer wrote"):
+        run_transfer(recipe(notes, corpus, easy_glue, seeds=[0]))
+    assert sorted(p.name for p in notes.iterdir()) == ["transfer.md"]  # refused before anything is written there
 
 
 def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):

@@ -47,9 +47,11 @@ from lm.cli.transfer_recipe import (
     ARMS,
     CANDIDATE_TASKS,
     DEFAULT_PRESET,
+    POINT,
     Recipe,
     TransferError,
     arm_record_name,
+    check_own_files,
     check_point,
     check_scratch_arm,
     cpu_cores,
@@ -122,7 +124,8 @@ def run_transfer(r: Recipe) -> dict | None:
     try:
         return _transfer(r, t0)
     except BaseException:
-        if r.out.is_dir() and not r.lane:  # a call refused before any work has made no directory to count in
+        # counted where the point is recorded: a call refused before (say, in a directory of the user's) writes nothing
+        if (r.out / POINT).is_file() and not r.lane:
             spent(r.out, time.time() - t0)
         raise
 
@@ -137,6 +140,7 @@ def _transfer(r: Recipe, t0: float) -> dict | None:
         {"preset": r.preset, "steps": p.steps, "tokens_per_step": p.per_step, "pretrain_overrides": r.pretrain}
     )
     check_point(r.out, point)  # another point's --out: refused before any work
+    check_own_files(r.out)
     if scratch_runs:
         check_scratch_arm(r, scratch_record(r, p))
     record_point(r.out, point)

@@ -17,6 +17,7 @@ from lm.cli.transfer_recipe import (
     Recipe,
     TransferError,
     arm_record_name,
+    check_own_files,
     check_point,
     point_of,
     recipe_record,
@@ -116,6 +117,7 @@ def join_arms(paths: list[Path], out: Path, command: str) -> dict:
             f"{type(e).__name__}: {e}); the same --arm pretrained call writes it again (its finished work is read back)"
         ) from None
     check_point(out, point)  # an --out of another point: its table is not replaced
+    check_own_files(out)
     out.mkdir(parents=True, exist_ok=True)
     return write_table(out, summary)
 

@@ -307,6 +307,41 @@ def check_point(out: Path, point: dict) -> None:
         )
 
 
+# The files a call writes at the top of <out>, each with the keys (JSON) or the first words (Markdown) that show it
+# is lm transfer's: a file of one of these names that lacks them is the user's, never replaced
+OWN_FILES = {
+    "transfer.json": ("recipe", "comparison"),
+    "transfer.md": "# GLUE transfer: ",
+    **{arm_record_name(a): ("arm", "recipe") for a in ARMS[1:]},
+}  # (transfer_point.json: check_point; transfer_seconds.json is written only where the point is recorded)
+
+
+def check_own_files(out: Path) -> None:
+    """Refuse, before any work, an --out holding a file of a name lm transfer writes there that it did not write
+    (an existing directory of the user's given as --out): it would be replaced at the end."""
+    for name, mark in OWN_FILES.items():
+        path = out / name
+        if (path.exists() or path.is_symlink()) and not _own_file(path, mark):
+            raise TransferError(
+                f"{path} exists and is not a file lm transfer wrote; it would be replaced: pass another --out, "
+                f"or move the file"
+            )
+
+
+def _own_file(path: Path, mark) -> bool:
+    try:
+        text = path.read_text() if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        return False
+    if text is None or isinstance(mark, str):
+        return text is not None and text.startswith(mark)
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and all(k in record for k in mark)
+
+
 def _change(key: str, old, new) -> str:
     """One difference in words; of the override lists, only the overrides one side has."""
     if key == "pretrain_overrides" and isinstance(old, list) and set(old) != set(new):
