@@ -19,7 +19,8 @@ metrics); the finetune average is the mean of the four medians. The table adds S
 
 Work goes in seed rounds (seed 0 at every point, then seed 1, ...) and, within a round, in --steps order (spread:
 a partial result still spans the range), so a run stopped at any time leaves a table over every point. It
-resumes: each point's scores are <out>/points/step_<step>.json (read back, never recomputed), and each
+resumes: each point's scores are <out>/points/step_<step>.json (read back, never recomputed; one of another run,
+--tasks or --max-train is refused), and each
 finetune is an lm finetune run directory <out>/finetune/step_<step>/seed<k> that resumes its own pairs.
 --wait: a checkpoint not written yet (the pretraining still running) is taken up later; the run waits up to that
 many seconds for it. The table: <out>/probe_rank.md.
@@ -172,9 +173,28 @@ def tokens_at(run: Path, step: int) -> int:
     return int(json.loads((checkpoint(run, step) / "trainer.json").read_text())["tokens"])  # type: ignore[operator]
 
 
+def made_of(a: argparse.Namespace) -> dict:
+    """What a point's scores depend on besides its step and seeds: recorded in it, compared when it is read back."""
+    return {"run": str(Path(a.run).resolve()), "tasks": list(a.tasks), "max_train": a.max_train}
+
+
+def check_made_of(a: argparse.Namespace, step: int, record: dict) -> None:
+    """A point of another run, tasks or --max-train in --out is not read back as this call's (the table would mix
+    two runs' scores); a point recorded before these keys existed is taken as it is."""
+    made = made_of(a)
+    diff = [f"{k}: {record[k]!r} -> {made[k]!r}" for k in made if k in record and record[k] != made[k]]
+    if diff:
+        sys.exit(
+            f"probe_rank: {point_path(a.out, step)} holds scores of another {'; '.join(diff)}; name another --out "
+            f"(or move that one away)"
+        )
+
+
 def do_point(a: argparse.Namespace, step: int, seed: int) -> None:
     """The point's probe (once) and this seed's finetune, each saved as soon as it is done."""
     record = read_point(a.out, step) or {"step": step, "tokens": tokens_at(a.run, step), "finetune": {}}
+    check_made_of(a, step, record)
+    record.update(made_of(a))
     if not record.get("probe"):
         t0 = time.perf_counter()
         record["probe"] = probe_scores(a.run, step, a.tasks)

@@ -82,23 +82,38 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("run", type=Path, help="the lm train run whose checkpoints probe_rank.py ranked")
     p.add_argument("--rank-out", type=Path, required=True, help="probe_rank.py's --out (its points' finetunes)")
-    p.add_argument("--out", type=Path, required=True, help="one JSON per point goes here (resumable)")
+    p.add_argument(
+        "--out", type=Path, required=True, help="one JSON per point goes here (resumable: the same run and --max-train)"
+    )
     p.add_argument("--max-train", type=int, default=4000, help="train rows whose features are computed")
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     done, finetune = {}, {}
+    made = {"run": str(a.run.resolve()), "max_train": a.max_train}  # what a point's scores here depend on
     for path in sorted((a.rank_out / "points").glob("step_*.json")):
         record = json.loads(path.read_text())
         medians = probe_rank.finetune_medians(record)
         if not medians:
             continue
+        if record.get("run", made["run"]) != made["run"]:  # its finetune scores are another run's
+            sys.exit(f"probe_settings: {path} is a point of {record['run']}, not of {a.run}; pass its --rank-out")
         finetune[record["step"]] = medians["avg"]
-        mine = a.out / path.name
-        if not mine.is_file():
-            scores = settings_scores(point_features(a.run, record["step"], a.max_train))
-            mine.write_text(json.dumps(scores, indent=1))
-        done[record["step"]] = json.loads(mine.read_text())
+        done[record["step"]] = point_scores(a, a.out / path.name, record["step"], made)
     print(table(done, finetune))
+
+
+def point_scores(a: argparse.Namespace, mine: Path, step: int, made: dict) -> dict:
+    """The point's settings scores: read back from `mine` when made of the same run and --max-train (a file written
+    before these were recorded: as it is), else computed and saved; another run's or --max-train's is refused."""
+    from lm.core.files import atomic_write_text
+
+    saved = json.loads(mine.read_text()) if mine.is_file() else None
+    if saved is None:
+        saved = {**made, "scores": settings_scores(point_features(a.run, step, a.max_train))}
+        atomic_write_text(mine, json.dumps(saved, indent=1))
+    elif "scores" in saved and {k: saved.get(k) for k in made} != made:
+        sys.exit(f"probe_settings: {mine} holds scores of another run or --max-train than {made}; name another --out")
+    return saved.get("scores", saved)
 
 
 if __name__ == "__main__":

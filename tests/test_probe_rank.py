@@ -82,6 +82,24 @@ def test_resume_reads_done_points_back_and_computes_only_what_is_missing(tmp_pat
     assert back["finetune"]["1"] == {"sst2": 1.0} and set(back["finetune_seconds"]) == {"1"}
 
 
+def test_a_point_of_another_run_or_cut_is_not_read_back(tmp_path, monkeypatch):
+    """A second call with the same --out and another run or --max-train read the first call's points back as its
+    own: the table mixed two runs' scores."""
+    a = args(tmp_path)
+    pr.write_point(a.out, {**record(100, 20.0, {0: 70.0}), **pr.made_of(a)})
+    before = pr.read_point(a.out, 100)
+    monkeypatch.setattr(pr, "finetune_scores", lambda *x: {"sst2": 1.0})
+    other_cut, other_run = args(tmp_path), args(tmp_path)
+    other_cut.max_train, other_run.run = 500, tmp_path / "other_run"
+    with pytest.raises(SystemExit, match=r"step_00000100.json holds scores of another max_train: 2000 -> 500; name"):
+        pr.do_point(other_cut, 100, 1)
+    with pytest.raises(SystemExit, match=r"holds scores of another run: '.*/run' -> '.*/other_run'"):
+        pr.do_point(other_run, 100, 1)
+    assert pr.read_point(a.out, 100) == before
+    pr.do_point(a, 100, 1)  # the same run and cut: resumed
+    assert set(pr.read_point(a.out, 100)["finetune"]) == {"0", "1"}
+
+
 def test_pending_and_checkpoint_follow_the_files(tmp_path):
     a = args(tmp_path, steps=[100, 0, 200])
     pr.write_point(a.out, record(100, 20.0, {0: 70.0}))

@@ -39,3 +39,20 @@ def test_table_ranks_each_setting_against_finetuning():
     lines = ps.table(points, {0: 30.0, 50: 31.0, 100: 33.0, 200: 34.0}).splitlines()
     assert lines[0].startswith("| probe: train rows, dev rows | 0 | 50 | 100 | 200 |")
     assert lines[2].endswith("| 1.00 |") and lines[3].endswith("| -1.00 |")
+
+
+def test_a_point_of_another_run_or_cut_is_not_read_back(tmp_path, monkeypatch):
+    """--out's points were read back whatever run or --max-train made them: the table mixed two runs' scores."""
+    import argparse
+    import json
+
+    monkeypatch.setattr(ps, "point_features", lambda run, step, max_train: features())
+    a = argparse.Namespace(run=tmp_path / "run", max_train=60)
+    made = {"run": str(a.run.resolve()), "max_train": 60}
+    mine = tmp_path / "step_00000100.json"
+    first = ps.point_scores(a, mine, 100, made)
+    assert json.loads(mine.read_text()) == {**made, "scores": first} and ps.point_scores(a, mine, 100, made) == first
+    with pytest.raises(SystemExit, match="holds scores of another run or --max-train"):
+        ps.point_scores(a, mine, 100, {**made, "max_train": 30})
+    mine.write_text(json.dumps(first))  # written before the run and cut were recorded: read as it is
+    assert ps.point_scores(a, mine, 100, {**made, "max_train": 30}) == first
