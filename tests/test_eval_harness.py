@@ -235,6 +235,19 @@ def test_cli_keeps_every_earlier_result_and_refuses_a_file_it_did_not_write(expo
     capsys.readouterr()
 
 
+def test_an_unwritable_out_is_refused_before_the_evaluation(tmp_path, monkeypatch):
+    """As root chmod does not stop writes: os.access is made to say what it says to a user without permission."""
+    import os
+
+    from lm.cli.errors import describe
+    from lm.cli.eval import results_file
+
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path))
+    with pytest.raises(PermissionError) as e:
+        results_file(tmp_path / "new" / "out")  # its nearest existing directory cannot be written
+    assert describe(e.value) == f"Permission denied ({tmp_path}) — fix its permissions, or pick another path"
+
+
 def test_a_missing_path_names_only_what_lm_eval_takes(tmp_path):
     from lm.config import ConfigError
     from lm.eval.saved import load_model
