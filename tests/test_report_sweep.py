@@ -199,6 +199,29 @@ def test_a_figure_of_the_users_at_out_is_never_replaced(sweep, tmp_path, capsys)
     assert "-o " + str(out / "card") + ": " in capsys.readouterr().err
 
 
+def test_a_report_stopped_halfway_leaves_no_earlier_page_looking_complete(sweep, tmp_path, monkeypatch):
+    """report.html, written last, marks a complete report; a rewrite stopped halfway (a full disk at report.md)
+    left the earlier report's page beside the new CSVs and figures."""
+    import errno
+
+    import lm.report.sweep as sweep_report
+
+    out = tmp_path / "r"
+    assert main([str(sweep), "-o", str(out)]) == 0
+    write = sweep_report.atomic_write_text
+
+    def full_at_report_md(path, text):
+        if path.name == "report.md":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return write(path, text)
+
+    monkeypatch.setattr(sweep_report, "atomic_write_text", full_at_report_md)
+    with pytest.raises(SystemExit) as e:
+        main([str(sweep), "-o", str(out)])
+    assert "No space left on device" in e.value.code
+    assert (out / "runs.csv").is_file() and not (out / "report.html").exists()
+
+
 def test_a_transfer_md_of_lm_transfer_is_not_replaced_by_the_curve_report(tmp_path):
     from lm.cli.report import check_out
     from lm.report.runs import ReportError

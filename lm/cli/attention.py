@@ -113,6 +113,7 @@ def draw(
     names = [grid_name(ms[0]) for ms in stacks] + [single_name(m, h) for m, h in pairs] + PAGE_FILES
     check_out(out, names, "lm attention", "--out", "the maps")  # a user's file of one of these names stays as it is
     out.mkdir(parents=True, exist_ok=True)
+    (out / PAGE_FILES[1]).unlink(missing_ok=True)  # written last: maps stopped halfway have no page, not an old one
     grids = [draw_grid(ms, out / grid_name(ms[0])) for ms in stacks]
     singles = [draw_single(m, h, out / single_name(m, h)) for m, h in pairs]
     inputs = [("Input tokens" if dec_ids is None else "Encoder input tokens", token_labels(loaded.tokenizer, ids), ids)]

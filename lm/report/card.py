@@ -75,6 +75,7 @@ def markdown_card(run: Run, command: str, attention: list[str] | None = None) ->
 
 def write_run_card(run: Run, out: Path, command: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    (out / "card.html").unlink(missing_ok=True)  # written last: a card stopped halfway has none, not an old one
     plots.run_card(run, out / "run_curves.png")
     md = portable(markdown_card(run, command, attention_section(run, out)))
     atomic_write_text(out / "card.md", md)

@@ -1,7 +1,7 @@
 """The sweep report: table (Markdown + CSV), plots (PNG) and one HTML page, in one directory.
 
-Files are written under temporary names and renamed, and report.html comes last, so a report
-directory with report.html in it is complete.
+Files are written under temporary names and renamed, and report.html comes last (an earlier report's is removed
+first), so a report directory with report.html in it is complete, never a stopped rewrite beside an old page.
 """
 
 from __future__ import annotations
@@ -101,6 +101,7 @@ def write_sweep_report(
     layout=None,
 ) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    (out / "report.html").unlink(missing_ok=True)  # the mark of a complete report: written again last
     rows = table.build_rows(variants, baseline, layout.EARLY_FRACTION if layout else EARLY_FRACTION)
     plots.loss_curves(variants, out / "loss_curves.png")
     plots.final_loss(rows, out / "final_loss.png")

@@ -281,6 +281,7 @@ def write_curve_report(paths, out: Path, title: str | None = None) -> Path:
     if not summaries:
         raise TransferError(f"no {TRANSFER} under {[str(p) for p in paths]}")
     out = Path(out)
+    (out / "transfer.md").unlink(missing_ok=True)  # written last: a report stopped halfway has none, not an old one
     plot = plot_curve(summaries, out / "transfer_curve.png")
     parts = [
         f"# {title or 'GLUE transfer'}",
