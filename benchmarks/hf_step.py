@@ -258,10 +258,10 @@ def parse(argv=None):
     )
     p.add_argument(
         "--linear",
-        choices=["torch", "onednn"],
-        default="torch",
-        help="our Linear layers (model.linear): torch = F.linear, as lm train by default; onednn = the "
-        "oneDNN fp32 CPU path (lm/model/linear.py)",
+        choices=["auto", "torch", "onednn"],
+        default="auto",
+        help="our Linear layers (model.linear): auto = onednn where the build has it, as lm train by default; "
+        "torch = F.linear, as Hugging Face's side; onednn = the oneDNN fp32 CPU path (lm/model/linear.py)",
     )
     p.add_argument(
         "--compile",
