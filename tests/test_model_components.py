@@ -149,7 +149,7 @@ def test_impossible_models_fail_at_build_time(override, field):
             "model.ffn.activation: Invalid value 'bogus', expected one of "
             "[relu, gelu, gelu_tanh, silu, elu, selu, sigmoid, softplus, linear]",
         ),
-        ("model.linear=mkl", "model.linear: Invalid value 'mkl', expected one of [torch, onednn]"),
+        ("model.linear=mkl", "model.linear: Invalid value 'mkl', expected one of [auto, torch, onednn]"),
         ("model.pos.theta=wide", "model.pos.theta: Value 'wide' of type 'str' could not be converted to Float"),
     ],
 )
