@@ -128,10 +128,29 @@ def test_a_run_releases_its_run_dir_when_it_returns_or_raises(tmp_path):
 
     run(tmp_path / "a", steps=2)
     assert holder(tmp_path / "a")["pid"] == os.getpid() and _free(tmp_path / "a")
+    (tmp_path / "b").mkdir()
     with pytest.raises(RuntimeError, match="boom"), held_run_dir(tmp_path / "b"):
         assert not _free(tmp_path / "b")
         raise RuntimeError("boom")
     assert _free(tmp_path / "b")
+
+
+def test_a_job_refused_in_a_run_dir_it_made_leaves_no_directory_behind(tmp_path):
+    """Refused after the lock (data prepared with other settings, ...): the new run_dir held only .lock. A run_dir
+    that was there, or one the job wrote into, stays."""
+    from lm.core.lock import held_run_dir
+
+    with pytest.raises(RuntimeError), held_run_dir(tmp_path / "new" / "run"):
+        raise RuntimeError("refused")
+    assert not (tmp_path / "new" / "run").exists()
+    with pytest.raises(RuntimeError), held_run_dir(tmp_path / "wrote"):
+        (tmp_path / "wrote" / "config.yaml").write_text("x")
+        raise RuntimeError("failed later")
+    assert (tmp_path / "wrote" / "config.yaml").is_file()
+    (tmp_path / "old").mkdir()
+    with pytest.raises(RuntimeError), held_run_dir(tmp_path / "old"):
+        raise RuntimeError("refused")
+    assert (tmp_path / "old").is_dir()
 
 
 def test_the_same_process_may_lock_its_run_dir_again(tmp_path):

@@ -70,12 +70,28 @@ def lock_run_dir(run_dir, dist=None) -> None:
 def held_run_dir(run_dir, dist=None):
     """lock_run_dir for the duration of a job. The lock is released when the job returns or raises: a
     process that runs several jobs over one directory in turn (lm transfer's finetuning arms, a curve of
-    them sharing one scratch arm) must not keep the first job's lock and refuse a second process."""
+    them sharing one scratch arm) must not keep the first job's lock and refuse a second process. A job refused
+    before it wrote anything into a run_dir it made leaves no directory holding only the lock file."""
+    made = (dist is None or dist.is_main) and not Path(run_dir).exists()
     lock_run_dir(run_dir, dist)
     try:
         yield
+    except BaseException:
+        release(run_dir)
+        if made:
+            _remove_if_only_lock(Path(run_dir))
+        raise
     finally:
         release(run_dir)
+
+
+def _remove_if_only_lock(run_dir: Path) -> None:
+    try:
+        if [p.name for p in run_dir.iterdir()] == [LOCK_NAME]:
+            (run_dir / LOCK_NAME).unlink()
+            run_dir.rmdir()
+    except OSError:  # another process wrote there meanwhile, or it went: the directory is not ours to clear
+        pass
 
 
 def acquire(run_dir) -> Path:
