@@ -518,3 +518,25 @@ def test_latest_must_name_a_checkpoint_directory_of_this_run(tmp_path, caplog, p
     (ckpts / "latest").write_text(pointer.format(other=tmp_path / "other"))
     with pytest.raises(CheckpointError, match="which is not a step_NNNNNNNN directory"):
         resolve(tmp_path / "run")  # lm export and lm finetune init= refuse it too
+
+
+def test_atomic_writes_get_the_mode_open_would_give_or_keep_the_replaced_files():
+    """results.json, config.yaml, report pages: readable by others as any file the user writes (mkstemp's 0600
+    was not); a file replaced keeps the mode it had."""
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    from lm.core.files import atomic_write_text
+
+    old = os.umask(0o022)
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            new = atomic_write_text(Path(d) / "results.json", "{}\n")
+            assert stat.S_IMODE(new.stat().st_mode) == 0o644 and new.read_text() == "{}\n"
+            new.chmod(0o600)
+            atomic_write_text(new, "[]\n")
+            assert stat.S_IMODE(new.stat().st_mode) == 0o600 and new.read_text() == "[]\n"
+            assert [p.name for p in Path(d).iterdir()] == ["results.json"]  # no temporary left
+    finally:
+        os.umask(old)
