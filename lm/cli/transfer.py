@@ -43,24 +43,19 @@ import time
 from pathlib import Path
 
 from lm.cli.errors import entry
+from lm.cli.transfer_point import POINT, arm_record_name, check_own_files, check_point, point_of, record_point
 from lm.cli.transfer_recipe import (
     ARMS,
     CANDIDATE_TASKS,
     DEFAULT_PRESET,
-    POINT,
     Recipe,
     TransferError,
-    arm_record_name,
-    check_own_files,
-    check_point,
     check_scratch_arm,
     cpu_cores,
     finetune_arm,
     plan,
-    point_of,
     pretrain,
     recipe_record,
-    record_point,
     run_record,
     scratch_record,
     spent,

@@ -12,14 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+from lm.cli.transfer_point import arm_record_name, check_own_files, check_point, point_of
 from lm.cli.transfer_recipe import (
     Plan,
     Recipe,
     TransferError,
-    arm_record_name,
-    check_own_files,
-    check_point,
-    point_of,
     recipe_record,
     run_record,
     same_value,

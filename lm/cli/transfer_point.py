@@ -1,0 +1,132 @@
+"""Which point of a curve an lm transfer --out holds, and which files there are lm transfer's.
+
+The first call records its point (<out>/transfer_point.json: preset, steps, tokens per step, the --pretrain overrides
+that change what is computed) before any work; every later call, one-arm call and --join is compared with it and
+refused in one line when it differs, so two points never share a pretraining or a table. A file of a name lm transfer
+writes at the top of <out> that it did not write (a directory of the user's given as --out) is refused too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lm.cli.transfer_recipe import ARMS, TransferError
+
+
+def arm_record_name(arm: str) -> str:
+    """A one-arm call's record in <out> (lm/cli/transfer_join.py writes and joins them)."""
+    return f"transfer_{arm}.json"
+
+
+# <out>'s record of the point it holds: written by the first call, before any work, and compared by every later one
+POINT = "transfer_point.json"
+
+
+def point_of(recipe: dict) -> dict:
+    """What a point's pretraining and table are of, from its recipe record (recipe_record): the preset, the steps
+    and their size, and the --pretrain overrides lm train would refuse to change on resume (train.threads,
+    logger=... may change between calls: they change nothing computed)."""
+    from lm.core.resume import resumable
+
+    given = recipe.get("pretrain_overrides") or []
+    overrides = [o for o in given if not resumable(o.lstrip("+~").split("=", 1)[0])]
+    return {k: recipe[k] for k in ("preset", "steps", "tokens_per_step")} | {"pretrain_overrides": overrides}
+
+
+def held_point(out: Path) -> tuple[dict, Path] | None:
+    """The point <out> holds and the file that says so: its transfer_point.json, else (a directory from before that
+    record) the recipe of its table or of a one-arm call's record; None for a new or unknown directory."""
+    path = out / POINT
+    if path.is_file():
+        return _point_record(path), path
+    for path in (out / "transfer.json", *(out / arm_record_name(a) for a in ARMS[1:])):
+        try:
+            return point_of(json.loads(path.read_text())["recipe"]), path
+        except (OSError, ValueError, KeyError, TypeError):  # none, or too old or damaged to say (rewritten later)
+            continue
+    return None
+
+
+def _point_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as e:  # not JSON, or not UTF-8
+        record = e
+    if not isinstance(record, dict):
+        why = record if isinstance(record, ValueError) else "not a JSON object"
+        raise TransferError(
+            f"{path} is damaged ({why}); it records which point of a curve {path.parent} holds. Delete it and the "
+            f"same command records this call's point, or pass another --out"
+        )
+    return record
+
+
+def check_point(out: Path, point: dict) -> None:
+    """Refuse, before any work, a call whose point differs from the one `out` holds: a grown --tokens continued
+    that point's pretraining (its checkpoint pruned, its table no longer the directory's) and then had its
+    finetuning refused; another model was refused by lm train only after the scratch arm's hours."""
+    held = held_point(out)
+    if held is None:
+        return
+    old, path = held
+    diff = [k for k in point if old.get(k) != point[k]]
+    if diff:
+        changes = "; ".join(_change(k, old.get(k), point[k]) for k in diff)
+        raise TransferError(
+            f"--out {out} holds the point of another recipe ({changes}; see {path}): its pretraining and table are "
+            f"that point's. Each point needs its own directory: pass another --out (copy {out / 'pretrain'} into it "
+            f"to continue that pretraining there), or remove {out}"
+        )
+
+
+# The files a call writes at the top of <out>, each with the keys (JSON) or the first words (Markdown) that show it
+# is lm transfer's: a file of one of these names that lacks them is the user's, never replaced
+OWN_FILES = {
+    "transfer.json": ("recipe", "comparison"),
+    "transfer.md": "# GLUE transfer: ",
+    **{arm_record_name(a): ("arm", "recipe") for a in ARMS[1:]},
+}  # (transfer_point.json: check_point; transfer_seconds.json is written only where the point is recorded)
+
+
+def check_own_files(out: Path) -> None:
+    """Refuse, before any work, an --out holding a file of a name lm transfer writes there that it did not write
+    (an existing directory of the user's given as --out): it would be replaced at the end."""
+    for name, mark in OWN_FILES.items():
+        path = out / name
+        if (path.exists() or path.is_symlink()) and not _own_file(path, mark):
+            raise TransferError(
+                f"{path} exists and is not a file lm transfer wrote; it would be replaced: pass another --out, "
+                f"or move the file"
+            )
+
+
+def _own_file(path: Path, mark) -> bool:
+    try:
+        text = path.read_text() if path.is_file() and not path.is_symlink() else None
+    except (OSError, ValueError):
+        return False
+    if text is None or isinstance(mark, str):
+        return text is not None and text.startswith(mark)
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and all(k in record for k in mark)
+
+
+def _change(key: str, old, new) -> str:
+    """One difference in words; of the override lists, only the overrides one side has."""
+    if key == "pretrain_overrides" and isinstance(old, list) and set(old) != set(new):
+        return f"--pretrain {' '.join(o for o in old if o not in new) or '(none)'} -> " + (
+            " ".join(o for o in new if o not in old) or "(none)"
+        )
+    return f"{key}: {old!r} -> {new!r}"
+
+
+def record_point(out: Path, point: dict) -> None:
+    """<out>/transfer_point.json, once: later calls are compared with it (check_point)."""
+    from lm.core.files import atomic_write_text
+
+    if not (out / POINT).exists():
+        atomic_write_text(out / POINT, json.dumps(point, indent=2) + "\n")
