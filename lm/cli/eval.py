@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from lm.cli.errors import entry
+from lm.core.files import nearest_existing
 
 DEFAULT_TASKS = "local_glue,local_wikitext2"
 RESULTS = "eval_results.json"
@@ -115,9 +116,7 @@ def results_file(out: Path) -> Path:
     eval_results.json that is not lm eval's would otherwise fail, or be replaced, after the whole evaluation."""
     from lm.config import ConfigError
 
-    above = Path(out).absolute()
-    while not above.exists() and above != above.parent:
-        above = above.parent
+    above = nearest_existing(out)
     if not above.is_dir():
         raise ConfigError(f"--out {out}: {above} is a file, not a directory; name a directory (--out <dir>)")
     if not os.access(above, os.W_OK | os.X_OK):

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from lm.cli.errors import entry
 from lm.core.checkpoint import CheckpointError, consolidated_state_dict, resolve, verified
+from lm.core.files import nearest_existing
 from lm.core.saved_model import LM_CLASS  # the key of config.json that marks an lm export output
 
 log = logging.getLogger("lm")
@@ -109,9 +110,7 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
         raise CheckpointError(
             f"--out {out} is a file, not a directory; name a directory (new, empty, or a previous export)"
         )
-    above = out.absolute().parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
+    above = nearest_existing(out.absolute().parent)
     if not above.is_dir():
         raise CheckpointError(
             f"--out {out} lies below {above}, which is a file, not a directory; name a directory elsewhere"

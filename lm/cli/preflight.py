@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from lm.cli.errors import entry
+from lm.core.files import nearest_existing
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 # Checkpoint bytes per parameter: fp32 weights (4) + Adam's two fp32 moments (8).
@@ -137,9 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _json_refused(path: Path) -> str | None:
     """Why --json must not be written: a directory, a path below a file, or a file lm preflight did not write
     (a report of its own, a JSON object with its verdict and checks, is replaced); None when it may be."""
-    above = path.absolute().parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
+    above = nearest_existing(path.absolute().parent)
     if not above.is_dir():
         return f"lies below {above}, which is a file; name a file elsewhere"
     if path.is_dir():
@@ -265,9 +264,7 @@ def _try_write(directory: Path) -> str:
 
 
 def _free_bytes_of_nearest(path: Path) -> int:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return shutil.disk_usage(path).free
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 def _gather(info: RankInfo) -> list[RankInfo]:

@@ -40,6 +40,15 @@ def _new_temporary(path: Path) -> tuple[int, str]:
             continue
 
 
+def nearest_existing(path) -> Path:
+    """`path` (made absolute) or its nearest ancestor that exists: what an output path would be created under, checked
+    before any work (a file there instead of a directory, no write permission)."""
+    above = Path(path).absolute()
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    return above
+
+
 def file_sha256(path: Path) -> str:
     """The sha256 of a file, read in blocks (a checkpoint's shards, an export's weights: gigabytes)."""
     digest = hashlib.sha256()

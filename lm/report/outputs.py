@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from lm.core.files import nearest_existing
 from lm.report.runs import ReportError
 
 SOFTWARE = "lm"  # the PNG "Software" text of lm's figures (matplotlib's default names matplotlib, as a user's has)
@@ -43,9 +44,7 @@ def check_out(out: Path, names: Iterable[str], command: str, flag: str, what: st
     """Refuse `out` (before anything is written) when it is not a directory, or when writing `names` there would
     replace a file `command` did not write; `flag` is the option that picks another directory, `what` the output
     in words ("the report")."""
-    above = Path(out).absolute()
-    while not above.exists() and above != above.parent:
-        above = above.parent
+    above = nearest_existing(out)
     if not above.is_dir():
         raise ReportError(
             f"{flag} {out}: {above} is a file, not a directory; name a directory (new, or one {command} wrote before)"
