@@ -235,6 +235,7 @@ def test_a_fresh_preparation_says_first_what_it_prepares_where(tmp_path, stories
     )
     run(tmp_path, source=str(stories), doc_split="line")
     assert "preparing" not in capsys.readouterr().err  # found prepared: only 'already prepared'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "stories.txt"]  # no .out.lock left beside it
 
 
 def test_finished_output_is_kept_unless_forced_and_survives_a_failed_rebuild(tmp_path, stories, monkeypatch, capsys):

@@ -230,6 +230,7 @@ def test_cli_keeps_every_earlier_result_and_refuses_a_file_it_did_not_write(expo
     assert set(earlier["tasks"]) == {"local_rte", "local_sst2"} and earlier["limit"] == 4  # the same settings merged
     assert set(record["tasks"]) == {"local_sst2"} and record["limit"] == 6
     assert record["weights"] == earlier["weights"] and record["weights"].startswith("step_00000003, manifest sha256")
+    assert sorted(p.name for p in out.iterdir()) == [aside.name, "eval_results.json"]  # no lock file left
     main([str(export_dir), "--tasks", "local_rte", "--limit", "4"])  # beside an export, not in it
     assert (export_dir.with_name("export-eval") / "eval_results.json").is_file() and is_export(export_dir)
     capsys.readouterr()

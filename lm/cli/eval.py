@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from lm.cli.errors import entry
-from lm.core.files import nearest_existing
+from lm.core.files import atomic_write_text, exclusive, nearest_existing
 
 DEFAULT_TASKS = "local_glue,local_wikitext2"
 RESULTS = "eval_results.json"
@@ -68,7 +68,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     """{"path", "weights", "limit", "num_fewshot", "tasks": {task: {metric: value}}}, written to
     <out>/eval_results.json with the tasks of an earlier record of the same weights and settings."""
-    from lm.core.files import atomic_write_text
     from lm.eval.saved import load_with_weights
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -97,8 +96,7 @@ def run(args: argparse.Namespace) -> dict:
         out = evaluate(adapter, harness_tasks, limit=args.limit, num_fewshot=args.num_fewshot)
         results.update(harness_metrics(out))
     new = {"path": str(args.path), "weights": weights, "limit": args.limit, "num_fewshot": args.num_fewshot}
-    record = with_earlier(file, {**new, "tasks": results})
-    atomic_write_text(file, json.dumps(record, indent=1) + "\n")
+    record = write_record(file, {**new, "tasks": results})
     return {**record, "tasks": results, "written": str(file)}
 
 
@@ -138,6 +136,17 @@ def earlier_record(file: Path) -> dict | None:
         return None
     ours = isinstance(record, dict) and "path" in record and isinstance(record.get("tasks"), dict)
     return record if ours else None
+
+
+def write_record(file: Path, record: dict) -> dict:
+    """Write `record` to `file` merged with the earlier record there (with_earlier); one call at a time, so that two
+    evaluations of one checkpoint finishing together both keep their tasks."""
+    with exclusive(
+        file.with_name(f".{file.name}.lock"), lambda: log.info("waiting for another lm eval writing %s", file)
+    ):
+        record = with_earlier(file, record)
+        atomic_write_text(file, json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def with_earlier(file: Path, record: dict) -> dict:

@@ -1,11 +1,15 @@
-"""Atomic text writes: a reader never sees half a file (config.yaml, results, submissions, sweep tables)."""
+"""Atomic text writes: a reader never sees half a file (config.yaml, results, submissions, sweep tables); and one
+writer at a time where writers read what they replace (`exclusive`)."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -56,3 +60,38 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):  # hashlib.file_digest needs Python 3.11
             digest.update(block)
     return digest.hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive(path, waiting: Callable[[], None] | None = None):
+    """An flock on the file `path` while the block runs, and the file removed after: one writer at a time (two lm
+    prepare of one directory, two lm eval merging into one record), no lock file left beside the user's. The kernel
+    drops the lock however its holder ends. `waiting()` is called once if another holds it. A waiter can get the lock
+    of a file its holder has just removed; it then locks the file now at `path`, so two never hold it at once."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+                waiting = None
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        if _same_file(fd, path):
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the unlock: a waiter on this file then finds it gone and tries again
+        os.close(fd)
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)

@@ -44,7 +44,6 @@ lm/cli/prepare.py.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import logging
 import os
@@ -57,6 +56,7 @@ from pathlib import Path
 import numpy as np
 
 from lm.config_base import ConfigError, to_typed
+from lm.core.files import exclusive
 from lm.data.config import DataConfig, validate_data
 from lm.data.dedup import KEYS_FILE, Deduper
 from lm.data.documents import iter_texts
@@ -211,19 +211,6 @@ class Stats:
         self.duplicate_tokens += r.duplicate_tokens
 
 
-@contextlib.contextmanager
-def _lock(out: Path):
-    """One lm prepare per output directory at a time (e.g. two ranks calling ensure_prepared)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            say(f"waiting for another lm prepare that is writing {out}")
-            fcntl.flock(f, fcntl.LOCK_EX)
-        yield
-
-
 def _sources(cfg: DataConfig):
     files, corpus = resolve(cfg.source, cfg.format, mirror=cfg.mirror, hf_split=cfg.hf_split)
     if cfg.val_source is not None:
@@ -358,7 +345,8 @@ def prepare(
     cfg = with_corpus_defaults(cfg, corpus)
     validate_data(cfg)
     content = content_config(cfg)
-    with _lock(out):
+    # one lm prepare per output directory at a time (e.g. two ranks calling ensure_prepared)
+    with exclusive(out.with_name(f".{out.name}.lock"), lambda: say(f"waiting for another lm prepare writing {out}")):
         if _check_out(out, content, force, hint, files):
             say(f"{out} is already prepared with these settings; nothing to do")
             return out
