@@ -67,26 +67,17 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     from lm.core.session import Session, set_aside
     from lm.core.tracking import device_peak_flops
     from lm.engine import dist as dist_utils
-    from lm.model import build_model, validate_model
+    from lm.model import build_model
     from lm.model.flops import flops_per_token
-    from lm.model.validate import check_objective, refuse_unread
 
     run = typed_run(cfg)
     # The run's record, made once here: below this line only typed objects, text and plain dicts travel.
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     train_cfg, optim_cfg, sched_cfg, model_cfg = run.train, run.optim, run.sched, run.model
-    validate_train(train_cfg, optim_cfg, sched_cfg)
-    validate_model(model_cfg)
-    refuse_unread(model_cfg)  # an override the model would not read: the user's config only, never a saved one
-    check_objective(model_cfg, objective_for(model_cfg.arch))  # e.g. a bidirectional RNN cannot learn clm
+    _check(run)
     if train_cfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
         torch.set_num_threads(train_cfg.threads)
-    if train_cfg.seq_len > model_cfg.max_seq_len:
-        raise ConfigError(
-            f"train.seq_len={train_cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
-            f"lower train.seq_len or raise model.max_seq_len"
-        )
     engine_cls = engine_class(run, get_class)
     device = dist_utils.pick_device(train_cfg.device)
     dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=train_cfg.world_size)
@@ -130,22 +121,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                 if not complete:  # a complete run's record keeps the settings its weights trained under
                     atomic_write_text(run_dir / "config.yaml", config_yaml)
                     _record_overrides(run_dir)
-                log.info(
-                    "%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
-                    engine.name,
-                    dist.world_size,
-                    device,
-                    engine.numel(),  # ZeRO-3's partitioned parameters are empty tensors here
-                    train_cfg.micro_batch_size * train_cfg.grad_accum * dist.world_size,
-                    train_cfg.seq_len,
-                    run_dir,
-                )
-                if train_cfg.batch_ramp_steps:
-                    log.info(
-                        "batch ramp: 1 to %d micro-batches per step over the first %d steps",
-                        train_cfg.grad_accum,
-                        train_cfg.batch_ramp_steps,
-                    )
+                _log_start(engine, dist.world_size, device, train_cfg, run_dir)
             session.track(run.logger, config)
             speed = loop.Speed(
                 flops_per_token(model_cfg, train_cfg.seq_len), device_peak_flops(device, train_cfg.peak_flops)
@@ -156,6 +132,46 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                 _downstream(train_cfg, model_cfg, run.data, engine),
             )  # [] with probe_interval=0 and eval_tasks=[]
             return Trained(state=state, engine=engine, run_dir=run_dir)
+
+
+def _check(run) -> None:
+    """Refuse, before anything is built, a config that composed but cannot train: the train and model sections'
+    own checks, a model override the model would not read, an objective the model cannot learn, windows longer
+    than the model's positions."""
+    from lm.core.objectives import objective_for
+    from lm.model import validate_model
+    from lm.model.validate import check_objective, refuse_unread
+
+    train_cfg, model_cfg = run.train, run.model
+    validate_train(train_cfg, run.optim, run.sched)
+    validate_model(model_cfg)
+    refuse_unread(model_cfg)  # an override the model would not read: the user's config only, never a saved one
+    check_objective(model_cfg, objective_for(model_cfg.arch))  # e.g. a bidirectional RNN cannot learn clm
+    if train_cfg.seq_len > model_cfg.max_seq_len:
+        raise ConfigError(
+            f"train.seq_len={train_cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
+            f"lower train.seq_len or raise model.max_seq_len"
+        )
+
+
+def _log_start(engine, world_size: int, device, train_cfg: TrainConfig, run_dir: Path) -> None:
+    """The run's first log line (rank 0): engine, ranks, device, size, the tokens of one step."""
+    log.info(
+        "%s on %d rank(s), %s, %d params, %d sequences of %d tokens per step, run_dir %s",
+        engine.name,
+        world_size,
+        device,
+        engine.numel(),  # ZeRO-3's partitioned parameters are empty tensors here
+        train_cfg.micro_batch_size * train_cfg.grad_accum * world_size,
+        train_cfg.seq_len,
+        run_dir,
+    )
+    if train_cfg.batch_ramp_steps:
+        log.info(
+            "batch ramp: 1 to %d micro-batches per step over the first %d steps",
+            train_cfg.grad_accum,
+            train_cfg.batch_ramp_steps,
+        )
 
 
 def _finished_cell(run_dir: Path, config_yaml: str, max_steps: int, dist) -> bool:
