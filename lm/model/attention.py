@@ -41,7 +41,7 @@ class LayerCache:
     """Keys and values seen so far by one block: self-attention grows, cross-attention is fixed."""
 
     k: torch.Tensor | None = None  # (B, KVH, T_past, Dh)
-    v: torch.Tensor | None = None
+    v: torch.Tensor | None = None  # (B, KVH, T_past, Dh)
     memory_kv: tuple | None = None  # cross-attention (k, v) of the encoder memory
 
     @property
@@ -49,7 +49,7 @@ class LayerCache:
         return 0 if self.k is None else self.k.shape[2]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple:
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)  # (B, KVH, T_past + T, Dh)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
 
@@ -72,9 +72,9 @@ def build_mask(
         return None
     visible = torch.ones(q_pos.shape[0], k_pos.shape[0], dtype=torch.bool, device=q_pos.device)[None, None]
     if causal:
-        visible = visible & (k_pos[None, :] <= q_pos[:, None])[None, None]
+        visible = visible & (k_pos[None, :] <= q_pos[:, None])[None, None]  # (1, 1, Tq, Tk)
     if key_padding is not None:
-        visible = visible & key_padding.bool()[:, None, None, :]
+        visible = visible & key_padding.bool()[:, None, None, :]  # (B, Tk) -> (B, 1, 1, Tk): (B, 1, Tq, Tk)
     base = bias.float() if bias is not None else torch.zeros((), device=q_pos.device)
     return base.masked_fill(~visible, torch.finfo(torch.float32).min)
 
@@ -84,11 +84,14 @@ def key_keep(mask: torch.Tensor | None, T: int) -> torch.Tensor | None:
     mask; None when nothing is padded. The last query row sees every non-padded key (causal or not)."""
     if mask is None:
         return None
-    keep = mask[:, 0, -1, -T:] > torch.finfo(torch.float32).min
+    keep = mask[:, 0, -1, -T:] > torch.finfo(torch.float32).min  # (B, H or 1, Tq, Tk) -> (B, T): the last query row
     return keep.to(mask.dtype if mask.is_floating_point() else torch.float32)
 
 
 class _Attention(nn.Module):
+    """What self- and cross-attention share: the score, the output projection, QK-norm, the head split and merge.
+    Heads: H query heads, KVH key/value heads (H = KVH: MHA; KVH = 1: MQA; else GQA), each Dh wide."""
+
     kind = ""  # "self" or "cross": how capture() labels its probabilities
 
     def __init__(
@@ -131,6 +134,8 @@ class SelfAttention(_Attention):
         self.qkv = Linear(dim, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
 
     def forward(self, x, causal: bool, mask, pos, cache: LayerCache | None = None):
+        """x (B, T, D) -> (B, T, D). mask: build_mask's additive (B or 1, H or 1, T, T_past + T), or None;
+        pos: the position scheme's rotation of q and k (identity unless RoPE)."""
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         q, k, v = self.qkv(x).split([q_size, kv_size, kv_size], dim=-1)  # (B, T, H*Dh), 2 x (B, T, KVH*Dh)
         q = self.q_norm(self._heads(q, self.n_heads))  # (B, H, T, Dh)
@@ -156,7 +161,8 @@ class CrossAttention(_Attention):
         return self.k_norm(self._heads(k, self.n_kv_heads)), self._heads(v, self.n_kv_heads)
 
     def forward(self, x, memory, memory_mask, cache: LayerCache | None = None):
-        q = self.q_norm(self._heads(self.q(x), self.n_heads))
+        """x: the decoder's (B, T, D); memory: the encoder's (B, S, D); memory_mask: (B, 1, T, S) additive or None."""
+        q = self.q_norm(self._heads(self.q(x), self.n_heads))  # (B, T, D) -> (B, T, H*Dh) -> (B, H, T, Dh)
         if cache is None:
             k, v = self._memory_kv(memory)
         else:  # the encoder memory does not change while decoding: project it once

@@ -68,6 +68,9 @@ def _scalars(residual: Residual) -> BranchScalars | None:
 
 
 class Block(nn.Module):
+    """[prelude sub-layers,] self-attention, [cross-attention,] [FFN]: each a residual branch
+    x -> residual(x, norm, sublayer, dropout), pre_norm or post_norm above unless a model/norm option brings its own."""
+
     def __init__(
         self,
         self_attn: SelfAttention,

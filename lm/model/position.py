@@ -65,7 +65,7 @@ class Learned(_Table):
         self.table = nn.Embedding(max_seq_len, dim)
 
     def embed(self, x, positions):
-        return x + self.table(positions)
+        return x + self.table(positions)  # (B, T, D) + (T, D)
 
 
 class Sinusoidal(_Table):
@@ -73,15 +73,15 @@ class Sinusoidal(_Table):
 
     def __init__(self, dim, n_heads, head_dim, max_seq_len, causal, base: float = 10000.0):
         super().__init__(dim, n_heads, head_dim, max_seq_len, causal)
-        pos = torch.arange(max_seq_len, dtype=torch.float32)[:, None]
-        inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(base) / dim))
-        table = torch.zeros(max_seq_len, dim)
+        pos = torch.arange(max_seq_len, dtype=torch.float32)[:, None]  # (T, 1)
+        inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(base) / dim))  # (ceil(D/2),)
+        table = torch.zeros(max_seq_len, dim)  # (T, D): sin in the even channels, cos in the odd ones
         table[:, 0::2] = torch.sin(pos * inv_freq)
         table[:, 1::2] = torch.cos(pos * inv_freq[: dim // 2])
         self.register_buffer("table", table, persistent=False)
 
     def embed(self, x, positions):
-        return x + self.table[positions].to(x.dtype)
+        return x + self.table[positions].to(x.dtype)  # (B, T, D) + (T, D)
 
 
 ROPE_SCALINGS = (None, "linear", "dynamic", "llama3")
@@ -89,7 +89,7 @@ ROPE_SCALINGS = (None, "linear", "dynamic", "llama3")
 
 def rope_inv_freq(theta: float, head_dim: int) -> torch.Tensor:
     """theta^(-2i/Dh) for i < Dh/2: the rotation speed of each pair of channels."""
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # (Dh/2,)
 
 
 def llama3_inv_freq(
@@ -155,9 +155,9 @@ class RoPE(PositionScheme):
             length = length if length is not None else int(positions[-1]) + 1
             if length > self.original_max_seq_len:
                 inv_freq = self._dynamic_inv_freq(length)
-        freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, Dh/2)
+        freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, 1) * (1, Dh/2) -> (T, Dh/2)
         cos = freqs.cos().repeat(1, 2)  # (T, Dh): the angles of both halves are freqs
-        sin = freqs.sin()
+        sin = freqs.sin()  # (T, Dh/2)
         # Half-split RoPE is x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1). That
         # equals roll(x, Dh/2) * cat(-sin, sin): one roll and one fused multiply-add per tensor instead of
         # a negation, a concatenation, two products and a sum: fewer kernels, which is what a small model's
@@ -165,7 +165,7 @@ class RoPE(PositionScheme):
         signed_sin = torch.cat((-sin, sin), dim=-1)  # (T, Dh)
         half = self.head_dim // 2
 
-        def rotate(q, k):  # q (B, H, T, Dh), k (B, KVH, T, Dh)
+        def rotate(q, k):  # q (B, H, T, Dh), k (B, KVH, T, Dh); cos, signed_sin (T, Dh) broadcast over B and heads
             c, s = cos.to(q.dtype), signed_sin.to(q.dtype)
             return torch.addcmul(q * c, q.roll(half, -1), s), torch.addcmul(k * c, k.roll(half, -1), s)
 
@@ -194,8 +194,8 @@ class ALiBi(PositionScheme):
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)
 
     def score_bias(self, q_pos, k_pos):
-        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Tq, Tk)
-        return -(self.slopes[:, None, None] * distance)[None]  # (1, H, Tq, Tk)
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()  # (Tq, 1) - (1, Tk) -> (Tq, Tk)
+        return -(self.slopes[:, None, None] * distance)[None]  # (H, 1, 1) * (Tq, Tk) -> (1, H, Tq, Tk)
 
 
 def t5_bucket(relative: torch.Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> torch.Tensor:
@@ -231,6 +231,6 @@ class T5Bias(PositionScheme):
         self.table = nn.Embedding(num_buckets, n_heads)
 
     def score_bias(self, q_pos, k_pos):
-        relative = k_pos[None, :] - q_pos[:, None]  # (Tq, Tk): memory minus query position
+        relative = k_pos[None, :] - q_pos[:, None]  # (1, Tk) - (Tq, 1) -> (Tq, Tk): key minus query position
         buckets = t5_bucket(relative, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.table(buckets).permute(2, 0, 1)[None]  # (Tq, Tk, H) -> (1, H, Tq, Tk)
+        return self.table(buckets).permute(2, 0, 1)[None]  # (Tq, Tk) buckets -> (Tq, Tk, H) -> (1, H, Tq, Tk)
