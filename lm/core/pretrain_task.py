@@ -106,6 +106,8 @@ class LoaderSteps:
 
 
 class PretrainTask:
+    """The TrainTask (lm/core/task.py) of lm train: LoaderSteps' micro-batches, the objective's loss, val loss."""
+
     best_metric = None
 
     def __init__(self, train_loader, val_loader: Iterable, grad_accum: int, eval_batches: int, ramp_steps: int = 0):
@@ -126,7 +128,7 @@ class PretrainTask:
     def on_best(self, engine, step: int, record: dict) -> None:  # best_metric is None: never called
         pass
 
-    def state_dict(self) -> dict:  # the checkpoint's loader state, as before tasks existed
+    def state_dict(self) -> dict:  # the loader's position (+ the batch ramp's step), as the checkpoint stores it
         return self.batches.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
