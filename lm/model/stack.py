@@ -107,7 +107,7 @@ def _attention(
 
 
 def attn_scale(cfg: "ModelConfig", layer: int) -> float | None:
-    """The softmax scale of layer `layer` (0-based); None = SDPA's own 1/sqrt(head_dim)."""
+    """The softmax scale of layer `layer` (0-based); None = the score's default, 1/sqrt(head_dim) (scores.py)."""
     if not cfg.attn_scale_by_layer:
         return cfg.attn_scale
     base = cfg.d_head**-0.5 if cfg.attn_scale is None else cfg.attn_scale
