@@ -97,7 +97,7 @@ class State:
 
     def to_checkpoint(self) -> dict[str, Any]:
         out = asdict(self)
-        if out["best"] is None:  # pretraining's trainer.json stays as it was
+        if out["best"] is None:  # pretraining (no best_metric): trainer.json keeps the layout it had without `best`
             del out["best"]
         return out
 
@@ -202,6 +202,7 @@ def _run(
                 pending.grad_norm = engine.skip_step()
         state.step = step + 1
 
+        # Is this step a sync point? There the host reads the pending steps (_sync), then logs, evaluates, saves.
         last = state.step == cfg.max_steps
         log_now = state.step % cfg.log_interval == 0 or last
         eval_now = (cfg.eval_interval and state.step % cfg.eval_interval == 0) or last

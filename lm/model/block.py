@@ -18,7 +18,6 @@ import torch
 from torch import nn
 
 from lm.model.attention import CrossAttention, LayerCache, SelfAttention
-from lm.model.moe import MoE
 
 
 def carried(x: torch.Tensor, skip: Callable | None) -> torch.Tensor:
@@ -38,6 +37,11 @@ def post_norm(
 ) -> torch.Tensor:
     """norm(x + drop(f(x))): the original Transformer and BERT."""
     return norm(carried(x, skip) + drop(f(x)))
+
+
+class TokenRouter(nn.Module):
+    """An FFN that routes tokens to experts (MoE, lm/model/moe.py): its forward also takes the block's padding
+    (no pad is routed) and causal (tokens are routed in position order)."""
 
 
 class BranchScalars(nn.Module):
@@ -136,5 +140,5 @@ class Block(nn.Module):
         if self.ffn is None:
             return x
         # An MoE routes only real tokens, in position order when causal (lm/model/moe.py)
-        ffn = (lambda h: self.ffn(h, padding, causal)) if isinstance(self.ffn, MoE) else self.ffn
+        ffn = (lambda h: self.ffn(h, padding, causal)) if isinstance(self.ffn, TokenRouter) else self.ffn
         return self.residual(x, self.norm_ffn, ffn, self.drop, self.scalars_ffn)

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.model.aux import AuxSource
+from lm.model.block import TokenRouter
 from lm.model.linear import MatmulCount
 
 
@@ -133,7 +134,7 @@ def balance_loss(probs: torch.Tensor, expert: torch.Tensor, weight: torch.Tensor
     return n_experts * (f * _mean(probs, weight)).sum()
 
 
-class MoE(MatmulCount, AuxSource):
+class MoE(MatmulCount, AuxSource, TokenRouter):
     """Top-k routed mixture of `n_experts` FFNs built by `expert(dim, bias=..., dropout=...)`."""
 
     def __init__(
