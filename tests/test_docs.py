@@ -77,7 +77,7 @@ def layout_map(text: str):
     return found
 
 
-def test_every_file_of_lm_is_in_the_architecture_map():
+def test_every_file_of_lm_is_in_the_architecture_map_and_every_file_there_exists():
     found = layout_map((REPO / "docs" / "architecture.md").read_text())
     missing = [
         str(p.relative_to(REPO))
@@ -85,6 +85,10 @@ def test_every_file_of_lm_is_in_the_architecture_map():
         if p.name not in found.get(str(p.parent.relative_to(REPO)), set())
     ]
     assert missing == [], f"add a line for each to docs/architecture.md's layout map: {missing}"
+    stale = sorted(
+        f"{folder}/{name}" for folder, names in found.items() for name in names if not (REPO / folder / name).is_file()
+    )
+    assert stale == [], f"docs/architecture.md's layout map names files that do not exist: {stale}"
 
 
 def test_the_map_check_reads_packages_and_files():

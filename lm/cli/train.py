@@ -212,15 +212,14 @@ def _record_overrides(run_dir: Path) -> None:
 
 
 def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bool):
-    """A model whose vocabulary is smaller than the data's tokenizer grows to it (rounded up to a multiple of
-    64), in the typed config and in the composed one that config.yaml records, so export, finetuning and
-    resume see the model as built. A larger vocabulary is kept: presets pad theirs for speed (GPT-2's 50304)."""
+    """A model whose vocabulary is smaller than the data's tokenizer (`vocab`; the caller checks) grows to it
+    (rounded up to a multiple of 64), in the typed config and in the composed one that config.yaml records, so
+    export, finetuning and resume see the model as built. A larger vocabulary is kept: presets pad theirs for
+    speed (GPT-2's 50304)."""
     from dataclasses import replace
 
     from lm.model import validate_model
 
-    if vocab <= model_cfg.vocab_size:
-        return model_cfg
     size = _round_up(vocab, 64)
     if is_main:
         log.info(

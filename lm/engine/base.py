@@ -123,7 +123,7 @@ class Engine:
         stack.enter_context(torch.autocast(self.device.type, dtype=self.dtype))
         if self.device.type == "cpu":
             # torch's CPU flash-attention kernel runs its half-precision backward slower than its fp32 one, where
-            # the math path's bf16 matmuls beat fp32 on a CPU with bf16 units (benchmarks/speedrun_ab.py measures it).
+            # the math path's bf16 matmuls beat fp32 on a CPU with bf16 units.
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             stack.enter_context(sdpa_kernel([SDPBackend.MATH]))

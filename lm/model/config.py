@@ -118,9 +118,9 @@ class ModelConfig:
 
     @property
     def tying(self) -> TieEmbeddings:
-        """tie_embeddings resolved: true = all (every table there is shares one matrix, as always); false =
-        the output has its own matrix, and an encoder-decoder's two stacks still share their input table
-        (as before this option grew: saved configs keep their weights' layout)."""
+        """tie_embeddings resolved: true = all (every table there is shares one matrix); false = the output has
+        its own matrix, and an encoder-decoder's two stacks still share their input table (so that saved
+        configs of tie_embeddings=false keep the weights' layout they trained with)."""
         if self.tie_embeddings is True:
             return TieEmbeddings.all
         if self.tie_embeddings is False:

@@ -1,9 +1,9 @@
 """The three model families as thin wrappers around Stack, and a sequence classifier for all three.
 
-| model            | stacks | causal              | cross-attention | head                |
+| model            | stacks | causal              | cross-attention | head                  |
 | DecoderLM        | 1      | yes                 | no              | LM head (tied or not) |
-| EncoderLM        | 1      | no                  | no              | MLM head            |
-| EncoderDecoderLM | 2      | encoder no, dec yes | decoder yes     | LM head on decoder  |
+| EncoderLM        | 1      | no                  | no              | MLM head              |
+| EncoderDecoderLM | 2      | encoder no, dec yes | decoder yes     | LM head on decoder    |
 
 Batch conventions (see lm/core/objectives.py): decoder labels are already aligned with input_ids (the
 loader shifts them); encoder labels are -100 except at masked positions; encoder-decoder labels
