@@ -10,6 +10,7 @@ from lm.cli.report import main
 from lm.model.config import model_preset
 from lm.model.flops import flops_per_token, num_params
 from lm.report.runs import ReportError, find_run_dirs, load_run, load_runs
+from lm.report.table import build_rows
 from lm.report.variants import check_comparable, group_variants
 from tests.fixtures.runs.synthetic import loss_at, make_run
 
@@ -46,6 +47,24 @@ def test_diverged_run_is_failed(tmp_path):
     with open(d / "metrics.jsonl", "a") as f:
         f.write('{"step": 40, "loss": NaN}\n')
     assert load_run(d).reason == "loss became nan at step 40"
+
+
+def test_a_nan_step_that_on_nonfinite_skip_dropped_leaves_a_finished_run_a_result(tmp_path):
+    """train.on_nonfinite=skip logs the skipped step's NaN loss and trains on to max_steps: that run is a result (its
+    seed counts in the variant's mean), while a run whose last losses are NaN diverged."""
+    d = make_run(tmp_path / "r", max_steps=100, val_every=50)
+    lines = (d / "metrics.jsonl").read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["loss"] = float("nan")
+    lines[2] = json.dumps(bad)  # step 30
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    run = load_run(d)
+    assert run.ok and run.reason == "", run.reason
+    (row,) = build_rows(group_variants([run, load_run(make_run(tmp_path / "s", max_steps=100, val_every=50, seed=1))]))
+    assert row["n_ok"] == 2 and row["final_loss"].mean == pytest.approx(loss_at(100, 0) + 0.1)
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write('{"step": 110, "loss": NaN}\n{"step": 120, "loss": Infinity}\n')
+    assert load_run(d).reason == "loss became nan at step 110"
 
 
 def test_torn_last_line_is_dropped_but_a_corrupt_middle_line_fails(tmp_path):

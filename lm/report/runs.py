@@ -183,7 +183,7 @@ def split_metrics(entries: list) -> tuple:
         if _number(e.get("val_loss")):
             val.append(e)
         elif "loss" in e:
-            train.append(e)  # a NaN loss stays: it is the reason a run diverged
+            train.append(e)  # a NaN loss stays: the last ones logged say the run diverged (failure_reason)
         else:
             other.append(e)
     return train, val, other
@@ -199,10 +199,9 @@ def failure_reason(run: Run) -> str:
     f = run.path / ERROR_FILE
     if f.is_file():
         return _last_error_line(f.read_text()) or f"{ERROR_FILE} present"
-    losses = [e["loss"] for e in run.train]
-    if losses and not all(_number(v) for v in losses):
-        bad = next(e for e in run.train if not _number(e["loss"]))
-        return f"loss became {bad['loss']} at step {bad.get('step', '?')}"
+    diverged = _diverged_at(run.train)
+    if diverged is not None:
+        return f"loss became {diverged['loss']} at step {diverged.get('step', '?')}"
     if not run.train and not run.val and run.results is None:
         log = _hydra_log_error(run.path)
         return f"no metrics written{': ' + log if log else ''}"
@@ -211,6 +210,17 @@ def failure_reason(run: Run) -> str:
         log = _hydra_log_error(run.path)
         return f"stopped at step {last} of {target}{': ' + log if log else ''}"
     return ""
+
+
+def _diverged_at(train: list) -> dict | None:
+    """The first entry of the non-finite losses the run ended on, or None. A non-finite loss the run got past is a
+    step train.on_nonfinite=skip dropped (its update was never applied): the run goes on, and is still a result."""
+    tail = []
+    for e in reversed(train):
+        if _number(e.get("loss")):
+            break
+        tail.append(e)
+    return tail[-1] if tail else None
 
 
 def _last_error_line(text: str) -> str:
