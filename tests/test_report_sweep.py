@@ -46,6 +46,25 @@ def test_variants_are_the_overrides_minus_the_seed(sweep):
     assert [len(v.runs) for v in variants] == [3, 3, 3, 3]
 
 
+def test_two_sweeps_whose_grids_were_typed_in_another_order_make_one_variant_per_cell(tmp_path):
+    """Seeds 0-1 from one sweep, seed 2 from a second whose command named model/norm before model/ffn: Hydra orders a
+    cell's overrides as the command did, and the report still averages each cell over its three seeds."""
+    import yaml
+
+    for (ffn, norm), effect in EFFECT.items():
+        for seed, noise in enumerate(SEED_OFFSETS):
+            d = make_run(tmp_path / ("b" if seed == 2 else "a") / f"{ffn}_{norm}_{seed}", ffn=ffn, norm=norm,
+                         seed=seed, offset=effect + noise)  # fmt: skip
+            if seed == 2:
+                overrides = d / ".hydra" / "overrides.yaml"
+                overrides.write_text(yaml.safe_dump(list(reversed(yaml.safe_load(overrides.read_text())))))
+    rows = build_rows(group_variants(load_runs([tmp_path / "a", tmp_path / "b"])))
+    assert [r["variant"] for r in rows] == [f"model/ffn={f} model/norm={n}" for f, n in EFFECT]
+    for row, effect in zip(rows, EFFECT.values()):
+        assert row["n_ok"] == 3 and row["final_loss"].mean == pytest.approx(loss_at(200, effect), abs=1e-9)
+        assert row["final_loss"].std == pytest.approx(0.01, rel=1e-6)
+
+
 def test_table_numbers_match_the_curves(sweep):
     rows = build_rows(group_variants(load_runs([sweep])))
     for row, effect in zip(rows, EFFECT.values()):

@@ -1,9 +1,9 @@
 """Group runs into variants (cells of a sweep minus the seed) and refuse unfair comparisons.
 
 A variant is named by the Hydra overrides that differ between runs, seeds excluded
-(`model/ffn=swiglu model/norm=rmsnorm`). Runs without .hydra/overrides.yaml are named by the
-config values that differ instead, with component nodes (model.ffn, ...) shown by the option
-file they match (`model/ffn=swiglu`).
+(`model/ffn=swiglu model/norm=rmsnorm`, in whichever order a run lists them). Runs without
+.hydra/overrides.yaml are named by the config values that differ instead, with component nodes
+(model.ffn, ...) shown by the option file they match (`model/ffn=swiglu`).
 
 Comparisons are only fair at equal data and budget: every run of one table must agree on the
 data config and the training budget (steps, batch, sequence length). Seeds may differ.
@@ -107,12 +107,16 @@ def _config_labels(runs: list) -> list:
 def group_variants(runs: list) -> list:
     """Variants in order of first appearance (Hydra's job order)."""
     if runs and all(r.overrides is not None for r in runs):
-        labels = [" ".join(o) for o in _varying_overrides(runs)]
+        varying = _varying_overrides(runs)
+        labels = [" ".join(o) for o in varying]
+        # the same overrides in another order (two sweeps, their grids typed in another order) are one variant
+        keys = [tuple(sorted(o)) for o in varying]
     else:
         labels = _config_labels(runs)
+        keys = labels
     variants: dict = {}
-    for run, label in zip(runs, labels):
-        variants.setdefault(label or "baseline", Variant(label or "baseline")).runs.append(run)
+    for run, label, key in zip(runs, labels, keys):
+        variants.setdefault(key, Variant(label or "baseline")).runs.append(run)
     return list(variants.values())
 
 
