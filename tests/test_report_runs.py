@@ -67,6 +67,30 @@ def test_a_nan_step_that_on_nonfinite_skip_dropped_leaves_a_finished_run_a_resul
     assert load_run(d).reason == "loss became nan at step 110"
 
 
+def test_a_run_still_training_is_running_not_failed(tmp_path):
+    """A cell whose job still holds its run_dir's lock is unfinished because it is at work: the table, the list
+    below it and runs.csv say so, its seed stays out of the numbers, and once the job is gone it is a stopped run."""
+    from lm.core import lock
+
+    make_run(tmp_path / "sweep" / "0", ffn="gelu", max_steps=200)
+    live = make_run(tmp_path / "sweep" / "1", ffn="swiglu", max_steps=200, stop_at=70)
+    lock.acquire(live)
+    try:
+        run = load_run(live)
+        assert (run.status, run.reason) == ("running", "at step 70 of 200")
+        assert main([str(tmp_path / "sweep"), "-o", str(tmp_path / "out")]) == 0
+    finally:
+        lock.release(live)
+    md = (tmp_path / "out" / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| `model/ffn=swiglu"))
+    assert row.split("|")[2].strip() == "0/1" and row.endswith("| running: at step 70 of 200 |"), row
+    assert f"## Runs still training (not in the numbers yet)\n\n- `{live}`: at step 70 of 200" in md
+    assert "FAILED" not in md and "## Failed runs" not in md
+    rows = {r["run"]: r for r in csv.DictReader((tmp_path / "out" / "runs.csv").read_text().splitlines())}
+    assert rows[str(live)]["status"] == "running"
+    assert (load_run(live).status, load_run(live).reason) == ("failed", "stopped at step 70 of 200")
+
+
 def test_torn_last_line_is_dropped_but_a_corrupt_middle_line_fails(tmp_path):
     d = make_run(tmp_path / "r", max_steps=30)
     with open(d / "metrics.jsonl", "a") as f:

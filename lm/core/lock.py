@@ -165,6 +165,27 @@ def holder(run_dir) -> dict | None:
         return None
 
 
+def in_use(run_dir) -> bool:
+    """Whether a live process holds `run_dir`'s lock (a run still training), read without taking it: lm report's
+    look, taken for an instant, would make a run starting at that instant refuse. Linux lists every flock in
+    /proc/locks by device and inode; elsewhere, the holder the lock file names, if it is this host's and alive
+    (a run on another node of a shared file system cannot be seen from here)."""
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        who = holder(run_dir) or {}
+        pid = who.get("pid")
+        return who.get("host") == socket.gethostname() and isinstance(pid, int) and _alive(pid)
+    # a line: "1: FLOCK  ADVISORY  WRITE 12786 fe:00:2188846 0 EOF" (major:minor in hex); "->" marks a waiter
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(f[1] == "FLOCK" and f[5] == want for f in (line.split() for line in table.splitlines()) if len(f) > 5)
+
+
 def _held_message(run_dir: Path, path: Path, text: str) -> str:
     try:
         who = json.loads(text)

@@ -72,10 +72,10 @@ def loss_curves(variants: list, path: Path) -> None:
                 f = smooth if attr == "train" else (lambda y: y)
                 ax.plot(s, f(mean), color=color, lw=1.4, label=f"{v.label} (n={len(v.ok_runs)})")
                 ax.fill_between(s, f(lo), f(hi), color=color, alpha=0.15, lw=0)
-            for r in v.failed_runs:  # partial curves of failed cells, so the failure point shows
+            for r in v.failed_runs + v.running_runs:  # partial curves: where a cell failed, or has got to
                 s, y = _curve(getattr(r, attr), key)
                 if len(s):
-                    ax.plot(s, y, color=color, lw=0.8, ls="--", label=f"{v.label} (failed)")
+                    ax.plot(s, y, color=color, lw=0.8, ls="--", label=f"{v.label} ({r.status})")
         ax.set_xlabel("step")
         ax.set_ylabel(key)
         ax.set_title(title + ": mean over seeds, band = min–max")
@@ -104,7 +104,8 @@ def final_loss(rows: list, path: Path) -> None:
     for i, r in enumerate(rows):
         s = r["final_loss"]
         if s.mean is None:
-            ax.text(0.5, i, "failed", transform=ax.get_yaxis_transform(), color="red", va="center")
+            what, color = ("failed", "red") if r["failed"] or not r["running"] else ("running", "gray")
+            ax.text(0.5, i, what, transform=ax.get_yaxis_transform(), color=color, va="center")
             continue
         ax.errorbar(s.mean, i, xerr=s.std or 0, fmt="o", color=f"C{i % 10}", capsize=4)
         ax.scatter(s.values, [i] * len(s.values), color=f"C{i % 10}", s=12, alpha=0.5, marker="x")

@@ -33,7 +33,7 @@ class Run:
     val: list = field(default_factory=list)  # metrics entries that carry "val_loss"
     other: list = field(default_factory=list)  # any other entries (run summaries, ...)
     results: dict | None = None  # results.json (GLUE finetuning)
-    status: str = "ok"  # ok | failed
+    status: str = "ok"  # ok | failed | running (unfinished, its job still holds the run's lock)
     reason: str = ""
 
     @property
@@ -259,9 +259,17 @@ def load_run(path: Path) -> Run:
         run.status, run.reason = "failed", str(e)
         return run
     reason = failure_reason(run)
-    if reason:
+    if reason and _training(path):  # not failed: unfinished because its job is still at it
+        run.status, run.reason = "running", f"at step {run.last_step} of {max_steps(run)}"
+    elif reason:
         run.status, run.reason = "failed", reason
     return run
+
+
+def _training(path: Path) -> bool:
+    from lm.core.lock import in_use
+
+    return in_use(path)
 
 
 def load_runs(paths: list) -> list:

@@ -71,9 +71,10 @@ def markdown_report(
         "",
         (layout.markdown if layout else table.markdown)(rows),
     ]
-    failed = [(p, why) for r in rows for p, why in r["failed"]]
-    if failed:
-        parts += ["## Failed runs", ""] + [f"- `{p}`: {why}" for p, why in failed] + [""]
+    for key, heading in (("failed", "Failed runs"), ("running", "Runs still training (not in the numbers yet)")):
+        unfinished = [(p, why) for r in rows for p, why in r[key]]
+        if unfinished:
+            parts += [f"## {heading}", ""] + [f"- `{p}`: {why}" for p, why in unfinished] + [""]
     if notes:
         parts += [notes.strip(), ""]
     parts += [

@@ -35,6 +35,7 @@ def build_rows(variants: list, baseline: int = 0, early_fraction: float = EARLY_
             "flops_per_token": _first([s["flops_per_token"] for s in all_sums]),
             "loss_series": _first([s["loss_series"] for s in sums]) or "",
             "failed": [(r.path, r.reason) for r in v.failed_runs],
+            "running": [(r.path, r.reason) for r in v.running_runs],
             "per_run": list(zip(v.runs, all_sums)),
         }
         for m in METRICS:
@@ -77,11 +78,13 @@ def _delta(row: dict, m: str) -> str:
 
 
 def _status(row: dict) -> str:
-    if not row["failed"]:
+    failed, running = row["failed"], row["running"]
+    if not failed and not running:
         return "ok"
-    if row["n_ok"] == 0:
-        return "FAILED: " + row["failed"][0][1].replace("|", "/")
-    return f"{len(row['failed'])} of {row['n_runs']} failed"
+    if row["n_ok"] == 0 and not (failed and running):  # no result yet: the first run's reason says why
+        return ("FAILED: " if failed else "running: ") + (failed or running)[0][1].replace("|", "/")
+    counts = ((len(failed), "failed"), (len(running), "running"))
+    return ", ".join(f"{n} of {row['n_runs']} {what}" for n, what in counts if n)
 
 
 def _params(row: dict) -> str:

@@ -41,7 +41,11 @@ class Variant:
 
     @property
     def failed_runs(self) -> list:
-        return [r for r in self.runs if not r.ok]
+        return [r for r in self.runs if r.status == "failed"]
+
+    @property
+    def running_runs(self) -> list:
+        return [r for r in self.runs if r.status == "running"]
 
 
 def flatten(node: Any, prefix: str = "") -> dict:
