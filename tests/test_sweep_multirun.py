@@ -60,6 +60,16 @@ def test_sequential_sweep_goes_on_past_a_failed_cell(tmp_path):
     out = sweep(tmp_path, "model.n_heads=3,4,2")
     assert out.returncode != 0, "Hydra raises the failed cell's error once every cell has run"
     assert BAD_REASON in out.stderr  # lm train re-raises a cell's error under -m; Hydra raises it at the end
+    # ... where it ends the sweep in one line, not in the traceback of what the cell logged as one line
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert (
+        out.stderr.rstrip()
+        .splitlines()[-1]
+        .startswith(
+            "lm train: a cell of the sweep failed (each failed cell logged its error; the other cells ran); "
+            f"the first: {BAD_REASON}"
+        )
+    ), out.stderr[-3000:]
     cells = [tmp_path / "sweep" / str(i) for i in range(3)]
     assert (
         (cells[0] / "error.txt")

@@ -114,6 +114,11 @@ def _composition_errors_in_one_line(prog: str):
                 if line is None:
                     raise
                 sys.exit(f"{prog}: {line}")
+            except Exception as e:  # noqa: BLE001 - a bug keeps Hydra's traceback
+                line = _failed_cell_line(e)
+                if line is None:
+                    raise
+                sys.exit(f"{prog}: {line}")
 
         return original(one_line)
 
@@ -122,6 +127,21 @@ def _composition_errors_in_one_line(prog: str):
         yield
     finally:
         hydra_utils.run_and_report = original
+
+
+def _failed_cell_line(e: Exception) -> str | None:
+    """The last line of a sweep whose cell failed with an error a user can fix: Hydra re-raises the first failed
+    cell's exception once the cells have run, and would print its traceback for what the cell logged as one line."""
+    from lm.cli.errors import describe
+    from lm.sweep.launchers import CellExited
+
+    if not {"-m", "--multirun"} & set(sys.argv[1:]):  # HydraConfig is the parent's again here: no mode to ask
+        return None
+    line = str(e) if isinstance(e, CellExited) else describe(e)
+    if line is None:
+        return None
+    why = "each failed cell logged its error; the other cells ran"
+    return f"a cell of the sweep failed ({why}); the first: {type(e).__name__}: {line}"
 
 
 @contextlib.contextmanager
