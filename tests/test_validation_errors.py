@@ -407,6 +407,19 @@ def test_an_unknown_group_option_lists_the_groups_options(arg, bad, choices):
     assert "schema" not in str(e.value).split("pick one of")[1]
 
 
+def test_a_group_choice_left_empty_lists_the_groups_options():
+    """`lm train -m model/ffn= ...` (a sweep list not filled in): one line, not Hydra's list with the schema nodes."""
+    from lm.cli.group_choice import check_group_options
+    from lm.config import register_train_configs
+
+    register_train_configs()
+    with pytest.raises(ConfigError) as e:
+        check_group_options(["model.dim=64", "model/ffn="])
+    assert str(e.value).startswith("model/ffn= names no option; pick one of elu, geglu, gelu, gelu_tanh,")
+    assert "schema" not in str(e.value)
+    check_group_options(["run_dir=", "model.dim="])  # not group choices: left to the config's own checks
+
+
 @pytest.mark.parametrize(
     "arg",
     [

@@ -20,14 +20,16 @@ def check_group_options(args: list[str]) -> None:
         return
     for arg in args:
         key, sep, value = arg.lstrip("+").partition("=")
-        if not sep or not value or key.startswith(("~", "hydra")) or "." in key or any(c in value for c in "()$"):
+        if not sep or key.startswith(("~", "hydra")) or "." in key or any(c in value for c in "()$"):
             continue  # not a group choice, a deletion, Hydra's own groups, a sweep function or interpolation
         known = options(key)
         if not known:
             continue  # no group of this project's (model@pkg=..., a typo in a key): Hydra's to report
+        shown = sorted(n for n in known if "/" not in n) or sorted(known)  # not model's subgroups
+        if not value:  # `model/ffn=` (a sweep list left empty): Hydra's report lists the schema nodes too
+            raise ConfigError(f"{key}= names no option; pick one of {', '.join(shown)}")
         for name in (v.strip().strip("'\"") for v in value.strip("[]").split(",")):
             if name and name != "null" and name not in known:
-                shown = sorted(n for n in known if "/" not in n) or sorted(known)  # not model's subgroups
                 raise ConfigError(f"{key}={name}: no such option in conf/{key}/; pick one of {', '.join(shown)}")
 
 
