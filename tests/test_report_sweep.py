@@ -251,3 +251,18 @@ def test_a_transfer_md_of_lm_transfer_is_not_replaced_by_the_curve_report(tmp_pa
         check_out(tmp_path, ["transfer.md"])  # lm report runs/t -o runs/t: lm transfer's own table
     (tmp_path / "transfer.md").write_text(f"# GLUE transfer\n\n{CURVE_NOTE}\n")
     check_out(tmp_path, ["transfer.md"])  # a curve report of lm report's: replaced
+
+
+def test_a_cell_run_again_counts_once_and_seeds_are_in_number_order(tmp_path):
+    """A grid run again with more cells puts its old cells at new job numbers: the same variant and seed twice,
+    which the table averaged as two independent seeds (n=4 of 3 seeds, a std too small)."""
+    for job, (seed, offset) in enumerate([(0, -0.01), (1, 0.0), (10, 0.01), (1, 0.05)]):  # the last repeats seed 1
+        make_run(tmp_path / str(job), ffn="gelu", norm="layernorm", seed=seed, offset=offset)
+    (row,) = build_rows(group_variants(load_runs([tmp_path])))
+    assert row["n_ok"] == 3 and row["final_loss"].mean == pytest.approx(loss_at(200, 0.0), abs=1e-9)
+    assert row["repeated"] == [(tmp_path / "3", f"the same variant and seed as {tmp_path / '1'}")]
+    assert main([str(tmp_path)]) == 0
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "seeds: 0, 1, 10" in md and f"- `{tmp_path / '3'}`: the same variant and seed as {tmp_path / '1'}" in md
+    per_run = list(csv.DictReader((tmp_path / "report" / "runs.csv").read_text().splitlines()))
+    assert [r["status"] for r in per_run] == ["ok", "ok", "ok", "repeat"]

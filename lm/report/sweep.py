@@ -22,11 +22,11 @@ FILES = ["report.md", "report.html", "report.csv", "runs.csv", "loss_curves.png"
 def _setup_lines(runs: list, forced_differences: bool) -> list:
     setups = [setup_of(r) for r in runs if r.config]
     common = {k: v for k, v in (setups[0] if setups else {}).items() if all(s.get(k) == v for s in setups)}
-    seeds = sorted({str(table.seed_of(r)) for r in runs})
+    seeds = sorted({table.seed_of(r) for r in runs}, key=lambda s: (0, s, "") if isinstance(s, int) else (1, 0, str(s)))
     lines = [
         "- data and budget (identical for every run): "
         + (", ".join(f"`{k}={v}`" for k, v in common.items()) or "not recorded"),
-        f"- seeds: {', '.join(seeds)}",
+        f"- seeds: {', '.join(map(str, seeds))}",  # 0, 1, 2, 10: in number order
     ]
     if forced_differences:
         lines.append(
@@ -71,7 +71,11 @@ def markdown_report(
         "",
         (layout.markdown if layout else table.markdown)(rows),
     ]
-    for key, heading in (("failed", "Failed runs"), ("running", "Runs still training (not in the numbers yet)")):
+    for key, heading in (
+        ("failed", "Failed runs"),
+        ("running", "Runs still training (not in the numbers yet)"),
+        ("repeated", "Runs repeated (the same variant and seed as an earlier run: counted once)"),
+    ):
         unfinished = [(p, why) for r in rows for p, why in r[key]]
         if unfinished:
             parts += [f"## {heading}", ""] + [f"- `{p}`: {why}" for p, why in unfinished] + [""]

@@ -36,6 +36,7 @@ def build_rows(variants: list, baseline: int = 0, early_fraction: float = EARLY_
             "loss_series": _first([s["loss_series"] for s in sums]) or "",
             "failed": [(r.path, r.reason) for r in v.failed_runs],
             "running": [(r.path, r.reason) for r in v.running_runs],
+            "repeated": [(r.path, r.reason) for r in v.repeated_runs],
             "per_run": list(zip(v.runs, all_sums)),
         }
         for m in METRICS:

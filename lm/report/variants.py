@@ -47,6 +47,22 @@ class Variant:
     def running_runs(self) -> list:
         return [r for r in self.runs if r.status == "running"]
 
+    @property
+    def repeated_runs(self) -> list:
+        return [r for r in self.runs if r.status == "repeat"]
+
+    def set_repeats_aside(self) -> None:
+        """A finished run of the same variant and seed as an earlier one (a grid run again with other cells, its
+        old cells landing at new job numbers) is the same experiment again: kept in the numbers, one seed would
+        count twice, as if independent. The first in job order counts; the others are listed, not averaged."""
+        first: dict = {}
+        for r in self.ok_runs:
+            seed = repr(r.get("seed"))
+            if seed in first:
+                r.status, r.reason = "repeat", f"the same variant and seed as {first[seed].path}"
+            else:
+                first[seed] = r
+
 
 def flatten(node: Any, prefix: str = "") -> dict:
     if isinstance(node, dict):
@@ -121,6 +137,8 @@ def group_variants(runs: list) -> list:
     variants: dict = {}
     for run, label, key in zip(runs, labels, keys):
         variants.setdefault(key, Variant(label or "baseline")).runs.append(run)
+    for v in variants.values():
+        v.set_repeats_aside()
     return list(variants.values())
 
 
