@@ -407,6 +407,17 @@ def test_an_unknown_group_option_lists_the_groups_options(arg, bad, choices):
     assert "schema" not in str(e.value).split("pick one of")[1]
 
 
+def test_a_mistyped_group_names_the_closest_group():
+    """`model/fnn=gelu` was refused as "model/fnn is not a key of the top level; did you mean model?"."""
+    from lm.cli.group_choice import check_group_options
+    from lm.config import register_train_configs
+
+    register_train_configs()
+    with pytest.raises(ConfigError) as e:
+        check_group_options(["model/fnn=gelu,swiglu"])
+    assert str(e.value).startswith("model/fnn is not a config group; did you mean model/ffn? (options: elu, geglu,")
+
+
 def test_a_group_choice_left_empty_lists_the_groups_options():
     """`lm train -m model/ffn= ...` (a sweep list not filled in): one line, not Hydra's list with the schema nodes."""
     from lm.cli.group_choice import check_group_options

@@ -23,14 +23,28 @@ def check_group_options(args: list[str]) -> None:
         if not sep or key.startswith(("~", "hydra")) or "." in key or any(c in value for c in "()$"):
             continue  # not a group choice, a deletion, Hydra's own groups, a sweep function or interpolation
         known = options(key)
+        if not known and "/" in key and (close := closest_group(key)):  # model/fnn: Hydra's line says "model"
+            raise ConfigError(f"{key} is not a config group; did you mean {close}? (options: {_shown(options(close))})")
         if not known:
             continue  # no group of this project's (model@pkg=..., a typo in a key): Hydra's to report
-        shown = sorted(n for n in known if "/" not in n) or sorted(known)  # not model's subgroups
         if not value:  # `model/ffn=` (a sweep list left empty): Hydra's report lists the schema nodes too
-            raise ConfigError(f"{key}= names no option; pick one of {', '.join(shown)}")
+            raise ConfigError(f"{key}= names no option; pick one of {_shown(known)}")
         for name in (v.strip().strip("'\"") for v in value.strip("[]").split(",")):
             if name and name != "null" and name not in known:
-                raise ConfigError(f"{key}={name}: no such option in conf/{key}/; pick one of {', '.join(shown)}")
+                raise ConfigError(f"{key}={name}: no such option in conf/{key}/; pick one of {_shown(known)}")
+
+
+def _shown(known: set[str]) -> str:
+    return ", ".join(sorted(n for n in known if "/" not in n) or sorted(known))  # not model's subgroups
+
+
+def closest_group(key: str) -> str | None:
+    """The config group under conf/ closest to a mistyped one (model/fnn -> model/ffn), if any is close."""
+    import difflib
+
+    groups = [str(p.relative_to(conf_dir())) for p in conf_dir().rglob("*") if p.is_dir() and p.name != "hydra"]
+    close = difflib.get_close_matches(key, groups, n=1)
+    return close[0] if close else None
 
 
 def offered_only(help_text: str) -> str:
