@@ -44,6 +44,16 @@ def test_another_shape_is_refused_before_any_size_mismatch(gelu_run, tmp_path):
     assert "size mismatch" not in msg
 
 
+def test_a_zoo_slot_filled_or_emptied_is_refused_before_the_weights_load(gelu_run, tmp_path):
+    """model.block is null in the run and an option in the command (or the reverse): the node is a key on one
+    side only, which the comparison used to skip, so the resume reached load_state_dict's traceback."""
+    r = _copy(gelu_run, tmp_path / "r")
+    with pytest.raises(ConfigError, match=r"model\.block: None -> 'lm\.zoo\.pkm\.pkm_block'") as e:
+        run(r, steps=6, extra=["model/block=pkm"])
+    assert "state_dict" not in str(e.value)
+    assert list(train_losses(r)) == [1, 2, 3, 4]  # nothing trained
+
+
 def test_a_larger_max_steps_and_other_resumable_fields_continue(gelu_run, tmp_path, caplog):
     r = _copy(gelu_run, tmp_path / "r")
     with caplog.at_level(logging.WARNING, logger="lm"):
@@ -106,6 +116,16 @@ def test_the_comparison_itself():
     assert allowed == ["logger.tags: ['a'] -> ['b']", "train.max_steps: 4 -> 9"]
     assert resumable("logger.wandb") and resumable("train.max_steps") and not resumable("train.max_steps_x")
     assert [f for f in RESUMABLE if f.startswith("model")] == ["model.linear"]  # the kernel only, not the products
+    pkm = {"_target_": "lm.zoo.pkm.pkm_block", "layers": [0]}
+    assert config_changes({"model": {"block": None}}, {"model": {"block": pkm}}) == (
+        ["model.block: None -> 'lm.zoo.pkm.pkm_block'"],
+        [],
+    )
+    assert config_changes({"model": {"block": pkm}}, {"model": {"block": None}})[0] == [
+        "model.block: 'lm.zoo.pkm.pkm_block' -> None"
+    ]
+    assert config_changes({"model": {"x": None}}, {"model": {"x": {"a": 1}}})[0] == ["model.x: None -> {'a': 1}"]
+    assert config_changes({"model": {}}, {"model": {"block": pkm}}) == ([], [])  # a slot added since: skipped
 
 
 def test_another_zero_stage_is_resharded_not_refused():

@@ -129,11 +129,33 @@ def config_changes(
     key set to anything else is a change."""
     old, new = _flatten(saved), _flatten(requested)
     old |= {k: v for k, v in (defaults or {}).items() if k in new and k not in old}
+    changed = {key: (old[key], new[key]) for key in old.keys() & new.keys() if old[key] != new[key]}
+    changed |= _filled_nodes(old, new)
     refused, allowed = [], []
-    for key in sorted(old.keys() & new.keys()):
-        if old[key] != new[key]:
-            (allowed if resumable(key, may_change) else refused).append(f"{key}: {old[key]!r} -> {new[key]!r}")
+    for key in sorted(changed):
+        before, after = changed[key]
+        (allowed if resumable(key, may_change) else refused).append(f"{key}: {before!r} -> {after!r}")
     return refused, allowed
+
+
+def _filled_nodes(old: dict, new: dict) -> dict:
+    """{key: (old, new)} for a node null on one side and set on the other (flat keys): an empty slot given an
+    option (model/block=pkm on a run without one) or an option set back to null. Such a node is a key on one
+    side and a prefix of keys on the other, so the key-by-key comparison never sees it; named by the option's
+    _target_, which is what changed."""
+
+    def filled(flat: dict, key: str):
+        below = {k[len(key) + 1 :]: v for k, v in flat.items() if k.startswith(key + ".")}
+        return below.get("_target_", below) if below else None
+
+    out = {}
+    for key in old.keys() - new.keys():
+        if old[key] is None and (after := filled(new, key)) is not None:
+            out[key] = (None, after)
+    for key in new.keys() - old.keys():
+        if new[key] is None and (before := filled(old, key)) is not None:
+            out[key] = (before, None)
+    return out
 
 
 def _flatten(node, prefix: str = "") -> dict:
