@@ -1,6 +1,8 @@
 """Product-key memory (model/block=pkm) and the Funnel encoder (model/stack=funnel), both in lm/zoo: their defining
 properties, refused combinations, Params/Ops, and training through lm train with resume."""
 
+import json
+
 import pytest
 import torch
 
@@ -203,6 +205,17 @@ def test_funnel_refuses_undefined_combinations(overrides, field):
     cfg = model_preset("tiny", ["model/stack=funnel", *overrides])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_model(cfg)
+
+
+@pytest.mark.parametrize("n_layers,example", [(2, "[1,1]"), (3, "[1,2]"), (1, "[1]")])
+def test_funnel_without_groups_names_a_setting_that_works(n_layers, example):
+    """The preset leaves model.stack.blocks empty; the refusal gives one that sums to n_layers, which builds."""
+    base = ["model/stack=funnel", "model.arch=encoder", f"model.n_layers={n_layers}"]
+    with pytest.raises(ConfigError, match=rf"e\.g\. model\.stack\.blocks=\{example[:-1]}\]$") as e:
+        build_model(model_preset("tiny", base))
+    fix = str(e.value).rsplit(" ", 1)[1]
+    model = build_model(model_preset("tiny", [*base, fix]))
+    assert model.encoder.groups == json.loads(example)
 
 
 def test_funnel_ops_scale_with_the_pooled_lengths():

@@ -56,7 +56,8 @@ class FunnelConfig(StackConfig):
             or sum(self.blocks) != model.n_layers
         ):
             raise ConfigError(
-                f"model.stack.blocks={list(self.blocks)} must be positive and sum to model.n_layers={model.n_layers}"
+                f"model.stack.blocks={list(self.blocks)} must be positive and sum to model.n_layers={model.n_layers}: "
+                f"the encoder's blocks per pooled group, e.g. model.stack.blocks={_example_groups(model.n_layers)}"
             )
         if not isinstance(self.decoder_layers, int) or self.decoder_layers < 0:
             raise ConfigError(f"model.stack.decoder_layers={self.decoder_layers!r} must be >= 0")
@@ -212,3 +213,9 @@ def attention_shares(groups: list[int], decoder_layers: int) -> list[tuple[float
     return [
         (f, 2 * f if i in starts else f) for i, f in enumerate(token_fractions(groups, sum(groups) + decoder_layers))
     ]
+
+
+def _example_groups(n_layers: int) -> str:
+    """A valid model.stack.blocks for n_layers, for the refusal's example: two groups, or one for a single layer."""
+    half = n_layers // 2
+    return f"[{half},{n_layers - half}]" if half else f"[{n_layers}]"
