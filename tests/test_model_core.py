@@ -35,6 +35,41 @@ def test_importing_decoder_lm_loads_a_dozen_small_core_modules():
     assert sum(lines.values()) <= MAX_LINES, lines
 
 
+PRESET = """
+import sys
+from lm.config_base import ConfigError
+from lm.model.config import model_preset
+if sys.argv[1] == "zoo":
+    import lm.zoo
+try:
+    cfg = model_preset(sys.argv[2], sys.argv[3:])
+    print(type(cfg.family).__name__, type(cfg.attn).__name__)
+except ConfigError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize(
+    "call,option,built",
+    [
+        (["lstm"], "model/family=lstm", "RNNConfig NoneType"),
+        (["bert", "model/attn=linformer"], "model/attn=linformer", "NoneType LinformerConfig"),
+    ],
+)
+def test_a_library_caller_without_the_zoo_is_told_to_import_it(call, option, built):
+    """model_preset("lstm") in a fresh interpreter: the core cannot import lm.zoo itself, so the line names the
+    option and the import; with the import, the same call composes the zoo's option."""
+
+    def preset(zoo):
+        argv = [sys.executable, "-c", PRESET, zoo, *call]
+        return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    assert preset("no") == f"{option} is a paper variant of lm/zoo, whose options register when it is imported: " + (
+        "run `import lm.zoo` before model_preset (lm's commands do)"
+    )
+    assert preset("zoo") == built
+
+
 def _imports(path: Path):
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

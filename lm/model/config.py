@@ -188,7 +188,27 @@ def model_preset(name: str = "tiny", overrides: list[str] | None = None) -> Mode
         line = moved_override(arg)
         if line is not None:
             raise ConfigError(line)
-    return compose_group("model", name, overrides, register_model_configs)
+    try:
+        return compose_group("model", name, overrides, register_model_configs)
+    except ConfigError as e:
+        raise ConfigError(_unregistered_zoo_option(str(e)) or str(e)) from None
+
+
+def _unregistered_zoo_option(message: str) -> str | None:
+    """The fix, in one line, when composition failed on an option schema that nothing registered: a zoo option
+    (model=lstm, model/attn=linformer) composed without `import lm.zoo`, which the core may not import itself
+    (the wall in docs/architecture.md); the entry points import it, a library caller must. Hydra's own words
+    ("Could not load 'model/family/rnn_schema'") name neither the cause nor the fix."""
+    import re
+
+    found = re.search(r"In '(model/\w+/\w+)': Could not load 'model/\w+/\w+_schema'", message)
+    if found is None:
+        return None
+    option = "=".join(found[1].rsplit("/", 1))  # model/family/lstm -> model/family=lstm
+    return (
+        f"{option} is a paper variant of lm/zoo, whose options register when it is imported: "
+        f"run `import lm.zoo` before model_preset (lm's commands do)"
+    )
 
 
 def model_from_saved(node) -> ModelConfig:
