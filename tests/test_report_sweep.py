@@ -266,3 +266,20 @@ def test_a_cell_run_again_counts_once_and_seeds_are_in_number_order(tmp_path):
     assert "seeds: 0, 1, 10" in md and f"- `{tmp_path / '3'}`: the same variant and seed as {tmp_path / '1'}" in md
     per_run = list(csv.DictReader((tmp_path / "report" / "runs.csv").read_text().splitlines()))
     assert [r["status"] for r in per_run] == ["ok", "ok", "ok", "repeat"]
+
+
+def test_runs_that_named_the_default_option_are_one_variant_with_those_that_did_not(tmp_path):
+    """`model/ffn=gelu` on the command line beside runs that left the ffn at its default (gelu) made two rows of the
+    same experiment, each averaging a share of the seeds; runs of another config stay apart."""
+    import yaml
+
+    for seed, noise in enumerate(SEED_OFFSETS):
+        plain = make_run(tmp_path / f"default_{seed}", ffn="gelu", seed=seed, offset=noise)
+        overrides = plain / ".hydra" / "overrides.yaml"
+        overrides.write_text(yaml.safe_dump([o for o in yaml.safe_load(overrides.read_text()) if "ffn" not in o]))
+    make_run(tmp_path / "named_3", ffn="gelu", seed=3, offset=0.02)
+    make_run(tmp_path / "swiglu_0", ffn="swiglu", seed=0, offset=-0.1)
+    rows = build_rows(group_variants(load_runs([tmp_path])))
+    assert [(r["variant"], r["n_ok"]) for r in rows] == [("model/ffn=gelu", 4), ("model/ffn=swiglu", 1)]
+    offsets = [*SEED_OFFSETS, 0.02]
+    assert rows[0]["final_loss"].mean == pytest.approx(loss_at(200, sum(offsets) / 4), abs=1e-9)

@@ -137,9 +137,34 @@ def group_variants(runs: list) -> list:
     variants: dict = {}
     for run, label, key in zip(runs, labels, keys):
         variants.setdefault(key, Variant(label or "baseline")).runs.append(run)
-    for v in variants.values():
+    merged = _merge_same_configs(list(variants.values()))
+    for v in merged:
         v.set_repeats_aside()
-    return list(variants.values())
+    return merged
+
+
+def _merge_same_configs(variants: list) -> list:
+    """Variants whose runs computed the same thing are one: an option named on the command line that is the default
+    (`model/ffn=gelu` beside runs that left the ffn at gelu) made a second row of identical runs, each with a share
+    of the seeds. Runs are the same when their resolved configs agree on every key but IGNORED's (seed, paths,
+    tracking); a variant whose runs do not all agree, or that has no resolved config, is left as it is."""
+    merged: dict = {}
+    for i, v in enumerate(variants):
+        into = merged.setdefault(_experiment(v) or i, v)
+        if into is not v:
+            into.runs += v.runs
+            into.label = into.label if into.label != "baseline" else v.label  # the name the command line gave it
+    return list(merged.values())
+
+
+def _experiment(v: Variant) -> str | None:
+    """What every run of `v` computed (its config minus IGNORED keys), or None if they differ or none is known."""
+    configs = {
+        repr(sorted((k, repr(x)) for k, x in flatten(r.config).items() if not IGNORED.search(k)))
+        for r in v.runs
+        if r.config and not any(unresolved(x) for x in flatten(r.config).values())
+    }
+    return configs.pop() if len(configs) == 1 else None
 
 
 def unresolved(v: Any) -> bool:
