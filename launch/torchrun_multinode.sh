@@ -40,4 +40,8 @@ args=(--nnodes "$NNODES" --nproc_per_node "$NPROC_PER_NODE"
   --rdzv_conf "timeout=${RDZV_TIMEOUT:-900},is_host=$is_host" --max_restarts 0)
 if [ -n "${LOCAL_ADDR:-}" ]; then args+=(--local_addr "$LOCAL_ADDR"); fi
 lm_show "node $NODE_RANK/$NNODES, $NPROC_PER_NODE process(es), rendezvous $MASTER_ADDR:$MASTER_PORT ($RDZV_ID): $LM_ENTRY $*"
+# USR1 (launch/slurm.sbatch's time-limit warning, sent to every process of the job step) is for the ranks: lm's
+# loop stops with a checkpoint. torchrun would die of it (and SLURM then SIGKILL the ranks mid-save), so it
+# ignores USR1; the ranks inherit that until lm's loop installs its handler.
+trap '' USR1
 exec torchrun "${args[@]}" -m "$LM_ENTRY" "$@"

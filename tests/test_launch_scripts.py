@@ -34,7 +34,9 @@ if os.path.basename(sys.argv[0]) == "scontrol" and sys.argv[1:3] == ["show", "ho
     sys.exit(0)
 keys = ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ID", "NPROC_PER_NODE", "LM_ENTRY",
         "PYTHONUNBUFFERED", "TORCH_EXTENSIONS_DIR", "SRUN_CPUS_PER_TASK", "DS_ENV_FILE"]
-record = {{"cmd": os.path.basename(sys.argv[0]), "args": sys.argv[1:], "env": {{k: os.environ.get(k) for k in keys}}}}
+import signal
+record = {{"cmd": os.path.basename(sys.argv[0]), "args": sys.argv[1:], "env": {{k: os.environ.get(k) for k in keys}},
+          "usr1_ignored": signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN}}
 if os.environ.get("DS_ENV_FILE"):
     record["ds_env"] = open(os.environ["DS_ENV_FILE"]).read()
 with open(os.environ["STUB_LOG"], "a") as f:
@@ -172,6 +174,15 @@ def test_multinode_builds_the_c10d_rendezvous_from_the_environment(stubs):
     ]
     assert host["args"] == [a.format(1) for a in expected]  # node 0 hosts the rendezvous store
     assert other["args"] == [a.format(0) for a in expected]
+
+
+def test_multinode_torchrun_ignores_usr1_which_is_for_the_ranks(stubs):
+    """slurm.sbatch's time-limit warning is a USR1 to every process of the job step: torchrun died of it (and
+    SLURM then SIGKILLed the ranks it left mid-save); ignored, it is inherited by the ranks until lm's loop
+    installs its handler."""
+    env = dict(NNODES="2", NODE_RANK="0", MASTER_ADDR="n1", NPROC_PER_NODE="1")
+    assert stubs("torchrun_multinode.sh", "engine=ddp", **env).returncode == 0
+    assert stubs.calls()[0]["usr1_ignored"] is True
 
 
 def test_multinode_takes_the_node_rank_from_slurm(stubs):
@@ -406,3 +417,77 @@ def test_slurm_batch_script_outside_a_job_says_to_use_sbatch(stubs):
     out = stubs("slurm.sbatch", "engine=ddp")
     assert out.returncode == 2 and "submit this script with sbatch" in out.stderr
     assert stubs.calls() == []
+
+
+SLOW_SRUN = """#!{python}
+import json, os, sys, time
+log = os.environ["STUB_LOG"]
+with open(log, "a") as f:
+    f.write(json.dumps({{"cmd": "srun", "args": sys.argv[1:]}}) + "\\n")
+stop = os.path.join(os.path.dirname(log), "ranks-stop")
+for _ in range(int(os.environ.get("RANKS_RUN_S", "30")) * 20):  # until scancel's USR1 reaches them: a stop file
+    if os.path.exists(stop):
+        break
+    time.sleep(0.05)
+time.sleep(0.5)  # the checkpoint
+with open(log, "a") as f:
+    f.write(json.dumps({{"cmd": "srun-exit"}}) + "\\n")
+sys.exit(int(os.environ.get("RANKS_EXIT", "1")))  # lm's Preempted: status 1
+"""
+SCANCEL = """#!/bin/sh
+printf '{{"cmd": "scancel", "args": ["%s", "%s"]}}\\n' "$1" "$2" >> "$STUB_LOG"
+[ -n "${{RANKS_IGNORE_USR1:-}}" ] || touch "$(dirname "$STUB_LOG")/ranks-stop"
+"""
+
+
+@pytest.mark.parametrize(
+    "ranks,expected",
+    [
+        # the ranks checkpoint on USR1 and exit: requeued once they have
+        ({}, ["srun", "scancel", "srun-exit", "scontrol"]),
+        # the run completed anyway (the warning came in its last steps): nothing to requeue
+        ({"RANKS_EXIT": "0"}, ["srun", "scancel", "srun-exit"]),
+        # ranks that do not stop (still loading) within LM_REQUEUE_GRACE: requeued then
+        (
+            {"RANKS_IGNORE_USR1": "1", "RANKS_RUN_S": "4", "LM_REQUEUE_GRACE": "1"},
+            ["srun", "scancel", "scontrol", "srun-exit"],
+        ),
+    ],
+)
+def test_slurm_time_limit_warning_lets_the_ranks_checkpoint_before_the_requeue(stubs, tmp_path, ranks, expected):
+    """USR1 (--signal=B:USR1@300) went straight to `scontrol requeue`, which stops the ranks with SIGTERM through
+    torchrun: SIGKILL 30 s later, however long their checkpoint takes. Now USR1 goes to the ranks (scancel
+    --signal=USR1: lm's loop stops with a checkpoint), and the job is requeued once they have exited."""
+    import signal
+    import time
+
+    bin_dir = tmp_path / "bin"
+    (bin_dir / "srun").write_text(SLOW_SRUN.format(python=sys.executable))
+    (bin_dir / "scancel").write_text(SCANCEL.format())
+    (bin_dir / "scancel").chmod(0o755)
+    log = tmp_path / "calls.jsonl"
+    slurm = dict(
+        SLURM_JOB_ID="4242",
+        SLURM_JOB_NODELIST="gpu-node-017",
+        SLURM_JOB_NUM_NODES="1",
+        SLURM_SUBMIT_DIR=str(REPO),
+    )
+    path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    env = _clean_env(PATH=path, STUB_LOG=str(log), HOME=str(tmp_path), **slurm, **ranks)
+    job = subprocess.Popen(
+        [str(LAUNCH / "slurm.sbatch"), "engine=ddp"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 20
+    while not (log.exists() and '"srun"' in log.read_text()):
+        assert time.time() < deadline and job.poll() is None, job.stderr.read() if job.stderr else ""
+        time.sleep(0.05)
+    job.send_signal(signal.SIGUSR1)
+    _, err = job.communicate(timeout=30)
+    assert job.returncode == 0, err
+    calls = stubs.calls()
+    assert [c["cmd"] for c in calls if c["cmd"] != "scontrol" or c["args"][0] == "requeue"] == expected, err
+    assert next(c for c in calls if c["cmd"] == "scancel")["args"] == ["--signal=USR1", "4242"]
+    if "scontrol" in expected:
+        assert ["requeue", "4242"] in [c["args"] for c in calls if c["cmd"] == "scontrol"]
+    else:
+        assert "the run completed; job 4242 is not requeued" in err

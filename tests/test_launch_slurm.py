@@ -244,16 +244,16 @@ def test_usr1_requeues_the_job_and_it_resumes_from_its_checkpoint(cluster, tmp_p
     job = wait(cluster, interrupted, on_pending=start_now)
     out = (tmp_path / f"job-{interrupted}.out").read_text()
     assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", out[-3000:]
-    assert f"requeueing job {interrupted}" in out and f"job {interrupted} (restart 1)" in out
+    assert f"then job {interrupted} is requeued" in out and f"job {interrupted} (restart 1)" in out
     # (rank 0's stdout: lm/cli/train.py logs "resumed from" before it opens <run_dir>/train.log)
     resumed = [ln for ln in out.splitlines() if "resumed from" in ln]
     assert len(resumed) == 1, resumed
     resumed_step = int(resumed[0].rsplit("(step ", 1)[1].rstrip(")"))
     assert 0 < resumed_step < steps
-    # The requeue stops the job step with SIGTERM: lm train finishes the step in flight and checkpoints it
-    # (lm/core/loop.py _StopSignals), so the job resumes from where it was stopped, not from the last multiple
-    # of ckpt_interval.
-    assert f"SIGTERM received: stopped after step {resumed_step} with checkpoint" in out, out[-3000:]
+    # The batch script hands USR1 on to the ranks (scancel --signal=USR1, torchrun ignoring it) and requeues once
+    # they exit: lm train finishes the step in flight and checkpoints it (lm/core/loop.py _StopSignals), so the
+    # job resumes from where it was stopped, not from the last multiple of ckpt_interval.
+    assert f"SIGUSR1 received: stopped after step {resumed_step} with checkpoint" in out, out[-3000:]
 
     assert wait(cluster, straight)["JobState"] == "COMPLETED"
     expected, got = train_losses(tmp_path / "straight"), train_losses(tmp_path / "interrupted")

@@ -475,7 +475,7 @@ def _show(bar, record: dict, engine) -> None:
 class _StopSignals:
     """SIGTERM/SIGUSR1/SIGINT set a flag that the loop reads every train.stop_check_interval steps and at sync
     points, so a preempted job writes a checkpoint instead of losing up to ckpt_interval steps (SLURM sends
-    SIGTERM, then SIGKILL after KillWait; launch/slurm.sbatch asks for USR1 before the time limit). Ctrl-C
+    SIGTERM, then SIGKILL after KillWait; launch/slurm.sbatch sends the ranks USR1 before the time limit). Ctrl-C
     stops the same way (Python's KeyboardInterrupt would leave a traceback and no checkpoint); a second
     Ctrl-C raises KeyboardInterrupt at once. Every rank stops at the same step: the flag is OR-reduced over
     ranks at steps every rank checks."""
