@@ -76,6 +76,29 @@ def test_every_copied_file_exists_and_is_sent_in_the_build_context():
         assert _ignored(heavy, patterns), f"{heavy} would be sent to the Docker daemon"
 
 
+def test_every_package_the_install_finds_is_copied_and_sent():
+    """pyproject.toml's packages.find includes hydra_plugins (the sweep launchers conf/hydra/launcher/ names), which
+    the image lacked: `lm train -m hydra/launcher=slurm|sequential|local_gpus` failed inside the container."""
+    import tomllib
+
+    include = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {
+        d.name
+        for d in REPO.iterdir()
+        if (d / "__init__.py").exists() or (d.is_dir() and any(d.glob("*/__init__.py")) and d.name != "tests")
+    }
+    wanted = {name for name in packages if any(fnmatch.fnmatch(name, pattern) for pattern in include)}
+    assert {"lm", "hydra_plugins"} <= wanted
+    patterns = [ln.strip() for ln in IGNORE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    copied = {src for word, a in instructions() if word == "COPY" for src in a.split()[:-1] if not src.startswith("--")}
+    for name in sorted(wanted):
+        assert name in copied, f"{name}/ (a package pyproject.toml installs) is not copied into the image"
+        files = [f for f in (REPO / name).rglob("*.py") if "__pycache__" not in f.parts]
+        assert files and not any(_ignored(str(f.relative_to(REPO)), patterns) for f in files), (
+            f"{IGNORE.name} keeps {name}/ out of the build context"
+        )
+
+
 def test_runs_as_a_non_root_user_with_pinned_torch_and_deepspeed_and_launch_scripts_on_path():
     ins = instructions()
     assert ins[0][0] == "ARG" and "nvidia/cuda" in ins[0][1] and "devel" in ins[0][1]  # nvcc for DeepSpeed ops
