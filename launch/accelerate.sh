@@ -4,7 +4,7 @@
 # processes (through torchrun), so its config says how many and where, nothing else.
 #
 # Needs: lm installed (accelerate on PATH). Environment (optional):
-#   NPROC_PER_NODE   processes per node (default: the GPUs on this node, else 1)
+#   NPROC_PER_NODE   processes per node (default: the GPUs visible on this node, else 1)
 #   NNODES           nodes (default 1); with NNODES > 1 also NODE_RANK and MASTER_ADDR (as for
 #                    launch/torchrun_multinode.sh) and MASTER_PORT (default 29500)
 #   ACCELERATE_CONFIG  a config file (default launch/accelerate/multi_gpu.yaml, or multi_node.yaml

@@ -3,8 +3,9 @@
 # launcher need, with nothing specific to one cluster. Set any of these before launching.
 #
 #   LM_ENTRY         Python module to run: lm.cli.train (default), lm.cli.finetune, lm.cli.preflight
-#   NPROC_PER_NODE   processes per node; default: $SLURM_GPUS_ON_NODE, else the GPUs nvidia-smi
-#                    lists, else 1 (CPU: set it yourself, each process then uses gloo)
+#   NPROC_PER_NODE   processes per node; default: $SLURM_GPUS_ON_NODE, else the GPUs in
+#                    CUDA_VISIBLE_DEVICES when set, else the GPUs nvidia-smi lists, else 1 (CPU: set
+#                    it yourself, each process then uses gloo)
 #   OMP_NUM_THREADS  CPU threads per process; torchrun sets 1 when it starts more than one process
 #   TORCH_EXTENSIONS_DIR  where DeepSpeed JIT-compiles its ops; default: one directory per host
 #                    under ~/.cache, so nodes sharing a home directory never race on one build
@@ -46,8 +47,12 @@ lm_need_command() {
 }
 
 lm_gpus_on_node() {
+  local devices
   if [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
     echo "$SLURM_GPUS_ON_NODE"
+  elif [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then  # the GPUs this job may use (nvidia-smi lists every GPU)
+    IFS=, read -r -a devices <<<"$CUDA_VISIBLE_DEVICES"
+    case "${devices[0]:-}" in "" | -* | NoDevFiles) echo 1 ;; *) echo "${#devices[@]}" ;; esac
   elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     nvidia-smi -L | grep -c '^GPU'
   else

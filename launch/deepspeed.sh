@@ -3,7 +3,7 @@
 # drops; use any engine, though engine=zero1|zero2|zero3|zero3_offload is what it is for).
 #
 # Needs: lm installed (deepspeed on PATH). Environment (optional):
-#   NPROC_PER_NODE   processes (default: the GPUs on this node, else 1)
+#   NPROC_PER_NODE   processes (default: the GPUs visible on this node, else 1)
 #   MASTER_PORT      a free local port (default 29500)
 #   LM_ENTRY, NCCL_*, TORCH_EXTENSIONS_DIR: see launch/common.sh
 #

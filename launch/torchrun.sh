@@ -3,7 +3,7 @@
 # picks a free local port for the rendezvous, so two jobs can share a node.
 #
 # Needs: lm installed (torchrun on PATH). Environment (optional):
-#   NPROC_PER_NODE   processes to start (default: the GPUs on this node, else 1)
+#   NPROC_PER_NODE   processes to start (default: the GPUs visible on this node, else 1)
 #   LM_ENTRY, NCCL_*, OMP_NUM_THREADS: see launch/common.sh
 #
 # Example (8 GPUs, ZeRO-2; the Hydra overrides after the script name are passed unchanged):

@@ -98,6 +98,7 @@ def _clean_env(**extra) -> dict[str, str]:
         "LM_ENTRY",
         "TORCH_EXTENSIONS_DIR",
         "XDG_CACHE_HOME",
+        "CUDA_VISIBLE_DEVICES",
     }  # CI sets these; the tests check the scripts' defaults
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("SLURM_")}
     env.update(extra)
@@ -146,6 +147,20 @@ def test_torchrun_single_node_forwards_overrides(stubs):
 def test_torchrun_without_gpus_defaults_to_one_process(stubs):
     assert stubs("torchrun.sh", "engine=ddp").returncode == 0
     assert stubs.calls()[0]["args"][:3] == ["--standalone", "--nproc_per_node", "1"]
+
+
+@pytest.mark.parametrize("visible,nproc", [("0,1", "2"), ("3", "1"), ("GPU-8f2a,GPU-11c0,GPU-90bd", "3"), ("", "1")])
+def test_torchrun_default_processes_are_the_visible_gpus(stubs, tmp_path, visible, nproc):
+    """On a shared 8-GPU node with CUDA_VISIBLE_DEVICES=0,1, nvidia-smi still lists 8 GPUs: 8 processes started
+    and ranks 2..7 failed on a device they cannot see."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_text('#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA H100 (UUID: GPU-$i)"; done\n')
+    smi.chmod(0o755)
+    assert stubs("torchrun.sh", "engine=ddp").returncode == 0
+    assert stubs("torchrun.sh", "engine=ddp", CUDA_VISIBLE_DEVICES=visible).returncode == 0
+    every, visible_only = stubs.calls()
+    assert every["args"][:3] == ["--standalone", "--nproc_per_node", "8"]
+    assert visible_only["args"][:3] == ["--standalone", "--nproc_per_node", nproc]
 
 
 def test_multinode_builds_the_c10d_rendezvous_from_the_environment(stubs):
