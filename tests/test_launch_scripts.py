@@ -304,6 +304,19 @@ def test_deepspeed_single_node(stubs):
     ]
 
 
+def test_deepspeed_single_node_keeps_to_the_visible_gpus(stubs):
+    """`deepspeed --num_gpus 2` drops CUDA_VISIBLE_DEVICES=2,3 (deepspeed/launcher/runner.py) and runs on GPUs 0
+    and 1, another job's on a shared node; --include localhost:2,3 keeps to this job's."""
+    assert stubs("deepspeed.sh", "engine=zero2", CUDA_VISIBLE_DEVICES="2,3").returncode == 0
+    assert stubs("deepspeed.sh", "engine=zero2", CUDA_VISIBLE_DEVICES="4,5,6", NPROC_PER_NODE="2").returncode == 0
+    both, two = stubs.calls()
+    assert both["args"][:2] == ["--include", "localhost:2,3"] and two["args"][:2] == ["--include", "localhost:4,5"]
+    out = stubs("deepspeed.sh", "engine=zero2", CUDA_VISIBLE_DEVICES="1", NPROC_PER_NODE="2")
+    assert out.returncode == 2 and out.stderr == (
+        "lm launch: NPROC_PER_NODE=2 is more than the 1 GPU(s) of CUDA_VISIBLE_DEVICES=1\n"
+    )
+
+
 def test_deepspeed_hostfile_forwards_lm_variables_to_remote_ranks(stubs, tmp_path):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# two hosts\n\nnode001 slots=8\nnode002 slots=8\n")
