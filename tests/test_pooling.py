@@ -42,3 +42,24 @@ def test_right_padding_does_not_move_a_causal_decoders_pooled_vector(how):
         junk = model.pooled(y, mask, how=how)
     torch.testing.assert_close(pooled[1], alone[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(junk, pooled, atol=1e-6, rtol=1e-6)
+
+
+def _tiny(arch: str):
+    return model_preset(
+        "tiny", [f"model.arch={arch}", "model.vocab_size=64", "model.dim=32", "model.n_heads=2", "model.dropout=0.0"]
+    )
+
+
+def test_first_token_pooling_of_a_causal_decoder_is_refused_as_it_reads_no_input():
+    from lm.glue.init import Backbone, InitError, build_classifier
+
+    torch.manual_seed(0)
+    x = torch.randint(7, 64, (4, 9))
+    x[:, 0] = 1  # [BOS] first, as lm/glue/encode.py lays a decoder's input out
+    with torch.no_grad():  # why: the decoder's position 0 is one vector for every input, whatever follows it
+        first = build_model(_tiny("decoder")).eval().pooled(x, how="first")
+    torch.testing.assert_close(first, first[:1].expand_as(first), atol=0, rtol=0)
+    with pytest.raises(InitError, match="pooling=first reads position 0 .* use pooling=last"):
+        build_classifier(Backbone(_tiny("decoder"), None, None, "a decoder"), 2, 0.1, pooling="first")
+    for arch in ("encoder", "encoder_decoder"):  # position 0 sees the whole input there: allowed
+        assert build_classifier(Backbone(_tiny(arch), None, None, arch), 2, 0.1, pooling="first").pooling == "first"

@@ -263,6 +263,14 @@ def build_classifier(
             f"pooling={pooling} is for Transformer backbones; for an RNN backbone use pooling=last "
             "(final states) or pooling=mean (mean over real tokens)"
         )
+    if pooling == "first" and recurrent is None and cfg.arch.value == "decoder":
+        # a causal decoder's first position is [BOS], computed before any input token: the same vector for every
+        # example, so the head could only learn the majority class, and the run would report that as its score
+        raise InitError(
+            f"pooling=first reads position 0 ([BOS]), which the causal decoder {backbone.source} computes before "
+            "seeing any input token (the same vector for every example); use pooling=last (the default), "
+            "pooling=mean or pooling=weighted_mean"
+        )
     if bidirectional and recurrent is None:
         raise InitError(
             f"bidirectional=true widens a recurrent backbone (model=lstm|gru|rnn), but {backbone.source} "
