@@ -139,13 +139,29 @@ def test_results_json_and_table(tmp_path):
     assert g["partial"] and g["missing_tasks"] == ["sst2", "qqp", "qnli", "rte", "wnli"]
     assert g["median"] == pytest.approx((20 + 78 + 55 + 61) / 4)
     assert g["per_seed"]["0"] == pytest.approx((10 + 75 + 45 + 61) / 4)
-    assert g["per_seed"]["2"] == pytest.approx((20 + 80) / 2)
+    # seeds 1 and 2 did not run every task (MNLI, STS-B): no GLUE score rather than one over other tasks
+    assert g["per_seed"]["1"] is None and g["per_seed"]["2"] is None
     md = md_path.read_text()
     assert "| task | metric | seed 0 | seed 1 | seed 2 | median |" in md
     assert "| MRPC | F1/acc | 80.0/70.0 | 84.0/74.0 | 82.0/78.0 | 82.0/74.0 |" in md
     assert "| STS-B | Pearson/Spearman | 50.0/40.0 | 60.0/70.0 | – | 55.0/55.0 |" in md
-    assert "| GLUE (partial, 4/9) | score | 47.8 |" in md and "not comparable" in md
+    assert "| GLUE (partial, 4/9) | score | 47.8 | – | – | 53.5 |" in md and "not comparable" in md
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
+
+
+def test_a_seed_that_some_tasks_did_not_run_has_no_glue_score(tmp_path):
+    """task=glue/all's presets: CoLA, MRPC, STS-B, RTE, WNLI run seeds 0-2, the others seed 0 only. Seed 1's GLUE
+    score would be the mean of the five small tasks, shown beside seed 0's nine-task score as if comparable."""
+    three = {"cola", "mrpc", "stsb", "rte", "wnli"}
+    dev = {
+        c: {s: _m(**dict.fromkeys(e.metrics, 40.0 + 10 * s)) for s in ((0, 1, 2) if e.task in three else (0,))}
+        for c, e in EVALS.items()
+        if c != "ax"
+    }
+    r = json.loads(write_results(dev, tmp_path)[0].read_text())
+    assert not r["glue"]["partial"] and r["glue"]["per_seed"] == {"0": pytest.approx(40.0), "1": None, "2": None}
+    assert r["glue"]["median"] == pytest.approx((4 * 40.0 + 5 * 50.0) / 9)  # the 3-seed tasks' median is seed 1's
+    assert "| GLUE | score | 40.0 | – | – | 45.6 |" in (tmp_path / "results.md").read_text()
 
 
 def test_full_glue_results_row(tmp_path):

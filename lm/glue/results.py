@@ -4,7 +4,8 @@ Input: {column: {seed: metrics}} with metrics as compute_metrics returns them (p
 The median column is the per-metric median over seeds (the mean of the middle two for an even
 count), the usual way to report small-data GLUE tasks (RoBERTa, ELECTRA); its "score" is the mean
 of those medians. The GLUE row's median is
-the GLUE score of the per-column medians. When a task is missing (QQP and MNLI, say, on a laptop)
+the GLUE score of the per-column medians; a seed's GLUE score is given only when every column ran that seed (else
+it would average other tasks than the median's). When a task is missing (QQP and MNLI, say, on a laptop)
 the GLUE score is the mean over the tasks present and is labelled partial in both files.
 """
 
@@ -45,11 +46,15 @@ def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> dict[str, Any]:
             raise ValueError(f"results for {c!r} hold no seeds")
     medians = {c: _median(c, runs) for c, runs in cols.items()}
     seeds = _seed_order({s for runs in cols.values() for s in runs})
-    per_seed = {}
-    for s in seeds:
-        at_s = {c: runs[s] for c, runs in cols.items() if s in runs}
-        per_seed[s] = glue_score(at_s, partial=True) if len(missing_tasks(at_s)) < len(GLUE_TASKS) else None
     missing = missing_tasks(medians)
+    # a seed's GLUE score averages the same tasks as the median's, or is None: a seed that only some tasks ran
+    # (the single-seed presets: SST-2, QQP, MNLI, QNLI) would otherwise be scored on the small tasks alone
+    per_seed = {
+        s: glue_score({c: runs[s] for c, runs in cols.items()}, partial=True)
+        if all(s in runs for runs in cols.values()) and len(missing) < len(GLUE_TASKS)
+        else None
+        for s in seeds
+    }
     return {
         "units": UNITS,
         "columns": {c: {"metrics": list(EVALS[c].metrics), "seeds": cols[c], "median": medians[c]} for c in cols},
