@@ -148,3 +148,24 @@ def test_quickstart_end_to_end_on_a_tiny_budget(tmp_path):
     assert (
         tmp_path / "qs" / "pretrain" / "checkpoints" / "latest"
     ).read_text() == "step_00000004"  # 8,192 tokens / 2,048
+
+
+def test_a_finetune_override_of_every_tasks_train_examples_limits_the_budgets_tasks_too(tmp_path):
+    """--finetune glue.max_train_examples=64 (as the end-to-end test above passes it) trained STS-B on the budget's
+    2,000 pairs and SST-2 on 5,000 while the table listed the override: the budget's per-task value outranked the
+    shared one the user set."""
+    from lm.cli.transfer_recipe import Recipe, finetune_config
+
+    def limits(finetune):
+        r = Recipe(out=tmp_path / "point", tasks=["sst2", "stsb", "rte"], finetune=finetune)
+        cfg = finetune_config(r, tmp_path / "arm", "none", None, "mean", r.tasks)
+        return {t: cfg.tasks[t].max_train_examples for t in r.tasks}
+
+    assert limits([]) == {"sst2": 5000, "stsb": 2000, "rte": None}
+    assert limits(["glue.max_train_examples=64"]) == {"sst2": 64, "stsb": 64, "rte": 64}
+    # a task's own override still outranks the shared one
+    assert limits(["glue.max_train_examples=64", "tasks.sst2.max_train_examples=10"]) == {
+        "sst2": 10,
+        "stsb": 64,
+        "rte": 64,
+    }

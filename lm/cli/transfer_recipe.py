@@ -281,6 +281,18 @@ def budget_overrides(tasks: list[str], seeds: list[int]) -> list[str]:
     return [*budget(tasks), *(f"tasks.{t}.seeds=[{','.join(map(str, seeds))}]" for t in tasks)]
 
 
+# --finetune keys that set every task's value, and the budget's per-task field each stands for: a per-task value
+# outranks the shared one (the presets interpolate it), so the budget's own would silently win over the user's
+SHARED_FIELDS = {"glue.max_train_examples": "max_train_examples"}
+
+
+def superseded_budget(overrides: list[str], finetune: list[str]) -> list[str]:
+    """The budget's overrides without the per-task ones that a --finetune shared key replaces (--finetune
+    glue.max_train_examples=64 limits SST-2 and STS-B too, not only the tasks the budget leaves unlimited)."""
+    fields = {f for key, f in SHARED_FIELDS.items() if _override(finetune, key) is not None}
+    return [o for o in overrides if not (o.startswith("tasks.") and o.split("=", 1)[0].split(".")[-1] in fields)]
+
+
 def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None, pooling: str, tasks: list[str]):
     """lm finetune's composed config for one arm. A --finetune override that does not compose (a task
     that is not selected, a wrong key) is a TransferError, raised before any pretraining."""
@@ -296,7 +308,7 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
         f"init={init}",
         f"run_dir={run_dir}",
         *([f"tokenizer={tokenizer}"] if tokenizer else []),
-        *budget_overrides(tasks, r.seeds),
+        *superseded_budget(budget_overrides(tasks, r.seeds), r.finetune),
         f"pooling={pooling}",
         "predict_test=false",
         "hf=false",
