@@ -225,8 +225,10 @@ def test_usr1_requeues_the_job_and_it_resumes_from_its_checkpoint(cluster, tmp_p
         f"train.max_steps={steps}",
         f"train.ckpt_interval={every}",
     ]
-    straight = submit(cluster, tmp_path, *common, f"run_dir={tmp_path}/straight")
-    interrupted = submit(cluster, tmp_path, *common, f"run_dir={tmp_path}/interrupted")
+    # ports of their own: the sbatch's default, 20000 + job id, is the other test's (each test's cluster starts at
+    # job 1), which may run beside this one (pytest -n)
+    straight = submit(cluster, tmp_path, *common, f"run_dir={tmp_path}/straight", MASTER_PORT=str(free_port()))
+    interrupted = submit(cluster, tmp_path, *common, f"run_dir={tmp_path}/interrupted", MASTER_PORT=str(free_port()))
     latest = tmp_path / "interrupted" / "checkpoints" / "latest"
     deadline = time.time() + 300
     while not latest.exists():
