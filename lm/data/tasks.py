@@ -189,7 +189,8 @@ class Planner:
                 stream, _boundary(self.opts, src.format), self.opts.task_bytes, file_mode, cut
             ):
                 n += len(block)
-                ends = last if file_mode else (last or not forced)
+                # a JSONL cut is at a record's end (_record_end), so every record is whole on both sides
+                ends = last if file_mode else (last or not forced or src.format == "jsonl")
                 split = self._split_of(src, after)
                 yield SourcePiece(src.path, src.format, block, line, offset, split, ends, starts, raw.count - seen)
                 seen, line, after, starts = raw.count, line + block.count(b"\n"), after or forced, ends
@@ -245,9 +246,25 @@ def contiguous_cut(files: list[SourceFile], opts: ReadOptions) -> tuple[int, int
     target = int(sum(c for _, _, c in counts) * (1.0 - opts.val_fraction))
     for i, f, c in counts:
         if target < c:
-            return i, _byte_of_char(f, target)
+            at = _byte_of_char(f, target)
+            return i, _record_end(f, at) if f.format == "jsonl" else at
         target -= c
     return pool[-1][0], os.path.getsize(pool[-1][1].path)
+
+
+def _record_end(src: SourceFile, byte: int) -> int:
+    """The first line start at or after `byte`: a JSON Lines record is one document whatever its length, and a
+    cut inside it left two halves that are not JSON (a valid file refused, or a record dropped as bad)."""
+    if byte <= 0:
+        return 0
+    offset = 0
+    for block in _blocks_of(src, keep_bom=True):
+        if offset + len(block) >= byte:
+            newline = block.find(b"\n", max(byte - 1 - offset, 0))
+            if newline >= 0:
+                return offset + newline + 1
+        offset += len(block)
+    return offset
 
 
 def _char_starts(block: bytes) -> np.ndarray:
@@ -255,12 +272,12 @@ def _char_starts(block: bytes) -> np.ndarray:
     return (a & 0xC0) != 0x80  # a UTF-8 character starts at every byte that is not a continuation byte
 
 
-def _blocks_of(src: SourceFile) -> Iterator[bytes]:
+def _blocks_of(src: SourceFile, keep_bom: bool = False) -> Iterator[bytes]:
     raw = HashingReader(src.path)
     with reading(src), open_stream(src, raw) as s:
         first = True
         while chunk := s.read(1 << 22):
-            if first and chunk.startswith(codecs.BOM_UTF8):
+            if first and not keep_bom and chunk.startswith(codecs.BOM_UTF8):
                 chunk = chunk[3:]  # the BOM is not text (read_task drops it too)
             first = False
             yield chunk

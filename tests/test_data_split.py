@@ -1,0 +1,52 @@
+"""The train/val split of lm prepare on JSON Lines: every record whole, in one split, counted once."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from lm.data.prepare import prepare
+from lm.data.tokenizer import Tokenizer
+
+RECORDS = [f"Record {i}: " + "a fox found a stone. " * (1 + i % 7) for i in range(120)]
+
+
+def documents(out, split):
+    """The split's documents decoded, each one the tokens before an EOS (a tail without EOS fails)."""
+    meta = json.loads((out / "meta.json").read_text())
+    ids = np.concatenate([np.fromfile(out / s["file"], dtype=meta["dtype"]) for s in meta["splits"][split]["shards"]])
+    tok, eos = Tokenizer.load(out), meta["tokenizer"]["specials"]["eos"]
+    cuts = np.flatnonzero(ids == eos)
+    assert len(cuts) and cuts[-1] == len(ids) - 1, f"{split} ends inside a document"
+    docs = [tok.decode(ids[a + 1 : b].tolist()) for a, b in zip([-1, *cuts[:-1]], cuts)]
+    assert meta["splits"][split]["documents"] == len(docs)
+    return docs
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_contiguous_split_of_jsonl_cuts_between_records(tmp_path, suffix):
+    """split=contiguous cut at a character of the file; in JSON Lines that was inside a record, whose two
+    halves are not JSON: a valid file was refused ("not valid JSON"), or with bad_records=skip lost a record."""
+    lines = "".join(json.dumps({"text": r}) + "\n" for r in RECORDS).encode()
+    path = tmp_path / f"recs{suffix}"
+    path.write_bytes(gzip.compress(lines) if suffix.endswith(".gz") else lines)
+    cfg = {"tokenizer": "char", "n_sentinels": 0, "split": "contiguous", "val_fraction": 0.1, "workers": 1}
+    out = prepare({**cfg, "source": str(path), "task_bytes": 1000}, tmp_path / "out", progress=False)
+    train, val = documents(out, "train"), documents(out, "val")
+    assert train + val == RECORDS  # in order, each record whole and in one split
+    assert 8 <= len(val) <= 14  # the last ~10% of the characters, moved to the end of a record
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["skipped"]["bad_records"] == 0
+
+
+def test_the_first_record_after_a_contiguous_cut_is_filtered_like_the_others(tmp_path):
+    """The record after the cut was taken for the rest of a cut document, so min_doc_chars and dedup let it
+    through; the cut lands among the short records here, and none of them may survive."""
+    records = RECORDS[:100] + ["ab"] * 60 + [RECORDS[100]]
+    path = tmp_path / "recs.jsonl"
+    path.write_text("".join(json.dumps({"text": r}) + "\n" for r in records))
+    cfg = {"tokenizer": "char", "n_sentinels": 0, "split": "contiguous", "val_fraction": 0.06, "workers": 1}
+    out = prepare({**cfg, "source": str(path), "min_doc_chars": 5}, tmp_path / "out", progress=False)
+    assert documents(out, "train") == RECORDS[:100] and documents(out, "val") == [RECORDS[100]]
+    assert json.loads((out / "meta.json").read_text())["dropped"]["short_documents"] == 60
