@@ -240,3 +240,36 @@ def test_unfinished_directory_and_model_vocab_mismatch(tmp_path, prepared):
         PackedLoader(prepared, "train", 16, 2, vocab_size=10)
     with pytest.raises(DataError, match="too few for 1 window"):
         PackedLoader(prepared, "train", 100000, 2)
+
+
+def test_archives_and_other_compressions_are_refused_with_the_fix(tmp_path, good, monkeypatch):
+    """A tar archive was read as text, its headers (file names, NUL padding, octal sizes) trained on without a word;
+    bzip2/xz/zip failed as 'invalid UTF-8' with the fix 'iconv', and a .txt holding gzip likewise."""
+    import bz2
+    import gzip
+    import io
+    import lzma
+    import subprocess
+    import zipfile
+
+    monkeypatch.chdir(tmp_path)
+    subprocess.run(["tar", "czf", "corpus.tar.gz", "good.txt"], check=True)
+    subprocess.run(["tar", "cf", "corpus.tar", "good.txt"], check=True)
+    text = good.read_bytes()
+    (tmp_path / "a.txt.bz2").write_bytes(bz2.compress(text))
+    (tmp_path / "a.txt.xz").write_bytes(lzma.compress(text))
+    (tmp_path / "gz.txt").write_bytes(gzip.compress(text))
+    with zipfile.ZipFile(buf := io.BytesIO(), "w") as z:
+        z.writestr("good.txt", text)
+    (tmp_path / "a.zip").write_bytes(buf.getvalue())
+    for name, says in [
+        ("corpus.tar.gz", r"a tar archive, not plain text .*extract it \(tar xf .*corpus.tar.gz\)"),
+        ("corpus.tar", r"a tar archive, not plain text"),
+        ("a.txt.bz2", r"a bzip2 file, not plain text; decompress it \(bunzip2\)"),
+        ("a.txt.xz", r"an xz file, not plain text; decompress it \(unxz\)"),
+        ("a.zip", r"a zip archive, not plain text; extract it \(unzip\)"),
+        ("gz.txt", r"gzip-compressed, not plain text; name it \*.gz"),
+    ]:
+        with pytest.raises(DataError, match=rf"{name}: {says}"):
+            run(tmp_path, source=str(tmp_path / name))
+        assert not (tmp_path / "out").exists()

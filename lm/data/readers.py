@@ -106,7 +106,45 @@ class ZstdStream:
         self.raw.close()
 
 
-def open_stream(src: SourceFile, raw: HashingReader):
+# Binary formats lm prepare does not read, by their leading bytes; each was read as text: an invalid UTF-8 error
+# whose fix (iconv) was wrong, or with --encoding-errors replace, compressed bytes trained on.
+_FOREIGN = (
+    (b"BZh", "a bzip2 file", "decompress it (bunzip2) or recompress it as .gz or .zst"),
+    (b"\xfd7zXZ\x00", "an xz file", "decompress it (unxz) or recompress it as .gz or .zst"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "extract it (7z x) and pass the directory of its files"),
+    (b"PK\x03\x04", "a zip archive", "extract it (unzip) and pass the directory of its files"),
+    (b"PAR1", "a Parquet file", "name it *.parquet, or pass --format parquet (data.format=parquet)"),
+    (b"\x1f\x8b", "gzip-compressed", "name it *.gz so that it is decompressed"),
+    (ZSTD_MAGIC, "zstd-compressed", "name it *.zst so that it is decompressed"),
+)
+TAR_MAGIC = (257, b"ustar")  # POSIX and GNU tar headers hold "ustar" at byte 257 (the first file's name is before)
+
+
+def check_text_bytes(src: SourceFile) -> None:
+    """Refuse an input whose bytes are an archive or a compression this reader would take for text."""
+    kind = "plain text" if src.format == "text" else "JSON Lines"
+    with open(src.path, "rb") as f:
+        head = f.read(512)
+    if src.compression is None:
+        for magic, what, fix in _FOREIGN:
+            if head.startswith(magic):
+                raise DataError(f"{src.path}: {what}, not {kind}; {fix}")
+    else:
+        raw = HashingReader(src.path)
+        with contextlib.closing(raw), open_stream(src, raw, check=False) as s:
+            head = s.read(512)
+    at, magic = TAR_MAGIC
+    if head[at : at + len(magic)] == magic:
+        raise DataError(
+            f"{src.path}: a tar archive, not {kind} (its file headers would be read as text); extract "
+            f"it (tar xf {src.path}) and pass the directory of its files as the source"
+        )
+
+
+def open_stream(src: SourceFile, raw: HashingReader, check: bool = True):
+    """The decompressed bytes of a text or JSONL source; `check` first refuses what is not such a file."""
+    if check:
+        check_text_bytes(src)
     if src.compression == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")
     if src.compression == "zstd":
