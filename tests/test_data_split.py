@@ -50,3 +50,21 @@ def test_the_first_record_after_a_contiguous_cut_is_filtered_like_the_others(tmp
     out = prepare({**cfg, "source": str(path), "min_doc_chars": 5}, tmp_path / "out", progress=False)
     assert documents(out, "train") == RECORDS[:100] and documents(out, "val") == [RECORDS[100]]
     assert json.loads((out / "meta.json").read_text())["dropped"]["short_documents"] == 60
+
+
+def test_copies_of_a_file_are_in_one_split_with_doc_split_file(tmp_path):
+    """doc_split=file decided a file's split by its name, so a copy under another name (a corpus' duplicate) went to
+    train while the original was scored in val. By content, every pair is in one split; a file longer than a task
+    too."""
+    corpus = tmp_path / "books"
+    corpus.mkdir()
+    for i in range(30):
+        text = "\n".join(RECORDS[i : i + 3 + (i % 4) * 20]) + "\n"  # i % 4 == 3: ~6 KB, cut across tasks
+        (corpus / f"book{i:02d}.txt").write_text(text)
+        (corpus / f"copy_of_{i:02d}.txt").write_text(text)
+    cfg = {"tokenizer": "char", "n_sentinels": 0, "doc_split": "file", "val_fraction": 0.3, "workers": 1}
+    out = prepare({**cfg, "source": str(corpus), "task_bytes": 2048}, tmp_path / "out", progress=False)
+    train, val = documents(out, "train"), documents(out, "val")
+    assert len(train) + len(val) == 60 and val
+    assert not set(train) & set(val)
+    assert all(train.count(d) == 2 for d in train) and all(val.count(d) == 2 for d in val)

@@ -157,15 +157,26 @@ class Planner:
         self.forced_cut = forced_cut  # (file index, byte offset) of the contiguous split point
         self.sources: list[dict] = []
         self.empty_files: list[str] = []
+        self._file_hashes: dict[str, int] = {}
 
     def _split_of(self, src: SourceFile, after_cut: bool) -> str | None:
         if src.split:
             return src.split
         if self.opts.split == "contiguous":
             return "val" if after_cut else "train"
-        if self.opts.doc_split == "file" and src.format == "text":  # one document per file: its name decides
-            return "val" if self.opts.is_val(doc_hash(src.path.encode(), self.opts.split_seed)) else "train"
+        if self.opts.doc_split == "file" and src.format == "text":  # one document per file: its content decides
+            return "val" if self.opts.is_val(self._file_hash(src)) else "train"
         return None  # each document's content hash decides (in the worker)
+
+    def _file_hash(self, src: SourceFile) -> int:
+        """doc_hash of a whole file, streamed (its pieces are read by separate tasks): by content, not by name, so
+        that copies of a file under other names (a corpus' duplicates) never land in train and val both."""
+        if src.path not in self._file_hashes:
+            key = self.opts.split_seed & 0xFFFFFFFF
+            for block in _blocks_of(src):
+                key = zlib.crc32(block, key)
+            self._file_hashes = {src.path: key}  # one file at a time: its tasks are consecutive
+        return self._file_hashes[src.path]
 
     def __iter__(self) -> Iterator[SourcePiece]:
         for index, src in enumerate(self.files):
