@@ -273,3 +273,7 @@ def test_archives_and_other_compressions_are_refused_with_the_fix(tmp_path, good
         with pytest.raises(DataError, match=rf"{name}: {says}"):
             run(tmp_path, source=str(tmp_path / name))
         assert not (tmp_path / "out").exists()
+    (tmp_path / "words.txt").write_text("BZh is how a bzip2 file begins.\nPAR1 is how a Parquet file begins.\n")
+    (tmp_path / "par.txt").write_text("PAR1 opens this text, which is no Parquet file.\n")
+    for name in ("words.txt", "par.txt"):  # a text that begins like one: read as the text it is
+        assert run(tmp_path, name=f"out_{name}", source=str(tmp_path / name), split="contiguous").is_dir()

@@ -10,6 +10,7 @@ import contextlib
 import gzip
 import hashlib
 import io
+import os
 import zlib
 from collections.abc import Iterator
 
@@ -109,7 +110,7 @@ class ZstdStream:
 # Binary formats lm prepare does not read, by their leading bytes; each was read as text: an invalid UTF-8 error
 # whose fix (iconv) was wrong, or with --encoding-errors replace, compressed bytes trained on.
 _FOREIGN = (
-    (b"BZh", "a bzip2 file", "decompress it (bunzip2) or recompress it as .gz or .zst"),
+    (b"BZh", "a bzip2 file", "decompress it (bunzip2) or recompress it as .gz or .zst"),  # + level, block magic
     (b"\xfd7zXZ\x00", "an xz file", "decompress it (unxz) or recompress it as .gz or .zst"),
     (b"7z\xbc\xaf\x27\x1c", "a 7-Zip archive", "extract it (7z x) and pass the directory of its files"),
     (b"PK\x03\x04", "a zip archive", "extract it (unzip) and pass the directory of its files"),
@@ -127,7 +128,7 @@ def check_text_bytes(src: SourceFile) -> None:
         head = f.read(512)
     if src.compression is None:
         for magic, what, fix in _FOREIGN:
-            if head.startswith(magic):
+            if head.startswith(magic) and _really(magic, head, src.path):
                 raise DataError(f"{src.path}: {what}, not {kind}; {fix}")
     else:
         raw = HashingReader(src.path)
@@ -139,6 +140,18 @@ def check_text_bytes(src: SourceFile) -> None:
             f"{src.path}: a tar archive, not {kind} (its file headers would be read as text); extract "
             f"it (tar xf {src.path}) and pass the directory of its files as the source"
         )
+
+
+def _really(magic: bytes, head: bytes, path) -> bool:
+    """The two magics a text could begin with ("BZh...", "PAR1..."), checked further: bzip2's level digit and block
+    magic (0x314159265359, pi), and Parquet's closing "PAR1"."""
+    if magic == b"BZh":
+        return head[3:4].isdigit() and head[4:10] == bytes.fromhex("314159265359")
+    if magic == b"PAR1":
+        with open(path, "rb") as f:
+            f.seek(max(os.path.getsize(path) - 4, 0))
+            return f.read() == b"PAR1"
+    return True
 
 
 def open_stream(src: SourceFile, raw: HashingReader, check: bool = True):
