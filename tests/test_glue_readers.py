@@ -277,6 +277,17 @@ def test_a_bom_and_crlf_line_ends_still_read(tmp_path):
     assert load_split("sst2", "train", root=tmp_path, hf=False) == [(0, "a fine film", None, 1)]
 
 
+def test_blank_lines_at_the_end_are_skipped_and_one_among_the_examples_is_refused(tmp_path):
+    """Trailing blank lines (an editor's) were refused as a row of 0 columns; most TSV readers skip them."""
+    path = tmp_path / "SST-2" / "train.tsv"
+    path.parent.mkdir()
+    path.write_text("sentence\tlabel\na fine film\t1\n\n\n")
+    assert load_split("sst2", "train", root=tmp_path, hf=False) == [(0, "a fine film", None, 1)]
+    path.write_text("sentence\tlabel\na fine film\t1\n\na dull one\t0\n")
+    with pytest.raises(GlueDataError, match=f"{path}:3: expected 2 tab-separated columns .*found 0"):
+        load_split("sst2", "train", root=tmp_path, hf=False)
+
+
 @pytest.mark.parametrize(
     "case,task,split,line,what",
     [

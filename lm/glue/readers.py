@@ -97,14 +97,18 @@ def read_tsv(path: str | os.PathLike, task: str | GlueTaskSpec, split: str, limi
         if header is None:
             raise GlueDataError(f"{path}: the file is empty; expected a header line, then one example per line")
         col = _columns(path, t, header, labelled)
-        out = []
+        out, blank = [], None  # blank: the first blank line, refused only if an example follows it
         while (limit is None or len(out) < limit) and (row := _next_row(path, rows)) is not None:
-            if len(row) != len(header):
-                raise GlueDataError(
-                    f"{path}:{rows.line_num}: expected {len(header)} tab-separated columns "
-                    f"({', '.join(header)}), found {len(row)}; a stray tab or newline inside the text splits it"
-                    + ("; QQP's original release has such rows: use QQP-clean.zip" if t.name == "qqp" else "")
-                )
+            if not row:  # blank lines at the end (an editor's, a concatenation's) are no rows: skipped
+                blank = blank or (rows.line_num, row)
+                continue
+            for line, bad in ([blank] if blank else []) + [(rows.line_num, row)]:
+                if len(bad) != len(header):
+                    raise GlueDataError(
+                        f"{path}:{line}: expected {len(header)} tab-separated columns ({', '.join(header)}), "
+                        f"found {len(bad)}; a stray tab or newline inside the text splits it"
+                        + ("; QQP's original release has such rows: use QQP-clean.zip" if t.name == "qqp" else "")
+                    )
             out.append(_example(path, rows.line_num, t, row, col, len(out)))
     if not out:  # caught here, not after an epoch (an empty dev split) or without the path (an empty train split)
         raise GlueDataError(
