@@ -310,6 +310,22 @@ def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
 
 
 @pytest.mark.parametrize(
+    "backbone, auto",
+    [
+        (lambda: T.GPT2Model(gpt2().config), "AutoModelForCausalLM"),
+        (lambda: T.BertModel(bert().config, add_pooling_layer=False), "AutoModelForMaskedLM"),
+        (lambda: T.LlamaForSequenceClassification(llama().config), "AutoModelForCausalLM"),
+    ],
+)
+def test_from_hf_of_a_model_without_its_lm_head_names_the_class_to_load(backbone, auto):
+    # AutoModel.from_pretrained(dir) gives the backbone: it was an AttributeError traceback ('NoneType' ... 'weight')
+    with pytest.raises(
+        ValueError, match=f"got {type(backbone()).__name__}: load the directory with transformers.{auto}"
+    ):
+        from_hf(backbone())
+
+
+@pytest.mark.parametrize(
     "cfg, match",
     [
         (

@@ -101,6 +101,16 @@ def _output_tied(hf_model) -> bool:
     return out.weight.data_ptr() == inp.weight.data_ptr()
 
 
+# The transformers Auto class that loads each family's converted class (FAMILIES' last field) from a directory.
+AUTO_CLASS = {
+    "gpt2": "AutoModelForCausalLM",
+    "llama": "AutoModelForCausalLM",
+    "bert": "AutoModelForMaskedLM",
+    "esm": "AutoModelForMaskedLM",
+    "t5": "AutoModelForSeq2SeqLM",
+}
+
+
 def from_hf(hf_model):
     """(our model, ModelConfig) with the weights of a Hugging Face GPT-2, Llama, BERT, ESM or T5 model.
 
@@ -112,7 +122,12 @@ def from_hf(hf_model):
     if family not in FAMILIES:
         raise ValueError(f"unsupported Hugging Face model_type {family!r}; supported: {sorted(FAMILIES)}")
     check_fields(family, hf_model.config)
-    to_ours, _, rules, _ = FAMILIES[family]
+    to_ours, _, rules, cls_name = FAMILIES[family]
+    if hf_model.get_output_embeddings() is None:  # AutoModel's backbone, or a classifier: no LM head to convert
+        raise ValueError(
+            f"from_hf converts {cls_name}, the model with its language-modelling head; got "
+            f"{type(hf_model).__name__}: load the directory with transformers.{AUTO_CLASS[family]}.from_pretrained"
+        )
     cfg = to_ours(hf_model.config, _output_tied(hf_model))
     model = build_model(cfg)
     theirs = _without_derived(hf_model.state_dict(), cfg)
