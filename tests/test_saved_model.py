@@ -77,3 +77,26 @@ def test_each_caller_keeps_its_own_messages(tmp_path):
         saved_model_config(nowhere)
     with pytest.raises(AttentionMapError, match=rf"^{empty}: {empty} is neither .*; or pass an lm export directory \("):
         saved_model_config(empty)
+
+
+def test_a_hugging_face_directory_is_refused_in_one_line_naming_its_model_type(tmp_path):
+    # save_pretrained writes config.json + model.safetensors, an lm export's two files: lm finetune init=<it> read
+    # GPT-2's config.json as our model config and failed on one of its keys not being a ModelSchema field
+    transformers = pytest.importorskip("transformers")
+    from lm.glue.init import load_backbone
+
+    hf = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2)
+    ).save_pretrained(hf)
+    with pytest.raises(CheckpointError) as e:
+        load_backbone(str(hf), tokenizer=None)
+    assert str(e.value) == (
+        f"{hf} is a Hugging Face model directory (config.json: model_type='gpt2'), not an lm export; lm reads a "
+        f"Hugging Face model through lm.model.convert.from_hf in Python (docs/convert.md)"
+    )
+    old = tmp_path / "old_export"  # an export written before lm export marked its config.json still loads
+    old.mkdir()
+    save_file({"w": torch.zeros(1)}, str(old / "model.safetensors"))
+    (old / "config.json").write_text(json.dumps(MODEL))
+    assert find_saved_model(old).model_node() == MODEL

@@ -56,6 +56,12 @@ class SavedModel:
             raise CheckpointError(
                 f"{file} is {why}, not the model config lm export writes; restore it (export the checkpoint again)"
             )
+        if LM_CLASS not in node and "model_type" in node:  # save_pretrained's config.json (ModelSchema has no such key)
+            raise CheckpointError(
+                f"{self.path} is a Hugging Face model directory (config.json: model_type={node['model_type']!r}), "
+                f"not an lm export; lm reads a Hugging Face model through lm.model.convert.from_hf in Python "
+                f"(docs/convert.md)"
+            )
         node.pop(LM_CLASS, None)
         return node
 
