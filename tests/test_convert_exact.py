@@ -77,8 +77,7 @@ def t5(untied=False, num_decoder_layers=3, **kw):
             num_layers=2,
             num_decoder_layers=num_decoder_layers,
             num_heads=4,
-            decoder_start_token_id=0,
-            **kw,
+            **{"decoder_start_token_id": 0, **kw},
         )
     )
     return untie_head(hf) if untied else hf
@@ -299,6 +298,7 @@ def test_an_encoder_without_the_mlm_transform_exports_as_esms_encoder_alone(tmp_
             "position_embedding_type",
         ),
         (lambda: t5(feed_forward_proj="gated-gelu_fast"), "feed_forward_proj='gelu_fast'"),
+        (lambda: t5(decoder_start_token_id=None), "T5 config has no decoder_start_token_id"),  # T5Config()'s
         (lambda: esm(token_dropout=True), "token_dropout=True"),
         (lambda: esm(emb_layer_norm_before=True), "emb_layer_norm_before=True"),
         (lambda: esm(position_embedding_type="absolute"), "position_embedding_type='absolute'"),

@@ -232,6 +232,11 @@ def _t5_config(hf, tied: bool) -> ModelConfig:
     act = our_activation(hf.dense_act_fn, "feed_forward_proj")  # "gated-gelu" is gelu_new (tanh), plain "gelu" is exact
     # transformers < 5 scaled decoder outputs by d_model^-1/2 exactly when tied; 5 has a flag for it.
     scaled = bool(getattr(hf, "scale_decoder_outputs", hf.tie_word_embeddings))
+    if getattr(hf, "decoder_start_token_id", None) is None:  # transformers 5's T5Config() leaves it unset
+        raise ValueError(
+            "T5 config has no decoder_start_token_id, which the decoder's first input is; set it (T5's checkpoints "
+            f"use the pad id, {hf.pad_token_id}: config.decoder_start_token_id = config.pad_token_id)"
+        )
     return ModelConfig(
         arch="encoder_decoder",
         vocab_size=hf.vocab_size,
