@@ -223,6 +223,24 @@ def test_changed_settings_restart_and_say_so(tmp_path, stories, monkeypatch, cap
     assert "restarting: discarding the interrupted run" in capsys.readouterr().err
 
 
+def test_a_run_interrupted_under_another_plan_restarts(tmp_path, stories, monkeypatch, capsys):
+    """A preparation interrupted before an upgrade that plans the same settings differently (PLAN_VERSION) resumed
+    into a mix of both plans' splits."""
+    import lm.data.manifest as manifest
+
+    def crash(path, obj):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prep, "write_json", crash)
+    monkeypatch.setattr(manifest, "PLAN_VERSION", manifest.PLAN_VERSION - 1)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, source=str(stories), doc_split="line")
+    monkeypatch.undo()
+    capsys.readouterr()
+    run(tmp_path, source=str(stories), doc_split="line")
+    assert "restarting: discarding the interrupted run" in capsys.readouterr().err
+
+
 def test_a_fresh_preparation_says_first_what_it_prepares_where(tmp_path, stories, capsys):
     """lm quickstart's first minutes (or lm train data.source=... logged to a file, where no bar shows) were silent
     until 'trained a bpe tokenizer': the first line now names the directory, the sources and that it happens once."""

@@ -17,12 +17,20 @@ from lm.data.sources import SourceFile
 from lm.data.tokenizer import Tokenizer
 
 FORMAT_VERSION = 1
+# How the same settings are planned into tasks and splits; a partial preparation of another plan restarts rather than
+# resuming into a mix of both. 2: --doc-split file splits by a file's content (was its name), and a contiguous cut in
+# JSON Lines falls at a record's end.
+PLAN_VERSION = 2
 META, PROGRESS, TOKENIZER = "meta.json", "progress.json", "tokenizer.json"
 
 
 def fingerprint(content: dict, files: list[SourceFile]) -> str:
     stamp = [(f.path, f.format, f.split, *f.stat()) for f in files]
-    blob = json.dumps({"version": FORMAT_VERSION, "config": content, "files": stamp}, sort_keys=True, default=str)
+    blob = json.dumps(
+        {"version": FORMAT_VERSION, "plan": PLAN_VERSION, "config": content, "files": stamp},
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
