@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -236,6 +237,33 @@ def test_rank_state_failing_to_write_is_cleaned_up_too(tmp_path, monkeypatch):
     with pytest.raises(CheckpointError, match="no earlier checkpoint exists"):
         run(tmp_path, steps=2, ckpt_interval=1)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == []
+
+
+@pytest.mark.parametrize("asynchronous", ["true", "false"])
+def test_a_kill_in_keep_lasts_deletion_leaves_nothing_for_good(tmp_path, monkeypatch, asynchronous):
+    """keep_last's deletion cut short (a kill mid-rmtree, modelled as an rmtree that removes trainer.json, then the
+    process went on: its memory plays no part in the resume) used to leave step_00000004 without its trainer.json:
+    no longer a checkpoint, so never pruned again, its model and optimizer files kept on disk for good."""
+    import shutil
+
+    from lm.core import checkpoint
+
+    real = shutil.rmtree
+
+    def killed_midway(path, *a, **kw):
+        if (Path(path) / "trainer.json").is_file():
+            (Path(path) / "trainer.json").unlink()  # the first file gone, then the kill
+            return
+        real(path, *a, **kw)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_midway)
+    run(tmp_path, steps=8, ckpt_interval=4, keep_last=1, async_checkpoint=asynchronous)
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", real)
+    ckpts = tmp_path / "checkpoints"
+    assert not (ckpts / "step_00000004").exists()  # step_00000004 is no step_* directory, whole or half deleted
+    assert run(tmp_path, steps=12, ckpt_interval=4, keep_last=1, async_checkpoint=asynchronous).state.step == 12
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000012"]  # the debris went with the save
+    assert list(train_losses(tmp_path)) == list(range(1, 13))
 
 
 # -- item 7: no pickled code ---------------------------------------------------------------------------

@@ -11,7 +11,8 @@
         latest                    name of the newest complete checkpoint (replaced atomically, last)
 
 A crash or a failed write (full disk) at any point leaves `latest` naming a complete checkpoint; a
-half-written one is only ever a .tmp-* directory, removed when the write fails or on the next save.
+half-written one is only ever a .tmp-* directory, removed when the write fails or on the next save. A checkpoint
+being deleted (train.keep_last) is renamed to a .tmp-* name first, so a kill in the deletion leaves the same debris.
 Asynchronous saves (train.async_checkpoint) take a snapshot in save() and run the same writing and sealing in
 a background thread (lm/core/async_save.py); the next save, and the loop at the end and at a stop, wait() for it.
 This file never reads an engine's files itself: trainer.json records the engine's format and the
@@ -264,7 +265,7 @@ class Checkpointer:
                 _write_durably(tmp / "trainer.json", json.dumps(trainer, indent=1))  # marks completeness
                 self.on_phase("rename")  # complete, still under its .tmp- name
                 if final.exists():  # left by a run killed between this rename and the pointer update
-                    shutil.rmtree(final)
+                    _remove(final)
                 os.replace(tmp, final)
                 self.on_phase("latest")  # renamed, `latest` still names the previous checkpoint
                 (self.root / (LATEST + ".tmp")).unlink(missing_ok=True)  # never write through a planted symlink
@@ -308,7 +309,7 @@ class Checkpointer:
                 continue
             added = added_files(old)
             if not added:
-                shutil.rmtree(old, ignore_errors=True)
+                _remove(old)
             elif old not in self._kept:
                 self._kept.add(old)
                 log.warning(
@@ -513,6 +514,19 @@ def verified(ckpt: Path) -> Path:
             else "No other intact checkpoint of this run exists"
         )
     )
+
+
+def _remove(ckpt: Path) -> None:
+    """Delete checkpoint directory `ckpt` all or nothing: renamed to a .tmp- name first, so a kill in the middle of
+    the deletion leaves debris that the next save removes, never a step_* directory that lost its trainer.json
+    (no longer a checkpoint, so never pruned again: its files would stay on disk for good)."""
+    trash = ckpt.with_name(f"{TMP_PREFIX}removed-{ckpt.name}")
+    shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.replace(ckpt, trash)
+    except OSError:  # not renamable (permissions): deleted in place, as far as it goes
+        trash = ckpt
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def _free_space(path: Path) -> str:
