@@ -517,9 +517,8 @@ def verified(ckpt: Path) -> Path:
 
 
 def _remove(ckpt: Path) -> None:
-    """Delete checkpoint directory `ckpt` all or nothing: renamed to a .tmp- name first, so a kill in the middle of
-    the deletion leaves debris that the next save removes, never a step_* directory that lost its trainer.json
-    (no longer a checkpoint, so never pruned again: its files would stay on disk for good)."""
+    """Delete checkpoint `ckpt` as .tmp- debris that the next save removes: a kill mid-deletion left a step_* without
+    its trainer.json, no longer a checkpoint and so never pruned, its files on disk for good."""
     trash = ckpt.with_name(f"{TMP_PREFIX}removed-{ckpt.name}")
     shutil.rmtree(trash, ignore_errors=True)
     try:
