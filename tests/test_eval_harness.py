@@ -327,3 +327,67 @@ def test_harness_tasks_in_the_loop_refuse_what_cannot_work(exported, tmp_path):
                 ]
             )
         )
+
+
+def test_a_continuation_longer_than_the_models_positions_is_refused_and_one_that_fits_is_scored(adapter):
+    """A continuation of max_length tokens is scored from the last max_length inputs (the context cut from the
+    left); one token more has no position to be predicted from: refused in one line, for a decoder (it was a
+    RuntimeError traceback from gather) and an encoder-decoder (its continuation was cut to max_length tokens and
+    scored as if that were all of it)."""
+    from lm.model import build_model
+    from lm.model.config import model_preset
+
+    cont = adapter.tok_encode(" the cat sat on the mat")
+    assert len(cont) > 4
+    short = LMAdapter(adapter.model, adapter.tokenizer, max_length=len(cont))
+    ctx = adapter.tok_encode("it was really")
+    ((ll, _),) = short._loglikelihood_tokens([(None, ctx, cont)])
+    inputs = torch.tensor([(ctx + cont)[-(len(cont) + 1) : -1]])
+    with torch.no_grad():
+        logp = F.log_softmax(adapter.model(input_ids=inputs).logits.float(), -1)[0]
+    assert ll == pytest.approx(sum(logp[i, t].item() for i, t in enumerate(cont)), abs=1e-4)
+    t5 = build_model(
+        model_preset("t5", ["model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2"])
+    )
+    for model in (t5, adapter.model):
+        tight = LMAdapter(model, adapter.tokenizer, max_length=len(cont) - 1)
+        with pytest.raises(HarnessError, match=f"a continuation of {len(cont)} tokens does not fit in the model's"):
+            tight.loglikelihood(requests("loglikelihood", [("it was really", " the cat sat on the mat")]))
+
+
+def test_an_encoder_decoder_is_refused_a_perplexity_task_before_anything_runs():
+    """local_wikitext2 (rolling log-likelihoods) on an encoder-decoder: refused before lm eval evaluates the other
+    tasks and before lm train trains (it failed at the run's first harness pass, after the training and before the
+    final checkpoint: the run was lost); tags are expanded, the other tasks pass."""
+    from types import SimpleNamespace
+
+    from lm.config import ConfigError
+    from lm.eval.harness_loop import harness_callbacks
+
+    engine = SimpleNamespace(format="torch", stage=0, is_main=True, name="single", world_size=1)
+    train_cfg = SimpleNamespace(
+        eval_tasks=["local_sst2", "local_wikitext2"],
+        eval_tasks_interval=0,
+        eval_tasks_limit=8,
+        downstream_budget=0.0,
+        max_steps=2,
+        micro_batch_size=1,
+        grad_accum=1,
+        seq_len=8,
+    )
+    tokenizer_of = lambda: None  # noqa: E731
+    with pytest.raises(ConfigError, match=r"evaluate the other tasks alone: train.eval_tasks=\[local_sst2\]$"):
+        harness_callbacks(train_cfg, SimpleNamespace(arch="encoder_decoder"), tokenizer_of, engine)
+    assert len(harness_callbacks(train_cfg, SimpleNamespace(arch="decoder"), tokenizer_of, engine)) == 1
+    train_cfg.eval_tasks = ["local_glue"]
+    assert len(harness_callbacks(train_cfg, SimpleNamespace(arch="encoder_decoder"), tokenizer_of, engine)) == 1
+
+    from lm.eval.harness import refuse_unscorable, rolling_tasks, task_manager
+
+    index = task_manager(["local_glue", "local_wikitext2"])
+    assert rolling_tasks(index, ["local_glue", "local_wikitext2"]) == ["local_wikitext2"]
+    refuse_unscorable(index, ["local_glue", "local_sst2"], "encoder_decoder", "--tasks")
+    refuse_unscorable(index, ["local_glue", "local_wikitext2"], "decoder", "--tasks")
+    alone = "evaluate the other tasks alone: --tasks local_glue$"
+    with pytest.raises(HarnessError, match=f"local_wikitext2 scores rolling .* {alone}"):
+        refuse_unscorable(index, ["local_glue", "local_wikitext2"], "encoder_decoder", "--tasks")

@@ -73,6 +73,13 @@ def run(args: argparse.Namespace) -> dict:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     model, tokenizer, weights = load_with_weights(args.path, args.tokenizer)
     file = results_file(args.out or default_out(args.path))  # refused now, not after the evaluation
+    harness_tasks = [t for t in tasks if t != "probe"]
+    if harness_tasks:  # what the model cannot score is refused before the probe or any task runs
+        from lm.eval.harness import LMAdapter, refuse_unscorable, task_manager
+
+        index = task_manager(harness_tasks)
+        refuse_unscorable(index, harness_tasks, model.cfg.arch, "--tasks")
+        adapter = LMAdapter(model, tokenizer, batch_size=args.batch_size, device=args.device)
     results: dict[str, dict[str, float]] = {}
     if "probe" in tasks:
         from lm.eval.probe import load_probe_sets, probe_model
@@ -88,12 +95,10 @@ def run(args: argparse.Namespace) -> dict:
         results["probe"] = {
             k[len("probe/") :]: v for k, v in probe_model(model.to(args.device), sets, tokenizer.pad_id).items()
         }
-    harness_tasks = [t for t in tasks if t != "probe"]
     if harness_tasks:
-        from lm.eval.harness import LMAdapter, evaluate, harness_metrics
+        from lm.eval.harness import evaluate, harness_metrics
 
-        adapter = LMAdapter(model, tokenizer, batch_size=args.batch_size, device=args.device)
-        out = evaluate(adapter, harness_tasks, limit=args.limit, num_fewshot=args.num_fewshot)
+        out = evaluate(adapter, harness_tasks, limit=args.limit, num_fewshot=args.num_fewshot, index=index)
         results.update(harness_metrics(out))
     new = {"path": str(args.path), "weights": weights, "limit": args.limit, "num_fewshot": args.num_fewshot}
     record = write_record(file, {**new, "tasks": results})

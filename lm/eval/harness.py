@@ -10,14 +10,16 @@ the model's public forward (no change to lm/model):
 
 - loglikelihood: each request is (context + continuation)[-(max_len + 1):][:-1] in one forward; the
   continuation's log-probabilities are summed (fp32 log-softmax), and `is_greedy` says whether every
-  continuation token was the argmax. Requests are sorted by length and right-padded into batches, which a
-  causal model never reads. An encoder-decoder encodes the context and teacher-forces the continuation.
+  continuation token was the argmax; a continuation of more than max_len tokens is refused (HarnessError).
+  Requests are sorted by length and right-padded into batches, which a causal model never reads. An
+  encoder-decoder encodes the context and teacher-forces the continuation.
 - loglikelihood_rolling (perplexity): the harness's own disjoint windows of at most max_len tokens, each
   conditioned on the window before it, as the Hugging Face backend makes them; the sum over a document.
 - generate_until: lm.model.generate (greedy unless do_sample, with the KV cache), cut at the first `until`.
 
 Decoders (the zoo's recurrent LMs among them: model=lstm|gru|rnn) support all three; encoder-decoders
-loglikelihood and generation; encoders (masked LMs) none, which is refused naming why. One process (rank 0).
+loglikelihood and generation (refuse_unscorable: a perplexity task, before any runs); encoders (masked LMs)
+none, which is refused naming why. One process (rank 0).
 """
 
 from __future__ import annotations
@@ -128,6 +130,12 @@ class LMAdapter(TemplateLM):
         return out  # type: ignore[return-value]
 
     def _score_batch(self, batch) -> list[tuple[float, bool]]:
+        for _, _, cont in batch:
+            if len(cont) > self.max_length:  # its first tokens would have no position left to be predicted from
+                raise HarnessError(
+                    f"a continuation of {len(cont)} tokens does not fit in the model's {self.max_length} positions "
+                    f"(model.max_seq_len); evaluate a model with a longer max_seq_len, or tasks with shorter answers"
+                )
         if self.backend == "seq2seq":
             return self._score_seq2seq(batch)
         rows, conts = [], []
@@ -151,7 +159,7 @@ class LMAdapter(TemplateLM):
 
         pad = self.tokenizer.pad_id or 0
         ctx = [list(c)[-self.max_length :] for _, c, _ in batch]
-        conts = [list(c)[: self.max_length] for _, _, c in batch]
+        conts = [list(c) for _, _, c in batch]
         ids, mask = _pad(ctx, pad), _pad([[1] * len(c) for c in ctx], 0)
         labels = _pad(conts, pad)
         dec = shift_right(labels, self.model.cfg.decoder_start_token_id, pad)
@@ -246,10 +254,52 @@ def task_manager(tasks: Sequence[str] = ()):
     return TaskManager(include_path=str(TASKS_DIR), include_defaults=not ours_only)
 
 
+def rolling_tasks(index, names: Sequence[str]) -> list[str]:
+    """The tasks among `names` (tags and groups expanded) that the task index says score rolling log-likelihoods
+    (perplexity: local_wikitext2), which an encoder-decoder has none of; a task whose type the index does not
+    hold is left to the evaluation."""
+    found, seen, todo = [], set(), list(names)
+    while todo:
+        name = todo.pop(0)
+        entry = index.task_index.get(name) if name not in seen else None
+        seen.add(name)
+        if entry is None:
+            continue
+        cfg = entry.cfg or {}
+        if entry.kind.name == "TAG":
+            todo += sorted(entry.tags)
+        elif entry.kind.name == "GROUP":
+            members = cfg.get("task", [])
+            todo += [m for m in (members if isinstance(members, list) else [members]) if isinstance(m, str)]
+        elif cfg.get("output_type") == "loglikelihood_rolling":
+            found.append(name)
+    return found
+
+
+def refuse_unscorable(index, names: Sequence[str], arch: str, option: str) -> None:
+    """HarnessError before anything is evaluated when an encoder-decoder is asked for a perplexity task (it would
+    fail only after the other tasks, or, in the training loop, after the training); `option` is how the user
+    named the tasks (--tasks, train.eval_tasks=)."""
+    rolling = rolling_tasks(index, names) if arch == "encoder_decoder" else []
+    if rolling:
+        rest = ",".join(n for n in names if n not in rolling) or "local_glue"
+        fix = f"{option} {rest}" if option.startswith("--") else f"{option}=[{rest}]"
+        raise HarnessError(
+            f"{', '.join(rolling)} scores rolling log-likelihoods (perplexity), which an encoder-decoder has none "
+            f"of (decoders and RNNs do); evaluate the other tasks alone: {fix}"
+        )
+
+
 def evaluate(
-    adapter, tasks: Sequence[str], limit: float | None = None, num_fewshot: int | None = None, log_samples: bool = False
+    adapter,
+    tasks: Sequence[str],
+    limit: float | None = None,
+    num_fewshot: int | None = None,
+    log_samples: bool = False,
+    index=None,
 ) -> dict:
-    """lm_eval.simple_evaluate on the adapter; any harness task by name, ours included."""
+    """lm_eval.simple_evaluate on the adapter; any harness task by name, ours included (`index`: task_manager(tasks)
+    when the caller has built it already)."""
     from lm_eval import simple_evaluate
 
     return simple_evaluate(
@@ -257,7 +307,7 @@ def evaluate(
         tasks=list(tasks),
         limit=limit,
         num_fewshot=num_fewshot,
-        task_manager=task_manager(tasks),
+        task_manager=index or task_manager(tasks),
         log_samples=log_samples,
         bootstrap_iters=0,
         random_seed=0,

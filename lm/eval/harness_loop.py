@@ -73,7 +73,7 @@ def harness_callbacks(train_cfg, model_cfg, tokenizer_of, engine) -> list[Harnes
         )
     tokenizer = tokenizer_of() if engine.is_main else None
     if engine.is_main:
-        from lm.eval.harness import task_manager
+        from lm.eval.harness import HarnessError, refuse_unscorable, task_manager
 
         index = task_manager(train_cfg.eval_tasks)  # lm's offline tasks alone when only they are named (fast)
         unknown = [t for t in train_cfg.eval_tasks if not index.match_tasks([t])]
@@ -82,6 +82,10 @@ def harness_callbacks(train_cfg, model_cfg, tokenizer_of, engine) -> list[Harnes
                 f"train.eval_tasks={list(train_cfg.eval_tasks)}: no harness task {unknown}; lm's offline ones are "
                 f"local_sst2, local_rte, local_mrpc, local_cola, local_glue, local_wikitext2 (lm eval --help)"
             )
+        try:  # an encoder-decoder's perplexity task would fail at the first pass, after the training it ran
+            refuse_unscorable(index, train_cfg.eval_tasks, model_cfg.arch, "train.eval_tasks")
+        except HarnessError as e:
+            raise ConfigError(str(e)) from None
     interval, pacing = train_cfg.eval_tasks_interval, pacing_of(train_cfg, engine)
     setup = time.perf_counter() - t0  # importing the harness, indexing its tasks: charged to the budget
     return [HarnessEval(train_cfg.eval_tasks, tokenizer, train_cfg.eval_tasks_limit, interval, setup=setup, **pacing)]
