@@ -272,6 +272,35 @@ def test_cli_without_the_eval_extra_says_which_to_install(monkeypatch):
     assert e.value.code == "lm eval: error: lm eval needs lm_eval (not installed): pip install 'lm[eval]'"
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--limit", "0"], "argument --limit: '0': a count of documents (1, 2, ...) or a fraction between 0 and 1"),
+        (["--limit", "-3"], "argument --limit: '-3': a count of documents"),
+        (["--limit", "1.5"], "argument --limit: '1.5': a count of documents"),
+        (["--tasks", "probe", "--limit", "0.5"], "--limit 0.5: the probe reads a number of rows, not a fraction"),
+        (["--batch-size", "0"], "argument --batch-size: '0': at least 1"),
+        (["--num-fewshot", "-1"], "argument --num-fewshot: '-1': at least 0"),
+        (["--device", "cuda"], "--device cuda: this machine has no CUDA device torch can use; leave --device out"),
+        (["--device", "gpu"], "--device gpu: not a torch device; cpu or cuda"),
+    ],
+)
+def test_cli_refuses_bad_settings_in_one_line_before_loading(argv, message, monkeypatch, capsys):
+    """Before: --limit 0 failed after the loading with the harness's `did not find any docs`, a negative one with
+    islice's message, 1.5 ran as 1 with the record saying 1.5, the probe ran 1000/500 rows for --limit 0.5,
+    --batch-size 0 failed in range(), --device cuda on a machine without CUDA was an AssertionError traceback."""
+    from lm.cli.eval import parse_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        parse_args(["nowhere", *argv])
+    assert e.value.code == 2
+    assert f"lm eval: error: {message}" in capsys.readouterr().err
+    args = parse_args(["nowhere", "--limit", "0.25", "--batch-size", "1", "--num-fewshot", "0"])
+    assert (args.limit, args.batch_size, args.num_fewshot, args.device) == (0.25, 1, 0, "cpu")
+    assert parse_args(["nowhere", "--tasks", "probe", "--limit", "200"]).limit == 200
+
+
 # -- in the training loop (train.eval_tasks) -----------------------------------------------------------------
 
 

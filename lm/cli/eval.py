@@ -50,9 +50,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--tasks", default=DEFAULT_TASKS, help=f"comma-separated harness tasks and/or `probe` (default {DEFAULT_TASKS})"
     )
-    p.add_argument("--limit", type=float, help="at most this many documents per task (a fraction if < 1)")
-    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward (default 16)")
-    p.add_argument("--num-fewshot", type=int, help="examples in each prompt (default: the task's, zero here)")
+    p.add_argument(
+        "--limit",
+        type=_limit,
+        help="at most this many documents per task (a fraction of them if < 1; the probe: rows per split)",
+    )
+    p.add_argument("--batch-size", type=_at_least(1), default=16, help="sequences per forward (default 16)")
+    p.add_argument("--num-fewshot", type=_at_least(0), help="examples in each prompt (default: the task's, zero here)")
     p.add_argument(
         "--tokenizer",
         help="tokenizer.json (or a prepared data directory) when the run's own is not "
@@ -62,7 +66,54 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--out", type=Path, help="directory for eval_results.json (default: the checkpoint, or <export>-eval)"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if "probe" in args.tasks.split(",") and args.limit is not None and args.limit < 1:
+        p.error(f"--limit {args.limit}: the probe reads a number of rows, not a fraction (--limit 200, say)")
+    device = _device_problem(args.device)
+    if device:
+        p.error(f"--device {args.device}: {device}")
+    return args
+
+
+def _limit(text: str) -> float:
+    """--limit: a count (1, 2, ...) or a fraction in (0, 1); 0, a negative or 1.5 would fail inside the harness (0:
+    `did not find any docs`) or be cut to an integer that the record would not name."""
+    value = float(text)
+    if not (0 < value < 1 or (value >= 1 and value.is_integer())):
+        raise argparse.ArgumentTypeError(f"{text!r}: a count of documents (1, 2, ...) or a fraction between 0 and 1")
+    return value
+
+
+_limit.__name__ = "number"  # argparse's "invalid number value" for what is not a number
+
+
+def _at_least(low: int):
+    def check(text: str) -> int:
+        value = int(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text!r}: at least {low}")
+        return value
+
+    check.__name__ = "int"  # argparse's "invalid int value" for what is not an integer
+    return check
+
+
+def _device_problem(device: str) -> str | None:
+    """Why `device` cannot run the evaluation (it failed with a traceback once the model moved), or None."""
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        return "not a torch device; cpu or cuda (cuda:1 for the second GPU)"
+    if kind not in ("cpu", "cuda"):
+        return "lm eval runs on cpu or cuda"
+    if kind == "cuda" and not torch.cuda.is_available():
+        return "this machine has no CUDA device torch can use; leave --device out to evaluate on the CPU"
+    index, count = torch.device(device).index, torch.cuda.device_count() if kind == "cuda" else 0
+    if kind == "cuda" and index is not None and index >= count:
+        return f"this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}"
+    return None
 
 
 def run(args: argparse.Namespace) -> dict:
