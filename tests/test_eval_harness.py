@@ -420,3 +420,21 @@ def test_an_encoder_decoder_is_refused_a_perplexity_task_before_anything_runs():
     alone = "evaluate the other tasks alone: --tasks local_glue$"
     with pytest.raises(HarnessError, match=f"local_wikitext2 scores rolling .* {alone}"):
         refuse_unscorable(index, ["local_glue", "local_wikitext2"], "encoder_decoder", "--tasks")
+
+
+def test_a_harness_pass_that_fails_in_the_loop_keeps_the_training(exported, tmp_path):
+    """A harness task the model cannot score (continuations longer than its 8 positions) failed at the last step,
+    before the final save: the run ended with no checkpoint at all (train.ckpt_interval=0 here)."""
+    from lm.cli.train import train
+    from lm.eval.harness import HarnessError
+    from tests.engine_support import train_losses
+
+    work = exported[0].parent
+    chars = [o for o in words_data(work) if not o.startswith(("data.name=", "data.dir=", "data.tokenizer="))]
+    chars += ["data.name=words_char", f"data.dir={tmp_path / 'chars'}", "data.tokenizer=char"]  # " positive": 9 tokens
+    overrides = tiny_overrides(tmp_path / "run", 4) + GPT2 + chars
+    overrides += ["model.max_seq_len=8", "train.seq_len=8", "train.eval_tasks=[local_sst2]", "train.eval_tasks_limit=2"]
+    with pytest.raises(HarnessError, match="does not fit in the model's 8 positions"):
+        train(compose(overrides))
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["latest", "step_00000004"]
+    assert sorted(train_losses(tmp_path / "run")) == [1, 2, 3, 4]

@@ -32,6 +32,8 @@ PROJECT_ERRORS = {
     "lm.config": ("ConfigError",),  # and its subclasses: InitError, lm transfer's TransferError
     "lm.core.checkpoint": ("CheckpointError",),  # and lm/core/lock.py's RunDirLocked, RunDirUnwritable
     "lm.core.loop": ("LossDiverged", "Preempted"),
+    "lm.core.task": ("EvalFailed",),  # on the ranks other than 0, which raises the evaluation's own error
+    "lm.eval.harness": ("HarnessError",),
     "lm.data.errors": ("DataError",),
     "lm.data.tokenizer": ("TokenizerError",),
     "lm.engine.dist": ("EngineError",),

@@ -57,6 +57,7 @@ from lm.core import objectives
 from lm.core.config import TrainConfig
 from lm.core.hooks import Hooks
 from lm.core.prefetch import Prefetcher
+from lm.core.task import EvalFailed
 from lm.core.tracking import ModelMetrics, memory_gib, mfu
 from lm.engine import dist as dist_utils
 
@@ -233,8 +234,16 @@ def _run(
             _show(bar, record, engine)
         if eval_now:
             _evaluate(engine, task, tracker, state)
-        for e in extra:
-            tracker.log({"step": state.step, "tokens": state.tokens, **e(engine, state.step)})
+        try:
+            for e in extra:
+                tracker.log({"step": state.step, "tokens": state.tokens, **e(engine, state.step)})
+        except EvalFailed as e:  # a probe or harness pass failed: the training up to here is kept, then it ends
+            path = checkpointer.save(state.to_checkpoint(), task.state_dict())
+            checkpointer.wait()
+            log.error(
+                "%s; the training up to step %d is saved in %s (the same command goes on from it)", e, state.step, path
+            )
+            raise e.cause or e from None
         path = checkpointer.save(state.to_checkpoint(), task.state_dict()) if saved else None
         if stopping:  # never at the last step (check_stop=not last): a signal then is left over to the next loop
             path = path or checkpointer.save(state.to_checkpoint(), task.state_dict())  # unless this step saved

@@ -57,6 +57,15 @@ class TrainTask(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
+class EvalFailed(RuntimeError):
+    """An EvalCallback's pass failed (on rank 0, told to every rank): the loop saves the step's training first,
+    then raises `cause` (rank 0) or this. An evaluation is read-only: its failure must not cost the training."""
+
+    def __init__(self, what: str, step: int, why: str, cause: BaseException | None = None):
+        super().__init__(f"{what} at step {step} failed: {why}")
+        self.cause = cause
+
+
 class EvalCallback(Protocol):
     """An evaluation beside the task's own, at its own interval (`loop.run(evals=...)`; the GLUE probes of
     lm/eval/probe.py). Its step is a sync point, and the loop logs its record with step and tokens added.

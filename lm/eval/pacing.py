@@ -88,8 +88,19 @@ class PacedEval:
         return ok
 
     def __call__(self, engine, step: int) -> dict:
+        from lm.core.task import EvalFailed
+        from lm.engine import dist as dist_utils
+
         t0 = self.clock()
-        record = self.evaluate(engine, step) if engine.is_main else {}
+        record, failure = {}, None
+        if engine.is_main:
+            try:
+                record = self.evaluate(engine, step)
+            except Exception as e:  # noqa: BLE001 - told to every rank, and the loop saves the training first
+                failure = e
+        why = dist_utils.broadcast_object(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if why is not None:
+            raise EvalFailed(self.what, step, why, failure)
         self.cost = self.clock() - t0
         self.spent += self.cost
         return record
