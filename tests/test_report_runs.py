@@ -258,3 +258,22 @@ def test_a_multi_line_error_of_a_cell_reaches_the_report_whole(tmp_path):
     (tmp_path / "error.txt").write_text("Traceback ...\nCellExited: exit 1\nlogged errors:\n" + lines.lines[0] + "\n")
     reason = load_run(tmp_path).reason
     assert reason.endswith("old -> new: model.ffn.activation: 'gelu' -> 'swiglu'"), reason
+
+
+def test_the_run_card_shows_the_last_harness_pass(tmp_path):
+    """train.eval_tasks' scores reached metrics.jsonl and the dashboards but not the run card."""
+    import json
+
+    from lm.cli.report import main
+
+    run_dir = make_run(tmp_path / "run", max_steps=20)
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        for step, acc in ((10, 0.5), (20, 0.625)):
+            record = {"step": step, "tokens": step * 512, "harness/local_sst2/acc": acc, "harness/seconds": 3.0}
+            f.write(json.dumps({**record, "harness/local_wikitext2/word_perplexity": 123456.7}) + "\n")
+    assert main([str(run_dir)]) == 0
+    md = (run_dir / "report" / "card.md").read_text()
+    assert (
+        "| local_sst2/acc (step 20) | 0.625 |" in md and "| local_wikitext2/word_perplexity (step 20) | 123.46k |" in md
+    )
+    assert "harness/seconds" not in md and "seconds (step" not in md

@@ -44,8 +44,21 @@ def summary_table(run: Run) -> str:
         (f"final {s['loss_series']}", _fmt(s["final_loss"], 4)),
         ("GLUE score", _fmt(s["glue"], 4)),
         ("GLUE probe average (last)", _fmt(s["probe"], 4)),
+        *_harness_rows(run),
     ]
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows) + "\n"
+
+
+def _harness_rows(run: Run) -> list[tuple[str, str]]:
+    """The last train.eval_tasks pass's scores (metrics.jsonl's harness/<task>/<metric>), one row each."""
+    last = next((e for e in reversed(run.other) if any(k.startswith("harness/") for k in e)), None)
+    if last is None:
+        return []
+    return [
+        (f"{k.removeprefix('harness/')} (step {_fmt(last.get('step'))})", _fmt(v, 4))
+        for k, v in last.items()
+        if k.startswith("harness/") and k != "harness/seconds" and isinstance(v, (int, float))
+    ]
 
 
 def markdown_card(run: Run, command: str, attention: list[str] | None = None) -> str:
