@@ -1,12 +1,13 @@
 """`lm preflight`: check a cluster before a long run, started by the same launcher as the run.
 
     torchrun --nproc_per_node 8 -m lm.cli.preflight --ckpt-dir /shared/runs --model gpt2
-    LM_ENTRY=lm.cli.preflight NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 launch/torchrun_multinode.sh \
+    LM_ENTRY=lm.cli.preflight NNODES=2 NODE_RANK=0 MASTER_ADDR=node0 launch/torchrun_multinode.sh \\
         --ckpt-dir /shared/runs
     LM_ENTRY=lm.cli.preflight sbatch --nodes 4 --gpus-per-node 8 launch/slurm.sbatch --min-busbw 100
 
-Every rank runs the checks; rank 0 prints one line per check (PASS / WARN / FAIL) and a verdict,
-and every rank exits 1 if any check failed:
+Every rank runs the checks; rank 0 prints one line per check (PASS / WARN / FAIL, or SKIP
+when it does not apply, e.g. the all-reduce of one rank) and a verdict, and every rank exits 1 if any
+check failed:
 
   rendezvous   all ranks joined the process group (and how long it took)
   world size   the group has the ranks the launcher promised (--expect-world-size), evenly per node
