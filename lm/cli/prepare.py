@@ -14,7 +14,8 @@ from lm.data.manifest import META, open_prepared
 from lm.data.prepare import data_config, prepare
 
 HELP = {
-    "source": "registry corpus, file, directory, glob or hf:<dataset>[:<config>] (several allowed)",
+    "source": "registry corpus, file, directory, glob, hf:<dataset>[:<config>] or glue:<task>,... (GLUE's unlabelled "
+    "train sentences); several allowed",
     "val_source": "sources that form the val split (then the split rule is not applied)",
     "mirror": "local copy of registry files (default: $LM_DATA_MIRROR)",
     "format": "auto (by extension) | text | jsonl | parquet | hf",
