@@ -358,3 +358,67 @@ def test_sparse_prediction_gives_the_dense_masked_lm_loss_and_gradients():
     from lm.model.flops import matmul_params
 
     assert matmul_params(dense.cfg) - matmul_params(sparse.cfg) == round(0.85 * (32 * 32 + 97 * 32))
+
+
+def t5_flops_per_sequence(enc_len, dec_len, d=512, heads=8, layers=6, vocab=32128):
+    """T5-small's training FLOPs per (enc_len, dec_len) sequence by hand, PaLM's counting: 6 per matmul weight
+    per token that it reads, 12 x H x Dh per query and key."""
+    encoder = 12 * d * d  # qkv, out, MLP 4x up and down: on the encoder's tokens
+    cross_kv = 2 * d * d  # the decoder's cross-attention keys and values: on the encoder's outputs
+    decoder = 4 * d * d + 2 * d * d + 8 * d * d  # self qkv + out, cross q + out, MLP: on the targets
+    head = vocab * d  # the tied output projection, on the targets
+    matmuls = layers * (encoder + cross_kv) * enc_len + (layers * decoder + head) * dec_len
+    attention = 12 * d * layers * (enc_len * enc_len + dec_len * dec_len + dec_len * enc_len)
+    return 6 * matmuls + attention
+
+
+def test_encoder_decoder_flops_count_each_token_through_its_own_stack():
+    from lm.model.flops import encoder_decoder_flops_per_token
+
+    cfg = model_preset("t5")
+    per_token = encoder_decoder_flops_per_token(cfg, 512, 114)
+    assert per_token * (512 + 114) == pytest.approx(t5_flops_per_sequence(512, 114), rel=1e-12)
+    # every token through both stacks, as flops_per_token counts, is 2.47x that
+    assert flops_per_token(cfg, 512) / per_token == pytest.approx(2.47, abs=0.01)
+
+
+class _SpanBatches:
+    """Fixed span-corruption shapes: enc_len encoder tokens, dec_len targets per sequence."""
+
+    dense_labels = True
+
+    def __init__(self, b, enc_len, dec_len, n=None):
+        self.b, self.enc_len, self.dec_len, self.n = b, enc_len, dec_len, n
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        i = 0
+        while self.n is None or i < self.n:
+            labels = torch.randint(8, 256, (self.b, self.dec_len), generator=g)
+            start = torch.full((self.b, 1), 2)
+            yield {
+                "input_ids": torch.randint(8, 256, (self.b, self.enc_len), generator=g),
+                "decoder_input_ids": torch.cat([start, labels[:, :-1]], 1),
+                "labels": labels,
+            }
+            i += 1
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_mfu_of_an_encoder_decoder_counts_its_span_lengths(tmp_path):
+    from lm.cli.train import train
+    from lm.data.collate import t5_lengths
+    from tests.engine_support import compose, metrics, tiny_overrides
+
+    _, enc_len, dec_len = t5_lengths(32, 0.15, 3.0)  # what lm train's span batches hold at train.seq_len=32
+    cfg = compose(tiny_overrides(tmp_path, 3, seq_len=32, peak_flops=1e9) + ["model.arch=encoder_decoder"])
+    train(cfg, loaders=(_SpanBatches(4, enc_len, dec_len), _SpanBatches(4, enc_len, dec_len, n=2)))
+    record = [m for m in metrics(tmp_path) if "mfu" in m][-1]
+    d, heads, layers, vocab = 64, 4, 2, 256  # model=tiny
+    per_token = t5_flops_per_sequence(enc_len, dec_len, d, heads, layers, vocab) / (enc_len + dec_len)
+    assert record["mfu"] == pytest.approx(per_token * record["tokens_per_s"] / 1e9, rel=1e-3)

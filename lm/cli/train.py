@@ -68,7 +68,6 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     from lm.core.tracking import device_peak_flops
     from lm.engine import dist as dist_utils
     from lm.model import build_model
-    from lm.model.flops import flops_per_token
 
     run = typed_run(cfg)
     # The run's record, made once here: below this line only typed objects, text and plain dicts travel.
@@ -124,7 +123,8 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                 _log_start(engine, dist.world_size, device, train_cfg, run_dir)
             session.track(run.logger, config)
             speed = loop.Speed(
-                flops_per_token(model_cfg, train_cfg.seq_len), device_peak_flops(device, train_cfg.peak_flops)
+                _flops_per_token(model_cfg, train_cfg.seq_len, run.data),
+                device_peak_flops(device, train_cfg.peak_flops),
             )
             state = session.train(
                 lambda step: optim_cfg.lr * lr_multiplier(step, sched_cfg, train_cfg.max_steps),
@@ -270,6 +270,19 @@ def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, dist, objective: s
         )
 
     return loader("train"), loader("val"), vocab
+
+
+def _flops_per_token(model_cfg, seq_len: int, data: DataConfig) -> float:
+    """Training FLOPs per token the loop counts (for MFU): an encoder-decoder reads seq_len encoder tokens and
+    span corruption's shorter targets, each through its own stack (lm/model/flops.py)."""
+    from lm.model.flops import encoder_decoder_flops_per_token, flops_per_token
+
+    if model_cfg.arch != "encoder_decoder":
+        return flops_per_token(model_cfg, seq_len)
+    from lm.data.collate import t5_lengths
+
+    _, enc_len, dec_len = t5_lengths(seq_len, data.noise_density, data.mean_span_length)
+    return encoder_decoder_flops_per_token(model_cfg, enc_len, dec_len)
 
 
 def _downstream(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:

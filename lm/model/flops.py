@@ -20,7 +20,7 @@ the input side and, tied, again (transposed) on the output side.
 import torch
 from torch import nn
 
-from lm.model.attention import _Attention
+from lm.model.attention import CrossAttention, _Attention
 from lm.model.config import ModelConfig
 from lm.model.linear import MatmulCount
 
@@ -84,5 +84,34 @@ def attention_flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
-    """Training FLOPs (forward + backward) per token at context length seq_len."""
+    """Training FLOPs (forward + backward) per token at context length seq_len: what one token costs passing
+    through every stack of the model (an encoder-decoder's token through encoder and decoder alike; its
+    training step's cost per token read is encoder_decoder_flops_per_token)."""
     return 6 * matmul_params(cfg) + attention_flops_per_token(cfg, seq_len)
+
+
+def encoder_decoder_flops_per_token(cfg: ModelConfig, enc_len: int, dec_len: int) -> float:
+    """Training FLOPs per token read (encoder and decoder inputs, what the loop's tokens/s counts) of an
+    encoder-decoder trained on enc_len encoder and dec_len decoder tokens per sequence (span corruption:
+    lm.data.collate.t5_lengths). Each token passes through its own side only: the encoder's matmuls run on the
+    enc_len tokens, the decoder's and the head's on the dec_len ones, but for cross-attention's key/value
+    projection, which reads the encoder's enc_len outputs, and a shared input table's projection, which reads
+    both; attention is enc_len x enc_len in the encoder, dec_len x dec_len (self) and dec_len x enc_len (cross)
+    in the decoder. flops_per_token counts every token through both stacks (2.5x T5-small's cost at 512 / 114)."""
+    model = _meta_model(cfg)
+    encoder, decoder = model.encoder, model.decoder
+    encoder_embed = getattr(model, "encoder_embed", None)
+    enc_only = active_matmul_params(encoder) + (active_matmul_params(encoder_embed) if encoder_embed else 0.0)
+    both = active_matmul_params(model.embed) if encoder_embed is None else 0.0  # one table reads both inputs
+    on_memory = 0.0  # cross-attention's key/value projections: decoder weights applied to the encoder's outputs
+    attention = 0.0
+    for stack, q_len in ((encoder, enc_len), (decoder, dec_len)):
+        layers = [stack.blocks[i % len(stack.blocks)] for i in range(stack.depth)]
+        for block, (queries, keys) in zip(layers, stack.attention_shares()):
+            for attn in (m for m in block.modules() if isinstance(m, _Attention)):
+                cross = isinstance(attn, CrossAttention)
+                on_memory += attn.kv.weight.numel() if cross else 0
+                attention += queries * q_len * attn.score.forward_flops(keys * (enc_len if cross else q_len))
+    dec_only = active_matmul_params(model) - enc_only - both - on_memory  # decoder and head, on the targets
+    matmuls = (enc_only + on_memory) * enc_len + both * (enc_len + dec_len) + dec_only * dec_len
+    return (6 * matmuls + 3 * attention) / (enc_len + dec_len)
