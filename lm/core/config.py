@@ -118,7 +118,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
     weight_decay: float = 0.1
-    decay_embeddings: bool = False  # True: embedding tables are decayed too (nanoGPT: every matrix)
+    decay_embeddings: bool = False  # True: embedding tables are decayed too (nanoGPT's rule for Linear models)
     fused: bool | None = None  # None = fused where torch has the kernel (CPU, CUDA): skips NaN steps on the device
 
 
@@ -127,7 +127,7 @@ class SchedConfig:
     """Learning-rate multiplier as a pure function of the step (lm.core.optim.lr_multiplier)."""
 
     kind: Schedule = Schedule.cosine
-    warmup_steps: int = 100  # linear warmup from 0
+    warmup_steps: int = 100  # linear warmup: step s (0-based) at (s + 1) / (warmup_steps + 1) of optim.lr
     min_lr_ratio: float = 0.1  # floor of the decay, as a fraction of optim.lr
     decay_fraction: float = 0.2  # wsd: last fraction of the steps that decays (Hägele et al. 2024)
 
