@@ -100,7 +100,7 @@ def encoder_decoder_flops_per_token(cfg: ModelConfig, enc_len: int, dec_len: int
     in the decoder. flops_per_token counts every token through both stacks (2.5x T5-small's cost at 512 / 114)."""
     model = _meta_model(cfg)
     encoder, decoder = model.encoder, model.decoder
-    encoder_embed = getattr(model, "encoder_embed", None)
+    encoder_embed = model.encoder_embed  # None: one table for both inputs (model.tie_embeddings)
     enc_only = active_matmul_params(encoder) + (active_matmul_params(encoder_embed) if encoder_embed else 0.0)
     both = active_matmul_params(model.embed) if encoder_embed is None else 0.0  # one table reads both inputs
     on_memory = 0.0  # cross-attention's key/value projections: decoder weights applied to the encoder's outputs

@@ -159,10 +159,11 @@ def _merge_same_configs(variants: list) -> list:
 
 def _experiment(v: Variant) -> str | None:
     """What every run of `v` computed (its config minus IGNORED keys), or None if they differ or none is known."""
+    flats = [flatten(r.config) for r in v.runs if r.config]
     configs = {
-        repr(sorted((k, repr(x)) for k, x in flatten(r.config).items() if not IGNORED.search(k)))
-        for r in v.runs
-        if r.config and not any(unresolved(x) for x in flatten(r.config).values())
+        repr(sorted((k, repr(x)) for k, x in flat.items() if not IGNORED.search(k)))
+        for flat in flats
+        if not any(unresolved(x) for x in flat.values())
     }
     return configs.pop() if len(configs) == 1 else None
 
