@@ -422,3 +422,8 @@ def test_mfu_of_an_encoder_decoder_counts_its_span_lengths(tmp_path):
     d, heads, layers, vocab = 64, 4, 2, 256  # model=tiny
     per_token = t5_flops_per_sequence(enc_len, dec_len, d, heads, layers, vocab) / (enc_len + dec_len)
     assert record["mfu"] == pytest.approx(per_token * record["tokens_per_s"] / 1e9, rel=1e-3)
+    # lm report's FLOPs per token of the run is the same count (read from its config.yaml, data section included)
+    from lm.report.runs import load_run
+    from lm.report.summary import model_cost
+
+    assert model_cost(load_run(tmp_path))[1] == pytest.approx(per_token, rel=1e-12)

@@ -22,6 +22,7 @@ from lm.config import ConfigError, check_known_keys, explain, register_train_con
 from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_train
 from lm.core.elastic import keep_global_batch
 from lm.core.files import atomic_write_text
+from lm.core.objectives import training_flops_per_token
 from lm.core.setup import engine_class, make_engine, quiet_other_ranks
 from lm.data.config import DataConfig
 
@@ -123,7 +124,9 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                 _log_start(engine, dist.world_size, device, train_cfg, run_dir)
             session.track(run.logger, config)
             speed = loop.Speed(
-                _flops_per_token(model_cfg, train_cfg.seq_len, run.data),
+                training_flops_per_token(
+                    model_cfg, train_cfg.seq_len, run.data.noise_density, run.data.mean_span_length
+                ),
                 device_peak_flops(device, train_cfg.peak_flops),
             )
             state = session.train(
@@ -270,19 +273,6 @@ def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, dist, objective: s
         )
 
     return loader("train"), loader("val"), vocab
-
-
-def _flops_per_token(model_cfg, seq_len: int, data: DataConfig) -> float:
-    """Training FLOPs per token the loop counts (for MFU): an encoder-decoder reads seq_len encoder tokens and
-    span corruption's shorter targets, each through its own stack (lm/model/flops.py)."""
-    from lm.model.flops import encoder_decoder_flops_per_token, flops_per_token
-
-    if model_cfg.arch != "encoder_decoder":
-        return flops_per_token(model_cfg, seq_len)
-    from lm.data.collate import t5_lengths
-
-    _, enc_len, dec_len = t5_lengths(seq_len, data.noise_density, data.mean_span_length)
-    return encoder_decoder_flops_per_token(model_cfg, enc_len, dec_len)
 
 
 def _downstream(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:

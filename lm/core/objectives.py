@@ -59,3 +59,16 @@ def loss(model, batch: dict[str, torch.Tensor], metrics: ModelMetrics | None = N
         metrics.add(model_metrics)
     aux_loss = getattr(out, "aux_loss", None)
     return out.loss if aux_loss is None else out.loss + aux_loss
+
+
+def training_flops_per_token(model_cfg, seq_len: int, noise_density: float, mean_span_length: float) -> float:
+    """Training FLOPs per token read (what MFU and lm report count): an encoder-decoder reads seq_len encoder
+    tokens and span corruption's shorter targets, each through its own stack (lm/model/flops.py)."""
+    from lm.model.flops import encoder_decoder_flops_per_token, flops_per_token
+
+    if objective_for(model_cfg.arch) != "span":
+        return flops_per_token(model_cfg, seq_len)
+    from lm.data.collate import t5_lengths
+
+    _, enc_len, dec_len = t5_lengths(seq_len, noise_density, mean_span_length)
+    return encoder_decoder_flops_per_token(model_cfg, enc_len, dec_len)

@@ -31,23 +31,34 @@ def seq_len(run: Run) -> int | None:
 
 
 def model_cost(run: Run) -> tuple:
-    """(parameters, training FLOPs per token) of the run's model config (config.yaml's `model`)."""
+    """(parameters, training FLOPs per token) of the run's model config (config.yaml's `model`): the count its
+    MFU was logged with (an encoder-decoder's span-corruption lengths from its `data` section)."""
     if not isinstance(run.get("model"), dict):
         return None, None
-    return _cost_from_config(json.dumps(run.get("model"), sort_keys=True), seq_len(run))
+    span = tuple(run.get(f"data.{k}") for k in ("noise_density", "mean_span_length"))
+    return _cost_from_config(json.dumps(run.get("model"), sort_keys=True), seq_len(run), span)
 
 
 @functools.lru_cache(maxsize=256)
-def _cost_from_config(model_json: str, T: int | None) -> tuple:
+def _cost_from_config(model_json: str, T: int | None, span: tuple) -> tuple:
     """Cached: every seed of a variant has the same model, and each count builds it on meta."""
     try:
         from lm.model.config import model_from_saved
-        from lm.model.flops import flops_per_token, num_params
+        from lm.model.flops import num_params
 
         cfg = model_from_saved(json.loads(model_json))
-        return num_params(cfg), flops_per_token(cfg, T or cfg.max_seq_len)
+        return num_params(cfg), _flops_per_token(cfg, T or cfg.max_seq_len, span)
     except Exception:  # an old or foreign config: the table shows a blank, not a crash
         return None, None
+
+
+def _flops_per_token(cfg, T: int, span: tuple) -> float:
+    """As lm train counts them; a config without the data fields has their defaults."""
+    from lm.core.objectives import training_flops_per_token
+    from lm.data.config import DataConfig
+
+    defaults = (DataConfig.noise_density, DataConfig.mean_span_length)
+    return training_flops_per_token(cfg, T, *(v if _number(v) else d for v, d in zip(span, defaults)))
 
 
 def loss_series(run: Run) -> tuple:
