@@ -142,6 +142,14 @@ class Cluster:
                     pass
         time.sleep(1)
 
+    def logs(self, lines: int = 40) -> str:
+        """The daemons' last lines: why SLURM ended a job the way it did."""
+        return "\n".join(
+            f"== {n}\n" + "\n".join((self.root / n).read_text().splitlines()[-lines:])
+            for n in ("slurmctld.log", "slurmd.log")
+            if (self.root / n).exists()
+        )
+
     def job(self, job_id: str) -> dict[str, str]:
         out = subprocess.run(
             ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, env=self.environ(), check=True
@@ -239,13 +247,19 @@ def test_usr1_requeues_the_job_and_it_resumes_from_its_checkpoint(cluster, tmp_p
     # What SLURM sends 300 s before the time limit (--signal=B:USR1@300), to the batch shell only.
     subprocess.run(["scancel", "--batch", "--signal=USR1", interrupted], env=cluster.environ(), check=True)
 
-    def start_now(job):  # SLURM holds a requeued job for ~2 minutes (BeginTime); the test need not wait
-        if job.get("Reason") == "BeginTime":
-            subprocess.run(["scontrol", "update", f"JobId={interrupted}", "StartTime=now"], env=cluster.environ())
+    moved = []
+
+    def start_now(job):
+        # SLURM holds a requeued job for ~2 minutes (BeginTime): slurmd refuses a job credential made in the second
+        # the job's last one was revoked (at the requeue), and StartTime=now failed one run in about seven
+        # ("Killing non-startable batch JobId=..: Job credential revoked", the job FAILED). A few seconds suffice.
+        if job.get("Reason") == "BeginTime" and not moved:
+            subprocess.run(["scontrol", "update", f"JobId={interrupted}", "StartTime=now+3"], env=cluster.environ())
+            moved.append(True)  # once: each call would move the start 3 s on again
 
     job = wait(cluster, interrupted, on_pending=start_now)
     out = (tmp_path / f"job-{interrupted}.out").read_text()
-    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", out[-3000:]
+    assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", f"{job}\n{out[-3000:]}\n{cluster.logs()}"
     assert f"then job {interrupted} is requeued" in out and f"job {interrupted} (restart 1)" in out
     # (rank 0's stdout: lm/cli/train.py logs "resumed from" before it opens <run_dir>/train.log)
     resumed = [ln for ln in out.splitlines() if "resumed from" in ln]
