@@ -31,9 +31,10 @@ from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
 
-# What a run leaves in its run_dir that the next run there would read (checkpoints: the resume point, keep_last) or
-# write over (metrics.jsonl, train.log, config.yaml).
-RUN_RECORDS = ("checkpoints", "metrics.jsonl", "train.log", "config.yaml")
+# What a run leaves in its run_dir that the next run there would read (checkpoints: the resume point, keep_last;
+# wandb_id: the wandb run a new run would continue, its steps dropped as already logged) or write over
+# (metrics.jsonl, train.log, config.yaml; tensorboard/: its event files would draw both runs as one curve).
+RUN_RECORDS = ("checkpoints", "metrics.jsonl", "train.log", "config.yaml", "wandb_id", "wandb", "tensorboard")
 RUN_MARKS = ("checkpoints", "metrics.jsonl")  # a run was there (a config.yaml alone: a start that was refused)
 
 

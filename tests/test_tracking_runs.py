@@ -1,0 +1,74 @@
+"""What the dashboards (offline wandb, TensorBoard) record of an lm train run across starts over, failures and
+sweeps: each run is one wandb run of its own, a failed run is not marked finished, a sweep's cells are grouped.
+
+In-process runs on the synthetic loader of tests/engine_support.py; wandb offline (no network)."""
+
+import struct
+
+from lm.cli.train import train
+from tests.engine_support import compose, loaders, tiny_overrides
+
+OFFLINE = ["logger=all", "logger.mode=offline"]
+
+
+def run(run_dir, steps, extra=()):
+    cfg = compose(tiny_overrides(run_dir, steps) + OFFLINE + list(extra))
+    return train(cfg, loaders=loaders(cfg))
+
+
+def tensorboard_steps(log_dir, tag="loss") -> list[int]:
+    """The steps TensorBoard draws for `tag` (a restarted run's purged steps left out)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return [e.step for e in acc.Scalars(tag)]
+
+
+def wandb_records(run_dir) -> list:
+    """Every record of the run's offline wandb files (the service process is stopped first: that flushes them)."""
+    import wandb
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    wandb.teardown()
+    out = []
+    for path in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
+        for data in _log_records(path.read_bytes()):
+            record = pb.Record()
+            record.ParseFromString(data)
+            out.append(record)
+    return out
+
+
+def _log_records(data: bytes, block: int = 32768):
+    """The payloads of a .wandb file: a 7-byte header, then LevelDB's log format (32 KiB blocks of records with a
+    7-byte header: crc, length, type full/first/middle/last)."""
+    pos, parts = 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        chunk, pos = data[pos + 7 : pos + 7 + length], pos + 7 + length
+        if kind == 0:  # zero padding up to the block's end
+            pos += block - pos % block if pos % block else 0
+            continue
+        parts = chunk if kind in (1, 2) else parts + chunk
+        if kind in (1, 4):
+            yield parts
+
+
+def test_resume_false_starts_a_new_wandb_run_and_tensorboard_curve(tmp_path):
+    """resume=false where a run is: the new run got the old run's wandb id (so wandb took its steps 1-2 as already
+    logged by the old run's 1-3) and wrote its TensorBoard events beside the old ones (one curve 1, 2, 3, 1, 2).
+    Both move aside with the old run."""
+    run(tmp_path, steps=3)
+    old_id = (tmp_path / "wandb_id").read_text()
+    run(tmp_path, steps=2, extra=["resume=false"])
+    (aside,) = (tmp_path / "previous").iterdir()
+    assert (aside / "wandb_id").read_text() == old_id
+    assert (tmp_path / "wandb_id").read_text() != old_id
+    assert tensorboard_steps(tmp_path / "tensorboard") == [1, 2]
+    assert tensorboard_steps(aside / "tensorboard") == [1, 2, 3]
+    histories = [r.history.step.num for r in wandb_records(tmp_path) if r.WhichOneof("record_type") == "history"]
+    assert histories == [1, 2]
