@@ -5,7 +5,10 @@ In-process runs on the synthetic loader of tests/engine_support.py; wandb offlin
 
 import struct
 
+import pytest
+
 from lm.cli.train import train
+from lm.core.loop import LossDiverged
 from tests.engine_support import compose, loaders, tiny_overrides
 
 OFFLINE = ["logger=all", "logger.mode=offline"]
@@ -72,3 +75,17 @@ def test_resume_false_starts_a_new_wandb_run_and_tensorboard_curve(tmp_path):
     assert tensorboard_steps(aside / "tensorboard") == [1, 2, 3]
     histories = [r.history.step.num for r in wandb_records(tmp_path) if r.WhichOneof("record_type") == "history"]
     assert histories == [1, 2]
+
+
+def exit_codes(run_dir) -> list[int]:
+    return [r.exit.exit_code for r in wandb_records(run_dir) if r.WhichOneof("record_type") == "exit"]
+
+
+def test_a_diverged_run_is_a_failed_wandb_run(tmp_path):
+    """A run that raised (here LossDiverged: optim.lr=1e30) was closed with wandb.finish(): exit code 0, shown as
+    finished on the dashboard beside the runs that completed. It exits 1; a completed run exits 0."""
+    with pytest.raises(LossDiverged):
+        run(tmp_path / "diverged", steps=4, extra=["optim.lr=1e30", "sched=constant"])
+    assert exit_codes(tmp_path / "diverged") == [1]
+    run(tmp_path / "completed", steps=2)
+    assert exit_codes(tmp_path / "completed") == [0]

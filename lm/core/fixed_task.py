@@ -65,5 +65,5 @@ class Records:
     def log(self, record: dict) -> None:
         self.records.append(record)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         pass

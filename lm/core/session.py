@@ -85,8 +85,8 @@ class Session:
     def __enter__(self) -> "Session":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *_) -> None:
+        self.close(failed=exc_type is not None)
 
     def checkpointer_at(
         self, run_dir: Path, keep_last: int, config_yaml: str, asynchronous: bool = False
@@ -158,8 +158,9 @@ class Session:
         dist_utils.barrier()
         return self.state
 
-    def close(self) -> None:
-        self.tracker.close()
+    def close(self, failed: bool = False) -> None:
+        """failed: an error ends the run (the trackers record it: a diverged or crashed run is not finished)."""
+        self.tracker.close(failed)
         self.engine.close()
         if self._file_log:
             log.removeHandler(self._file_log)

@@ -149,10 +149,11 @@ class Tracker:
             for k, v in numbers.items():
                 self.tb.add_scalar(k, v, record["step"])
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """failed: the run ended with an error; wandb's run then shows it (finish() alone marks it finished)."""
         self.file.close()
         if self.wandb:
-            self.wandb.finish()
+            self.wandb.finish(exit_code=1 if failed else 0)
         if self.tb:
             self.tb.close()
 
@@ -205,7 +206,7 @@ class NullTracker:
     def log(self, record: dict) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         pass
 
 
