@@ -3,13 +3,14 @@ sweeps: each run is one wandb run of its own, a failed run is not marked finishe
 
 In-process runs on the synthetic loader of tests/engine_support.py; wandb offline (no network)."""
 
+import shutil
 import struct
 
 import pytest
 
 from lm.cli.train import train
 from lm.core.loop import LossDiverged
-from tests.engine_support import compose, loaders, tiny_overrides
+from tests.engine_support import compose, loaders, metrics, tiny_overrides
 
 OFFLINE = ["logger=all", "logger.mode=offline"]
 
@@ -89,3 +90,16 @@ def test_a_diverged_run_is_a_failed_wandb_run(tmp_path):
     assert exit_codes(tmp_path / "diverged") == [1]
     run(tmp_path / "completed", steps=2)
     assert exit_codes(tmp_path / "completed") == [0]
+
+
+def test_a_resume_from_an_earlier_checkpoint_redraws_its_steps_once_in_tensorboard(tmp_path):
+    """A run killed after logging steps 3 and 4 but before their checkpoint resumes from step 2 and logs 3 and 4
+    again: metrics.jsonl cuts its rows back to step 2, while TensorBoard drew 1, 2, 3, 4, 3, 4 (a curve that goes
+    back). Its events from step 3 on are purged now, as metrics.jsonl's rows are."""
+    run(tmp_path, steps=4, extra=["train.ckpt_interval=2"])
+    ckpts = tmp_path / "checkpoints"
+    shutil.rmtree(ckpts / "step_00000004")  # as if killed before this checkpoint was written
+    (ckpts / "latest").write_text("step_00000002")
+    run(tmp_path, steps=4, extra=["train.ckpt_interval=2"])
+    assert [r["step"] for r in metrics(tmp_path) if "loss" in r] == [1, 2, 3, 4]
+    assert tensorboard_steps(tmp_path / "tensorboard") == [1, 2, 3, 4]

@@ -129,7 +129,8 @@ class ModelMetrics:
 
 
 class Tracker:
-    """Rank 0's metrics sinks. `resume_step` drops JSONL lines a killed run wrote after its checkpoint."""
+    """Rank 0's metrics sinks. `resume_step` drops JSONL lines (and hides TensorBoard events) that a killed run
+    wrote after its checkpoint."""
 
     def __init__(self, run_dir: Path, cfg: LoggerConfig, config: dict, resume_step: int = 0):
         self.run_dir = Path(run_dir)
@@ -137,7 +138,7 @@ class Tracker:
         _truncate_after(self.path, resume_step)
         self.file = open(self.path, "a")  # noqa: SIM115 - kept open for the run; close() closes it
         self.wandb = self._start_wandb(cfg, config) if cfg.wandb else None
-        self.tb = self._start_tensorboard() if cfg.tensorboard else None
+        self.tb = self._start_tensorboard(resume_step) if cfg.tensorboard else None
 
     def log(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
@@ -193,11 +194,15 @@ class Tracker:
         log.info("wandb: %s run %s (%s)", mode, run.id, run.dir)
         return run
 
-    def _start_tensorboard(self):
+    def _start_tensorboard(self, resume_step: int):
         require("tensorboard", "logger.tensorboard=true")
         from torch.utils.tensorboard import SummaryWriter
 
-        return SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
+        # purge_step: TensorBoard hides the earlier events from there on, as metrics.jsonl drops its rows (a killed
+        # run's steps past its checkpoint would otherwise be drawn twice, the curve going back)
+        return SummaryWriter(
+            log_dir=str(self.run_dir / "tensorboard"), purge_step=resume_step + 1 if resume_step else None
+        )
 
 
 class NullTracker:
