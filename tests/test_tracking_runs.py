@@ -3,8 +3,11 @@ sweeps: each run is one wandb run of its own, a failed run is not marked finishe
 
 In-process runs on the synthetic loader of tests/engine_support.py; wandb offline (no network)."""
 
+import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -103,3 +106,18 @@ def test_a_resume_from_an_earlier_checkpoint_redraws_its_steps_once_in_tensorboa
     run(tmp_path, steps=4, extra=["train.ckpt_interval=2"])
     assert [r["step"] for r in metrics(tmp_path) if "loss" in r] == [1, 2, 3, 4]
     assert tensorboard_steps(tmp_path / "tensorboard") == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_plain_sweeps_cells_are_named_grouped_and_tagged_wandb_runs(tmp_path):
+    """`lm train -m optim.lr=...` (no experiment naming a group): its cells were wandb runs named "0" and "1" in no
+    group and without tags, so two sweeps' runs mixed on the dashboard. Now the sweep directory is their group."""
+    env = {k: v for k, v in os.environ.items() if k != "LM_RUN_STAMP"}
+    tiny = tiny_overrides(tmp_path / "sweep", steps=2)  # run_dir=X under -m: X/<job number> per cell
+    cmd = [sys.executable, "-m", "lm.cli.train", "-m", *tiny, *OFFLINE, "model.vocab_size=128", "optim.lr=0.001,0.003"]
+    out = subprocess.run(cmd, cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for cell, lr in (("0", "0.001"), ("1", "0.003")):
+        (run,) = [r.run for r in wandb_records(tmp_path / "sweep" / cell) if r.WhichOneof("record_type") == "run"]
+        assert (run.run_group, run.display_name) == ("sweep", f"sweep/{cell}")
+        assert f"optim.lr={lr}" in run.tags and "model=tiny" in run.tags

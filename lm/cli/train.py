@@ -11,7 +11,7 @@ Run the same command again (same run_dir) and it continues from <run_dir>/checkp
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -122,7 +122,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                     atomic_write_text(run_dir / "config.yaml", config_yaml)
                     _record_overrides(run_dir)
                 _log_start(engine, dist.world_size, device, train_cfg, run_dir)
-            session.track(run.logger, config)
+            session.track(_sweep_logger(run.logger, run_dir), config)
             speed = loop.Speed(
                 training_flops_per_token(
                     model_cfg, train_cfg.seq_len, run.data.noise_density, run.data.mean_span_length
@@ -177,6 +177,25 @@ def _log_start(engine, world_size: int, device, train_cfg: TrainConfig, run_dir:
         )
 
 
+def _sweep_logger(logger, run_dir: Path):
+    """A sweep cell's tracker run, unless the config says otherwise: in the sweep directory's wandb group, named
+    <sweep>/<cell>, tagged with the cell's overrides. Else a plain `lm train -m` gave runs named 0, 1, ... in no
+    group, which a dashboard cannot tell apart from another sweep's 0, 1, ...."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from lm.cli.app import in_multirun
+
+    if not in_multirun():
+        return logger
+    sweep = run_dir.resolve().parent.name
+    return replace(
+        logger,
+        group=logger.group or sweep,
+        name=logger.name or f"{sweep}/{run_dir.name}",
+        tags=logger.tags or list(HydraConfig.get().overrides.task),
+    )
+
+
 def _finished_cell(run_dir: Path, config_yaml: str, max_steps: int, dist) -> bool:
     """Inside a sweep (lm train -m) run again after it stopped: this cell's checkpoint is at train.max_steps, so
     the cell is skipped before it builds anything or writes a file (its config checked like a resume's first:
@@ -219,8 +238,6 @@ def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bo
     (rounded up to a multiple of 64), in the typed config and in the composed one that config.yaml records, so
     export, finetuning and resume see the model as built. A larger vocabulary is kept: presets pad theirs for
     speed (GPT-2's 50304)."""
-    from dataclasses import replace
-
     from lm.model import validate_model
 
     size = _round_up(vocab, 64)
