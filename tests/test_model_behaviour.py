@@ -118,6 +118,34 @@ def test_sampling_controls():
     assert out.shape[1] == first + 1 and torch.equal(out[0], greedy[0, : first + 1])
 
 
+def test_top_p_zero_keeps_the_most_likely_token():
+    """top_p=0 masked every token and sampled from NaNs (RuntimeError); transformers keeps the top token."""
+    model = _model(tiny())
+    prompt = ids(3, 4)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(generate(model, prompt, 6, temperature=1.0, top_p=0.0, generator=g), generate(model, prompt, 6))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"temperature": -1.0}, "temperature=-1.0 must be >= 0"),  # sampled the least likely tokens
+        ({"temperature": 1.0, "top_p": 1.5}, r"top_p=1.5 must be in \[0, 1\]"),
+        ({"attention_mask": torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])}, "same length: no padding"),  # ignored
+    ],
+)
+def test_generate_refuses_what_it_would_get_wrong(kw, match):
+    model = _model(tiny())
+    with pytest.raises(ValueError, match=match):
+        generate(model, ids(2, 4), 3, **kw)
+
+
+def test_generate_names_an_encoder_as_unable():
+    model = _model(tiny("encoder"))  # was AttributeError: 'EncoderLM' object has no attribute 'new_cache'
+    with pytest.raises(ValueError, match="generate needs a decoder or an encoder-decoder; EncoderLM"):
+        generate(model, ids(1, 4), 3)
+
+
 def test_learned_positions_refuse_sequences_past_the_table():
     model = _model(tiny())
     with pytest.raises(ValueError, match="max_seq_len"):

@@ -16,6 +16,10 @@ def sample_next(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """(B, V) logits -> (B, 1) token ids. temperature 0 means greedy."""
+    if temperature < 0:  # dividing by it would sample the least likely tokens first
+        raise ValueError(f"temperature={temperature} must be >= 0 (0 = greedy)")
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in [0, 1]")
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
     logits = logits.float() / temperature
@@ -26,7 +30,9 @@ def sample_next(
         # Nucleus sampling (Holtzman et al. 2020): keep the smallest set whose mass reaches top_p.
         sorted_logits, order = logits.sort(-1, descending=True)
         mass_before = sorted_logits.softmax(-1).cumsum(-1) - sorted_logits.softmax(-1)
-        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
+        drop = mass_before >= top_p
+        drop[:, 0] = False  # the most likely token always stays: top_p=0 masked every one and sampled NaN
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
@@ -44,6 +50,11 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Returns the generated tokens (B, <= max_new_tokens); rows that hit stop_token are padded with it."""
+    if not hasattr(model, "next_logits"):  # a masked LM (EncoderLM) has no next token to predict
+        raise ValueError(f"generate needs a decoder or an encoder-decoder; {type(model).__name__} has no next_logits")
+    if attention_mask is not None and model.cfg.arch != "encoder_decoder" and not bool(attention_mask.all()):
+        # a decoder reads every prompt token: padding would be attended to and shift the positions
+        raise ValueError("a decoder's prompts in one batch must have the same length: no padding in attention_mask")
     model.eval()
     cache = model.new_cache()
     if model.cfg.arch == "encoder_decoder":
