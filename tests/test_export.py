@@ -83,6 +83,17 @@ def test_the_current_directory_and_a_file_get_a_clear_message(run_dir, tmp_path,
     assert (tmp_path / "here" / "notes.md").read_text() == "mine"
 
 
+def test_a_symbolic_link_is_named_as_one(run_dir, tmp_path):
+    """A link to a directory was called "a file, not a directory": untrue, and no hint that its target works."""
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    assert exit_message([str(run_dir), "--out", str(tmp_path / "link"), "--no-hf"]) == (
+        f"lm export: --out {tmp_path / 'link'} is a symbolic link (to {tmp_path / 'target'}); name a real directory: "
+        "the link's target itself, or a new one"
+    )
+    assert list((tmp_path / "target").iterdir()) == []
+
+
 def test_a_previous_export_is_replaced_only_with_force(run_dir, tmp_path, capsys):
     out = tmp_path / "exp"
     main([str(run_dir), "--out", str(out), "--no-hf"])

@@ -106,7 +106,12 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
             f"--out {out} is the current directory (or holds it); it cannot be replaced by "
             f"the export. Name a new directory, e.g. --out ./export"
         )
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.is_symlink():  # the swap would replace the link, not write where it points
+        raise CheckpointError(
+            f"--out {out} is a symbolic link (to {os.readlink(out)}); name a real directory: the link's target "
+            f"itself, or a new one"
+        )
+    if out.exists() and not out.is_dir():
         raise CheckpointError(
             f"--out {out} is a file, not a directory; name a directory (new, empty, or a previous export)"
         )
