@@ -125,3 +125,31 @@ def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
         else:
             ours, theirs = model(**kw).logits, hf(**kw).logits
     assert (ours - theirs).abs().max().item() < 1e-5 * max(1.0, ours.abs().max().item())
+
+
+def test_a_bad_tokenizer_is_refused_before_anything_is_written(tmp_path):
+    """A checkpoint without a recorded tokenizer sha256 (not written by the packed loader) and a --tokenizer that
+    is not a tokenizer: the file was first read inside the export, whose ValueError passed for "no Hugging Face
+    family matches", so the export ended with success and no hf/ at all."""
+    ckpt, _ = _checkpoint(tmp_path, ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=4), train("char", TEXT))
+    bad = tmp_path / "notes.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match=f"{bad}: not a valid tokenizer.json"):
+        export(ckpt, tmp_path / "export", tokenizer=bad)
+    assert not (tmp_path / "export").exists()
+
+
+def test_a_run_whose_tokenizer_is_gone_is_told_where_it_was_and_what_to_pass(tmp_path, caplog):
+    ckpt, _ = _checkpoint(tmp_path, ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=4), train("char", TEXT))
+    (tmp_path / "data" / "tokenizer.json").unlink()
+    with caplog.at_level("WARNING", logger="lm"):
+        out = export(ckpt, tmp_path / "export")
+    assert sorted(p.name for p in (out / "hf").iterdir()) == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    assert (
+        f"hf/ gets no tokenizer: the run's {tmp_path / 'data' / 'tokenizer.json'} is not there (moved or deleted?), "
+        "so AutoTokenizer.from_pretrained cannot load hf/; pass --tokenizer <the run's tokenizer.json>"
+    ) in caplog.text

@@ -183,10 +183,11 @@ def run_tokenizer(cfg, ckpt: Path, given=None) -> Path | None:
     if path is not None and path.is_dir():
         path = path / FILE_NAME
     recorded = recorded_tokenizer_sha256(ckpt)
-    if path is None or not recorded:
-        return path
-    sha256 = Tokenizer.load(path).sha256
-    if sha256 != recorded:
+    if path is None:
+        _warn_no_tokenizer(cfg, recorded)
+        return None
+    sha256 = Tokenizer.load(path).sha256  # read here, before any output: a bad file is refused, not a lost hf/
+    if recorded and sha256 != recorded:
         where = "--tokenizer" if given else "the run's data directory"
         raise CheckpointError(
             f"{path} ({where}, sha256 {sha256[:12]}) is not the tokenizer {ckpt} was pretrained with (sha256 "
@@ -199,8 +200,25 @@ def run_tokenizer(cfg, ckpt: Path, given=None) -> Path | None:
     return path
 
 
+def _warn_no_tokenizer(cfg, recorded: str | None) -> None:
+    """hf/ without a tokenizer: say where the run's was looked for and how to give it."""
+    where = _data_tokenizer_path(cfg)
+    log.warning(
+        "hf/ gets no tokenizer: %s, so AutoTokenizer.from_pretrained cannot load hf/; pass --tokenizer <the run's "
+        "tokenizer.json>%s",
+        f"the run's {where} is not there (moved or deleted?)" if where else "the run's config names no data.dir",
+        f" (sha256 {recorded})" if recorded else "",
+    )
+
+
 def run_tokenizer_file(run_cfg) -> Path | None:
     """<data.dir>/tokenizer.json of a run's config (as lm prepare writes it), or None when not there."""
+    path = _data_tokenizer_path(run_cfg)
+    return path if path is not None and path.is_file() else None
+
+
+def _data_tokenizer_path(run_cfg) -> Path | None:
+    """Where <data.dir>/tokenizer.json of a run's config is, there or not; None when data.dir does not resolve."""
     from omegaconf import OmegaConf
 
     from lm.config import register_train_configs
@@ -210,10 +228,9 @@ def run_tokenizer_file(run_cfg) -> Path | None:
         return None
     register_train_configs()  # the ${oc.env:...} resolvers of lm train's config
     try:
-        path = Path(os.path.expanduser(str(OmegaConf.create({"data": data}).data.dir))) / "tokenizer.json"
+        return Path(os.path.expanduser(str(OmegaConf.create({"data": data}).data.dir))) / "tokenizer.json"
     except Exception:  # noqa: BLE001 - an unresolvable interpolation: no tokenizer to write
         return None
-    return path if path.is_file() else None
 
 
 def _export_hf(model, out: Path, tokenizer_file: Path | None) -> None:
