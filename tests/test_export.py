@@ -106,6 +106,21 @@ def test_a_previous_export_is_replaced_only_with_force(run_dir, tmp_path, capsys
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]  # neither the new temp nor the old one left
 
 
+def test_a_file_a_user_added_to_hf_is_never_replaced_even_with_force(run_dir, tmp_path):
+    """--force replaced a previous export whole, checking only its top level: hf/README.md, a model card written by
+    hand into the export's Hugging Face directory, was deleted."""
+    out = export(run_dir, tmp_path / "exp")
+    written = sorted(p.name for p in (out / "hf").iterdir())
+    assert {"config.json", "model.safetensors"} <= set(written)
+    (out / "hf" / "README.md").write_text("my model card")
+    message = exit_message([str(run_dir), "--out", str(out), "--force"])
+    assert "non-empty directory that is not an lm export output (it holds hf/README.md)" in message
+    assert (out / "hf" / "README.md").read_text() == "my model card"
+    (out / "hf" / "README.md").unlink()
+    main([str(run_dir), "--out", str(out), "--force"])  # what export wrote alone is a previous export
+    assert sorted(p.name for p in (out / "hf").iterdir()) == written
+
+
 def test_an_empty_directory_is_used(run_dir, tmp_path):
     (tmp_path / "empty").mkdir()
     assert export(run_dir, tmp_path / "empty", hf=False) == tmp_path / "empty"

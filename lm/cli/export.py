@@ -19,6 +19,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -30,6 +31,15 @@ from lm.core.saved_model import LM_CLASS  # the key of config.json that marks an
 log = logging.getLogger("lm")
 
 EXPORT_FILES = {"model.safetensors", "config.json", "hf"}  # what export() writes
+HF_FILES = {  # what hf/ may hold besides weight shards: transformers' save_pretrained of the model and tokenizer
+    "config.json",
+    "generation_config.json",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+}
 
 
 def export(path, out: Path | None = None, hf: bool = True, force: bool = False, tokenizer=None) -> Path:
@@ -123,9 +133,10 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
     if not out.exists() or not any(out.iterdir()):
         return
     if not is_export(out):
+        held = _not_written_by_export(out) or sorted(p.name for p in out.iterdir())
         raise CheckpointError(
             f"--out {out} is a non-empty directory that is not an lm export output "
-            f"(it holds {', '.join(sorted(p.name for p in out.iterdir())[:5])}); lm export "
+            f"(it holds {', '.join(held[:5])}); lm export "
             f"replaces its --out, so name a new or empty directory"
         )
     if not force:
@@ -135,14 +146,30 @@ def check_output(out: Path, ckpt: Path, force: bool) -> None:
 
 
 def is_export(path: Path) -> bool:
-    """A directory written by lm export: its files only, and a config.json with lm's class marker."""
-    names = {p.name for p in path.iterdir()}
-    if not names <= EXPORT_FILES or "config.json" not in names:
+    """A directory written by lm export: its files only (hf/'s too), and a config.json with lm's class marker."""
+    if _not_written_by_export(path) or not (path / "config.json").is_file():
         return False
     try:
         return LM_CLASS in json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         return False
+
+
+def _not_written_by_export(path: Path) -> list[str]:
+    """What in `path` lm export does not write: a replacement with --force would delete it (hf/README.md, a model
+    card added by hand, as much as a file beside config.json)."""
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in EXPORT_FILES)
+    hf = path / "hf"
+    if hf.is_dir() and not hf.is_symlink():
+        foreign += sorted(f"hf/{p.name}" for p in hf.iterdir() if not (p.is_file() and _hf_file(p.name)))
+    elif hf.exists() or hf.is_symlink():
+        foreign.append("hf")
+    return foreign
+
+
+def _hf_file(name: str) -> bool:
+    """A file that save_pretrained writes for a model or a tokenizer (weights sharded or not)."""
+    return name in HF_FILES or re.fullmatch(r"model(-\d{5}-of-\d{5})?\.safetensors", name) is not None
 
 
 def _swap_in(tmp: Path, out: Path) -> None:
