@@ -113,6 +113,9 @@ def test_export_writes_tokenizer_and_special_ids(tmp_path, family):
         tok.pad_id,
     )
     assert (hf_tok.bos_token_id, hf_tok.eos_token_id, hf_tok.pad_token_id) == (tok.bos_id, tok.eos_id, tok.pad_id)
+    # truncation=True cuts at the trained length (transformers' default model_max_length, 1e30, never cut)
+    assert hf_tok.model_max_length == cfg.max_seq_len
+    assert len(hf_tok(TEXT[1] * 50, truncation=True)["input_ids"]) == cfg.max_seq_len
 
     hf = auto.from_pretrained(hf_dir).eval()
     x = torch.tensor([tok.encode(TEXT[1])[:12]])

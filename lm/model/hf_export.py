@@ -43,6 +43,8 @@ def write_hf_dir(model, out: Path, tokenizer=None) -> Path:
             for config in (hf_model.config, generation):
                 if config is not None:
                     setattr(config, f"{role}_token_id", token_id)
+        # the trained length: transformers' default (1e30) let truncation=True pass inputs past the position table
+        tokenizer.model_max_length = model.cfg.max_seq_len
         tokenizer.save_pretrained(out)
     else:
         log.warning("no tokenizer for the Hugging Face export: config.json has no bos/eos/pad ids")
