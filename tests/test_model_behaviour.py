@@ -140,6 +140,17 @@ def test_generate_refuses_what_it_would_get_wrong(kw, match):
         generate(model, ids(2, 4), 3, **kw)
 
 
+def test_generate_gives_the_model_back_in_the_mode_it_was_in():
+    """generate left a training model in eval mode: a probe's sample mid-training turned dropout off for good."""
+    model = _model(tiny())
+    model.train()
+    generate(model, ids(1, 4), 3)
+    assert model.training
+    model.eval()
+    generate(model, ids(1, 4), 3)
+    assert not model.training
+
+
 def test_generate_names_an_encoder_as_unable():
     model = _model(tiny("encoder"))  # was AttributeError: 'EncoderLM' object has no attribute 'new_cache'
     with pytest.raises(ValueError, match="generate needs a decoder or an encoder-decoder; EncoderLM"):

@@ -55,7 +55,17 @@ def generate(
     if attention_mask is not None and model.cfg.arch != "encoder_decoder" and not bool(attention_mask.all()):
         # a decoder reads every prompt token: padding would be attended to and shift the positions
         raise ValueError("a decoder's prompts in one batch must have the same length: no padding in attention_mask")
-    model.eval()
+    was_training = model.training
+    model.eval()  # no dropout while sampling; the caller's mode comes back after (a probe mid-training)
+    try:
+        return _decode(
+            model, input_ids, max_new_tokens, (temperature, top_k, top_p, generator), stop_token, attention_mask
+        )
+    finally:
+        model.train(was_training)
+
+
+def _decode(model, input_ids, max_new_tokens: int, sampling: tuple, stop_token, attention_mask) -> torch.Tensor:
     cache = model.new_cache()
     if model.cfg.arch == "encoder_decoder":
         state = (model.encode(input_ids, attention_mask), attention_mask)
@@ -64,7 +74,7 @@ def generate(
         state, tokens = None, input_ids
     out, done = [], torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     for _ in range(max_new_tokens):
-        nxt = sample_next(model.next_logits(tokens, cache, state), temperature, top_k, top_p, generator)
+        nxt = sample_next(model.next_logits(tokens, cache, state), *sampling)
         if stop_token is not None:
             nxt = nxt.masked_fill(done[:, None], stop_token)
             done |= nxt[:, 0] == stop_token
