@@ -111,6 +111,7 @@ def test_decoder_run_writes_grid_single_and_page(decoder_run, tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md, html = (out / "attention.md").read_text(), (out / "attention.html").read_text()
     assert "| token | `t` | `h` | `e` | `·` | `c` |" in md  # the run's char tokenizer; spaces shown as '·'
+    assert "model/attn=scaled_dot, 4 heads" in md  # the option's name as `lm train model/attn=` takes it
     assert html.count("data:image/png;base64,") == 2  # self-contained: both figures embedded
     # --layer alone: every head of that layer; the default out is <run_dir>/attention/<step_N>, outside
     # checkpoints/, whose rotation would delete it with the checkpoint (issue 48 item 5)
@@ -244,6 +245,7 @@ def test_an_export_directory_is_read_and_left_replaceable(decoder_run, tmp_path,
 def test_synthesizer_and_convolution_maps(option, tmp_path, tokenizer_file):
     run = synthetic_run(tmp_path, option, [f"model/attn={option}"], "clm")
     assert main([str(run), "--text", TEXT, "--tokenizer", str(tokenizer_file), "--out", str(tmp_path / "maps")]) == 0
+    assert f"model/attn={option}," in (tmp_path / "maps" / "attention.md").read_text()  # not synthesizerrandom
     loaded = load_model(run, str(tokenizer_file))
     (layer_maps,) = groups(attention_maps(loaded, encode_text(loaded, TEXT))).values()
     for panel in (p for row in grid_panels(layer_maps) for p in row):

@@ -82,6 +82,7 @@ def default_out(source: Path) -> Path:
 def draw(
     path, text: str, layer=None, head=None, out: Path | None = None, tokenizer=None, decoder_text: str | None = None
 ) -> Path:
+    from lm.model.options import option_name
     from lm.report.attention_maps import (
         attention_maps,
         check_request,
@@ -119,7 +120,7 @@ def draw(
     inputs = [("Input tokens" if dec_ids is None else "Encoder input tokens", token_labels(loaded.tokenizer, ids), ids)]
     lines = [
         f"Model: `{loaded.source}` (model.arch={cfg.arch.value}, model/attn="
-        f"{type(cfg.attn).__name__.removesuffix('Config').lower()}, {cfg.n_heads} heads). "
+        f"{option_name(cfg.attn)}, {cfg.n_heads} heads). "  # the option as a user picks it: scaled_dot
         f"Text: {text!r}. Rows of every map are queries, columns keys; each row sums to 1 (convolutions: "
         f"except where the kernel's window hangs over an end of the text)."
     ]
