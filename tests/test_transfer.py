@@ -686,6 +686,17 @@ def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, ea
     with pytest.raises(TransferError, match=r"\(--pretrain \(none\) -> model.dim=48; see "):
         run_transfer(other)
     assert not (tmp_path / "s2").exists()  # no scratch arm finetuned for nothing
+    # lm train would resume at another optim.lr or warmup (its NaN recovery): read back (or continued) under a table
+    # naming the new rate, the point's model was pretrained at the recipe's 2e-3 after 1 warmup step
+    for extra, change in (
+        (["optim.lr=1e-2"], r"--pretrain \(none\) -> optim.lr=1e-2"),
+        (["sched.warmup_steps=3"], r"--pretrain \(none\) -> sched.warmup_steps=3"),
+    ):
+        faster = recipe(out, corpus, easy_glue, seeds=[0])
+        faster.pretrain = [*faster.pretrain, *extra]
+        with pytest.raises(TransferError, match=rf"t holds the point of another recipe \({change}; see "):
+            run_transfer(faster)
+    assert "lr: 0.002" in (out / "pretrain" / "config.yaml").read_text()
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000004"]
     assert (out / "transfer.json").read_text() == table
     (out / "transfer_point.json").unlink()  # a directory from before the record: its table says which point
@@ -694,7 +705,11 @@ def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, ea
     same = recipe(out, corpus, easy_glue, seeds=[0])
     same.pretrain = [*same.pretrain, "train.threads=1"]  # changes nothing computed: the same point, read back
     assert run_transfer(same)["comparison"] == json.loads(table)["comparison"]
-    assert json.loads((out / "transfer_point.json").read_text())["steps"] == 4
+    point = json.loads((out / "transfer_point.json").read_text())
+    assert point["steps"] == 4 and point["pretrain_schedule"] == ["sched.warmup_steps=1"]
+    del point["pretrain_schedule"]  # a record from before the schedule was the point's: not compared on it
+    (out / "transfer_point.json").write_text(json.dumps(point))
+    assert run_transfer(same)["comparison"] == json.loads(table)["comparison"]
     notes = tmp_path / "notes"  # a directory of the user's as --out: its transfer.md would be replaced at the end
     notes.mkdir()
     (notes / "transfer.md").write_text("# my notes on transfer\n")

@@ -23,15 +23,28 @@ def arm_record_name(arm: str) -> str:
 POINT = "transfer_point.json"
 
 
+# lm train lets these change on resume, but only to recover from a NaN/inf loss (lm/core/resume.py): they change the
+# weights a point's pretraining ends with, so they are the point's (a second call with another optim.lr read the
+# first one's checkpoint back, or went on at the new rate, under a table naming the new rate alone). Their own key:
+# a record written before it was one says nothing of them and is not compared on it (check_point).
+SCHEDULE = ("optim.lr", "sched.warmup_steps")
+LATER_KEYS = ("pretrain_schedule",)
+
+
 def point_of(recipe: dict) -> dict:
     """What a point's pretraining and table are of, from its recipe record (recipe_record): the preset, the steps
-    and their size, and the --pretrain overrides lm train would refuse to change on resume (train.threads,
-    logger=... may change between calls: they change nothing computed)."""
+    and their size, the --pretrain overrides lm train would refuse to change on resume, and those of its learning
+    rate schedule (train.threads, logger=... may change between calls: they change nothing computed)."""
     from lm.core.resume import resumable
 
     given = recipe.get("pretrain_overrides") or []
-    overrides = [o for o in given if not resumable(o.lstrip("+~").split("=", 1)[0])]
-    return {k: recipe[k] for k in ("preset", "steps", "tokens_per_step")} | {"pretrain_overrides": overrides}
+    keys = {o: o.lstrip("+~").split("=", 1)[0] for o in given}
+    overrides = [o for o in given if not resumable(keys[o])]
+    schedule = [o for o in given if resumable(keys[o], SCHEDULE)]
+    return {k: recipe[k] for k in ("preset", "steps", "tokens_per_step")} | {
+        "pretrain_overrides": overrides,
+        "pretrain_schedule": schedule,
+    }
 
 
 def held_point(out: Path) -> tuple[dict, Path] | None:
@@ -70,7 +83,7 @@ def check_point(out: Path, point: dict) -> None:
     if held is None:
         return
     old, path = held
-    diff = [k for k in point if old.get(k) != point[k]]
+    diff = [k for k in point if old.get(k) != point[k] and (k in old or k not in LATER_KEYS)]
     if diff:
         changes = "; ".join(_change(k, old.get(k), point[k]) for k in diff)
         raise TransferError(
@@ -117,7 +130,7 @@ def _own_file(path: Path, mark) -> bool:
 
 def _change(key: str, old, new) -> str:
     """One difference in words; of the override lists, only the overrides one side has."""
-    if key == "pretrain_overrides" and isinstance(old, list) and set(old) != set(new):
+    if key.startswith("pretrain_") and isinstance(old, list) and set(old) != set(new):
         return f"--pretrain {' '.join(o for o in old if o not in new) or '(none)'} -> " + (
             " ".join(o for o in new if o not in old) or "(none)"
         )
