@@ -28,6 +28,7 @@ def test_the_preset_sets_the_defaults_and_a_given_flag_wins():
     a = parse_args(["--recipe", "quickstart", "--arm", "all", "--seeds", "0,1,2", "--tokens", "1e6"])
     assert (a.arm, a.seeds, a.tokens, a.tasks) == ("all", [0, 1, 2], 1_000_000, ["sst2", "cola", "stsb"])
     assert parse_args(["--tasks", "SST-2, cola,sst2"]).tasks == ["sst2", "cola"]  # GLUE's spelling too, each once
+    assert parse_args(["--seeds", "1,0,1,00"]).seeds == [1, 0]  # each once: the records name the seeds run
     a = parse_args([])  # lm transfer's own
     assert (a.recipe, a.tokens, a.tasks, a.seeds, a.out, a.arm) == (
         "transfer",
