@@ -231,8 +231,9 @@ def check_scratch_arm(r: Recipe, record: dict) -> None:
             )
         diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
         if diff:
+            detail = "".join(f"; {k}: {old.get(k)!r} -> {record.get(k)!r}" for k in diff if k != "model")
             raise TransferError(
-                f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}, see {path}); "
+                f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}{detail}; see {path}); "
                 f"pass another --scratch, or remove it"
             )
     else:
@@ -243,12 +244,24 @@ def check_scratch_arm(r: Recipe, record: dict) -> None:
 
 def same_value(key: str, old, new) -> bool:
     """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
-    ModelConfig field existed (say model.family) equals one that holds that field's default."""
+    ModelConfig field existed (say model.family) equals one that holds that field's default; --finetune lists
+    by the overrides that change what is computed (_computed)."""
+    if key == "finetune" and isinstance(old, list) and isinstance(new, list):
+        return _computed(old) == _computed(new)
     if key != "model" or old is None or new is None:
         return old == new
     from lm.model.config import model_from_saved
 
     return model_from_saved(old) == model_from_saved(new)
+
+
+def _computed(overrides: list[str]) -> list[str]:
+    """The --finetune overrides that change what a task/seed pair computes: lm finetune resumes a pair across the
+    others (FINETUNE_RESUMABLE: train.threads, train.progress, logger, ...), so a rerun that adds one is the same
+    arm (it was refused as another recipe's, whose advice was to remove the finished arm)."""
+    from lm.core.resume import FINETUNE_RESUMABLE, resumable
+
+    return [o for o in overrides if not resumable(o.lstrip("+~").split("=", 1)[0], FINETUNE_RESUMABLE)]
 
 
 def finetune_arm(
