@@ -734,6 +734,18 @@ def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, ea
     assert sorted(p.name for p in notes.iterdir()) == ["transfer.md"]  # refused before anything is written there
 
 
+def test_a_users_seconds_file_at_out_is_refused_not_counted(tmp_path):
+    """A user's transfer_seconds.json in --out was read as the point's running total (its 5 s added to the run
+    record's seconds) and replaced; lm transfer's own is accepted."""
+    from lm.cli.transfer_point import check_own_files
+
+    (tmp_path / "transfer_seconds.json").write_text('{"elapsed": 5}\n')
+    with pytest.raises(TransferError, match=r"transfer_seconds.json exists and is not a file lm transfer wrote"):
+        check_own_files(tmp_path)
+    (tmp_path / "transfer_seconds.json").write_text('{"seconds": 5.0}\n')
+    check_own_files(tmp_path)
+
+
 def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):
     """A hand-edited or damaged record (no dir, no run seconds, results that are no results.json) is a TransferError
     naming the file and the call that writes it again, not a KeyError/TypeError traceback; nothing is written."""

@@ -99,7 +99,9 @@ OWN_FILES = {
     "transfer.json": ("recipe", "comparison"),
     "transfer.md": "# GLUE transfer: ",
     **{arm_record_name(a): ("arm", "recipe") for a in ARMS[1:]},
-}  # (transfer_point.json: check_point; transfer_seconds.json is written only where the point is recorded)
+    # the point's running total of seconds: a user's file of that name was added into the run record, then replaced
+    "transfer_seconds.json": ("seconds",),
+}  # (transfer_point.json: check_point)
 
 
 def check_own_files(out: Path) -> None:
