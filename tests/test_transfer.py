@@ -538,22 +538,6 @@ def test_a_damaged_scratch_arm_record_is_one_line_and_kept(tmp_path):
         assert path.read_text() == text
 
 
-def test_a_rerun_adding_a_finetune_override_that_changes_nothing_computed_keeps_the_scratch_arm(tmp_path):
-    """A stopped call run again with --finetune train.threads=1 (or train.progress=true) was refused as another
-    recipe's scratch arm (differs in ['finetune'], no more said), advising to remove the finished arm; lm finetune
-    itself resumes a pair across those. An override that changes what is computed is still refused, naming it."""
-    from lm.cli.transfer_recipe import check_scratch_arm
-
-    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
-    r.scratch.mkdir()
-    (r.scratch / "transfer_arm.json").write_text(json.dumps({"seeds": [0], "finetune": ["optim.lr=3e-3"]}))
-    check_scratch_arm(r, {"seeds": [0], "finetune": ["optim.lr=3e-3", "train.threads=1", "train.progress=true"]})
-    with pytest.raises(
-        TransferError, match=r"differs in \['finetune'\]; finetune: \['optim.lr=3e-3'\] -> \['optim.lr=1e-3'\]; see "
-    ):
-        check_scratch_arm(r, {"seeds": [0], "finetune": ["optim.lr=1e-3"]})
-
-
 def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_path):
     """Both arms read MRPC's and STS-B's pairs as siamese pairs and RTE's as one text (the budget); a --finetune
     override of pair_input wins; a scratch arm recorded under another budget (or before the budget was recorded)
@@ -732,18 +716,6 @@ def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, ea
     with pytest.raises(TransferError, match=r"notes/transfer.md exists and is not a file lm transfer wrote"):
         run_transfer(recipe(notes, corpus, easy_glue, seeds=[0]))
     assert sorted(p.name for p in notes.iterdir()) == ["transfer.md"]  # refused before anything is written there
-
-
-def test_a_users_seconds_file_at_out_is_refused_not_counted(tmp_path):
-    """A user's transfer_seconds.json in --out was read as the point's running total (its 5 s added to the run
-    record's seconds) and replaced; lm transfer's own is accepted."""
-    from lm.cli.transfer_point import check_own_files
-
-    (tmp_path / "transfer_seconds.json").write_text('{"elapsed": 5}\n')
-    with pytest.raises(TransferError, match=r"transfer_seconds.json exists and is not a file lm transfer wrote"):
-        check_own_files(tmp_path)
-    (tmp_path / "transfer_seconds.json").write_text('{"seconds": 5.0}\n')
-    check_own_files(tmp_path)
 
 
 def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):
