@@ -406,3 +406,20 @@ def test_keep_last_keeps_a_checkpoint_holding_an_export_and_prunes_it_once_moved
     out.rename(tmp_path / "export")
     run(tmp_path, steps=16, ckpt_interval=4, keep_last=1)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000016"]
+
+
+def test_under_a_progress_bar_train_log_still_gets_each_logged_steps_line(tmp_path, monkeypatch, caplog):
+    """On a terminal the bar shows the loss and the per-step line was logged nowhere: train.log held no training
+    loss. It now gets the line; the terminal does not (the bar is there)."""
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    cfg = compose(tiny_overrides(tmp_path, 3, progress=True))
+    with caplog.at_level("INFO", logger="lm"):
+        train(cfg, loaders=loaders(cfg))
+    text = (tmp_path / "train.log").read_text()
+    losses = train_losses(tmp_path)
+    for step in (1, 2, 3):
+        assert f"step {step}: loss {losses[step]:.4f}, lr " in text
+    # not on the "lm" logger, whose lines reach the terminal, beside the bar
+    assert [r.getMessage() for r in caplog.records if r.name == "lm" and ": loss " in r.getMessage()] == []

@@ -57,6 +57,7 @@ from lm.core import objectives
 from lm.core.config import TrainConfig
 from lm.core.hooks import Hooks
 from lm.core.prefetch import Prefetcher
+from lm.core.setup import FILE_ONLY
 from lm.core.task import EvalFailed
 from lm.core.tracking import ModelMetrics, memory_gib, mfu
 from lm.engine import dist as dist_utils
@@ -465,20 +466,16 @@ def _progress_bar(cfg: TrainConfig, engine, start: int):
 def _show(bar, record: dict, engine) -> None:
     if not engine.is_main:
         return
-    if bar:
+    mfu_text = f", mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
+    line = (
+        f"step {record['step']}: loss {record['loss']:.4f}, lr {record['lr']:.3g}, "
+        f"grad_norm {record['grad_norm']:.3f}, {record['tokens_per_s']:.0f} tok/s{mfu_text}, {record['memory']:.2f} GiB"
+    )
+    if bar:  # the bar shows the loss; train.log still gets the whole line
         bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        FILE_ONLY.info("%s", line)
     else:  # no terminal: a log line instead of a bar
-        mfu_text = f", mfu {record['mfu']:.1%}" if record["mfu"] is not None else ""
-        log.info(
-            "step %d: loss %.4f, lr %.3g, grad_norm %.3f, %.0f tok/s%s, %.2f GiB",
-            record["step"],
-            record["loss"],
-            record["lr"],
-            record["grad_norm"],
-            record["tokens_per_s"],
-            mfu_text,
-            record["memory"],
-        )
+        log.info("%s", line)
 
 
 class _StopSignals:

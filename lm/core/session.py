@@ -25,7 +25,7 @@ from lm.core.checkpoint import Checkpointer
 from lm.core.config import LoggerConfig, OptimConfig, TrainConfig
 from lm.core.hooks import Hooks, from_env
 from lm.core.resume import RESUMABLE, check_resume
-from lm.core.setup import log_to_file, seed_everything
+from lm.core.setup import log_to_file, seed_everything, stop_logging_to_file
 from lm.core.tracking import NullTracker, Tracker
 from lm.engine import dist as dist_utils
 
@@ -163,6 +163,5 @@ class Session:
         self.tracker.close(failed)
         self.engine.close()
         if self._file_log:
-            log.removeHandler(self._file_log)
-            self._file_log.close()
+            stop_logging_to_file(self._file_log)
             self._file_log = None

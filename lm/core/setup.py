@@ -86,8 +86,20 @@ def quiet_other_ranks(dist) -> None:
         log.setLevel(logging.WARNING)
 
 
+# Lines for <run_dir>/train.log alone: the step lines a terminal's progress bar shows instead of printing them.
+FILE_ONLY = logging.getLogger("lm.file_only")
+FILE_ONLY.propagate = False
+
+
 def log_to_file(path: Path) -> logging.Handler:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
     log.addHandler(handler)
+    FILE_ONLY.addHandler(handler)
     return handler
+
+
+def stop_logging_to_file(handler: logging.Handler) -> None:
+    log.removeHandler(handler)
+    FILE_ONLY.removeHandler(handler)
+    handler.close()
