@@ -34,3 +34,16 @@ def test_a_users_seconds_file_at_out_is_refused_not_counted(tmp_path):
         check_own_files(tmp_path)
     (tmp_path / "transfer_seconds.json").write_text('{"seconds": 5.0}\n')
     check_own_files(tmp_path)
+
+
+def test_a_point_is_the_same_whatever_order_its_overrides_were_typed_in(tmp_path):
+    """--pretrain model.dim=48 train.seq_len=64 then --pretrain train.seq_len=64 model.dim=48 in the same --out was
+    refused as another recipe's point; a key given twice in another order is another point (the last one wins)."""
+    from lm.cli.transfer_point import POINT, check_point
+
+    point = {"preset": "p", "steps": 4, "tokens_per_step": 128, "pretrain_schedule": []}
+    (tmp_path / POINT).write_text(json.dumps(point | {"pretrain_overrides": ["model.dim=48", "train.seq_len=64"]}))
+    check_point(tmp_path, point | {"pretrain_overrides": ["train.seq_len=64", "model.dim=48"]})
+    (tmp_path / POINT).write_text(json.dumps(point | {"pretrain_overrides": ["model.dim=48", "model.dim=64"]}))
+    with pytest.raises(TransferError, match="holds the point of another recipe"):
+        check_point(tmp_path, point | {"pretrain_overrides": ["model.dim=64", "model.dim=48"]})

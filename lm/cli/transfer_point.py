@@ -83,7 +83,7 @@ def check_point(out: Path, point: dict) -> None:
     if held is None:
         return
     old, path = held
-    diff = [k for k in point if old.get(k) != point[k] and (k in old or k not in LATER_KEYS)]
+    diff = [k for k in point if not _same(old.get(k), point[k]) and (k in old or k not in LATER_KEYS)]
     if diff:
         changes = "; ".join(_change(k, old.get(k), point[k]) for k in diff)
         raise TransferError(
@@ -91,6 +91,18 @@ def check_point(out: Path, point: dict) -> None:
             f"that point's. Each point needs its own directory: pass another --out (copy {out / 'pretrain'} into it "
             f"to continue that pretraining there), or remove {out}"
         )
+
+
+def _same(old, new) -> bool:
+    """Two values of a point agree; override lists whatever order their keys were typed in (a key given twice keeps
+    its order: the last one wins)."""
+    if isinstance(old, list) and isinstance(new, list):
+        return _by_key(old) == _by_key(new)
+    return old == new
+
+
+def _by_key(overrides: list) -> list:
+    return sorted(overrides, key=lambda o: str(o).lstrip("+~").split("=", 1)[0])  # stable: a key's order kept
 
 
 # The files a call writes at the top of <out>, each with the keys (JSON) or the first words (Markdown) that show it
