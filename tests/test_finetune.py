@@ -199,10 +199,17 @@ def test_init_from_an_lm_export_directory(tmp_path, pretrained):
     from lm.cli.export import export
 
     out = export(pretrained / "run", tmp_path / "export", hf=False)
-    with pytest.raises(InitError, match="needs tokenizer="):  # an export alone carries no tokenizer
+    with pytest.raises(InitError, match="without hf/tokenizer.json .*needs tokenizer="):  # --no-hf: no tokenizer
         load_backbone(str(out))
     backbone = load_backbone(str(out), tokenizer=str(pretrained / "data"))
     assert backbone.state_dict is not None and backbone.model_cfg.vocab_size == 320
+    # with its hf/ (lm export's default), the export carries the pretraining tokenizer: no tokenizer= needed
+    from lm.data.tokenizer import Tokenizer
+
+    shared = load_backbone(str(export(pretrained / "run", tmp_path / "shared")))
+    text = "The cat sat on the mat. <eos> and more"
+    assert shared.tokenizer.encode(text) == Tokenizer.load(pretrained / "data").encode(text)
+    assert shared.tokenizer.vocab_size == backbone.tokenizer.vocab_size
 
 
 def test_a_foreign_tokenizer_is_refused(tmp_path, pretrained):

@@ -276,7 +276,7 @@ EPILOG = """examples:
   lm export runs/my_run/checkpoints/step_00001000 --out exports/step1000 --no-hf
 
 then: transformers' AutoModelForCausalLM (a decoder; AutoModelForMaskedLM for an encoder) and AutoTokenizer
-load <out>/hf with from_pretrained (docs/convert.md); lm finetune task=glue/rte init=<out> tokenizer=<tokenizer.json>
+load <out>/hf with from_pretrained (docs/convert.md); lm finetune task=glue/rte init=<out>
 finetunes the export on GLUE (docs/finetuning.md)."""
 
 

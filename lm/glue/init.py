@@ -101,8 +101,12 @@ def _from_export(saved: SavedModel, tokenizer: str | None) -> Backbone:
     path, cfg, pretrain = saved.path, model_from_saved(saved.model_node()), saved.run_config()
     if pretrain is not None:  # lm export's default output is <checkpoint>/export
         tok = _pretraining_tokenizer(pretrain, tokenizer, path, _recorded_tokenizer_sha256(path.parent))
-    else:
-        tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without its checkpoint's config.yaml)")
+    else:  # an export moved or shared: its hf/ holds the pretraining tokenizer (lm export checked it), read the same
+        hf_tok = path / "hf" / "tokenizer.json"
+        if tokenizer is None and hf_tok.is_file():
+            log.info("init=%s: the tokenizer of its hf/ (%s)", path, hf_tok)
+        tokenizer = tokenizer or (str(hf_tok) if hf_tok.is_file() else None)
+        tok = _load_tokenizer(tokenizer, what=f"init={path} (an export without hf/tokenizer.json or a config.yaml)")
         _check_vocab(
             tok,
             cfg.vocab_size,
