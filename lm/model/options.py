@@ -200,6 +200,16 @@ class RoPEConfig(PosConfig):
         """rope, or rope_<scaling> (conf/model/pos/rope_linear.yaml, ...)."""
         return "rope" if self.scaling is None else f"rope_{RopeScaling(self.scaling).value}"
 
+    def check(self, model: ModelConfig) -> None:
+        # RoPE rotates channel pairs: an odd head_dim failed in the first forward with a shape error, and dynamic
+        # scaling's theta exponent head_dim / (head_dim - 2) divides by zero at head_dim 2
+        d, dynamic = model.d_head, self.scaling == RopeScaling.dynamic
+        if d % 2 or (dynamic and d <= 2):
+            raise ConfigError(
+                f"model/pos={self.option_file} needs an even head dimension{' above 2' if dynamic else ''}, not "
+                f"{d} (model.head_dim, else model.dim / model.n_heads)"
+            )
+
 
 ALiBiConfig = target_option("pos", "ALiBiConfig", "lm.model.position.ALiBi")
 
@@ -211,6 +221,21 @@ class T5BiasConfig(PosConfig):
     option_file: ClassVar[str] = "t5_bias"
     num_buckets: int = 32
     max_distance: int = 128
+
+    def check(self, model: ModelConfig) -> None:
+        # A direction's first e buckets are exact distances 0..e-1, the rest log-spaced from e to max_distance
+        # (log(max_distance / e) divides): e <= 0 or max_distance <= e gave negative or non-monotonic buckets.
+        # e = num_buckets // 2 in a causal stack, num_buckets // 4 in a bidirectional one (split by direction first).
+        causal, bidirectional = model.arch != "encoder", model.arch != "decoder"
+        for split in [2] * causal + [4] * bidirectional:
+            exact = self.num_buckets // split
+            if exact < 1 or self.max_distance <= exact:
+                raise ConfigError(
+                    f"model.pos.num_buckets={self.num_buckets} with model.pos.max_distance={self.max_distance}: "
+                    f"a {'causal' if split == 2 else 'bidirectional'} stack's exact buckets are the distances "
+                    f"below num_buckets // {split} = {exact}; num_buckets must be at least {split} and max_distance "
+                    f"above {exact}"
+                )
 
 
 # -- model/attn: lm/model/scores.py ----------------------------------------------------------------
