@@ -102,6 +102,19 @@ def test_kv_cache_generation_equals_full_recompute(arch, pos):
     assert torch.equal(cached, greedy_by_recompute(model, prompt, arch, 8))
 
 
+@pytest.mark.parametrize("pos", list(POSITIONS))
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+def test_cached_chunks_give_the_full_forwards_logits_at_every_position(pos, n_kv_heads):
+    """Several tokens per cached call after the first (a chunked prefill): their queries sit past the cached keys,
+    so the causal mask is offset (build_mask), not SDPA's is_causal; every position's logits equal one forward's."""
+    model = _model(tiny(pos=pos, n_kv_heads=n_kv_heads, qk_norm=n_kv_heads == 1))
+    x = ids(2, 14)
+    cache = model.new_cache()
+    with torch.no_grad():
+        chunks = [model.head(model.features(x[:, a:b], cache=cache)) for a, b in [(0, 5), (5, 8), (8, 9), (9, 14)]]
+        torch.testing.assert_close(torch.cat(chunks, dim=1), model(x).logits, rtol=0, atol=1e-5)
+
+
 def test_sampling_controls():
     model = _model(tiny())
     prompt = ids(3, 4)
