@@ -233,6 +233,20 @@ def test_span_corruption_hides_spans_behind_sentinels_and_targets_restore_them(d
         assert used == tok.sentinel_ids[: len(used)] and 0.1 < sum(map(len, spans.values())) / raw < 0.2
 
 
+def test_span_corruption_input_never_exceeds_seq_len():
+    # a window of seq_len tokens hid 1 token behind 1 sentinel and added EOS: 8 -> 9 encoder tokens
+    assert t5_lengths(8, 0.15, 3.0) == (7, 8, 3) and t5_lengths(9, 0.15, 3.0) == (8, 9, 3)
+    assert t5_lengths(10, 0.15, 3.0) == (10, 10, 4) and t5_lengths(128, 0.15, 3.0) == (141, 128, 29)
+    for seq_len in range(3, 600):
+        for density, mean in [(0.15, 3.0), (0.5, 3.0), (0.3, 1.0), (0.9, 8.0)]:
+            assert t5_lengths(seq_len, density, mean)[1] <= seq_len, (seq_len, density, mean)
+    collate = SpanCorruption(8, list(range(7, 27)), 2, 0)
+    windows = np.arange(100, 100 + 2 * collate.window).reshape(2, -1)
+    assert collate(windows, np.arange(2))["input_ids"].shape == (2, 8)
+    with pytest.raises(Exception, match="seq_len >= 3"):
+        t5_lengths(2, 0.15, 3.0)
+
+
 def test_span_corruption_needs_enough_sentinels():
     with pytest.raises(Exception, match=r"needs \d+ sentinel tokens, the tokenizer has 2"):
         SpanCorruption(512, [7, 8], 2, 0)

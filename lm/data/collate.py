@@ -5,8 +5,9 @@
         <mask>, 10% a random token, 10% stay; special tokens are never chosen.
 - span: T5's span corruption (Raffel et al. 2020, 3.1.4): 15% of the tokens, in spans of mean
         length 3, are replaced by sentinels in the input; the target lists each sentinel followed
-        by the tokens it hides. Window lengths are chosen so that the corrupted input is exactly
-        seq_len tokens, as in T5's `random_spans_helper`, so nothing is ever padded.
+        by the tokens it hides. Window lengths are chosen so that the corrupted input is at most
+        seq_len tokens, as in T5's `random_spans_helper` (exactly seq_len at the defaults from 10 tokens
+        up; a token shorter at some other densities), so nothing is ever padded.
 
 Randomness is per sample, drawn from a generator keyed by (seed, stream, sample position), so
 a sample is masked the same way whatever the micro-batch size, world size or resume point.
@@ -97,7 +98,11 @@ def t5_lengths(seq_len: int, density: float, mean_span: float) -> tuple[int, int
         noise, spans = _span_counts(n, density, mean_span)
         return n - noise + spans + 1, noise + spans + 1
 
-    n = seq_len
+    if seq_len < 3:  # a 1-token window has no noise: input and target would not fit
+        raise ConfigError(f"span corruption needs train.seq_len >= 3 (got {seq_len})")
+    # T5 starts one short: with spans <= noise tokens, n - 1 tokens always fit in n (a window of seq_len
+    # need not: 8 tokens keep 7, add a sentinel and EOS, 9)
+    n = seq_len - 1
     while lengths(n + 1)[0] <= seq_len:
         n += 1
     return (n, *lengths(n))
