@@ -10,9 +10,10 @@ The split's shards form one token stream. Sample i is the window stream[i*stride
 (stride = window - overlap, so the windows tile the stream; train_stride sets another stride for
 the train split, e.g. 1 = every offset a sample, nanoGPT's random offsets drawn without
 replacement): windows cross document boundaries (documents are separated by EOS) and are never
-padded. The train order is a seeded pseudo-random permutation of the samples per
-epoch, evaluated pointwise (a Feistel network with cycle walking, Black & Rogaway 2002), so
-it costs no memory however many samples there are.
+padded; no attention mask is made at the boundaries, so a token attends across them (GPT-2's
+packing). The train order is a seeded pseudo-random permutation of the samples per epoch,
+evaluated pointwise (a Feistel network with cycle walking, Black & Rogaway 2002), so it costs
+no memory however many samples there are.
 
 Sample positions are global: micro-step k of a data-parallel group of W ranks covers positions
 [k*W*B, (k+1)*W*B), rank r taking [k*W*B + r*B, k*W*B + (r+1)*B). The state is the number of
