@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lm.data.collate import SpanCorruption, t5_lengths
-from lm.data.packed import PackedLoader, permute
+from lm.data.packed import VAL_ORDER, PackedLoader, permute
 from lm.data.prepare import prepare
 from lm.data.tokenizer import Tokenizer
 
@@ -161,13 +161,16 @@ def test_resume_refuses_another_data_order(data):
         PackedLoader(data, "train", 2 * T, B, seed=1).load_state_dict(state)
 
 
-def test_validation_is_finite_in_order_and_equal_across_ranks(data):
+def test_validation_is_finite_in_one_fixed_order_and_equal_across_ranks(data):
     tokens = stream(data, "val")
     val = PackedLoader(data, "val", T, 5)
     batches = list(val)
     assert len(batches) == len(val) == -(-val.n_samples // 5)
     got = torch.cat([b["input_ids"] for b in batches]).numpy()
-    want = np.stack([tokens[i * T : i * T + T] for i in range(val.n_samples)])
+    order = permute(np.arange(val.n_samples), val.n_samples, VAL_ORDER)
+    want = np.stack([tokens[i * T : i * T + T] for i in order])
+    assert np.array_equal(np.sort(order), np.arange(val.n_samples))  # every window once
+    assert torch.equal(next(iter(PackedLoader(data, "val", T, 5, seed=7)))["input_ids"], batches[0]["input_ids"])
     assert np.array_equal(got, want)
     assert all(torch.equal(x["input_ids"], y["input_ids"]) for x, y in zip(batches, list(val)))  # same every pass
     ranks = [[b["input_ids"] for b in PackedLoader(data, "val", T, 5, rank=r, world_size=3)] for r in range(3)]
@@ -179,6 +182,17 @@ def test_validation_is_finite_in_order_and_equal_across_ranks(data):
     for k, per_rank in enumerate(zip(*ranks)):
         assert torch.equal(torch.cat(per_rank), single[k]["input_ids"][: sum(len(b) for b in per_rank)])
     assert np.array_equal(torch.cat([torch.cat(k) for k in zip(*ranks)]).numpy(), want[: 3 * (val.n_samples // 3)])
+
+
+def test_a_validation_pass_cut_short_samples_the_whole_split(data):
+    # eval_batches cuts the pass: 4 micro-batches of 5 read 20 of the split's windows, which were its
+    # first 20 (a corpus listed source by source validated on its first sources only)
+    val = PackedLoader(data, "val", T, 5)
+    starts = [int(np.flatnonzero((stream(data, "val")[: val.n_samples * T].reshape(-1, T) == w).all(1))[0]) for
+              b in take(val, 4) for w in b["input_ids"].numpy()]  # fmt: skip
+    assert val.n_samples == 139 and len(set(starts)) == 20
+    assert 0.3 < np.mean(np.array(starts) >= val.n_samples / 2) < 0.7  # 10 of 20 from the second half (first 20: none)
+    assert max(starts) > 0.8 * val.n_samples
 
 
 def test_mlm_masks_15_percent_80_10_10_never_specials(data):

@@ -3,7 +3,8 @@
 Each optimizer step takes grad_accum micro-batches of the train loader (during a batch ramp fewer: growing
 linearly, grad_accum / batch_ramp_steps rounded up and at least 1 at the first step, to grad_accum at step
 batch_ramp_steps); evaluation is the token-mean loss over at most eval_batches micro-batches of the val loader
-(lm.core.loop.evaluate). There is no "best": pretraining keeps its latest checkpoints.
+(lm.core.loop.evaluate), the same windows every time (a fixed sample of the split: lm.data.packed). There is no "best":
+pretraining keeps its latest checkpoints.
 """
 
 from __future__ import annotations

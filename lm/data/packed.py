@@ -4,7 +4,7 @@
                           rank=rank, world_size=world, seed=0)
     for step, batch in zip(range(max_steps), loader): ...    # train: infinite, reshuffled every epoch
     state = loader.state_dict(); ...; loader.load_state_dict(state)      # continue at the next sample
-    for batch in PackedLoader(..., "val", ...): ...          # val: finite, in order, the same every time
+    for batch in PackedLoader(..., "val", ...): ...          # val: finite, one fixed order, the same every time
 
 The split's shards form one token stream. Sample i is the window stream[i*stride : i*stride + window]
 (stride = window - overlap, so the windows tile the stream; train_stride sets another stride for
@@ -39,6 +39,8 @@ from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
 
 OBJECTIVES = ("clm", "mlm", "span")
+# The val windows' order: fixed whatever the run's seed, so every run of a corpus validates on the same windows.
+VAL_ORDER = [0x76616C]
 
 
 class TokenStream:
@@ -246,11 +248,13 @@ class PackedLoader:
     def _eval(self) -> Iterator[dict]:
         # Interleaved like training: micro-batch k of rank r holds windows [k*W*B + r*B, ... + B), so the
         # first k micro-batches of all ranks are the first k*W*B windows whatever W is; a validation pass
-        # cut at eval_batches then measures the same windows on 1 rank as on W (with the same W*B).
+        # cut at eval_batches then measures the same windows on 1 rank as on W (with the same W*B). Positions map
+        # to windows by a fixed permutation: a cut pass is a uniform sample of the split, not its first documents
+        # (a corpus of several sources validated on the first sources only, or on one book).
         B, W, n = self.micro_batch_size, self.world_size, self._eval_per_rank * self.world_size
         for start in range(0, n, B * W):
             per_rank = min(B * W, n - start) // W  # the last chunk is split evenly too
-            ids = start + self.rank * per_rank + np.arange(per_rank)
+            ids = permute(start + self.rank * per_rank + np.arange(per_rank), self.n_samples, VAL_ORDER)
             yield self._batch(ids, ids)
 
     def sample_ids(self, positions: np.ndarray) -> np.ndarray:
