@@ -156,3 +156,17 @@ def test_zero_stage_0_in_bf16_exports_its_fp32_masters(tmp_path):
     assert any(not torch.equal(t, t.bfloat16().float()) for t in state.values())
     assert all(torch.equal(state[k].bfloat16(), v) for k, v in module["module"].items())
     assert torch.equal(state["head.proj.weight"], state["embed.tok.weight"])
+
+
+def test_zero_stage_0_in_bf16_takes_the_same_first_steps_as_zero1(tmp_path):
+    """DeepSpeed's FP16_UnfusedOptimizer (stage 0 in bf16) stepped lm's AdamW once on zero gradients when built: Adam
+    then began at step 1, its first updates ~0.73x ZeRO-1's, and step 3's loss was 5.3667 against 5.3635. Both keep
+    fp32 masters of bf16 weights, so on one rank their losses now agree to float noise."""
+    from tests.engine_support import spawn, train_losses
+
+    runs = {engine: tmp_path / engine for engine in ("deepspeed", "zero1")}
+    for engine, run in runs.items():
+        spawn(1, tiny_overrides(run, 3, precision="bf16") + [f"engine={engine}"])
+    stage0, zero1 = (train_losses(run) for run in runs.values())
+    assert list(stage0) == [1, 2, 3]
+    assert max(abs(stage0[s] - zero1[s]) for s in stage0) < 1e-5, (stage0, zero1)

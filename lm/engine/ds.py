@@ -148,6 +148,7 @@ class DeepSpeedEngine(Engine):
         )
         assert ds_optimizer is not None  # Optional only when no optimizer is given; we gave one
         self.model, self.optimizer = engine, ds_optimizer
+        _undo_warmup_step(ds_optimizer, optimizer)  # optimizer: the AdamW DeepSpeed wraps
         self.module = cast(nn.Module, engine.module)  # typed Tensor | Module by nn.Module.__getattr__
         if self.train.compile:
             self.model.compile(compile_kwargs={"mode": str(self.train.compile_mode)})
@@ -264,6 +265,23 @@ class DeepSpeedEngine(Engine):
             parts = [p.ds_tensor for p in self.module.parameters()]  # pyright: ignore[reportAttributeAccessIssue]
             return sum(part.numel() for part in parts)
         return super().local_numel()
+
+
+def _undo_warmup_step(wrapper, inner: torch.optim.Optimizer) -> None:
+    """Stage 0 in bf16/fp16 wraps lm's AdamW in DeepSpeed's FP16_UnfusedOptimizer, which steps it once on zero
+    gradients when it is built (to create the moments): the fp32 masters got weight decay, and Adam's step count
+    starts at 1, so the first real update's bias correction shrank it by a quarter (0.73 x single's). Undone here:
+    each master copied back from the low-precision parameter it was cloned from (zero gradients moved nothing
+    else), the moments dropped (AdamW makes them again, at step 0, on its first real step)."""
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if not isinstance(wrapper, FP16_UnfusedOptimizer):  # ZeRO's optimizers and fp32 stage 0 take no such step
+        return
+    with torch.no_grad():
+        for masters, params in zip(wrapper.fp32_groups, wrapper.fp16_groups, strict=True):
+            for master, param in zip(masters, params, strict=True):
+                master.copy_(param)
+    inner.state.clear()
 
 
 def _stage0_state(files: Path) -> dict[str, torch.Tensor]:
