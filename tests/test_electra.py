@@ -289,7 +289,10 @@ def test_lm_train_logs_both_losses_and_resumes_exactly(tmp_path):
     for m in logged:
         assert m["loss"] == pytest.approx(m["electra/gen_loss"] + 50 * m["electra/disc_loss"], rel=1e-5)
         assert 0 <= m["electra/disc_accuracy"] <= 1 and 0 < m["electra/replaced"] < 0.3  # ~15% are masked
-    assert all("electra/gen_loss" not in m for m in metrics(tmp_path / "whole") if "val_loss" in m)
+    val = [m for m in metrics(tmp_path / "whole") if "val_loss" in m]
+    assert len(val) == 2 and all("electra/gen_loss" not in m for m in val)
+    # exp(MLM + 50 x BCE) is no perplexity (it was logged as val_ppl, e^35 and more)
+    assert all("val_ppl" not in m for m in val)
 
 
 def test_a_pretrained_discriminator_finetunes_as_a_plain_encoder(tmp_path):

@@ -109,7 +109,12 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
                 set_aside(run_dir)
             dist_utils.barrier()  # no rank looks at the run_dir before the old run has left it
         task = PretrainTask(
-            train_loader, val_loader, train_cfg.grad_accum, train_cfg.eval_batches, train_cfg.batch_ramp_steps
+            train_loader,
+            val_loader,
+            train_cfg.grad_accum,
+            train_cfg.eval_batches,
+            train_cfg.batch_ramp_steps,
+            perplexity=model_cfg.family is None or model_cfg.family.nll_loss,
         )
         with Session(train_cfg, engine, task, run_dir, config_yaml, log_file=run_dir / "train.log") as session:
             session.build(lambda: build_model(model_cfg), run.seed, optim_cfg)

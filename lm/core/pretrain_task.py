@@ -111,9 +111,18 @@ class PretrainTask:
 
     best_metric = None
 
-    def __init__(self, train_loader, val_loader: Iterable, grad_accum: int, eval_batches: int, ramp_steps: int = 0):
+    def __init__(
+        self,
+        train_loader,
+        val_loader: Iterable,
+        grad_accum: int,
+        eval_batches: int,
+        ramp_steps: int = 0,
+        perplexity: bool = True,
+    ):
+        """perplexity: val_ppl = exp(val_loss) is logged too (False: a loss that is no per-token NLL, ELECTRA's)."""
         self.batches = LoaderSteps(train_loader, grad_accum, ramp_steps)
-        self.val_loader, self.eval_batches = val_loader, eval_batches
+        self.val_loader, self.eval_batches, self.perplexity = val_loader, eval_batches, perplexity
 
     def loss(self, model, batch: dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
         return objectives.loss(model, batch, metrics)
@@ -122,9 +131,11 @@ class PretrainTask:
         from lm.core.loop import evaluate
 
         val_loss = evaluate(engine, self.val_loader, self.eval_batches)
+        record = {"val_loss": val_loss} | ({"val_ppl": perplexity(val_loss)} if self.perplexity else {})
         if engine.is_main:
-            log.info("step %d: val_loss %.4f, val_ppl %.2f", step, val_loss, perplexity(val_loss))
-        return {"val_loss": val_loss, "val_ppl": perplexity(val_loss)}
+            ppl = f", val_ppl {record['val_ppl']:.2f}" if self.perplexity else ""
+            log.info("step %d: val_loss %.4f%s", step, val_loss, ppl)
+        return record
 
     def on_best(self, engine, step: int, record: dict) -> None:  # best_metric is None: never called
         pass

@@ -380,9 +380,12 @@ class FamilyConfig(Component):
       option's `check`; False: it reads none of them (they stay null) and its `check` validates the whole model.
     - `finetuned(model)`: the config of the backbone a classifier is built from (lm finetune; a model that
       pretrains a plain one returns that one's config); by default the model itself.
-    - `check_objective(model, objective)`: refuses a pretraining objective the model cannot learn honestly."""
+    - `check_objective(model, objective)`: refuses a pretraining objective the model cannot learn honestly.
+    - `nll_loss`: its loss is a mean negative log-likelihood per token, so exp(loss) is a perplexity; False for a
+      loss of another kind (ELECTRA's generator MLM loss + lambda x discriminator BCE)."""
 
     transformer: ClassVar[bool] = True
+    nll_loss: ClassVar[bool] = True
 
     def build(self, model: ModelConfig, components):
         raise NotImplementedError

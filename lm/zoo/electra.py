@@ -19,6 +19,7 @@ lm glue read no ELECTRA code.
 """
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,7 @@ class ElectraConfig(FamilyConfig):
     """
 
     _target_: str = "lm.zoo.electra.ElectraLM"
+    nll_loss: ClassVar[bool] = False  # MLM + lambda x BCE: its exp is no perplexity
     generator_dim: int = 64
     generator_heads: int = 1
     generator_ffn_dim: int | None = None  # None = model/ffn's hidden_mult x generator_dim (4x for an MLP)
