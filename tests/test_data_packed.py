@@ -234,6 +234,23 @@ def test_mlm_masks_15_percent_80_10_10_never_specials(data):
     assert 0.77 < masked / chosen < 0.83 and 0.08 < kept / chosen < 0.12 + 0.01  # 10% kept (+ rare random hits)
 
 
+def test_lm_train_starts_span_targets_with_the_models_decoder_start_token(data):
+    """lm train's span batches began with the tokenizer's pad id whatever model.decoder_start_token_id said, which
+    generation, the eval harness and hf/'s config use: an override of it trained one start token and decoded another."""
+    from types import SimpleNamespace
+
+    from lm.cli.train import _packed_loaders
+    from lm.core.config import TrainConfig
+    from lm.data.config import DataConfig
+
+    train_cfg = TrainConfig(seq_len=64, micro_batch_size=4)
+    dist = SimpleNamespace(rank=0, world_size=1, is_main=True)
+    for start in (5, 0):
+        loaders = _packed_loaders(DataConfig(dir=str(data), source=None), train_cfg, dist, "span", 0, start)
+        for loader in loaders[:2]:
+            assert (next(iter(loader))["decoder_input_ids"][:, 0] == start).all()
+
+
 def test_span_corruption_hides_spans_behind_sentinels_and_targets_restore_them(data):
     tok = Tokenizer.load(data)
     loader = PackedLoader(data, "train", 64, 8, "span", seed=0)

@@ -93,7 +93,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
         if loaders is None:
             train_loader, val_loader, vocab = _packed_loaders(
-                run.data, train_cfg, dist, objective_for(model_cfg.arch), run.seed
+                run.data, train_cfg, dist, objective_for(model_cfg.arch), run.seed, model_cfg.decoder_start_token_id
             )
             if vocab > model_cfg.vocab_size:  # the record says what was built: export and resume read it
                 model_cfg = _vocab_follows_tokenizer(cfg, model_cfg, vocab, dist.is_main)
@@ -259,9 +259,13 @@ def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bo
     return model_cfg
 
 
-def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, dist, objective: str, seed: int):
+def _packed_loaders(
+    data: DataConfig, train_cfg: TrainConfig, dist, objective: str, seed: int, decoder_start_id: int | None = None
+):
     """Prepare the data once (rank 0; the others wait), then one packed loader per split, and the vocabulary
-    size of the data's tokenizer."""
+    size of the data's tokenizer. decoder_start_id: span corruption's first decoder input, the model's
+    decoder_start_token_id, which generation, the eval harness and hf/ use too (the collator's default, the
+    tokenizer's pad, ignored an override of it)."""
     from lm.data.packed import PackedLoader
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
@@ -291,6 +295,7 @@ def _packed_loaders(data: DataConfig, train_cfg: TrainConfig, dist, objective: s
             mlm_probability=data.mlm_probability,
             noise_density=data.noise_density,
             mean_span_length=data.mean_span_length,
+            decoder_start_id=decoder_start_id if objective == "span" else None,
             train_stride=data.train_stride,
         )
 
