@@ -67,7 +67,7 @@ class FSDP2Engine(Engine):
 
             raise EngineError(
                 "engine=fsdp2 with train.precision=fp16 is not supported (no sharded loss scaler "
-                "here); use train.precision=bf16, or engine=zero3 for fp16"
+                "here); use train.precision=bf16, or engine=zero3 for fp16 on a GPU"
             )
 
     def check_launch(self) -> None:
