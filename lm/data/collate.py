@@ -126,8 +126,9 @@ class SpanCorruption(Collator):
         if self.spans > len(sentinel_ids):
             raise ConfigError(
                 f"span corruption of {seq_len}-token inputs needs {self.spans} sentinel tokens, the "
-                f"tokenizer has {len(sentinel_ids)}: prepare the data with n_sentinels >= {self.spans}, "
-                f"or lower seq_len or data.noise_density"
+                f"tokenizer has {len(sentinel_ids)}: prepare the data with n_sentinels >= {self.spans} (a tokenizer "
+                f"lm prepare trains; an adopted tokenizer.json keeps its own <extra_id_N> tokens, whatever n_sentinels "
+                f"says), or lower seq_len or data.noise_density"
             )
         self.sentinels = np.asarray(sentinel_ids[: self.spans], dtype=np.int64)
         self.eos_id, self.start_id = eos_id, decoder_start_id
