@@ -71,16 +71,23 @@ def steps(model, opt, x, y, n: int, bf16: bool) -> float:
     return time.perf_counter() - t0
 
 
-def main():
-    args = parse_args()
-    names = [n for n in PAIRS if not args.only or n in args.only.split(",")]
-    g = torch.Generator().manual_seed(0)
+def build_runs(names: list[str], args) -> dict:
+    """Each variant's (model, optimizer, ids, labels, bf16). The two sides of a pair see the same batch (and the
+    encoders the same masked positions, whose count sets the sparse head's work): one generator seeded per variant."""
     runs = {}
     for name in names:
         preset, overrides, bf16 = PAIRS[name]
         model, opt = make(preset, overrides)
-        runs[name] = (model, opt, *batch(model.cfg.arch, args, g), bf16)
-        steps(*runs[name][:4], 1, bf16)  # warm-up: allocator, optimizer state
+        runs[name] = (model, opt, *batch(model.cfg.arch, args, torch.Generator().manual_seed(0)), bf16)
+    return runs
+
+
+def main():
+    args = parse_args()
+    names = [n for n in PAIRS if not args.only or n in args.only.split(",")]
+    runs = build_runs(names, args)
+    for model, opt, x, y, bf16 in runs.values():
+        steps(model, opt, x, y, 1, bf16)  # warm-up: allocator, optimizer state
     rates = {n: [] for n in names}
     for _ in range(args.rounds):
         for name, (model, opt, x, y, bf16) in runs.items():

@@ -169,3 +169,15 @@ def test_cpu_kernel_pairs_do_the_same_maths_on_each_side():
     torch.testing.assert_close(kernels.FusedGLU(split)(x), split(x))
     times = kernels.alternate({**rope, "glu": glu["lm"]}, rounds=2, calls=1)
     assert set(times) == {"lm", "old", "glu"} and all(t > 0 for t in times.values())
+
+
+def test_recipe_step_pairs_see_the_same_batch():
+    """benchmarks/recipe_step.py: both sides of each pair time the same tokens (the encoders the same masks)."""
+    import argparse
+
+    import torch
+
+    recipe = load("recipe_step")
+    runs = recipe.build_runs(list(recipe.PAIRS), argparse.Namespace(batch=2, seq=16))
+    for a, b in (("decoder fp32", "decoder bf16 autocast"), ("encoder dense MLM head", "encoder sparse prediction")):
+        assert torch.equal(runs[a][2], runs[b][2]) and torch.equal(runs[a][3], runs[b][3])
