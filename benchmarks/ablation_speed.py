@@ -75,8 +75,8 @@ def norm_ops(args, calls: int = 200) -> dict:
     }
     assert torch.equal(ops["RMSNorm (lm)"](x), ops["F.rms_norm (torch)"](x))  # the same function
     times = {k: [] for k in ops}
-    for _ in range(args.rounds):
-        for k, f in ops.items():
+    for r in range(args.rounds):
+        for k, f in ops.items() if r % 2 == 0 else reversed(ops.items()):  # neither side always runs first
             t0 = time.perf_counter()
             for _ in range(calls):
                 f(x).sum().backward()
@@ -93,8 +93,8 @@ def main():
     for model, opt in runs.values():  # warm-up: allocator, optimizer state
         steps(model, opt, x, y, 2)
     rates = {v: [] for v in VARIANTS}
-    for _ in range(args.rounds):
-        for v, (model, opt) in runs.items():
+    for r in range(args.rounds):
+        for v, (model, opt) in runs.items() if r % 2 == 0 else reversed(runs.items()):  # the order alternates
             rates[v].append(args.steps * args.batch * args.seq / steps(model, opt, x, y, args.steps))
     base = statistics.median(rates[VARIANTS[0]])
     print(

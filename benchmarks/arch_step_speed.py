@@ -108,8 +108,8 @@ def main():
     for model, opt in runs.values():  # warm-up: allocator, first-call dispatch
         steps(model, opt, batch, 1)
     times = {n: [] for n in names}
-    for _ in range(args.rounds):
-        for name, (model, opt) in runs.items():
+    for r in range(args.rounds):
+        for name, (model, opt) in runs.items() if r % 2 == 0 else reversed(runs.items()):  # the order alternates
             times[name].append(steps(model, opt, batch, args.steps))
     tokens = args.batch * args.seq * args.steps
     rate = {n: tokens / statistics.median(t) for n, t in times.items()}

@@ -122,8 +122,12 @@ def overhead(args):
     ensure_prepared(compose(run_overrides("unused", 2)).data)
     ours, bare = [], []
     for r in range(args.rounds):
-        bare.append(bare_tokens_per_s(args.steps))
-        ours.append(lm_train_tokens_per_s(args.steps))
+        if r % 2 == 0:  # neither side always runs first
+            bare.append(bare_tokens_per_s(args.steps))
+            ours.append(lm_train_tokens_per_s(args.steps))
+        else:
+            ours.append(lm_train_tokens_per_s(args.steps))
+            bare.append(bare_tokens_per_s(args.steps))
         print(f"round {r + 1}: bare {bare[-1]:.0f} tok/s, lm train {ours[-1]:.0f} tok/s", flush=True)
     b, o = statistics.median(bare), statistics.median(ours)
     print(

@@ -89,8 +89,8 @@ def main():
     for model, opt, x, y, bf16 in runs.values():
         steps(model, opt, x, y, 1, bf16)  # warm-up: allocator, optimizer state
     rates = {n: [] for n in names}
-    for _ in range(args.rounds):
-        for name, (model, opt, x, y, bf16) in runs.items():
+    for r in range(args.rounds):
+        for name, (model, opt, x, y, bf16) in runs.items() if r % 2 == 0 else reversed(runs.items()):  # alternates
             rates[name].append(args.steps * args.batch * args.seq / steps(model, opt, x, y, args.steps, bf16))
     units = computes_bf16(torch.device("cpu"))
     print(
