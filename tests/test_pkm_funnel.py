@@ -51,7 +51,6 @@ def test_pkm_replaces_the_ffn_only_in_the_chosen_layers_and_trains():
             "model/block=pkm",
             "model.block.layers=[1]",
             "model.block.n_keys=16",
-            "model.block.query_batchnorm=true",
         ],
     )
     torch.manual_seed(0)
@@ -84,6 +83,36 @@ def test_pkm_refuses_undefined_settings(override, field):
     cfg = model_preset("tiny", ["model/block=pkm", "model.block.layers=[0]", override])
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build_model(cfg)
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+def test_pkm_query_batchnorm_is_refused_in_a_causal_stack(arch):
+    """Training's batch statistics mix later tokens' queries into earlier tokens' reads."""
+    cfg = model_preset("tiny", [f"model.arch={arch}", "model/block=pkm", "model.block.query_batchnorm=true"])
+    with pytest.raises(ConfigError, match=r"model\.block\.query_batchnorm"):
+        build_model(cfg)
+
+
+def test_pkm_query_batchnorm_statistics_leave_the_pads_out():
+    """In training, an encoder's pads change neither a real token's output nor the running statistics."""
+    cfg = model_preset("tiny", ["model.arch=encoder", "model/block=pkm", "model.block.query_batchnorm=true"])
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    g = torch.Generator().manual_seed(0)
+    ids, mask = torch.randint(1, 256, (3, 20), generator=g), torch.ones(3, 20, dtype=torch.long)
+    mask[1, 9:], mask[2, 4:] = 0, 0
+    other = torch.where(mask.bool(), ids, torch.randint(1, 256, (3, 20), generator=g))  # other pad tokens
+    bn = model.encoder.blocks[0].ffn.query_norm
+    outs, means = [], []
+    for batch in (ids, other):
+        bn.reset_running_stats()
+        with torch.no_grad():
+            outs.append(model(input_ids=batch, attention_mask=mask).logits)
+        means.append(bn.running_mean.clone())
+    real = mask.bool()
+    assert (outs[0][real] - outs[1][real]).abs().max() < 1e-5  # was 0.38: the pads' queries set the statistics
+    torch.testing.assert_close(means[0], means[1], rtol=0, atol=1e-6)
+    assert means[0].abs().max() > 1e-3  # the statistics did update
 
 
 def test_pkm_ops_count_the_lookups_not_the_table():

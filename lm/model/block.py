@@ -40,8 +40,9 @@ def post_norm(
 
 
 class TokenRouter(nn.Module):
-    """An FFN that routes tokens to experts (MoE, lm/model/moe.py): its forward also takes the block's padding
-    (no pad is routed) and causal (tokens are routed in position order)."""
+    """An FFN whose forward also takes the block's padding and causal: MoE (lm/model/moe.py; no pad is routed,
+    tokens are routed in position order) and the product-key memory (lm/zoo/pkm.py; pads stay out of its
+    BatchNorm's statistics)."""
 
 
 class BranchScalars(nn.Module):

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lm.config_base import ConfigError
+from lm.model.block import TokenRouter
 from lm.model.choices import Arch
 from lm.model.linear import Linear, MatmulCount
 from lm.model.options import BlockConfig, positive
@@ -40,7 +41,7 @@ class PKMConfig(BlockConfig):
     heads: int = 4
     k_dim: int = 64  # query size per head (each half is k_dim / 2)
     top_k: int = 8
-    query_batchnorm: bool = False  # BatchNorm on the queries (the paper's choice for better key usage)
+    query_batchnorm: bool = False  # BatchNorm on the queries (the paper's choice for better key usage); encoders only
 
     def check(self, model) -> None:
         depths = [model.n_layers] + ([model.decoder_layers] if model.arch == Arch.encoder_decoder else [])
@@ -59,6 +60,12 @@ class PKMConfig(BlockConfig):
             raise ConfigError(f"model.block.k_dim={self.k_dim} must be even: the query is split into two halves")
         if self.top_k > self.n_keys:
             raise ConfigError(f"model.block.top_k={self.top_k} must be <= model.block.n_keys={self.n_keys}")
+        if self.query_batchnorm and model.arch != Arch.encoder:
+            # training's batch statistics mix every position's query into every other's, later ones too
+            raise ConfigError(
+                f"model.block.query_batchnorm=true with model.arch={model.arch}: BatchNorm's training statistics "
+                f"would let a token see later tokens of its causal stack; set it false or use model.arch=encoder"
+            )
 
 
 def pkm_block(
@@ -86,7 +93,10 @@ def product_topk(s1: torch.Tensor, s2: torch.Tensor, k: int) -> tuple[torch.Tens
     return scores, slot
 
 
-class ProductKeyMemory(MatmulCount, nn.Module):
+class ProductKeyMemory(MatmulCount, TokenRouter):
+    """A TokenRouter so the block passes its padding: BatchNorm's training statistics come from the real
+    tokens' queries only, or a batch's pads would shift every real token's read."""
+
     def __init__(
         self,
         dim: int,
@@ -117,14 +127,24 @@ class ProductKeyMemory(MatmulCount, nn.Module):
         s2 = torch.einsum("nhd,hkd->nhk", q2, self.keys[:, 1])
         return product_topk(s1, s2, self.top_k)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, padding: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        """x: (B, T, D); padding: (B, T), 1 for tokens and 0 for pads; causal: unused (the check refuses
+        query_batchnorm there, and without it each token reads the memory alone)."""
         B, T, D = x.shape
-        q = self.query_norm(self.query(x.reshape(B * T, D)))  # (N, H*k_dim)
+        q = self._normed_queries(self.query(x.reshape(B * T, D)), padding)  # (N, H*k_dim)
         scores, slots = self.lookup(q.view(B * T, self.heads, self.k_dim))  # (N, H, k)
         weights = F.softmax(scores.float(), dim=-1).to(x.dtype)
         # every head's k slots in one bag per token: sum over heads of each head's weighted read
         out = self.values(slots.reshape(B * T, -1), per_sample_weights=weights.reshape(B * T, -1))  # (N, D)
         return self.dropout(out).view(B, T, D)
+
+    def _normed_queries(self, q: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
+        """BatchNorm (if any) of the (N, H*k_dim) queries, its training statistics over the real tokens only;
+        pads get zero queries (their outputs are never read). Evaluation's running statistics are per token."""
+        if padding is None or not self.training or not isinstance(self.query_norm, nn.BatchNorm1d):
+            return self.query_norm(q)
+        real = padding.reshape(-1).bool()  # (N,); indexing by it syncs with the host (an opt-in option)
+        return q.new_zeros(q.shape).index_put((real,), self.query_norm(q[real]))
 
     def active_matmul_params(self, count: Callable[[nn.Module], float]) -> float:
         """Per-token multiply-adds as matmul weights (lm/model/flops.py): the query projection, the
