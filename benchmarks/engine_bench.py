@@ -115,11 +115,12 @@ def bare_tokens_per_s(steps):
 
 def overhead(args):
     import torch
+    from omegaconf import OmegaConf
 
     torch.set_num_threads(args.threads)
     from lm.data.prepare import ensure_prepared
 
-    ensure_prepared(compose(run_overrides("unused", 2)).data)
+    ensure_prepared(OmegaConf.to_container(compose(run_overrides("unused", 2)).data, resolve=True))
     ours, bare = [], []
     for r in range(args.rounds):
         if r % 2 == 0:  # neither side always runs first
@@ -236,7 +237,7 @@ def zero_memory(args):
     print(f"\nPsi = {rows[0]['psi']:,} parameters (fp32), N = {rows[0]['world']} ranks")
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     o = sub.add_parser("overhead", help="lm train's loop vs a bare loop, same model/data/optimizer")
@@ -246,7 +247,7 @@ def main():
     sub.add_parser("zero-memory", help="bytes per rank for ZeRO-0/1/2/3 on 2 CPU ranks vs the formula")
     w = sub.add_parser("zero-worker", help=argparse.SUPPRESS)
     w.add_argument("--stage", type=int, required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     os.environ.setdefault("WANDB_MODE", "disabled")
     if args.cmd == "overhead":
         overhead(args)

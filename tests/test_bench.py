@@ -181,3 +181,14 @@ def test_recipe_step_pairs_see_the_same_batch():
     runs = recipe.build_runs(list(recipe.PAIRS), argparse.Namespace(batch=2, seq=16))
     for a, b in (("decoder fp32", "decoder bf16 autocast"), ("encoder dense MLM head", "encoder sparse prediction")):
         assert torch.equal(runs[a][2], runs[b][2]) and torch.equal(runs[a][3], runs[b][3])
+
+
+@pytest.mark.slow  # two tiny rounds of both loops on the GPT-2-layout model (~10 s)
+def test_engine_bench_overhead_runs_as_results_md_cites_it(capsys):
+    """The command docs/results.md cites failed at once: ensure_prepared was given Hydra's DictConfig (TypeError);
+    one round each way in either order, and the table's ratio is lm train's tokens/s over the bare loop's."""
+    bench = load("engine_bench")
+    bench.main(["overhead", "--steps", "4", "--rounds", "2", "--threads", "1"])
+    row = capsys.readouterr().out.strip().splitlines()[-2]  # | bare tok/s | lm tok/s | ratio |
+    bare, ours, ratio = (float(c.split()[0]) for c in row.strip("|").split("|"))
+    assert bare > 0 and ours > 0 and ratio == pytest.approx(ours / bare, abs=1e-3)
