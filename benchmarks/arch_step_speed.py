@@ -19,6 +19,7 @@ import time
 
 import torch
 
+import lm.zoo  # noqa: F401 - registers the zoo's options (model/block=pkm, ...) that the rows name
 from lm.core import objectives
 from lm.model import build_model
 from lm.model.config import model_preset

@@ -192,3 +192,24 @@ def test_engine_bench_overhead_runs_as_results_md_cites_it(capsys):
     row = capsys.readouterr().out.strip().splitlines()[-2]  # | bare tok/s | lm tok/s | ratio |
     bare, ours, ratio = (float(c.split()[0]) for c in row.strip("|").split("|"))
     assert bare > 0 and ours > 0 and ratio == pytest.approx(ours / bare, abs=1e-3)
+
+
+def test_arch_step_speed_builds_the_zoo_rows_it_names():
+    """benchmarks/arch_step_speed.py (cited by docs/results.md) stopped at its first zoo row: it built model/block=pkm
+    without importing lm.zoo, whose options register on import (ConfigError)."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import BENCHMARKS
+
+    args = ["--dim", "32", "--layers", "2", "--heads", "2", "--batch", "2", "--seq", "16", "--steps", "1"]
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "arch_step_speed.py"), *args, "--rounds", "1", "--only", "vanilla,pkm"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {
+        line.split()[0]: line.split() for line in out.stdout.splitlines() if line.split()[:1] in (["vanilla"], ["pkm"])
+    }
+    assert rows["vanilla"][-1] == "1.000" and float(rows["pkm"][-1]) > 0
