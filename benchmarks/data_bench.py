@@ -59,9 +59,17 @@ def say(msg: str) -> None:
 # -- corpus and tokenizer --------------------------------------------------------------------------
 
 
+COMPRESSED = (".zst", ".gz", ".bz2", ".xz", ".zip")
+
+
+def text_files(mirror: Path) -> list[Path]:
+    return sorted(p for p in (mirror / "text").rglob("*") if p.is_file() and p.suffix not in COMPRESSED)
+
+
 def build_corpus(mirror: Path, mb: float, dest: Path) -> Path:
-    """The real text files of the mirror, concatenated and repeated to at least `mb` MB."""
-    files = sorted(p for p in (mirror / "text").rglob("*") if p.is_file())
+    """The real plain-text files of the mirror, concatenated and repeated to at least `mb` MB (compressed shards,
+    text/gutenberg's .jsonl.zst, are not text: read as such they made the corpus undecodable)."""
+    files = text_files(mirror)
     if not files:
         raise SystemExit(f"no text files under {mirror / 'text'}; set LM_DATA_MIRROR to the data mirror")
     pieces = [p.read_bytes().strip() for p in files]
@@ -502,7 +510,7 @@ def main(argv=None) -> None:
             "corpus_mb": large.stat().st_size / 2**20,
             "vocab_size": args.vocab_size,
             "rounds": args.rounds,
-            "sources": ", ".join(sorted({p.parent.name for p in (mirror / "text").rglob("*") if p.is_file()})),
+            "sources": ", ".join(sorted({p.parent.name for p in text_files(mirror)})),
             "tokenization": tk,
             "loader": ld,
             "memory": {

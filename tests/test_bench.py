@@ -5,6 +5,7 @@ that the two sides of the comparison are the same model doing the same work.
 """
 
 import json
+import os
 
 import pytest
 
@@ -213,3 +214,26 @@ def test_arch_step_speed_builds_the_zoo_rows_it_names():
         line.split()[0]: line.split() for line in out.stdout.splitlines() if line.split()[:1] in (["vanilla"], ["pkm"])
     }
     assert rows["vanilla"][-1] == "1.000" and float(rows["pkm"][-1]) > 0
+
+
+@pytest.mark.slow  # a 0.5 MB corpus through every part (~10 s)
+def test_data_bench_builds_its_corpus_from_the_mirrors_plain_text(tmp_path, data_mirror):
+    """benchmarks/data_bench.py (cited by docs/results.md) read the mirror's compressed Gutenberg shards as text
+    (UnicodeDecodeError at byte 0xb5) since they joined text/; its corpus is the plain-text files only."""
+    import subprocess
+    import sys
+
+    from tests.benchmark_scripts import BENCHMARKS
+
+    args = ["--mb", "0.5", "--small-mb", "0.2", "--vocab-size", "600", "--rounds", "1", "--loader-seconds", "1"]
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "data_bench.py"), *args, "--skip-gpt2", "--work", str(tmp_path / "w")]
+        + ["--json", str(tmp_path / "bench.json")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LM_DATA_MIRROR": str(data_mirror)},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["corpus_mb"] >= 0.5 and result["tokenization"] and result["loader"] and result["memory"]
+    assert "gutenberg" not in result["sources"] and "tinyshakespeare" in result["sources"]
