@@ -50,7 +50,7 @@ def generate(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Returns the generated tokens (B, <= max_new_tokens); rows that hit stop_token are padded with it."""
-    if not hasattr(model, "next_logits"):  # a masked LM (EncoderLM) has no next token to predict
+    if model.cfg.arch == "encoder":  # a masked LM (EncoderLM, ELECTRA's) has no next token to predict
         raise ValueError(f"generate needs a decoder or an encoder-decoder; {type(model).__name__} has no next_logits")
     if attention_mask is not None and model.cfg.arch != "encoder_decoder" and not bool(attention_mask.all()):
         # a decoder reads every prompt token: padding would be attended to and shift the positions
