@@ -18,8 +18,8 @@ HELP = {
     "train sentences); several allowed",
     "val_source": "sources that form the val split (then the split rule is not applied)",
     "mirror": "local copy of registry files (default: $LM_DATA_MIRROR)",
-    "format": "auto (by extension) | text | jsonl | parquet | hf",
-    "text_field": "JSONL field / Parquet or dataset column that holds the text",
+    "format": "auto (by extension) | text | jsonl | parquet | csv | tsv | hf",
+    "text_field": "JSONL field / Parquet, CSV, TSV or dataset column that holds the text",
     "hf_split": "split of a Hugging Face dataset to read",
     "doc_split": "what a document is in text files: file | line | blank_line | regex",
     "doc_separator": "the regex between documents when --doc-split regex",
@@ -39,7 +39,7 @@ HELP = {
     "dedup": "drop exact duplicate documents (whitespace runs count as one space; counted in meta.json)",
     "min_doc_chars": "drop documents shorter than this many characters (counted in meta.json; 0 keeps all)",
     "encoding_errors": "strict (bad UTF-8 is an error) | replace (decode as U+FFFD and count)",
-    "bad_records": "error | skip (count and skip JSONL/Parquet records without text)",
+    "bad_records": "error | skip (count and skip JSONL, Parquet, CSV or TSV records without text)",
     "hf_streaming": "stream a Hugging Face dataset instead of downloading it whole",
 }
 

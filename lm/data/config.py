@@ -15,6 +15,8 @@ class Format(Choice):
     text = "text"
     jsonl = "jsonl"
     parquet = "parquet"
+    csv = "csv"  # the text_field column of each row (lm/data/tables.py)
+    tsv = "tsv"
     hf = "hf"
 
 
@@ -37,7 +39,7 @@ class EncodingErrors(Choice):
 
 class BadRecords(Choice):
     error = "error"
-    skip = "skip"  # JSONL/Parquet records without text, counted in meta.json
+    skip = "skip"  # JSONL/Parquet/CSV/TSV records without text, counted in meta.json
 
 
 @dataclass
@@ -55,7 +57,7 @@ class DataConfig:
     val_source: Any = None  # optional sources that form the val split (then `split` applies to none of them)
     mirror: str | None = None  # local copy of registry files; None = $LM_DATA_MIRROR
     format: Format = Format.auto
-    text_field: str = "text"  # the field (JSONL) or column (Parquet, hf) that holds the text
+    text_field: str = "text"  # the field (JSONL) or column (Parquet, CSV, TSV, hf) that holds the text
     hf_split: str = "train"
     hf_streaming: bool = True
     doc_split: DocSplit | None = None  # None = corpus default or line

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from lm.data.errors import DataError
+from lm.data.tables import TABLES
 from lm.data.tasks import ReadOptions, SourcePiece, doc_hash
 
 MAX_EXAMPLES = 5  # bad records quoted in the error summary and meta.json
@@ -54,7 +55,7 @@ class _Reader:
     def where(self, byte: int = 0, line: int | None = None) -> str:
         if line is None:
             line = self.task.first_line + self.task.payload[:byte].count(b"\n")
-        unit = "record" if self.task.format in ("parquet", "hf") else "line"
+        unit = "record" if self.task.format in ("parquet", "hf", *TABLES) else "line"
         return f"{self.task.path}:{line}" if unit == "line" else f"{self.task.path}: {unit} {line}"
 
     def decode(self, data: bytes, line: int | None = None) -> str:
@@ -63,7 +64,8 @@ class _Reader:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
             if self.opts.encoding_errors != "replace":
-                at = f"byte {e.start} of the line" if line else f"byte {self.task.start_byte + e.start} of the file"
+                unit = "record" if self.task.format in TABLES else "line"
+                at = f"byte {e.start} of the {unit}" if line else f"byte {self.task.start_byte + e.start} of the file"
                 raise DataError(
                     f"{self.where(e.start, line)}: invalid UTF-8 at {at} ({e.reason}). Convert the file to UTF-8 "
                     f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm prepare --encoding-errors "
@@ -247,13 +249,18 @@ def _loads_or_none(text: str):
 
 
 def _value_docs(r: _Reader) -> None:
+    table = r.task.format in TABLES
     for i, value in enumerate(r.task.payload):
-        if not isinstance(value, str):
+        if value is None and table:
+            r.bad(r.where(line=r.task.first_line + i), f"the row has no {r.opts.text_field!r} column", "Fix the row")
+        elif not isinstance(value, str):
             r.bad(
                 r.where(line=r.task.first_line + i),
                 f"field {r.opts.text_field!r} is {type(value).__name__}, not text",
                 "Drop such records upstream",
             )
+        elif value and table and _SURROGATE.search(value):  # bytes that were not UTF-8 (tables.py's _lines)
+            r.add(r.decode(value.encode("utf-8", "surrogateescape"), r.task.first_line + i))
         elif value:
             r.add(r.surrogates(value, r.task.first_line + i))
 

@@ -123,7 +123,7 @@ TAR_MAGIC = (257, b"ustar")  # POSIX and GNU tar headers hold "ustar" at byte 25
 
 def check_text_bytes(src: SourceFile) -> None:
     """Refuse an input whose bytes are an archive or a compression this reader would take for text."""
-    kind = "plain text" if src.format == "text" else "JSON Lines"
+    kind = {"text": "plain text", "jsonl": "JSON Lines"}.get(src.format, src.format.upper())
     with open(src.path, "rb") as f:
         head = f.read(512)
     if src.compression is None:

@@ -27,7 +27,7 @@ class SourceFile:
     """One input: a local file, or a Hugging Face dataset split (path = "hf:<name>[:<config>]")."""
 
     path: str
-    format: str  # text | jsonl | parquet | hf
+    format: str  # text | jsonl | parquet | csv | tsv | hf
     split: str | None = None  # the corpus' own split (train/val/test); None = apply the split rule
     hf_split: str = "train"
 
@@ -53,6 +53,8 @@ def detect_format(path: str, fmt: str = "auto") -> str:
         return "jsonl"
     if name.endswith(".parquet"):
         return "parquet"
+    if name.endswith((".csv", ".tsv")):  # a table: its text_field column (lm/data/tables.py), not its lines
+        return name[-3:]
     return "text"
 
 

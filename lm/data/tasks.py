@@ -9,7 +9,7 @@ import codecs
 import os
 import re
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +18,7 @@ from lm.core.files import file_sha256
 from lm.data.errors import DataError
 from lm.data.readers import HashingReader, iter_hf, open_stream, parquet_values, reading
 from lm.data.sources import SourceFile
+from lm.data.tables import TABLES, table_values
 
 DOC_SEPARATORS = {"line": r"\r?\n", "blank_line": r"\r?\n[ \t\r]*\n"}  # a CRLF ends a line as LF does
 FILE_BOUNDARY = rb"\n(?=\S)"  # cut a whole-file document after a newline that starts a non-blank line
@@ -186,6 +187,8 @@ class Planner:
                 yield from self._hf_tasks(src, record)
             elif src.format == "parquet":
                 yield from self._parquet_tasks(src, record)
+            elif src.format in TABLES:
+                yield from self._table_tasks(src, record)
             else:
                 yield from self._byte_tasks(index, src, record)
 
@@ -212,8 +215,17 @@ class Planner:
     def _parquet_tasks(self, src: SourceFile, record: dict) -> Iterator[SourcePiece]:
         values, rows = parquet_values(src.path, self.opts.text_field)
         size = os.path.getsize(src.path)
-        n = yield from self._record_tasks(src, values, size / max(rows, 1))
+        n = yield from self._record_tasks(src, values, lambda n: round(n * size / max(rows, 1)))
         record.update(bytes=size, sha256=file_sha256(src.path), records=n)
+        if n == 0:
+            self.empty_files.append(src.path)
+
+    def _table_tasks(self, src: SourceFile, record: dict) -> Iterator[SourcePiece]:
+        raw = HashingReader(src.path)
+        with reading(src), open_stream(src, raw) as stream:
+            values = table_values(src, stream, self.opts.text_field)
+            n = yield from self._record_tasks(src, values, lambda _: raw.count)  # read once: hashed as read
+        record.update(bytes=os.path.getsize(src.path), sha256=raw.sha256.hexdigest(), records=n)
         if n == 0:
             self.empty_files.append(src.path)
 
@@ -221,23 +233,22 @@ class Planner:
         n = yield from self._record_tasks(src, iter_hf(src, self.opts.text_field, self.opts.hf_streaming))
         record.update(bytes=None, sha256=None, records=n, hf_split=src.hf_split)
 
-    def _record_tasks(self, src: SourceFile, values: Iterable[object], bytes_per_record: float = 0.0):
-        """Records grouped into tasks of about task_bytes characters; returns how many records there were."""
-        batch, chars, first, n = [], 0, 1, 0
-
-        def task() -> SourcePiece:
-            share = round(n * bytes_per_record) - round((first - 1) * bytes_per_record)  # progress, in file bytes
-            return SourcePiece(src.path, src.format, batch, first, split=self._split_of(src, False), raw_bytes=share)
-
+    def _record_tasks(self, src: SourceFile, values: Iterable[object], read: Callable[[int], int] = lambda _: 0):
+        """Records grouped into tasks of about task_bytes characters; returns how many records there were.
+        `read(n)`: the bytes of the file that n records account for (the progress bar's)."""
+        batch, chars, first, n, before = [], 0, 1, 0, 0
         for n, value in enumerate(values, 1):
             batch.append(value)
             chars += len(value) if isinstance(value, str) else 0
             if chars >= self.opts.task_bytes:
-                yield task()
-                batch, chars, first = [], 0, n + 1
+                yield self._record_task(src, batch, first, read(n) - before)
+                batch, chars, first, before = [], 0, n + 1, read(n)
         if batch:
-            yield task()
+            yield self._record_task(src, batch, first, read(n) - before)
         return n
+
+    def _record_task(self, src: SourceFile, batch: list, first: int, raw_bytes: int) -> SourcePiece:
+        return SourcePiece(src.path, src.format, batch, first, split=self._split_of(src, False), raw_bytes=raw_bytes)
 
 
 # -- contiguous split point ---------------------------------------------------------------------
@@ -252,7 +263,9 @@ def contiguous_cut(files: list[SourceFile], opts: ReadOptions) -> tuple[int, int
     if not pool:
         return None
     if any(f.format not in ("text", "jsonl") for _, f in pool):
-        raise DataError("split=contiguous needs text or jsonl sources; use split=document for parquet/hf sources")
+        raise DataError(
+            "split=contiguous needs text or jsonl sources; use split=document for parquet, csv, tsv and hf sources"
+        )
     counts = [(i, f, _count_chars(f)) for i, f in pool]
     target = int(sum(c for _, _, c in counts) * (1.0 - opts.val_fraction))
     for i, f, c in counts:
