@@ -2,10 +2,13 @@
 
 import gzip
 import json
+import zlib
+from collections import Counter
 
 import numpy as np
 import pytest
 
+from lm.data import readers
 from lm.data.prepare import prepare
 from lm.data.tokenizer import Tokenizer
 
@@ -68,3 +71,32 @@ def test_copies_of_a_file_are_in_one_split_with_doc_split_file(tmp_path):
     assert len(train) + len(val) == 60 and val
     assert not set(train) & set(val)
     assert all(train.count(d) == 2 for d in train) and all(val.count(d) == 2 for d in val)
+
+
+def test_doc_split_file_reads_a_file_once_per_pass_and_splits_it_by_its_whole_content(tmp_path, monkeypatch):
+    """A whole-file document's split is a hash of the file, which the planner read in a pass of its own before the
+    file's tasks read it again: every file was read 4 times (twice for the tokenizer, twice to tokenize). A file
+    within one task is hashed from that task's bytes now (2 reads); a longer one is still read first (4)."""
+    opened = Counter()
+    real = readers.HashingReader.__init__
+
+    def counting(self, path):
+        opened[path.rsplit("/", 1)[-1]] += 1
+        real(self, path)
+
+    monkeypatch.setattr(readers.HashingReader, "__init__", counting)
+    corpus, texts = tmp_path / "books", {}
+    corpus.mkdir()
+    for i in range(24):
+        texts[f"b{i:02d}.txt"] = "\n".join(RECORDS[i : i + 3]) + "\n"
+    texts["long.txt"] = "\n".join(RECORDS) + "\n"  # ~8 KB: cut across tasks
+    for name, text in texts.items():
+        bom = b"\xef\xbb\xbf" if name == "b03.txt" else b""  # not text: the hash and the document leave it out
+        (corpus / name).write_bytes(bom + text.encode())
+    cfg = {"tokenizer": "char", "n_sentinels": 0, "doc_split": "file", "val_fraction": 0.3, "workers": 1}
+    out = prepare({**cfg, "source": str(corpus), "task_bytes": 2048}, tmp_path / "out", progress=False)
+    assert opened == {**dict.fromkeys(texts, 2), "long.txt": 4}
+    val = sorted(n for n, t in texts.items() if zlib.crc32(t.encode()) < 0.3 * 2**32)  # ReadOptions.is_val, seed 0
+    assert len(val) == 7 and "b03.txt" in val and "long.txt" not in val  # both splits, and the BOM file in val
+    assert sorted(documents(out, "val")) == sorted(texts[n] for n in val)
+    assert sorted(documents(out, "train")) == sorted(t for n, t in texts.items() if n not in val)

@@ -172,7 +172,7 @@ class Planner:
     def _file_hash(self, src: SourceFile) -> int:
         """doc_hash of a whole file, streamed (its pieces are read by separate tasks): by content, not by name, so
         that copies of a file under other names (a corpus' duplicates) never land in train and val both."""
-        if src.path not in self._file_hashes:
+        if src.path not in self._file_hashes:  # a file longer than one task: read once more, before its first task
             key = self.opts.split_seed & 0xFFFFFFFF
             for block in _blocks_of(src):
                 key = zlib.crc32(block, key)
@@ -203,6 +203,8 @@ class Planner:
                 stream, _boundary(self.opts, src.format), self.opts.task_bytes, file_mode, cut
             ):
                 n += len(block)
+                if file_mode and offset == 0 and last:  # the whole file in one task: hashed here, not read twice
+                    self._file_hashes = {src.path: _content_hash(block, self.opts.split_seed)}
                 # a JSONL cut is at a record's end (_record_end), so every record is whole on both sides
                 ends = last if file_mode else (last or not forced or src.format == "jsonl")
                 split = self._split_of(src, after)
@@ -289,6 +291,11 @@ def _record_end(src: SourceFile, byte: int) -> int:
                 return offset + newline + 1
         offset += len(block)
     return offset
+
+
+def _content_hash(data: bytes, seed: int) -> int:
+    """_file_hash of a file whose bytes (decompressed) are `data`: the BOM is not text (read_task drops it)."""
+    return zlib.crc32(data[3:] if data.startswith(codecs.BOM_UTF8) else data, seed & 0xFFFFFFFF)
 
 
 def _char_starts(block: bytes) -> np.ndarray:
