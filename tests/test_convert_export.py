@@ -156,3 +156,30 @@ def test_a_run_whose_tokenizer_is_gone_is_told_where_it_was_and_what_to_pass(tmp
         f"hf/ gets no tokenizer: the run's {tmp_path / 'data' / 'tokenizer.json'} is not there (moved or deleted?), "
         "so AutoTokenizer.from_pretrained cannot load hf/; pass --tokenizer <the run's tokenizer.json>"
     ) in caplog.text
+
+
+def test_a_bert_vocabulary_exports_no_id_past_the_embedding(tmp_path):
+    """A run on a BERT-style tokenizer.json (no bos/eos) and a model of its size: lm's Tokenizer appended <bos> and
+    <eos>, so hf/ held 2 tokens more than config.json's vocab_size (140 for 138), config's bos/eos ids were 138 and
+    139, and a text spelling "<eos>" ran AutoModelForMaskedLM into "IndexError: index out of range". They are
+    [CLS] and [SEP] now."""
+    from tests.test_data_tokenizer import bert_vocab_tokenizer
+
+    n = bert_vocab_tokenizer(tmp_path / "bert.json")
+    tok = Tokenizer.load(tmp_path / "bert.json")
+    cfg = ModelConfig(**BERT_LAYOUT, vocab_size=n, dim=32, n_layers=1, n_heads=4, mlm_activation="relu",
+                      ffn=MLPConfig(activation="relu"))  # fmt: skip
+    ckpt, _ = _checkpoint(tmp_path, cfg, tok)
+    (tmp_path / "data" / "tokenizer.json").write_bytes((tmp_path / "bert.json").read_bytes())  # the user's file
+    hf_dir = export(ckpt, tmp_path / "export") / "hf"
+    hf_tok, config = (
+        transformers.AutoTokenizer.from_pretrained(hf_dir),
+        json.loads((hf_dir / "config.json").read_text()),
+    )
+    assert len(hf_tok) == config["vocab_size"] == n and max(hf_tok.get_vocab().values()) == n - 1
+    assert (config["bos_token_id"], config["eos_token_id"], config["pad_token_id"]) == (2, 3, 0)
+    ids = hf_tok("the quick fox <eos> <bos> [MASK]", return_tensors="pt")
+    assert ids["input_ids"][0, 0].item() == 2 and ids["input_ids"][0, -1].item() == 3  # its own [CLS] a [SEP]
+    with torch.no_grad():
+        logits = transformers.AutoModelForMaskedLM.from_pretrained(hf_dir)(**ids).logits
+    assert logits.shape == (1, ids["input_ids"].shape[1], n)

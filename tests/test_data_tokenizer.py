@@ -95,3 +95,28 @@ def test_foreign_tokenizer_keeps_its_ids_and_gets_missing_specials(tmp_path):
     assert tok.sentinel_ids == [] and tok.vocab_size == 9
     saved = json.loads(tok.save(tmp_path / "adopted.json").read_text())
     assert {t["content"] for t in saved["added_tokens"]} >= {"<pad>", "<mask>", "<|endoftext|>"}
+
+
+def bert_vocab_tokenizer(path):
+    """A BERT-style WordPiece tokenizer.json: [PAD] [UNK] [CLS] [SEP] [MASK], no bos/eos, BERT's [CLS] a [SEP]."""
+    from tokenizers import processors, trainers
+
+    hf = HFTokenizer(models.WordPiece(unk_token="[UNK]"))
+    hf.pre_tokenizer = pre_tokenizers.Whitespace()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    hf.train_from_iterator(TEXT, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials))
+    hf.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)]
+    )
+    hf.save(str(path))
+    return hf.get_vocab_size()
+
+
+def test_a_bert_vocabulary_starts_and_ends_documents_with_cls_and_sep(tmp_path):
+    """<bos>/<eos> were appended to a BERT vocabulary, 2 ids past a model of its size (bert-base: 30,524 for
+    30,522 rows); [CLS]/[SEP] are its document start and end, as RoBERTa's <s>/</s> are both roles."""
+    n = bert_vocab_tokenizer(tmp_path / "bert.json")
+    tok = Tokenizer.load(tmp_path / "bert.json")
+    assert tok.vocab_size == n and max(tok.special_ids) < n
+    assert (tok.pad_id, tok.unk_id, tok.cls_id, tok.sep_id, tok.mask_id) == (0, 1, 2, 3, 4)
+    assert (tok.bos_id, tok.eos_id) == (2, 3)

@@ -9,7 +9,10 @@ stay the same across vocabulary sizes and kinds:
 
 unk is reserved in every kind (byte-level BPE never emits it) so that sentinel ids do not depend
 on the kind. A foreign tokenizer.json (GPT-2's, say) is adopted: its own special tokens are found
-by their usual spellings and the missing ones are appended after its vocabulary.
+by their usual spellings and the missing ones are appended after its vocabulary. A BERT vocabulary, which has no
+bos/eos, starts and ends a document with [CLS] and [SEP] (as BERT's inputs do; RoBERTa's <s> and </s> are both
+roles): appending <bos>/<eos> made it 2 tokens longer than a model of its size (bert-base: 30,524 ids for 30,522
+embedding rows), and lm export's hf/ then tokenized a spelled "<eos>" to an id past the embedding.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ SPECIAL_TOKENS = {
     "unk": "<unk>",
 }
 # Other spellings of the same roles, so that a foreign tokenizer.json keeps its own ids for them.
-ALIASES = {
+ALIASES = {  # in order of preference; [CLS]/[SEP] last: a BERT vocabulary's document start and end (module doc)
     "pad": ("[PAD]", "<|padding|>"),
-    "bos": ("<s>", "[BOS]", "<|startoftext|>"),
-    "eos": ("</s>", "<|endoftext|>", "[EOS]"),
+    "bos": ("<s>", "[BOS]", "<|startoftext|>", "[CLS]"),
+    "eos": ("</s>", "<|endoftext|>", "[EOS]", "[SEP]"),
     "mask": ("[MASK]",),
     "sep": ("[SEP]",),
     "cls": ("[CLS]",),
