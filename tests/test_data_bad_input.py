@@ -277,3 +277,16 @@ def test_archives_and_other_compressions_are_refused_with_the_fix(tmp_path, good
     (tmp_path / "par.txt").write_text("PAR1 opens this text, which is no Parquet file.\n")
     for name in ("words.txt", "par.txt"):  # a text that begins like one: read as the text it is
         assert run(tmp_path, name=f"out_{name}", source=str(tmp_path / name), split="contiguous").is_dir()
+
+
+def test_a_binary_or_utf16_file_is_told_its_own_fix(tmp_path, good):
+    """Both were told to convert from latin1 (iconv -f latin1) or to decode bad bytes as U+FFFD: wrong for an image
+    in a directory of text (its bytes are no text in any encoding) and for a UTF-16 file (its text would be mangled)."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "good.txt").write_bytes(good.read_bytes())
+    (tmp_path / "d" / "pic.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00")
+    with pytest.raises(DataError, match=r"pic.png:1: invalid UTF-8 .* binary .*not text; leave it out of the sources"):
+        run(tmp_path, source=str(tmp_path / "d"))
+    (tmp_path / "u16.txt").write_bytes("Caf\xe9 au lait\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"u16.txt:1: invalid UTF-8 .* UTF-16 text .*iconv -f utf-16 -t utf-8"):
+        run(tmp_path, source=str(tmp_path / "u16.txt"))

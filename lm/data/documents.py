@@ -67,14 +67,28 @@ class _Reader:
                 unit = "record" if self.task.format in TABLES else "line"
                 at = f"byte {e.start} of the {unit}" if line else f"byte {self.task.start_byte + e.start} of the file"
                 raise DataError(
-                    f"{self.where(e.start, line)}: invalid UTF-8 at {at} ({e.reason}). Convert the file to UTF-8 "
-                    f"(e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm prepare --encoding-errors "
-                    f"replace) to decode bad bytes as U+FFFD and count them"
+                    f"{self.where(e.start, line)}: invalid UTF-8 at {at} ({e.reason}). {self._fix(data)}"
                 ) from None
             before = _INVALID[0]
             text = data.decode("utf-8", errors="lm.count")
             self.out.invalid_utf8 += _INVALID[0] - before
             return text
+
+    def _fix(self, data: bytes) -> str:
+        """What to do about bytes that are not UTF-8, by what they look like: iconv from latin1 was the one fix
+        named, also for a UTF-16 file or an image in a source directory, whose U+FFFD "replace" is no text."""
+        if self.task.start_byte == 0 and data[:2] in (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE):
+            path = self.task.path
+            return f"The file is UTF-16 text (its byte-order mark): convert it, iconv -f utf-16 -t utf-8 {path} > COPY"
+        if b"\x00" in data:
+            return (
+                "The file holds NUL bytes: it is binary (an image, an archive, token shards), not text; leave it out "
+                "of the sources (a glob such as 'DIR/*.txt' picks the text files of a directory)"
+            )
+        return (
+            "Convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8), or set encoding_errors=replace (lm prepare "
+            "--encoding-errors replace) to decode bad bytes as U+FFFD and count them"
+        )
 
     def surrogates(self, text: str, line: int) -> str:
         """A JSON string with a lone surrogate escape ("\\ud800", half of a pair) is not text UTF-8 can hold
