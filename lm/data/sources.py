@@ -3,8 +3,8 @@
 A source is a registry name (`tiny_shakespeare`, see lm/data/corpora.py or `lm prepare --list`), a
 file, a directory, a glob, `hf:<dataset>[:<config>]`, or `glue:<task>,...` (the unlabelled train
 sentences of GLUE tasks, lm/data/glue_text.py). A list of sources is read as their concatenation.
-Formats: plain text, JSONL (optionally .gz/.zst) with a text field, Parquet, and Hugging Face datasets
-(streamed, or from the local cache).
+Formats: plain text, JSONL (optionally .gz/.zst) with a text field, Parquet and CSV/TSV (a column: lm/data/tables.py),
+and Hugging Face datasets (streamed, or from the local cache).
 
 Reading them is split in two so that it streams and parallelises (lm/data/tasks.py: sources ->
 tasks at document boundaries, in the main process; lm/data/documents.py: task -> documents, in
