@@ -409,6 +409,39 @@ def test_slurm_batch_script_sets_the_rendezvous_from_slurm_variables(stubs):
     ]  # the user's run_dir, kept
 
 
+SLURM_ONE_NODE = dict(
+    SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="gpu-node-017", SLURM_JOB_NUM_NODES="1", SLURM_SUBMIT_DIR=str(REPO)
+)
+
+
+def test_slurm_extra_srun_args_and_exec_prefix_split_as_a_shell_splits_words(stubs, tmp_path):
+    """LM_SRUN_ARGS was split at every space (`read -a`): a quoted mount path holding one became two srun
+    arguments, neither the mount the user wrote. Now quotes group a word, and nothing in the value runs."""
+    srun_args = "--container-mounts='/data/my runs:/runs' --comment=\"a b\"  --export=ALL,X=$(touch pwned)"
+    prefix = "apptainer exec --bind '/scratch/two words' lm.sif"
+    out = stubs("slurm.sbatch", "engine=ddp", **SLURM_ONE_NODE, LM_SRUN_ARGS=srun_args, LM_EXEC_PREFIX=prefix)
+    assert out.returncode == 0, out.stderr
+    (srun,) = [c for c in stubs.calls() if c["cmd"] == "srun"]
+    assert srun["args"][6:13] == [
+        "--kill-on-bad-exit=1",
+        "--container-mounts=/data/my runs:/runs",
+        "--comment=a b",
+        "--export=ALL,X=$(touch",
+        "pwned)",
+        "apptainer",
+        "exec",
+    ]
+    assert srun["args"][13:16] == ["--bind", "/scratch/two words", "lm.sif"]
+    assert not (tmp_path / "pwned").exists()  # the script's working directory: $(...) stayed text
+
+
+def test_slurm_refuses_an_unmatched_quote_in_its_extra_arguments(stubs):
+    out = stubs("slurm.sbatch", "engine=ddp", **SLURM_ONE_NODE, LM_SRUN_ARGS="--container-mounts='/data/my runs")
+    assert out.returncode == 2
+    assert "LM_SRUN_ARGS has an unmatched quote" in out.stderr
+    assert not [c for c in stubs.calls() if c["cmd"] == "srun"]
+
+
 def test_slurm_default_run_dir_is_one_hydra_string_whatever_the_job_name(stubs):
     """`sbatch -J gpt2,lr=3e-4(v2)`: the default run_dir=runs/<job name>-<id> was a Hydra parse error (or a
     sweep, for a comma) on every rank, about an override the user never typed."""
