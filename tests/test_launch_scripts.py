@@ -33,7 +33,8 @@ if os.path.basename(sys.argv[0]) == "scontrol" and sys.argv[1:3] == ["show", "ho
     print("gpu-node-017\\ngpu-node-018")
     sys.exit(0)
 keys = ["NNODES", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ID", "NPROC_PER_NODE", "LM_ENTRY",
-        "PYTHONUNBUFFERED", "TORCH_EXTENSIONS_DIR", "SRUN_CPUS_PER_TASK", "DS_ENV_FILE"]
+        "PYTHONUNBUFFERED", "TORCH_EXTENSIONS_DIR", "SRUN_CPUS_PER_TASK", "DS_ENV_FILE",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]
 import signal
 record = {{"cmd": os.path.basename(sys.argv[0]), "args": sys.argv[1:], "env": {{k: os.environ.get(k) for k in keys}},
           "usr1_ignored": signal.getsignal(signal.SIGUSR1) == signal.SIG_IGN}}
@@ -97,6 +98,7 @@ def _clean_env(**extra) -> dict[str, str]:
         "DS_ENV_FILE",
         "LM_ENTRY",
         "TORCH_EXTENSIONS_DIR",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
         "XDG_CACHE_HOME",
         "CUDA_VISIBLE_DEVICES",
     }  # CI sets these; the tests check the scripts' defaults
@@ -142,6 +144,19 @@ def test_torchrun_single_node_forwards_overrides(stubs):
     assert call["env"]["PYTHONUNBUFFERED"] == "1" and call["env"]["TORCH_EXTENSIONS_DIR"].endswith(
         "torch_extensions/" + os.uname().nodename.split(".")[0]
     )
+
+
+@pytest.mark.parametrize("script", ["torchrun.sh", "torchrun_multinode.sh", "accelerate.sh"])
+def test_torchrun_gives_stopped_ranks_300_s_for_their_checkpoint_not_30(stubs, script):
+    """torchrun SIGKILLs its ranks 30 s after passing them a SIGTERM (a preemption, scancel): a rank whose
+    checkpoint took 35 s was killed half-written. The launchers raise torchrun's limit to 300 s (a user's own
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT kept, a wrong one refused before torchrun reads it)."""
+    multinode = dict(NNODES="1", NODE_RANK="0", MASTER_ADDR="localhost")
+    assert stubs(script, "engine=ddp", **multinode).returncode == 0
+    assert stubs(script, "engine=ddp", **multinode, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="900").returncode == 0
+    assert [c["env"]["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] for c in stubs.calls()] == ["300", "900"]
+    out = stubs(script, "engine=ddp", **multinode, TORCH_ELASTIC_SHUTDOWN_TIMEOUT="5m")
+    assert out.returncode == 2 and "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=5m must be a number of seconds" in out.stderr
 
 
 def test_torchrun_without_gpus_defaults_to_one_process(stubs):
