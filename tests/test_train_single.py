@@ -423,3 +423,19 @@ def test_under_a_progress_bar_train_log_still_gets_each_logged_steps_line(tmp_pa
         assert f"step {step}: loss {losses[step]:.4f}, lr " in text
     # not on the "lm" logger, whose lines reach the terminal, beside the bar
     assert [r.getMessage() for r in caplog.records if r.name == "lm" and ": loss " in r.getMessage()] == []
+
+
+def test_a_resume_with_a_smaller_keep_last_removes_the_older_checkpoints_and_says_which(tmp_path, caplog):
+    """train.keep_last 3 -> 1 on resume: the next save removed three checkpoints at once with no word but the
+    resume's "changed setting" line. Removing them is what keep_last asks for; the log now names them."""
+    run(tmp_path, steps=6, ckpt_interval=2, keep_last=3)
+    with caplog.at_level("WARNING", logger="lm"):
+        run(tmp_path, steps=8, ckpt_interval=2, keep_last=1)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000008"]
+    removed = "train.keep_last=1: removed the older checkpoints step_00000002, step_00000004, step_00000006"
+    assert caplog.text.count(removed) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="lm"):
+        run(tmp_path, steps=12, ckpt_interval=2, keep_last=1)  # steady rotation, one at a time: nothing said
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000012"]
+    assert "removed the older checkpoints" not in caplog.text

@@ -304,21 +304,19 @@ class Checkpointer:
         did not write (lm export's default <checkpoint>/export, lm eval's eval_results.json): it stays, said once."""
         keep = self.latest()
         done = sorted(p for p in step_dirs(self.root) if (p / "trainer.json").exists())
-        for old in done[: -self.keep_last]:
-            if old == keep:
-                continue
+        stale = [old for old in done[: -self.keep_last] if old != keep]
+        for old in stale:
             added = added_files(old)
             if not added:
                 _remove(old)
             elif old not in self._kept:
                 self._kept.add(old)
-                log.warning(
-                    "kept %s past train.keep_last=%d: it holds %s, which the checkpoint did not write (an lm export, "
-                    "eval results); move them out of it and a later checkpoint prunes it",
-                    old,
-                    self.keep_last,
-                    ", ".join(added),
-                )
+                held = f"kept {old} past train.keep_last={self.keep_last}: it holds {', '.join(added)}"
+                log.warning("%s, which the checkpoint did not write (an lm export, eval results); move them out of it "
+                            "and a later checkpoint prunes it", held)  # fmt: skip
+        removed = [old.name for old in stale if not old.exists()]
+        if len(removed) > 1:  # more than the one a save rotates out: a resume with a smaller keep_last, said here
+            log.warning("train.keep_last=%d: removed the older checkpoints %s", self.keep_last, ", ".join(removed))
 
     def _check_intact(self, path: Path) -> None:
         """Raise (every rank) unless `path` matches its manifest; rank 0 checks. No fallback here: the
