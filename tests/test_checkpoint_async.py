@@ -123,6 +123,37 @@ def test_the_loop_trains_on_while_the_checkpoint_is_written(tmp_path, monkeypatc
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "sync")
 
 
+def test_a_write_held_back_while_training_moves_on_saves_its_own_steps_state(tmp_path, monkeypatch):
+    """The write of step 3's checkpoint starts only after the loop has begun two more steps (whose optimizer steps
+    update the parameters and Adam's moments in place): what it writes is still step 3's state, byte for byte the
+    synchronous save's, since save() snapshotted it (lm/engine/staging.py) before handing the write on."""
+    from lm.engine.base import Engine
+
+    plugin = tmp_path / "hold_first_write.py"
+    plugin.write_text(PARK_FIRST_WRITE)
+    monkeypatch.setenv("LM_PLUGINS", str(plugin))
+    monkeypatch.delitem(sys.modules, "lm_plugin_hold_first_write", raising=False)
+    stage, held = Engine.stage_state, []
+
+    def stage_late(self, path, group=None):
+        write = stage(self, path, group)
+
+        def late():
+            released = sys.modules["lm_plugin_hold_first_write"].released
+            held.append(released.wait(30))  # set once the loop began two steps after this save
+            write()
+
+        return late
+
+    monkeypatch.setattr(Engine, "stage_state", stage_late)
+    run(tmp_path / "async", 9, True, ckpt_interval=3)
+    assert held == [True, True, True] and sys.modules["lm_plugin_hold_first_write"].during[0] >= 3
+    run(tmp_path / "sync", 9, False, ckpt_interval=3)
+    for step in (3, 6, 9):
+        name = f"checkpoints/step_{step:08d}"
+        assert manifest(tmp_path / "async" / name) == manifest(tmp_path / "sync" / name), step
+
+
 SLOW_WRITE_THEN_STOP = """
 import os
 import signal
