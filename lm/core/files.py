@@ -66,7 +66,8 @@ def file_sha256(path: Path) -> str:
 def exclusive(path, waiting: Callable[[], None] | None = None):
     """An flock on the file `path` while the block runs, and the file removed after: one writer at a time (two lm
     prepare of one directory, two lm eval merging into one record), no lock file left beside the user's. The kernel
-    drops the lock however its holder ends. `waiting()` is called once if another holds it. A waiter can get the lock
+    drops the lock however its holder ends. `waiting()` is called once if another holds it. (A run directory's lock,
+    which refuses instead of waiting and stays for the job: lm/core/lock.py.) A waiter can get the lock
     of a file its holder has just removed; it then locks the file now at `path`, so two never hold it at once."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

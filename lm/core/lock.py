@@ -9,6 +9,12 @@ drops it when the holding process dies (however it dies), so a lock file left by
 blocks the next resume. The file's text (pid, host, start time, command) only names the holder. It is
 opened with O_NOFOLLOW and must be a regular file: a `.lock` planted as a symlink would otherwise have
 its target truncated and overwritten.
+
+lm/core/files.py `exclusive` is the other flock, kept apart on purpose: it serialises short writes (lm prepare,
+lm eval's record merge) by waiting, and removes its file after, whereas this lock refuses at once, naming the
+holder, stays for the whole job and leaves `.lock` in the run directory, where lm report's `in_use` reads it.
+(lm/cli/export.py flocks the output's parent directory itself and lm/sweep/launchers.py a pool of GPU slots:
+the same kernel lock on other objects, no third mechanism.)
 """
 
 import datetime
