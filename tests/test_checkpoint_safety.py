@@ -437,7 +437,7 @@ def test_task_state_with_numpy_values_is_stored_as_plain_types(tmp_path):
     """A task's state (GLUE: metric history with numpy floats) must load back with weights_only=True."""
     import numpy as np
 
-    from lm.core.checkpoint import plain_state as _plain
+    from lm.core.rng import plain_state as _plain
 
     state = {"history": [{"acc": np.float32(0.75)}], "best": (np.int64(3), np.arange(3)), "step": 5}
     path = tmp_path / "rank.pt"

@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import pickle
-import random
 import re
 import shutil
 import time
@@ -47,6 +46,7 @@ import torch
 
 from lm.core.async_save import BackgroundWrite
 from lm.core.files import file_sha256
+from lm.core.rng import plain_state, rng_state, set_rng_state
 from lm.engine import dist as dist_utils
 
 log = logging.getLogger("lm")
@@ -68,56 +68,6 @@ class CheckpointError(RuntimeError):
 
 def step_name(step: int) -> str:
     return f"step_{step:08d}"
-
-
-# -- RNG: stored as tensors and plain Python types, so rank*.pt loads with weights_only=True -----------
-
-
-def rng_state() -> dict:
-    legacy = np.random.get_state()
-    assert isinstance(legacy, tuple)  # the global RandomState (MT19937) always gives the legacy tuple
-    kind, key, pos, has_gauss, gauss = legacy
-    state = {
-        "torch": torch.get_rng_state(),
-        "numpy": {
-            "kind": kind,
-            "key": torch.from_numpy(key.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(gauss),
-        },
-        "python": random.getstate(),
-    }  # (version, tuple of ints, None)
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    n = state["numpy"]
-    if isinstance(n, dict):
-        np.random.set_state(
-            (n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-        )
-    else:  # written before RNG states were tensors: numpy's own tuple
-        np.random.set_state(n)
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def plain_state(state):
-    """numpy scalars -> Python numbers, numpy arrays -> tensors (recursively): what weights_only loads."""
-    if isinstance(state, dict):
-        return {k: plain_state(v) for k, v in state.items()}
-    if isinstance(state, (list, tuple)):
-        return type(state)(plain_state(v) for v in state)
-    if isinstance(state, np.generic):
-        return state.item()
-    if isinstance(state, np.ndarray):
-        return torch.from_numpy(state.copy())
-    return state
 
 
 def load_rank_state(path: Path) -> dict:
@@ -311,9 +261,13 @@ class Checkpointer:
                 _remove(old)
             elif old not in self._kept:
                 self._kept.add(old)
-                held = f"kept {old} past train.keep_last={self.keep_last}: it holds {', '.join(added)}"
-                log.warning("%s, which the checkpoint did not write (an lm export, eval results); move them out of it "
-                            "and a later checkpoint prunes it", held)  # fmt: skip
+                log.warning(
+                    "kept %s past train.keep_last=%d: it holds %s, which the checkpoint did not write (an lm export, "
+                    "eval results); move them out of it and a later checkpoint prunes it",
+                    old,
+                    self.keep_last,
+                    ", ".join(added),
+                )
         removed = [old.name for old in stale if not old.exists()]
         if len(removed) > 1:  # more than the one a save rotates out: a resume with a smaller keep_last, said here
             log.warning("train.keep_last=%d: removed the older checkpoints %s", self.keep_last, ", ".join(removed))

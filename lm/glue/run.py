@@ -293,7 +293,7 @@ def _classifier(t: GlueTaskConfig, data, job: FinetuneSchema, backbone: Backbone
 def _save_result(path: Path, result: SeedResult, config_yaml: str) -> None:
     import torch
 
-    from lm.core.checkpoint import plain_state
+    from lm.core.rng import plain_state
 
     tmp = path.with_name(path.name + ".tmp")
     # numbers, strings and tensors only: it loads with weights_only; the pair's config is what a rerun compares
