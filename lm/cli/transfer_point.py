@@ -23,11 +23,10 @@ def arm_record_name(arm: str) -> str:
 POINT = "transfer_point.json"
 
 
-# lm train lets these change on resume, but only to recover from a NaN/inf loss (lm/core/resume.py): they change the
-# weights a point's pretraining ends with, so they are the point's (a second call with another optim.lr read the
-# first one's checkpoint back, or went on at the new rate, under a table naming the new rate alone). Their own key:
+# lm train lets SCHEDULE's keys change on resume, but only to recover from a NaN/inf loss (lm/core/resume.py): they
+# change the weights a point's pretraining ends with, so they are the point's (a second call with another optim.lr read
+# the first one's checkpoint back, or went on at the new rate, under a table naming the new rate alone). Their own key:
 # a record written before it was one says nothing of them and is not compared on it (check_point).
-SCHEDULE = ("optim.lr", "sched.warmup_steps")
 LATER_KEYS = ("pretrain_schedule",)
 
 
@@ -36,6 +35,7 @@ def point_of(recipe: dict) -> dict:
     and their size, the --pretrain overrides lm train would refuse to change on resume, and those of its learning
     rate schedule (train.threads, logger=... may change between calls: they change nothing computed)."""
     from lm.core.resume import resumable
+    from lm.report.transfer import SCHEDULE
 
     given = recipe.get("pretrain_overrides") or []
     keys = {o: o.lstrip("+~").split("=", 1)[0] for o in given}

@@ -259,9 +259,9 @@ def _computed(overrides: list[str]) -> list[str]:
     """The --finetune overrides that change what a task/seed pair computes: lm finetune resumes a pair across the
     others (FINETUNE_RESUMABLE: train.threads, train.progress, logger, ...), so a rerun that adds one is the same
     arm (it was refused as another recipe's, whose advice was to remove the finished arm)."""
-    from lm.core.resume import FINETUNE_RESUMABLE, resumable
+    from lm.report.transfer import computes
 
-    return [o for o in overrides if not resumable(o.lstrip("+~").split("=", 1)[0], FINETUNE_RESUMABLE)]
+    return [o for o in overrides if computes("finetune", o)]
 
 
 def finetune_arm(
@@ -545,10 +545,21 @@ def _kept_run(path: Path, summary: dict) -> dict:
         except ValueError:
             return summary["run"]
         new = json.loads(json.dumps(summary))  # as it would read back (tuples become lists)
-        same = all(old.get("recipe", {}).get(k) == new["recipe"][k] for k in WORK_KEYS)
+        same = all(_same_work(k, old.get("recipe", {}).get(k), new["recipe"][k]) for k in WORK_KEYS)
         if same and old.get("comparison") == new["comparison"] and "run" in old:
             return old["run"]
     return summary["run"]
+
+
+def _same_work(key: str, old, new) -> bool:
+    """Two recipes' WORK_KEYS value agrees; override lists by the overrides that change what is computed (a read-back
+    call adding train.progress=false took over the record of the call that did the work)."""
+    if key.endswith("_overrides") and isinstance(old, list):
+        from lm.report.transfer import computes
+
+        side = key.split("_")[0]
+        return [o for o in old if computes(side, o)] == [o for o in new if computes(side, o)]
+    return old == new
 
 
 def family(model_node) -> str:

@@ -171,20 +171,39 @@ def series(summary: Mapping) -> str:
 
 
 def overrides(summary: Mapping) -> tuple[str, ...]:
-    """What a run set beyond its preset: its --pretrain overrides (marked `pretrain`) and --finetune overrides,
-    pooling aside (series() shows it). Two runs of one series with other overrides are two curves. (The
-    curve archive's folder names digest this tuple as it is: keep its form.)"""
+    """What a run set beyond its preset that changes its results: its --pretrain overrides (marked `pretrain`) and
+    --finetune overrides, pooling aside (series() shows it). Two runs of one series with other such overrides are
+    two curves. (The curve archive's folder names digest this tuple as it is: keep its form.)"""
     return tuple(o if side == "finetune" else f"pretrain {o}" for side, o in sided_overrides(summary))
 
 
 SIDES = ("pretrain", "finetune")
+# lm train lets these change on resume, but only to recover from a NaN/inf loss (lm/core/resume.py): they change the
+# weights a pretraining ends with, so they are a recipe's (lm/cli/transfer_point.py compares a point's by them too)
+SCHEDULE = ("optim.lr", "sched.warmup_steps")
+
+
+def computes(side: str, override: str) -> bool:
+    """Whether a --pretrain or --finetune override changes what a transfer run computes. The ones a resume may
+    change (lm/core/resume.py: train.threads, train.progress, logger, resume, where the data is read from...)
+    change nothing computed: transfer.json records the last call's, and grouping by them split two runs of one
+    experiment into two curves (train.progress=false on one of them)."""
+    from lm.core.resume import FINETUNE_RESUMABLE, RESUMABLE, resumable
+
+    key = str(override).lstrip("+~").split("=", 1)[0]
+    if side == "finetune":
+        return not resumable(key, FINETUNE_RESUMABLE)
+    return not resumable(key, RESUMABLE) or resumable(key, SCHEDULE)
 
 
 def sided_overrides(summary: Mapping) -> tuple[tuple[str, str], ...]:
     """overrides() as (side, override) pairs, side `pretrain` or `finetune`."""
     r = summary["recipe"]
-    return tuple(("pretrain", o) for o in r.get("pretrain_overrides") or []) + tuple(
-        ("finetune", o) for o in r.get("finetune_overrides") or [] if not o.startswith("pooling=")
+    return tuple(
+        (side, o)
+        for side in SIDES
+        for o in r.get(f"{side}_overrides") or []
+        if computes(side, o) and not (side == "finetune" and o.startswith("pooling="))
     )
 
 

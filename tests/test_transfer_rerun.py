@@ -1,0 +1,80 @@
+"""lm transfer run again in the same directory: a rerun with overrides that change nothing computed is the same
+experiment (one curve in lm report, the record of the call that did the work kept), resume=false starts the
+finetunes over without losing the arm's recipe record, and an --arm all call leaves no stale one-arm record."""
+
+import json
+
+from lm.report.transfer import compare, find_transfers, overrides, series_labels
+
+CMP = compare(
+    {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+    {"rte": {"metrics": ["acc"], "seeds": {"0": 53.0}, "median": 53.0}},
+)
+
+
+def _point(out, tokens, finetune, pretrain=(), run=None):
+    out.mkdir(parents=True)
+    recipe = {
+        "arch": "decoder",
+        "pooling": "mean",
+        "pos": "learned",
+        "tokens": tokens,
+        "val_loss": 5.0,
+        "preset": "p",
+        "objective": "causal LM",
+        "finetune_note": "the budget",
+        "steps": tokens // 100,
+        "tokens_per_step": 100,
+        "seeds": [0],
+        "tasks": ["rte"],
+        "finetune_overrides": list(finetune),
+        "pretrain_overrides": list(pretrain),
+    }
+    run = run or {"command": "c", "machine": "m", "finished": "today", "seconds": 1.0}
+    arms = {"scratch": "s", "pretrained": "p"}
+    (out / "transfer.json").write_text(json.dumps({"recipe": recipe, "arms": arms, "comparison": CMP, "run": run}))
+    return out
+
+
+def test_overrides_that_change_nothing_computed_do_not_split_a_curve(tmp_path):
+    """Two points of one experiment, one of them run with --finetune train.progress=false resume=false
+    glue.data_root=<elsewhere> and --pretrain train.threads=1 data.workers=1, were two curves in lm report (labels
+    naming those overrides); an override that changes the results still makes its own curve."""
+    _point(tmp_path / "a", 1000, ["tasks.rte.epochs=10"], ["model.dim=64"])
+    _point(
+        tmp_path / "b",
+        2000,
+        ["tasks.rte.epochs=10", "train.progress=false", "resume=false", "glue.data_root=/elsewhere/glue_data"],
+        ["model.dim=64", "train.threads=1", "data.workers=1"],
+    )
+    rows = find_transfers([tmp_path])
+    assert [r["recipe"]["tokens"] for r in rows] == [1000, 2000]
+    assert overrides(rows[0]) == overrides(rows[1]) == ("pretrain model.dim=64", "tasks.rte.epochs=10")
+    assert series_labels(rows) == ["decoder (mean, learned)", "decoder (mean, learned)"]
+    # the schedule's keys (resumable only to recover from a NaN loss) and any other override still split
+    _point(tmp_path / "c", 1000, ["tasks.rte.epochs=10"], ["model.dim=64", "optim.lr=1e-3"])
+    labels = series_labels(find_transfers([tmp_path]))
+    assert labels.count("decoder (mean, learned; pretrain optim.lr=1e-3)") == 1 and len(set(labels)) == 2
+
+
+def test_a_read_back_with_a_harmless_override_keeps_the_run_record_of_the_work(tmp_path):
+    """A call that only read finished arms back keeps the run record (command, date, seconds) of the call that did
+    the work; with one more --finetune train.progress=false it took that record over."""
+    from lm.cli.transfer_recipe import write_table
+
+    worked = {"command": "lm transfer --seeds 0", "machine": "m", "finished": "monday", "seconds": 812.5}
+    out = _point(tmp_path / "t", 1000, ["tasks.rte.epochs=10"], run=worked)
+    again = json.loads((out / "transfer.json").read_text())
+    again["recipe"]["finetune_overrides"] += ["train.progress=false"]
+    again["run"] = {
+        "command": "lm transfer ... train.progress=false",
+        "machine": "m",
+        "finished": "tue",
+        "seconds": 1.0,
+    }
+    assert write_table(out, again)["run"] == worked
+    assert json.loads((out / "transfer.json").read_text())["run"]["seconds"] == 812.5
+    other = json.loads((out / "transfer.json").read_text())
+    other["recipe"]["finetune_overrides"] = ["tasks.rte.epochs=3"]  # other work: this call's record
+    other["run"] = {"command": "lm transfer epochs 3", "machine": "m", "finished": "wed", "seconds": 5.0}
+    assert write_table(out, other)["run"]["seconds"] == 5.0
