@@ -5,6 +5,8 @@ finetunes over without losing the arm's recipe record, and an --arm all call lea
 import json
 
 from lm.report.transfer import compare, find_transfers, overrides, series_labels
+from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
+from tests.test_transfer import corpus, recipe  # noqa: F401 - the tiny corpus (a fixture) and recipe
 
 CMP = compare(
     {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
@@ -78,3 +80,35 @@ def test_a_read_back_with_a_harmless_override_keeps_the_run_record_of_the_work(t
     other["recipe"]["finetune_overrides"] = ["tasks.rte.epochs=3"]  # other work: this call's record
     other["run"] = {"command": "lm transfer epochs 3", "machine": "m", "finished": "wed", "seconds": 5.0}
     assert write_table(out, other)["run"]["seconds"] == 5.0
+
+
+def test_finetune_resume_false_starts_the_arms_over_and_keeps_everything(tmp_path, corpus, easy_glue, caplog):  # noqa: F811
+    """--finetune resume=false finetunes both arms again; each earlier arm is set aside (kept, its place logged),
+    never the pretraining. It also moved the scratch arm's recipe record (transfer_arm.json) into previous/, so the
+    arm was left without it: a curve's next point of another recipe was no longer refused there."""
+    import logging
+
+    from lm.cli.transfer import run_transfer
+
+    out = tmp_path / "t"
+    first = run_transfer(recipe(out, corpus, easy_glue, seeds=[0]))
+    record = (out / "finetune" / "scratch" / "transfer_arm.json").read_text()
+    ckpt = out / "pretrain" / "checkpoints" / "step_00000004"
+    weights = {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()}
+    r = recipe(out, corpus, easy_glue, seeds=[0])
+    r.finetune += ["resume=false"]
+    with caplog.at_level(logging.INFO, logger="lm"):
+        again = run_transfer(r)
+    assert (out / "finetune" / "scratch" / "transfer_arm.json").read_text() == record
+    assert {p.name: p.stat().st_mtime_ns for p in ckpt.iterdir()} == weights  # the pretraining untouched
+    assert not (out / "pretrain" / "previous").exists()
+    for arm in ("scratch", "pretrained"):
+        (aside,) = (out / "finetune" / arm / "previous").iterdir()
+        assert f"moved to {aside}" in caplog.text
+        old = json.loads((aside / "results.json").read_text())["columns"]["sst2"]["seeds"]["0"]["acc"]
+        assert old == first["comparison"]["tasks"]["sst2"][arm]["seeds"]["0"]
+        assert (aside / "sst2" / "seed0" / "result.pt").is_file()  # kept, not deleted
+        assert (out / "finetune" / arm / "sst2" / "seed0" / "result.pt").is_file()  # finetuned again
+        assert not (aside / "transfer_arm.json").exists()
+    # the same recipe, the same numbers (CPU, seeded)
+    assert again["comparison"] == json.loads(json.dumps(first["comparison"]))

@@ -35,8 +35,9 @@ def register() -> None:
     register_glue_configs()
 
 
-def finetune(cfg: DictConfig):
-    """One lm finetune job (also the Python API: compose conf/finetune.yaml, then call this)."""
+def finetune(cfg: DictConfig, keep: tuple[str, ...] = ()):
+    """One lm finetune job (also the Python API: compose conf/finetune.yaml, then call this). `keep`: files of the
+    caller's in run_dir that resume=false leaves in place (lm transfer's scratch arm record and lane log)."""
     import torch
     from hydra.utils import get_class, instantiate
 
@@ -69,7 +70,7 @@ def finetune(cfg: DictConfig):
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
         if dist.is_main:
             if not job.resume:
-                _set_aside(run_dir)
+                _set_aside(run_dir, keep)
             atomic_write_text(run_dir / "config.yaml", config_yaml)
         dist_utils.barrier()  # no rank looks at the run_dir before an earlier job has left it
         job.logger.group = job.logger.group or _pretraining_group(backbone.pretrain)
@@ -112,13 +113,13 @@ def check_run_dir(run_dir: Path, init: str | None) -> None:
             raise ConfigError(f"run_dir={run_dir} holds init={init}, the model finetuning starts from: {fix}")
 
 
-def _set_aside(run_dir: Path) -> None:
+def _set_aside(run_dir: Path, keep: tuple[str, ...] = ()) -> None:
     """resume=false: an earlier job's results, submission and task directories moved to run_dir/previous/<UTC time>/
     (lm.core.session.set_aside), so starting over neither writes over them nor resumes a pair from its checkpoints."""
     from lm.core.lock import LOCK_NAME
     from lm.core.session import set_aside
 
-    kept = ("previous", LOCK_NAME, ".hydra")  # .hydra: a sweep cell's, which Hydra wrote for this job
+    kept = ("previous", LOCK_NAME, ".hydra", *keep)  # .hydra: a sweep cell's, which Hydra wrote for this job
     records = sorted(p.name for p in run_dir.iterdir() if p.name not in kept)
     set_aside(run_dir, records, marks=[r for r in records if r != "config.yaml"])
 

@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-log = logging.getLogger("lm")
+from lm.cli.transfer_recipe import LANE_LOG
 
-LOG_NAME = "lane.log"
+log = logging.getLogger("lm")
 
 
 def recipe_argv(r) -> list[str]:
@@ -57,7 +57,7 @@ def start_scratch_lane(r, threads: int) -> Lane:
     """Starts the scratch arm as `python -m lm.cli.transfer <recipe> --arm scratch --lane` with `threads` CPU
     threads; its output goes to <scratch>/lane.log."""
     r.scratch.mkdir(parents=True, exist_ok=True)
-    path = r.scratch / LOG_NAME
+    path = r.scratch / LANE_LOG
     cmd = [sys.executable, "-m", "lm.cli.transfer", *recipe_argv(r), "--arm", "scratch", "--lane"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     out = open(path, "a")  # noqa: SIM115 - the child writes to it; Lane closes it when the arm ends

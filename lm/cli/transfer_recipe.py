@@ -47,6 +47,8 @@ BUDGET_FIT_HEAD = ("stsb",)
 # with AVX512-BF16 or AMX), else fp32. On such a CPU its steps run 2.2x faster and it scores as fp32 does
 # (docs/results.md, "Finetuning in bf16").
 BUDGET_PRECISION = "auto"
+SCRATCH_RECORD = "transfer_arm.json"  # in the scratch arm's directory: the recipe it was finetuned under
+LANE_LOG = "lane.log"  # --parallel: the scratch arm's log, in its directory (lm/cli/transfer_lane.py)
 
 
 class TransferError(ConfigError):
@@ -216,7 +218,7 @@ def check_same_tokenizer(init_dir: Path, tokenizer: Path) -> None:
 
 def check_scratch_arm(r: Recipe, record: dict) -> None:
     """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings."""
-    path = r.scratch / "transfer_arm.json"
+    path = r.scratch / SCRATCH_RECORD
     if path.is_file():
         try:
             old = json.loads(path.read_text())
@@ -275,7 +277,10 @@ def finetune_arm(
     cfg = finetune_config(r, run_dir, init, tokenizer, pooling, tasks)
     with open_dict(cfg):
         cfg.model = model_node  # init=none builds exactly the pretraining run's model
-    return finetune(cfg)
+    # --finetune resume=false starts the pairs over; the arm's recipe record stays (it was just compared with this
+    # call's: moved aside, a shared scratch arm went unguarded and unarchivable) and so does the lane's log (moved
+    # aside, the running lane wrote into previous/ and a failed lane's error could not read it back)
+    return finetune(cfg, keep=(SCRATCH_RECORD, LANE_LOG))
 
 
 def budget(tasks: list[str]) -> list[str]:
