@@ -112,3 +112,30 @@ def test_finetune_resume_false_starts_the_arms_over_and_keeps_everything(tmp_pat
         assert not (aside / "transfer_arm.json").exists()
     # the same recipe, the same numbers (CPU, seeded)
     assert again["comparison"] == json.loads(json.dumps(first["comparison"]))
+
+
+def test_an_arm_all_call_sets_aside_a_one_arm_record_of_older_results(tmp_path, corpus, easy_glue, caplog):  # noqa: F811
+    """--arm pretrained --seeds 0, then --arm all --seeds 0,1: transfer_pretrained.json (seed 0 alone) stayed beside
+    the table of seeds 0 and 1, and a --join of it made a table of the old results. It is moved to
+    <out>/previous/<time>/ (kept as it was, its place logged); a record that still holds its arm's results stays."""
+    import logging
+
+    from lm.cli.transfer import run_transfer
+
+    out = tmp_path / "t"
+    run_transfer(recipe(out, corpus, easy_glue, arm="scratch", seeds=[0, 1]))
+    run_transfer(recipe(out, corpus, easy_glue, arm="pretrained", seeds=[0]))
+    old = (out / "transfer_pretrained.json").read_text()
+    assert list(json.loads(old)["results"]["columns"]["sst2"]["seeds"]) == ["0"]
+    scratch = (out / "transfer_scratch.json").read_text()
+    with caplog.at_level(logging.INFO, logger="lm"):
+        table = run_transfer(recipe(out, corpus, easy_glue, seeds=[0, 1]))
+    assert list(table["comparison"]["tasks"]["sst2"]["pretrained"]["seeds"]) == ["0", "1"]
+    assert not (out / "transfer_pretrained.json").exists()
+    (moved,) = (out / "previous").glob("*/transfer_pretrained.json")
+    assert moved.read_text() == old and f"moved to {moved}" in caplog.text
+    assert (out / "transfer_scratch.json").read_text() == scratch  # still its arm's results
+    assert list((out / "previous").glob("*/transfer_scratch.json")) == []
+    # the same call again finds nothing stale
+    run_transfer(recipe(out, corpus, easy_glue, seeds=[0, 1]))
+    assert len(list((out / "previous").iterdir())) == 1

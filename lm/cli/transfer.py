@@ -164,6 +164,9 @@ def _transfer(r: Recipe, t0: float) -> dict | None:
 
             write_arm_record(r, p, r.arm_dir(r.arm), t0)  # run_cli says what comes next
         return None
+    from lm.cli.transfer_join import set_aside_stale_records
+
+    set_aside_stale_records(r)  # the table is this call's; a one-arm record of older results is not left beside it
     summary = {
         "recipe": recipe_record(r, p),
         "arms": {"scratch": str(r.scratch), "pretrained": str(pretrained)},

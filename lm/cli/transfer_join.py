@@ -7,6 +7,7 @@ device calls (benchmarks/gpu_transfer.sh ARMS=pretrained|scratch).
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import sys
 import time
@@ -24,6 +25,8 @@ from lm.cli.transfer_recipe import (
     spent,
     write_table,
 )
+
+log = logging.getLogger("lm")
 
 
 def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Path | None:
@@ -44,6 +47,33 @@ def write_arm_record(r: Recipe, p: Plan, arm_dir: Path, t0: float) -> Path | Non
     path = r.out / arm_record_name(r.arm)
     atomic_write_text(path, json.dumps(record, indent=2) + "\n")
     return path
+
+
+def set_aside_stale_records(r: Recipe) -> list[Path]:
+    """Before an --arm all call writes the table: a one-arm record in <out> whose results are no longer its arm's
+    (an --arm pretrained --seeds 0 call, then --arm all --seeds 0,1; or the arms finetuned again, resume=false) is
+    moved to <out>/previous/<UTC time>/, and where is logged: left beside the table, a --join of it made a table of
+    the old results. A record that still holds its arm's results stays (a --join of it gives this table)."""
+    stale = []
+    for arm in ("scratch", "pretrained"):
+        path, results = r.out / arm_record_name(arm), r.arm_dir(arm) / "results.json"
+        try:
+            current = json.loads(path.read_text())["results"] == json.loads(results.read_text())
+        except (OSError, ValueError, KeyError, TypeError):  # none, or damaged: a damaged one is stale too
+            current = not path.is_file()
+        if not current:
+            stale.append(path)
+    if not stale:
+        return []
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside, n = r.out / "previous" / stamp, 1
+    while aside.exists():  # two calls in one second
+        aside, n = r.out / "previous" / f"{stamp}-{n}", n + 1
+    aside.mkdir(parents=True)
+    for path in stale:
+        path.rename(aside / path.name)
+        log.info("lm transfer: %s no longer holds its arm's results; moved to %s", path, aside / path.name)
+    return [aside / path.name for path in stale]
 
 
 def join_arms(paths: list[Path], out: Path, command: str) -> dict:
