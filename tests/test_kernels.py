@@ -273,16 +273,23 @@ def test_float8_without_torchao_names_the_extra(monkeypatch):
     assert one_line(e) == "train.float8=torchao needs torchao (not installed): pip install 'lm[kernels]'"
 
 
-def test_deepspeed_refuses_float8():
-    from types import SimpleNamespace
-
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_deepspeed_refuses_float8_before_the_device_or_the_extra(device, monkeypatch):
+    """ZeRO with float8 is refused for what it is, first: the device's or torchao's refusal would send the user to
+    a GPU or to pip install, after which this one would still come."""
     from lm.core.config import TrainConfig
-    from lm.core.setup import make_engine
+    from lm.engine import Dist
+    from lm.engine.dist import EngineError
+    from lm.engine.ds import DeepSpeedEngine
 
-    cfg = SimpleNamespace(engine=SimpleNamespace(_target_="x"))
-    engine = SimpleNamespace(format="deepspeed")
-    with pytest.raises(ConfigError, match="use engine=single, ddp or fsdp2, or train.float8=false"):
-        make_engine(cfg, lambda node: lambda train, dist: engine, TrainConfig(float8="torchao"), None)
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    dist = Dist(rank=0, world_size=1, local_rank=0, device=torch.device(device))
+    with pytest.raises(EngineError) as e:
+        DeepSpeedEngine(TrainConfig(float8="torchao"), dist, config={"zero_optimization": {"stage": 1}})
+    assert one_line(e) == (
+        "train.float8=torchao swaps the model's Linears before the engine wraps it, and DeepSpeedEngine keeps "
+        "weights of its own: use engine=single, ddp or fsdp2, or train.float8=false"
+    )
 
 
 def test_float8_converts_the_blocks_linears_and_keeps_the_output_layer():

@@ -42,6 +42,7 @@ class Engine:
     needs_process_group = False
     skips_nonfinite_updates = True  # step() leaves the weights alone when the gradient norm is NaN/inf
     writes_async = True  # stage_state: a checkpoint written in the background (train.async_checkpoint)
+    takes_float8 = True  # train.float8: wrap() swaps the Linears for torchao's before the engine wraps the model
     # Set by wrap(), which every user of an engine calls first.
     model: nn.Module  # what the loop calls (maybe wrapped or compiled)
     module: nn.Module  # the bare model (state dicts, export)
@@ -56,6 +57,12 @@ class Engine:
         self._snapshot_buffers: dict = {}  # stage_state's CPU storages, reused by the next snapshot
         self.check_launch()
         if train.float8:
+            if not self.takes_float8:  # first: no device or package would make this engine take float8
+                raise EngineError(
+                    f"train.float8=torchao swaps the model's Linears before the engine wraps it, and "
+                    f"{type(self).__name__} keeps weights of its own: use engine=single, ddp or fsdp2, "
+                    f"or {float8.OFF}"
+                )
             float8.check(self.device)
 
     # -- identity

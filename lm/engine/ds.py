@@ -106,6 +106,7 @@ class DeepSpeedEngine(Engine):
     # DeepSpeed's save_checkpoint writes synchronously (its asynchronous writers need Nebula or a newer
     # DeepSpeed's decoupled engine): train.async_checkpoint=true is refused (lm/core/setup.py).
     writes_async = False
+    takes_float8 = False  # DeepSpeed keeps flat partitions of its own, not the model's (torchao's) Linears
     model: "deepspeed.DeepSpeedEngine"  # what deepspeed.initialize returns (an nn.Module with its own step)
     # DeepSpeed's wrapper of lm's AdamW (a ZeRO optimizer, not a torch Optimizer); it has param_groups (set_lr)
     optimizer: "torch.optim.Optimizer | DeepSpeedOptimizer"

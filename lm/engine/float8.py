@@ -6,8 +6,9 @@ tensor-wise scales and run on the GPU's float8 tensor cores; the weights themsel
 same names (checkpoints are unchanged). Which Linears qualify is the model's call
 (lm.model.linear.float8_eligible: not the output layer). The model code stays single-device PyTorch.
 
-Refused in one line: on anything but a CUDA device of compute capability >= 8.9 (H100, H200, L40S, RTX 4090),
-without torchao (the `kernels` extra), and by DeepSpeed (lm/core/setup.py), which keeps weights of its own.
+Refused in one line: first by DeepSpeed, which keeps weights of its own (Engine.takes_float8, read before the
+rest: no GPU or package would help there); then on anything but a CUDA device of compute capability >= 8.9 (H100,
+H200, L40S, RTX 4090), and without torchao (the `kernels` extra).
 torchao reports float8 slower than bf16 below ~2k-wide matmuls (torchtitan), so it pays at the 1B scale.
 """
 
