@@ -121,29 +121,32 @@ def test_a_config_saved_before_rezero_and_fixup_moved_to_the_zoo_loads(old, new)
 
 
 def test_fixup_scale_formula():
-    assert fixup_scale(4) == pytest.approx(4**-0.5)  # m = 2: L^(-1/2)
+    assert fixup_scale(4) == pytest.approx(4**-0.5)  # m = 2 (an FFN): L^(-1/2)
+    assert fixup_scale(64, m=4) == pytest.approx(0.5)  # m = 4 (attention: W_Q, W_K, W_V, W_O): 64^(-1/6)
     assert fixup_scale(16, m=3) == pytest.approx(16**-0.25)  # L^(-1/(2m-2))
     assert fixup_scale(1) == 1.0
 
 
 @pytest.mark.parametrize("arch,branches", [("decoder", 2 * 2), ("encoder_decoder", 2 * 2 + 3 * 2)])
 def test_fixup_rescales_the_same_draws(arch, branches):
-    """Same seed, same draws as a norm-free model without Fixup's init (ReZero's scalars take no RNG):
-    every in-branch layer but the last is scaled by L^(-1/2), the last layers and an untied output are 0."""
+    """Same seed, same draws as a norm-free model without Fixup's init (ReZero's scalars take no RNG): the
+    attention's q, k, v are scaled by L^(-1/6) (m = 4), the FFN's first layer by L^(-1/2) (m = 2), the last
+    layers and an untied output are 0."""
     over = ["model.tie_embeddings=false"]
     fixup = dict(built(tiny("model/norm=fixup", *over, arch=arch)).named_parameters())
     plain = dict(built(tiny("model/norm=rezero", *over, arch=arch)).named_parameters())
-    scale = branches**-0.5
-    checked = 0
+    checked = {}
     for name, p in fixup.items():
         if ".blocks." not in name or not name.endswith(".weight"):
             continue
         if re.search(r"\.(out|down)\.weight$", name):
             assert torch.count_nonzero(p) == 0, name
-        else:
-            assert torch.allclose(p, plain[name] * scale), name
-            checked += 1
-    assert checked >= 4
+            continue
+        kind = "attn" if re.search(r"_attn\.(qkv|q|kv)\.weight$", name) else "ffn"
+        scale = branches ** (-1 / 6) if kind == "attn" else branches**-0.5
+        assert torch.allclose(p, plain[name] * scale), name
+        checked[kind] = checked.get(kind, 0) + 1
+    assert checked["attn"] >= 2 and checked["ffn"] >= 2, checked
     assert torch.count_nonzero(fixup["head.proj.weight"]) == 0
     assert torch.equal(fixup["embed.tok.weight"], plain["embed.tok.weight"])
     assert {n for n in fixup if n.endswith((".bias", ".multiplier")) and "scalars" in n}

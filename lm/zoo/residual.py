@@ -139,11 +139,13 @@ class FixupConfig(_ResidualNormConfig):
 
 # -- Fixup's initialisation ------------------------------------------------------------------------
 
-# Fixup's m: weight layers in series on each residual branch (value then output projection; up then down).
-FIXUP_BRANCH_LAYERS = 2
+# Fixup's m: weight layers in series on a residual branch. An FFN has 2 (up, down). Multi-head attention has 4:
+# softmax(q k^T) v ~ q k^T v is three layers in series (W_Q, W_K, W_V), then W_O (the Fixup author's reading,
+# github.com/hongyi-zhang/Fixup issue 8, and Mesh TensorFlow's fixup_layers.py, which Narang et al. 2021 ran).
+FFN_LAYERS, ATTENTION_LAYERS = 2, 4
 
 
-def fixup_scale(n_branches: int, m: int = FIXUP_BRANCH_LAYERS) -> float:
+def fixup_scale(n_branches: int, m: int = FFN_LAYERS) -> float:
     """L^(-1/(2m-2)) for L residual branches of m layers each (Zhang et al. 2019, rule 2)."""
     return n_branches ** (-1.0 / (2 * m - 2))
 
@@ -157,16 +159,20 @@ def residual_branches(model: nn.Module) -> int:
 @torch.no_grad()
 def fixup_rescale(model: nn.Module) -> None:
     """Fixup without norms (Zhang et al. 2019, section 3): the last layer of every residual branch (the
-    attention and FFN output projections) starts at 0, every other layer inside a branch is scaled by
-    L^(-1/(2m-2)), and an untied output layer (the classification layer) starts at 0. The per-branch
-    scalar bias and multiplier are the block's `scalars_*`."""
-    scale = fixup_scale(residual_branches(model))
+    attention and FFN output projections) starts at 0; every other layer inside a branch is scaled by
+    L^(-1/(2m-2)): L^(-1/6) in an attention branch (q, k, v: m = 4), L^(-1/2) elsewhere (the FFN's, m = 2);
+    an untied output layer (the classification layer) starts at 0. The per-branch scalar bias and multiplier
+    are the block's `scalars_*`: one bias before each branch, not the paper's one before every layer and
+    activation inside it (a simplification; Narang et al.'s Mesh TensorFlow code adds one more, before the FFN's
+    down projection)."""
+    L = residual_branches(model)
     for block in (m for m in model.modules() if isinstance(m, Block)):
+        attention = {id(m) for a in (block.self_attn, block.cross_attn) if a is not None for m in a.modules()}
         for layer in (m for m in block.modules() if isinstance(m, nn.Linear)):
             if isinstance(layer, Linear) and layer.residual:
                 layer.weight.zero_()
             else:
-                layer.weight.mul_(scale)
+                layer.weight.mul_(fixup_scale(L, ATTENTION_LAYERS if id(layer) in attention else FFN_LAYERS))
     head = getattr(model, "head", None)
     if head is not None and not model.cfg.output_tied:
         for layer in logit_layers(head):
