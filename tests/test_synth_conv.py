@@ -49,6 +49,25 @@ def test_dense_synthesizer_row_depends_only_on_its_own_token():
     assert changed[3] > 0 and torch.all(changed[[0, 1, 2, 4, 5]] == 0)
 
 
+def test_dense_synthesizer_b2_is_the_papers_bias_over_key_positions():
+    """Tay et al.'s B = W2 relu(W1 x + b1) + b2: model.attn.b2=true adds a learned (L,) bias, 0 at init; off by
+    default (Mesh TF's code, Narang et al.'s rows), where the option builds no such parameter."""
+    from lm.model import build_model
+    from lm.model.config import model_preset
+
+    s = SynthesizerDense(H, H, DH, L, None, 0.0, False, b2=True)
+    q, k, _ = _qkv()
+    assert s.b2.shape == (L,) and torch.count_nonzero(s.b2) == 0
+    with torch.no_grad():
+        s.b2.copy_(torch.arange(L, dtype=torch.float32))
+    assert torch.allclose(s.logits(q, k), torch.relu(q) @ s.W[:, :6] + torch.arange(6.0), atol=1e-6)
+    over = ["model.arch=encoder", "model/attn=synthesizer_dense", "model.max_seq_len=32"]
+    names = lambda cfg: {n for n, _ in build_model(cfg).named_parameters() if n.endswith(".b2")}  # noqa: E731
+    assert names(model_preset("tiny", over)) == set()
+    with_b2 = names(model_preset("tiny", [*over, "model.attn.b2=true"]))
+    assert with_b2 == {f"encoder.blocks.{i}.self_attn.score.b2" for i in range(2)}
+
+
 def test_factorized_synthesizer_is_rank_k():
     s = SynthesizerFactorized(H, H, DH, L, None, 0.0, False, factorized_k=3)
     q, k, _ = _qkv(T=10)

@@ -4,7 +4,7 @@ synthesizer_factorized, each with model.attn.mix=none | plus | plus_alpha.
 A synthesizer does not compute its attention weights from query-key dot products; it synthesizes
 the (Tq, Tk) logits of every head:
 
-    dense       B = relu(q) W                  W: (Dh, L), shared by the heads  (logits from the token alone)
+    dense       B = relu(q) W [+ b2]           W: (Dh, L), shared by the heads  (logits from the token alone)
     random      B = R_h                        R: (H, L, L) learned, the same for every input
     factorized  B = R1_h R2_h^T                R1, R2: (H, L, k): a rank-k random synthesizer
 
@@ -19,7 +19,10 @@ The mixes with dot-product attention (Tay et al. section 3.2):
 This follows the implementation that Narang et al. 2021 (the table this option joins) ran, Mesh
 TensorFlow's synthetic attention: the dense synthesizer's first layer is the query projection (so its
 hidden layer is relu(q), per head), and every variant keeps the q, k and v projections of the
-attention module, used or not, so the Params column counts them as that table does.
+attention module, used or not, so the Params column counts them as that table does. The paper writes the dense
+synthesizer B = W2 relu(W1 x + b1) + b2; that code has neither bias. Here b1 is the query projection's bias
+(model.bias) and b2, a learned (L,) bias over key positions starting at 0, is opt-in: model.attn.b2=true
+(default false: the code Narang et al. ran, and what configs saved before the option build).
 
 The base class masks the logits (causal: the future gets exactly zero weight; padding: padded keys
 get zero weight), takes the softmax, records probabilities for capture(), and multiplies by v.
@@ -67,14 +70,16 @@ class _SynthesizerConfig(AttnConfig):
         super().check(model)
 
 
-SynthesizerDenseConfig = target_option(
-    "attn",
-    "SynthesizerDenseConfig",
-    "lm.zoo.synthesizer.SynthesizerDense",
-    "Dense Synthesizer (Tay et al. 2020): logits relu(q) W, W: (head_dim, max_seq_len).",
-    _SynthesizerConfig,
-    option_file="synthesizer_dense",
-)
+@register("attn")
+@dataclass
+class SynthesizerDenseConfig(_SynthesizerConfig):
+    """Dense Synthesizer (Tay et al. 2020): logits relu(q) W (+ b2), W: (head_dim, max_seq_len)."""
+
+    _target_: str = "lm.zoo.synthesizer.SynthesizerDense"
+    option_file: ClassVar[str] = "synthesizer_dense"
+    b2: bool = False  # the paper's second-layer bias over key positions (Mesh TF's code, Narang's rows: none)
+
+
 SynthesizerRandomConfig = target_option(
     "attn",
     "SynthesizerRandomConfig",
@@ -144,11 +149,13 @@ class _Synthesizer(Score):
 
 
 class SynthesizerDense(_Synthesizer):
-    """B = relu(q) W: each query token's own row of logits over positions 0..L-1."""
+    """B = relu(q) W (+ b2): each query token's own row of logits over positions 0..L-1."""
 
-    def __init__(self, *shape, **named_shape):
+    def __init__(self, *shape, b2: bool = False, **named_shape):
         super().__init__(*shape, **named_shape)
         self.W = nn.Parameter(torch.empty(self.head_dim, self.max_seq_len))
+        # b2 starts at 0: the initial model is the one without it
+        self.b2 = nn.Parameter(torch.zeros(self.max_seq_len)) if b2 else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -156,7 +163,8 @@ class SynthesizerDense(_Synthesizer):
 
     def synthesized(self, q, tq, tk):
         self._rows_cols(tq, tk)
-        return torch.relu(q) @ self.W[:, :tk].to(q.dtype)  # (B, H, Tq, Dh) @ (Dh, Tk) -> (B, H, Tq, Tk)
+        logits = torch.relu(q) @ self.W[:, :tk].to(q.dtype)  # (B, H, Tq, Dh) @ (Dh, Tk) -> (B, H, Tq, Tk)
+        return logits if self.b2 is None else logits + self.b2[:tk].to(q.dtype)
 
     def synthesis_flops(self, seq_len):
         return 2 * self.n_heads * self.head_dim * seq_len
