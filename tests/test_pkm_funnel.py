@@ -85,6 +85,34 @@ def test_pkm_refuses_undefined_settings(override, field):
         build_model(cfg)
 
 
+def test_pkm_layers_range_is_the_stack_options_not_a_funnel_special_case():
+    """PKM's layers may name any block a model/stack option builds (its layer_indices), not only Funnel's: a stack
+    option with one extra block per stack admits layer n_layers, the plain stack refuses it."""
+    from dataclasses import dataclass, replace
+
+    from lm.model.options import StackConfig
+
+    @dataclass
+    class OneMore(StackConfig):
+        def layer_indices(self, n_layers: int) -> int:
+            return n_layers + 1
+
+    cfg = model_preset("tiny", ["model/block=pkm", "model.block.layers=[2]"])  # tiny: 2 layers
+    with pytest.raises(ConfigError, match=r"model\.block\.layers=\[2\] must be distinct block indices in \[0, 2\)"):
+        cfg.block.check(cfg)
+    cfg.block.check(replace(cfg, stack=OneMore()))  # admitted: the option builds block 2
+    funnel = model_preset(
+        "tiny", ["model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]", "model/block=pkm"]
+    )
+    for layer in (3, 4):  # 2 groups + 2 up-sampling blocks: 0..3
+        m = replace(funnel, block=replace(funnel.block, layers=[layer]))
+        if layer == 3:
+            m.block.check(m)
+        else:
+            with pytest.raises(ConfigError, match=r"in \[0, 4\)"):
+                m.block.check(m)
+
+
 @pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
 def test_pkm_query_batchnorm_is_refused_in_a_causal_stack(arch):
     """Training's batch statistics mix later tokens' queries into earlier tokens' reads."""

@@ -321,12 +321,17 @@ class BlockConfig(Component):
 class StackConfig(Component):
     """model/stack: a Stack subclass in place of lm/model/stack.py's Stack, built as
     stack(cfg, c, n_layers, causal, cross) (the zoo: funnel, shared). `depth(n_layers)` is how many layers
-    a stack of n_layers applies (lm/model/init.py scales residual projections by it); `pools_queries`: its
-    blocks attend from pooled queries (options laid out on positions refuse it)."""
+    a stack of n_layers applies (lm/model/init.py scales residual projections by it); `layer_indices(n_layers)`
+    how many layer indices its blocks take at most (a model/block option's `layers` must lie below it);
+    `pools_queries`: its blocks attend from pooled queries (options laid out on positions refuse it)."""
 
     pools_queries: ClassVar[bool] = False
 
     def depth(self, n_layers: int) -> int:
+        return n_layers
+
+    def layer_indices(self, n_layers: int) -> int:
+        """Blocks 0 .. layer_indices - 1 are built (make_block's `layer`) by the largest of its stacks."""
         return n_layers
 
 

@@ -44,6 +44,10 @@ class FunnelConfig(StackConfig):
     decoder_layers: int = 2  # full-length blocks after up-sampling
     pools_queries = True
 
+    def layer_indices(self, n_layers: int) -> int:
+        """The encoder's pooled groups, then its up-sampling blocks (a causal stack builds fewer)."""
+        return n_layers + self.decoder_layers
+
     def check(self, model) -> None:
         if model.arch == Arch.decoder:
             raise ConfigError(

@@ -25,7 +25,6 @@ from lm.model.linear import Linear, MatmulCount
 from lm.model.options import BlockConfig, positive
 from lm.model.registry import register
 from lm.model.stack import BlockParts
-from lm.zoo.funnel import FunnelConfig
 
 
 @register("block")
@@ -45,8 +44,8 @@ class PKMConfig(BlockConfig):
 
     def check(self, model) -> None:
         depths = [model.n_layers] + ([model.decoder_layers] if model.arch == Arch.encoder_decoder else [])
-        if isinstance(model.stack, FunnelConfig):  # a Funnel encoder holds its up-sampling blocks too
-            depths.append(model.n_layers + model.stack.decoder_layers)
+        if model.stack is not None:  # a stack option may build more blocks than layers (Funnel's up-sampling)
+            depths = [model.stack.layer_indices(n) for n in depths]
         depth = max(depths)
         if (
             not self.layers
