@@ -1,5 +1,7 @@
 """Packed loader: windows, shifted labels, seeded epochs, disjoint ranks, exact resume, collators, model contract."""
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -232,6 +234,36 @@ def test_mlm_masks_15_percent_80_10_10_never_specials(data):
         kept += (batch["input_ids"][target] == orig[target]).sum().item()
     assert 0.13 < chosen / n < 0.17
     assert 0.77 < masked / chosen < 0.83 and 0.08 < kept / chosen < 0.12 + 0.01  # 10% kept (+ rare random hits)
+
+
+def test_electra_masks_85_percent_and_keeps_15_with_no_random_tokens(data):
+    """ELECTRA's code masks 85% of the predicted positions and keeps 15%, with no random tokens (BERT's 10% would
+    reach the generator's input); lm train gives the loader the model's mlm_corruption."""
+    from types import SimpleNamespace
+
+    from lm.cli.train import _packed_loaders
+    from lm.core.config import TrainConfig
+    from lm.data.config import DataConfig
+    from lm.model.config import model_preset
+
+    tok = Tokenizer.load(data)
+    electra = model_preset("tiny", ["model.arch=encoder", "model/family=electra"])
+    assert electra.mlm_corruption == (0.85, 0.0) and model_preset("tiny", ["model.arch=encoder"]).mlm_corruption == (
+        0.8,
+        0.1,
+    )
+    dist = SimpleNamespace(rank=0, world_size=1, is_main=True)
+    train_cfg = TrainConfig(seq_len=128, micro_batch_size=16)
+    loader = _packed_loaders(DataConfig(dir=str(data), source=None), train_cfg, dist, "mlm", 0, None, (0.85, 0.0))[0]
+    bert = PackedLoader(data, "train", 128, 16, "mlm", seed=0)
+    chosen = masked = 0
+    for batch, same in zip(itertools.islice(loader, 10), itertools.islice(bert, 10)):
+        target = batch["labels"] != -100
+        assert torch.equal(target, same["labels"] != -100)  # the same positions are chosen, only what they get differs
+        inputs, labels = batch["input_ids"][target], batch["labels"][target]
+        assert torch.all((inputs == tok.mask_id) | (inputs == labels))  # [MASK] or the original: never random
+        chosen, masked = chosen + target.sum().item(), masked + (inputs == tok.mask_id).sum().item()
+    assert 0.82 < masked / chosen < 0.88
 
 
 def test_lm_train_starts_span_targets_with_the_models_decoder_start_token(data):

@@ -93,7 +93,13 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second run refuses
         if loaders is None:
             train_loader, val_loader, vocab = _packed_loaders(
-                run.data, train_cfg, dist, objective_for(model_cfg.arch), run.seed, model_cfg.decoder_start_token_id
+                run.data,
+                train_cfg,
+                dist,
+                objective_for(model_cfg.arch),
+                run.seed,
+                model_cfg.decoder_start_token_id,
+                model_cfg.mlm_corruption,
             )
             if vocab > model_cfg.vocab_size:  # the record says what was built: export and resume read it
                 model_cfg = _vocab_follows_tokenizer(cfg, model_cfg, vocab, dist.is_main)
@@ -260,12 +266,18 @@ def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bo
 
 
 def _packed_loaders(
-    data: DataConfig, train_cfg: TrainConfig, dist, objective: str, seed: int, decoder_start_id: int | None = None
+    data: DataConfig,
+    train_cfg: TrainConfig,
+    dist,
+    objective: str,
+    seed: int,
+    decoder_start_id: int | None = None,
+    mlm_corruption: tuple[float, float] = (0.8, 0.1),
 ):
     """Prepare the data once (rank 0; the others wait), then one packed loader per split, and the vocabulary
     size of the data's tokenizer. decoder_start_id: span corruption's first decoder input, the model's
     decoder_start_token_id, which generation, the eval harness and hf/ use too (the collator's default, the
-    tokenizer's pad, ignored an override of it)."""
+    tokenizer's pad, ignored an override of it). mlm_corruption: the model's (BERT's 80/10, ELECTRA's 85/0)."""
     from lm.data.packed import PackedLoader
     from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
@@ -297,6 +309,7 @@ def _packed_loaders(
             mean_span_length=data.mean_span_length,
             decoder_start_id=decoder_start_id if objective == "span" else None,
             train_stride=data.train_stride,
+            mlm_corruption=mlm_corruption,
         )
 
     return loader("train"), loader("val"), vocab

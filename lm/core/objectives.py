@@ -6,8 +6,9 @@
 | encoder_decoder | span      | sentinel-replaced spans in, the spans out (Raffel et al. 2020)           |
 
 A model/family option (lm/zoo) keeps its arch's batch: the recurrent LMs are decoders (a bidirectional one is
-refused: lm.model.validate.check_objective); ELECTRA is an encoder that reads the mlm batch and returns its own
-loss (the generator's MLM loss + disc_weight x the replaced-token detection loss over every real token).
+refused: lm.model.validate.check_objective); ELECTRA is an encoder that reads the mlm batch (masked 85/0/15 as
+ELECTRA's code masks: the model config's mlm_corruption) and returns its own loss (the generator's MLM loss +
+disc_weight x the replaced-token detection loss over every real token).
 
 The model returns the mean cross-entropy over a micro-batch's label tokens. Averaging those means
 over micro-batches and ranks would weight a token by how crowded its micro-batch was, so the loop

@@ -2,7 +2,8 @@
 
 - clm:  causal LM; labels already shifted (labels[:, t] is the target of position t).
 - mlm:  BERT's masking (Devlin et al. 2019): 15% of positions are predicted; of those 80% become
-        <mask>, 10% a random token, 10% stay; special tokens are never chosen.
+        <mask>, 10% a random token, 10% stay; special tokens are never chosen. ELECTRA's (the model's
+        mlm_corruption): 85% <mask>, 15% stay, none random.
 - span: T5's span corruption (Raffel et al. 2020, 3.1.4): 15% of the tokens, in spans of mean
         length 3, are replaced by sentinels in the input; the target lists each sentinel followed
         by the tokens it hides. Window lengths are chosen so that the corrupted input is at most
@@ -58,9 +59,12 @@ class MaskedLM(Collator):
         probability: float = 0.15,
         seed: int = 0,
         stream: int = 0,
+        corruption: tuple[float, float] = (0.8, 0.1),
     ):
+        """corruption: of the chosen positions, the fractions given <mask> and a random token (BERT's 80/10)."""
         super().__init__(seed, stream)
         self.window, self.mask_id, self.p = seq_len, mask_id, probability
+        self.masked, self.random = corruption
         self.maskable = np.ones(vocab_size, dtype=bool)
         self.maskable[special_ids] = False
         self.regular = np.flatnonzero(self.maskable)  # random replacements are ordinary tokens only
@@ -78,8 +82,8 @@ class MaskedLM(Collator):
             chosen[rng.choice(np.flatnonzero(maskable))] = True
         action = rng.random(tokens.size)
         labels[chosen] = tokens[chosen]
-        inputs[chosen & (action < 0.8)] = self.mask_id
-        swap = chosen & (action >= 0.8) & (action < 0.9)
+        inputs[chosen & (action < self.masked)] = self.mask_id
+        swap = chosen & (action >= self.masked) & (action < self.masked + self.random)
         inputs[swap] = self.regular[rng.integers(self.regular.size, size=int(swap.sum()))]
 
 

@@ -141,13 +141,14 @@ def make_collator(
     noise_density: float = 0.15,
     mean_span_length: float = 3.0,
     decoder_start_id: int | None = None,
+    mlm_corruption: tuple[float, float] = (0.8, 0.1),
 ) -> Collator:
     sp, vocab = meta["tokenizer"]["specials"], meta["tokenizer"]["vocab_size"]
     if objective == "clm":
         return CausalLM(seq_len, seed, stream)
     if objective == "mlm":
         specials = [v for k, v in sp.items() if k != "sentinels"] + sp["sentinels"]
-        return MaskedLM(seq_len, sp["mask"], specials, vocab, mlm_probability, seed, stream)
+        return MaskedLM(seq_len, sp["mask"], specials, vocab, mlm_probability, seed, stream, mlm_corruption)
     if objective == "span":
         start = sp["pad"] if decoder_start_id is None else decoder_start_id
         return SpanCorruption(seq_len, sp["sentinels"], sp["eos"], start, noise_density, mean_span_length, seed, stream)
@@ -174,6 +175,7 @@ class PackedLoader:
         decoder_start_id: int | None = None,
         verify: bool = False,
         train_stride: int | None = None,
+        mlm_corruption: tuple[float, float] = (0.8, 0.1),
     ):
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -202,6 +204,7 @@ class PackedLoader:
             noise_density,
             mean_span_length,
             decoder_start_id,
+            mlm_corruption,
         )
         self.window, self.stride = self.collate.window, self.collate.window - self.collate.overlap
         if train_stride is not None and self.training:  # val always tiles: each token scored once

@@ -150,6 +150,12 @@ class ModelConfig:
     def decoder_layers(self) -> int:
         return self.n_decoder_layers or self.n_layers
 
+    @property
+    def mlm_corruption(self) -> tuple[float, float]:
+        """Of an mlm batch's predicted positions, the fractions given [MASK] and a random token: the family's
+        (ELECTRA's 85/0), else BERT's 80/10 (FamilyConfig.mlm_corruption)."""
+        return (self.family or FamilyConfig()).mlm_corruption
+
 
 @dataclass
 class ModelSchema(ModelConfig):

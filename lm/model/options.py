@@ -387,10 +387,13 @@ class FamilyConfig(Component):
       pretrains a plain one returns that one's config); by default the model itself.
     - `check_objective(model, objective)`: refuses a pretraining objective the model cannot learn honestly.
     - `nll_loss`: its loss is a mean negative log-likelihood per token, so exp(loss) is a perplexity; False for a
-      loss of another kind (ELECTRA's generator MLM loss + lambda x discriminator BCE)."""
+      loss of another kind (ELECTRA's generator MLM loss + lambda x discriminator BCE).
+    - `mlm_corruption`: of the positions an mlm batch predicts, the fractions given [MASK] and a random token (the
+      rest keep theirs): BERT's 80/10/10, which lm.data's MaskedLM applies (ModelConfig.mlm_corruption)."""
 
     transformer: ClassVar[bool] = True
     nll_loss: ClassVar[bool] = True
+    mlm_corruption: ClassVar[tuple[float, float]] = (0.8, 0.1)
 
     def build(self, model: ModelConfig, components):
         raise NotImplementedError

@@ -7,6 +7,13 @@ paper) times the discriminator's binary cross-entropy over the real tokens. Lear
 rather than the 15% masked ones is what makes it pay at small compute (ELECTRA-Small: GLUE dev 79.9
 against 75.1 for a BERT-Small of the same size).
 
+As in ELECTRA's code (its pretrain_helpers.py and run_pretraining.py): the masked positions of the mlm batch are
+[MASK] at 85% and keep their token at 15%, with no random tokens (ElectraConfig.mlm_corruption, which lm train's
+loader reads); every masked position gets a sample, and a sample that equals the original is labelled original.
+Samples are drawn over the whole vocabulary, special tokens included, as that code draws them (its
+`disallow` mask is off by default): the generator is trained never to predict them (no masked position holds
+one), so after the first steps it all but never samples them; this model has no tokenizer to name them by.
+
 Parameter names: the discriminator's parts are EncoderLM's (`embed.*`, `encoder.*`), so finetuning
 (lm/glue/init.py build_classifier) loads them into a plain EncoderLM; `head.*` (the per-token binary
 head) and `generator.*` are pretraining-only. The generator reads the discriminator's token (and
@@ -60,6 +67,9 @@ class ElectraConfig(FamilyConfig):
 
     _target_: str = "lm.zoo.electra.ElectraLM"
     nll_loss: ClassVar[bool] = False  # MLM + lambda x BCE: its exp is no perplexity
+    # ELECTRA's masking (its pretrain_helpers.mask): 85% of the predicted positions become [MASK], 15% stay, no random
+    # tokens; BERT's 10% random tokens would only blur the generator's input (every one is replaced by a sample anyway)
+    mlm_corruption: ClassVar[tuple[float, float]] = (0.85, 0.0)
     generator_dim: int = 64
     generator_heads: int = 1
     generator_ffn_dim: int | None = None  # None = model/ffn's hidden_mult x generator_dim (4x for an MLP)
