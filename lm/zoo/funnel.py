@@ -8,6 +8,14 @@ group's output by repetition to the full length, add the first group's output, a
 `decoder_layers` ordinary blocks (paper section 2.2). Classification reads only the pooled path
 (`pooled_forward`), so the up-sampling blocks do not run.
 
+Against the paper: its post-norm pooling block is LN(pool(h) + MHA(Q=pool(h), KV=h)); here under post-norm it is
+exactly that, and under pre-norm pool(h) + MHA(Q=pool(LN(h)), KV=LN(h)): the norm is the branch's input as in every
+pre-norm block, the queries are pooled from it (after the linear q projection, the same thing), the residual
+carries pool(h). (Mesh TensorFlow's version, which Narang et al. ran, instead runs a full-length block and pools its
+output.) Deliberate simplifications: the [CLS] token is pooled with its neighbour like any other position (the
+authors' code keeps it apart, `separate_cls`, so a classifier reads an unmixed [CLS]), and positions are absolute
+embeddings, not the paper's Transformer-XL relative attention (nor T5's bias: see below).
+
 Padding: pooling averages only the real tokens of each pair, and a pooled position is real when
 either of its pair is, so pads never leak into real positions and no real token is lost.
 Positions enter as embeddings (learned, sinusoidal, none) before the first block; schemes acting
