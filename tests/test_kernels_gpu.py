@@ -248,3 +248,15 @@ def test_lm_train_with_float8_tracks_bf16(tmp_path):
         train(cfg, loaders=loaders(cfg))
         runs[name] = train_losses(tmp_path / name)
     assert max(abs(runs["bf16"][s] - runs["float8"][s]) for s in runs["bf16"]) < 0.1
+
+
+@pytest.mark.parametrize("kernel", ["liger", "cce"])
+def test_fused_linear_cross_entropy_of_a_batch_without_targets_is_zero(kernel):
+    """A micro-batch whose labels are all -100 (a short mlm window) gives loss 0 and gradient 0, not a NaN mean
+    that would turn its step into a skipped non-finite one (tests/test_loss_no_targets.py, the eager paths)."""
+    torch.manual_seed(0)
+    fused = build_model(model_preset("llama", LLAMA + [f"model.kernels.cross_entropy={kernel}"])).cuda()
+    x = torch.randint(0, fused.cfg.vocab_size, (2, 64), device="cuda")
+    loss, grads = _loss_and_grads(fused, x, torch.full_like(x, -100))
+    assert loss.item() == 0.0
+    assert all(torch.count_nonzero(g) == 0 for g in grads.values())

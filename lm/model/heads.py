@@ -15,7 +15,7 @@ from torch import nn
 
 from lm.constants import IGNORE_INDEX
 from lm.model.linear import Linear, MatmulCount
-from lm.model.loss import chunked_cross_entropy
+from lm.model.loss import chunked_cross_entropy, target_mean
 
 if TYPE_CHECKING:  # model code reads the config's values; it does not need its schema module to run
     from lm.model.config import ModelConfig
@@ -117,7 +117,10 @@ class LMHead(nn.Module):
         if labels is None:
             return LMOutput(logits=logits)
         # fp32 loss: log-softmax over a large vocabulary loses precision in half precision. (B*T, V) against (B*T,)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
+        summed = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        loss = target_mean(summed, labels)  # no targets: 0, not NaN
         # Detached: under torch.compile, returned logits that require grad get a (B, T, V) zero gradient
         # allocated and filled in backward though nothing uses it (13 GB of bf16 at GPT-2's vocabulary and
         # 128 x 1024 tokens). Gradients flow through the loss; for a loss of your own, pass no labels.

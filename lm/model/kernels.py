@@ -22,6 +22,7 @@ import torch
 from lm.config_base import ConfigError
 from lm.constants import IGNORE_INDEX
 from lm.model.ffn import GLU
+from lm.model.loss import target_mean
 from lm.model.norms import LayerNorm, RMSNorm
 
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ def fused_linear_cross_entropy(
     if kernel == "liger":
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
-        # Gradients of the fp32 master weight accumulate in fp32 across chunks, as lm/model/loss.py's do.
+        # Gradients of the fp32 master weight accumulate in fp32 across chunks, as lm/model/loss.py's do. Its mean
+        # divides each row by the target count inside the kernel and skips ignored rows: no targets give 0, not NaN.
         return liger_fused_linear_cross_entropy(
             h2, weight, target, bias=bias, ignore_index=IGNORE_INDEX, accum_dtype=torch.float32
         )
@@ -177,4 +179,6 @@ def fused_linear_cross_entropy(
     # autocast's dtype as an autocast matmul would. It has no bias term: check() refuses the encoder's biased head.
     assert bias is None, "model.kernels.cross_entropy=cce with an output bias (check() refuses it)"
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else h.dtype
-    return linear_cross_entropy(h2.to(dtype), weight.to(dtype), target, ignore_index=IGNORE_INDEX)
+    # Summed, then / the target count (not below 1): no targets give 0, as every loss of the model's does (target_mean).
+    summed = linear_cross_entropy(h2.to(dtype), weight.to(dtype), target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return target_mean(summed.float(), target)

@@ -80,6 +80,14 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return gh, (grad_w * grad_out).to(w_dtype), gb, None, None
 
 
+def target_mean(summed: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """A loss summed over the label tokens, divided by their count (not below 1). The mean F.cross_entropy takes
+    is 0/0 = NaN on a micro-batch whose labels are all IGNORE_INDEX (short mlm windows, a span batch, a
+    micro-batch of padding), and the loop's weight 0 for it cannot cancel a NaN (NaN x 0 = NaN): the whole
+    step would be skipped as non-finite. Here such a micro-batch gives loss 0 and gradient 0, exactly."""
+    return summed / (labels != IGNORE_INDEX).sum().clamp(min=1)
+
+
 def chunked_cross_entropy(
     h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor, chunk_size: int
 ) -> torch.Tensor:

@@ -239,7 +239,8 @@ class ElectraLM(MatmulCount, _LanguageModel):
         # The one device sync of the forward: N, the number of masked positions, sets the generator head's shapes.
         where = masked.nonzero(as_tuple=True)  # rows (N,), columns (N,)
         gen_logits = self.generator(self.embed(input_ids, token_type_ids), attention_mask, where)  # (N, V)
-        gen_loss = F.cross_entropy(gen_logits.float(), labels[where])
+        # Summed over the N masked positions, then / N: a micro-batch with none gives 0, not F.cross_entropy's NaN mean
+        gen_loss = F.cross_entropy(gen_logits.float(), labels[where], reduction="sum") / max(1, where[0].numel())
         # Every masked position gets a sample, [MASK]ed or not; the batch's other tokens are the originals.
         corrupted = input_ids.index_put(where, self.sample(gen_logits.detach()).to(input_ids.dtype))  # (B, T)
         original = torch.where(masked, labels, input_ids)  # (B, T)

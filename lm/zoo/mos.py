@@ -19,6 +19,7 @@ from lm.constants import IGNORE_INDEX
 from lm.model.config import ModelConfig
 from lm.model.heads import LMOutput, OutputLinear
 from lm.model.linear import Linear, MatmulCount
+from lm.model.loss import target_mean
 from lm.model.options import OutputConfig
 from lm.model.registry import register
 
@@ -66,7 +67,8 @@ class MixtureOfSoftmaxes(MatmulCount, nn.Module):
         log_probs = self(h)  # (B, T, V)
         if labels is None:
             return LMOutput(logits=log_probs)
-        loss = F.nll_loss(log_probs.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        summed = F.nll_loss(log_probs.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum")
+        loss = target_mean(summed, labels)  # no targets: 0, not NaN (lm/model/loss.py)
         return LMOutput(loss=loss, logits=log_probs.detach())
 
     def active_matmul_params(self, count) -> float:
