@@ -39,17 +39,36 @@ def test_decay_embeddings_decays_every_matrix_as_nanogpt():
 @pytest.mark.parametrize(
     "kind, expected",
     [
-        # warmup 4 of 20 steps, floor 0.1: (step + 1) / 5 during warmup, then the decay reaches 0.1 at step 19
+        # warmup 4 of 20 steps, floor 0.1: (step + 1) / 5 during warmup, then the decay over steps 4..20 (16 steps)
+        # reaches 0.1 at step 20, one past the last step taken (19)
         ("constant", {0: 0.2, 3: 0.8, 4: 1.0, 19: 1.0}),
-        ("linear", {0: 0.2, 4: 1.0, 19: 0.1, 11: 1.0 - 0.9 * 7 / 15}),
-        ("cosine", {0: 0.2, 4: 1.0, 19: 0.1, 11: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 7 / 15))}),
-        ("wsd", {4: 1.0, 15: 1.0, 16: 1.0, 19: 0.1, 17: 1.0 - 0.9 * 1 / 3}),  # decay over the last 20% = 4 steps
+        ("linear", {0: 0.2, 4: 1.0, 19: 1.0 - 0.9 * 15 / 16, 11: 1.0 - 0.9 * 7 / 16}),
+        ("cosine", {0: 0.2, 4: 1.0, 19: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 15 / 16))}),
+        ("wsd", {4: 1.0, 15: 1.0, 16: 1.0, 17: 1.0 - 0.9 * 1 / 4, 19: 1.0 - 0.9 * 3 / 4}),  # the last 20% = 4 steps
     ],
 )
 def test_schedules(kind, expected):
     sched = SchedConfig(kind=kind, warmup_steps=4, min_lr_ratio=0.1, decay_fraction=0.2)
     for step, value in expected.items():
         assert lr_multiplier(step, sched, 20) == pytest.approx(value), (kind, step)
+
+
+@pytest.mark.parametrize("kind", ["linear", "cosine", "wsd"])
+def test_first_and_last_steps_move_with_a_floor_of_zero(kind):
+    """lm finetune's linear decay to 0 (and any schedule with min_lr_ratio=0): the first step (0) and the last
+    (total - 1) both get a learning rate above 0; before, the last reached the floor: an update of lr 0."""
+    sched = SchedConfig(kind=kind, warmup_steps=10, min_lr_ratio=0.0, decay_fraction=0.2)
+    assert lr_multiplier(0, sched, 100) == pytest.approx(1 / 11)
+    assert lr_multiplier(10, sched, 100) == 1.0
+    last = {"linear": 1 / 90, "cosine": 0.5 * (1 + math.cos(math.pi * 89 / 90)), "wsd": 1 / 20}[kind]
+    assert lr_multiplier(99, sched, 100) == pytest.approx(last) and last > 0
+
+
+def test_linear_decay_is_hugging_faces_after_warmup():
+    """get_linear_schedule_with_warmup: lr(t) = (T - t) / (T - W) for t >= W (its warmup t / W starts at 0; ours
+    (t + 1) / (W + 1) moves from the first step)."""
+    sched = SchedConfig(kind="linear", warmup_steps=6, min_lr_ratio=0.0)
+    assert [lr_multiplier(t, sched, 40) for t in range(6, 40)] == pytest.approx([(40 - t) / 34 for t in range(6, 40)])
 
 
 def run(tmp_path, *extra, steps=4):

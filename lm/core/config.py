@@ -128,7 +128,7 @@ class SchedConfig:
 
     kind: Schedule = Schedule.cosine
     warmup_steps: int = 100  # linear warmup: step s (0-based) at (s + 1) / (warmup_steps + 1) of optim.lr
-    min_lr_ratio: float = 0.1  # floor of the decay, as a fraction of optim.lr
+    min_lr_ratio: float = 0.1  # floor of the decay (x optim.lr), reached at step max_steps: one past the last
     decay_fraction: float = 0.2  # wsd: last fraction of the steps that decays (Hägele et al. 2024)
 
 

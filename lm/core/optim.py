@@ -51,8 +51,10 @@ def adamw(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 def lr_multiplier(step: int, sched: SchedConfig, total_steps: int) -> float:
     """Multiplier of the peak learning rate at `step` (0-based optimizer step).
 
-    Warmup is linear from 1/(warmup+1) so the first step already moves; the decay reaches
-    min_lr_ratio at step total_steps - 1.
+    Warmup is linear from 1/(warmup+1) so the first step already moves (Hugging Face's warmup starts at 0: a
+    step that moves nothing), and reaches 1 at step `warmup`. The decay reaches min_lr_ratio at step total_steps,
+    the step after the last, as Hugging Face's get_linear_schedule_with_warmup and its cosine do: the last step
+    taken (total_steps - 1) still moves, where a floor of 0 reached at it would be a step that moves nothing.
     """
     if step < sched.warmup_steps:
         return (step + 1) / (sched.warmup_steps + 1)
@@ -71,6 +73,6 @@ def lr_multiplier(step: int, sched: SchedConfig, total_steps: int) -> float:
 
 
 def _progress(step: int, start: int, total_steps: int) -> float:
-    """Fraction of the decay phase done, 0 at `start`, 1 at the last step."""
-    span = max(1, total_steps - 1 - start)
+    """Fraction of the decay phase done, 0 at `start`, 1 at total_steps (one past the last step taken)."""
+    span = max(1, total_steps - start)
     return min(1.0, max(0.0, (step - start) / span))
