@@ -37,6 +37,34 @@ def test_decay_embeddings_decays_every_matrix_as_nanogpt():
 
 
 @pytest.mark.parametrize(
+    "overrides, decayed, kept",
+    [
+        (["model/norm=rmsnorm"], ["decoder.blocks.0.ffn.down.weight"], ["decoder.blocks.0.norm_ffn.weight"]),
+        (["model/family=lstm"], ["rnn.weight_hh_l0", "rnn.weight_ih_l1"], ["rnn.bias_hh_l0", "embed.tok.weight"]),
+        (["model/block=pkm"], ["decoder.blocks.0.ffn.keys"], ["decoder.blocks.0.ffn.values.weight"]),
+        (["model/attn=synthesizer_random"], ["decoder.blocks.0.self_attn.score.R"], ["decoder.pos.table.weight"]),
+        (["model/attn=additive"], ["decoder.blocks.0.self_attn.score.W1", "decoder.blocks.0.self_attn.score.v"], []),
+        (["model/block=evolved"], ["decoder.blocks.0.prelude.1.sep.depthwise.weight"], []),
+        (["model/block=weighted"], [], ["decoder.blocks.0.self_attn.kappa", "decoder.blocks.0.self_attn.alpha"]),
+        (["model/embedding=factorized", "model.embedding.rank=16"], ["embed.proj.weight"], ["embed.tok.weight"]),
+    ],
+)
+def test_every_matrix_but_the_embedding_tables_is_decayed(overrides, decayed, kept):
+    """The rule by shape (lm/core/optim.py): a zoo module's matrix (an RNN's recurrent weights, a score's W, PKM's
+    keys) is decayed like a Linear weight; embedding tables (PKM's values too) and every vector are not."""
+    import lm.zoo  # noqa: F401 - registers the zoo's options
+
+    model = build_model(model_preset("tiny", overrides))
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag)}
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decay_names = {names[id(p)] for p in decay["params"]}
+    assert decay_names == {n for n, p in model.named_parameters() if p.dim() >= 2 and id(p) not in tables}
+    assert set(decayed) <= decay_names and not set(kept) & decay_names, (decay_names, kept)
+    assert all(p.dim() < 2 or id(p) in tables for p in no_decay["params"])
+
+
+@pytest.mark.parametrize(
     "kind, expected",
     [
         # warmup 4 of 20 steps, floor 0.1: (step + 1) / 5 during warmup, then the decay over steps 4..20 (16 steps)

@@ -112,7 +112,8 @@ class TrainConfig:
 
 @dataclass
 class OptimConfig:
-    """AdamW (Loshchilov & Hutter 2019); no weight decay on norms, biases, and embeddings unless decay_embeddings."""
+    """AdamW (Loshchilov & Hutter 2019); weight decay on matrices, none on vectors (norms, biases) nor on embedding
+    tables unless decay_embeddings (lm/core/optim.py)."""
 
     lr: float = 6e-4  # peak learning rate; the schedule multiplies it
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])

@@ -1,9 +1,14 @@
 """Parameter groups, AdamW, and learning-rate schedules as pure functions of the step.
 
-Weight decay applies to matrices of Linear layers only: norms, biases and embeddings are left
-undecayed (as in GPT-3, Brown et al. 2020; nanoGPT also decays the embeddings: optim.decay_embeddings=true):
-decaying a gain or a bias towards zero has no regularising meaning, and embeddings are lookups whose rows
-see few updates.
+Weight decay applies to every matrix (a parameter of 2 or more dimensions: Linear weights, and the zoo's own, such
+as an RNN's recurrent weights, a score's W, a synthesizer's R, a convolution's kernel, PKM's keys) except the
+embedding tables (nn.Embedding, nn.EmbeddingBag: token and position tables, PKM's values, and a head tied to a
+table); vectors and scalars (norm gains and biases, biases, ReZero's alpha, per-head mixing logits) are never
+decayed. That is GPT-3's rule (Brown et al. 2020), nanoGPT's `dim >= 2` rule but for the tables (nanoGPT decays
+them too: optim.decay_embeddings=true), and Hugging Face Trainer's (all but biases and norm weights) but for the
+tables: decaying a gain or a bias towards zero has no regularising meaning, and an embedding table is a lookup
+whose rows see few updates (each decays at every step, its gradient only when its token occurs). Deciding by shape
+rather than by module type means a new module's matrix is decayed without being listed here.
 """
 
 import math
@@ -15,19 +20,18 @@ from lm.core.config import OptimConfig, SchedConfig
 
 
 def param_groups(model: nn.Module, weight_decay: float, decay_embeddings: bool = False) -> list[dict]:
-    """Two AdamW groups: decayed Linear weights, and everything else (tied weights counted once).
+    """Two AdamW groups: decayed matrices, and everything else (tied weights counted once).
 
     decay_embeddings=True also decays the embedding tables (and so a head tied to one): nanoGPT's
     rule, every matrix decayed.
     """
-    linear_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
-    embedding_ids = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    # Without decay_embeddings, a Linear weight tied to an embedding (the LM head) counts as an embedding.
-    decay_ids = linear_ids | embedding_ids if decay_embeddings else linear_ids - embedding_ids
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding | nn.EmbeddingBag)}
     decay, no_decay = [], []
     for p in model.parameters():  # .parameters() yields a tied tensor once
         if p.requires_grad:
-            (decay if id(p) in decay_ids else no_decay).append(p)
+            # A Linear weight tied to a table (the LM head) counts as the table.
+            matrix = p.dim() >= 2 and (decay_embeddings or id(p) not in tables)
+            (decay if matrix else no_decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
