@@ -34,7 +34,9 @@ def label_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 def input_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens the model reads (encoder and decoder inputs): what throughput counts."""
+    """Tokens the model reads (encoder and decoder inputs): what throughput counts. Padding included (a GLUE
+    micro-batch's padded positions, computed like any other; docs/finetuning.md): the count is known on the
+    host, where counting the attention mask's ones would read the device at every step."""
     n = batch["input_ids"].numel()
     return n + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
 
