@@ -439,3 +439,23 @@ def test_a_resume_with_a_smaller_keep_last_removes_the_older_checkpoints_and_say
         run(tmp_path, steps=12, ckpt_interval=2, keep_last=1)  # steady rotation, one at a time: nothing said
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_00000012"]
     assert "removed the older checkpoints" not in caplog.text
+
+
+def test_a_checkpoint_whose_optimizer_groups_differ_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A zoo model's checkpoint written when weight decay covered the Linear weights only (before 2026-11-30) holds
+    AdamW groups of other sizes: torch's load_state_dict raised a bare ValueError; the resume now names the cause."""
+    import lm.core.optim as optim
+
+    def linear_only(model, weight_decay, decay_embeddings=False):  # the rule that wrote such checkpoints
+        linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        groups = ([], [])
+        for p in model.parameters():
+            groups[id(p) not in linear].append(p)
+        return [{"params": groups[0], "weight_decay": weight_decay}, {"params": groups[1], "weight_decay": 0.0}]
+
+    extra = ["model/attn=synthesizer_dense"]  # its (max_seq_len, max_seq_len) W is no nn.Linear: it moved group
+    with monkeypatch.context() as m:
+        m.setattr(optim, "param_groups", linear_only)
+        run(tmp_path, steps=2, extra=extra)
+    with pytest.raises(CheckpointError, match=r"step_00000002: its optimizer state groups the parameters otherwise"):
+        run(tmp_path, steps=4, extra=extra)

@@ -291,10 +291,15 @@ class Checkpointer:
         self._check_intact(path)
         trainer = read_trainer(path)
         saved = trainer["engine"]
-        if same_layout(saved, self.engine.describe()):
-            _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
-        else:
-            self._load_elsewhere(path, trainer)
+        try:
+            if same_layout(saved, self.engine.describe()):
+                _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
+            else:
+                self._load_elsewhere(path, trainer)
+        except ValueError as e:
+            if "parameter group" not in str(e):  # torch.optim.Optimizer.load_state_dict's group-size check
+                raise
+            raise CheckpointError(_regrouped(path)) from None
         own = load_rank_state(self._rank_file(path, saved["world_size"]))
         if self.engine.rank < saved["world_size"]:  # a rank that did not exist continues its seeded streams
             set_rng_state(own["rng"])
@@ -332,6 +337,16 @@ class Checkpointer:
         positions (lm.data.packed, lm.glue.trainer), the same in every rank's file."""
         rank = self.engine.rank if self.engine.rank < saved_world else 0
         return path / f"rank{rank:05d}.pt"
+
+
+def _regrouped(path: Path) -> str:
+    """Why a checkpoint's optimizer state does not fit this run's optimizer although the model loaded."""
+    return (
+        f"{path}: its optimizer state groups the parameters otherwise than this run's AdamW does (weight decay "
+        f"covers every matrix but the embedding tables since 2026-11-30, the Linear weights only before: a zoo "
+        f"model's other matrices, such as an RNN's or a synthesizer's, moved group). Resume it with the lm version "
+        f"that wrote it, or start a new run_dir"
+    )
 
 
 def same_layout(saved: dict, current: dict) -> bool:
