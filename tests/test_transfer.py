@@ -206,7 +206,8 @@ def test_the_shards_corpus_reads_the_gutenberg_shards_present(tmp_path, monkeypa
 def test_electra_shares_the_encoder_scratch_arm():
     """ELECTRA's discriminator is finetuned as the plain encoder, so the scratch arm an ELECTRA recipe records
     (and would train) is the encoder recipe's: the curve shares one instead of training the same arm twice."""
-    from lm.cli.transfer_recipe import finetuned_model_node, same_value
+    from lm.cli.transfer_arms import same_value
+    from lm.cli.transfer_recipe import finetuned_model_node
 
     nodes = {
         p: pretrain_config(Recipe(preset=f"glue_transfer_{p}", out=Path("/tmp/unused"))).model
@@ -510,7 +511,7 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
     model node without it; the same model now must match it, and a different model must not."""
     from dataclasses import asdict
 
-    from lm.cli.transfer_recipe import check_scratch_arm
+    from lm.cli.transfer_arms import check_scratch_arm
     from lm.model.config import model_preset
 
     node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
@@ -526,7 +527,7 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
 def test_a_damaged_scratch_arm_record_is_one_line_and_kept(tmp_path):
     """A transfer_arm.json cut short or not a JSON object is refused naming it and the fix (it was a JSONDecodeError
     or AttributeError traceback); the file is left as it was."""
-    from lm.cli.transfer_recipe import check_scratch_arm
+    from lm.cli.transfer_arms import check_scratch_arm
 
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
     r.scratch.mkdir()
@@ -542,7 +543,8 @@ def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_pa
     """Both arms read MRPC's and STS-B's pairs as siamese pairs and RTE's as one text (the budget); a --finetune
     override of pair_input wins; a scratch arm recorded under another budget (or before the budget was recorded)
     is not shared."""
-    from lm.cli.transfer_recipe import budget, check_scratch_arm, finetune_config
+    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.cli.transfer_recipe import budget, finetune_config
 
     def pair_inputs(finetune):
         r = Recipe(out=tmp_path / "point", tasks=["mrpc", "stsb", "rte"], finetune=finetune)

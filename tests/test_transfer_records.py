@@ -11,17 +11,19 @@ from lm.cli.transfer_recipe import Recipe, TransferError
 def test_a_rerun_adding_a_finetune_override_that_changes_nothing_computed_keeps_the_scratch_arm(tmp_path):
     """A stopped call run again with --finetune train.threads=1 (or train.progress=true) was refused as another
     recipe's scratch arm (differs in ['finetune'], no more said), advising to remove the finished arm; lm finetune
-    itself resumes a pair across those. An override that changes what is computed is still refused, naming it."""
-    from lm.cli.transfer_recipe import check_scratch_arm
+    itself resumes a pair across those. An override that changes what is computed is still refused, naming it (and
+    not the rest of the list, where it was hard to find)."""
+    from lm.cli.transfer_arms import check_scratch_arm
 
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
     r.scratch.mkdir()
-    (r.scratch / "transfer_arm.json").write_text(json.dumps({"seeds": [0], "finetune": ["optim.lr=3e-3"]}))
-    check_scratch_arm(r, {"seeds": [0], "finetune": ["optim.lr=3e-3", "train.threads=1", "train.progress=true"]})
+    old = ["tasks.rte.epochs=5", "optim.lr=3e-3"]
+    (r.scratch / "transfer_arm.json").write_text(json.dumps({"seeds": [0], "finetune": old}))
+    check_scratch_arm(r, {"seeds": [0], "finetune": [*old, "train.threads=1", "train.progress=true"]})
     with pytest.raises(
-        TransferError, match=r"differs in \['finetune'\]; finetune: \['optim.lr=3e-3'\] -> \['optim.lr=1e-3'\]; see "
+        TransferError, match=r"differs in \['finetune'\]; --finetune optim.lr=3e-3 -> optim.lr=1e-3; see "
     ):
-        check_scratch_arm(r, {"seeds": [0], "finetune": ["optim.lr=1e-3"]})
+        check_scratch_arm(r, {"seeds": [0], "finetune": ["tasks.rte.epochs=5", "optim.lr=1e-3", "train.threads=1"]})
 
 
 def test_a_users_seconds_file_at_out_is_refused_not_counted(tmp_path):
@@ -47,3 +49,33 @@ def test_a_point_is_the_same_whatever_order_its_overrides_were_typed_in(tmp_path
     (tmp_path / POINT).write_text(json.dumps(point | {"pretrain_overrides": ["model.dim=48", "model.dim=64"]}))
     with pytest.raises(TransferError, match="holds the point of another recipe"):
         check_point(tmp_path, point | {"pretrain_overrides": ["model.dim=64", "model.dim=48"]})
+
+
+def test_an_arm_is_compared_on_the_tasks_both_records_name_seeds_aside(tmp_path):
+    """The pretrained arm's record (and either arm's where a call does not run it) is compared as lm finetune compares
+    a finished pair: an SST-2 arm extended by CoLA, with CoLA's own overrides and other seeds, is the same arm; another
+    SST-2 setting, or one that sets every task, is not."""
+    from lm.cli.transfer_arms import check_arms
+
+    r = Recipe(out=tmp_path / "run", tokens=100, arm="pretrained")
+    budget = ["task=[glue/sst2]", "optim.lr=5e-4", "tasks.sst2.epochs=3"]
+    old = {"tasks": ["sst2"], "seeds": [0], "budget": budget, "finetune": ["tasks.sst2.lr=2e-4", "optim.lr=1e-4"]}
+    (r.out / "finetune" / "pretrained").mkdir(parents=True)
+    (r.out / "finetune" / "pretrained" / "transfer_arm.json").write_text(json.dumps(old))
+    wider = {
+        "tasks": ["sst2", "cola"],
+        "seeds": [0, 1, 2],
+        "budget": ["task=[glue/sst2,glue/cola]", "optim.lr=5e-4", "tasks.sst2.epochs=3", "tasks.cola.epochs=3"],
+        "finetune": ["optim.lr=1e-4", "tasks.cola.epochs=4", "tasks.sst2.lr=2e-4", "train.progress=false"],
+    }
+    check_arms(r, wider, {"pretrained"})
+    written = json.loads((r.out / "finetune" / "pretrained" / "transfer_arm.json").read_text())
+    assert written["tasks"] == ["sst2", "cola"]  # the wider record speaks for both tasks now
+    for key, change, words in (
+        ("finetune", ["tasks.sst2.lr=1e-3"], r"--finetune tasks.sst2.lr=2e-4 -> tasks.sst2.lr=1e-3"),
+        ("finetune", ["glue.max_train_examples=64"], r"--finetune \(none\) -> glue.max_train_examples=64"),
+        ("budget", ["tasks.cola.epochs=2"], r"budget: "),
+    ):
+        other = {**wider, key: [o for o in wider[key] if not o.startswith(change[0].split("=")[0] + "=")] + change}
+        with pytest.raises(TransferError, match=rf"holds a pretrained arm of another finetuning recipe .*{words}"):
+            check_arms(r, other, {"pretrained"})

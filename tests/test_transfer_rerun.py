@@ -4,6 +4,8 @@ finetunes over without losing the arm's recipe record, and an --arm all call lea
 
 import json
 
+import pytest
+
 from lm.report.transfer import compare, find_transfers, overrides, series_labels
 from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 from tests.test_transfer import corpus, recipe  # noqa: F401 - the tiny corpus (a fixture) and recipe
@@ -139,3 +141,47 @@ def test_an_arm_all_call_sets_aside_a_one_arm_record_of_older_results(tmp_path, 
     # the same call again finds nothing stale
     run_transfer(recipe(out, corpus, easy_glue, seeds=[0, 1]))
     assert len(list((out / "previous").iterdir())) == 1
+
+
+def test_a_pretrained_arm_of_another_finetuning_recipe_is_refused_before_any_arm_trains(tmp_path, corpus, easy_glue):  # noqa: F811
+    """--arm pretrained at optim.lr=3e-3, then --arm all at 1e-3: the scratch arm finetuned in full before lm finetune
+    refused the pretrained arm's finished pairs (their config differs). The pretrained arm keeps a recipe record too
+    (transfer_arm.json), so the call is refused before any work, naming the override; a matching call (more seeds, an
+    override that changes nothing computed) reads the finished pair back, and resume=false finetunes the arm over
+    (beside a scratch arm of its recipe: one of another, which it could not be tabled with, is refused too)."""
+    from lm.cli.transfer import run_transfer
+    from lm.cli.transfer_recipe import TransferError
+
+    out = tmp_path / "t"
+    run_transfer(recipe(out, corpus, easy_glue, arm="pretrained", seeds=[0]))
+    done = out / "finetune" / "pretrained" / "sst2" / "seed0" / "result.pt"
+    mtime = done.stat().st_mtime_ns
+    for arm in ("all", "scratch"):  # --arm scratch too: its arm could never be tabled with that pretrained one
+        other = recipe(out, corpus, easy_glue, arm=arm, seeds=[0])
+        other.finetune = [o.replace("optim.lr=3e-3", "optim.lr=1e-3") for o in other.finetune]
+        with pytest.raises(
+            TransferError,
+            match=r"t/finetune/pretrained holds a pretrained arm of another finetuning recipe \(differs in "
+            r"\['finetune'\]; --finetune optim.lr=3e-3 -> optim.lr=1e-3; see .*pretrained/transfer_arm.json\): .*"
+            r"pass another --out, or --finetune resume=false to finetune the arm over",
+        ):
+            run_transfer(other)
+        assert not (out / "finetune" / "scratch").exists()  # no scratch arm finetuned (nor recorded) for nothing
+    same = recipe(out, corpus, easy_glue, seeds=[0, 1])
+    same.finetune += ["train.threads=1"]
+    table = run_transfer(same)
+    assert done.stat().st_mtime_ns == mtime  # read back, not finetuned again
+    assert list(table["comparison"]["tasks"]["sst2"]["pretrained"]["seeds"]) == ["0", "1"]
+    assert json.loads((out / "finetune" / "pretrained" / "transfer_arm.json").read_text())["seeds"] == [0, 1]
+    over = recipe(out, corpus, easy_glue, arm="pretrained", seeds=[0])
+    over.finetune = [o.replace("optim.lr=3e-3", "optim.lr=1e-3") for o in over.finetune] + ["resume=false"]
+    # the scratch arm (3e-3) would not be tabled with it: refused before the pretraining is read
+    with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another finetuning recipe .*--scratch"):
+        run_transfer(over)
+    assert done.stat().st_mtime_ns == mtime
+    over.scratch = tmp_path / "s2"
+    run_transfer(over)
+    (aside,) = (out / "finetune" / "pretrained" / "previous").iterdir()
+    assert (aside / "sst2" / "seed0" / "result.pt").is_file() and done.stat().st_mtime_ns != mtime
+    record = json.loads((out / "finetune" / "pretrained" / "transfer_arm.json").read_text())
+    assert "optim.lr=1e-3" in record["finetune"] and record["seeds"] == [0]

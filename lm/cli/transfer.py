@@ -28,7 +28,8 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
 Both arms and the pretraining share one wandb group (--group, default the output directory's name;
 --logger wandb turns wandb on). The same command resumes: lm train from its latest checkpoint,
 lm finetune skipping finished task/seed pairs; another point (--tokens, --preset, --pretrain) in the same --out
-is refused before any work (<out>/transfer_point.json records its point). A tokenizer= or model.* finetuning
+is refused before any work (<out>/transfer_point.json records its point), and so is an arm of other --finetune
+settings (<arm dir>/transfer_arm.json records its recipe). A tokenizer= or model.* finetuning
 override is refused: the two arms and the pretraining must use one tokenizer and one model.
 """
 
@@ -43,6 +44,7 @@ import time
 from pathlib import Path
 
 from lm.cli.errors import entry
+from lm.cli.transfer_arms import check_arms
 from lm.cli.transfer_point import POINT, arm_record_name, check_own_files, check_point, point_of, record_point
 from lm.cli.transfer_recipe import (
     ARMS,
@@ -50,7 +52,6 @@ from lm.cli.transfer_recipe import (
     DEFAULT_PRESET,
     Recipe,
     TransferError,
-    check_scratch_arm,
     cpu_cores,
     finetune_arm,
     plan,
@@ -131,20 +132,22 @@ def _transfer(r: Recipe, t0: float) -> dict | None:
     p = plan(r)
     pretrained = r.arm_dir("pretrained")
     scratch_runs = r.arm in ("all", "scratch") or not p.steps  # at 0 tokens it is the pretrained arm too
+    pretrained_runs = r.arm in ("all", "pretrained") and bool(p.steps)
     point = point_of(
         {"preset": r.preset, "steps": p.steps, "tokens_per_step": p.per_step, "pretrain_overrides": r.pretrain}
     )
     check_point(r.out, point)  # another point's --out: refused before any work
     check_own_files(r.out)
-    if scratch_runs:
-        check_scratch_arm(r, scratch_record(r, p))
+    # each arm's recipe record: an arm of another finetuning recipe is refused before the other arm's hours
+    running = {arm for arm, runs in (("scratch", scratch_runs), ("pretrained", pretrained_runs)) if runs}
+    check_arms(r, scratch_record(r, p), running)
     record_point(r.out, point)
     lane = _start_lane(r) if r.parallel and p.steps else None
     try:
         if scratch_runs and lane is None:
             log.info("lm transfer: finetuning from scratch on %s (%s)", ", ".join(p.tasks), r.scratch)
             finetune_arm(r, r.scratch, "none", p.model_node, p.tokenizer, p.pooling, p.tasks)
-        if r.arm in ("all", "pretrained") and p.steps:
+        if pretrained_runs:
             pretrain(r, p)
             log.info("lm transfer: finetuning from %s on %s", r.out / "pretrain", ", ".join(p.tasks))
             finetune_arm(r, pretrained, str(r.out / "pretrain"), p.model_node, None, p.pooling, p.tasks)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from lm.cli.transfer_arms import same_value
 from lm.cli.transfer_point import arm_record_name, check_own_files, check_point, point_of
 from lm.cli.transfer_recipe import (
     Plan,
@@ -20,7 +21,6 @@ from lm.cli.transfer_recipe import (
     TransferError,
     recipe_record,
     run_record,
-    same_value,
     scratch_record,
     spent,
     write_table,

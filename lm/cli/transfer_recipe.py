@@ -1,6 +1,7 @@
 """lm transfer's recipe (lm/cli/transfer.py runs it; lm/cli/transfer_join.py joins its one-arm records): what a
 recipe is (Recipe), what it resolves to before any work (plan -> Plan), its steps (pretrain, finetune_arm on the
-finetuning budget below) and the records it writes (transfer.json, transfer_arm.json, transfer_seconds.json).
+finetuning budget below) and the records it writes (transfer.json, transfer_seconds.json; each arm's
+transfer_arm.json is compared and written by lm/cli/transfer_arms.py).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ BUDGET_FIT_HEAD = ("stsb",)
 # with AVX512-BF16 or AMX), else fp32. On such a CPU its steps run 2.2x faster and it scores as fp32 does
 # (docs/results.md, "Finetuning in bf16").
 BUDGET_PRECISION = "auto"
-SCRATCH_RECORD = "transfer_arm.json"  # in the scratch arm's directory: the recipe it was finetuned under
+ARM_RECORD = "transfer_arm.json"  # in each arm's directory: the recipe it was finetuned under (transfer_arms.py)
 LANE_LOG = "lane.log"  # --parallel: the scratch arm's log, in its directory (lm/cli/transfer_lane.py)
 
 
@@ -216,56 +217,6 @@ def check_same_tokenizer(init_dir: Path, tokenizer: Path) -> None:
         )
 
 
-def check_scratch_arm(r: Recipe, record: dict) -> None:
-    """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings."""
-    path = r.scratch / SCRATCH_RECORD
-    if path.is_file():
-        try:
-            old = json.loads(path.read_text())
-        except ValueError as e:  # not JSON, or not UTF-8
-            old = e
-        if not isinstance(old, dict):
-            raise TransferError(
-                f"{path} is damaged ({old if isinstance(old, ValueError) else 'not a JSON object'}); it records which "
-                f"recipe the scratch arm in {r.scratch} belongs to. Delete it and the same command records this "
-                f"recipe again (lm finetune still refuses a finished task/seed of other settings), or pass another "
-                f"--scratch"
-            )
-        diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
-        if diff:
-            detail = "".join(f"; {k}: {old.get(k)!r} -> {record.get(k)!r}" for k in diff if k != "model")
-            raise TransferError(
-                f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}{detail}; see {path}); "
-                f"pass another --scratch, or remove it"
-            )
-    else:
-        from lm.core.files import atomic_write_text
-
-        atomic_write_text(path, json.dumps(record, indent=2) + "\n")
-
-
-def same_value(key: str, old, new) -> bool:
-    """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
-    ModelConfig field existed (say model.family) equals one that holds that field's default; --finetune lists
-    by the overrides that change what is computed (_computed)."""
-    if key == "finetune" and isinstance(old, list) and isinstance(new, list):
-        return _computed(old) == _computed(new)
-    if key != "model" or old is None or new is None:
-        return old == new
-    from lm.model.config import model_from_saved
-
-    return model_from_saved(old) == model_from_saved(new)
-
-
-def _computed(overrides: list[str]) -> list[str]:
-    """The --finetune overrides that change what a task/seed pair computes: lm finetune resumes a pair across the
-    others (FINETUNE_RESUMABLE: train.threads, train.progress, logger, ...), so a rerun that adds one is the same
-    arm (it was refused as another recipe's, whose advice was to remove the finished arm)."""
-    from lm.report.transfer import computes
-
-    return [o for o in overrides if computes("finetune", o)]
-
-
 def finetune_arm(
     r: Recipe, run_dir: Path, init: str, model_node, tokenizer: Path | None, pooling: str, tasks: list[str]
 ):
@@ -280,7 +231,7 @@ def finetune_arm(
     # --finetune resume=false starts the pairs over; the arm's recipe record stays (it was just compared with this
     # call's: moved aside, a shared scratch arm went unguarded and unarchivable) and so does the lane's log (moved
     # aside, the running lane wrote into previous/ and a failed lane's error could not read it back)
-    return finetune(cfg, keep=(SCRATCH_RECORD, LANE_LOG))
+    return finetune(cfg, keep=(ARM_RECORD, LANE_LOG))
 
 
 def budget(tasks: list[str]) -> list[str]:

@@ -1,0 +1,164 @@
+"""Each finetuning arm's recipe record, <arm dir>/transfer_arm.json (scratch_record: model, tokenizer, pooling, tasks,
+seeds, budget, --finetune), compared for both arms before any work and written for the arms a call runs.
+
+Without the pretrained arm's record a call of another finetuning recipe (--arm pretrained --finetune optim.lr=3e-3,
+then --arm all --finetune optim.lr=1e-3) finetuned the whole scratch arm first, and only then had lm finetune refuse
+the pretrained arm's finished pairs. The scratch arm's record is strict (a curve shares the arm and archives it keyed
+by the record: its tasks and seeds too); the pretrained arm's, and either arm's where this call does not run it, is
+compared as lm finetune compares a finished pair: only on the tasks both name, seeds aside (an --arm pretrained
+--seeds 0 call, then --arm all --seeds 0,1 adds pairs to the arm). --finetune resume=false finetunes the pretrained
+arm over, so it rewrites that record instead of refusing it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from lm.cli.transfer_recipe import ARM_RECORD, Recipe, TransferError, _override
+
+
+def check_arms(r: Recipe, record: dict, running: set[str]) -> None:
+    """Refuse, before the pretraining or either arm's finetuning, an arm directory whose record is another recipe's;
+    then (nothing written by a refused call) record this call's recipe for the arms it runs. `record`:
+    scratch_record(r, plan), both arms' own."""
+    pretrained = r.arm_dir("pretrained")
+    if "scratch" in running:
+        _refuse_other_scratch(r, record)
+    elif r.scratch != pretrained:  # --arm pretrained: its results are tabled with this scratch arm's
+        _refuse_other_pairs(r.scratch, "scratch", record, "pass another --scratch, or remove it")
+    over = (_override(r.finetune, "resume") or "").lower() == "false"  # lm finetune sets the arm's pairs aside
+    if pretrained != r.scratch and not over:  # (at --tokens 0 the pretrained arm is the scratch arm)
+        _refuse_other_pairs(
+            pretrained,
+            "pretrained",
+            record,
+            f"pass another --out, or --finetune resume=false to finetune the arm over (its results are moved to "
+            f"{pretrained / 'previous'})",
+        )
+    if "scratch" in running and not (r.scratch / ARM_RECORD).is_file():
+        _write(r.scratch / ARM_RECORD, record)
+    if "pretrained" in running and pretrained != r.scratch:
+        old = _read(pretrained / ARM_RECORD, "pretrained")
+        if over or old is None or set(record.get("tasks") or []) >= set(old.get("tasks") or []):
+            _write(pretrained / ARM_RECORD, record)  # it names every task the old one did: it now speaks for them
+
+
+def check_scratch_arm(r: Recipe, record: dict) -> None:
+    """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings;
+    records this call's recipe there where none is."""
+    _refuse_other_scratch(r, record)
+    if not (r.scratch / ARM_RECORD).is_file():
+        _write(r.scratch / ARM_RECORD, record)
+
+
+def _refuse_other_scratch(r: Recipe, record: dict) -> None:
+    path = r.scratch / ARM_RECORD
+    old = _read(path, "scratch")
+    if old is None:
+        return
+    diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
+    if diff:
+        raise TransferError(
+            f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}{_detail(diff, old, record)}; see "
+            f"{path}); pass another --scratch, or remove it"
+        )
+
+
+def _refuse_other_pairs(arm_dir: Path, arm: str, record: dict, fix: str) -> None:
+    """Refuse an arm whose finished task/seed pairs lm finetune would refuse to read back under `record`."""
+    path = arm_dir / ARM_RECORD
+    old = _read(path, arm)
+    if old is None:
+        return
+    a, b = pair_settings(old, record), pair_settings(record, old)
+    diff = sorted(k for k in set(a) | set(b) if not same_value(k, a.get(k), b.get(k)))
+    if diff:
+        raise TransferError(
+            f"{arm_dir} holds a {arm} arm of another finetuning recipe (differs in {diff}{_detail(diff, a, b)}; see "
+            f"{path}): its finished task/seed pairs are not this recipe's; {fix}"
+        )
+
+
+def pair_settings(record: dict, other: dict) -> dict:
+    """What `record` says a finished task/seed pair was computed under, for the tasks it shares with `other`: the
+    budget and the --finetune overrides that change what is computed, of those tasks and of every task; its tasks
+    and seeds aside (an arm is extended by more of them)."""
+    common = set(record.get("tasks") or []) & set(other.get("tasks") or [])
+    kept = {k: v for k, v in record.items() if k not in ("tasks", "seeds")}
+    if isinstance(record.get("budget"), list):
+        kept["budget"] = [o for o in record["budget"] if not o.startswith("task=") and _of(o, common)]
+    if isinstance(record.get("finetune"), list):
+        kept["finetune"] = _by_key(o for o in record["finetune"] if _of(o, common))
+    return kept
+
+
+def _of(override: str, tasks: set[str]) -> bool:
+    """Whether an override applies to a pair of one of `tasks`: it sets every task, or one of them."""
+    parts = override.lstrip("+~").split("=", 1)[0].split(".")
+    return parts[0] != "tasks" or len(parts) < 2 or parts[1] in tasks
+
+
+def _by_key(overrides) -> list:
+    return sorted(overrides, key=lambda o: str(o).lstrip("+~").split("=", 1)[0])  # stable: a key's order kept
+
+
+def same_value(key: str, old, new) -> bool:
+    """Two records' values agree; model nodes are compared as typed configs, so a node saved before a
+    ModelConfig field existed (say model.family) equals one that holds that field's default; --finetune lists
+    by the overrides that change what is computed (_computed)."""
+    if key == "finetune" and isinstance(old, list) and isinstance(new, list):
+        return _computed(old) == _computed(new)
+    if key != "model" or old is None or new is None:
+        return old == new
+    from lm.model.config import model_from_saved
+
+    return model_from_saved(old) == model_from_saved(new)
+
+
+def _computed(overrides: list[str]) -> list[str]:
+    """The --finetune overrides that change what a task/seed pair computes: lm finetune resumes a pair across the
+    others (FINETUNE_RESUMABLE: train.threads, train.progress, logger, ...), so a rerun that adds one is the same
+    arm (it was refused as another recipe's, whose advice was to remove the finished arm)."""
+    from lm.report.transfer import computes
+
+    return [o for o in overrides if computes("finetune", o)]
+
+
+def _detail(diff: list[str], old: dict, new: dict) -> str:
+    """The differences in words; of the --finetune lists, only the overrides that change what is computed and that
+    one side has (the rest of a long list hid the one that differs)."""
+    out = ""
+    for k in (k for k in diff if k != "model"):
+        a, b = old.get(k), new.get(k)
+        if k == "finetune" and isinstance(a, list) and isinstance(b, list):
+            a, b = _computed(a), _computed(b)
+            gone, added = [o for o in a if o not in b], [o for o in b if o not in a]
+            out += f"; --finetune {' '.join(gone) or '(none)'} -> {' '.join(added) or '(none)'}"
+        else:
+            out += f"; {k}: {a!r} -> {b!r}"
+    return out
+
+
+def _read(path: Path, arm: str) -> dict | None:
+    """An arm's record, or None where there is none; a damaged one is refused in one line naming the fix."""
+    if not path.is_file():
+        return None
+    try:
+        old = json.loads(path.read_text())
+    except ValueError as e:  # not JSON, or not UTF-8
+        old = e
+    if not isinstance(old, dict):
+        raise TransferError(
+            f"{path} is damaged ({old if isinstance(old, ValueError) else 'not a JSON object'}); it records which "
+            f"recipe the {arm} arm in {path.parent} belongs to. Delete it and the same command records this "
+            f"recipe again (lm finetune still refuses a finished task/seed of other settings), or pass another "
+            f"{'--scratch' if arm == 'scratch' else '--out'}"
+        )
+    return old
+
+
+def _write(path: Path, record: dict) -> None:
+    from lm.core.files import atomic_write_text
+
+    atomic_write_text(path, json.dumps(record, indent=2) + "\n")
