@@ -149,3 +149,50 @@ def test_another_zero_stage_is_resharded_not_refused():
         {"engine": "Engine", "format": "torch", "world_size": 1},
         {"engine": "Engine", "format": "torch", "world_size": 1},
     )
+
+
+def _spelled_as_before_the_zoo(yaml_text: str, **model) -> str:
+    """A run's config.yaml as lm wrote it before model.embedding/output, the adaptive fields and the family nodes
+    moved to the zoo (lm/model/upgrade.py; 4fe193c, 2026-11-28, wrote exactly these keys)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(OmegaConf.create(yaml_text))
+    node = {k: v for k, v in cfg["model"].items() if k not in ("family", "embedding", "output")}
+    node |= {"rnn": None, "electra": None, "embedding": "standard", "output": "softmax", "adaptive_cutoffs": None}
+    node |= {"adaptive_div_value": 4.0, "adaptive_tail_projection": True, "adaptive_head_bias": False}
+    node |= {"mos_components": 4, "factorized_embedding": 0, **model}
+    return OmegaConf.to_yaml({**cfg, "model": node})
+
+
+def test_a_run_saved_before_the_zoo_options_moved_resumes(gelu_run, tmp_path):
+    """Its checkpoint says model.embedding: standard and model.output: softmax, which a config composed now spells
+    null: compared raw, every such run was refused ("model.embedding: 'standard' -> None"). Compared as the model
+    it loads as, it continues; an old choice that is not today's default is still refused, named."""
+    from tests.test_checkpoint_safety import reseal
+
+    r = _copy(gelu_run, tmp_path / "r")
+    ckpt = r / "checkpoints" / "step_00000004"
+    now = (ckpt / "config.yaml").read_text()
+    (ckpt / "config.yaml").write_text(_spelled_as_before_the_zoo(now))
+    reseal(ckpt)
+    _, result = run(r, steps=6)
+    assert result.state.step == 6 and list(train_losses(r)) == list(range(1, 7))
+
+    r2 = _copy(gelu_run, tmp_path / "r2")
+    ckpt = r2 / "checkpoints" / "step_00000004"
+    (ckpt / "config.yaml").write_text(_spelled_as_before_the_zoo(now, output="mixture_of_softmaxes"))
+    reseal(ckpt)
+    with pytest.raises(ConfigError, match=r"model\.output: 'lm\.zoo\.mos\.MixtureOfSoftmaxes' -> None"):
+        run(r2, steps=6)
+
+
+def test_a_norm_saved_at_its_old_home_compares_as_the_zoo_option():
+    """ReZero/Fixup's `_target_` moved to lm.zoo.residual: the same norm, so no refusal; another norm still is."""
+    from lm.core.resume import refuse_changes
+
+    def cfg(target):
+        return f"model:\n  norm:\n    _target_: {target}\n    _partial_: true\n"
+
+    refuse_changes(cfg("lm.model.norms.rezero_norm"), cfg("lm.zoo.residual.rezero_norm"), RESUMABLE, "resume", "x", "")
+    with pytest.raises(ConfigError, match=r"model\.norm\._target_: 'lm\.zoo\.residual\.fixup_norm' -> 'lm\.zoo"):
+        refuse_changes(cfg("lm.model.norms.fixup_norm"), cfg("lm.zoo.residual.rezero_norm"), RESUMABLE, "x", "x", "")

@@ -228,9 +228,13 @@ def refuse_changes(
     (the config of `where`; a field it predates counts as its value in `defaults`); log the allowed differences."""
     from omegaconf import OmegaConf
 
+    from lm.model.upgrade import upgrade_for_comparison
+
     saved = OmegaConf.to_container(OmegaConf.create(saved_yaml))
     requested = OmegaConf.to_container(OmegaConf.create(config_yaml))
     assert isinstance(saved, dict) and isinstance(requested, dict)  # run configs are mappings
+    if isinstance(saved.get("model"), dict):  # saved before a model field moved to the zoo: as it is spelled now
+        saved["model"] = upgrade_for_comparison(saved["model"])
     refused, allowed = config_changes(saved, requested, may_change, defaults)
     if refused:
         lines = "\n  ".join(refused)

@@ -105,3 +105,16 @@ def upgrade_saved(data: dict) -> dict:
     if rank and data.get("embedding") is None:  # the two could not be combined: the table was the plain one
         data["embedding"] = {"_target_": _FACTORIZED, "rank": rank}
     return data
+
+
+def upgrade_for_comparison(data: dict) -> dict:
+    """A saved model node spelled as a config composed now spells it, for the resume checks (lm/core/resume.py):
+    upgrade_saved's option nodes and every moved `_target_` renamed, as model_from_saved reads them. Compared raw,
+    a run saved before the move (model.embedding: standard, today's null) could never resume."""
+    return _renamed_targets(upgrade_saved(data))
+
+
+def _renamed_targets(node):
+    if not isinstance(node, dict):
+        return node
+    return {k: MOVED_TARGETS.get(v, v) if k == "_target_" else _renamed_targets(v) for k, v in node.items()}
