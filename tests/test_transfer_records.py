@@ -79,3 +79,22 @@ def test_an_arm_is_compared_on_the_tasks_both_records_name_seeds_aside(tmp_path)
         other = {**wider, key: [o for o in wider[key] if not o.startswith(change[0].split("=")[0] + "=")] + change}
         with pytest.raises(TransferError, match=rf"holds a pretrained arm of another finetuning recipe .*{words}"):
             check_arms(r, other, {"pretrained"})
+
+
+def test_a_scratch_arm_recorded_with_model_linear_torch_is_the_same_arm(tmp_path):
+    """An arm recorded before model.linear's default became auto (8edd062) holds linear: torch, the same products:
+    the rerun was refused as another recipe's (differs in ['model'], naming no field), advising to remove the
+    finished arm. Another value of a field that computes (dim) is still refused."""
+    from dataclasses import asdict
+
+    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.model.config import model_preset
+
+    node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
+    assert node["linear"] == "auto"
+    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
+    r.scratch.mkdir()
+    (r.scratch / "transfer_arm.json").write_text(json.dumps({"seeds": [0], "model": {**node, "linear": "torch"}}))
+    check_scratch_arm(r, {"seeds": [0], "model": node})
+    with pytest.raises(TransferError, match=r"differs in \['model'\]"):
+        check_scratch_arm(r, {"seeds": [0], "model": {**node, "dim": 64}})

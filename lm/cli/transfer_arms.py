@@ -13,6 +13,7 @@ arm over, so it rewrites that record instead of refusing it.
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
 from lm.cli.transfer_recipe import ARM_RECORD, Recipe, TransferError, _override
@@ -111,9 +112,16 @@ def same_value(key: str, old, new) -> bool:
         return _computed(old) == _computed(new)
     if key != "model" or old is None or new is None:
         return old == new
+    return _computed_model(old) == _computed_model(new)
+
+
+def _computed_model(node) -> dict:
+    """The typed model but RESUMABLE's fields (model.linear: an arm of the default before auto, torch, is the same)."""
+    from lm.core.resume import resumable
     from lm.model.config import model_from_saved
 
-    return model_from_saved(old) == model_from_saved(new)
+    cfg = model_from_saved(node)
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg) if not resumable(f"model.{f.name}")}
 
 
 def _computed(overrides: list[str]) -> list[str]:
