@@ -277,3 +277,26 @@ def test_the_run_card_shows_the_last_harness_pass(tmp_path):
         "| local_sst2/acc (step 20) | 0.625 |" in md and "| local_wikitext2/word_perplexity (step 20) | 123.46k |" in md
     )
     assert "harness/seconds" not in md and "seconds (step" not in md
+
+
+def test_an_encoder_saved_before_sparse_prediction_is_costed_as_it_ran(tmp_path):
+    """model.sparse_prediction (on by default since e7ce54d) was read with today's default for a config saved before
+    it, whose head ran on every position: the report's FLOPs per token came out below the count its MFU was logged
+    with. A config that holds the field is costed by it."""
+    from dataclasses import replace
+
+    from lm.core.objectives import training_flops_per_token
+    from lm.report.summary import model_cost
+
+    cfg = model_preset("tiny", ["model.arch=encoder"])
+    dense, sparse = (training_flops_per_token(replace(cfg, sparse_prediction=s), 64, 0.15, 3.0) for s in (False, True))
+    assert sparse < 0.9 * dense  # the head is a large share of a tiny encoder
+    d = make_run(tmp_path / "old", model_extra=("model.arch=encoder",))
+    config = yaml.safe_load((d / "config.yaml").read_text())
+    assert config["model"].pop("sparse_prediction") is True
+    (d / "config.yaml").write_text(yaml.safe_dump(config))
+    assert model_cost(load_run(d)) == (num_params(cfg), dense)
+    assert model_cost(load_run(make_run(tmp_path / "new", model_extra=("model.arch=encoder",)))) == (
+        num_params(cfg),
+        sparse,
+    )

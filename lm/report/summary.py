@@ -30,13 +30,21 @@ def seq_len(run: Run) -> int | None:
     return None
 
 
+# A model field added since whose default is not how a config saved before it ran: model.sparse_prediction (on since
+# e7ce54d, 2026-11-28: the same loss, the MLM head at the masked positions only). An older encoder ran its head on
+# every position and logged its MFU with that count; read with today's default its FLOPs were 16% short (BERT-like,
+# dim 32, vocabulary 256). Only the cost reads this: a resume or a comparison treats the field as today's.
+SAVED_BEFORE = {"sparse_prediction": False}
+
+
 def model_cost(run: Run) -> tuple:
     """(parameters, training FLOPs per token) of the run's model config (config.yaml's `model`): the count its
     MFU was logged with (an encoder-decoder's span-corruption lengths from its `data` section)."""
     if not isinstance(run.get("model"), dict):
         return None, None
     span = tuple(run.get(f"data.{k}") for k in ("noise_density", "mean_span_length"))
-    return _cost_from_config(json.dumps(run.get("model"), sort_keys=True), seq_len(run), span)
+    model = {**SAVED_BEFORE, **run.get("model")}
+    return _cost_from_config(json.dumps(model, sort_keys=True), seq_len(run), span)
 
 
 @functools.lru_cache(maxsize=256)
