@@ -459,3 +459,22 @@ def test_a_checkpoint_whose_optimizer_groups_differ_is_refused_in_one_line(tmp_p
         run(tmp_path, steps=2, extra=extra)
     with pytest.raises(CheckpointError, match=r"step_00000002: its optimizer state groups the parameters otherwise"):
         run(tmp_path, steps=4, extra=extra)
+
+
+def test_a_checkpoint_from_before_the_fixed_val_sample_is_resumed_with_a_warning(tmp_path, monkeypatch, caplog):
+    """Validation reads a fixed sample of the val split since 2026-11-30 (its first micro-batches before): a run of
+    the earlier reading resumed now steps in val_loss, which the resume says; one of today's says nothing."""
+    import lm.core.pretrain_task as pretrain_task
+
+    def before(self):  # the task state of a checkpoint written before val_sample was recorded
+        return self.batches.state_dict()
+
+    with monkeypatch.context() as m:
+        m.setattr(pretrain_task.PretrainTask, "state_dict", before)
+        run(tmp_path / "old", steps=2)
+    run(tmp_path / "new", steps=2)
+    for name, warned in (("old", True), ("new", False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lm"):
+            run(tmp_path / name, steps=3)
+        assert ("its val_loss may step at this resume" in caplog.text) == warned, name

@@ -27,6 +27,9 @@ RAMP_STEP = "ramp_step"  # the task state's count of steps taken, while a batch 
 # ... and the world size it ran on: the ramp counts micro-batches per rank, so its steps hold other samples on
 # another world size (an elastic resume waits for the ramp's end)
 RAMP_WORLD = "ramp_world_size"
+# How validation reads the val split: a fixed uniform sample (lm.data.packed VAL_ORDER) since 2026-11-30, its first
+# train.eval_batches micro-batches before. A checkpoint without this key may be of the earlier reading.
+VAL_SAMPLE, FIXED_SAMPLE = "val_sample", "fixed"
 
 
 def ramp_accum(step: int, grad_accum: int, ramp_steps: int) -> int:
@@ -141,7 +144,13 @@ class PretrainTask:
         pass
 
     def state_dict(self) -> dict:  # the loader's position (+ the batch ramp's step), as the checkpoint stores it
-        return self.batches.state_dict()
+        return {**self.batches.state_dict(), VAL_SAMPLE: FIXED_SAMPLE}
 
     def load_state_dict(self, state: dict) -> None:
-        self.batches.load_state_dict(state)
+        if VAL_SAMPLE not in state:
+            log.warning(
+                "the checkpoint does not say how its validation read the val split: a run started before "
+                "2026-11-30 scored the split's first train.eval_batches micro-batches, and scores a fixed sample of "
+                "it from here on, so its val_loss may step at this resume (training is unchanged)"
+            )
+        self.batches.load_state_dict({k: v for k, v in state.items() if k != VAL_SAMPLE})
