@@ -81,6 +81,14 @@ def test_the_pretrained_arm_alone_then_both_arms_with_arm_all(tmp_path, corpus, 
     assert json.loads((out / "transfer.json").read_text())["run"]["command"].startswith(
         "lm transfer --recipe quickstart"
     )
+    # the README's next step, three seeds (two here): it was refused, the scratch arm's record naming seed 0 alone
+    scratch = out / "finetune" / "scratch" / "sst2" / "seed0" / "result.pt"
+    mtimes = (done.stat().st_mtime_ns, scratch.stat().st_mtime_ns)
+    quickstart([*_argv(out, corpus, easy_glue), "--arm", "all", "--seeds", "0,1"])
+    assert "| task | metric | scratch: seeds |" in capsys.readouterr().out
+    assert (done.stat().st_mtime_ns, scratch.stat().st_mtime_ns) == mtimes  # seed 0 read back in both arms
+    table = json.loads((out / "transfer.json").read_text())["comparison"]["tasks"]["sst2"]
+    assert [list(table[arm]["seeds"]) for arm in ("scratch", "pretrained")] == [["0", "1"], ["0", "1"]]
 
 
 def test_at_zero_tokens_the_pretrained_arm_is_the_scratch_arm(tmp_path, corpus, easy_glue):  # noqa: F811

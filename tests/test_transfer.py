@@ -107,8 +107,10 @@ def test_zero_tokens_is_the_scratch_arm_and_a_curve_shares_it(tmp_path, corpus, 
     assert "| decoder (mean, learned) | 256 |" in text
     assert (tmp_path / "report" / "transfer_curve.png").stat().st_size > 1000
     assert [s["recipe"]["tokens"] for s in find_transfers([tmp_path])] == [0, 256]
-    with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another recipe \(differs in \['seeds'\]"):
-        run_transfer(recipe(tmp_path / "t2", corpus, easy_glue, tokens=0, scratch=shared, seeds=[0, 1]))
+    other = recipe(tmp_path / "t2", corpus, easy_glue, tokens=0, scratch=shared, seeds=[0, 1])  # more seeds extend it
+    other.finetune = [o.replace("optim.lr=3e-3", "optim.lr=1e-3") for o in other.finetune]  # another lr does not
+    with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another finetuning recipe \(differs in "):
+        run_transfer(other)
     assert not (tmp_path / "t2").exists()  # a refused call leaves nothing behind
 
 

@@ -185,3 +185,40 @@ def test_a_pretrained_arm_of_another_finetuning_recipe_is_refused_before_any_arm
     assert (aside / "sst2" / "seed0" / "result.pt").is_file() and done.stat().st_mtime_ns != mtime
     record = json.loads((out / "finetune" / "pretrained" / "transfer_arm.json").read_text())
     assert "optim.lr=1e-3" in record["finetune"] and record["seeds"] == [0]
+
+
+def test_added_seeds_extend_the_scratch_arm_and_fewer_read_it_back(tmp_path, corpus, easy_glue):  # noqa: F811
+    """--seeds 0, then --seeds 0,1 (the README's lm quickstart --arm all, then --seeds 0,1,2) was refused: the
+    scratch arm's record was compared whole, seeds included ("holds a scratch arm of another recipe (differs in
+    ['seeds']; seeds: [0] -> [0, 1])"), advising to remove the finished arm. It is compared as the pretrained arm
+    is (the tasks both name, seeds aside): the seed-0 pair is read back, seed 1 finetuned, the record names both.
+    A later --seeds 0 reads its pair back and tables seed 0 alone; another optim.lr is still refused, before work."""
+    from lm.cli.transfer import run_transfer
+    from lm.cli.transfer_recipe import TransferError
+
+    out = tmp_path / "t"
+    first = run_transfer(recipe(out, corpus, easy_glue, seeds=[0]))
+    done = out / "finetune" / "scratch" / "sst2" / "seed0" / "result.pt"
+    mtime = done.stat().st_mtime_ns
+    table = run_transfer(recipe(out, corpus, easy_glue, seeds=[0, 1]))
+    assert done.stat().st_mtime_ns == mtime  # read back, not finetuned again
+    scratch = table["comparison"]["tasks"]["sst2"]["scratch"]["seeds"]
+    assert list(scratch) == ["0", "1"]
+    assert scratch["0"] == first["comparison"]["tasks"]["sst2"]["scratch"]["seeds"]["0"]
+    assert json.loads((out / "finetune" / "scratch" / "transfer_arm.json").read_text())["seeds"] == [0, 1]
+    seed1 = (out / "finetune" / "scratch" / "sst2" / "seed1" / "result.pt").stat().st_mtime_ns
+    fewer = run_transfer(recipe(out, corpus, easy_glue, seeds=[0]))
+    assert [list(fewer["comparison"]["tasks"]["sst2"][arm]["seeds"]) for arm in ("scratch", "pretrained")] == [
+        ["0"]
+    ] * 2
+    assert fewer["comparison"]["tasks"]["sst2"]["scratch"]["seeds"]["0"] == scratch["0"]
+    assert (done.stat().st_mtime_ns, (done.parent.parent / "seed1" / "result.pt").stat().st_mtime_ns) == (mtime, seed1)
+    # the record still says what the arm holds (a curve's archive keys the arm by it)
+    assert json.loads((out / "finetune" / "scratch" / "transfer_arm.json").read_text())["seeds"] == [0, 1]
+    other = recipe(out, corpus, easy_glue, seeds=[0, 1, 2])
+    other.finetune = [o.replace("optim.lr=3e-3", "optim.lr=1e-3") for o in other.finetune]
+    other.scratch, other.out = out / "finetune" / "scratch", tmp_path / "u"  # a curve's next point, say
+    with pytest.raises(TransferError, match=r"scratch holds a scratch arm of another .*optim.lr=3e-3 -> optim.lr=1e-3"):
+        run_transfer(other)
+    assert not (tmp_path / "u" / "pretrain").exists()
+    assert not (out / "finetune" / "scratch" / "sst2" / "seed2").exists()

@@ -3,11 +3,12 @@ seeds, budget, --finetune), compared for both arms before any work and written f
 
 Without the pretrained arm's record a call of another finetuning recipe (--arm pretrained --finetune optim.lr=3e-3,
 then --arm all --finetune optim.lr=1e-3) finetuned the whole scratch arm first, and only then had lm finetune refuse
-the pretrained arm's finished pairs. The scratch arm's record is strict (a curve shares the arm and archives it keyed
-by the record: its tasks and seeds too); the pretrained arm's, and either arm's where this call does not run it, is
-compared as lm finetune compares a finished pair: only on the tasks both name, seeds aside (an --arm pretrained
---seeds 0 call, then --arm all --seeds 0,1 adds pairs to the arm). --finetune resume=false finetunes the pretrained
-arm over, so it rewrites that record instead of refusing it.
+the pretrained arm's finished pairs. Both arms' records are compared as lm finetune compares a finished pair: only
+on the tasks both name, seeds aside, so more seeds or tasks extend an arm (--seeds 0, then --seeds 0,1: the
+README's quickstart flow; the scratch arm's record was compared whole and that call refused, advising to remove the
+finished arm). A record names the seeds its arm holds (a curve archives its scratch arm keyed by the record:
+benchmarks/glue_transfer_curve.py), so a call with fewer seeds leaves it as it is. --finetune resume=false
+finetunes the arms over (lm finetune sets their pairs aside), so it rewrites a record instead of extending it.
 """
 
 from __future__ import annotations
@@ -24,11 +25,9 @@ def check_arms(r: Recipe, record: dict, running: set[str]) -> None:
     then (nothing written by a refused call) record this call's recipe for the arms it runs. `record`:
     scratch_record(r, plan), both arms' own."""
     pretrained = r.arm_dir("pretrained")
-    if "scratch" in running:
-        _refuse_other_scratch(r, record)
-    elif r.scratch != pretrained:  # --arm pretrained: its results are tabled with this scratch arm's
-        _refuse_other_pairs(r.scratch, "scratch", record, "pass another --scratch, or remove it")
     over = (_override(r.finetune, "resume") or "").lower() == "false"  # lm finetune sets the arm's pairs aside
+    # the scratch arm is checked whether or not this call runs it (--arm pretrained: it is tabled with this one)
+    _refuse_other_pairs(r.scratch, "scratch", record, "pass another --scratch, or remove it")
     if pretrained != r.scratch and not over:  # (at --tokens 0 the pretrained arm is the scratch arm)
         _refuse_other_pairs(
             pretrained,
@@ -37,33 +36,37 @@ def check_arms(r: Recipe, record: dict, running: set[str]) -> None:
             f"pass another --out, or --finetune resume=false to finetune the arm over (its results are moved to "
             f"{pretrained / 'previous'})",
         )
-    if "scratch" in running and not (r.scratch / ARM_RECORD).is_file():
-        _write(r.scratch / ARM_RECORD, record)
+    if "scratch" in running:
+        _record(r.scratch, "scratch", record, over)
     if "pretrained" in running and pretrained != r.scratch:
-        old = _read(pretrained / ARM_RECORD, "pretrained")
-        if over or old is None or set(record.get("tasks") or []) >= set(old.get("tasks") or []):
-            _write(pretrained / ARM_RECORD, record)  # it names every task the old one did: it now speaks for them
+        _record(pretrained, "pretrained", record, over)
 
 
 def check_scratch_arm(r: Recipe, record: dict) -> None:
-    """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings;
-    records this call's recipe there where none is."""
-    _refuse_other_scratch(r, record)
-    if not (r.scratch / ARM_RECORD).is_file():
-        _write(r.scratch / ARM_RECORD, record)
+    """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings on the
+    tasks both name; records this call's recipe there (extended by its tasks and seeds)."""
+    _refuse_other_pairs(r.scratch, "scratch", record, "pass another --scratch, or remove it")
+    _record(r.scratch, "scratch", record, over=False)
 
 
-def _refuse_other_scratch(r: Recipe, record: dict) -> None:
-    path = r.scratch / ARM_RECORD
-    old = _read(path, "scratch")
-    if old is None:
+def _record(arm_dir: Path, arm: str, record: dict, over: bool) -> None:
+    """Write `record` as the arm's (its pairs already checked to be this recipe's) where it says more than the old
+    one: it names every task the old one did and a task or seed more, so it speaks for them; its seeds are then the
+    old ones and this call's added (the arm holds both). Otherwise the old record stays: a call of fewer seeds or
+    tasks reads pairs back, and one that only adds a harmless override (train.threads=1) does not change the key a
+    curve archives the scratch arm by. After resume=false the arm holds this call's pairs alone: its record is
+    this call's unless the old one is the same recipe (same_value: harmless overrides, resume=false itself, aside)."""
+    path = arm_dir / ARM_RECORD
+    old = _read(path, arm)
+    if old is None or over:
+        if old is None or any(not same_value(k, old.get(k), record.get(k)) for k in set(old) | set(record)):
+            _write(path, record)
         return
-    diff = sorted(k for k in set(old) | set(record) if not same_value(k, old.get(k), record.get(k)))
-    if diff:
-        raise TransferError(
-            f"{r.scratch} holds a scratch arm of another recipe (differs in {diff}{_detail(diff, old, record)}; see "
-            f"{path}); pass another --scratch, or remove it"
-        )
+    tasks, old_tasks = set(record.get("tasks") or []), set(old.get("tasks") or [])
+    old_seeds = list(old.get("seeds") or [])
+    seeds = old_seeds + [s for s in record.get("seeds") or [] if s not in old_seeds]
+    if tasks >= old_tasks and (tasks > old_tasks or seeds != old_seeds):
+        _write(path, {**record, "seeds": seeds})
 
 
 def _refuse_other_pairs(arm_dir: Path, arm: str, record: dict, fix: str) -> None:

@@ -78,8 +78,8 @@ def set_aside_stale_records(r: Recipe) -> list[Path]:
 
 def join_arms(paths: list[Path], out: Path, command: str) -> dict:
     """The table from two arm records (write_arm_record), one per arm: <out>/transfer.{json,md}. The arms must
-    agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, budget, finetuning), as a
-    curve's runs must to share a scratch arm; the pretraining's settings are the pretrained arm's alone."""
+    agree on what both depend on (scratch_record: model, tokenizer, pooling, tasks, seeds, budget, finetuning): one
+    table compares the same tasks and seeds in both arms; the pretraining's settings are the pretrained arm's alone."""
     from lm.report.transfer import compare, scores_of, transfer_table
 
     records, scores, where = {}, {}, {}

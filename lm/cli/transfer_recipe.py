@@ -421,7 +421,8 @@ def pretrain(r: Recipe, p: Plan) -> None:
 
 def scratch_record(r: Recipe, p: Plan) -> dict:
     """What the scratch arm's results depend on besides the code (<scratch>/transfer_arm.json): a curve's runs
-    share the arm only while this is equal, and the curve's archive keys a finished arm by it."""
+    share the arm while this agrees on the tasks both name (seeds and tasks aside: lm/cli/transfer_arms.py), and
+    the curve's archive keys a finished arm by the record as written there (the seeds and tasks it holds)."""
     from omegaconf import OmegaConf
 
     return {
