@@ -16,8 +16,9 @@ transfer.json is also copied into the committed archive <archive>/<series>[-<ove
 docs/glue_transfer/points): the page is built from the archive, and a point measured by an earlier
 session stays on it (a point run again replaces its archived record). The scratch arm is archived too, outside
 git since it holds binaries (--scratch-archive, default <root>/scratch_archive; <it>/scratch/<key>/: each
-task/seed pair's result.pt, keyed by the arm's transfer_arm.json record), and a later curve with the same
---scratch-archive restores it instead of finetuning it again;
+task/seed pair's result.pt, keyed by the arm's transfer_arm.json record: a curve run again with more seeds or tasks
+extends the arm, whose record then names them, and archives it under a new key), and a later curve with the same
+--scratch-archive restores the entry of its record (the same seeds and tasks) instead of finetuning it again;
 lm finetune's resume check still refuses a restored pair whose settings differ. --tiny swaps in 0/100k/300k
 tokens, a 1 x 32 model, the TinyStories slice as corpus, one seed, RTE and MRPC with 64 training
 examples and 1 epoch, and writes to <root>/ and --doc /tmp/glue_transfer_tiny.md instead of the real
@@ -124,8 +125,9 @@ def archive_point(out: Path, archive: Path) -> Path:
     positions) nor a recipe with other overrides (SST-2's training examples) overwrites another curve's point."""
     summary = json.loads((out / TRANSFER).read_text())
     scratch = summary.get("arms", {}).get("scratch")
-    if scratch and (Path(scratch) / PROVENANCE).is_file():  # a restored scratch arm: say when it was measured
-        summary["scratch_measured"] = json.loads((Path(scratch) / PROVENANCE).read_text())
+    measured = restored_from(Path(scratch)) if scratch else None
+    if measured:  # a restored scratch arm: say when it was measured
+        summary["scratch_measured"] = measured
     dest = archive / series_key(summary) / str(summary["recipe"]["tokens"])
     dest.mkdir(parents=True, exist_ok=True)
     record = portable_record({**summary, "run_dir": str(out)})
@@ -158,8 +160,24 @@ PROVENANCE = "archived_arm.json"  # in an archived (and a restored) scratch arm:
 
 def scratch_key(record) -> str:
     """The archive's name for a scratch arm: a digest of its transfer_arm.json record (model, tokenizer,
-    pooling, tasks, seeds, finetuning overrides), so ELECTRA's arm and the encoder's are one entry."""
+    pooling, tasks, seeds, finetuning overrides), so ELECTRA's arm and the encoder's are one entry. The record
+    names the seeds and tasks the arm holds (lm/cli/transfer_arms.py), so an arm extended by more of them gets a new
+    entry (an entry already there is never added to: archive_scratch)."""
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def restored_from(scratch: Path) -> dict | None:
+    """Where and when a restored scratch arm was measured (its PROVENANCE), while it is still the archived arm: an
+    arm extended since by more seeds or tasks (lm transfer accepts them; its record then names them) is partly this
+    session's work, and is archived as measured here under its new record's key."""
+    path = scratch / PROVENANCE
+    if not path.is_file():
+        return None
+    measured = json.loads(path.read_text())
+    key = measured.pop("key", None)  # the entry it was restored from (none: restored before keys were noted)
+    if key is not None and key != scratch_key(json.loads((scratch / "transfer_arm.json").read_text())):
+        return None
+    return measured
 
 
 def _arm_files(scratch: Path):
@@ -193,8 +211,7 @@ def archive_scratch(scratch: Path, archive: Path) -> Path:
             "%Y-%m-%d %H:%M:%S %Z", time.localtime(max((f.stat().st_mtime for f in results), default=0))
         ),
     }
-    if (scratch / PROVENANCE).is_file():
-        measured = json.loads((scratch / PROVENANCE).read_text())
+    measured = restored_from(scratch) or measured
     atomic_write_text(dest / PROVENANCE, json.dumps(measured, indent=2) + "\n")
     return dest
 
@@ -208,11 +225,13 @@ def restore_scratch(r: Recipe, archive: Path) -> Path | None:
     if not (src / "transfer_arm.json").is_file():
         return None
     shutil.copytree(src, r.scratch, dirs_exist_ok=True)
+    measured = json.loads((src / PROVENANCE).read_text())
+    atomic_write_text(r.scratch / PROVENANCE, json.dumps({**measured, "key": src.name}, indent=2) + "\n")
     logging.info(
         "scratch arm %s restored from %s (measured %s)",
         r.scratch,
         src,
-        json.loads((src / PROVENANCE).read_text())["finished"],
+        measured["finished"],
     )
     return src
 

@@ -98,3 +98,35 @@ def test_a_scratch_arm_recorded_with_model_linear_torch_is_the_same_arm(tmp_path
     check_scratch_arm(r, {"seeds": [0], "model": node})
     with pytest.raises(TransferError, match=r"differs in \['model'\]"):
         check_scratch_arm(r, {"seeds": [0], "model": {**node, "dim": 64}})
+
+
+def test_a_restored_scratch_arm_extended_by_a_seed_is_archived_as_measured_here(tmp_path, monkeypatch):
+    """A curve's scratch arm restored from the archive, then extended by a seed (lm transfer now accepts more seeds
+    and its record names them): it is archived under its new record's key, as measured in this session's directory
+    (it said it was the restored arm, measured elsewhere), and its point no longer says it was restored; the entry it
+    was restored from stays as it was."""
+    from tests.benchmark_scripts import load
+
+    curve = load("glue_transfer_curve")
+    old = {"pooling": "mean", "tasks": ["rte"], "seeds": [0]}
+    entry = tmp_path / "archive" / "scratch" / curve.scratch_key(old)
+    (entry / "rte" / "seed0").mkdir(parents=True)
+    (entry / "rte" / "seed0" / "result.pt").write_bytes(b"result 0")
+    (entry / "transfer_arm.json").write_text(json.dumps(old))
+    elsewhere = {"run_dir": "/elsewhere/scratch", "machine": "m", "finished": "monday"}
+    (entry / "archived_arm.json").write_text(json.dumps(elsewhere))
+    monkeypatch.setattr(curve, "plan", lambda r: None)
+    monkeypatch.setattr(curve, "scratch_record", lambda r, p: old)
+    r = Recipe(out=tmp_path / "runs" / "0", scratch=tmp_path / "runs" / "scratch")
+    assert curve.restore_scratch(r, tmp_path / "archive") == entry
+    assert curve.archive_scratch(r.scratch, tmp_path / "archive") == entry  # unchanged: the restored arm itself
+    (r.scratch / "rte" / "seed1").mkdir()  # the next call adds seed 1
+    (r.scratch / "rte" / "seed1" / "result.pt").write_bytes(b"result 1")
+    (r.scratch / "transfer_arm.json").write_text(json.dumps({**old, "seeds": [0, 1]}))
+    dest = curve.archive_scratch(r.scratch, tmp_path / "archive")
+    assert dest == tmp_path / "archive" / "scratch" / curve.scratch_key({**old, "seeds": [0, 1]}) != entry
+    assert (dest / "rte" / "seed1" / "result.pt").read_bytes() == b"result 1"
+    assert json.loads((dest / "archived_arm.json").read_text())["run_dir"] == str(r.scratch)
+    assert json.loads((entry / "archived_arm.json").read_text()) == elsewhere
+    assert not (entry / "rte" / "seed1").exists()
+    assert curve.restored_from(r.scratch) is None  # so its point says nothing of a restore (archive_point)
