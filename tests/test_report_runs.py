@@ -300,3 +300,19 @@ def test_an_encoder_saved_before_sparse_prediction_is_costed_as_it_ran(tmp_path)
         num_params(cfg),
         sparse,
     )
+
+
+def test_a_recurrent_run_saved_before_sparse_prediction_keeps_its_cost(tmp_path):
+    """The encoders' old sparse_prediction=false was given to every config without the field: an LSTM run saved
+    before it (2026-11-24 on) then failed RNNConfig's check (a Transformer field off its default) and lost its cost."""
+    from omegaconf import OmegaConf
+
+    from lm.report.summary import model_cost
+
+    cfg = model_preset("lstm")
+    d = make_run(tmp_path / "old")
+    config = yaml.safe_load((d / "config.yaml").read_text())
+    config["model"] = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)
+    assert config["model"].pop("sparse_prediction") is True
+    (d / "config.yaml").write_text(yaml.safe_dump(config))
+    assert model_cost(load_run(d)) == (num_params(cfg), flops_per_token(cfg, 64))

@@ -33,7 +33,9 @@ def seq_len(run: Run) -> int | None:
 # A model field added since whose default is not how a config saved before it ran: model.sparse_prediction (on since
 # e7ce54d, 2026-11-28: the same loss, the MLM head at the masked positions only). An older encoder ran its head on
 # every position and logged its MFU with that count; read with today's default its FLOPs were 16% short (BERT-like,
-# dim 32, vocabulary 256). Only the cost reads this: a resume or a comparison treats the field as today's.
+# dim 32, vocabulary 256). Only the cost reads this: a resume or a comparison treats the field as today's. Only an
+# encoder's MLM head reads the field; set on another model it is refused (an RNN's check: a Transformer field off its
+# default), and an older LSTM run lost its cost.
 SAVED_BEFORE = {"sparse_prediction": False}
 
 
@@ -43,7 +45,9 @@ def model_cost(run: Run) -> tuple:
     if not isinstance(run.get("model"), dict):
         return None, None
     span = tuple(run.get(f"data.{k}") for k in ("noise_density", "mean_span_length"))
-    model = {**SAVED_BEFORE, **run.get("model")}
+    model = run.get("model")
+    if model.get("arch") == "encoder":
+        model = {**SAVED_BEFORE, **model}
     return _cost_from_config(json.dumps(model, sort_keys=True), seq_len(run), span)
 
 
