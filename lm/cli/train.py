@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lm.cli.errors import entry
 from lm.config import ConfigError, check_known_keys, explain, register_train_configs, run_schema
+from lm.constants import BERT_MLM_CORRUPTION
 from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_train
 from lm.core.elastic import keep_global_batch
 from lm.core.files import atomic_write_text
@@ -272,7 +273,7 @@ def _packed_loaders(
     objective: str,
     seed: int,
     decoder_start_id: int | None = None,
-    mlm_corruption: tuple[float, float] = (0.8, 0.1),
+    mlm_corruption: tuple[float, float] = BERT_MLM_CORRUPTION,
 ):
     """Prepare the data once (rank 0; the others wait), then one packed loader per split, and the vocabulary
     size of the data's tokenizer. decoder_start_id: span corruption's first decoder input, the model's

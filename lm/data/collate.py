@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from lm.config_base import ConfigError
-from lm.constants import IGNORE_INDEX
+from lm.constants import BERT_MLM_CORRUPTION, IGNORE_INDEX
 
 
 class Collator:
@@ -59,7 +59,7 @@ class MaskedLM(Collator):
         probability: float = 0.15,
         seed: int = 0,
         stream: int = 0,
-        corruption: tuple[float, float] = (0.8, 0.1),
+        corruption: tuple[float, float] = BERT_MLM_CORRUPTION,
     ):
         """corruption: of the chosen positions, the fractions given <mask> and a random token (BERT's 80/10)."""
         super().__init__(seed, stream)

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from lm.config_base import ConfigError
+from lm.constants import BERT_MLM_CORRUPTION
 from lm.data.collate import CausalLM, Collator, MaskedLM, SpanCorruption
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
@@ -141,7 +142,7 @@ def make_collator(
     noise_density: float = 0.15,
     mean_span_length: float = 3.0,
     decoder_start_id: int | None = None,
-    mlm_corruption: tuple[float, float] = (0.8, 0.1),
+    mlm_corruption: tuple[float, float] = BERT_MLM_CORRUPTION,
 ) -> Collator:
     sp, vocab = meta["tokenizer"]["specials"], meta["tokenizer"]["vocab_size"]
     if objective == "clm":
@@ -175,7 +176,7 @@ class PackedLoader:
         decoder_start_id: int | None = None,
         verify: bool = False,
         train_stride: int | None = None,
-        mlm_corruption: tuple[float, float] = (0.8, 0.1),
+        mlm_corruption: tuple[float, float] = BERT_MLM_CORRUPTION,
     ):
         if not 0 <= rank < world_size:
             raise ConfigError(f"rank={rank} must be in [0, world_size={world_size})")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from lm.config_base import Choice, ConfigError
+from lm.constants import BERT_MLM_CORRUPTION
 from lm.model.choices import Activation
 from lm.model.registry import options, register, slot, target_option  # noqa: F401 (options: re-exported)
 
@@ -393,7 +394,7 @@ class FamilyConfig(Component):
 
     transformer: ClassVar[bool] = True
     nll_loss: ClassVar[bool] = True
-    mlm_corruption: ClassVar[tuple[float, float]] = (0.8, 0.1)
+    mlm_corruption: ClassVar[tuple[float, float]] = BERT_MLM_CORRUPTION
 
     def build(self, model: ModelConfig, components):
         raise NotImplementedError
