@@ -339,3 +339,26 @@ def test_batches_fit_the_model_contract(data, arch, objective):
     )
     out = model(**next(iter(loader)))
     assert torch.isfinite(out.loss) and abs(out.loss.item() - np.log(loader.vocab_size)) < 1.5
+
+
+def test_lm_train_hands_its_loaders_the_models_mlm_corruption(tmp_path, monkeypatch):
+    """The test above gives _packed_loaders ELECTRA's masking by hand; this one checks that lm train passes the
+    model's own (model/family=electra: 85/0; a plain encoder: BERT's 80/10)."""
+    import lm.cli.train as lm_train
+    from tests.engine_support import compose, tiny_overrides
+
+    class Built(Exception):
+        pass
+
+    seen = []
+
+    def record(data, train_cfg, dist, objective, seed, decoder_start_id=None, mlm_corruption=None):
+        seen.append((objective, mlm_corruption))
+        raise Built  # the loaders are all this test reads
+
+    monkeypatch.setattr(lm_train, "_packed_loaders", record)
+    for family in (["model/family=electra"], []):
+        with pytest.raises(Built):
+            lm_train.train(compose(tiny_overrides(tmp_path / "run") + ["model.arch=encoder", *family]))
+    assert seen == [("mlm", (0.85, 0.0)), ("mlm", (0.8, 0.1))]
+
