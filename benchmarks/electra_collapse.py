@@ -138,11 +138,14 @@ class HFElectra(torch.nn.Module):
 
 
 def windows(cfg, seed):
-    """Endless MLM batches of random 128-token windows of the prepared train split."""
+    """Endless MLM batches of random 128-token windows of the prepared train split, masked as lm train masks them
+    for the model (ELECTRA's 85% [MASK] / 15% kept; BERT's 80/10/10 for --mlm's encoder)."""
     root = Path(cfg.data.dir).expanduser()
     meta = json.loads((root / "meta.json").read_text())
     tokens = np.memmap(root / "train_00000.bin", dtype=meta["dtype"], mode="r")
-    collate, rng, i = make_collator("mlm", SEQ, meta, seed, 0), np.random.default_rng(seed), 0
+    corruption = OmegaConf.to_object(cfg.model).mlm_corruption
+    collate = make_collator("mlm", SEQ, meta, seed, 0, mlm_corruption=corruption)
+    rng, i = np.random.default_rng(seed), 0
     while True:
         starts = rng.integers(0, len(tokens) - SEQ - 2, BATCH)
         batch = collate(

@@ -362,3 +362,24 @@ def test_lm_train_hands_its_loaders_the_models_mlm_corruption(tmp_path, monkeypa
             lm_train.train(compose(tiny_overrides(tmp_path / "run") + ["model.arch=encoder", *family]))
     assert seen == [("mlm", (0.85, 0.0)), ("mlm", (0.8, 0.1))]
 
+
+def test_the_electra_collapse_benchmark_masks_as_lm_train_does(data):
+    """benchmarks/electra_collapse.py built its batches with BERT's 80/10/10 for ELECTRA's model, which lm train
+    masks 85/0 (a tenth of the predicted positions held a random token there and never in a run)."""
+    from omegaconf import OmegaConf
+
+    from lm.model.config import model_preset
+    from tests.benchmark_scripts import load
+
+    tok, bench = Tokenizer.load(data), load("electra_collapse")
+    for family, share in ((["model/family=electra"], 0.85), ([], 0.8)):
+        model = OmegaConf.structured(model_preset("tiny", ["model.arch=encoder", *family]))
+        batches = bench.windows(OmegaConf.create({"data": {"dir": str(data)}, "model": model}), 0)
+        chosen = masked = randomised = 0
+        for inputs, labels in itertools.islice(batches, 10):
+            target = labels != -100
+            got, original = inputs[target], labels[target]
+            chosen, masked = chosen + target.sum().item(), masked + (got == tok.mask_id).sum().item()
+            randomised += ((got != tok.mask_id) & (got != original)).sum().item()
+        assert abs(masked / chosen - share) < 0.03, (family, masked / chosen)
+        assert (randomised == 0) == bool(family), (family, randomised / chosen)
