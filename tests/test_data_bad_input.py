@@ -140,7 +140,8 @@ def test_settings_these_sources_never_read_are_refused(tmp_path, good):
     """--doc-separator without --doc-split regex, and --text-field on plain text files, were silently ignored."""
     with pytest.raises(ConfigError, match=r"data.doc_separator='\\n\\n' is read only with doc_split=regex.*'line'"):
         run(tmp_path, source=str(good), doc_separator=r"\n\n")
-    with pytest.raises(ConfigError, match=r"data.text_field='content' .* every source is read as plain text.*--format"):
+    plain = r"data.text_field='content' .* every source is read as plain text.*--format jsonl.*--format csv or tsv"
+    with pytest.raises(ConfigError, match=plain):
         run(tmp_path, source=str(good), text_field="content")
     assert not (tmp_path / "out").exists()
     run(tmp_path, source=str(good), doc_split="regex", doc_separator=r"\n")  # used: fine

@@ -27,7 +27,7 @@ class Command(NamedTuple):
 COMMANDS: dict[str, Command] = {
     "train": Command("lm.cli.train", "pretrain a decoder, encoder or encoder-decoder (Hydra overrides)"),
     "finetune": Command("lm.cli.finetune", "finetune a run, an export or a scratch model on GLUE (Hydra overrides)"),
-    "prepare": Command("lm.cli.prepare", "text, JSONL, Parquet or a registry corpus -> tokenizer + token shards"),
+    "prepare": Command("lm.cli.prepare", "text, JSONL, Parquet, CSV/TSV or a registry corpus -> tokenizer + shards"),
     "export": Command("lm.cli.export", "a checkpoint of any engine -> safetensors (+ a Hugging Face directory)"),
     "report": Command("lm.cli.report", "a sweep's comparison table and plots, or one run's card"),
     "attention": Command("lm.cli.attention", "attention heatmaps of a trained model on a text"),

@@ -150,9 +150,10 @@ def _check_used(cfg: DataConfig, files: list[SourceFile], corpus) -> None:
         )
     if cfg.text_field != "text" and files and all(f.format == "text" for f in files):
         raise ConfigError(
-            f"data.text_field={cfg.text_field!r} names a JSONL field or a Parquet/dataset column, but every source "
-            f"is read as plain text ({files[0].path}{' ...' if len(files) > 1 else ''}): drop --text-field, or "
-            f"pass --format jsonl (data.format=jsonl) if the files hold JSON lines"
+            f"data.text_field={cfg.text_field!r} names a JSONL field or a Parquet, CSV, TSV or dataset column, but "
+            f"every source is read as plain text ({files[0].path}{' ...' if len(files) > 1 else ''}): drop "
+            f"--text-field, or pass --format jsonl (data.format=jsonl) if the files hold JSON lines, --format csv or "
+            f"tsv if they are tables with a header row"
         )
 
 
