@@ -195,3 +195,32 @@ def test_a_finetune_pair_resumes_on_a_world_size_with_the_same_steps_per_epoch_o
         glue_task(16 * 5 + 2, 4).load_state_dict(state)
     with pytest.raises(ConfigError, match=r"ran 5 steps per epoch, this world size gives 6 .*resume on more than 2"):
         glue_task(16 * 5 + 2, 1).load_state_dict(glue_task(16 * 5 + 2, 3).state_dict())
+
+
+def test_a_torch_checkpoint_of_another_weight_decay_grouping_is_named_so_on_an_elastic_resume(tmp_path):
+    """A checkpoint written when weight decay covered the Linear weights only (before b3abb50) holds the same
+    parameters in AdamW groups of other sizes. Resumed elsewhere (single/DDP's file onto FSDP2, say) it was refused
+    as 'not this model'; the same-layout resume names the grouping (lm/core/checkpoint.py), and so does this one."""
+    import lm.zoo  # noqa: F401 - registers model/attn=synthesizer_dense
+    from lm.core.optim import adamw
+    from lm.engine import EngineError
+    from lm.engine.formats import MODEL_OPTIM
+    from lm.engine.reshard import full_from_torch_file, group_names
+    from lm.model import build_model
+    from lm.model.config import model_preset
+
+    model = build_model(model_preset("tiny", ["model/attn=synthesizer_dense"]))  # its W is no nn.Linear
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    params = list(model.parameters())
+    old = torch.optim.AdamW(
+        [{"params": [p for p in params if id(p) in linear]}, {"params": [p for p in params if id(p) not in linear]}]
+    )
+    torch.save({"model": model.state_dict(), "optimizer": old.state_dict()}, tmp_path / MODEL_OPTIM)
+    groups = group_names(model, adamw(model, OptimConfig()))
+    sizes = [len(g) for g in groups]
+    with pytest.raises(
+        EngineError,
+        match=rf"groups its {len(params)} parameters as \[\d+, \d+\], this run's as "
+        rf"\[{sizes[0]}, {sizes[1]}\]: it was written under another weight decay rule",
+    ):
+        full_from_torch_file(tmp_path, groups)

@@ -46,10 +46,17 @@ def full_from_torch_file(path: Path, groups: list[list[str]]) -> dict:
     saved = state["optimizer"]
     order = [name for group in groups for name in group]
     ids = [i for g in saved["param_groups"] for i in g["params"]]
-    if len(ids) != len(order) or [len(g["params"]) for g in saved["param_groups"]] != [len(g) for g in groups]:
+    if len(ids) != len(order):
         raise EngineError(
             f"{path}: its optimizer has {len(ids)} parameters in {len(saved['param_groups'])} "
             f"groups, this model's {len(order)} in {len(groups)}: not this model"
+        )
+    sizes, own = [len(g["params"]) for g in saved["param_groups"]], [len(g) for g in groups]
+    if sizes != own:  # the same parameters, grouped otherwise: lm.core.optim's weight decay rule when it was written
+        raise EngineError(
+            f"{path}: its optimizer groups its {len(ids)} parameters as {sizes}, this run's as {own}: it was written "
+            f"under another weight decay rule (an older lm's). Resume it with the lm version that wrote it, or start "
+            f"a new run_dir"
         )
     fqn = dict(zip(ids, order))
     optim = {
