@@ -31,7 +31,7 @@ What differs by design: the Hugging Face side encodes with the export's own fast
 files with its own few lines (no lm.glue code); it scores raw predictions (lm clips STS-B to [0, 5] as the
 leaderboard would); its new head is initialised as the family does (normal, std 0.02; lm: torch's Linear
 default, uniform +-1/sqrt(dim)) and GPT-2's `score` has no bias (lm's classifier has one); its warmup starts at
-lr 0 and its decay reaches 0 one step after the last (lm: (step+1)/(warmup+1), 0 at the last step); ESM's head
+lr 0 (lm's at (step+1)/(warmup+1)); both decays reach 0 one step after the last (lm's since d47fca8); ESM's head
 also drops out before its dense+tanh (lm's only before the last linear layer); its data order, dropout masks and
 head init come from its own seeding.
 The lm-mean side is lm finetune as the GLUE-transfer recipe runs it (mean pooling, dropout 0.1 before the
