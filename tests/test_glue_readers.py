@@ -316,3 +316,27 @@ def test_empty_file(tmp_path):
 def test_fixture_root_is_not_the_real_data():
     # The fixtures are hand-written; the real data stays outside the repository (in $LM_DATA_MIRROR).
     assert not (FIXTURES / "CoLA").exists() and os.path.getsize(FIXTURES / "QQP" / "train.tsv") < 2000
+
+
+def test_a_field_over_the_limit_is_refused_after_a_table_was_read_in_the_same_process(tmp_path):
+    """lm.data.tables raised csv's process-wide field limit at import, so once lm prepare had read a table, a GLUE
+    file with a 200,000-character field was read as an example (it failed only run after such a test)."""
+    import csv
+    import io
+
+    from lm.data.tables import table_values
+
+    before = csv.field_size_limit()
+    src = type("Src", (), {"path": tmp_path / "t.csv", "format": "csv"})()  # the SourceFile fields it reads
+    assert list(table_values(src, io.BytesIO(b"text\n" + b"a" * 200_000 + b"\n"), "text")) == ["a" * 200_000]
+    assert csv.field_size_limit() == before  # restored once the table is read
+    csv.field_size_limit(2**31 - 1)  # as another reader of the process may leave it
+    try:
+        data, line, what = ENCODINGS["long_field"]
+        path = tmp_path / "SST-2" / "train.tsv"
+        path.parent.mkdir()
+        path.write_bytes(data)
+        with pytest.raises(GlueDataError, match=f"{path}:{line}: field larger than field limit"):
+            load_split("sst2", "train", root=tmp_path, hf=False)
+    finally:
+        csv.field_size_limit(before)

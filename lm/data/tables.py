@@ -20,8 +20,9 @@ from lm.data.sources import SourceFile
 TABLES = ("csv", "tsv")
 _DIALECTS = {"csv": {}, "tsv": {"delimiter": "\t", "quoting": csv.QUOTE_NONE}}
 # csv's default field limit is 131,072 characters: a longer cell (a whole book) raised "field larger than field
-# limit"; memory is bounded by the row as it is for a long line of text (max_doc_chars cuts the tokenizing).
-csv.field_size_limit(2**31 - 1)
+# limit"; memory is bounded by the row as it is for a long line of text (max_doc_chars cuts the tokenizing). The limit
+# is the csv module's, process-wide: raised while a table is read, restored after (the GLUE reader keeps its own).
+FIELD_LIMIT = 2**31 - 1
 
 
 def _lines(stream) -> Iterator[str]:
@@ -43,6 +44,7 @@ def _lines(stream) -> Iterator[str]:
 def table_values(src: SourceFile, stream, column: str) -> Iterator[str | None]:
     """The `column` cell of each row after the header; None for a row too short to have it (a bad record)."""
     rows = csv.reader(_lines(stream), **_DIALECTS[src.format])
+    limit = csv.field_size_limit(FIELD_LIMIT)
     try:
         header = next(rows, None)
         if header is None:  # an empty file: no records
@@ -61,3 +63,5 @@ def table_values(src: SourceFile, stream, column: str) -> Iterator[str | None]:
                 yield row[at] if at < len(row) else None
     except csv.Error as e:
         raise DataError(f"{src.path}:{rows.line_num}: not a readable {src.format.upper()} row ({e})") from None
+    finally:
+        csv.field_size_limit(limit)

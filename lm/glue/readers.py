@@ -147,13 +147,22 @@ def _text_lines(path, f):
             ) from None
 
 
+GLUE_FIELD_LIMIT = 131_072  # csv's default field limit: no GLUE sentence comes near it
+
+
 def _next_row(path, rows) -> list[str] | None:
     try:
-        return next(rows, None)
-    except csv.Error as e:  # a field over csv.field_size_limit() (131,072 characters)
+        row = next(rows, None)
+    except csv.Error as e:  # a field over csv.field_size_limit()
+        row, error = None, str(e)
+    else:  # checked here too: the limit is process-wide, and another reader may have raised it (lm.data.tables)
+        long = row is not None and any(len(cell) > GLUE_FIELD_LIMIT for cell in row)
+        error = f"field larger than field limit ({GLUE_FIELD_LIMIT})" if long else None
+    if error:
         raise GlueDataError(
-            f"{path}:{rows.line_num}: {e}; no GLUE example is that long: restore the official GLUE file"
-        ) from None
+            f"{path}:{rows.line_num}: {error}; no GLUE example is that long: restore the official GLUE file"
+        )
+    return row
 
 
 def _columns(path, t: GlueTaskSpec, header: list[str], labelled: bool) -> dict:
