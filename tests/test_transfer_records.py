@@ -1,7 +1,9 @@
 """lm transfer's records in --out and in a scratch arm, checked without running the recipe: which files there are
-its own, and which reruns are the same arm."""
+its own, which reruns are the same arm, the finetuning budget a scratch arm is recorded under, and damaged records
+refused in one line."""
 
 import json
+import re
 
 import pytest
 
@@ -130,3 +132,100 @@ def test_a_restored_scratch_arm_extended_by_a_seed_is_archived_as_measured_here(
     assert json.loads((entry / "archived_arm.json").read_text()) == elsewhere
     assert not (entry / "rte" / "seed1").exists()
     assert curve.restored_from(r.scratch) is None  # so its point says nothing of a restore (archive_point)
+
+
+def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tmp_path):
+    """A scratch arm's transfer_arm.json written before ModelConfig grew a field (model.family) holds a
+    model node without it; the same model now must match it, and a different model must not."""
+    from dataclasses import asdict
+
+    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.model.config import model_preset
+
+    node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
+    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
+    r.scratch.mkdir()
+    old = {k: v for k, v in node.items() if k != "family"}
+    (r.scratch / "transfer_arm.json").write_text(json.dumps({"pooling": "mean", "model": old}))
+    check_scratch_arm(r, {"pooling": "mean", "model": node})  # the same model: accepted
+    with pytest.raises(TransferError, match=r"differs in \['model'\]"):
+        check_scratch_arm(r, {"pooling": "mean", "model": {**node, "dim": 64}})
+
+
+def test_a_damaged_scratch_arm_record_is_one_line_and_kept(tmp_path):
+    """A transfer_arm.json cut short or not a JSON object is refused naming it and the fix (it was a JSONDecodeError
+    or AttributeError traceback); the file is left as it was."""
+    from lm.cli.transfer_arms import check_scratch_arm
+
+    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
+    r.scratch.mkdir()
+    path = r.scratch / "transfer_arm.json"
+    for text in ('{"tokenizer_sha', "[1]"):
+        path.write_text(text)
+        with pytest.raises(TransferError, match=rf"{re.escape(str(path))} is damaged .* Delete it and the same"):
+            check_scratch_arm(r, {"pooling": "mean"})
+        assert path.read_text() == text
+
+
+def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_path):
+    """Both arms read MRPC's and STS-B's pairs as siamese pairs and RTE's as one text (the budget); a --finetune
+    override of pair_input wins; a scratch arm recorded under another budget (or before the budget was recorded)
+    is not shared."""
+    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.cli.transfer_recipe import budget, finetune_config
+
+    def pair_inputs(finetune):
+        r = Recipe(out=tmp_path / "point", tasks=["mrpc", "stsb", "rte"], finetune=finetune)
+        cfg = finetune_config(r, tmp_path / "arm", "none", None, "mean", r.tasks)
+        return {t: cfg.tasks[t].pair_input for t in r.tasks}, cfg.tasks.stsb.fit_head
+
+    assert pair_inputs([]) == ({"mrpc": "siamese", "stsb": "siamese", "rte": "joint"}, True)
+    # STS-B read as one text has no cosine score: the budget's fit_head follows, and validates
+    joint = pair_inputs(["tasks.stsb.pair_input=joint"])
+    assert joint == ({"mrpc": "siamese", "stsb": "joint", "rte": "joint"}, False)
+    assert pair_inputs(["tasks.stsb.fit_head=false"])[1] is False
+    assert [o for o in budget(["sst2", "stsb"]) if "pair_input" in o] == ["tasks.stsb.pair_input=siamese"]
+    assert "train.precision=auto" in budget(["sst2"])  # bf16 where the device has it, as the pretraining
+
+    r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
+    r.scratch.mkdir()
+    (r.scratch / "transfer_arm.json").write_text(json.dumps({"pooling": "mean"}))  # recorded before the budget was
+    with pytest.raises(TransferError, match=r"differs in \['budget'\]"):
+        check_scratch_arm(r, {"pooling": "mean", "budget": budget(["stsb"])})
+
+
+def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):
+    """A hand-edited or damaged record (no dir, no run seconds, results that are no results.json) is a TransferError
+    naming the file and the call that writes it again, not a KeyError/TypeError traceback; nothing is written."""
+    from lm.cli.transfer_join import join_arms
+
+    results = {"columns": {"rte": {"metrics": ["acc"], "seeds": {"0": {"acc": 50.0}}, "median": {"acc": 50.0}}}}
+    run = {"command": "lm transfer", "machine": "m", "finished": "", "seconds": 1.0}
+    recipe = {"preset": "p", "arch": "decoder", "objective": "causal LM", "finetune_note": "", "tokens": 2048}
+    recipe |= {"steps": 1, "tokens_per_step": 2048, "val_loss": None, "probe": None}
+    good = {"recipe": recipe, "shared": {"seeds": [0]}, "dir": "d", "results": results, "run": run}
+    scratch = tmp_path / "scratch.json"
+    scratch.write_text(json.dumps({"arm": "scratch", **good}))
+    for name, damage in {
+        "nodir": {"dir": None},
+        "norun": {"run": {}},
+        "columns": {"results": {"columns": 3}},
+        "noresults": {"results": {}},
+        "shared": {"shared": None},
+        "recipe": {"recipe": {"preset": "p"}},
+    }.items():
+        record = {"arm": "pretrained", **good, **damage}
+        record = {k: v for k, v in record.items() if v is not None or k != "dir"}
+        (tmp_path / f"{name}.json").write_text(json.dumps(record))
+        with pytest.raises(TransferError, match=rf"{name}.json: (a damaged|not an) lm transfer arm record"):
+            join_arms([scratch, tmp_path / f"{name}.json"], tmp_path / "x", "")
+    assert not (tmp_path / "x").exists()
+    (tmp_path / "ok.json").write_text(json.dumps({"arm": "pretrained", **good}))
+    assert join_arms([scratch, tmp_path / "ok.json"], tmp_path / "x", "")["comparison"]["tasks"]["rte"]["gain"] == 0
+    table = (tmp_path / "x" / "transfer.md").read_text()
+    (tmp_path / "longer.json").write_text(json.dumps({"arm": "pretrained", **good, "recipe": {**recipe, "steps": 2}}))
+    with pytest.raises(
+        TransferError, match=r"x holds the point of another recipe \(steps: 1 -> 2; see .*transfer.json"
+    ):
+        join_arms([scratch, tmp_path / "longer.json"], tmp_path / "x", "")  # that point's table is not replaced
+    assert (tmp_path / "x" / "transfer.md").read_text() == table

@@ -1,11 +1,14 @@
 """lm transfer run again in the same directory: a rerun with overrides that change nothing computed is the same
 experiment (one curve in lm report, the record of the call that did the work kept), resume=false starts the
-finetunes over without losing the arm's recipe record, and an --arm all call leaves no stale one-arm record."""
+finetunes over without losing the arm's recipe record, an --arm all call leaves no stale one-arm record, another
+recipe's point is refused before any work, and a point finished over several calls counts all their seconds."""
 
 import json
 
 import pytest
 
+from lm.cli.transfer import run_transfer
+from lm.cli.transfer_recipe import Recipe, TransferError
 from lm.report.transfer import compare, find_transfers, overrides, series_labels
 from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 from tests.test_transfer import corpus, recipe  # noqa: F401 - the tiny corpus (a fixture) and recipe
@@ -222,3 +225,69 @@ def test_added_seeds_extend_the_scratch_arm_and_fewer_read_it_back(tmp_path, cor
         run_transfer(other)
     assert not (tmp_path / "u" / "pretrain").exists()
     assert not (out / "finetune" / "scratch" / "sst2" / "seed2").exists()
+
+
+def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, easy_glue):  # noqa: F811
+    """lm quickstart --tokens N grown in the same --out continued that point's pretraining (its checkpoint pruned,
+    keep_last=1) before lm finetune refused the pairs; another model was refused by lm train only after the scratch
+    arm had finetuned. Both are refused before any work, the point's checkpoint and table kept."""
+    out = tmp_path / "t"
+    run_transfer(recipe(out, corpus, easy_glue, seeds=[0]))
+    ckpts, table = out / "pretrain" / "checkpoints", (out / "transfer.json").read_text()
+    with pytest.raises(TransferError, match=r"t holds the point of another recipe \(steps: 4 -> 8; see .*point.json\)"):
+        run_transfer(recipe(out, corpus, easy_glue, seeds=[0], tokens=8 * 4 * 32))
+    other = recipe(out, corpus, easy_glue, seeds=[0], scratch=tmp_path / "s2")
+    other.pretrain = [*other.pretrain, "model.dim=48"]
+    with pytest.raises(TransferError, match=r"\(--pretrain \(none\) -> model.dim=48; see "):
+        run_transfer(other)
+    assert not (tmp_path / "s2").exists()  # no scratch arm finetuned for nothing
+    # lm train would resume at another optim.lr or warmup (its NaN recovery): read back (or continued) under a table
+    # naming the new rate, the point's model was pretrained at the recipe's 2e-3 after 1 warmup step
+    for extra, change in (
+        (["optim.lr=1e-2"], r"--pretrain \(none\) -> optim.lr=1e-2"),
+        (["sched.warmup_steps=3"], r"--pretrain \(none\) -> sched.warmup_steps=3"),
+    ):
+        faster = recipe(out, corpus, easy_glue, seeds=[0])
+        faster.pretrain = [*faster.pretrain, *extra]
+        with pytest.raises(TransferError, match=rf"t holds the point of another recipe \({change}; see "):
+            run_transfer(faster)
+    assert "lr: 0.002" in (out / "pretrain" / "config.yaml").read_text()
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000004"]
+    assert (out / "transfer.json").read_text() == table
+    (out / "transfer_point.json").unlink()  # a directory from before the record: its table says which point
+    with pytest.raises(TransferError, match=r"\(steps: 4 -> 2; see .*transfer.json\)"):
+        run_transfer(recipe(out, corpus, easy_glue, seeds=[0], tokens=2 * 4 * 32))
+    same = recipe(out, corpus, easy_glue, seeds=[0])
+    same.pretrain = [*same.pretrain, "train.threads=1"]  # changes nothing computed: the same point, read back
+    assert run_transfer(same)["comparison"] == json.loads(table)["comparison"]
+    point = json.loads((out / "transfer_point.json").read_text())
+    assert point["steps"] == 4 and point["pretrain_schedule"] == ["sched.warmup_steps=1"]
+    del point["pretrain_schedule"]  # a record from before the schedule was the point's: not compared on it
+    (out / "transfer_point.json").write_text(json.dumps(point))
+    assert run_transfer(same)["comparison"] == json.loads(table)["comparison"]
+    notes = tmp_path / "notes"  # a directory of the user's as --out: its transfer.md would be replaced at the end
+    notes.mkdir()
+    (notes / "transfer.md").write_text("# my notes on transfer\n")
+    with pytest.raises(TransferError, match=r"notes/transfer.md exists and is not a file lm transfer wrote"):
+        run_transfer(recipe(notes, corpus, easy_glue, seeds=[0]))
+    assert sorted(p.name for p in notes.iterdir()) == ["transfer.md"]  # refused before anything is written there
+
+
+def test_an_interrupted_call_still_counts_its_seconds(tmp_path, monkeypatch):
+    """A point finished over several calls (a stop, then the same command) reports their summed time."""
+    import time
+
+    import lm.cli.transfer as transfer
+
+    def stopped(r, t0):
+        r.out.mkdir(parents=True, exist_ok=True)
+        (r.out / "transfer_point.json").write_text("{}")  # as a call records its point before any work
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(transfer, "_transfer", stopped)
+    r = Recipe(out=tmp_path / "point")
+    for calls in (1, 2):
+        with pytest.raises(KeyboardInterrupt):
+            transfer.run_transfer(r)
+        assert json.loads((r.out / "transfer_seconds.json").read_text())["seconds"] >= 0.2 * calls
