@@ -17,7 +17,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from lm.cli.transfer_recipe import ARM_RECORD, Recipe, TransferError, _override
+from lm.cli.transfer_recipe import ARM_RECORD, Recipe, TransferError, override_value
 
 
 def check_arms(r: Recipe, record: dict, running: set[str]) -> None:
@@ -25,7 +25,7 @@ def check_arms(r: Recipe, record: dict, running: set[str]) -> None:
     then (nothing written by a refused call) record this call's recipe for the arms it runs. `record`:
     scratch_record(r, plan), both arms' own."""
     pretrained = r.arm_dir("pretrained")
-    over = (_override(r.finetune, "resume") or "").lower() == "false"  # lm finetune sets the arm's pairs aside
+    over = (override_value(r.finetune, "resume") or "").lower() == "false"  # lm finetune sets the arm's pairs aside
     # the scratch arm is checked whether or not this call runs it (--arm pretrained: it is tabled with this one)
     _refuse_other_pairs(r.scratch, "scratch", record, "pass another --scratch, or remove it")
     if pretrained != r.scratch and not over:  # (at --tokens 0 the pretrained arm is the scratch arm)

@@ -178,7 +178,7 @@ def check_tasks_present(r: Recipe, tasks: list[str]) -> None:
     lets lm finetune skip it instead."""
     root = _data_root(r.finetune)
     missing = missing_tasks(tasks, root)
-    if missing and (_override(r.finetune, "skip_missing") or "").lower() != "true":
+    if missing and (override_value(r.finetune, "skip_missing") or "").lower() != "true":
         lines = "\n  ".join(f"{t}: {why}" for t, why in missing.items())
         have = ", ".join(present_tasks(root)) or "none"
         raise TransferError(
@@ -258,7 +258,7 @@ SHARED_FIELDS = {"glue.max_train_examples": "max_train_examples"}
 def superseded_budget(overrides: list[str], finetune: list[str]) -> list[str]:
     """The budget's overrides without the per-task ones that a --finetune shared key replaces (--finetune
     glue.max_train_examples=64 limits SST-2 and STS-B too, not only the tasks the budget leaves unlimited)."""
-    fields = {f for key, f in SHARED_FIELDS.items() if _override(finetune, key) is not None}
+    fields = {f for key, f in SHARED_FIELDS.items() if override_value(finetune, key) is not None}
     return [o for o in overrides if not (o.startswith("tasks.") and o.split("=", 1)[0].split(".")[-1] in fields)]
 
 
@@ -301,7 +301,7 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
         if (
             t in cfg.tasks
             and cfg.tasks[t].pair_input != "siamese"
-            and _override(r.finetune, f"tasks.{t}.fit_head") is None
+            and override_value(r.finetune, f"tasks.{t}.fit_head") is None
         ):
             cfg.tasks[t].fit_head = False
     return cfg
@@ -532,14 +532,15 @@ def cpu_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _override(overrides: list[str], key: str) -> str | None:
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value the last `key=value` among the overrides sets (a later one wins), None where none sets key."""
     values = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == key]
     return values[-1] if values else None
 
 
 def _pooling(overrides: list[str]) -> str | None:
-    return _override(overrides, "pooling")
+    return override_value(overrides, "pooling")
 
 
 def _data_root(overrides: list[str]) -> str | None:
-    return _override(overrides, "glue.data_root")
+    return override_value(overrides, "glue.data_root")
