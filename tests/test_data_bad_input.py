@@ -147,6 +147,36 @@ def test_settings_these_sources_never_read_are_refused(tmp_path, good):
     run(tmp_path, source=str(good), doc_split="regex", doc_separator=r"\n")  # used: fine
 
 
+def test_a_doc_split_of_text_on_record_sources_alone_is_refused(tmp_path, good):
+    """--doc-split file (or blank_line) on JSONL, CSV/TSV, Parquet or hf: sources was silently ignored: a JSONL file
+    of 60 records gave the same shards (46 train and 14 val documents) under line, file and blank_line. A record is a
+    document already: refused, naming the formats and the fix. Beside a text file it applies to the text file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in GOOD))
+    (tmp_path / "a.csv").write_text("text\n" + "".join(f'"{t}"\n' for t in GOOD))
+    pq.write_table(pa.table({"text": GOOD}), tmp_path / "a.parquet")
+    for name, fmt in (("a.jsonl", "jsonl"), ("a.csv", "csv"), ("a.parquet", "parquet")):
+        for doc_split in ("file", "blank_line"):
+            with pytest.raises(
+                ConfigError,
+                match=rf"data.doc_split={doc_split} says what a document is in plain-text files, and every source "
+                rf"is read as records \({fmt}: .*{name}\).*drop --doc-split \(data.doc_split=line\), or pass --format "
+                rf"text",
+            ):
+                run(tmp_path, source=str(tmp_path / name), doc_split=doc_split)
+    from lm.data.prepare import _check_doc_split_used  # a hub dataset, without the hub
+    from lm.data.sources import SourceFile
+
+    with pytest.raises(ConfigError, match=r"every source is read as records \(hf: hf:stories\)"):
+        _check_doc_split_used(data_config({"doc_split": "file"}), [SourceFile("hf:stories", "hf")])
+    assert not (tmp_path / "out").exists()
+    # the text file is one document, each record one: 61 documents (120 with doc_split=line)
+    meta = open_prepared(run(tmp_path, source=[str(good), str(tmp_path / "a.jsonl")], doc_split="file"))
+    assert meta["splits"]["train"]["documents"] + meta["splits"]["val"]["documents"] == 1 + len(GOOD)
+
+
 def test_single_document_split_by_document_explains_contiguous(tmp_path, good):
     with pytest.raises(DataError, match=r"the (train|val) split is empty: .*split=contiguous"):
         run(tmp_path, source=str(good), doc_split="file")

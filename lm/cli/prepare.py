@@ -21,7 +21,7 @@ HELP = {
     "format": "auto (by extension) | text | jsonl | parquet | csv | tsv | hf",
     "text_field": "JSONL field / Parquet, CSV, TSV or dataset column that holds the text",
     "hf_split": "split of a Hugging Face dataset to read",
-    "doc_split": "what a document is in text files: file | line | blank_line | regex",
+    "doc_split": "what a document is in plain-text files (a record or row is one): file | line | blank_line | regex",
     "doc_separator": "the regex between documents when --doc-split regex",
     "tokenizer": "bpe | unigram | char, or the path of an existing tokenizer.json",
     "vocab_size": "vocabulary size to train (bpe, unigram)",

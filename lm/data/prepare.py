@@ -148,6 +148,7 @@ def _check_used(cfg: DataConfig, files: list[SourceFile], corpus) -> None:
             f"data.doc_separator='{cfg.doc_separator}' is read only with doc_split=regex, and this run splits "
             f"documents by {doc_split!r}: add --doc-split regex (data.doc_split=regex), or drop the separator"
         )
+    _check_doc_split_used(cfg, files)
     if cfg.text_field != "text" and files and all(f.format == "text" for f in files):
         raise ConfigError(
             f"data.text_field={cfg.text_field!r} names a JSONL field or a Parquet, CSV, TSV or dataset column, but "
@@ -155,6 +156,21 @@ def _check_used(cfg: DataConfig, files: list[SourceFile], corpus) -> None:
             f"--text-field, or pass --format jsonl (data.format=jsonl) if the files hold JSON lines, --format csv or "
             f"tsv if they are tables with a header row"
         )
+
+
+def _check_doc_split_used(cfg: DataConfig, files: list[SourceFile]) -> None:
+    """--doc-split says what a document is in plain text; a JSONL record or a table's row is a document already, so a
+    --doc-split file (or blank_line, regex) on record sources alone changed nothing (line is the default, never
+    refused). With plain-text sources among them, it applies to those (a list mixes both: gutenberg_mix_bpe)."""
+    if cfg.doc_split in (None, "line") or not files or any(f.format == "text" for f in files):
+        return
+    formats = ", ".join(sorted({f.format for f in files}))
+    raise ConfigError(
+        f"data.doc_split={cfg.doc_split} says what a document is in plain-text files, and every source is read as "
+        f"records ({formats}: {files[0].path}{' ...' if len(files) > 1 else ''}), each JSONL record or Parquet, CSV, "
+        f"TSV or dataset row a document already: drop --doc-split (data.doc_split=line), or pass --format text "
+        f"(data.format=text) if the files are plain text"
+    )
 
 
 def read_options(cfg: DataConfig) -> ReadOptions:
