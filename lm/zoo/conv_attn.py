@@ -40,6 +40,7 @@ from lm.model.linear import Linear
 from lm.model.options import ALiBiConfig, AttnConfig, T5BiasConfig, option_name, positive
 from lm.model.registry import register
 from lm.model.scores import Score
+from lm.zoo.residual import FixupBranch
 
 # -- the option schemas (conf/model/attn/lightweight_conv.yaml, dynamic_conv.yaml) -------------------
 
@@ -192,10 +193,11 @@ class DynamicConv(_Conv):
         return self.weight_linear(u).view(B, T, self.n_heads, self.K).float().softmax(dim=-1)  # (B, T, H, K)
 
 
-class ConvAttention(_Attention):
+class ConvAttention(FixupBranch, _Attention):
     """The self-attention sub-layer of Wu et al. 2019: GLU input projection, convolution, output projection."""
 
     kind = "self"
+    fixup_depth = 3  # model/norm=fixup's m (lm/zoo/residual.py): input projection, convolution, output projection
 
     def __init__(self, dim: int, n_heads: int, head_dim: int, bias: bool, conv: _Conv):
         super().__init__(dim, n_heads, n_heads, head_dim, bias, 0.0, None, None, conv)

@@ -42,6 +42,7 @@ from lm.model.linear import Linear, MatmulCount
 from lm.model.options import BlockConfig, MoEConfig, RoPEConfig, option_name
 from lm.model.registry import register
 from lm.model.stack import BlockParts
+from lm.zoo.residual import FixupBranch
 
 NO_CACHE = (
     "model/block=evolved has no KV cache for its convolution and branched-attention sub-layers; "
@@ -139,8 +140,13 @@ class Conv1d(MatmulCount, nn.Module):
         return self.conv.weight.numel()  # each output position is a (d_out, d_in * K) matrix product
 
 
-class GLUSublayer(nn.Module):
+class GLUSublayer(FixupBranch, nn.Module):
     """Encoder step 1: x W_v * sigmoid(x W_g) (Dauphin et al. 2017)."""
+
+    fixup_depth = 1  # model/norm=fixup (lm/zoo/residual.py): one layer, which starts at 0
+
+    def fixup_last(self) -> list[nn.Module]:
+        return [self.proj]
 
     def __init__(self, dim: int, bias: bool):
         super().__init__()
@@ -150,8 +156,13 @@ class GLUSublayer(nn.Module):
         return F.glu(self.proj(x), dim=-1)  # (B, T, 2d) -> (B, T, d): first half gated by the second
 
 
-class EncoderConvBranches(nn.Module):
+class EncoderConvBranches(FixupBranch, nn.Module):
     """Encoder step 2: wide ReLU dense | 3x1 ReLU conv, summed, normed, then a 9x1 separable conv."""
+
+    fixup_depth = 3  # model/norm=fixup: dense | conv, then the separable conv's depthwise and pointwise layers
+
+    def fixup_last(self) -> list[nn.Module]:
+        return [self.sep.pointwise]
 
     def __init__(self, dim: int, bias: bool, dropout: float, norm: Callable[[int], nn.Module]):
         super().__init__()
@@ -169,8 +180,13 @@ class EncoderConvBranches(nn.Module):
         return _widen(self.sep(h), x.shape[-1])  # (B, T, d/2) -> (B, T, d)
 
 
-class DecoderConvBranches(nn.Module):
+class DecoderConvBranches(FixupBranch, nn.Module):
     """Decoder step 2: 11x1 ReLU | 7x1 separable convs, summed, normed, then a 7x1 separable conv; causal."""
+
+    fixup_depth = 4  # model/norm=fixup: two separable convs in series, each depthwise then pointwise
+
+    def fixup_last(self) -> list[nn.Module]:
+        return [self.sep.pointwise]
 
     def __init__(self, dim: int, bias: bool, dropout: float, norm: Callable[[int], nn.Module]):
         super().__init__()
@@ -198,9 +214,11 @@ def _per_narrow_head(mask: torch.Tensor | None, n_heads: int) -> torch.Tensor | 
     return mask.repeat_interleave(n_heads // mask.shape[1], dim=1)  # (B, H, Tq, Tk) -> (B, 2H, Tq, Tk)
 
 
-class BranchedAttention(nn.Module):
+class BranchedAttention(FixupBranch, nn.Module):
     """Decoder step 1: self-attention with 2H heads, plus H-head attention to the encoder memory when
     the block has cross-attention."""
+
+    fixup_depth = 4  # model/norm=fixup: attention's W_Q, W_K, W_V, W_O, as for the block's own
 
     def __init__(self, self_attn: SelfAttention, cross_attn: CrossAttention | None):
         super().__init__()

@@ -9,11 +9,13 @@ LayerNorm/RMSNorm of the "ReZero + norm" rows. Fixup also rescales the initial w
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from lm.config_base import Choice, ConfigError
+from lm.model.attention import _Attention
 from lm.model.block import Block, BranchScalars, Residual, carried
 from lm.model.choices import NormPosition
 from lm.model.linear import Linear
@@ -145,6 +147,23 @@ class FixupConfig(_ResidualNormConfig):
 FFN_LAYERS, ATTENTION_LAYERS = 2, 4
 
 
+def residual_linears(module: nn.Module) -> list[nn.Module]:
+    """The Linear(residual=True) layers of a module: those that project back into the residual stream."""
+    return [m for m in module.modules() if isinstance(m, Linear) and m.residual]
+
+
+class FixupBranch:
+    """The interface of a residual branch shaped unlike attention (m = 4) or an FFN (m = 2), for Fixup's init: the
+    zoo's convolutions, the weighted Transformer's branch, the Evolved Transformer's prelude sub-layers."""
+
+    fixup_depth: ClassVar[int]  # m: weight layers in series on the branch
+
+    def fixup_last(self) -> list[nn.Module]:
+        """The layers that end the branch, which start at 0: by default its Linear(residual=True)s."""
+        assert isinstance(self, nn.Module)
+        return residual_linears(self)
+
+
 def fixup_scale(n_branches: int, m: int = FFN_LAYERS) -> float:
     """L^(-1/(2m-2)) for L residual branches of m layers each (Zhang et al. 2019, rule 2)."""
     return n_branches ** (-1.0 / (2 * m - 2))
@@ -156,23 +175,44 @@ def residual_branches(model: nn.Module) -> int:
     return sum(s.depth * (3 if s.blocks[0].cross_attn is not None else 2) for s in stacks)
 
 
+def branches(block: Block) -> list[nn.Module]:
+    """The sub-layers a Block wraps in a residual each: its prelude's, self-attention, cross-attention, FFN."""
+    return [b for b in (*(block.prelude or ()), block.self_attn, block.cross_attn, block.ffn) if b is not None]
+
+
+def branch_depth(branch: nn.Module) -> int:
+    """m of one branch: what a FixupBranch declares, else by kind (attention's 4, anything else an FFN's 2)."""
+    if isinstance(branch, FixupBranch):
+        return branch.fixup_depth
+    return ATTENTION_LAYERS if isinstance(branch, _Attention) else FFN_LAYERS
+
+
+def last_layers(branch: nn.Module) -> list[nn.Module]:
+    """The layers that end a branch (Fixup starts them at 0)."""
+    return branch.fixup_last() if isinstance(branch, FixupBranch) else residual_linears(branch)
+
+
 @torch.no_grad()
 def fixup_rescale(model: nn.Module) -> None:
     """Fixup without norms (Zhang et al. 2019, section 3): the last layer of every residual branch (the
-    attention and FFN output projections) starts at 0; every other layer inside a branch is scaled by
-    L^(-1/(2m-2)): L^(-1/6) in an attention branch (q, k, v: m = 4), L^(-1/2) elsewhere (the FFN's, m = 2);
-    an untied output layer (the classification layer) starts at 0. The per-branch scalar bias and multiplier
-    are the block's `scalars_*`: one bias before each branch, not the paper's one before every layer and
-    activation inside it (a simplification; Narang et al.'s Mesh TensorFlow code adds one more, before the FFN's
-    down projection)."""
+    attention and FFN output projections) starts at 0; every other weight layer (Linear, convolution) of a branch
+    is scaled by L^(-1/(2m-2)), m the branch's layers in series: L^(-1/6) in attention (q, k, v: m = 4), L^(-1/2) in
+    an FFN (m = 2), L^(-1/4) in model/attn=lightweight_conv|dynamic_conv (input projection, convolution, output:
+    m = 3; the lightweight kernel, softmax-normalised, has no scale to set); model/block=weighted's one branch runs
+    attention, W^{O_i} and the head's FFN in series (m = 6, only the FFNs' down projections start at 0);
+    model/block=evolved's prelude declares its own (lm/zoo/evolved.py). An untied output layer (the classification
+    layer) starts at 0. The per-branch scalar bias and multiplier are the block's `scalars_*`: one bias before each
+    branch, not the paper's one before every layer and activation inside it (a simplification; Narang et al.'s Mesh
+    TensorFlow code adds one more, before the FFN's down projection)."""
     L = residual_branches(model)
     for block in (m for m in model.modules() if isinstance(m, Block)):
-        attention = {id(m) for a in (block.self_attn, block.cross_attn) if a is not None for m in a.modules()}
-        for layer in (m for m in block.modules() if isinstance(m, nn.Linear)):
-            if isinstance(layer, Linear) and layer.residual:
-                layer.weight.zero_()
-            else:
-                layer.weight.mul_(fixup_scale(L, ATTENTION_LAYERS if id(layer) in attention else FFN_LAYERS))
+        for branch in branches(block):
+            last = {id(m) for m in last_layers(branch)}
+            for layer in (m for m in branch.modules() if isinstance(m, (nn.Linear, nn.Conv1d))):
+                if id(layer) in last:
+                    layer.weight.zero_()
+                else:
+                    layer.weight.mul_(fixup_scale(L, branch_depth(branch)))
     head = getattr(model, "head", None)
     if head is not None and not model.cfg.output_tied:
         for layer in logit_layers(head):

@@ -31,6 +31,7 @@ from lm.model.options import BlockConfig, MoEConfig, option_name
 from lm.model.registry import register
 from lm.model.stack import BlockParts
 from lm.zoo.conv_attn import DynamicConvConfig, LightweightConvConfig
+from lm.zoo.residual import FixupBranch, residual_linears
 
 
 @register("block")
@@ -72,7 +73,12 @@ def branch_hidden(cfg) -> int:
     return math.ceil(full / cfg.n_heads)
 
 
-class WeightedAttention(SelfAttention):
+class WeightedAttention(FixupBranch, SelfAttention):
+    # model/norm=fixup (lm/zoo/residual.py): the block's one residual branch runs W_Q, W_K, W_V, W^{O_i} and the
+    # head's FFN (up, down) in series, so m = 6 and only the FFNs' last layers start at 0: zeroing W^{O_i} too would
+    # put two zeros in series, and no gradient would ever reach either
+    fixup_depth = 6
+
     def __init__(
         self,
         dim,
@@ -96,6 +102,9 @@ class WeightedAttention(SelfAttention):
         self.branch_ffn = nn.ModuleList(ffns)
         self.kappa = nn.Parameter(torch.zeros(n_heads))  # logits: softmax gives kappa_i = 1/H at init
         self.alpha = nn.Parameter(torch.zeros(n_heads))
+
+    def fixup_last(self) -> list[nn.Module]:
+        return residual_linears(self.branch_ffn)
 
     def attend(self, q, k, v, mask, is_causal) -> torch.Tensor:
         heads = self.score(q, k, v, mask, is_causal)  # (B, H, T, Dh)
