@@ -11,8 +11,8 @@
 #                    under ~/.cache, so nodes sharing a home directory never race on one build
 #   TORCH_ELASTIC_SHUTDOWN_TIMEOUT  seconds torchrun (and accelerate launch) lets its ranks finish after passing
 #                    them a SIGTERM or Ctrl-C (a preemption, scancel) before it SIGKILLs them; default here 300
-#                    (torch's own: 30, too short for a large checkpoint). Read by torchrun since PyTorch #172596
-#                    (2026); an older torchrun ignores it and keeps 30 s. A scheduler's own limit (SLURM's
+#                    (torch's own: 30, too short for a large checkpoint). torch 2.13's torchrun reads it; one that
+#                    does not keeps 30 s. A scheduler's own limit (SLURM's
 #                    GraceTime / KillWait, Kubernetes' terminationGracePeriodSeconds) still ends the ranks first.
 #
 # NCCL (GPU collectives) reads its own variables; set them for your fabric, none is set here:
