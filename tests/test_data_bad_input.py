@@ -115,7 +115,7 @@ def test_parquet_without_the_column_names_the_columns(tmp_path):
     import pyarrow.parquet as pq
 
     pq.write_table(pa.table({"content": GOOD}), tmp_path / "a.parquet")
-    with pytest.raises(DataError, match=r"a.parquet: no column 'text' \(columns: \['content'\]\); set text_field"):
+    with pytest.raises(DataError, match=r"a.parquet: no column 'text' \(columns: \['content'\]\); set data.text_field"):
         run(tmp_path, source=str(tmp_path / "a.parquet"))
 
 

@@ -227,7 +227,7 @@ def _jsonl_docs(r: _Reader) -> None:
             r.bad(
                 r.where(line=here),
                 f"field {field_name!r} is a JSON {_json_kind(value)}, not a string",
-                "Make it a string upstream (join a list of strings), or set text_field to the field that "
+                "Make it a string upstream (join a list of strings), or set data.text_field to the field that "
                 "holds the text (lm prepare --text-field KEY)",
             )
             continue

@@ -190,7 +190,7 @@ def parquet_values(path: str, column: str) -> tuple[Iterator[object], int]:
         raise DataError(f"{path}: not a readable Parquet file ({e}); check the file or its extension") from None
     if column not in pf.schema_arrow.names:
         raise DataError(
-            f"{path}: no column {column!r} (columns: {pf.schema_arrow.names}); set text_field="
+            f"{path}: no column {column!r} (columns: {pf.schema_arrow.names}); set data.text_field="
             f"<column> (lm prepare --text-field COLUMN)"
         )
     # Record batches, not whole row groups: a writer may put a whole file in one row group.

@@ -53,9 +53,9 @@ def table_values(src: SourceFile, stream, column: str) -> Iterator[str | None]:
             header[0] = header[0][1:]  # the byte-order mark is not part of the first column's name
         if column not in header:
             raise DataError(
-                f"{src.path}: no column {column!r} in its header row (columns: {header[:20]}); set text_field=<the "
-                f"column that holds the text> (lm prepare --text-field COLUMN), or format=text (--format text) to "
-                f"read every line as it is"
+                f"{src.path}: no column {column!r} in its header row (columns: {header[:20]}); set "
+                f"data.text_field=<the column that holds the text> (lm prepare --text-field COLUMN), or "
+                f"data.format=text (--format text) to read every line as it is"
             )
         at = header.index(column)
         for row in rows:
