@@ -17,6 +17,7 @@ from lm.core.optim import adamw
 from lm.engine import Dist, SingleEngine
 from lm.model import build_model
 from lm.model.config import model_preset
+from tests.test_electra import SMALL as ELECTRA_SMALL  # its tiny ELECTRA
 
 ENCODER = ["model.arch=encoder", "model.dropout=0.0"]
 MODELS = {
@@ -24,16 +25,7 @@ MODELS = {
     "encoder": ENCODER,
     "encoder_chunked": ENCODER + ["model.loss_chunk_size=4"],
     "mos": ["model.dropout=0.0", "model/output=mixture_of_softmaxes"],
-    "electra": [
-        *ENCODER,
-        "model.vocab_size=32",
-        "model.dim=16",
-        "model.n_heads=2",
-        "model.n_layers=2",
-        "model/family=electra",
-        "model.family.generator_dim=8",
-        "model.family.generator_layers=1",
-    ],
+    "electra": [*ELECTRA_SMALL, "model.dropout=0.0"],
 }
 
 

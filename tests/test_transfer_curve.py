@@ -260,30 +260,21 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     doc = tmp_path / "page.md"
     doc.write_text("# page\n<!-- curve:begin -->\n<!-- curve:end -->\n")
     env = {**os.environ, "LM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/glue_transfer_curve.py",
-            "--tiny",
-            "--arches",
-            "decoder",
-            "--tokens",
-            "0,20000",
-            "--tasks",
-            "rte",
-            "--root",
-            str(tmp_path / "runs"),
-            "--doc",
-            str(doc),
-            "--scratch-archive",
-            str(tmp_path / "scratch_archive"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1200,
-        cwd=Path(__file__).parents[1],
-    )
+
+    def curve(tokens: str, root: str, *more: str):  # one call of the curve script on the tiny settings
+        command = ["benchmarks/glue_transfer_curve.py", "--tiny", "--arches", "decoder", "--tokens", tokens]
+        command += ["--tasks", "rte", "--root", str(tmp_path / root), *more, "--doc", str(doc)]
+        command += ["--scratch-archive", str(tmp_path / "scratch_archive")]
+        return subprocess.run(
+            [sys.executable, *command],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1200,
+            cwd=Path(__file__).parents[1],
+        )
+
+    out = curve("0,20000", "runs")
     assert out.returncode == 0, out.stderr[-3000:]
     text = doc.read_text()
     assert "| decoder (mean, learned) | 0 | – | – | +0.0 | **+0.0** |" in text  # no val loss, no probe
@@ -293,32 +284,7 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     # (the --tiny overrides are part of the archive's key: decoder-mean-learned-<their digest>)
     [point] = (tmp_path / "runs" / "points").glob("decoder-mean-learned-*/20480/transfer.json")
     first = json.loads(point.read_text())["comparison"]
-    again = subprocess.run(
-        [
-            sys.executable,
-            "benchmarks/glue_transfer_curve.py",
-            "--tiny",
-            "--arches",
-            "decoder",
-            "--tokens",
-            "20000",
-            "--tasks",
-            "rte",
-            "--root",
-            str(tmp_path / "runs2"),
-            "--archive",
-            str(tmp_path / "runs" / "points"),
-            "--doc",
-            str(doc),
-            "--scratch-archive",
-            str(tmp_path / "scratch_archive"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=1200,
-        cwd=Path(__file__).parents[1],
-    )
+    again = curve("20000", "runs2", "--archive", str(tmp_path / "runs" / "points"))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "finetuning from scratch" in again.stderr and "restored from" in again.stderr
     assert f"GLUE rte seed 0: done in an earlier run ({tmp_path / 'runs2' / 'decoder' / 'scratch'}" in again.stderr
