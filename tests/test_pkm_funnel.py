@@ -8,9 +8,10 @@ import torch
 
 from lm.config import ConfigError
 from lm.model import build_model
+from lm.model.attention import build_mask
 from lm.model.config import model_preset
 from lm.model.flops import attention_flops_per_token, matmul_params, num_params
-from lm.zoo.funnel import FunnelStack, attention_layers, pair_weights, pool
+from lm.zoo.funnel import FunnelStack, attention_layers, pair_weights, pool, pooling_blocks, upsample
 from lm.zoo.pkm import ProductKeyMemory, product_topk
 from tests.engine_support import compose, loaders, metrics, tiny_overrides, train_losses
 
@@ -181,25 +182,31 @@ def _funnel(blocks="[1,1,1]", extra=()):
     return cfg, build_model(cfg).eval()
 
 
-def test_sequence_length_halves_per_group_and_is_restored_for_tokens():
-    cfg, model = _funnel("[2,1,1]", ["model.stack.decoder_layers=2"])
+@pytest.mark.parametrize(
+    "separate_cls,at_16,at_13",
+    [(False, [16, 16, 8, 4], [13, 13, 7, 4]), (True, [16, 16, 9, 5], [13, 13, 7, 4])],  # cls apart: 1 + ceil((T-1)/2)
+)
+def test_sequence_length_halves_per_group_and_is_restored_for_tokens(separate_cls, at_16, at_13):
+    cfg, model = _funnel("[2,1,1]", ["model.stack.decoder_layers=2", f"model.stack.separate_cls={separate_cls}"])
     lengths = []
     for block in model.encoder.blocks:
         block.register_forward_hook(lambda m, inp, out: lengths.append(out.shape[1]))
     x = torch.randint(0, 256, (2, 16))
     out = model(input_ids=x)
-    assert lengths == [16, 16, 8, 4, 16, 16] and out.logits.shape == (2, 16, 256)
+    assert lengths == [*at_16, 16, 16] and out.logits.shape == (2, 16, 256)
     lengths.clear()
     h, padding = model.classify_features(x)
-    assert lengths == [16, 16, 8, 4] and h.shape == (2, 4, 64) and padding is None  # no up-sampling blocks ran
+    assert lengths == at_16 and h.shape == (2, at_16[-1], 64) and padding is None  # no up-sampling blocks ran
     lengths.clear()
-    model(input_ids=x[:, :13], labels=x[:, :13])  # odd lengths: 13 -> 7 -> 4
-    assert lengths == [13, 13, 7, 4, 13, 13]
+    model(input_ids=x[:, :13], labels=x[:, :13])  # odd lengths
+    assert lengths == [*at_13, 13, 13]
 
 
-def test_query_pooling_attends_over_the_unpooled_keys():
-    """The pooling block's attention gets T/2 queries and all T keys/values, and returns T/2 positions."""
-    cfg, model = _funnel("[1,1]")
+@pytest.mark.parametrize("separate_cls,queries", [(False, 5), (True, 6)])
+def test_query_pooling_attends_over_the_unpooled_keys(separate_cls, queries):
+    """The pooling block's attention gets T/2 queries (1 + (T-1)/2 with [CLS] apart) and all T keys/values, and
+    returns that many positions."""
+    cfg, model = _funnel("[1,1]", [f"model.stack.separate_cls={separate_cls}"])
     seen = {}
     model.encoder.blocks[1].self_attn.register_forward_hook(lambda m, inp, out: seen.update(q=out.shape))
     inner = model.encoder.blocks[1].self_attn.attend
@@ -208,28 +215,185 @@ def test_query_pooling_attends_over_the_unpooled_keys():
         inner(q, k, v, mask, is_causal),
     )[1]
     model(input_ids=torch.randint(0, 256, (2, 10)))
-    assert seen["qk"] == (5, 10) and seen["q"] == (2, 5, 64)
+    assert seen["qk"] == (queries, 10) and seen["q"] == (2, queries, 64)
 
 
-def test_padding_is_pooled_consistently():
+@pytest.mark.parametrize(
+    "separate_cls,real,pooled", [(False, 7, [[1, 1, 1], [1, 1, 0]]), (True, 6, [[1, 1, 1, 1], [1, 1, 1, 0]])]
+)
+def test_padding_is_pooled_consistently(separate_cls, real, pooled):
     """Pads never reach real positions: the real tokens' outputs and the pooled path do not depend on
-    what the pads hold, and a pooled position is real when either of its pair is."""
-    cfg, model = _funnel("[1,1,1]")
+    what the pads hold, and a pooled position is real when either of its pair is (12 -> 6 -> 3 positions, or
+    12 -> 7 -> 4 with [CLS] apart, whose pair (5, 6) is (real, pad) at 6 real tokens)."""
+    cfg, model = _funnel("[1,1,1]", [f"model.stack.separate_cls={separate_cls}"])
     x = torch.randint(8, 256, (2, 12))
     mask = torch.ones(2, 12, dtype=torch.long)
-    mask[1, 7:] = 0  # 7 real tokens -> 4 pooled -> 2
+    mask[1, real:] = 0
     y = x.clone()
-    y[1, 7:] = torch.randint(8, 256, (5,))
+    y[1, real:] = torch.randint(8, 256, (12 - real,))
     with torch.no_grad():
         a, b = model(input_ids=x, attention_mask=mask).logits, model(input_ids=y, attention_mask=mask).logits
         (ha, pa), (hb, pb) = model.classify_features(x, mask), model.classify_features(y, mask)
     torch.testing.assert_close(a[mask.bool()], b[mask.bool()], rtol=1e-5, atol=1e-5)
-    assert torch.equal(pa, pb) and pa.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert torch.equal(pa, pb) and pa.tolist() == pooled
     torch.testing.assert_close(ha[pa.bool()], hb[pb.bool()], rtol=1e-5, atol=1e-5)
-    w = pair_weights(mask.float())
+
+
+def test_pair_weights_average_the_real_tokens_of_each_pair():
+    mask = torch.ones(2, 12)
+    mask[1, 7:] = 0
+    w = pair_weights(mask)
     assert w[1, 3].tolist() == [1.0, 0.0] and w[1, 4].tolist() == [0.0, 0.0]  # (real, pad) -> the real one
     t = torch.arange(12.0).view(1, 12, 1).repeat(2, 1, 1)
     assert pool(t, w, 1)[1, :4, 0].tolist() == [0.5, 2.5, 4.5, 6.0]
+    mask[1, 6:] = 0  # [CLS] apart: (0, 0), (1, 2), (3, 4), (5, 6): the last is (real, pad)
+    w = pair_weights(mask, separate_cls=True)
+    assert w.shape == (2, 7, 2) and w[1, :5].tolist() == [[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [1.0, 0.0], [0.0, 0.0]]
+    assert pool(t, w, 1, separate_cls=True)[1, :4, 0].tolist() == [0.0, 1.5, 3.5, 5.0]
+
+
+def _pooling_calls(model, x, mask):
+    """Run the pooled path; per pooling block: (the block, its input, its pooled-residual function, its output, the
+    padding of its input)."""
+    stack, calls = model.encoder, []
+
+    def record(block):
+        return lambda m, args, out: calls.append((block, args[0], args[7], out, args[8]))
+
+    hooks = [
+        stack.blocks[i].register_forward_hook(record(stack.blocks[i])) for i in sorted(pooling_blocks(stack.groups))
+    ]
+    with torch.no_grad():
+        model.classify_features(x, mask)
+    for h in hooks:
+        h.remove()
+    paddings = [mask] + [c[4] for c in calls[:-1]]  # a pooling block's padding argument is its output's
+    return [(*c[:4], padding) for c, padding in zip(calls, paddings)]
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_cls_after_each_pooling_is_the_unpooled_cls(norm):
+    """With separate_cls, at every pooling position 0 is [CLS]'s own state: the pooled residual's position 0 is the
+    block's input at 0 bit for bit, and the pooling block's output at 0 is what the same block computes at 0 over the
+    full-length sequence (its query unpooled, keys/values all positions). Pooled like the others it is a mix."""
+    x = torch.randint(8, 256, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    gaps = {}
+    for separate_cls in (True, False):
+        cfg, model = _funnel("[1,1,1]", [f"model.stack.separate_cls={separate_cls}", f"model.norm_position={norm}"])
+        calls = _pooling_calls(model, x, mask)
+        assert [c[3].shape[1] for c in calls] == ([9, 5] if separate_cls else [8, 4])
+        gaps[separate_cls] = []
+        for block, x_in, pool_fn, out, padding in calls:
+            positions = torch.arange(x_in.shape[1])
+            with torch.no_grad():  # the eager definition: the plain block, every position a query
+                full = block(x_in, False, build_mask(False, positions, positions, padding), lambda q, k: (q, k))
+            assert torch.equal(pool_fn(x_in)[:, 0], x_in[:, 0]) == separate_cls
+            gaps[separate_cls].append((out[:, 0] - full[:, 0]).abs().max().item())
+    assert max(gaps[True]) < 1e-5 and min(gaps[False]) > 1e-2, gaps
+
+
+@pytest.mark.parametrize("separate_cls", [True, False])
+@pytest.mark.parametrize("length", [1, 2, 7, 8, 13, 16])
+def test_up_sampling_gives_each_position_the_pooled_state_that_covers_it(separate_cls, length):
+    """upsample is pooling's inverse map: position t gets the pooled position whose mean includes t (read from
+    pooling an identity matrix g times), for lengths odd and even, [CLS] apart or not."""
+    for stages in (1, 2, 3):
+        cover, keep = torch.eye(length).unsqueeze(0), torch.ones(1, length)
+        for _ in range(stages):
+            w = pair_weights(keep, separate_cls)
+            cover, keep = pool(cover, w, 1, separate_cls), (w.sum(-1) > 0).float()
+        owner = (cover[0] > 0).float().argmax(0)  # (length,): the pooled position covering t
+        assert ((cover[0] > 0).sum(0) == 1).all()  # each position is in exactly one pooled mean
+        h = torch.randn(1, cover.shape[1], 4)
+        torch.testing.assert_close(upsample(h, length, 2**stages, separate_cls), h[:, owner], rtol=0, atol=0)
+
+
+def test_token_outputs_add_the_up_sampled_last_group_to_the_first():
+    """What the first up-sampling block reads: the last group's output up-sampled ([CLS]'s own state at 0, each
+    other position the pooled state covering it) plus the first group's output."""
+    cfg, model = _funnel("[1,1,1]", ["model.stack.decoder_layers=1"])
+    seen = {}
+    blocks = model.encoder.blocks
+    blocks[0].register_forward_hook(lambda m, args, out: seen.update(first=out))
+    blocks[2].register_forward_hook(lambda m, args, out: seen.update(last=out))
+    blocks[3].register_forward_hook(lambda m, args, out: seen.update(up=args[0]))
+    with torch.no_grad():
+        model(input_ids=torch.randint(8, 256, (2, 11)))
+    assert seen["last"].shape[1] == 4  # 11 -> 6 -> 4: positions 0 | 1-4 | 5-8 | 9-10
+    owner = torch.tensor([0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3])
+    torch.testing.assert_close(seen["up"], seen["last"][:, owner] + seen["first"], rtol=0, atol=0)
+
+
+def _hf_structure(separate_cls, truncate_seq=False):
+    from transformers import FunnelConfig
+    from transformers.models.funnel.modeling_funnel import FunnelAttentionStructure
+
+    return FunnelAttentionStructure(FunnelConfig(separate_cls=separate_cls, truncate_seq=truncate_seq))
+
+
+@pytest.mark.parametrize("separate_cls", [True, False])
+@pytest.mark.parametrize("length", [7, 8, 13, 16])
+def test_pooled_positions_match_hugging_face_funnel(separate_cls, length):
+    """Which input positions each pooled position averages, and the pooled lengths, over three poolings: the same as
+    Hugging Face's FunnelModel (its pool_tensor, separate_cls as set, truncate_seq=False) on an unpadded input."""
+    pytest.importorskip("transformers")
+    hf, ours, keep = _hf_structure(separate_cls), torch.eye(length).unsqueeze(0), torch.ones(1, length)
+    theirs = ours
+    for _ in range(3):
+        w = pair_weights(keep, separate_cls)
+        ours, keep, theirs = pool(ours, w, 1, separate_cls), (w.sum(-1) > 0).float(), hf.pool_tensor(theirs)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("separate_cls", [True, False])
+def test_stage_lengths_match_hugging_face_funnel_base_model(separate_cls):
+    """Each block's output length in Hugging Face's FunnelBaseModel (blocks [1,1,1], truncate_seq=False) and here."""
+    pytest.importorskip("transformers")
+    from transformers import FunnelBaseModel, FunnelConfig
+
+    hf_cfg = FunnelConfig(
+        vocab_size=32, block_sizes=[1, 1, 1], d_model=16, n_head=2, d_head=8, d_inner=32, num_decoder_layers=1
+    )
+    hf_cfg.separate_cls, hf_cfg.truncate_seq = separate_cls, False
+    hf = FunnelBaseModel(hf_cfg).eval()
+    cfg, model = _funnel("[1,1,1]", [f"model.stack.separate_cls={separate_cls}"])
+    lengths = []
+    for block in model.encoder.blocks[:3]:
+        block.register_forward_hook(lambda m, args, out: lengths.append(out.shape[1]))
+    for length in (13, 16):
+        x = torch.randint(0, 32, (1, length))
+        with torch.no_grad():
+            theirs = [h.shape[1] for h in hf(x, output_hidden_states=True).hidden_states[1:]]
+            lengths.clear()
+            model.classify_features(x)
+        assert lengths == theirs == ([length, 7, 4] if length == 13 else [16, 9, 5] if separate_cls else [16, 8, 4])
+
+
+@pytest.mark.parametrize("real,same", [(11, True), (10, False)])
+def test_pooled_padding_against_hugging_face_funnel(real, same):
+    """Hugging Face pools the mask with min (a pair is real only if both are); here either. They agree when no pair
+    mixes a real token with a pad ([CLS] apart: an odd number of real tokens); otherwise Hugging Face drops the last
+    real token and here it stays real, its pooled state its own (the docstring's rule: no real token lost)."""
+    pytest.importorskip("transformers")
+    hf, keep = _hf_structure(True), torch.zeros(1, 16)
+    keep[0, :real] = 1
+    w = pair_weights(keep, separate_cls=True)
+    ours, theirs = (w.sum(-1) > 0).float(), hf.pool_tensor(keep, mode="min")
+    assert torch.equal(ours, theirs) == same and int(ours.sum()) == 1 + real // 2  # 1 + ceil((real - 1) / 2)
+    assert int(theirs.sum()) == 1 + (real - 1) // 2
+
+
+def test_hugging_face_default_truncate_seq_drops_the_last_position():
+    """The authors' default truncate_seq=True keeps 16 -> 8 by dropping position 15 (a real token when unpadded);
+    here the length is 1 + ceil(15/2) = 9 and every position is in a pooled mean."""
+    pytest.importorskip("transformers")
+    eye = torch.eye(16).unsqueeze(0)
+    theirs = _hf_structure(True, truncate_seq=True).pool_tensor(eye)
+    ours = pool(eye, pair_weights(torch.ones(1, 16), True), 1, True)
+    assert theirs.shape[1] == 8 and theirs[0, :, 15].abs().sum() == 0
+    assert ours.shape[1] == 9 and (ours[0] > 0).sum(0).tolist() == [1] * 16
 
 
 def test_funnel_classifier_and_encoder_decoder_memory():
@@ -323,3 +487,35 @@ def test_lm_train_resumes_exactly(option, tmp_path):
     whole, split = train_losses(tmp_path / "whole"), train_losses(tmp_path / "split")
     assert list(split) == list(range(1, 7)) and split == whole
     assert all("moe/load_e0" not in m for m in metrics(tmp_path / "whole"))
+
+
+def test_a_funnel_run_saved_before_separate_cls_loads_and_resumes_as_it_ran(tmp_path):
+    """A Funnel run saved before model.stack.separate_cls existed pooled [CLS] with its neighbour: its config loads
+    with the option off (lm/model/upgrade.py), resuming it under today's default is refused naming the field, and
+    with the old value it continues exactly."""
+    import yaml
+
+    from lm.cli.train import train
+    from lm.model.config import model_from_saved
+    from tests.test_checkpoint_safety import reseal
+
+    def run(run_dir, steps, *extra):
+        cfg = compose(
+            tiny_overrides(run_dir, steps)
+            + ["sched=constant", "model.arch=encoder", "model/stack=funnel", "model.stack.blocks=[1,1]", *extra]
+        )
+        train(cfg, loaders=loaders(cfg, objective="mlm"))
+
+    run(tmp_path / "whole", 6, "model.stack.separate_cls=false")
+    run(tmp_path / "old", 3, "model.stack.separate_cls=false")
+    for path in [tmp_path / "old" / "config.yaml", *(tmp_path / "old" / "checkpoints").glob("step_*/config.yaml")]:
+        saved = yaml.safe_load(path.read_text())
+        assert saved["model"]["stack"].pop("separate_cls") is False  # as written before the field existed
+        path.write_text(yaml.safe_dump(saved))
+    for ckpt in (tmp_path / "old" / "checkpoints").glob("step_*"):
+        reseal(ckpt)
+    assert model_from_saved(saved["model"]).stack.separate_cls is False
+    with pytest.raises(ConfigError, match=r"model\.stack\.separate_cls: False -> True"):
+        run(tmp_path / "old", 6)
+    run(tmp_path / "old", 6, "model.stack.separate_cls=false")
+    assert train_losses(tmp_path / "old") == train_losses(tmp_path / "whole")

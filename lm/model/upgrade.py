@@ -2,7 +2,8 @@
 override that names one is refused in one line naming its new spelling. The moves: model.embedding|output's
 choices (model/embedding=adaptive, model/output=...), model.factorized_embedding (model/embedding=factorized),
 ReZero/Fixup's targets, and the nodes model.rnn (with model.arch=rnn) and model.electra, which became
-model/family=lstm|gru|rnn|electra.
+model/family=lstm|gru|rnn|electra. Also the option fields added since whose default is not how an older config ran
+(ADDED_FIELDS: Funnel's separate_cls): such a node loads with the value it ran with.
 
 This table is data: the core names the zoo's targets as strings (model_from_saved imports the module a
 `_target_` names) and never imports the zoo.
@@ -27,6 +28,12 @@ _OLD_FIELDS = {**_ADAPTIVE_SOFTMAX, **_MOS}
 _FACTORIZED = "lm.zoo.factorized.factorized_table"
 # The typed nodes that became model/family options: node -> the option's `_target_`.
 _OLD_FAMILIES = {"rnn": "lm.zoo.rnn.RNNLM", "electra": "lm.zoo.electra.ElectraLM"}
+
+# Option fields added since with a default unlike how a config saved before them ran: `_target_` -> {field: the value
+# that config ran with}. Funnel's separate_cls (on by default: the authors' [CLS] kept out of pooling) was off before
+# it existed. A saved node without the field loads with that value, and resume compares it so (a run continued with
+# today's default is refused, naming the field).
+ADDED_FIELDS = {"lm.zoo.funnel.funnel_stack": {"separate_cls": False}}
 
 # `_target_`s of options that moved to the zoo: a config saved before names the old home.
 MOVED_TARGETS = {
@@ -104,7 +111,14 @@ def upgrade_saved(data: dict) -> dict:
     rank = data.pop("factorized_embedding", 0)
     if rank and data.get("embedding") is None:  # the two could not be combined: the table was the plain one
         data["embedding"] = {"_target_": _FACTORIZED, "rank": rank}
-    return data
+    return {k: _with_added_fields(v) for k, v in data.items()}
+
+
+def _with_added_fields(node):
+    """An option node saved before one of ADDED_FIELDS existed, with the value it ran with."""
+    if not isinstance(node, dict) or node.get("_target_") not in ADDED_FIELDS:
+        return node
+    return {**ADDED_FIELDS[node["_target_"]], **node}
 
 
 def upgrade_for_comparison(data: dict) -> dict:

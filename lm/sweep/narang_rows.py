@@ -167,11 +167,19 @@ ROWS: list[Row] = [
     Row("switch_transformer", "Switch Transformer", ["model/ffn=switch", "model/ffn@model.ffn.expert=relu"]),
     # The encoder's blocks in two equal groups (length halved between them), one full-length block after
     # up-sampling for the decoder's memory. Pooling needs positions added to the embeddings (the relative
-    # bias acts inside attention, at lengths pooling changes), so this row uses learned absolute positions.
+    # bias acts inside attention, at lengths pooling changes), so this row uses learned absolute positions. Every
+    # position is pooled alike, as in the Mesh TensorFlow code the paper ran (its inputs have no [CLS]) and in the
+    # report's runs, saved before model.stack.separate_cls existed.
     Row(
         "funnel_transformer",
         "Funnel Transformer",
-        ["model/stack=funnel", f"model.stack.blocks={HALVES}", "model.stack.decoder_layers=1", "model/pos=learned"],
+        [
+            "model/stack=funnel",
+            f"model.stack.blocks={HALVES}",
+            "model.stack.decoder_layers=1",
+            "model/pos=learned",
+            "model.stack.separate_cls=false",
+        ],
     ),
     Row("weighted_transformer", "Weighted Transformer", ["model/block=weighted"]),
     # The memory replaces the FFN of the second block of each stack.

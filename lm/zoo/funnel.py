@@ -8,16 +8,29 @@ group's output by repetition to the full length, add the first group's output, a
 `decoder_layers` ordinary blocks (paper section 2.2). Classification reads only the pooled path
 (`pooled_forward`), so the up-sampling blocks do not run.
 
+[CLS]: with `separate_cls` (the default) position 0 is kept apart, as in the authors' code and Hugging Face's
+FunnelModel (separate_cls=True in both): it pairs with itself, so after every pooling it is the [CLS] state itself
+(its query, its residual), never a mean with its neighbour, and pairs start at position 1; up-sampling gives position
+0 back its own state. The default is the authors' because a classifier (pooling=first) reads position 0 of the pooled
+path: pooled like the others, that position is the mean over positions 0 .. 2**g - 1 after g poolings, not [CLS].
+`separate_cls=false` pools every position alike, as Mesh TensorFlow's version (which Narang et al. ran, and
+the narang row keeps) and configs saved before this option (they load with it off, lm/model/upgrade.py). Lengths: T ->
+1 + ceil((T-1)/2) per pooling (512 -> 257 -> 129), ceil(T/2) without; the authors' `truncate_seq` (on by default
+there) instead drops the last position to keep 512 -> 256, losing a real token when it is not a pad, so it is not
+offered. The FLOPs count (token_fractions) takes 1/2**g of the tokens in group g, so with separate_cls it leaves out
+that group's one extra position (129 of T=512 counted as 128 in group 2: 0.8% of that group).
+
 Against the paper: its post-norm pooling block is LN(pool(h) + MHA(Q=pool(h), KV=h)); here under post-norm it is
 exactly that, and under pre-norm pool(h) + MHA(Q=pool(LN(h)), KV=LN(h)): the norm is the branch's input as in every
 pre-norm block, the queries are pooled from it (after the linear q projection, the same thing), the residual
 carries pool(h). (Mesh TensorFlow's version, which Narang et al. ran, instead runs a full-length block and pools its
-output.) Deliberate simplifications: the [CLS] token is pooled with its neighbour like any other position (the
-authors' code keeps it apart, `separate_cls`, so a classifier reads an unmixed [CLS]), and positions are absolute
-embeddings, not the paper's Transformer-XL relative attention (nor T5's bias: see below).
+output.) Deliberate simplification: positions are absolute embeddings, not the paper's Transformer-XL relative
+attention (nor T5's bias: see below).
 
 Padding: pooling averages only the real tokens of each pair, and a pooled position is real when
-either of its pair is, so pads never leak into real positions and no real token is lost.
+either of its pair is, so pads never leak into real positions and no real token is lost ([CLS], paired with
+itself, is real when it is). Hugging Face's pooled mask takes the min of the pair instead: a real token paired
+with a pad drops out there.
 Positions enter as embeddings (learned, sinusoidal, none) before the first block; schemes acting
 inside attention (RoPE, ALiBi, T5 bias) would need pooled positions and are refused.
 """
@@ -50,6 +63,10 @@ class FunnelConfig(StackConfig):
     _target_: str = "lm.zoo.funnel.funnel_stack"
     blocks: list[int] = field(default_factory=list)  # encoder blocks per group, summing to model.n_layers
     decoder_layers: int = 2  # full-length blocks after up-sampling
+    # Position 0 ([CLS]) kept apart from pooling, as in the authors' code and Hugging Face's FunnelConfig (both
+    # default on): a classifier reads an unmixed [CLS]. Configs saved before this field load with it off, as they
+    # ran (lm/model/upgrade.py).
+    separate_cls: bool = True
     pools_queries = True
 
     def layer_indices(self, n_layers: int) -> int:
@@ -88,33 +105,59 @@ class FunnelConfig(StackConfig):
 
 
 def funnel_stack(
-    cfg, c: Components, n_layers: int, causal: bool, cross: bool, blocks: list[int], decoder_layers: int
+    cfg,
+    c: Components,
+    n_layers: int,
+    causal: bool,
+    cross: bool,
+    blocks: list[int],
+    decoder_layers: int,
+    separate_cls: bool,
 ) -> Stack:
     """The encoder stack is a FunnelStack; a causal stack (an encoder-decoder's decoder) a plain Stack."""
     if causal or cross:
         return Stack(cfg, c, n_layers, causal, cross)
-    return FunnelStack(cfg, c, n_layers, list(blocks), decoder_layers)
+    return FunnelStack(cfg, c, n_layers, list(blocks), decoder_layers, separate_cls)
 
 
-def pair_weights(keep: torch.Tensor) -> torch.Tensor:
-    """keep: (B, T) 1 for real tokens -> (B, ceil(T/2), 2) weights of each pair's masked mean."""
-    keep = F.pad(keep.float(), (0, keep.shape[1] % 2))  # an odd tail pairs with a pad
+def with_cls_apart(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """t with position 0 doubled along `dim`: pairing then starts at position 1 and [CLS] pairs with itself, so its
+    pooled state is itself (0.5 c + 0.5 c = c exactly), as in Hugging Face's pool_tensor (a port of the authors')."""
+    return torch.cat([t.narrow(dim, 0, 1), t], dim)
+
+
+def pair_weights(keep: torch.Tensor, separate_cls: bool = False) -> torch.Tensor:
+    """keep: (B, T) 1 for real tokens -> (B, T2, 2) weights of each pair's masked mean: T2 = ceil(T/2), or
+    1 + ceil((T-1)/2) with separate_cls."""
+    keep = with_cls_apart(keep.float(), 1) if separate_cls else keep.float()
+    keep = F.pad(keep, (0, keep.shape[1] % 2))  # an odd tail pairs with a pad
     pairs = keep.unflatten(1, (-1, 2))  # (B, T2, 2)
     return pairs / pairs.sum(-1, keepdim=True).clamp(min=1)
 
 
-def pool(t: torch.Tensor, weights: torch.Tensor, dim: int) -> torch.Tensor:
-    """Masked mean of adjacent pairs along `dim` (the sequence axis, dim >= 1; batch first)."""
+def pool(t: torch.Tensor, weights: torch.Tensor, dim: int, separate_cls: bool = False) -> torch.Tensor:
+    """Masked mean of adjacent pairs along `dim` (the sequence axis, dim >= 1; batch first); `weights` from
+    pair_weights with the same separate_cls."""
+    t = with_cls_apart(t, dim) if separate_cls else t
     t = F.pad(t, (0, 0) * (t.ndim - dim - 1) + (0, t.shape[dim] % 2))
     t = t.unflatten(dim, (-1, 2))  # (..., T, ...) -> (..., T2, 2, ...)
     w = weights.view(weights.shape[0], *[1] * (dim - 1), *weights.shape[1:], *[1] * (t.ndim - dim - 2))
     return (t * w.to(t.dtype)).sum(dim + 1)
 
 
+def upsample(h: torch.Tensor, length: int, stride: int, separate_cls: bool) -> torch.Tensor:
+    """(B, T', D) pooled `stride`-fold -> (B, length, D): each position gets the pooled state that covers it. With
+    separate_cls pooled position j >= 1 covers positions (j-1)*stride+1 .. j*stride and position 0 is [CLS]'s own
+    (Hugging Face's upsample without truncate_seq)."""
+    if not separate_cls:
+        return h.repeat_interleave(stride, dim=1)[:, :length]
+    return torch.cat([h[:, :1], h[:, 1:].repeat_interleave(stride, dim=1)[:, : length - 1]], dim=1)
+
+
 class FunnelStack(MatmulCount, Stack):
     """Stack whose blocks are `groups` pooled groups, then decoder_layers full-length blocks."""
 
-    def __init__(self, cfg, c: Components, n_layers: int, groups: list[int], decoder_layers: int):
+    def __init__(self, cfg, c: Components, n_layers: int, groups: list[int], decoder_layers: int, separate_cls: bool):
         super().__init__(cfg, c, n_layers + decoder_layers, causal=False)
         hooks = [
             name
@@ -127,6 +170,7 @@ class FunnelStack(MatmulCount, Stack):
                 f"sinusoidal or none); model/pos={option_name(cfg.pos)} acts inside attention ({hooks[0]})"
             )
         self.groups: list[int] = groups
+        self.separate_cls = separate_cls
 
     def _encode(self, x: torch.Tensor, padding: torch.Tensor | None):
         """Embedded tokens (B, T, D) -> (last group's output (B, T', D), its padding, first group's output)."""
@@ -147,13 +191,14 @@ class FunnelStack(MatmulCount, Stack):
         return x, padding, first
 
     def _pooling_block(self, block, x, keep, padding):
-        """Query pooling: pooled queries attend over the unpooled keys/values; the output is (B, ceil(T/2), D)."""
-        weights = pair_weights(keep)  # (B, T2, 2)
+        """Query pooling: pooled queries attend over the unpooled keys/values; the output is (B, T2, D), T2 as
+        pair_weights says."""
+        weights = pair_weights(keep, self.separate_cls)  # (B, T2, 2)
         q_pos = torch.arange(weights.shape[1], device=x.device)
         k_pos = torch.arange(x.shape[1], device=x.device)
 
         def pooled_queries(q, k):  # q (B, H, T, Dh) -> (B, H, T2, Dh)
-            return pool(q, weights, 2), k
+            return pool(q, weights, 2, self.separate_cls), k
 
         pooled_keep = (weights.sum(-1) > 0).to(keep.dtype)  # (B, T2): real if either of the pair is
         pooled_padding = None if padding is None else pooled_keep.to(padding.dtype)
@@ -162,7 +207,7 @@ class FunnelStack(MatmulCount, Stack):
             x,
             build_mask(False, q_pos, k_pos, padding),
             pooled_queries,
-            pool=lambda h: pool(h, weights, 1),
+            pool=lambda h: pool(h, weights, 1, self.separate_cls),
             padding=pooled_padding,
         )
         return x, pooled_keep, pooled_padding, build_mask(False, q_pos, q_pos, pooled_padding)
@@ -175,7 +220,7 @@ class FunnelStack(MatmulCount, Stack):
             raise ValueError("a Funnel encoder takes no cache or memory")
         T = x.shape[1]
         h, _, first = self._encode(x, padding)
-        h = h.repeat_interleave(2 ** (len(self.groups) - 1), dim=1)[:, :T] + first  # (B, T', D) -> (B, T, D)
+        h = upsample(h, T, 2 ** (len(self.groups) - 1), self.separate_cls) + first  # (B, T', D) -> (B, T, D)
         positions = torch.arange(T, device=x.device)
         mask, rotate = build_mask(False, positions, positions, padding), self.pos.rotary(positions)
         for block in self.blocks[sum(self.groups) :]:
@@ -185,7 +230,8 @@ class FunnelStack(MatmulCount, Stack):
     def pooled_forward(
         self, x: torch.Tensor, padding: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Classification: the pooled path only, (B, T / 2**(groups-1), D) and its padding."""
+        """Classification: the pooled path only, (B, about T / 2**(groups-1), D) and its padding; position 0 is
+        [CLS]'s own state with separate_cls."""
         h, padding, _ = self._encode(x, padding)
         return self.final_norm(h), padding
 
