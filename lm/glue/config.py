@@ -113,7 +113,9 @@ class FinetuneTrain:
     """The train.* fields lm finetune accepts; each has an effect. Batch size, steps, warmup and
     evaluation follow each task (tasks.<name>.batch_size, epochs, warmup_ratio; dev at every epoch end)."""
 
-    micro_batch_size: int = 32  # a task's batch is cut into micro-batches of at most this size per rank
+    # a task's batch is cut into micro-batches of at most this size per rank (2 where it is 1 and the ranks' shares
+    # differ: every rank runs the same number of micro-batches, lm.glue.trainer.micro_batches)
+    micro_batch_size: int = 32
     grad_clip: float = 1.0
     precision: Precision = Precision.fp32
     compile: bool = False

@@ -100,9 +100,13 @@ def encode(tokenizer, rows, max_len: int, arch: str, labels: bool = True, pair_i
 
 
 def micro_batches(indices: np.ndarray, rank: int, world_size: int, micro_batch_size: int) -> list[np.ndarray]:
-    """This rank's share of one batch, cut into micro-batches; every rank gets the same number of them
-    (engines count accumulation boundaries), so the batch is cut into ceil(B / (world x micro)) parts."""
-    n_micro = max(1, math.ceil(len(indices) / (world_size * micro_batch_size)))
+    """This rank's share of one batch, cut into micro-batches. Every rank gets the same number of them: FSDP2
+    and ZeRO-3 gather parameters in every forward (a rank with one forward more waits for the others forever),
+    and engines count accumulation boundaries. That is ceil(B / (world x micro)) parts, but never more than the
+    smallest share holds examples: with micro_batch_size=1 and a batch that the ranks do not divide evenly (5 on 2
+    ranks: shares of 3 and 2), one micro-batch of a larger share holds 2 examples, not one rank 3 forwards to 2."""
+    fewest = len(indices) // world_size  # >= 1: GlueTask refuses a batch smaller than the ranks, steps drop such tails
+    n_micro = max(1, min(math.ceil(len(indices) / (world_size * micro_batch_size)), fewest))
     mine = indices[rank::world_size]
     return [chunk for chunk in np.array_split(mine, n_micro) if len(chunk)]
 
@@ -234,6 +238,11 @@ class GlueTask:
     ):
         self.cfg, self.data, self.seed, self.pad_id, self.eval_batch_size = cfg, data, seed, pad_id, eval_batch_size
         self.pad = (pad_to_multiple_of, cfg.max_len)  # batch lengths: lm.glue.encode.collate
+        if cfg.batch_size < world_size:  # a rank without an example would skip the forwards the others wait in
+            raise ConfigError(
+                f"tasks.{cfg.name}.batch_size={cfg.batch_size} is smaller than the {world_size} ranks: every rank "
+                f"needs an example per step; set tasks.{cfg.name}.batch_size={world_size} or more, or use fewer ranks"
+            )
         self.per_epoch = steps_per_epoch(cfg.batch_size, len(data.train.features), world_size)
         self.total = total_steps(cfg.epochs, self.per_epoch)
         self.batches = EpochBatches(
