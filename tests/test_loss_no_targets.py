@@ -35,7 +35,7 @@ def _step(model, micro, dense=False):
     torch.manual_seed(0)  # ELECTRA samples its replacements from the global RNG: the same draws in each step
     engine = SingleEngine(TrainConfig(), Dist(rank=0, world_size=1, local_rank=0, device=torch.device("cpu")))
     engine.wrap(model, lambda m: adamw(m, OptimConfig()))
-    loss, _ = train_step(engine, micro, dense_labels=dense)
+    loss = train_step(engine, micro, dense_labels=dense)
     return float(loss), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

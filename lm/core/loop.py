@@ -182,7 +182,7 @@ def _run(
         micro = next(task.batches)
         for hook in hooks.step_batches:
             hook(step, micro)
-        loss, tokens = train_step(
+        loss = train_step(
             engine,
             micro,
             loss_fn=task.loss,
@@ -191,7 +191,7 @@ def _run(
             after_backward=[functools.partial(hook, step) for hook in hooks.after_backward],
         )
         pending.losses.append(loss)
-        pending.tokens += tokens
+        pending.tokens += task.batches.tokens  # counted on the host (lm/core/prefetch.py): no device read
         if engine.skips_nonfinite_updates:
             pending.grad_norm = norm = engine.step()
             pending.norms.append((step + 1, norm))
@@ -370,9 +370,10 @@ def train_step(
     metrics: ModelMetrics | None = None,
     after_backward: Sequence[Callable[[int], None]] = (),
 ):
-    """Forward and backward over one step's micro-batches without a host sync; returns (this rank's share of
-    the step's global token-mean loss, a device tensor; this rank's input tokens). `loss_fn(model, batch,
-    metrics)` adds the model's own metrics to `metrics`; each of `after_backward` gets the micro-batch's index.
+    """Forward and backward over one step's micro-batches without a host sync; returns this rank's share of
+    the step's global token-mean loss, a device tensor (the step's input tokens are counted on the host, before
+    the copy: lm/core/prefetch.py). `loss_fn(model, batch, metrics)` adds the model's own metrics to `metrics`;
+    each of `after_backward` gets the micro-batch's index.
 
     dense_labels: every label position is a target and every rank's micro-batches have the same shapes
     (packed clm/span batches), so the global label count is known on the host; otherwise the counts are
@@ -388,7 +389,7 @@ def train_step(
         total += share.detach().float()
         for hook in after_backward:
             hook(i)
-    return total, sum(objectives.input_tokens(b) for b in micro)
+    return total
 
 
 def _weights(micro: list[dict[str, torch.Tensor]], world_size: int, dense_labels: bool) -> list:

@@ -34,10 +34,13 @@ def label_tokens(batch: dict[str, torch.Tensor]) -> int:
 
 
 def input_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens the model reads (encoder and decoder inputs): what throughput counts. Padding included (a GLUE
-    micro-batch's padded positions, computed like any other; docs/finetuning.md): the count is known on the
-    host, where counting the attention mask's ones would read the device at every step."""
-    n = batch["input_ids"].numel()
+    """Tokens the model reads (encoder and decoder inputs): what the logged tokens and tokens/s count. A padded
+    batch (GLUE's: attention_mask 0 on pads) counts its real tokens only, as a user comparing throughput
+    across tasks expects (Hugging Face Trainer's include_num_input_tokens_seen="non_padding"); packed
+    pretraining windows have no mask and no padding, so every position counts. Call it on host tensors
+    (lm/core/prefetch.py does, before the copy): summing a device mask would wait for the device."""
+    mask = batch.get("attention_mask")
+    n = int(mask.sum()) if mask is not None else batch["input_ids"].numel()
     return n + (batch["decoder_input_ids"].numel() if "decoder_input_ids" in batch else 0)
 
 

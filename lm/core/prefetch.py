@@ -2,6 +2,7 @@
 
     steps = Prefetcher(task.batches, device, depth=1)   # a StepBatches itself (lm/core/task.py)
     micro = next(steps)          # this step's micro-batches, already on `device` (non_blocking copies)
+    steps.tokens                 # their input tokens (objectives.input_tokens), counted on the host before the copy
     steps.state_dict()           # the position after the batches handed out, not after those prefetched
 
 The thread reads (and on CUDA pins) up to `depth` steps ahead; the loop's thread only issues the
@@ -22,12 +23,18 @@ import threading
 
 import torch
 
+from lm.core import objectives
+
 _DONE = object()  # the thread's last item when the source ends (StopIteration)
 
 
 class _Failed:
     def __init__(self, error: BaseException):
         self.error = error
+
+
+def _count(micro: list[dict[str, torch.Tensor]]) -> int:
+    return sum(objectives.input_tokens(b) for b in micro)
 
 
 class Prefetcher:
@@ -38,6 +45,7 @@ class Prefetcher:
         self.pin = device.type == "cuda" and torch.cuda.is_available()  # pinned host memory: async copies
         self.dense_labels = getattr(steps, "dense_labels", False)  # lm/core/loop.py reads it
         self._state: dict | None = None  # the source's state after the last step handed out
+        self.tokens = 0  # the last step's input tokens, counted on the host: the loop logs them without a device read
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -48,6 +56,7 @@ class Prefetcher:
     def __next__(self) -> list[dict[str, torch.Tensor]]:
         if self.depth == 0:
             micro, self._state = next(self.steps), None
+            self.tokens = _count(micro)
         else:
             if self._thread is None:
                 self._start()
@@ -57,7 +66,7 @@ class Prefetcher:
                 raise StopIteration
             if isinstance(item, _Failed):
                 raise item.error
-            micro, self._state = item
+            micro, self.tokens, self._state = item
         return [{k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in micro]
 
     def _start(self) -> None:
@@ -75,9 +84,10 @@ class Prefetcher:
                 except StopIteration:
                     self._put(_DONE)
                     return
+                tokens = _count(micro)  # here, off the training thread
                 if self.pin:
                     micro = [{k: v.pin_memory() for k, v in b.items()} for b in micro]
-                self._put((micro, copy.deepcopy(self.steps.state_dict())))
+                self._put((micro, tokens, copy.deepcopy(self.steps.state_dict())))
         except BaseException as e:  # noqa: BLE001 - handed to the training thread, which raises it
             self._put(_Failed(e))
 
