@@ -273,6 +273,33 @@ def test_an_out_of_another_point_is_refused_before_any_work(tmp_path, corpus, ea
     assert sorted(p.name for p in notes.iterdir()) == ["transfer.md"]  # refused before anything is written there
 
 
+def test_an_unrecorded_out_with_a_pretraining_is_compared_with_it_before_any_work(tmp_path, corpus, easy_glue):  # noqa: F811
+    """An --out from an lm transfer older than transfer_point.json, stopped before its table (no record says its
+    point): lm quickstart --tokens grown there continued its pretraining (step_00000004 pruned for step_00000008)
+    before lm finetune refused the pairs, and recorded the new point over it. Its pretrain/config.yaml is compared
+    instead: another point is refused before any work, the command that made it goes on there and records it."""
+    out = tmp_path / "t"
+    first = run_transfer(recipe(out, corpus, easy_glue, seeds=[0]))
+    for name in ("transfer_point.json", "transfer.json", "transfer.md", "transfer_seconds.json"):
+        (out / name).unlink()
+    ckpts = out / "pretrain" / "checkpoints"
+    grown = recipe(out, corpus, easy_glue, seeds=[0], tokens=8 * 4 * 32)
+    with pytest.raises(
+        TransferError, match=r"t holds the pretraining of another recipe \(train.max_steps: 4 -> 8; see "
+    ):
+        run_transfer(grown)
+    other = recipe(out, corpus, easy_glue, seeds=[0])
+    other.pretrain = [*other.pretrain, "model.dim=48", "optim.lr=1e-2"]
+    with pytest.raises(TransferError, match=r"\(model.dim: 32 -> 48; optim.lr: 0.002 -> 0.01; see .*older than"):
+        run_transfer(other)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000004"]
+    assert not (out / "transfer_point.json").exists()  # nothing recorded by a refused call
+    same = recipe(out, corpus, easy_glue, seeds=[0])
+    same.pretrain = [*same.pretrain, "train.threads=1"]  # changes nothing computed: that point, read back
+    assert run_transfer(same)["comparison"] == first["comparison"]
+    assert json.loads((out / "transfer_point.json").read_text())["steps"] == 4
+
+
 def test_an_interrupted_call_still_counts_its_seconds(tmp_path, monkeypatch):
     """A point finished over several calls (a stop, then the same command) reports their summed time."""
     import time

@@ -136,7 +136,7 @@ def _transfer(r: Recipe, t0: float) -> dict | None:
     point = point_of(
         {"preset": r.preset, "steps": p.steps, "tokens_per_step": p.per_step, "pretrain_overrides": r.pretrain}
     )
-    check_point(r.out, point)  # another point's --out: refused before any work
+    check_point(r.out, point, p.cfg)  # another point's --out: refused before any work
     check_own_files(r.out)
     # each arm's recipe record: an arm of another finetuning recipe is refused before the other arm's hours
     running = {arm for arm, runs in (("scratch", scratch_runs), ("pretrained", pretrained_runs)) if runs}

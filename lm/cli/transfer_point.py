@@ -75,12 +75,16 @@ def _point_record(path: Path) -> dict:
     return record
 
 
-def check_point(out: Path, point: dict) -> None:
+def check_point(out: Path, point: dict, pretrain_cfg=None) -> None:
     """Refuse, before any work, a call whose point differs from the one `out` holds: a grown --tokens continued
     that point's pretraining (its checkpoint pruned, its table no longer the directory's) and then had its
-    finetuning refused; another model was refused by lm train only after the scratch arm's hours."""
+    finetuning refused; another model was refused by lm train only after the scratch arm's hours.
+    `pretrain_cfg`: this call's lm train config, compared with an unrecorded directory's pretraining
+    (check_unrecorded)."""
     held = held_point(out)
     if held is None:
+        if pretrain_cfg is not None:
+            check_unrecorded(out, pretrain_cfg)
         return
     old, path = held
     diff = [k for k in point if not _same(old.get(k), point[k]) and (k in old or k not in LATER_KEYS)]
@@ -90,6 +94,39 @@ def check_point(out: Path, point: dict) -> None:
             f"--out {out} holds the point of another recipe ({changes}; see {path}): its pretraining and table are "
             f"that point's. Each point needs its own directory: pass another --out (copy {out / 'pretrain'} into it "
             f"to continue that pretraining there), or remove {out}"
+        )
+
+
+def check_unrecorded(out: Path, pretrain_cfg) -> None:
+    """An --out from an lm transfer older than transfer_point.json, stopped before its table and arm records (so
+    held_point cannot say its point) but with a pretraining: compare that run's config.yaml with this call's, on what
+    makes a point (what lm train refuses to change on resume, its steps and its schedule). Unchecked, a grown
+    --tokens continued that pretraining (its checkpoint pruned) before lm finetune refused the pairs, and this
+    call's point was recorded over it, so the command that made it was refused there from then on."""
+    from omegaconf import OmegaConf
+
+    from lm.core.resume import RESUMABLE, config_changes
+    from lm.model.upgrade import upgrade_for_comparison
+    from lm.report.transfer import SCHEDULE
+
+    path = out / "pretrain" / "config.yaml"
+    if not path.is_file():
+        return  # no pretraining yet: nothing of another point to continue or prune
+    saved = OmegaConf.to_container(OmegaConf.create(path.read_text()))
+    requested = OmegaConf.to_container(OmegaConf.create(OmegaConf.to_yaml(pretrain_cfg, resolve=True)))
+    assert isinstance(saved, dict) and isinstance(requested, dict)  # run configs are mappings
+    if isinstance(saved.get("model"), dict):  # saved before a model field moved to the zoo: as it is spelled now
+        saved["model"] = upgrade_for_comparison(saved["model"])
+        grown = saved["model"].get("vocab_size")  # lm train grows the vocabulary to the tokenizer's: not a change
+        if isinstance(grown, int) and grown > (requested.get("model") or {}).get("vocab_size", grown):
+            requested["model"]["vocab_size"] = grown
+    point_keys = ("train.max_steps", *SCHEDULE)
+    changes = config_changes(saved, requested, [k for k in RESUMABLE if k not in point_keys])[0]
+    if changes:
+        raise TransferError(
+            f"--out {out} holds the pretraining of another recipe ({'; '.join(changes)}; see {path}), made by an "
+            f"lm transfer older than {POINT}: pass another --out (copy {out / 'pretrain'} into it to continue that "
+            f"pretraining there), or remove {out}"
         )
 
 
