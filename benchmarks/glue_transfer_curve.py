@@ -14,7 +14,8 @@ interrupted curve continues where it stopped when the same command runs again (p
 are read back, not retrained). A session's runs/ may not outlive it, so every finished point's
 transfer.json is also copied into the committed archive <archive>/<series>[-<overrides digest>]/<tokens>/ (default
 docs/glue_transfer/points): the page is built from the archive, and a point measured by an earlier
-session stays on it (a point run again replaces its archived record). The scratch arm is archived too, outside
+session stays on it (a point run again replaces its archived record; a curve of other seeds or tasks than its
+archived points is refused before any work: check_archive). The scratch arm is archived too, outside
 git since it holds binaries (--scratch-archive, default <root>/scratch_archive; <it>/scratch/<key>/: each
 task/seed pair's result.pt, keyed by the arm's transfer_arm.json record: a curve run again with more seeds or tasks
 extends the arm, whose record then names them, and archives it under a new key), and a later curve with the same
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from lm.cli.transfer import run_transfer
 from lm.cli.transfer_lane import recipe_argv
-from lm.cli.transfer_recipe import Recipe, plan, scratch_record
+from lm.cli.transfer_recipe import Recipe, plan, recipe_record, scratch_record
 from lm.core.files import atomic_write_text
 from lm.report.paths import portable
 from lm.report.transfer import TRANSFER, curve_table, find_transfers, overrides, plot_curve, series, series_labels
@@ -135,6 +136,24 @@ def archive_point(out: Path, archive: Path) -> Path:
     if (out / "transfer.md").is_file():
         atomic_write_text(dest / "transfer.md", portable((out / "transfer.md").read_text()))
     return dest
+
+
+def check_archive(record: dict, archive: Path) -> None:
+    """Refuse a point (its recipe_record) whose seeds or tasks differ from those of its curve's points already in the
+    archive. The archive keys a point by series, overrides and tokens, not by seeds: a curve run again with --seeds 0
+    replaced the three-seed record of each point it ran (the page lost it; runs/ may not outlive the session), and
+    its new points sat in one curve, under one label, beside medians over other seeds."""
+    folder = archive / series_key({"recipe": record})
+    for path in sorted(folder.glob(f"*/{TRANSFER}")):
+        old = json.loads(path.read_text())["recipe"]
+        seeds, tasks = sorted(old.get("seeds") or []), sorted(old.get("tasks") or [])
+        new_seeds, new_tasks = sorted(record["seeds"]), sorted(record["tasks"])
+        if (seeds, tasks) != (new_seeds, new_tasks):
+            raise SystemExit(
+                f"{folder} holds this curve over seeds {seeds} on tasks {','.join(tasks)} ({path}); this run's "
+                f"seeds {new_seeds} on {','.join(new_tasks)} would replace its points' records and mix the two in one "
+                f"curve: pass --seeds {','.join(map(str, seeds))} --tasks {','.join(tasks)}, or another --archive"
+            )
 
 
 def portable_record(value):
@@ -278,14 +297,14 @@ def main(argv=None) -> None:
             doc = Path("/tmp/glue_transfer_tiny.md")
             if not doc.is_file():
                 doc.write_text(f"# tiny check\n\n{BEGIN}\n{END}\n")
+    recipes = []
     for arch in a.arches.split(","):
         scratch = a.root / SCRATCH_OF.get(arch, arch) / "scratch"
         for n in tokens:
-            out = a.root / arch / str(n)
             recipe = Recipe(
                 preset=f"glue_transfer_{arch}",
                 tokens=n,
-                out=out,
+                out=a.root / arch / str(n),
                 scratch=scratch,
                 seeds=seeds,
                 tasks=tasks,
@@ -297,10 +316,14 @@ def main(argv=None) -> None:
             )
             recipe.command = "lm transfer " + " ".join(map(shlex.quote, recipe_argv(recipe)))
             recipe.command += " --parallel" if recipe.parallel else ""
-            restore_scratch(recipe, scratch_archive)
-            run_transfer(recipe)
-            archive_point(out, archive)
-            archive_scratch(scratch, scratch_archive)
+            recipes.append(recipe)
+    for recipe in recipes:  # every point, before the first one's work
+        check_archive(recipe_record(recipe, plan(recipe)), archive)
+    for recipe in recipes:
+        restore_scratch(recipe, scratch_archive)
+        run_transfer(recipe)
+        archive_point(recipe.out, archive)
+        archive_scratch(recipe.scratch, scratch_archive)
     summaries = find_transfers([archive])  # this call's points and every earlier session's
     png = plot_curve(summaries, doc.with_suffix(".png"))
     command = "python benchmarks/glue_transfer_curve.py " + " ".join(map(shlex.quote, argv))

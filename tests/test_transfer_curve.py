@@ -251,6 +251,52 @@ def test_runs_of_one_series_with_other_overrides_are_two_curves(tmp_path):
     assert "| encoder (mean, rope; finetune tasks.sst2.max_train_examples=10000) | 1,000 |" in curve_table(rows)
 
 
+def test_a_curve_run_again_with_other_seeds_is_refused_before_any_work(tmp_path, monkeypatch):
+    """The archive keys a point by series, overrides and tokens, not by seeds: the curve run again with --seeds 0
+    replaced the archived three-seed record of its point (the page rebuilt without it) and put one-seed medians in
+    the same curve, under the same label. Refused before any point's work, naming the seeds and tasks to pass."""
+    curve = _curve_script()
+    cmp = compare(
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 50.0}, "median": 50.0}},
+        {"rte": {"metrics": ["acc"], "seeds": {"0": 52.0}, "median": 52.0}},
+    )
+    base = {"arch": "decoder", "pooling": "mean", "pos": "learned", "tasks": ["rte", "mrpc"], "seeds": [0, 1, 2]}
+    runs = []
+
+    def run_transfer(r):  # a finished point of the recipe asked for, written where lm transfer writes it
+        runs.append((r.tokens, r.seeds))
+        r.out.mkdir(parents=True, exist_ok=True)
+        record = {**base, "tokens": r.tokens, "val_loss": None, "seeds": r.seeds, "tasks": r.tasks}
+        run = {"command": "c", "machine": "m", "finished": "today", "seconds": 1.0}
+        (r.out / "transfer.json").write_text(json.dumps({"recipe": record, "comparison": cmp, "run": run, "arms": {}}))
+
+    monkeypatch.setattr(curve, "run_transfer", run_transfer)
+    monkeypatch.setattr(curve, "plan", lambda r: None)
+    # raising=False: the script had no recipe_record before it checked the archive
+    monkeypatch.setattr(
+        curve, "recipe_record", lambda r, p: {**base, "seeds": r.seeds, "tasks": r.tasks}, raising=False
+    )
+    for name in ("restore_scratch", "archive_scratch"):
+        monkeypatch.setattr(curve, name, lambda *a: None)
+    archive, doc = tmp_path / "points", tmp_path / "page.md"
+    doc.write_text(f"{curve.BEGIN}\n{curve.END}\n")
+    common = ["--arches", "decoder", "--tasks", "rte,mrpc", "--archive", str(archive), "--doc", str(doc)]
+    curve.main([*common, "--root", str(tmp_path / "a"), "--tokens", "0,1000", "--seeds", "0,1,2"])
+    point = archive / "decoder-mean-learned" / "1000" / "transfer.json"
+    assert json.loads(point.read_text())["recipe"]["seeds"] == [0, 1, 2] and len(runs) == 2
+    for tokens, seeds, tasks in (("1000", "0", "rte,mrpc"), ("3000", "0", "rte,mrpc"), ("1000", "0,1,2", "rte")):
+        argv = [*common[:2], "--tasks", tasks, *common[4:], "--root", str(tmp_path / "b"), "--tokens", tokens]
+        with pytest.raises(
+            SystemExit,
+            match=r"decoder-mean-learned holds this curve over seeds \[0, 1, 2\] on "
+            r"tasks mrpc,rte .* pass --seeds 0,1,2 --tasks mrpc,rte, or another --archive",
+        ):
+            curve.main([*argv, "--seeds", seeds])
+    assert len(runs) == 2 and json.loads(point.read_text())["recipe"]["seeds"] == [0, 1, 2]  # no work, nothing lost
+    curve.main([*common, "--root", str(tmp_path / "c"), "--tokens", "3000", "--seeds", "2,1,0"])  # the same seeds
+    assert runs[-1] == (3000, [2, 1, 0]) and len(find_transfers([archive])) == 3
+
+
 @pytest.mark.slow
 def test_the_curve_script_end_to_end_tiny(tmp_path):
     import os
