@@ -1,6 +1,7 @@
 """Elastic resume in one process: the global batch arithmetic (lm/core/elastic.py), the packed stream's steps
 across world sizes (the same samples in every step, tests/token_log.py's digests), the task states' guards,
-the refusal of a checkpoint written before elastic resume, and the torch engines' resharding
+the validation sample kept (the same val windows on another world size), the refusal of a checkpoint written
+before elastic resume, and the torch engines' resharding
 (lm/engine/reshard.py) single -> FSDP2 -> single, bit for bit. The multi-process runs: test_elastic_resume.py."""
 
 import json
@@ -10,8 +11,8 @@ import torch
 
 from lm.config_base import ConfigError
 from lm.core.config import OptimConfig, TrainConfig
-from lm.core.elastic import keep_global_batch, kept_grad_accum
-from lm.core.pretrain_task import LoaderSteps
+from lm.core.elastic import keep_global_batch, kept_grad_accum, kept_val_windows
+from lm.core.pretrain_task import LoaderSteps, PretrainTask
 from lm.data.packed import PackedLoader
 from lm.data.prepare import prepare
 from tests.token_log import sample_digests
@@ -97,6 +98,87 @@ def test_the_same_command_on_another_world_size_gets_the_grad_accum_that_keeps_t
     with pytest.raises(ConfigError, match=r"divides 4 \(1, 2, 4\)"):
         keep_global_batch(train, tmp_path, 3, True)
     assert keep_global_batch(train, tmp_path / "new", 3, True) is train  # nothing to resume: unchanged
+
+
+def test_kept_val_windows_keeps_a_count_the_ranks_split_else_the_nearest_that_they_do():
+    assert kept_val_windows(20, 2, 100) == 20 and kept_val_windows(20, 4, 100) == 20
+    assert kept_val_windows(10, 3, 100) == 9 and kept_val_windows(11, 3, 100) == 12  # 1 window off either way
+    assert kept_val_windows(5, 2, 100) == 4  # a tie: the smaller, cheaper pass
+    assert kept_val_windows(1, 2, 100) == 2  # a window per rank at least
+    assert kept_val_windows(50, 4, 30) == 28  # at most the split this world size can split
+
+
+def val_tasks(data, world, eval_batches, micro=1):
+    """PretrainTask of each of `world` ranks (4 sequences per step), over the val split's windows of T tokens."""
+    return [
+        PretrainTask(
+            PackedLoader(data, "train", T, micro, rank=r, world_size=world),
+            PackedLoader(data, "val", T, micro, rank=r, world_size=world),
+            4 // (micro * world),
+            eval_batches,
+        )
+        for r in range(world)
+    ]
+
+
+def rows(batches) -> list[tuple]:
+    return sorted(tuple(row.tolist()) for b in batches for row in b["input_ids"])
+
+
+def scored_windows(tasks) -> list[tuple]:
+    """Every window a validation pass of these ranks scores (its input ids), sorted."""
+    passes = [t.val_sample.batches() for t in tasks]
+    assert len({n for _, n in passes}) == 1  # every rank the same number of forwards
+    return rows(b for batches, n in passes for b in list(batches)[:n])
+
+
+@pytest.mark.parametrize("world,micro,eval_batches", [(2, 1, 6), (2, 2, 3), (4, 1, 6)])
+def test_validation_scores_the_runs_windows_after_a_world_size_change(data, world, micro, eval_batches, caplog):
+    """6 val windows on 1 rank (eval_batches x micro-batch), kept on 2 ranks (3 micro-batches of 1 window, or one
+    of 2 and one of 1), not the eval_batches x micro x world a new run there scores; on 4 ranks, which cannot split
+    6, the nearest count they can (4 or 8: the smaller), said so."""
+    first = val_tasks(data, 1, eval_batches, micro)
+    state = first[0].state_dict()
+    assert (state["val_windows"], state["val_eval_batches"]) == (6, eval_batches)
+    resumed = val_tasks(data, world, eval_batches, micro)
+    assert resumed[0].val_sample.recorded == 6 * world  # a new run on that layout would score these
+    with caplog.at_level("WARNING", logger="lm"):
+        for task in resumed:
+            task.load_state_dict(state)
+    kept = 4 if world == 4 else 6
+    assert len(scored_windows(resumed)) == kept
+    assert scored_windows(resumed) == rows(PackedLoader(data, "val", T, 1).first_windows(kept))
+    assert resumed[0].state_dict()["val_windows"] == 6  # the run's count, for a later resume on a layout that splits it
+    said = (
+        "validation scores 4 val windows on 4 rank(s) instead of the run's 6 (the nearest count they split evenly: -2"
+    )
+    assert (said in caplog.text) == (world == 4)
+    if world == 2:
+        assert scored_windows(first) == scored_windows(resumed)
+
+
+def test_a_checkpoint_without_the_count_or_with_another_eval_batches_scores_this_runs_count(data, caplog):
+    """A checkpoint written before the count was recorded resumes as before (eval_batches micro-batches per rank of
+    this layout), with a warning; a train.eval_batches changed on resume asks for another sample: this run's count."""
+    state = val_tasks(data, 1, 6)[0].state_dict()
+    old = {k: v for k, v in state.items() if k not in ("val_windows", "val_eval_batches")}
+    with caplog.at_level("INFO", logger="lm"):
+        for task in (two := val_tasks(data, 2, 6)):
+            task.load_state_dict(old)
+        assert two[0].val_sample.scored == two[0].state_dict()["val_windows"] == 12
+        assert "does not record how many val windows its validation scores" in caplog.text
+        for task in (fewer := val_tasks(data, 2, 2)):
+            task.load_state_dict(state)
+        assert fewer[0].val_sample.scored == fewer[0].state_dict()["val_windows"] == 4
+        assert "train.eval_batches 6 -> 2: validation scores 4 val windows from here on (6 before)" in caplog.text
+
+
+def test_a_new_run_scores_eval_batches_micro_batches_of_every_rank_as_before(data):
+    """The fixed count changes nothing for a new run: the first eval_batches micro-batches of the val loader."""
+    for task in val_tasks(data, 2, 3, micro=2):
+        batches, n = task.val_sample.batches()
+        loader = iter(task.val_loader)
+        assert n == 3 and all(torch.equal(a["input_ids"], next(loader)["input_ids"]) for a in batches)
 
 
 # -- the checkpoint side -----------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 the same global batch, the same samples in every step (a digest of each step's token ids, tests/token_log.py)
 and the uninterrupted run's losses to 1e-5 (fp32: only the reduction order differs). Real `lm train` processes
 (torchrun, gloo) on tiny Shakespeare; the run is 4 steps on the first layout, then 4 more on the second. Engines:
-single, DDP, FSDP2 and DeepSpeed ZeRO-1/2/3, in both directions.
+single, DDP, FSDP2 and DeepSpeed ZeRO-1/2/3, in both directions. Validation after a 1 -> 2 ranks resume scores the
+run's val windows: the uninterrupted run's val_loss.
 """
 
 import subprocess
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.engine_support import REPO, free_port, subprocess_env, train_losses
+from tests.engine_support import REPO, free_port, metrics, subprocess_env, train_losses
 from tests.token_log import steps as token_steps
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -144,6 +145,24 @@ def test_resume_from_two_to_three_zero2_ranks_keeps_a_global_batch_of_six(cache,
     assert list(losses) == list(ref_losses) == list(range(1, STEPS + 1))
     worst = max(abs(losses[s] - ref_losses[s]) for s in ref_losses)
     assert worst < TOL, f"zero2 2 -> 3: max |loss - uninterrupted| = {worst:.2e}"
+
+
+def test_validation_after_a_resume_on_two_ranks_scores_the_uninterrupted_runs_windows(cache, tmp_path):
+    """train.eval_batches=20 micro-batches of 1 window on 1 rank: 20 val windows, recorded in the checkpoint; the
+    resume on 2 ranks scores those 20 (10 per rank), not 40, so val_loss at step 8 is the 1-process run's."""
+
+    def validated(run_dir, steps, engine, grad_accum):
+        args = overrides(run_dir, steps, engine, grad_accum)
+        return [a if a != "train.eval_interval=0" else "train.eval_interval=4" for a in args]
+
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    ok(launch(1, validated(ref, STEPS, "single", GLOBAL), cache, tmp_path / "ref_tokens", 0))
+    ok(launch(1, validated(run, SPLIT, "single", GLOBAL), cache, tmp_path / "tokens", 0))
+    ok(launch(2, validated(run, STEPS, "ddp", GLOBAL), cache, tmp_path / "tokens", 1))
+    want = {m["step"]: m["val_loss"] for m in metrics(ref) if "val_loss" in m}
+    got = {m["step"]: m["val_loss"] for m in metrics(run) if "val_loss" in m}
+    assert list(got) == list(want) == [SPLIT, STEPS]
+    assert abs(got[STEPS] - want[STEPS]) < TOL, f"val_loss at step {STEPS}: {got[STEPS]:.6f}, not {want[STEPS]:.6f}"
 
 
 def test_checkpoint_on_zero_stage_0_is_refused_in_one_line(cache, tmp_path):

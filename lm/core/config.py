@@ -70,7 +70,8 @@ class TrainConfig:
     device: Device = Device.auto
     log_interval: int = 10  # steps between metrics.jsonl lines
     eval_interval: int = 100  # steps between validation passes; 0 = only at the end
-    eval_batches: int = 20  # micro-batches per validation pass (per rank)
+    eval_batches: int = 20  # micro-batches per validation pass (per rank; on a resume on another world size the
+    # pass keeps the run's count of val windows: lm/core/pretrain_task.py ValSample)
     ckpt_interval: int = 100  # steps between checkpoints; 0 = only at the end
     keep_last: int = 3  # checkpoints kept (older ones are deleted once a newer one is complete)
     # Checkpoints written by a background thread from a CPU copy (DCP's async_save for FSDP2) while training goes

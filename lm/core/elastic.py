@@ -5,6 +5,10 @@ grad_accum x world size (lm/data/packed.py), whatever the split of G into those 
 another world size continues the same token stream, step for step, when it keeps G: the same command on M
 ranks instead of N gets grad_accum = G / (micro_batch_size x M). The checkpoint's task state records G
 (`samples_per_step`, lm/core/pretrain_task.py), and loading it refuses another G.
+
+Validation keeps its sample the same way: the task state records the number of val windows a pass scores, fixed
+when the run starts (train.eval_batches x micro_batch_size x world size), and a resume on M ranks scores the same
+first windows of the val order (lm/data/packed.py), split evenly over the M ranks (kept_val_windows).
 """
 
 import logging
@@ -75,3 +79,12 @@ def saved_samples_per_step(root: Path) -> int | None:
             continue
         return loader.get(SAMPLES_PER_STEP) if isinstance(loader, dict) else None
     return None
+
+
+def kept_val_windows(saved: int, world_size: int, most: int) -> int:
+    """The val windows a pass scores on `world_size` ranks for a run that recorded `saved`: `saved` itself when the
+    ranks can split it evenly (each must run the same forwards: FSDP2 and ZeRO-3 gather parameters in every one),
+    else the nearest multiple of world_size (the smaller on a tie: the cheaper pass), within [world_size, most]."""
+    lower = saved // world_size * world_size
+    nearest = lower if saved - lower <= lower + world_size - saved else lower + world_size
+    return min(max(nearest, world_size), most // world_size * world_size)

@@ -2,22 +2,25 @@
 
 Each optimizer step takes grad_accum micro-batches of the train loader (during a batch ramp fewer: growing
 linearly, grad_accum / batch_ramp_steps rounded up and at least 1 at the first step, to grad_accum at step
-batch_ramp_steps); evaluation is the token-mean loss over at most eval_batches micro-batches of the val loader
-(lm.core.loop.evaluate), the same windows every time (a fixed sample of the split: lm.data.packed). There is no "best":
-pretraining keeps its latest checkpoints.
+batch_ramp_steps); evaluation is the token-mean loss over the first eval_batches x micro_batch_size x world size
+windows of the val loader's fixed order (lm.core.loop.evaluate; a uniform sample of the split: lm.data.packed), the
+same windows at every pass. That count is fixed when the run starts and kept in the task state, so a resume on
+another world size scores the same windows (lm/core/elastic.py). There is no "best": pretraining keeps its latest
+checkpoints.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Protocol, cast
 
 import torch
 
 from lm.config_base import ConfigError
 from lm.core import objectives
-from lm.core.elastic import SAMPLES_PER_STEP, kept_grad_accum
+from lm.core.elastic import SAMPLES_PER_STEP, kept_grad_accum, kept_val_windows
 from lm.core.tracking import perplexity
 
 log = logging.getLogger("lm")
@@ -30,6 +33,10 @@ RAMP_WORLD = "ramp_world_size"
 # How validation reads the val split: a fixed uniform sample (lm.data.packed VAL_ORDER) since 2026-11-30, its first
 # train.eval_batches micro-batches before. A checkpoint without this key may be of the earlier reading.
 VAL_SAMPLE, FIXED_SAMPLE = "val_sample", "fixed"
+# How many of those windows a pass scores, fixed when the run starts (since 2026-12-01: before, train.eval_batches
+# micro-batches per rank, so a resume on another world size scored another number), and the train.eval_batches it
+# was fixed from: that setting changed on resume asks for another sample.
+VAL_WINDOWS, VAL_EVAL_BATCHES = "val_windows", "val_eval_batches"
 
 
 def ramp_accum(step: int, grad_accum: int, ramp_steps: int) -> int:
@@ -109,6 +116,67 @@ class LoaderSteps:
         )
 
 
+class WindowedVal(Protocol):
+    """A val loader that scores the first given number of windows of a fixed order (lm.data.packed.PackedLoader)."""
+
+    micro_batch_size: int
+    world_size: int
+    val_windows: int  # a whole pass's
+
+    def first_windows(self, windows: int) -> Iterator[dict]: ...
+
+
+class ValSample:
+    """How many val windows a pass scores: fixed when the run starts (train.eval_batches micro-batches on every rank,
+    at most the split), recorded in the task state, and kept on another world size (lm/core/elastic.py)."""
+
+    def __init__(self, loader: WindowedVal, eval_batches: int):
+        self.loader, self.eval_batches = loader, eval_batches
+        self.recorded = min(eval_batches * loader.micro_batch_size * loader.world_size, loader.val_windows)
+        self.scored = self.recorded  # differs after a resume on ranks that cannot split the recorded count
+
+    def batches(self) -> tuple[Iterator[dict], int]:
+        """The pass's micro-batches and how many each rank runs."""
+        per_micro_step = self.loader.micro_batch_size * self.loader.world_size
+        return self.loader.first_windows(self.scored), math.ceil(self.scored / per_micro_step)
+
+    def state_dict(self) -> dict:
+        return {VAL_WINDOWS: self.recorded, VAL_EVAL_BATCHES: self.eval_batches}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Score the run's recorded windows on this world size (kept_val_windows: the nearest count its ranks split
+        evenly, said when it differs); a checkpoint without the record, or a changed train.eval_batches, fixes this
+        run's count from here on."""
+        saved, world = state.get(VAL_WINDOWS), self.loader.world_size
+        if saved is None:
+            log.warning(
+                "the checkpoint does not record how many val windows its validation scores (written before "
+                "2026-12-01, when train.eval_batches counted micro-batches per rank): it scores %d from here on, "
+                "so its val_loss may step at this resume if the run ran on another world size than %d",
+                self.scored,
+                world,
+            )
+        elif state.get(VAL_EVAL_BATCHES) != self.eval_batches:  # asked for another sample: this run's count
+            log.info(
+                "train.eval_batches %s -> %d: validation scores %d val windows from here on (%d before)",
+                state.get(VAL_EVAL_BATCHES),
+                self.eval_batches,
+                self.scored,
+                saved,
+            )
+        else:
+            self.recorded, self.scored = saved, kept_val_windows(saved, world, self.loader.val_windows)
+            if self.scored != saved:
+                log.warning(
+                    "validation scores %d val windows on %d rank(s) instead of the run's %d (the nearest count "
+                    "they split evenly: %+d windows), so its val_loss may step at this resume",
+                    self.scored,
+                    world,
+                    saved,
+                    self.scored - saved,
+                )
+
+
 class PretrainTask:
     """The TrainTask (lm/core/task.py) of lm train: LoaderSteps' micro-batches, the objective's loss, val loss."""
 
@@ -126,6 +194,9 @@ class PretrainTask:
         """perplexity: val_ppl = exp(val_loss) is logged too (False: a loss that is no per-token NLL, ELECTRA's)."""
         self.batches = LoaderSteps(train_loader, grad_accum, ramp_steps)
         self.val_loader, self.eval_batches, self.perplexity = val_loader, eval_batches, perplexity
+        # None: a loader without first_windows (the tests' synthetic ones) reads eval_batches micro-batches per rank
+        windowed = hasattr(val_loader, "first_windows")
+        self.val_sample = ValSample(cast(WindowedVal, val_loader), eval_batches) if windowed else None
 
     def loss(self, model, batch: dict[str, torch.Tensor], metrics=None) -> torch.Tensor:
         return objectives.loss(model, batch, metrics)
@@ -133,7 +204,10 @@ class PretrainTask:
     def evaluate(self, engine, step: int) -> dict:
         from lm.core.loop import evaluate
 
-        val_loss = evaluate(engine, self.val_loader, self.eval_batches)
+        if self.val_sample is None:
+            val_loss = evaluate(engine, self.val_loader, self.eval_batches)
+        else:
+            val_loss = evaluate(engine, *self.val_sample.batches())
         record = {"val_loss": val_loss} | ({"val_ppl": perplexity(val_loss)} if self.perplexity else {})
         if engine.is_main:
             ppl = f", val_ppl {record['val_ppl']:.2f}" if self.perplexity else ""
@@ -144,7 +218,10 @@ class PretrainTask:
         pass
 
     def state_dict(self) -> dict:  # the loader's position (+ the batch ramp's step), as the checkpoint stores it
-        return {**self.batches.state_dict(), VAL_SAMPLE: FIXED_SAMPLE}
+        state = {**self.batches.state_dict(), VAL_SAMPLE: FIXED_SAMPLE}
+        if self.val_sample is not None:
+            state |= self.val_sample.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if VAL_SAMPLE not in state:
@@ -153,4 +230,7 @@ class PretrainTask:
                 "2026-11-30 scored the split's first train.eval_batches micro-batches, and scores a fixed sample of "
                 "it from here on, so its val_loss may step at this resume (training is unchanged)"
             )
-        self.batches.load_state_dict({k: v for k, v in state.items() if k != VAL_SAMPLE})
+        elif self.val_sample is not None:
+            self.val_sample.load_state_dict(state)
+        own = (VAL_SAMPLE, VAL_WINDOWS, VAL_EVAL_BATCHES)
+        self.batches.load_state_dict({k: v for k, v in state.items() if k not in own})

@@ -251,13 +251,29 @@ class PackedLoader:
     def _eval_per_rank(self) -> int:
         return self.n_samples // self.world_size  # equal on every rank, so collective eval never waits
 
-    def _eval(self) -> Iterator[dict]:
+    @property
+    def val_windows(self) -> int:
+        """The windows a whole validation pass scores: the split's, cut to a multiple of the world size."""
+        return self._eval_per_rank * self.world_size
+
+    def first_windows(self, windows: int) -> Iterator[dict]:
+        """A validation pass over the first `windows` windows of the val order (a multiple of the world size, at
+        most val_windows): the same windows on any world size, ceil(windows / (W x B)) micro-batches on every
+        rank, the last shorter where W x B does not divide `windows` (lm/core/pretrain_task.py fixes the count)."""
+        if windows % self.world_size or not 0 < windows <= self.val_windows:
+            raise ValueError(
+                f"{windows} val windows: not a positive multiple of {self.world_size} up to {self.val_windows}"
+            )
+        return self._eval(windows)
+
+    def _eval(self, windows: int | None = None) -> Iterator[dict]:
         # Interleaved like training: micro-batch k of rank r holds windows [k*W*B + r*B, ... + B), so the
         # first k micro-batches of all ranks are the first k*W*B windows whatever W is; a validation pass
         # cut at eval_batches then measures the same windows on 1 rank as on W (with the same W*B). Positions map
         # to windows by a fixed permutation: a cut pass is a uniform sample of the split, not its first documents
         # (a corpus of several sources validated on the first sources only, or on one book).
-        B, W, n = self.micro_batch_size, self.world_size, self._eval_per_rank * self.world_size
+        B, W = self.micro_batch_size, self.world_size
+        n = self.val_windows if windows is None else windows
         for start in range(0, n, B * W):
             per_rank = min(B * W, n - start) // W  # the last chunk is split evenly too
             ids = permute(start + self.rank * per_rank + np.arange(per_rank), self.n_samples, VAL_ORDER)
