@@ -48,6 +48,7 @@ from lm.core.async_save import BackgroundWrite
 from lm.core.files import file_sha256
 from lm.core.rng import plain_state, rng_state, set_rng_state
 from lm.engine import dist as dist_utils
+from lm.engine.dist import EngineError
 
 log = logging.getLogger("lm")
 
@@ -296,10 +297,8 @@ class Checkpointer:
                 _weights_only(lambda: self.engine.load_state(path), f"{path} ({self.engine.name}'s files)")
             else:
                 self._load_elsewhere(path, trainer)
-        except ValueError as e:
-            if "parameter group" not in str(e):  # torch.optim.Optimizer.load_state_dict's group-size check
-                raise
-            raise CheckpointError(_regrouped(path)) from None
+        except EngineError as e:  # the engine's refusal (lm.engine.formats.check_grouping, an elastic resume's)
+            raise CheckpointError(str(e)) from None
         own = load_rank_state(self._rank_file(path, saved["world_size"]))
         if self.engine.rank < saved["world_size"]:  # a rank that did not exist continues its seeded streams
             set_rng_state(own["rng"])
@@ -308,8 +307,6 @@ class Checkpointer:
     def _load_elsewhere(self, path: Path, trainer: dict) -> None:
         """Another world size or engine class (elastic resume): the engine reshards what it can read
         (lm.engine.Engine.load_resharded) or says why not, in one line."""
-        from lm.engine import EngineError
-
         saved = trainer["engine"]
         if not trainer.get(ELASTIC):
             raise CheckpointError(
@@ -318,10 +315,7 @@ class Checkpointer:
                 f"Resume with the same engine and world size, or start a new run_dir from the weights "
                 f"(lm export {path})"
             )
-        try:
-            _weights_only(lambda: self.engine.load_resharded(path, saved), f"{path} ({saved['engine']}'s files)")
-        except EngineError as e:
-            raise CheckpointError(str(e)) from None
+        _weights_only(lambda: self.engine.load_resharded(path, saved), f"{path} ({saved['engine']}'s files)")
         if self.engine.is_main:
             log.info(
                 "resumed %s (%s on %d rank(s)) as %s on %d rank(s)",
@@ -337,16 +331,6 @@ class Checkpointer:
         positions (lm.data.packed, lm.glue.trainer), the same in every rank's file."""
         rank = self.engine.rank if self.engine.rank < saved_world else 0
         return path / f"rank{rank:05d}.pt"
-
-
-def _regrouped(path: Path) -> str:
-    """Why a checkpoint's optimizer state does not fit this run's optimizer although the model loaded."""
-    return (
-        f"{path}: its optimizer state groups the parameters otherwise than this run's AdamW does (weight decay "
-        f"covers every matrix but the embedding tables since 2026-11-30, the Linear weights only before: a zoo "
-        f"model's other matrices, such as an RNN's or a synthesizer's, moved group). Resume it with the lm version "
-        f"that wrote it, or start a new run_dir"
-    )
 
 
 def same_layout(saved: dict, current: dict) -> bool:
@@ -554,7 +538,7 @@ def read_trainer(ckpt: Path) -> dict:
 def consolidated_state_dict(ckpt: Path) -> dict[str, torch.Tensor]:
     """The full model state dict of a checkpoint of any engine, in one process, no process group: read
     by the engine class of the format recorded in its trainer.json."""
-    from lm.engine import EngineError, engine_for_format
+    from lm.engine import engine_for_format
 
     info = read_trainer(verified(ckpt))["engine"]
     try:

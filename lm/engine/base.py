@@ -30,7 +30,7 @@ from torch import nn
 import lm.engine.float8 as float8
 from lm.engine.config import TrainSettings
 from lm.engine.dist import Dist, EngineError
-from lm.engine.formats import MODEL_OPTIM
+from lm.engine.formats import MODEL_OPTIM, check_grouping
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -211,6 +211,7 @@ class Engine:
         """Restore what save_state wrote (tensors and plain containers only: weights_only=True)."""
         state = torch.load(Path(path) / MODEL_OPTIM, map_location=self.device, weights_only=True)
         self.module.load_state_dict(state["model"])
+        check_grouping(path, state["optimizer"], [len(g["params"]) for g in self.optimizer.param_groups])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])

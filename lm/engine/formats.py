@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from lm.engine.dist import EngineError
+
 MODEL_OPTIM = "model_optim.pt"  # the single/DDP checkpoint file (rank 0 writes it)
 DCP = "dcp"  # sub-directory of an FSDP2 checkpoint: torch.distributed.checkpoint shards, one file per rank
 TAG = "deepspeed"  # sub-directory of a ZeRO checkpoint that holds DeepSpeed's files
@@ -40,6 +42,24 @@ def check_dcp_metadata(dcp_dir: Path) -> None:
     """Raise pickle.UnpicklingError if `dcp_dir`/.metadata names anything but DCP's metadata classes."""
     with open(Path(dcp_dir) / ".metadata", "rb") as f:
         _DCPMetadataUnpickler(f).load()
+
+
+def check_grouping(path: Path, saved: dict, own: list[int]) -> None:
+    """Refuse a checkpoint whose optimizer state (`saved`, an optimizer state_dict: its param_groups) holds the
+    parameters in groups other than this run's (`own`: the parameter count of each of its optimizer's groups).
+    Decided from the structure before the optimizer reads it, not from torch's load_state_dict ValueError, whose
+    wording is torch's to change. The one refusal for a same-layout resume (lm/engine/base.py) and an elastic
+    one (lm/engine/reshard.py)."""
+    sizes = [len(g["params"]) for g in saved["param_groups"]]
+    if sizes == own:
+        return
+    raise EngineError(
+        f"{path}: its optimizer state groups the parameters otherwise than this run's AdamW; it groups its "
+        f"{sum(sizes)} parameters as {sizes}, this run's as {own}: it was written under another weight decay rule "
+        f"(since 2026-11-30 weight decay covers every matrix but the embedding tables, before that the Linear "
+        f"weights only, so a zoo model's other matrices, such as an RNN's or a synthesizer's, moved group). Resume "
+        f"it with the lm version that wrote it, or start a new run_dir"
+    )
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from lm.engine.dist import EngineError
-from lm.engine.formats import MODEL_OPTIM, check_dcp_metadata
+from lm.engine.formats import MODEL_OPTIM, check_dcp_metadata, check_grouping
 
 
 def group_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
@@ -51,13 +51,7 @@ def full_from_torch_file(path: Path, groups: list[list[str]]) -> dict:
             f"{path}: its optimizer has {len(ids)} parameters in {len(saved['param_groups'])} "
             f"groups, this model's {len(order)} in {len(groups)}: not this model"
         )
-    sizes, own = [len(g["params"]) for g in saved["param_groups"]], [len(g) for g in groups]
-    if sizes != own:  # the same parameters, grouped otherwise: lm.core.optim's weight decay rule when it was written
-        raise EngineError(
-            f"{path}: its optimizer groups its {len(ids)} parameters as {sizes}, this run's as {own}: it was written "
-            f"under another weight decay rule (an older lm's). Resume it with the lm version that wrote it, or start "
-            f"a new run_dir"
-        )
+    check_grouping(path, saved, [len(g) for g in groups])  # the same parameters, grouped otherwise
     fqn = dict(zip(ids, order))
     optim = {
         "state": {fqn[i]: s for i, s in saved["state"].items()},
