@@ -282,7 +282,8 @@ def test_a_task_field_newer_than_a_finished_pair_counts_as_its_default(tmp_path,
 
     import yaml
 
-    from lm.glue.run import RESULT_SHA256, _sha256
+    from lm.core.files import file_sha256
+    from lm.glue.run import RESULT_SHA256
 
     run_dir = tmp_path / "ft"
     shutil.copytree(uninterrupted, run_dir, ignore=shutil.ignore_patterns(".lock"))
@@ -291,7 +292,7 @@ def test_a_task_field_newer_than_a_finished_pair_counts_as_its_default(tmp_path,
     saved = yaml.safe_load(fields["config_yaml"])
     del saved["task"]["dropout"]
     torch.save({**fields, "config_yaml": yaml.safe_dump(saved)}, result)
-    result.with_name(RESULT_SHA256).write_text(_sha256(result))
+    result.with_name(RESULT_SHA256).write_text(file_sha256(result))
     with pytest.raises(ConfigError, match=r"task\.dropout: 0\.1 -> 0\.3"):
         finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained, "tasks.sst2.dropout=0.3")))
     finetune(finetune_cfg(run_dir, overrides(easy_glue, pretrained)))  # the default: reused, not retrained

@@ -7,7 +7,6 @@ transfer_arm.json is compared and written by lm/cli/transfer_arms.py).
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import math
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lm.config import ConfigError
+from lm.core.files import file_sha256
 
 log = logging.getLogger("lm")
 
@@ -200,19 +200,15 @@ def prepared_tokenizer(cfg) -> Path:
     return Path(ensure_prepared(data)) / "tokenizer.json"
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def check_same_tokenizer(init_dir: Path, tokenizer: Path) -> None:
     """The pretrained arm reads its run's tokenizer, the scratch arm `tokenizer`: they must be one file."""
     from lm.glue.init import load_backbone
 
     used = load_backbone(str(init_dir)).tokenizer.sha256  # what lm finetune init=<run> will use (checked there too)
-    if used != _sha256(tokenizer):
+    if used != file_sha256(tokenizer):
         raise TransferError(
             f"the pretraining run {init_dir} was trained with a tokenizer (sha256 {used[:12]}) other than the one the "
-            f"scratch arm would use ({tokenizer}, sha256 {_sha256(tokenizer)[:12]}): the two arms would not be "
+            f"scratch arm would use ({tokenizer}, sha256 {file_sha256(tokenizer)[:12]}): the two arms would not be "
             f"comparable. Re-run with the corpus the pretraining used, or a new --out"
         )
 
@@ -426,7 +422,7 @@ def scratch_record(r: Recipe, p: Plan) -> dict:
     from omegaconf import OmegaConf
 
     return {
-        "tokenizer_sha256": _sha256(p.tokenizer),
+        "tokenizer_sha256": file_sha256(p.tokenizer),
         "pooling": p.pooling,
         "tasks": p.tasks,
         "seeds": r.seeds,
@@ -453,7 +449,7 @@ def recipe_record(r: Recipe, p: Plan) -> dict:
         "tasks": p.tasks,
         "seeds": r.seeds,
         "tokenizer": str(p.tokenizer),
-        "tokenizer_sha256": _sha256(p.tokenizer),
+        "tokenizer_sha256": file_sha256(p.tokenizer),
         "group": r.group,
         "pretrain_overrides": r.pretrain,
         "finetune_overrides": r.finetune,

@@ -173,9 +173,7 @@ class Planner:
         """doc_hash of a whole file, streamed (its pieces are read by separate tasks): by content, not by name, so
         that copies of a file under other names (a corpus' duplicates) never land in train and val both."""
         if src.path not in self._file_hashes:  # a file longer than one task: read once more, before its first task
-            key = self.opts.split_seed & 0xFFFFFFFF
-            for block in _blocks_of(src):
-                key = zlib.crc32(block, key)
+            key = _content_hash(_blocks_of(src, keep_bom=True), self.opts.split_seed)
             self._file_hashes = {src.path: key}  # one file at a time: its tasks are consecutive
         return self._file_hashes[src.path]
 
@@ -204,7 +202,7 @@ class Planner:
             ):
                 n += len(block)
                 if file_mode and offset == 0 and last:  # the whole file in one task: hashed here, not read twice
-                    self._file_hashes = {src.path: _content_hash(block, self.opts.split_seed)}
+                    self._file_hashes = {src.path: _content_hash([block], self.opts.split_seed)}
                 # a JSONL cut is at a record's end (_record_end), so every record is whole on both sides
                 ends = last if file_mode else (last or not forced or src.format == "jsonl")
                 split = self._split_of(src, after)
@@ -293,9 +291,14 @@ def _record_end(src: SourceFile, byte: int) -> int:
     return offset
 
 
-def _content_hash(data: bytes, seed: int) -> int:
-    """_file_hash of a file whose bytes (decompressed) are `data`: the BOM is not text (read_task drops it)."""
-    return zlib.crc32(data[3:] if data.startswith(codecs.BOM_UTF8) else data, seed & 0xFFFFFFFF)
+def _content_hash(blocks: Iterable[bytes], seed: int) -> int:
+    """doc_hash of a whole file given as its bytes (decompressed) in consecutive blocks, one or many: crc32 carries
+    on across blocks, so a file read in one task and one read in several hash alike. A leading BOM is not text
+    (read_task drops it)."""
+    key = seed & 0xFFFFFFFF
+    for i, block in enumerate(blocks):
+        key = zlib.crc32(block[3:] if i == 0 and block.startswith(codecs.BOM_UTF8) else block, key)
+    return key
 
 
 def _char_starts(block: bytes) -> np.ndarray:

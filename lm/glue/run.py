@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lm.core.config import LoggerConfig
-from lm.core.files import atomic_write_text
+from lm.core.files import atomic_write_text, file_sha256
 from lm.glue.config import FinetuneSchema, GlueTaskConfig
 from lm.glue.grid import GridOutcome, run_grid
 from lm.glue.grid_report import protocol_record
@@ -298,21 +298,15 @@ def _save_result(path: Path, result: SeedResult, config_yaml: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     # numbers, strings and tensors only: it loads with weights_only; the pair's config is what a rerun compares
     torch.save({**plain_state(asdict(result)), "config_yaml": config_yaml}, tmp)
-    atomic_write_text(path.with_name(RESULT_SHA256), _sha256(tmp))  # before the rename: result.pt is never unsealed
+    atomic_write_text(path.with_name(RESULT_SHA256), file_sha256(tmp))  # before the rename: result.pt is never unsealed
     os.replace(tmp, path)
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _intact_result(path: Path) -> bool:
     """Whether result.pt matches the sha256 written with it (one written before checksums: assumed intact).
     A damaged one is named, and the pair trains again from scratch (the same seed gives the same result)."""
     sealed = path.with_name(RESULT_SHA256)
-    if not sealed.is_file() or sealed.read_text().strip() == _sha256(path):
+    if not sealed.is_file() or sealed.read_text().strip() == file_sha256(path):
         return True
     log.warning("%s is damaged (it does not match the sha256 in %s); training this task/seed again", path, sealed)
     shutil.rmtree(path.parent / "checkpoints", ignore_errors=True)
