@@ -279,7 +279,7 @@ def _finetune_files(root):
     import random
 
     from lm.data.tokenizer import train as train_tokenizer
-    from tests.test_finetune import sentence, write_tsv
+    from tests.glue_support import sentence, write_tsv
 
     rng = random.Random(0)
     for split, n in (("train", 160), ("dev", 60)):

@@ -21,7 +21,7 @@ from lm.glue import run as glue_run
 from lm.glue.config import GlueTaskConfig, GridProtocol, finetune_job
 from lm.glue.grid import run_grid
 from lm.glue.trainer import SeedResult
-from tests.test_finetune import FIXTURES, TINY, finetune_cfg, sentence, write_tsv
+from tests.glue_support import FIXTURES, TINY, finetune_cfg, sentence, write_tsv
 
 SMALL_CELLS = ["lr0.001_bs16", "lr0.0001_bs16"]  # conf/protocol/small.yaml in grid order
 RUN_ONE = glue_run._run_one  # one task/seed pair; the tests count (and kill) its calls

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.engine_support import REPO, metrics, subprocess_env, train_losses
-from tests.test_finetune import TINY, sentence, write_tsv
+from tests.glue_support import TINY, sentence, write_tsv
 from tests.test_train_kill_resume import run_and_kill
 
 pytestmark = pytest.mark.slow

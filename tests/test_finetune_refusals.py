@@ -12,7 +12,7 @@ from lm.cli.finetune import check_run_dir, finetune
 from lm.config import ConfigError
 from lm.core.checkpoint import CheckpointError
 from lm.glue.init import InitError, build_classifier, load_backbone
-from tests.test_finetune import easy_glue, easy_task, finetune_cfg, pretrained  # noqa: F401 - fixtures, helpers
+from tests.glue_support import easy_glue, easy_task, finetune_cfg, pretrained  # noqa: F401 - fixtures, helpers
 
 
 def test_a_pretraining_run_is_not_a_finetune_run_dir(pretrained, easy_glue):  # noqa: F811

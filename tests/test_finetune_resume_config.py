@@ -18,9 +18,9 @@ from lm.cli.finetune import finetune
 from lm.config import ConfigError
 from lm.glue.run import _checkpoint_digest, _with_moved_paths
 from lm.glue.trainer import GlueTask
-from tests.test_finetune import TINY, easy_task, finetune_cfg, pretrain
-from tests.test_finetune import easy_glue as easy_glue  # fixtures, re-exported
-from tests.test_finetune import pretrained as pretrained
+from tests.glue_support import TINY, easy_task, finetune_cfg, pretrain
+from tests.glue_support import easy_glue as easy_glue  # fixtures, re-exported
+from tests.glue_support import pretrained as pretrained
 
 EPOCHS = 2
 

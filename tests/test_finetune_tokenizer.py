@@ -12,8 +12,8 @@ from lm.data.prepare import prepare
 from lm.glue.init import InitError, load_backbone
 
 # fixtures; `as` re-exports them (this module gets its own run)
-from tests.test_finetune import easy_glue as easy_glue
-from tests.test_finetune import pretrained as pretrained
+from tests.glue_support import easy_glue as easy_glue
+from tests.glue_support import pretrained as pretrained
 
 
 def _recorded(run_dir):

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from tests.benchmark_scripts import load
-from tests.test_finetune import sentence, write_tsv
+from tests.glue_support import sentence, write_tsv
 
 baselines = load("glue_baselines")
 
@@ -18,7 +18,7 @@ def test_overlap_features_of_one_pair():
 
 
 def test_a_single_sentence_task_one_word_decides(tmp_path):
-    """SST-2 where one sentiment word decides the label (tests/test_finetune.py's sentences): the TF-IDF
+    """SST-2 where one sentiment word decides the label (tests/glue_support.py's sentences): the TF-IDF
     classifier finds it, the majority class is half right, and --max-train's budget is honoured."""
     rng = random.Random(0)
     for split, n in (("train", 300), ("dev", 100)):

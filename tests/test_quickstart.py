@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lm.cli.transfer import parse_args, quickstart, run_transfer
-from tests.test_finetune import easy_glue  # noqa: F401 - the easy SST-2-shaped task (a fixture)
+from tests.glue_support import easy_glue  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 from tests.test_transfer import corpus, recipe  # noqa: F401 - the tiny corpus (a fixture) and recipe
 
 

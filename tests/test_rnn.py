@@ -21,7 +21,7 @@ from lm.model.lm import SequenceClassifier
 from lm.model.validate import check_objective
 from lm.zoo.rnn import RNNLM, load_unidirectional
 from tests.engine_support import compose, free_port, loaders, tiny_overrides, train_losses
-from tests.test_finetune import easy_glue as easy_glue  # the SST-2-shaped easy task (a module fixture, re-exported)
+from tests.glue_support import easy_glue as easy_glue  # the SST-2-shaped easy task (a module fixture, re-exported)
 
 CELLS = ["lstm", "gru", "rnn"]
 SMALL = ["model.vocab_size=48", "model.dim=16", "model.n_layers=2"]
@@ -419,7 +419,7 @@ def lstm_run(tmp_path_factory, easy_glue):
 
     from lm.cli.train import train
     from lm.config import conf_dir, register_train_configs
-    from tests.test_finetune import sentence
+    from tests.glue_support import sentence
 
     work = tmp_path_factory.mktemp("lstm_pretrain")
     rng = random.Random(1)
@@ -459,7 +459,7 @@ def lstm_run(tmp_path_factory, easy_glue):
 
 def test_glue_finetune_of_a_tiny_lstm_learns_the_easy_task(tmp_path, easy_glue, lstm_run):
     from lm.cli.finetune import finetune
-    from tests.test_finetune import dev_acc, easy_task, finetune_cfg
+    from tests.glue_support import dev_acc, easy_task, finetune_cfg
 
     for pooling in ("last", "mean"):
         run_dir = tmp_path / pooling
@@ -474,7 +474,7 @@ def test_glue_finetune_of_a_tiny_lstm_learns_the_easy_task(tmp_path, easy_glue, 
 def test_bidirectional_finetune_from_a_unidirectional_lstm(tmp_path, easy_glue, lstm_run):
     from lm.cli.finetune import finetune
     from lm.glue.init import build_classifier, load_backbone
-    from tests.test_finetune import dev_acc, easy_task, finetune_cfg
+    from tests.glue_support import dev_acc, easy_task, finetune_cfg
 
     backbone = load_backbone(str(lstm_run / "run"))
     assert not backbone.model_cfg.family.bidirectional

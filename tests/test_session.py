@@ -79,7 +79,7 @@ def test_lm_finetune_hands_only_typed_objects_down(tmp_path, monkeypatch):
     import lm.glue.run as glue_run
     from lm.cli.finetune import finetune
     from lm.model.config import ModelConfig
-    from tests.test_finetune import TINY, finetune_cfg
+    from tests.glue_support import TINY, finetune_cfg
 
     seen = {}
     real_class, real_engine = setup.engine_class, setup.make_engine

@@ -14,7 +14,7 @@ from lm.cli.transfer import run_transfer
 from lm.cli.transfer_recipe import Recipe, TransferError, check_finetune_overrides
 from lm.report.transfer import curve_table, find_transfers, transfer_table, write_curve_report
 from tests.engine_support import metrics
-from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
+from tests.glue_support import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 
 TINY_MODEL = ["model.vocab_size=320", "model.dim=32", "model.n_layers=1", "model.n_heads=2", "model.max_seq_len=32"]
 

@@ -10,7 +10,7 @@ import pytest
 from lm.cli.transfer import run_transfer
 from lm.cli.transfer_recipe import Recipe, TransferError
 from lm.report.transfer import compare, find_transfers, overrides, series_labels
-from tests.test_finetune import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
+from tests.glue_support import easy_glue, sentence  # noqa: F401 - the easy SST-2-shaped task (a fixture)
 from tests.test_transfer import corpus, recipe  # noqa: F401 - the tiny corpus (a fixture) and recipe
 
 CMP = compare(
