@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from lm.config_base import (  # noqa: F401 - the root re-exports the leaf
     Choice,
     ConfigError,
+    check_seeds,
     composition_error,
     conf_dir,
     explain,

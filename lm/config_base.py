@@ -25,6 +25,18 @@ class Choice(str, Enum):
     __format__ = str.__format__
 
 
+# torch.manual_seed's largest seed; numpy's generators (the data order: lm/data/collate.py, lm/glue/trainer.py)
+# take no negative one, so seed=-1 trained until the first batch and ended in numpy's traceback
+MAX_SEED = 2**64 - 1
+
+
+def check_seeds(key: str, seeds, example: str) -> None:
+    """Refuse a seed the generators cannot take, naming the key (`seed`, `tasks.rte.seeds`) and `example`."""
+    bad = [s for s in seeds if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_SEED]
+    if bad:
+        raise ConfigError(f"{key}: {bad[0]!r} is not a seed (an integer from 0 to 2**64-1); e.g. {example}")
+
+
 def conf_dir():
     """The Hydra config directory: lm/conf, a link to the repository's top-level conf/ (a wheel carries
     a copy), so installed and editable packages find the same configs."""

@@ -189,8 +189,9 @@ def test_a_user_error_under_torchrun_is_said_once(override, line, tmp_path):
         (["--tokens", "nan"], "must be finite"),
         (["--tokens", "inf"], "must be finite"),
         (["--tokens", "x"], "not a number of tokens"),
-        (["--seeds", "a"], "integer seeds"),
-        (["--seeds="], "integer seeds"),
+        (["--seeds", "a"], "'a' is not a comma-separated list of seeds"),
+        (["--seeds="], "'' is not a comma-separated list of seeds"),
+        (["--seeds", "0,-1"], "'0,-1' is not a comma-separated list of seeds, integers >= 0, e.g. 0,1,2"),
         (["--tasks", "sst2,sst3"], "'sst2,sst3': sst3: not a GLUE task; choose from cola,sst2,mrpc,stsb,qqp,mnli,"),
         (["--tasks", ","], "',': no task; choose from cola,sst2"),
     ],
@@ -308,6 +309,19 @@ def test_a_key_added_with_plus_is_refused_naming_the_close_match(tmp_path, overr
     with pytest.raises(ConfigError) as e:
         train(cfg, loaders=loaders(compose(tiny_overrides(tmp_path / "run", 2))))
     assert message in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("seed", ["-1", "18446744073709551616"])
+def test_a_seed_numpy_or_torch_cannot_take_is_refused_before_any_work(tmp_path, seed):
+    """seed=-1 trained up to the first batch, then ended in numpy's traceback ('expected non-negative integer',
+    from the loader's default_rng); 2**64 in torch.manual_seed's. Now one line before the run_dir is made."""
+    from lm.cli.train import train
+
+    cfg = compose(tiny_overrides(tmp_path / "run", 2) + [f"seed={seed}"])
+    with pytest.raises(ConfigError) as e:
+        train(cfg, loaders=loaders(compose(tiny_overrides(tmp_path / "run", 2))))
+    assert str(e.value) == f"seed: {seed} is not a seed (an integer from 0 to 2**64-1); e.g. seed=1337"
     assert not (tmp_path / "run").exists()
 
 

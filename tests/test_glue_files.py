@@ -235,3 +235,19 @@ def test_unknown_preset_and_unknown_key():
         compose_tasks("task=glue/squad")
     with pytest.raises(Exception, match="lr_typo"):
         compose_tasks("task=glue/rte", "tasks.rte.lr_typo=1")
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("tasks.rte.seeds=[0,-1]", "tasks.rte.seeds: -1 is not a seed (an integer from 0 to 2**64-1); e.g. "),
+        ("protocol.seeds=[-2,0]", "protocol.seeds: -2 is not a seed (an integer from 0 to 2**64-1); e.g. "),
+    ],
+)
+def test_a_negative_finetuning_seed_is_refused_when_the_job_is_typed(override, line):
+    """tasks.rte.seeds=[-1] passed the checks, then the task's data order (default_rng(-1)) ended the job in numpy's
+    traceback after the model was loaded; lm transfer --seeds 0,-1 got there after its pretraining."""
+    extra = ["protocol=turc"] if override.startswith("protocol") else []
+    with pytest.raises(ConfigError) as e:
+        compose_tasks("task=glue/rte", *extra, override)
+    assert str(e.value).startswith(line)

@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lm.cli.errors import entry
-from lm.config import ConfigError, check_known_keys, explain, register_train_configs, run_schema
+from lm.config import ConfigError, check_known_keys, check_seeds, explain, register_train_configs, run_schema
 from lm.constants import BERT_MLM_CORRUPTION
 from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_train
 from lm.core.elastic import keep_global_batch
@@ -158,6 +158,7 @@ def _check(run) -> None:
     from lm.model.validate import check_objective, refuse_unread
 
     train_cfg, model_cfg = run.train, run.model
+    check_seeds("seed", [run.seed], "seed=1337")
     validate_train(train_cfg, run.optim, run.sched)
     validate_model(model_cfg)
     refuse_unread(model_cfg)  # an override the model would not read: the user's config only, never a saved one

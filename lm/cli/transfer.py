@@ -208,8 +208,8 @@ def seeds_arg(text: str) -> list[int]:
     """--seeds: comma-separated integers, at least one, each once (0,0 ran seed 0 once, but its records said
     [0, 0] and a later --seeds 0 was refused as another recipe's)."""
     seeds = [s.strip() for s in text.split(",")]
-    if not all(s.lstrip("-").isdigit() for s in seeds):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integer seeds, e.g. 0,1,2")
+    if not all(s.isdigit() for s in seeds):  # no sign: numpy's generators take no negative seed (lm finetune's check)
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of seeds, integers >= 0, e.g. 0,1,2")
     return list(dict.fromkeys(int(s) for s in seeds))
 
 

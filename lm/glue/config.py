@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from lm.config import Choice, ConfigError, check_known_keys
+from lm.config import Choice, ConfigError, check_known_keys, check_seeds
 from lm.core.config import (
     CompileMode,
     Device,
@@ -294,6 +294,7 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
     _validate_task_numbers(cfg, where)
     if not cfg.seeds:
         raise ConfigError(f"{where}.seeds is empty; give at least one seed, e.g. {where}.seeds=[0]")
+    check_seeds(f"{where}.seeds", cfg.seeds, f"{where}.seeds=[0,1,2]")
     if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
         raise ConfigError(f"{where}.max_train_examples={cfg.max_train_examples} must be >= 1 or null")
 
@@ -336,6 +337,7 @@ def validate_protocol(p: GridProtocol) -> None:
         bad("task_epochs", "must map tasks to finite numbers > 0")
     if not p.seeds or len(set(p.seeds)) < len(p.seeds):
         bad("seeds", "must be distinct seeds, the first one selecting the cell, e.g. protocol.seeds=[0,1,2]")
+    check_seeds("protocol.seeds", p.seeds, "protocol.seeds=[0,1,2]")
 
 
 def _finite(x) -> bool:
