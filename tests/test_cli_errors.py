@@ -325,6 +325,28 @@ def test_a_seed_numpy_or_torch_cannot_take_is_refused_before_any_work(tmp_path, 
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize(
+    "text,whose",
+    [("my: notes\n", "not an lm train run's"), ("tasks: {}\ninit: none\n", "an lm finetune job's"), ("", "not an")],
+)
+def test_a_run_dir_whose_config_yaml_is_not_lm_trains_is_refused_and_kept(tmp_path, text, whose):
+    """run_dir=<a directory of the user's> holding their config.yaml (or an lm finetune job's run_dir): lm train wrote
+    its own config.yaml over it (train.log and metrics.jsonl are appended to, the other files left alone)."""
+    from lm.cli.train import train
+
+    run_dir = tmp_path / "mine"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(text)
+    cfg = compose(tiny_overrides(run_dir, 2))
+    with pytest.raises(ConfigError) as e:
+        train(cfg, loaders=loaders(cfg))
+    assert str(e.value).startswith(f"run_dir={run_dir} holds a config.yaml that is {whose}")
+    assert f"pick a new run_dir (e.g. run_dir={tmp_path / 'mine_pretrain'})" in str(e.value)
+    assert (run_dir / "config.yaml").read_text() == text and sorted(p.name for p in run_dir.iterdir()) == [
+        "config.yaml"
+    ]
+
+
 def test_the_composed_defaults_have_no_stray_keys():
     check_known_keys(compose(["model=tiny"]))
 

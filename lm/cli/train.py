@@ -77,6 +77,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     train_cfg, optim_cfg, sched_cfg, model_cfg = run.train, run.optim, run.sched, run.model
     _check(run)
+    refuse_foreign_config(Path(run.run_dir))
     if train_cfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
         torch.set_num_threads(train_cfg.threads)
     engine_cls = engine_class(run, get_class)
@@ -168,6 +169,29 @@ def _check(run) -> None:
             f"train.seq_len={train_cfg.seq_len} exceeds model.max_seq_len={model_cfg.max_seq_len}; "
             f"lower train.seq_len or raise model.max_seq_len"
         )
+
+
+def refuse_foreign_config(run_dir: Path) -> None:
+    """A run_dir whose config.yaml is not an lm train run's (a file of the user's, an lm finetune job's record) is
+    refused before anything is written: lm train writes its own config.yaml there, which replaced it without a word
+    (resume=false sets aside only a run's files, lm/core/session.py RUN_MARKS)."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        return
+    try:
+        cfg = yaml.safe_load(path.read_text())
+    except (OSError, ValueError, yaml.YAMLError):  # ValueError: not UTF-8
+        cfg = None
+    keys = set(cfg) if isinstance(cfg, dict) else set()
+    if {"model", "train", "optim", "data"} <= keys and "tasks" not in keys:  # lm finetune's has tasks and init
+        return
+    whose = "an lm finetune job's" if {"tasks", "init"} <= keys else "not an lm train run's"
+    raise ConfigError(
+        f"run_dir={run_dir} holds a config.yaml that is {whose}; lm train would write its own config.yaml over it: "
+        f"pick a new run_dir (e.g. run_dir={run_dir.parent / (run_dir.name + '_pretrain')}), or move the file"
+    )
 
 
 def _log_start(engine, world_size: int, device, train_cfg: TrainConfig, run_dir: Path) -> None:
