@@ -13,7 +13,7 @@ from lm.data.config import data_preset
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
 from lm.data.prepare import ensure_prepared, prepare
-from lm.data.tokenizer import Tokenizer
+from lm.data.tokenizer import Tokenizer, TokenizerError
 
 STORIES = [
     f"Story {i}: " + " ".join(["Once upon a time a little fox found a shiny stone."] * (1 + i % 4)) for i in range(200)
@@ -352,6 +352,30 @@ def _cli_error(argv) -> str:
         main(argv)
     assert isinstance(e.value.code, str) and "\n" not in e.value.code, e.value.code  # one line, status 1
     return e.value.code
+
+
+def test_a_mistyped_tokenizer_kind_names_the_kinds_before_anything_is_made(tmp_path, stories):
+    """--tokenizer chr was read as a path: refused after .out.partial was made, with 'run lm prepare to train one'."""
+    line = _cli_error([str(stories), "--out", str(tmp_path / "out"), "--tokenizer", "chr", "--no-progress"])
+    assert line == (
+        "lm prepare: data.tokenizer=chr (lm prepare --tokenizer) is neither a tokenizer to train (bpe, unigram, char) "
+        "nor an existing tokenizer.json (or a directory holding one); did you mean char?"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stories.txt"]
+
+
+def test_a_damaged_tokenizer_file_of_the_users_is_not_sent_to_lm_prepare_force(tmp_path, stories):
+    """'re-run lm prepare --force to rebuild it' is the fix for a prepared directory's own file only; a file given by
+    path (--tokenizer mine.json) is no output lm prepare could rebuild."""
+    (tmp_path / "mine.json").write_text("{not json")
+    line = _cli_error([str(stories), "--out", str(tmp_path / "out"), "--tokenizer", str(tmp_path / "mine.json")])
+    assert line.endswith("; pass a tokenizer.json that lm prepare or the Hugging Face tokenizers library wrote")
+    (tmp_path / "prepared").mkdir()
+    (tmp_path / "prepared" / "meta.json").write_text("{}")
+    (tmp_path / "prepared" / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError) as e:
+        Tokenizer.load(tmp_path / "prepared")
+    assert str(e.value).endswith(f"; re-run lm prepare --force --out {tmp_path / 'prepared'} to rebuild it")
 
 
 def test_force_replaces_only_a_directory_lm_prepare_wrote(tmp_path, stories):

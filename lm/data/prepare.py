@@ -342,6 +342,22 @@ def _outside(files: list, out: Path) -> list:
     return kept
 
 
+def _check_tokenizer_source(tokenizer: str) -> None:
+    """data.tokenizer is a kind to train or an existing tokenizer.json. A typo (`--tokenizer chr`) was read as a path
+    and refused only after the output's partial directory was made, in a line naming neither the kinds nor the typo."""
+    import difflib
+
+    path = Path(tokenizer).expanduser()
+    if tokenizer in KINDS or path.is_file() or (path / TOKENIZER).is_file():
+        return
+    close = difflib.get_close_matches(tokenizer, KINDS, n=1)
+    raise DataError(
+        f"data.tokenizer={tokenizer} (lm prepare --tokenizer) is neither a tokenizer to train ({', '.join(KINDS)}) "
+        f"nor an existing tokenizer.json (or a directory holding one)"
+        + (f"; did you mean {close[0]}?" if close else "")
+    )
+
+
 def _starting(out: Path, files) -> str:
     """The first line of a fresh preparation: what is prepared where, from how much."""
     size = sum(f.stat()[0] for f in files if f.format != "hf")
@@ -367,6 +383,7 @@ def prepare(
         if _check_out(out, content, force, hint, files):
             say(f"{out} is already prepared with these settings; nothing to do")
             return out
+        _check_tokenizer_source(cfg.tokenizer)  # after the check above: data prepared from a file since moved is kept
         partial = out.with_name(f".{out.name}.partial")
         fp = fingerprint(content, files)
         state = _start(partial, fp, restart)

@@ -63,6 +63,14 @@ def special_tokens(n_sentinels: int) -> list[str]:
     return [*SPECIAL_TOKENS.values(), *(sentinel(i) for i in range(n_sentinels))]
 
 
+def _rebuild_hint(path: Path) -> str:
+    """How to get a good file in place of a damaged one: lm prepare rebuilds its own (a meta.json beside it); a file
+    given by path (lm prepare/export/eval --tokenizer) is not lm prepare's to rebuild."""
+    if (path.parent / "meta.json").is_file():
+        return f"re-run lm prepare --force --out {path.parent} to rebuild it"
+    return "pass a tokenizer.json that lm prepare or the Hugging Face tokenizers library wrote"
+
+
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus the special-token ids this project relies on.
 
@@ -107,9 +115,7 @@ class Tokenizer:
         try:
             tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # the Rust side raises plain Exception
-            raise TokenizerError(
-                f"{path}: not a valid tokenizer.json ({e}); re-run lm prepare --force to rebuild it"
-            ) from None
+            raise TokenizerError(f"{path}: not a valid tokenizer.json ({e}); {_rebuild_hint(path)}") from None
         out = cls(tok, source=str(path))
         out._file_sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
         return out
