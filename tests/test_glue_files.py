@@ -251,3 +251,19 @@ def test_a_negative_finetuning_seed_is_refused_when_the_job_is_typed(override, l
     with pytest.raises(ConfigError) as e:
         compose_tasks("task=glue/rte", *extra, override)
     assert str(e.value).startswith(line)
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("seed=5", "seed=5 does not seed lm finetune: each task runs its tasks.<name>.seeds (e.g. tasks.rte.seeds=[5]"),
+        ("tasks.rte.seeds=[0,0]", "tasks.rte.seeds=[0, 0] repeats a seed"),
+    ],
+)
+def test_a_seed_lm_finetune_would_not_run_as_asked_is_refused(override, line):
+    """seed=5 was accepted and seeded nothing (a sweep seed=0,1,2 ran three identical jobs); tasks.rte.seeds=[0,0] ran
+    seed 0 once, where protocol.seeds refused the same repeat."""
+    with pytest.raises(ConfigError) as e:
+        compose_tasks("task=glue/rte", override)
+    assert str(e.value).startswith(line)
+    compose_tasks("task=glue/rte", "seed=0", "tasks.rte.seeds=[0,1]")  # the default seed and distinct ones compose

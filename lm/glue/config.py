@@ -187,7 +187,7 @@ class FinetuneSchema:
     init: str = MISSING  # lm train run dir | checkpoint dir | lm export dir | none
     tokenizer: str | None = None  # tokenizer.json or a prepared data dir; default: the checkpoint's own
     run_dir: str = "runs/finetune/${lm.run_name:}"  # named by the overrides: rerun = resume
-    seed: int = 0  # unused by the tasks (tasks.<name>.seeds are the seeds); kept for sweeps that tag runs
+    seed: int = 0  # refused unless 0: the seeds are tasks.<name>.seeds (protocol.seeds)
     resume: bool = True  # continue each unfinished task/seed from its checkpoint; skip the finished ones
     predict_test: bool = True  # write the leaderboard's submission files
     save_best: bool = False  # also save the best-dev weights under <run_dir>/<task>/seed<k>/best
@@ -227,6 +227,11 @@ def validate_finetune(job: FinetuneSchema) -> None:
         validate_glue_task(t)
     if job.protocol is not None:
         validate_protocol(job.protocol)
+    if job.seed != 0:  # a sweep seed=0,1,2 ran three identical jobs: the tasks' seeds are their own
+        raise ConfigError(
+            f"seed={job.seed} does not seed lm finetune: each task runs its tasks.<name>.seeds (e.g. "
+            f"tasks.{next(iter(job.tasks))}.seeds=[{job.seed}]; with protocol=..., protocol.seeds); drop seed="
+        )
     if not isinstance(job.glue.pad_to_multiple_of, int) or job.glue.pad_to_multiple_of < 1:
         raise ConfigError(
             f"glue.pad_to_multiple_of={job.glue.pad_to_multiple_of!r} must be a positive integer (1 = no rounding)"
@@ -295,6 +300,10 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
     if not cfg.seeds:
         raise ConfigError(f"{where}.seeds is empty; give at least one seed, e.g. {where}.seeds=[0]")
     check_seeds(f"{where}.seeds", cfg.seeds, f"{where}.seeds=[0,1,2]")
+    if len(set(cfg.seeds)) < len(cfg.seeds):  # [0,0] ran seed 0 once under one directory: protocol.seeds' rule
+        raise ConfigError(
+            f"{where}.seeds={list(cfg.seeds)} repeats a seed; give distinct seeds, e.g. {where}.seeds=[0,1,2]"
+        )
     if cfg.max_train_examples is not None and cfg.max_train_examples < 1:
         raise ConfigError(f"{where}.max_train_examples={cfg.max_train_examples} must be >= 1 or null")
 
