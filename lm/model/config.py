@@ -1,6 +1,4 @@
-"""The model's config schema: ModelConfig (defined beside the slot schemas its fields hold, lm/model/options.py,
-whose checks read it: one module, no import cycle), ModelSchema and their Hydra registration, presets and saved
-configs.
+"""The model's config schema: ModelConfig, its Hydra registration, presets and saved configs.
 
 A choice that changes which class is built is a config group (model/norm, model/ffn, model/pos, model/attn):
 each option is a dataclass in lm/model/options.py (its `_target_` and its own hyperparameters) and one YAML
@@ -15,7 +13,7 @@ which imports this module (never the reverse).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lm.config_base import ConfigError
 from lm.model.choices import Activation, Arch, Init, LinearKind, NormPosition, TieEmbeddings  # noqa: F401
@@ -36,7 +34,6 @@ from lm.model.options import (  # noqa: F401
     LearnedConfig,
     MemoryConfig,
     MLPConfig,
-    ModelConfig,
     MoEConfig,
     NoPositionConfig,
     NormConfig,
@@ -57,6 +54,107 @@ from lm.model.options import (  # noqa: F401
 )
 from lm.model.registry import schema_name, slots  # noqa: F401
 from lm.model.upgrade import MOVED_TARGETS, moved_override, upgrade_saved
+
+
+@dataclass
+class ModelConfig:
+    """Hyperparameters of one model. The parent (this config) supplies shapes to components.
+
+    `norm`, `ffn`, `pos` and `attn` are typed component nodes (`_target_` + own hyperparameters), chosen
+    by the config groups model/norm, model/ffn, model/pos and model/attn.
+    """
+
+    arch: Arch = Arch.decoder
+    vocab_size: int = 256
+    dim: int = 64
+    n_layers: int = 2
+    n_decoder_layers: int | None = None  # encoder_decoder only; defaults to n_layers
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (MHA); 1 = MQA; in between = GQA
+    head_dim: int | None = None  # None = dim // n_heads
+    max_seq_len: int = 128
+    norm_position: NormPosition = NormPosition.pre
+    norm_eps: float = 1e-5
+    bias: bool = True  # biases in attention and feed-forward projections
+    ffn_bias: bool | None = None  # biases in the feed-forward projections; None = same as bias (HF Llama mlp_bias)
+    qk_norm: bool = False  # normalise q and k per head before the dot product (Dehghani et al. 2023)
+    attn_scale: float | None = None  # None = 1/sqrt(head_dim); T5 uses 1.0
+    attn_scale_by_layer: bool = False  # also divide layer i's scores by i+1 (HF GPT-2 scale_attn_by_inverse_layer_idx)
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    # true/false or one of TieEmbeddings (Narang et al. 2021's rows); see ModelConfig.tying for what bools mean
+    tie_embeddings: bool | str = True
+    scale_embeddings: bool = False  # multiply token embeddings by sqrt(dim) (Vaswani et al. 2017)
+    embed_norm: bool = False  # norm after the embeddings (BERT)
+    final_norm: bool = True  # norm after the last block (pre-norm stacks need it)
+    n_segments: int = 0  # segment (token type) embeddings, BERT uses 2
+    mlm_transform: bool = False  # BERT's dense+act+norm before the MLM output layer
+    mlm_activation: Activation = Activation.gelu  # the activation of that transform (HF BERT uses hidden_act for it)
+    # Masked LM: the head (transform + vocabulary projection) runs on the masked positions only, ~15% of them (sparse
+    # prediction, Geiping & Goldstein 2022): the same loss, a fraction of the head's cost. Not under torch.compile.
+    sparse_prediction: bool = True
+    logit_scale: float = 1.0  # T5 scales tied outputs by dim**-0.5
+    pad_token_id: int = 0
+    decoder_start_token_id: int = 0  # encoder_decoder: first decoder input (T5 uses pad)
+    init: Init = Init.gpt2
+    init_std: float = 0.02
+    loss_chunk_size: int = 0  # >0: chunked output projection + cross-entropy (tokens per chunk)
+    activation_checkpointing: bool = False
+    linear: LinearKind = LinearKind.auto  # fp32 CPU eager matmuls on oneDNN where it is there (lm/model/linear.py)
+    # Fused CUDA kernels per op (lm/model/kernels.py): torch (off) by default, each one switch
+    kernels: KernelsConfig = field(default_factory=KernelsConfig)
+    norm: NormConfig = field(default_factory=LayerNormConfig)
+    ffn: FFNConfig = field(default_factory=MLPConfig)
+    pos: PosConfig = field(default_factory=LearnedConfig)
+    attn: AttnConfig = field(default_factory=ScaledDotConfig)
+    # The slots the core leaves empty: zoo options (lm/zoo), chosen by model/block and model/stack.
+    block: BlockConfig | None = None  # None: the vanilla self-attention, [cross-attention,] FFN block
+    stack: StackConfig | None = None  # None: lm/model/stack.py's Stack of n_layers distinct blocks
+    memory: MemoryConfig | None = None  # None: an encoder-decoder's decoder reads the encoder's last state
+    embedding: EmbeddingConfig | None = None  # model/embedding (lm/zoo); None: one (V, D) table
+    output: OutputConfig | None = None  # model/output (the zoo's adaptive softmax, MoS); None: the softmax LM head
+    # model/family (lm/zoo): the model built in place of model.arch's; None: the arch's class
+    family: FamilyConfig | None = None
+
+    @property
+    def tying(self) -> TieEmbeddings:
+        """tie_embeddings resolved: true = all (every table there is shares one matrix); false = the output has
+        its own matrix, and an encoder-decoder's two stacks still share their input table (so that saved
+        configs of tie_embeddings=false keep the weights' layout they trained with)."""
+        if self.tie_embeddings is True:
+            return TieEmbeddings.all
+        if self.tie_embeddings is False:
+            two_stacks = self.arch == Arch.encoder_decoder
+            return TieEmbeddings.encoder_decoder_inputs if two_stacks else TieEmbeddings.none
+        return TieEmbeddings(self.tie_embeddings)
+
+    @property
+    def output_tied(self) -> bool:
+        """The output projection is the (decoder's) input embedding matrix."""
+        return self.tying in (TieEmbeddings.all, TieEmbeddings.decoder_input_output)
+
+    @property
+    def shared_inputs(self) -> bool:
+        """An encoder-decoder's encoder reads the decoder's input embedding table."""
+        return self.tying in (TieEmbeddings.all, TieEmbeddings.encoder_decoder_inputs)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.dim // self.n_heads
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.n_decoder_layers or self.n_layers
+
+    @property
+    def mlm_corruption(self) -> tuple[float, float]:
+        """Of an mlm batch's predicted positions, the fractions given [MASK] and a random token: the family's
+        (ELECTRA's 85/0), else BERT's 80/10 (FamilyConfig.mlm_corruption)."""
+        return (self.family or FamilyConfig()).mlm_corruption
 
 
 @dataclass
