@@ -188,6 +188,14 @@ def _worker(rank: int, world: int, port: int, overrides: list[str], objective: s
 
 def spawn(world: int, overrides: list[str], objective: str = "clm", timeout: float = 300) -> list:
     """Run lm.cli.train.train on `world` gloo ranks (torch.multiprocessing spawn); returns each rank's report."""
+    reports = spawn_reports(world, overrides, objective, timeout)
+    errors = [r for r in reports if r[1] != "ok"]
+    assert not errors and len(reports) == world, f"ranks failed: {errors or reports}"
+    return reports
+
+
+def spawn_reports(world: int, overrides: list[str], objective: str = "clm", timeout: float = 300) -> list:
+    """spawn's reports, each rank's (rank, "ok", info) or (rank, "error", traceback), whatever they say."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -204,6 +212,4 @@ def spawn(world: int, overrides: list[str], objective: str = "clm", timeout: flo
     reports = []
     while not out.empty():
         reports.append(out.get())
-    errors = [r for r in reports if r[1] != "ok"]
-    assert not errors and len(reports) == world, f"ranks failed: {errors or reports}"
     return sorted(reports, key=lambda r: r[0])

@@ -30,7 +30,7 @@ from torch import nn
 import lm.engine.float8 as float8
 from lm.engine.config import TrainSettings
 from lm.engine.dist import Dist, EngineError
-from lm.engine.formats import MODEL_OPTIM, check_grouping
+from lm.engine.formats import MODEL_OPTIM, check_grouping, group_sizes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -211,10 +211,14 @@ class Engine:
         """Restore what save_state wrote (tensors and plain containers only: weights_only=True)."""
         state = torch.load(Path(path) / MODEL_OPTIM, map_location=self.device, weights_only=True)
         self.module.load_state_dict(state["model"])
-        check_grouping(path, state["optimizer"], [len(g["params"]) for g in self.optimizer.param_groups])
+        check_grouping(path, group_sizes(state["optimizer"]), self.group_sizes())
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
+
+    def group_sizes(self) -> list[int]:
+        """The parameter count of each of this run's optimizer groups (lm.core.optim's weight decay rule)."""
+        return [len(g["params"]) for g in self.optimizer.param_groups]
 
     def load_resharded(self, path: Path, saved: dict) -> None:
         """Restore a checkpoint written by another engine class or world size (`saved`: its trainer.json
@@ -226,7 +230,7 @@ class Engine:
         if saved["format"] == "torch":
             self.load_state(path)
         elif saved["format"] == "dcp":
-            reshard.set_full_state(self.module, self.optimizer, reshard.full_from_dcp(Path(path) / "dcp"))
+            reshard.set_full_state(path, self.module, self.optimizer, reshard.full_from_dcp(Path(path) / "dcp"))
         else:
             import lm.engine.ds_reshard as ds_reshard
 
@@ -236,7 +240,7 @@ class Engine:
                 why += f"resume with {reshard.engine_option(saved)} on {saved['world_size']} rank(s)"
             if why:
                 raise reshard.refuse(path, saved, self.name, why)
-            reshard.set_full_state(self.module, self.optimizer, ds_reshard.full_from_deepspeed(path))
+            reshard.set_full_state(path, self.module, self.optimizer, ds_reshard.full_from_deepspeed(path))
 
     @classmethod
     def consolidated_state_dict(cls, path: Path, info: dict) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from torch import nn
 
 from lm.engine.base import Engine
 from lm.engine.dist import EngineError
-from lm.engine.formats import DCP, TAG, weights_only_loads
+from lm.engine.formats import DCP, TAG, check_grouping, group_sizes, weights_only_loads
 
 if TYPE_CHECKING:
     import deepspeed
@@ -193,7 +193,13 @@ class DeepSpeedEngine(Engine):
         if self.stage == 0 and self.dist.is_main:
             (Path(path) / TAG / GROUP_NAMES).write_text(json.dumps(self.group_names))
 
+    def group_sizes(self) -> list[int]:
+        return [len(g) for g in self.group_names]  # lm's AdamW's groups (DeepSpeed's own hold flat partitions)
+
     def load_state(self, path: Path) -> None:
+        sizes = _saved_group_sizes(Path(path) / TAG)
+        if sizes is not None:  # checked first: loading another grouping fails in DeepSpeed's or torch's words
+            check_grouping(path, sizes, self.group_sizes())
         with weights_only_loads():
             load_path, _ = self.model.load_checkpoint(
                 str(path), tag=TAG, load_optimizer_states=True, load_lr_scheduler_states=False, load_module_strict=True
@@ -217,6 +223,7 @@ class DeepSpeedEngine(Engine):
             full = reshard.full_from_dcp(Path(path) / DCP)
         else:
             full = reshard.full_from_torch_file(path, self.group_names)
+        check_grouping(path, group_sizes(full["optim"]), self.group_sizes())  # ZeRO would take another grouping
         ds_reshard.put_full_state(self.model, full)
 
     def _elastic_refusal(self, saved: dict) -> str | None:
@@ -283,6 +290,23 @@ def _undo_warmup_step(wrapper, inner: torch.optim.Optimizer) -> None:
             for master, param in zip(masters, params, strict=True):
                 master.copy_(param)
     inner.state.clear()
+
+
+def _saved_group_sizes(files: Path) -> list[int] | None:
+    """The parameter count of each optimizer group a DeepSpeed checkpoint saved, from its (first) model states file,
+    memory-mapped: ZeRO-1/2/3 record each group's parameter shapes; stage 0 keeps lm's AdamW's state_dict (fp32) or
+    DeepSpeed's wrapper of it (bf16/fp16: its fp32 master groups). None where it holds neither."""
+    found = sorted(files.glob("*model_states.pt"))  # stage 0, ZeRO-1/2: mp_rank_00_; ZeRO-3: zero_pp_rank_<r>_
+    if not found:
+        return None  # DeepSpeed's load says it found no checkpoint
+    with weights_only_loads():
+        saved = torch.load(found[0], map_location="cpu", mmap=True)
+    if saved.get("param_shapes"):
+        return [len(g) for g in saved["param_shapes"]]
+    optimizer = saved.get("optimizer") or {}
+    if "param_groups" in optimizer:
+        return group_sizes(optimizer)
+    return [len(g) for g in optimizer["fp32_groups"]] if "fp32_groups" in optimizer else None
 
 
 def _stage0_state(files: Path) -> dict[str, torch.Tensor]:

@@ -44,13 +44,18 @@ def check_dcp_metadata(dcp_dir: Path) -> None:
         _DCPMetadataUnpickler(f).load()
 
 
-def check_grouping(path: Path, saved: dict, own: list[int]) -> None:
-    """Refuse a checkpoint whose optimizer state (`saved`, an optimizer state_dict: its param_groups) holds the
-    parameters in groups other than this run's (`own`: the parameter count of each of its optimizer's groups).
-    Decided from the structure before the optimizer reads it, not from torch's load_state_dict ValueError, whose
-    wording is torch's to change. The one refusal for a same-layout resume (lm/engine/base.py) and an elastic
-    one (lm/engine/reshard.py)."""
-    sizes = [len(g["params"]) for g in saved["param_groups"]]
+def group_sizes(optimizer_state: dict) -> list[int]:
+    """The parameter count of each group of an optimizer state_dict (its param_groups' params lists)."""
+    return [len(g["params"]) for g in optimizer_state["param_groups"]]
+
+
+def check_grouping(path: Path, sizes: list[int], own: list[int]) -> None:
+    """Refuse a checkpoint whose optimizer state holds the parameters in groups other than this run's: `sizes` is
+    the parameter count of each group it saved, `own` this run's optimizer's. Decided from the saved structure before
+    the optimizer reads it, not from what loading it does, which differs by engine and is no clear refusal: torch's
+    load_state_dict raises a ValueError (single/DDP, DeepSpeed stage 0), FSDP2's set_state_dict loads and the first
+    step fails with KeyError 'betas', ZeRO-1/2 blames its parameter alignment setting, ZeRO-3 a tensor size. The
+    one refusal for every engine's resume: lm/engine/base.py, torch_engines.py (FSDP2), ds.py, reshard.py (elastic)."""
     if sizes == own:
         return
     raise EngineError(

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from lm.engine.dist import EngineError
-from lm.engine.formats import MODEL_OPTIM, check_dcp_metadata, check_grouping
+from lm.engine.formats import MODEL_OPTIM, check_dcp_metadata, check_grouping, group_sizes
 
 
 def group_names(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[list[str]]:
@@ -51,7 +51,7 @@ def full_from_torch_file(path: Path, groups: list[list[str]]) -> dict:
             f"{path}: its optimizer has {len(ids)} parameters in {len(saved['param_groups'])} "
             f"groups, this model's {len(order)} in {len(groups)}: not this model"
         )
-    check_grouping(path, saved, [len(g) for g in groups])  # the same parameters, grouped otherwise
+    check_grouping(path, group_sizes(saved), [len(g) for g in groups])  # the same parameters, grouped otherwise
     fqn = dict(zip(ids, order))
     optim = {
         "state": {fqn[i]: s for i, s in saved["state"].items()},
@@ -71,9 +71,12 @@ def full_from_dcp(dcp_dir: Path) -> dict:
         return torch.load(out, map_location="cpu", weights_only=True)
 
 
-def set_full_state(module: nn.Module, optimizer: torch.optim.Optimizer, full: dict) -> None:
-    """Put a full FQN-keyed state into `module` and `optimizer` (plain, DDP's module, or FSDP2-sharded)."""
+def set_full_state(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer, full: dict) -> None:
+    """Put a full FQN-keyed state (of checkpoint `path`) into `module` and `optimizer` (plain, DDP's module, or
+    FSDP2-sharded). Another grouping is refused first: set_state_dict would take it without a word."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    check_grouping(path, group_sizes(full["optim"]), [len(g["params"]) for g in optimizer.param_groups])
 
     set_state_dict(
         module,

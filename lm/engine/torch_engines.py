@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from lm.engine.base import Engine
-from lm.engine.formats import DCP, check_dcp_metadata
+from lm.engine.formats import DCP, check_dcp_metadata, check_grouping, group_sizes
 
 
 class DDPEngine(Engine):
@@ -163,6 +163,9 @@ class FSDP2Engine(Engine):
         check_dcp_metadata(Path(path) / DCP)
         load = dcp.load  # pyright: ignore[reportPrivateImportUsage] - as in save_state
         load(state, checkpoint_id=Path(path) / DCP)
+        # DCP has put the saved param_groups (lists of names) in place of this run's: set_state_dict would take
+        # another grouping without a word, and the first step fail with KeyError 'betas'
+        check_grouping(path, group_sizes(state["optim"]), self.group_sizes())
         set_state_dict(self.module, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
     def load_resharded(self, path: Path, saved: dict) -> None:
@@ -174,7 +177,7 @@ class FSDP2Engine(Engine):
             self.load_state(path)
         elif saved["format"] == "torch":
             groups = reshard.group_names(self.module, self.optimizer)
-            reshard.set_full_state(self.module, self.optimizer, reshard.full_from_torch_file(path, groups))
+            reshard.set_full_state(path, self.module, self.optimizer, reshard.full_from_torch_file(path, groups))
         else:
             super().load_resharded(path, saved)
 
