@@ -8,10 +8,13 @@ import lm.core.optim as optim
 
 
 def linear_only(model, weight_decay, decay_embeddings=False):
+    """lm.core.optim.param_groups as it was: Linear weights decayed, but not a head tied to an embedding table."""
     linear = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    decayed = linear | tables if decay_embeddings else linear - tables
     groups = ([], [])
     for p in model.parameters():
-        groups[id(p) not in linear].append(p)
+        groups[id(p) not in decayed].append(p)
     return [{"params": groups[0], "weight_decay": weight_decay}, {"params": groups[1], "weight_decay": 0.0}]
 
 

@@ -3,11 +3,11 @@ matrix but the embedding tables) is refused in lm.engine.formats.check_grouping'
 layout or elastic. Without the check each engine did something else: FSDP2 loaded it and its first step failed
 with KeyError 'betas'; DeepSpeed stage 0 raised torch's ValueError, ZeRO-1/2 blamed its parameter alignment
 setting, ZeRO-3 a tensor size; an elastic resume from FSDP2's or ZeRO's files loaded it without a word, the
-synthesizer's W and the tied embedding each in the other group (weight decay 0 <-> 0.1).
+synthesizer's W matrices in the undecayed group (weight decay 0 where today's is 0.1).
 
-The tiny model with the dense synthesizer: its W (head_dim, max_seq_len) is no Linear weight, and the tied LM head
-(a Linear) made the token table a decayed one under the old rule; so the old groups hold [9, 21] of its 30
-parameters, today's [10, 20]. The old rule is tests/old_grouping.py, an LM_PLUGINS module of the writing run.
+The tiny model with the dense synthesizer: its W (head_dim, max_seq_len), one per layer, is no Linear weight, so the
+old groups hold [8, 22] of its 30 parameters, today's [10, 20]. The old rule is tests/old_grouping.py (lm's
+param_groups as it was), an LM_PLUGINS module of the writing run.
 """
 
 import pytest
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
 EXTRA = ["sched=constant", "model/attn=synthesizer_dense"]
 REFUSAL = "its optimizer state groups the parameters otherwise than this run's AdamW; it groups its 30 parameters "
-REFUSAL += "as [9, 21], this run's as [10, 20]"
+REFUSAL += "as [8, 22], this run's as [10, 20]"
 
 
 def write_old(run_dir, engine, monkeypatch):
