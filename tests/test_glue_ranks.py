@@ -43,6 +43,17 @@ def test_a_batch_smaller_than_the_ranks_is_refused_naming_the_task():
         glue_task(100, 32)
 
 
+def test_fewer_training_examples_than_ranks_is_refused_naming_the_task():
+    """3 examples on 4 ranks (glue.max_train_examples=3, a smoke run): steps_per_epoch gives one step of 3, and
+    micro_batches gave rank 3 no micro-batch, so it skipped the forward and backward the other ranks waited in."""
+    from tests.test_elastic import glue_task
+
+    assert parts(3, 4, 8) == [[1], [1], [1], []]  # why: the fourth rank has nothing to run
+    with pytest.raises(ConfigError, match=r"tasks\.sst2: 3 training example\(s\) for 4 ranks"):
+        glue_task(3, 4)
+    glue_task(4, 4)  # one example each: trained
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_fsdp2_on_two_ranks_finetunes_a_batch_of_5_with_micro_batch_1_as_one_process(tmp_path):

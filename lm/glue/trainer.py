@@ -243,6 +243,12 @@ class GlueTask:
                 f"tasks.{cfg.name}.batch_size={cfg.batch_size} is smaller than the {world_size} ranks: every rank "
                 f"needs an example per step; set tasks.{cfg.name}.batch_size={world_size} or more, or use fewer ranks"
             )
+        if len(data.train.features) < world_size:  # steps_per_epoch's one step would leave a rank without one too
+            raise ConfigError(
+                f"tasks.{cfg.name}: {len(data.train.features)} training example(s) for {world_size} ranks: every rank "
+                f"needs an example per step; train on more examples (glue.max_train_examples, "
+                f"tasks.{cfg.name}.max_train_examples) or use fewer ranks"
+            )
         self.per_epoch = steps_per_epoch(cfg.batch_size, len(data.train.features), world_size)
         self.total = total_steps(cfg.epochs, self.per_epoch)
         self.batches = EpochBatches(
