@@ -128,3 +128,20 @@ def test_skip_on_deepspeed_is_refused_where_engines_are_made():
     train = types.SimpleNamespace(precision="fp32", on_nonfinite="skip")
     with pytest.raises(ConfigError, match="on_nonfinite=skip does not work with DeepSpeed"):
         make_engine(cfg, lambda node: FakeDeepSpeed, train, None)
+
+
+def test_the_largest_seed_seeds_every_rank():
+    """seed=2**64-1 passes lm.config_base.check_seeds; Session.build seeds rank r with seed + r, which on rank 1 ended
+    in torch.manual_seed's ValueError ('Overflow when unpacking long long'). It wraps: rank 1 draws as seed 0."""
+    import torch
+
+    from lm.config_base import MAX_SEED
+    from lm.core.setup import seed_everything
+
+    seed_everything(MAX_SEED + 1)
+    assert torch.initial_seed() == 0
+    wrapped = torch.rand(3)
+    seed_everything(0)
+    assert torch.equal(torch.rand(3), wrapped)
+    seed_everything(MAX_SEED)
+    assert torch.initial_seed() == MAX_SEED

@@ -65,6 +65,8 @@ def resolve_precision(train_cfg, device, say: bool):
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's global generators. `seed` is the run's seed + the rank (Session.build), which
+    passes torch.manual_seed's largest (2**64-1, lm.config_base.MAX_SEED) on rank 1 of seed=2**64-1: it wraps."""
     import random
 
     import numpy as np
@@ -72,7 +74,7 @@ def seed_everything(seed: int) -> None:
 
     random.seed(seed)
     np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % 2**64)
 
 
 def quiet_other_ranks(dist) -> None:
