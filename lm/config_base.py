@@ -5,8 +5,9 @@ which assembles RunSchema from the sections) is the only module that imports the
 the sections import this leaf, never the root (no import cycle). lm/config.py re-exports every name.
 """
 
+import re
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields
 from enum import Enum
 
@@ -84,23 +85,46 @@ def not_a_key(prefix: str, key: str, kind, plus: bool = False) -> str:
     )
 
 
-def composition_error(e: Exception) -> str | None:
+# Hydra's report of `+key=value` on a key the config has (no exception of OmegaConf's behind it): its second line
+# holds the override without its +, the third advises `++key=value`, which on a typed key is only the plain override
+APPEND_EXISTING = re.compile(
+    r"^Could not append to config\. An item is already at '(.+)'\.\nEither remove \+ prefix: '(.*)'$", re.M
+)
+# ...and of `+group=option` on a group the defaults list already chooses (`+model=gpt2`): its advice is YAML's
+CHOSEN_GROUP = re.compile(r"^Multiple values for (\S+)\. To override a value use 'override ")
+
+
+def composition_error(e: Exception, overrides: Sequence[str] = ()) -> str | None:
     """One line for an override Hydra could not apply to the composed config (a mistyped key, a value of the wrong
-    type), or None when OmegaConf did not refuse it (a missing config file: Hydra's report lists the options).
-    Hydra's own report takes 5-7 lines, and for a mistyped key it advises `+key=value`, which appends a key nothing
-    reads (lm refuses it: lm.config.check_known_keys); this line names the closest key instead."""
+    type, a `+` on a key or group already there), or None when OmegaConf did not refuse it (a missing config file:
+    Hydra's report lists the options). Hydra's own report takes 5-7 lines, and for a mistyped key it advises
+    `+key=value`, which appends a key nothing reads (lm refuses it: lm.config.check_known_keys); this line names the
+    closest key instead. `overrides`: the command line, to name the `+group=option` that chose a group twice."""
     from dataclasses import is_dataclass
 
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     cause = e.__cause__
     if not isinstance(cause, OmegaConfBaseException):
-        return None
+        return _plus_on_existing(str(e), overrides)
     kind, full_key, key = getattr(cause, "object_type", None), getattr(cause, "full_key", None), cause.key
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and is_dataclass(kind) and full_key and key:
         return not_a_key(full_key[: len(full_key) - len(str(key))], str(key), kind)
     what = str(getattr(cause, "msg", cause)).strip().splitlines()[0]  # OmegaConf's next lines repeat the key
     return f"{full_key}: {what}" if full_key else f"{str(e).strip().splitlines()[0].rstrip('.')}: {what}"
+
+
+def _plus_on_existing(message: str, overrides: Sequence[str]) -> str | None:
+    """The line for a `+` on what the config already has (Hydra's APPEND_EXISTING or CHOSEN_GROUP), else None."""
+    if found := APPEND_EXISTING.search(message):
+        key, plain = found.groups()
+        return f"+{plain}: {key} exists already (a + adds a key the config lacks); drop the +: {plain}"
+    group = found.group(1) if (found := CHOSEN_GROUP.search(message)) else None
+    arg = next((a for a in overrides if group and a.startswith("+") and a.lstrip("+").partition("=")[0] == group), None)
+    if arg is None:  # a config file's defaults list chose the group twice: Hydra's report names it
+        return None
+    plain = arg.lstrip("+")
+    return f"{arg}: {group} has an option already (the defaults list chooses one); drop the +: {plain}"
 
 
 # OmegaConf's assertion when an override sets a field inside a node that is null (model.family.hidden=512 on a

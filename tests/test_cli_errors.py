@@ -218,6 +218,10 @@ def test_bad_numbers_are_usage_errors(command, args, what, capsys, tmp_path):
         ),
         ({"pretrain": ["model=lstm"]}, "--pretrain model=lstm: the model family rnn is not one the recipe finetunes"),
         ({"pretrain": ["+train.max_step=20"]}, "did you mean train.max_steps?"),
+        (
+            {"pretrain": ["+seed=3"]},
+            "--pretrain +seed=3: +seed=3: seed exists already (a + adds a key the config lacks)",
+        ),
     ],
 )
 def test_bad_recipes_are_refused_before_any_work(kw, what, tmp_path):

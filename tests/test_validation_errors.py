@@ -341,6 +341,24 @@ def test_overrides_of_selected_tasks_pass(args, monkeypatch, tmp_path):
             ["task=glue/rte", "init=none", "tasks.rte.epoch=1"],
             "lm finetune: tasks.rte.epoch is not a key of tasks.rte (GlueTaskConfig); did you mean tasks.rte.epochs?",
         ),
+        (  # Hydra's 5 lines without the `lm train:` prefix, advising `++train.max_steps=3`
+            "lm.cli.train",
+            ["model=tiny", "+train.max_steps=3"],
+            "lm train: +train.max_steps=3: train.max_steps exists already (a + adds a key the config lacks); drop the "
+            "+: train.max_steps=3",
+        ),
+        (  # Hydra's advice here is a defaults list's `override model: gpt2`, which no command line takes
+            "lm.cli.train",
+            ["+model=gpt2"],
+            "lm train: +model=gpt2: model has an option already (the defaults list chooses one); drop the +: "
+            "model=gpt2",
+        ),
+        (
+            "lm.cli.finetune",
+            ["task=glue/rte", "init=none", "+tasks.rte.epochs=3"],
+            "lm finetune: +tasks.rte.epochs=3: tasks.rte.epochs exists already (a + adds a key the config lacks); "
+            "drop the +: tasks.rte.epochs=3",
+        ),
         (  # a recurrent model's field on a Transformer: OmegaConf's assertion, without this line a traceback
             "lm.cli.train",
             ["model=tiny", "model.family.hidden=512"],

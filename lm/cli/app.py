@@ -103,7 +103,7 @@ def _composition_errors_in_one_line(prog: str):
             try:
                 return func()
             except ConfigCompositionException as e:
-                line = composition_error(e)
+                line = composition_error(e, sys.argv[1:])
                 if line is None:
                     raise  # a missing config file: Hydra's report lists the options
                 sys.exit(f"{prog}: {line}")

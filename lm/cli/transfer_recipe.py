@@ -123,7 +123,7 @@ def pretrain_config(r: Recipe, max_steps: int | None = None):
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="train", overrides=overrides)
     except HydraException as e:  # one line: Hydra's second ("use +key=value to append") is wrong advice for a typo
-        why = composition_error(e) or str(e).strip().splitlines()[0]
+        why = composition_error(e, r.pretrain) or str(e).strip().splitlines()[0]
         raise TransferError(f"--pretrain {' '.join(r.pretrain)}: {why} (lm train --help lists the keys)") from None
     except AssertionError as e:  # a field of a null node (model.family.hidden=512 on a Transformer): OmegaConf asserts
         why = null_node_error(e, r.pretrain)
@@ -291,7 +291,7 @@ def finetune_config(r: Recipe, run_dir: Path, init: str, tokenizer: Path | None,
         with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
             cfg = compose(config_name="finetune", overrides=overrides)
     except HydraException as e:  # one line: Hydra's second ("use +key=value to append") is wrong advice here
-        why = composition_error(e) or str(e).strip().splitlines()[0]
+        why = composition_error(e, r.finetune) or str(e).strip().splitlines()[0]
         raise TransferError(f"--finetune {' '.join(r.finetune)}: {why}") from None
     for t in BUDGET_FIT_HEAD:  # unless --finetune sets it, the budget's score line follows how the pairs are read
         if (
