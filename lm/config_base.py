@@ -50,19 +50,22 @@ def to_typed(schema, data, prefix: str):
     """A dataclass of `schema` from a plain dict or DictConfig (a saved config, a command-line tool's
     flags): unknown keys, wrong types and choices fail with a ConfigError naming `prefix.<field>`."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
     try:
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), data))
     except OmegaConfBaseException as e:
-        raise ConfigError(
-            f"bad {prefix} config: {explain(e, prefix)}. Allowed fields: {sorted(f.name for f in fields(schema))}"
-        ) from None
+        # the fields for an unknown key; a bad value's line names what it takes (a choice's values) instead
+        known = f". Allowed fields: {sorted(f.name for f in fields(schema))}"
+        unknown = isinstance(e, (ConfigAttributeError, ConfigKeyError))
+        raise ConfigError(f"bad {prefix} config: {explain(e, prefix)}" + (known if unknown else "")) from None
 
 
 def explain(e: Exception, prefix: str = "") -> str:
     """OmegaConf's or Hydra's message on one line, with the full key it names (under `prefix`)."""
-    msg = "; ".join(line.strip() for line in str(getattr(e, "msg", e)).splitlines() if line.strip())
+    lines = [line.strip() for line in str(getattr(e, "msg", e)).splitlines()]
+    # OmegaConf's detail lines (`full_key: split`, `object_type=DataConfig`) repeat the key named in front
+    msg = "; ".join(line for line in lines if line and not line.startswith(("full_key:", "object_type=")))
     key = getattr(e, "full_key", None)
     if key and prefix:
         key = f"{prefix}.{key}"

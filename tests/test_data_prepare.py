@@ -533,3 +533,34 @@ def test_vocab_size_with_the_char_tokenizer_is_refused_not_ignored(tmp_path, sto
         "text; drop it, or pick --tokenizer bpe or unigram"
     )
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize(
+    "flag,value,line",
+    [
+        ("--split", "foo", "--split foo: no such choice; pick one of document, contiguous"),
+        (
+            "--split",
+            "contigous",
+            "--split contigous: no such choice; pick one of document, contiguous; did you mean contiguous?",
+        ),
+        ("--doc-split", "para", "--doc-split para: no such choice; pick one of file, line, blank_line, regex"),
+        ("--bad-records", "skipp", "--bad-records skipp: no such choice; pick one of error, skip; did you mean skip?"),
+    ],
+)
+def test_a_flag_given_no_choice_names_its_choices_not_every_data_field(tmp_path, stories, flag, value, line):
+    """--split foo was 'bad data config: data.split: Invalid value ...; full_key: split; object_type=DataConfig.
+    Allowed fields: [<all 31 data fields>]'."""
+    assert _cli_error([str(stories), "--out", str(tmp_path / "out"), flag, value]) == f"lm prepare: {line}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_value_in_the_python_api_names_the_choices_and_no_field_list():
+    from lm.config import ConfigError
+    from lm.data.prepare import data_config
+
+    with pytest.raises(ConfigError) as e:
+        data_config({"split": "foo"})
+    assert str(e.value) == "bad data config: data.split: Invalid value 'foo', expected one of [document, contiguous]"
+    with pytest.raises(ConfigError, match=r"data.vocab: Key 'vocab' not in 'DataConfig'. Allowed fields: \['append_"):
+        data_config({"vocab": 3})  # an unknown key still lists the keys there are

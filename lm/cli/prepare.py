@@ -76,6 +76,31 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_choices(given: dict) -> None:
+    """A flag that takes one of a few values (--split, --format, ...) given another: one line naming the flag and
+    its values (DataConfig's typing would name data.<field> and then every data field)."""
+    import difflib
+    from typing import get_type_hints
+
+    hints = get_type_hints(DataConfig)
+    for name, value in given.items():
+        allowed = _choices(hints[name])
+        if allowed and value not in allowed:
+            close = difflib.get_close_matches(str(value), allowed, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag} {value}: no such choice; pick one of {', '.join(allowed)}{hint}")
+
+
+def _choices(hint) -> list[str]:
+    """The values of an Enum field (`Split`, `Split | None`); [] for any other type."""
+    from enum import Enum
+    from typing import get_args
+
+    kind = next((t for t in (hint, *get_args(hint)) if isinstance(t, type) and issubclass(t, Enum)), None)
+    return [c.value for c in kind] if kind is not None else []
+
+
 @entry("lm prepare")
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
@@ -94,6 +119,7 @@ def main(argv: list[str] | None = None) -> None:
         given["source"] = args.sources if len(args.sources) > 1 else args.sources[0]
     if not args.out and not args.data:
         raise ConfigError("say where to write: --out DIR (or --data PRESET, whose dir is used)")
+    _check_choices(given)
     cfg = data_config({**base, **given})
     if "vocab_size" in given and cfg.tokenizer == "char":  # the char vocabulary is the text's characters
         raise ConfigError(
