@@ -203,6 +203,58 @@ def test_cli_writes_results_and_prints_a_table(exported, tmp_path, capsys):
     assert isinstance(e.value.code, str) and "\n" not in e.value.code and "no such directory" in e.value.code
 
 
+def test_a_mistyped_local_task_is_refused_with_the_closest_before_the_model_loads(monkeypatch):
+    """--tasks local_rtee loaded the model, indexed the harness's ~15,000 tasks (7 s here) and ended in its
+    "Spec 'local_rtee' is not a registered task/group/tag name", suggesting nothing."""
+    import lm.eval.saved
+    from lm.cli.eval import main
+
+    def never(*a, **kw):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(lm.eval.saved, "load_with_weights", never)
+    with pytest.raises(SystemExit) as e:
+        main(["nowhere", "--tasks", "probe,local_rtee"])
+    assert e.value.code == (
+        "lm eval: error: --tasks local_rtee: lm has no task of that name; did you mean local_rte? (lm's own: "
+        "local_glue, local_cola, local_mrpc, local_rte, local_sst2, local_wikitext2, probe)"
+    )
+
+
+def test_before_the_harness_index_only_lms_own_prefix_is_checked():
+    from lm.eval.harness import refuse_unknown
+
+    refuse_unknown(["hellaswag", "hellaswagg", "local_glue", "local_*", "local_sst?"], "--tasks")  # the harness's
+    with pytest.raises(HarnessError) as e:
+        refuse_unknown(["local_sst2", "local_qqp"], "train.eval_tasks")
+    assert str(e.value).startswith("train.eval_tasks local_qqp: lm has no task of that name (lm's own: local_glue,")
+
+
+def test_a_task_the_harness_lacks_is_refused_with_the_closest_before_the_probe_runs(exported, monkeypatch):
+    """--tasks probe,hellaswagg ran the probe, then the harness said its one line (no hint); the harness's own
+    names (rte, hellaswag, a glob) still pass."""
+    import lm.eval.harness as harness
+    import lm.eval.probe
+    from lm.cli.eval import main
+
+    built, build = [], harness.task_manager
+
+    def keep(tasks=()):  # the index lm eval builds, to ask it about the harness's own names below
+        built.append(build(tasks))
+        return built[-1]
+
+    monkeypatch.setattr(harness, "task_manager", keep)
+    monkeypatch.setattr(lm.eval.probe, "probe_model", lambda *a, **kw: pytest.fail("the probe ran"))
+    with pytest.raises(SystemExit) as e:
+        main([str(exported[0]), "--tasks", "probe,local_rte,hellaswagg", "--out", str(exported[0].parent / "e")])
+    assert e.value.code == (
+        "lm eval: error: --tasks hellaswagg: neither lm nor the harness has a task of that name; did you mean "
+        "hellaswag? (lm's own: local_glue, local_cola, local_mrpc, local_rte, local_sst2, local_wikitext2, probe)"
+    )
+    (index,) = built
+    harness.refuse_unknown(["rte", "hellaswag", "local_rte", "arc_*"], "--tasks", index)
+
+
 def test_cli_keeps_every_earlier_result_and_refuses_a_file_it_did_not_write(exported, tmp_path, capsys):
     """eval_results.json of other tasks, weights or settings was replaced; a user's file of that name too, and a
     file where --out's directory belongs failed only after the evaluation (a traceback, the results lost)."""

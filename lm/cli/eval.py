@@ -11,8 +11,9 @@ lm/eval/probe.py. Writes <out>/eval_results.json (default out: the checkpoint, o
 export, which holds only lm export's files so that lm export --force can replace it) and prints one table row
 per task and metric. The tasks of an earlier record there of the same weights and settings are kept beside the
 new ones; a record of other weights or settings is moved aside to eval_results.<UTC time>.json; a file of that
-name lm eval did not write is refused before anything is evaluated. A missing extra, an unknown path, an --out
-that cannot be written or a model that cannot be scored is one line on stderr, exit status 1.
+name lm eval did not write is refused before anything is evaluated. A missing extra, an unknown path or task
+(with the closest name), an --out that cannot be written or a model that cannot be scored is one line on stderr,
+exit status 1.
 """
 
 from __future__ import annotations
@@ -122,13 +123,19 @@ def run(args: argparse.Namespace) -> dict:
     from lm.eval.saved import load_with_weights
 
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    harness_tasks = [t for t in tasks if t != "probe"]
+    if harness_tasks:  # a mistyped local_ task, before the model loads (the harness's own index: after)
+        from lm.eval.harness import LOCAL_TASKS, refuse_unknown
+
+        ours = (*LOCAL_TASKS, "probe")
+        refuse_unknown(harness_tasks, "--tasks", ours=ours)
     model, tokenizer, weights = load_with_weights(args.path, args.tokenizer)
     file = results_file(args.out or default_out(args.path))  # refused now, not after the evaluation
-    harness_tasks = [t for t in tasks if t != "probe"]
     if harness_tasks:  # what the model cannot score is refused before the probe or any task runs
         from lm.eval.harness import LMAdapter, refuse_unscorable, task_manager
 
         index = task_manager(harness_tasks)
+        refuse_unknown(harness_tasks, "--tasks", index, ours=ours)  # the harness: after the probe, with no hint
         refuse_unscorable(index, harness_tasks, model.cfg.arch, "--tasks")
         adapter = LMAdapter(model, tokenizer, batch_size=args.batch_size, device=args.device)
     results: dict[str, dict[str, float]] = {}

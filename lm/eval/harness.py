@@ -254,6 +254,29 @@ def task_manager(tasks: Sequence[str] = ()):
     return TaskManager(include_path=str(TASKS_DIR), include_defaults=not ours_only)
 
 
+def refuse_unknown(names: Sequence[str], option: str, index=None, ours: Sequence[str] = LOCAL_TASKS) -> None:
+    """HarnessError for a task name nobody registered, naming the closest (`--tasks local_rtee`: did you mean
+    local_rte?); the harness says only "not a registered task", and only once the model is loaded and wrapped.
+    Without `index` (before the model is loaded: indexing the harness's ~15,000 tasks takes 6 s, most of a minute
+    on a small CPU) only the names of lm's own prefix local_ are checked, against `ours`; with it (task_manager's),
+    every name, as the harness matches them (a glob such as local_* too)."""
+    import difflib
+    import fnmatch
+
+    for name in names:
+        if index is not None:
+            if index.match_tasks([name]):
+                continue
+            known, what = [*ours, *index.all_tasks], "neither lm nor the harness has a task of that name"
+        elif name.startswith("local_") and not fnmatch.filter(ours, name):
+            known, what = list(ours), "lm has no task of that name"
+        else:
+            continue
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise HarnessError(f"{option} {name}: {what}{hint} (lm's own: {', '.join(ours)})")
+
+
 def rolling_tasks(index, names: Sequence[str]) -> list[str]:
     """The tasks among `names` (tags and groups expanded) that the task index says score rolling log-likelihoods
     (perplexity: local_wikitext2), which an encoder-decoder has none of; a task whose type the index does not
