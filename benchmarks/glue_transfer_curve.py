@@ -55,6 +55,7 @@ BEGIN, END = "<!-- curve:begin -->", "<!-- curve:end -->"
 ARCHIVE = Path("docs/glue_transfer/points")
 TINY_PRETRAIN = [
     "data=tinystories_sample_bpe",
+    "data.name=tinystories_sample_bpe_512",  # its own cache directory: the preset's 4096 one stays as it is
     "data.vocab_size=512",
     "model.vocab_size=512",
     "model.dim=32",

@@ -110,6 +110,7 @@ def test_help_describes_the_job():
 # The curve script's --tiny pretraining (benchmarks/glue_transfer_curve.py): the TinyStories slice, a 1 x 32 model
 TINY_PRETRAIN = [
     "data=tinystories_sample_bpe",
+    "data.name=tinystories_sample_bpe_512",  # its own cache directory: the preset's 4096 one stays as it is
     "data.vocab_size=512",
     "model.vocab_size=512",
     "model.dim=32",
