@@ -115,6 +115,17 @@ def _parked_in_cell_1(tmp_path, run_dir):
     return proc
 
 
+def _written(run_dir, step: str) -> None:
+    """Wait until `step`'s checkpoint is complete: the checkpoint before the parked step is written by a background
+    thread (train.async_checkpoint), which on a loaded machine may still be writing when the step parks."""
+    import time
+
+    latest, deadline = run_dir / "checkpoints" / "latest", time.time() + 300
+    while not (latest.is_file() and latest.read_text() == step):
+        assert time.time() < deadline, f"{latest} never named {step}"
+        time.sleep(0.2)
+
+
 def _same_as_whole(tmp_path, cells):
     for cell in ("0", "1", "2"):
         got, want = train_losses(cells / cell), train_losses(tmp_path / "whole" / cell)
@@ -133,6 +144,7 @@ def test_a_killed_sweep_run_again_resumes_its_unfinished_cell_exactly_and_skips_
 
     _finished(_sweep(tmp_path, "whole"))
     killed = _parked_in_cell_1(tmp_path, "sweep")
+    _written(tmp_path / "sweep" / "1", "step_00000001")
     os.kill(killed.pid, signal.SIGKILL)
     killed.communicate()
     cells = tmp_path / "sweep"
