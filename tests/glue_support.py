@@ -94,18 +94,7 @@ def pretrain(work, run_dir, max_steps: int) -> None:
         "train.ckpt_interval=3",
         "train.progress=false",
     ]
-    data = {
-        "name": "easy",
-        "dir": work / "data",
-        "source": work / "corpus.txt",
-        "tokenizer": "bpe",
-        "vocab_size": 320,
-        "n_sentinels": 0,
-        "workers": 1,
-        "val_fraction": 0.1,
-        "doc_split": "line",
-    }
-    overrides += ["~data", *(f"data.{k}={v}" for k, v in data.items())]  # no preset: DataConfig's defaults + these
+    overrides += corpus_data(work, "easy")
     with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
         cfg = compose(config_name="train", overrides=overrides)
     train(cfg)
@@ -142,3 +131,20 @@ def easy_pair_glue(root, similarity: bool = False):
     test = [[i, sentence(rng, i % 2), sentence(rng, 1)] for i in range(20)]
     write_tsv(root / "STS-B" / "test.tsv", ["index", "sentence1", "sentence2"], test)
     return root
+
+
+def corpus_data(work, name: str) -> list[str]:
+    """The data overrides of a small BPE corpus: work/corpus.txt, one document per line, prepared into work/data.
+    No preset: DataConfig's defaults + these."""
+    data = {
+        "name": name,
+        "dir": work / "data",
+        "source": work / "corpus.txt",
+        "tokenizer": "bpe",
+        "vocab_size": 320,
+        "n_sentinels": 0,
+        "workers": 1,
+        "val_fraction": 0.1,
+        "doc_split": "line",
+    }
+    return ["~data", *(f"data.{k}={v}" for k, v in data.items())]

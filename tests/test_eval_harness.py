@@ -70,18 +70,9 @@ def exported(tmp_path_factory):
 
 def words_data(work) -> list[str]:
     """The data overrides of a BPE corpus of WORDS in work/corpus.txt (prepared into work/data)."""
-    data = {
-        "name": "words",
-        "dir": work / "data",
-        "source": work / "corpus.txt",
-        "tokenizer": "bpe",
-        "vocab_size": 320,
-        "n_sentinels": 0,
-        "workers": 1,
-        "val_fraction": 0.1,
-        "doc_split": "line",
-    }
-    return ["~data"] + [f"data.{k}={v}" for k, v in data.items()]
+    from tests.glue_support import corpus_data
+
+    return corpus_data(work, "words")
 
 
 @pytest.fixture(scope="module")

@@ -419,22 +419,11 @@ def lstm_run(tmp_path_factory, easy_glue):
 
     from lm.cli.train import train
     from lm.config import conf_dir, register_train_configs
-    from tests.glue_support import sentence
+    from tests.glue_support import corpus_data, sentence
 
     work = tmp_path_factory.mktemp("lstm_pretrain")
     rng = random.Random(1)
     (work / "corpus.txt").write_text("\n".join(sentence(rng, i % 2) for i in range(600)) + "\n")
-    data = {
-        "name": "easy",
-        "dir": work / "data",
-        "source": work / "corpus.txt",
-        "tokenizer": "bpe",
-        "vocab_size": 320,
-        "n_sentinels": 0,
-        "workers": 1,
-        "val_fraction": 0.1,
-        "doc_split": "line",
-    }
     overrides = [
         *LSTM_TINY,
         f"run_dir={work / 'run'}",
@@ -446,8 +435,7 @@ def lstm_run(tmp_path_factory, easy_glue):
         "train.eval_batches=1",
         "train.ckpt_interval=20",
         "train.progress=false",
-        "~data",
-        *(f"data.{k}={v}" for k, v in data.items()),
+        *corpus_data(work, "easy"),
     ]
     register_train_configs()
     GlobalHydra.instance().clear()
