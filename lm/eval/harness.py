@@ -247,7 +247,7 @@ LOCAL_TASKS = ("local_glue", *(p.stem for p in sorted(TASKS_DIR.glob("local_*.ya
 
 def task_manager(tasks: Sequence[str] = ()):
     """The harness's task index with lm's offline tasks (lm/eval/tasks/*.yaml) added; ours alone when only
-    they are asked for (indexing the harness's thousands of YAMLs takes most of a minute on a small CPU)."""
+    they are asked for (indexing the harness's ~15,000 task YAMLs takes seconds, more on a cold disk)."""
     from lm_eval.tasks import TaskManager
 
     ours_only = bool(tasks) and all(t in LOCAL_TASKS for t in tasks)
@@ -257,8 +257,8 @@ def task_manager(tasks: Sequence[str] = ()):
 def refuse_unknown(names: Sequence[str], option: str, index=None, ours: Sequence[str] = LOCAL_TASKS) -> None:
     """HarnessError for a task name nobody registered, naming the closest (`--tasks local_rtee`: did you mean
     local_rte?); the harness says only "not a registered task", and only once the model is loaded and wrapped.
-    Without `index` (before the model is loaded: indexing the harness's ~15,000 tasks takes 6 s, most of a minute
-    on a small CPU) only the names of lm's own prefix local_ are checked, against `ours`; with it (task_manager's),
+    Without `index` (before the model is loaded, which should not wait for the harness's index: task_manager) only
+    the names of lm's own prefix local_ are checked, against `ours`; with it (task_manager's),
     every name, as the harness matches them (a glob such as local_* too)."""
     import difflib
     import fnmatch
