@@ -30,7 +30,8 @@ RESUMABLE = (
     "train.ckpt_interval",
     "train.keep_last",
     "train.async_checkpoint",
-    # where and how fast it runs, not what it computes
+    # where and how fast it runs, not what it computes: the same sums, though threads, device, world size and kernel
+    # add them in another order, so a run resumed with other ones continues up to rounding, not bit for bit
     "train.progress",
     "train.threads",
     "train.device",
