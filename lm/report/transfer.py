@@ -186,8 +186,9 @@ SCHEDULE = ("optim.lr", "sched.warmup_steps")
 def computes(side: str, override: str) -> bool:
     """Whether a --pretrain or --finetune override changes what a transfer run computes. The ones a resume may
     change (lm/core/resume.py: train.threads, train.progress, logger, resume, where the data is read from...)
-    change nothing computed: transfer.json records the last call's, and grouping by them split two runs of one
-    experiment into two curves (train.progress=false on one of them)."""
+    change nothing computed but its rounding (train.threads: the order of a matmul's sums, as far apart as two seeds
+    by a run's end): transfer.json records the last call's, and grouping by them split two runs of one experiment
+    into two curves (train.progress=false on one of them)."""
     from lm.core.resume import FINETUNE_RESUMABLE, RESUMABLE, resumable
 
     key = str(override).lstrip("+~").split("=", 1)[0]
