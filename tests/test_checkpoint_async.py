@@ -1,6 +1,6 @@
 """train.async_checkpoint (issue 51 item 3): the loop goes on while a background thread writes the checkpoint, which
 is the same checkpoint, byte for byte, as a synchronous save; a failed background write stops the run at its next
-checkpoint (or its end) naming the intact one; a kill in the middle of a background write resumes exactly from the
+sync point (or its end) naming the intact one; a kill in the middle of a background write resumes exactly from the
 previous checkpoint; DeepSpeed refuses the option in one line. Tiny model, synthetic data (tests/engine_support.py)."""
 
 import json
@@ -184,11 +184,15 @@ def test_a_stop_signal_waits_for_the_write_of_its_checkpoint(tmp_path, monkeypat
     assert train_losses(tmp_path / "run") == train_losses(tmp_path / "sync")
 
 
-@pytest.mark.parametrize("steps", [9, 6])  # the failure surfaces at the next save (step 9), or at the run's end
+@pytest.mark.parametrize("steps", [12, 6])  # the failure surfaces at the next sync point (step 7), or at the run's end
 def test_a_failed_background_write_stops_the_run_naming_the_intact_checkpoint(tmp_path, monkeypatch, caplog, steps):
+    """The write of step 6 fails (a full disk) and is over before the loop goes on: the run stops at the sync point
+    of step 7 (log_interval=1), before logging it, not at the next save (step 9) with three more steps trained and
+    no checkpoint written for them."""
+    from lm.core.async_save import BackgroundWrite
     from lm.engine.base import Engine
 
-    real, saves = Engine.stage_state, {"n": 0}
+    real, real_start, saves = Engine.stage_state, BackgroundWrite.start, {"n": 0}
 
     def full_disk_on_second(self, path, group=None):
         saves["n"] += 1
@@ -202,7 +206,13 @@ def test_a_failed_background_write_stops_the_run_naming_the_intact_checkpoint(tm
 
         return fail
 
+    def start(self, write, name):
+        real_start(self, write, name)
+        if saves["n"] == 2:  # the failing write ends before the loop trains step 7
+            self._thread.join()
+
     monkeypatch.setattr(Engine, "stage_state", full_disk_on_second)
+    monkeypatch.setattr(BackgroundWrite, "start", start)
     with pytest.raises(CheckpointError) as e:
         run(tmp_path, steps, True, ckpt_interval=3)
     ckpts = tmp_path / "checkpoints"
@@ -210,11 +220,12 @@ def test_a_failed_background_write_stops_the_run_naming_the_intact_checkpoint(tm
     assert f"the previous checkpoint {ckpts / 'step_00000003'} is intact" in str(e.value)
     assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_00000003"]  # no .tmp-*, no step 9
     assert (ckpts / "latest").read_text() == "step_00000003"
-    assert max(train_losses(tmp_path)) == steps  # stopped there, not later
+    assert max(train_losses(tmp_path)) == 6  # stopped at step 7's sync point, not at step 9's save
     assert any("failed in the background" in r.getMessage() for r in caplog.records)  # said at once
     monkeypatch.setattr(Engine, "stage_state", real)
-    run(tmp_path, 9, True, ckpt_interval=3)  # the same command resumes from step 3
-    run(tmp_path / "sync", 9, False, ckpt_interval=3)
+    monkeypatch.setattr(BackgroundWrite, "start", real_start)
+    run(tmp_path, 12, True, ckpt_interval=3)  # the same command resumes from step 3
+    run(tmp_path / "sync", 12, False, ckpt_interval=3)
     assert train_losses(tmp_path) == train_losses(tmp_path / "sync")
 
 

@@ -9,7 +9,8 @@ at any moment leaves at most a .tmp-* directory (the next save removes it).
 - One write at a time: `wait` (called by the next save, by the loop at the end of the run and before a
   preemption stop) returns once the write in flight is done.
 - A failed write is never silent: its thread logs the error at once (rank 0) and `wait` raises it, on every rank
-  at the same point (the next save or the end of the run), since the ranks agreed on the failure inside the write.
+  at the same point, since the ranks agreed on the failure inside the write: the loop's next sync point, where
+  `failed` of any rank stops every rank (lm/core/loop.py _sync), else the next save or the end of the run.
 - The write's collectives (which rank failed; DCP's planning for FSDP2) run on a gloo process group of their own,
   made once on every rank: collectives of two threads on one group could interleave in a different order on
   different ranks (a hang), and the loop's all-reduces keep running meanwhile.
@@ -53,8 +54,7 @@ class BackgroundWrite:
                 self._error = e
                 if self.is_main:
                     log.error(
-                        "checkpoint %s failed in the background (the run stops at its next checkpoint or "
-                        "at its end): %s",
+                        "checkpoint %s failed in the background (the run stops at its next sync point): %s",
                         name,
                         e,
                     )
@@ -63,6 +63,10 @@ class BackgroundWrite:
         # directory is left, as after a kill)
         self._thread = threading.Thread(target=run, name=f"lm-checkpoint-{name}", daemon=True)
         self._thread.start()
+
+    def failed(self) -> bool:
+        """Whether the last write ended with an error that wait() has not raised yet (a look, never a wait)."""
+        return self._error is not None
 
     def busy(self) -> bool:
         return self._thread is not None and self._thread.is_alive()

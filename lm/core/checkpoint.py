@@ -186,6 +186,10 @@ class Checkpointer:
         if self.writes is not None:
             self.writes.wait()
 
+    def write_failed(self) -> bool:
+        """Whether a background write failed and its error waits to be raised (by wait())."""
+        return self.writes is not None and self.writes.failed()
+
     def _write(
         self, tmp: Path, final: Path, trainer: dict, write_engine: Callable[[], None], rank_state: dict, group=None
     ) -> None:

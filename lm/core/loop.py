@@ -279,13 +279,17 @@ def _sync(
 ) -> tuple[int, bool]:
     """The host catches up with the device: each pending step's global loss (one all-reduce) and gradient norm
     (global already: every rank computed it from the reduced gradients), read in one copy; the NaN/inf policy
-    applied to each step in order; state.tokens (a second all-reduce, of the token count and, with check_stop,
-    the stop flag).
+    applied to each step in order; state.tokens (a second all-reduce, of the token count, with check_stop the stop
+    flag, and whether a background checkpoint write failed on any rank: then every rank raises its error here, not a
+    whole ckpt_interval later at the next save, training on while no checkpoint can be written).
     Returns (the global input tokens of the pending steps, whether the ranks agreed to stop)."""
     losses = dist_utils.all_reduce_sum(torch.stack(pending.losses)) if pending.losses else None  # (n,) global losses
     asked = stop if check_stop else None
-    flags = torch.tensor([pending.tokens, float(asked is not None and asked.name is not None)], dtype=torch.float64)
+    asking = float(asked is not None and asked.name is not None)
+    flags = torch.tensor([pending.tokens, asking, float(checkpointer.write_failed())], dtype=torch.float64)
     dist_utils.all_reduce_sum(flags)
+    if flags[2] > 0:  # every rank's write failed (they agreed inside it): wait() raises it, on every rank
+        checkpointer.wait()
     tokens, stopping = int(flags[0]), bool(asked is not None and asked.agree(float(flags[1]) > 0))
     parts = [] if losses is None else [losses.float()]
     parts += [torch.stack([n.detach().float().to(engine.device) for _, n in pending.norms])] if pending.norms else []
