@@ -23,7 +23,7 @@ def atomic_write_text(path, text: str) -> Path:
     try:
         if path.exists():
             os.chmod(fd, stat.S_IMODE(os.stat(path).st_mode))
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        with naming(path), os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
@@ -32,6 +32,19 @@ def atomic_write_text(path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def naming(path):
+    """An OSError without a file name raised again naming `path`. A write, flush or close of an open file (a full
+    disk: ENOSPC, EDQUOT; EIO) reports no file, and lm/cli/errors.py's one line then cannot say which file, so which
+    disk, to free: 'No space left on device — free space on that disk' with no disk named."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from e
 
 
 def _new_temporary(path: Path) -> tuple[int, str]:

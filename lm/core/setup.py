@@ -4,6 +4,7 @@ Shared by lm train and lm finetune, so neither imports the other.
 """
 
 import logging
+import sys
 from pathlib import Path
 
 from lm.config_base import ConfigError
@@ -88,8 +89,38 @@ FILE_ONLY = logging.getLogger("lm.file_only")
 FILE_ONLY.propagate = False
 
 
+class RunLog(logging.FileHandler):
+    """train.log. A write it cannot make (a full disk) is said once, in one line naming the file, and the file is
+    left from there on: logging's default prints a traceback for every line after it, and the run goes on (its
+    records are metrics.jsonl, whose own failure ends the run naming it)."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError) or self.failed:
+            return super().handleError(record)
+        self.failed = True  # first: the warning below passes through this handler too
+        log.warning(
+            "%s cannot be written (%s); it ends here, the terminal and metrics.jsonl go on: free space on that disk",
+            self.baseFilename,
+            error.strerror or error,
+        )
+
+    def close(self) -> None:
+        try:
+            super().close()  # flushes again what the disk refused
+        except OSError:
+            if not self.failed:
+                raise
+
+
 def log_to_file(path: Path) -> logging.Handler:
-    handler = logging.FileHandler(path)
+    handler = RunLog(path)
     handler.setFormatter(logging.Formatter("[%(asctime)s][%(levelname)s] %(message)s"))
     log.addHandler(handler)
     FILE_ONLY.addHandler(handler)

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import torch
 
 from lm.core.config import LoggerConfig
+from lm.core.files import naming
 from lm.extras import require
 
 log = logging.getLogger("lm")
@@ -141,8 +142,9 @@ class Tracker:
         self.tb = self._start_tensorboard(resume_step) if cfg.tensorboard else None
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()  # a killed run keeps everything up to its last step
+        with naming(self.path):  # a full disk ends the run naming metrics.jsonl, so the disk to free
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()  # a killed run keeps everything up to its last step
         numbers = {k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"}
         if self.wandb:
             self.wandb.log(numbers, step=record["step"])
@@ -151,12 +153,19 @@ class Tracker:
                 self.tb.add_scalar(k, v, record["step"])
 
     def close(self, failed: bool = False) -> None:
-        """failed: the run ended with an error; wandb's run then shows it (finish() alone marks it finished)."""
-        self.file.close()
+        """failed: the run ended with an error; wandb's run then shows it (finish() alone marks it finished).
+        metrics.jsonl last: its close flushes again what a full disk refused, and that error must neither skip the
+        dashboards' close nor hide the run's own error (the same full disk, named by log())."""
         if self.wandb:
             self.wandb.finish(exit_code=1 if failed else 0)
         if self.tb:
             self.tb.close()
+        try:
+            with naming(self.path):
+                self.file.close()
+        except OSError:
+            if not failed:
+                raise
 
     def _start_wandb(self, cfg: LoggerConfig, config: dict):
         import wandb

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lm.core.files import file_sha256
+from lm.core.files import file_sha256, naming
 from lm.data.errors import DataError
 from lm.data.sources import SourceFile
 from lm.data.tokenizer import Tokenizer
@@ -60,7 +60,8 @@ def written_by_prepare(root: Path, meta: dict) -> bool:
 
 def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, default=str))
+    with naming(path):  # a full disk names the file
+        tmp.write_text(json.dumps(obj, indent=1, default=str))
     os.replace(tmp, path)
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from lm.core.files import naming
+
 
 class CannotResume(Exception):
     pass
@@ -47,7 +49,8 @@ class ShardWriter:
         while tokens.size:
             part, tokens = tokens[: self.limit - self.tokens], tokens[self.limit - self.tokens :]
             data = part.tobytes()
-            self.f.write(data)
+            with naming(self._tmp):  # a full disk names the shard (a write reports no file)
+                self.f.write(data)
             self.hash.update(data)
             self.tokens += part.size
             if self.tokens >= self.limit:
@@ -55,18 +58,21 @@ class ShardWriter:
                 self._open(0)
 
     def _finish_shard(self) -> None:
-        self.f.close()
+        with naming(self._tmp):
+            self.f.close()
         final = self._tmp.with_suffix("")
         os.replace(self._tmp, final)
         self.shards.append({"file": final.name, "tokens": self.tokens, "sha256": self.hash.hexdigest()})
 
     def state(self) -> dict:
-        self.f.flush()
+        with naming(self._tmp):
+            self.f.flush()
         return {"shards": self.shards, "current": self.tokens}
 
     def release(self) -> None:
         """Close the open shard's file handle, finished or not (the progress record says what is valid)."""
-        self.f.close()
+        with naming(self._tmp):  # on a full disk this close is the error shown, so it names the shard too
+            self.f.close()
 
     def close(self) -> dict:
         if self.tokens:
