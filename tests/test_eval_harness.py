@@ -4,6 +4,7 @@ outside check), and `python -m lm.cli.eval`."""
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -383,8 +384,15 @@ def test_harness_tasks_in_the_loop_refuse_what_cannot_work(exported, tmp_path):
 
     work = exported[0].parent
     base = tiny_overrides(tmp_path / "r", 2) + words_data(work)
-    with pytest.raises(ConfigError, match=r"no harness task \['nope'\]; lm's offline ones are local_sst2"):
-        train(compose(base + GPT2 + ["train.eval_tasks=[local_sst2,nope]"]))
+    # a typo is refused with the closest, as lm eval refuses it, before the data, the model or the run_dir are
+    # touched (it was refused once the model was built, a config.yaml written in the run_dir, with no hint)
+    for typo, hint in (
+        ("local_sst22", "lm has no task of that name; did you mean local_sst2?"),
+        ("hellaswagg", "neither lm nor the harness has a task of that name; did you mean hellaswag?"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(f"train.eval_tasks {typo}: {hint} (lm's own: local_glue")):
+            train(compose(base + GPT2 + [f"train.eval_tasks=[local_sst2,{typo}]"]))
+        assert not (tmp_path / "r").exists()
     with pytest.raises(ConfigError, match="an encoder .masked LM. has none of; use the GLUE probes"):
         train(
             compose(
@@ -399,6 +407,7 @@ def test_harness_tasks_in_the_loop_refuse_what_cannot_work(exported, tmp_path):
                 ]
             )
         )
+    assert not (tmp_path / "r").exists()
 
 
 def test_a_continuation_longer_than_the_models_positions_is_refused_and_one_that_fits_is_scored(adapter):
@@ -434,25 +443,14 @@ def test_an_encoder_decoder_is_refused_a_perplexity_task_before_anything_runs():
     from types import SimpleNamespace
 
     from lm.config import ConfigError
-    from lm.eval.harness_loop import harness_callbacks
+    from lm.eval.harness_loop import check_tasks
 
-    engine = SimpleNamespace(format="torch", stage=0, is_main=True, name="single", world_size=1)
-    train_cfg = SimpleNamespace(
-        eval_tasks=["local_sst2", "local_wikitext2"],
-        eval_tasks_interval=0,
-        eval_tasks_limit=8,
-        downstream_budget=0.0,
-        max_steps=2,
-        micro_batch_size=1,
-        grad_accum=1,
-        seq_len=8,
-    )
-    tokenizer_of = lambda: None  # noqa: E731
+    train_cfg = SimpleNamespace(eval_tasks=["local_sst2", "local_wikitext2"])
     with pytest.raises(ConfigError, match=r"evaluate the other tasks alone: train.eval_tasks=\[local_sst2\]$"):
-        harness_callbacks(train_cfg, SimpleNamespace(arch="encoder_decoder"), tokenizer_of, engine)
-    assert len(harness_callbacks(train_cfg, SimpleNamespace(arch="decoder"), tokenizer_of, engine)) == 1
+        check_tasks(train_cfg, SimpleNamespace(arch="encoder_decoder"))
+    check_tasks(train_cfg, SimpleNamespace(arch="decoder"))  # a decoder scores perplexity
     train_cfg.eval_tasks = ["local_glue"]
-    assert len(harness_callbacks(train_cfg, SimpleNamespace(arch="encoder_decoder"), tokenizer_of, engine)) == 1
+    check_tasks(train_cfg, SimpleNamespace(arch="encoder_decoder"))  # and an encoder-decoder the rest
 
     from lm.eval.harness import refuse_unscorable, rolling_tasks, task_manager
 

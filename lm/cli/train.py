@@ -84,6 +84,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     device = dist_utils.pick_device(train_cfg.device)
     dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=train_cfg.world_size)
     quiet_other_ranks(dist)
+    checked = _check_eval_tasks(run, dist)  # a mistyped task: before the data, the model or the run_dir
     if dist.is_main and short_schedule(train_cfg, sched_cfg):
         log.warning("%s", short_schedule(train_cfg, sched_cfg))
     train_cfg = resolve_batch(train_cfg, dist.world_size)  # grad_accum derived from global_batch_size (a copy)
@@ -145,7 +146,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
             state = session.train(
                 lambda step: optim_cfg.lr * lr_multiplier(step, sched_cfg, train_cfg.max_steps),
                 speed,
-                _downstream(train_cfg, model_cfg, run.data, engine),
+                _downstream(train_cfg, model_cfg, run.data, engine, checked),
             )  # [] with probe_interval=0 and eval_tasks=[]
             return Trained(state=state, engine=engine, run_dir=run_dir)
 
@@ -341,10 +342,27 @@ def _packed_loaders(
     return loader("train"), loader("val"), vocab
 
 
-def _downstream(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> list:
+def _check_eval_tasks(run, dist) -> float:
+    """lm/eval/harness_loop.py's check_tasks of train.eval_tasks on rank 0 (the harness's index takes seconds),
+    its refusal raised on every rank; its seconds."""
+    from lm.engine import dist as dist_utils
+    from lm.eval.harness_loop import check_tasks
+
+    checked, error = 0.0, None
+    if dist.is_main:
+        try:
+            checked = check_tasks(run.train, run.model)
+        except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
+            error = e
+    if dist_utils.any_rank(error is not None):
+        raise error if error else ConfigError("rank 0 refused train.eval_tasks (see its error)")
+    return checked
+
+
+def _downstream(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine, checked: float = 0.0) -> list:
     """The GLUE probes of train.probe_interval (lm/eval/probe.py) and the harness tasks of train.eval_tasks
-    (lm/eval/harness_loop.py), with the run's tokenizer. Every rank gets them (their steps are sync points on
-    every rank); rank 0 reads the data and evaluates."""
+    (lm/eval/harness_loop.py; `checked`: the seconds of their check), with the run's tokenizer. Every rank gets
+    them (their steps are sync points on every rank); rank 0 reads the data and evaluates."""
     if not train_cfg.probe_interval and not train_cfg.eval_tasks:
         return []
     from lm.engine import dist as dist_utils
@@ -355,9 +373,8 @@ def _downstream(train_cfg: TrainConfig, model_cfg, data: DataConfig, engine) -> 
     callbacks, error = [], None
     try:
         callbacks = probe_callbacks(train_cfg, model_cfg, data_dir, engine)
-        callbacks += harness_callbacks(
-            train_cfg, model_cfg, lambda: run_tokenizer(data_dir, "train.eval_tasks", "train.eval_tasks=[]"), engine
-        )
+        tokenizer_of = lambda: run_tokenizer(data_dir, "train.eval_tasks", "train.eval_tasks=[]")  # noqa: E731
+        callbacks += harness_callbacks(train_cfg, tokenizer_of, engine, checked)
     except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
         error = e
     if dist_utils.any_rank(error is not None):

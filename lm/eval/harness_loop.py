@@ -52,11 +52,14 @@ class HarnessEval(PacedEval):
         return record
 
 
-def harness_callbacks(train_cfg, model_cfg, tokenizer_of, engine) -> list[HarnessEval]:
-    """[HarnessEval] when train.eval_tasks is set (else []); `tokenizer_of()` reads the run's tokenizer (rank 0).
-    Raises ConfigError naming the fix for an encoder, an engine that shards the weights, a missing extra."""
+def check_tasks(train_cfg, model_cfg) -> float:
+    """Refuse what train.eval_tasks cannot evaluate, before lm train touches the data, the model or the run_dir (it
+    was refused after them, a resume=false run's earlier job already set aside): a missing extra, an encoder, a task
+    nobody registered (named with the closest, as lm eval does: refuse_unknown), a perplexity task for an
+    encoder-decoder. Rank 0's (indexing the harness's tasks takes seconds); returns its seconds, which
+    harness_callbacks charges to the budget."""
     if not train_cfg.eval_tasks:
-        return []
+        return 0.0
     from lm.extras import require
 
     t0 = time.perf_counter()
@@ -66,26 +69,32 @@ def harness_callbacks(train_cfg, model_cfg, tokenizer_of, engine) -> list[Harnes
             "train.eval_tasks scores left-to-right likelihoods, which an encoder (masked LM) has none of; "
             "use the GLUE probes (train.probe_interval) or set train.eval_tasks=[]"
         )
+    from lm.eval.harness import HarnessError, refuse_unknown, refuse_unscorable, task_manager
+
+    try:
+        refuse_unknown(train_cfg.eval_tasks, "train.eval_tasks")  # a local_ typo: before the harness's index
+        index = task_manager(train_cfg.eval_tasks)  # lm's offline tasks alone when only they are named (fast)
+        refuse_unknown(train_cfg.eval_tasks, "train.eval_tasks", index)
+        # an encoder-decoder's perplexity task would fail at the first pass, after the training it ran
+        refuse_unscorable(index, train_cfg.eval_tasks, model_cfg.arch, "train.eval_tasks")
+    except HarnessError as e:
+        raise ConfigError(str(e)) from None
+    return time.perf_counter() - t0
+
+
+def harness_callbacks(train_cfg, tokenizer_of, engine, checked: float = 0.0) -> list[HarnessEval]:
+    """[HarnessEval] when train.eval_tasks is set (else []), its tasks checked already (check_tasks, `checked` its
+    seconds); `tokenizer_of()` reads the run's tokenizer (rank 0). Raises ConfigError naming the fix for an engine
+    that shards the weights."""
+    if not train_cfg.eval_tasks:
+        return []
+    t0 = time.perf_counter()
     if engine.format == "dcp" or getattr(engine, "stage", 0) == 3:
         raise ConfigError(
             f"train.eval_tasks evaluates the whole model on rank 0, and {engine.name} shards it; "
             f"set train.eval_tasks=[] and evaluate a checkpoint (lm eval <run> --tasks ...)"
         )
     tokenizer = tokenizer_of() if engine.is_main else None
-    if engine.is_main:
-        from lm.eval.harness import HarnessError, refuse_unscorable, task_manager
-
-        index = task_manager(train_cfg.eval_tasks)  # lm's offline tasks alone when only they are named (fast)
-        unknown = [t for t in train_cfg.eval_tasks if not index.match_tasks([t])]
-        if unknown:
-            raise ConfigError(
-                f"train.eval_tasks={list(train_cfg.eval_tasks)}: no harness task {unknown}; lm's offline ones are "
-                f"local_sst2, local_rte, local_mrpc, local_cola, local_glue, local_wikitext2 (lm eval --help)"
-            )
-        try:  # an encoder-decoder's perplexity task would fail at the first pass, after the training it ran
-            refuse_unscorable(index, train_cfg.eval_tasks, model_cfg.arch, "train.eval_tasks")
-        except HarnessError as e:
-            raise ConfigError(str(e)) from None
     interval, pacing = train_cfg.eval_tasks_interval, pacing_of(train_cfg, engine)
-    setup = time.perf_counter() - t0  # importing the harness, indexing its tasks: charged to the budget
+    setup = checked + time.perf_counter() - t0  # importing the harness, indexing its tasks: charged to the budget
     return [HarnessEval(train_cfg.eval_tasks, tokenizer, train_cfg.eval_tasks_limit, interval, setup=setup, **pacing)]
