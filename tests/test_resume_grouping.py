@@ -21,11 +21,11 @@ REFUSAL = "its optimizer state groups the parameters otherwise than this run's A
 REFUSAL += "as [8, 22], this run's as [10, 20]"
 
 
-def write_old(run_dir, engine, monkeypatch):
+def write_old(run_dir, engine, monkeypatch, **train):
     """3 steps on 2 ranks under the old grouping: the checkpoint step_00000003."""
     with monkeypatch.context() as m:
         m.setenv("LM_PLUGINS", str(REPO / "tests" / "old_grouping.py"))  # read by the spawned ranks
-        spawn(2, tiny_overrides(run_dir, 3, micro_batch_size=2) + EXTRA + [f"engine={engine}"])
+        spawn(2, tiny_overrides(run_dir, 3, micro_batch_size=2, **train) + EXTRA + [f"engine={engine}"])
 
 
 def assert_refused(reports, run_dir, world):
@@ -41,6 +41,14 @@ def test_same_layout_resume_of_the_old_grouping_is_refused(engine, tmp_path, mon
     write_old(tmp_path, engine, monkeypatch)
     reports = spawn_reports(2, tiny_overrides(tmp_path, 4, micro_batch_size=2) + EXTRA + [f"engine={engine}"])
     assert_refused(reports, tmp_path, 2)
+
+
+def test_stage_0_in_bf16_resume_of_the_old_grouping_is_refused(tmp_path, monkeypatch):
+    """DeepSpeed stage 0 in bf16 saves no param_groups of lm's AdamW but its wrapper's fp32 master groups
+    (lm/engine/ds.py's _saved_group_sizes reads their lengths): refused in the same line."""
+    write_old(tmp_path, "deepspeed", monkeypatch, precision="bf16")
+    overrides = tiny_overrides(tmp_path, 4, micro_batch_size=2, precision="bf16") + EXTRA + ["engine=deepspeed"]
+    assert_refused(spawn_reports(2, overrides), tmp_path, 2)
 
 
 @pytest.mark.parametrize(("saved", "engine", "world"), [("fsdp2", "zero2", 2), ("zero2", "single", 1)])

@@ -55,7 +55,13 @@ def check_grouping(path: Path, sizes: list[int], own: list[int]) -> None:
     the optimizer reads it, not from what loading it does, which differs by engine and is no clear refusal: torch's
     load_state_dict raises a ValueError (single/DDP, DeepSpeed stage 0), FSDP2's set_state_dict loads and the first
     step fails with KeyError 'betas', ZeRO-1/2 blames its parameter alignment setting, ZeRO-3 a tensor size. The
-    one refusal for every engine's resume: lm/engine/base.py, torch_engines.py (FSDP2), ds.py, reshard.py (elastic)."""
+    one refusal for every engine's resume: lm/engine/base.py, torch_engines.py (FSDP2), ds.py, reshard.py (elastic).
+    Sizes, not members, because single/DDP's model_optim.pt (torch's Optimizer.state_dict) numbers the parameters
+    0..n-1 in group order and so records how many each group holds, never which (FSDP2's DCP files, ZeRO's
+    param_shapes and stage 0's group_names.json do name them, but a comparison of names there alone would refuse
+    on three engines what the default one takes), and lm's two groups are decayed matrices and the rest, so a rule
+    that moves parameters one way between them (the weight decay rule's change, optim.decay_embeddings) changes
+    both sizes."""
     if sizes == own:
         return
     raise EngineError(
