@@ -1,7 +1,8 @@
 """lm transfer run again in the same directory: a rerun with overrides that change nothing computed is the same
 experiment (one curve in lm report, the record of the call that did the work kept), resume=false starts the
 finetunes over without losing the arm's recipe record, an --arm all call leaves no stale one-arm record, another
-recipe's point is refused before any work, and a point finished over several calls counts all their seconds."""
+recipe's point and a pretrained arm whose pretraining is gone are refused before any work, and a point finished
+over several calls counts all their seconds."""
 
 import json
 
@@ -298,6 +299,32 @@ def test_an_unrecorded_out_with_a_pretraining_is_compared_with_it_before_any_wor
     same.pretrain = [*same.pretrain, "train.threads=1"]  # changes nothing computed: that point, read back
     assert run_transfer(same)["comparison"] == first["comparison"]
     assert json.loads((out / "transfer_point.json").read_text())["steps"] == 4
+
+
+def test_a_pretrained_arm_whose_pretraining_is_gone_is_refused_before_any_work(tmp_path, corpus, easy_glue):  # noqa: F811
+    """<out>/pretrain deleted (or an --out of an older layout), its pretrained arm kept: lm transfer pretrained again,
+    then lm finetune refused the arm's pairs as of other weights only after that pretraining (pairs finished before
+    init_weights was recorded were read back beside the new pretraining's: two checkpoints in one median). Refused
+    before any work, naming the fixes; --finetune resume=false sets the arm aside and finetunes it from the new one."""
+    out = tmp_path / "t"
+    run_transfer(recipe(out, corpus, easy_glue, seeds=[0]))
+    pretrained = out / "finetune" / "pretrained"
+    (out / "pretrain" / "checkpoints").rename(tmp_path / "gone")
+    with pytest.raises(
+        TransferError,
+        match=r"pretrained holds 1 task/seed pair\(s\) finetuned from a pretraining that is no longer in .*t/pretrain "
+        r"\(e.g. .*sst2/seed0\): .*pass another --out, or delete .*pretrained \(or --finetune resume=false",
+    ):
+        run_transfer(recipe(out, corpus, easy_glue, seeds=[0, 1]))
+    assert not (out / "pretrain" / "checkpoints").exists()  # not pretrained again
+    assert not (out / "finetune" / "scratch" / "sst2" / "seed1").exists()  # nor the scratch arm extended
+    over = recipe(out, corpus, easy_glue, seeds=[0, 1])
+    over.finetune += ["resume=false"]
+    again = run_transfer(over)
+    assert sorted(again["comparison"]["tasks"]["sst2"]["pretrained"]["seeds"]) == ["0", "1"]
+    (aside,) = (pretrained / "previous").iterdir()
+    assert (aside / "sst2" / "seed0" / "result.pt").is_file()  # the old pairs kept, apart from the new ones
+    assert (out / "pretrain" / "checkpoints" / "step_00000004").is_dir()
 
 
 def test_an_interrupted_call_still_counts_its_seconds(tmp_path, monkeypatch):

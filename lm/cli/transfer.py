@@ -29,8 +29,9 @@ Both arms and the pretraining share one wandb group (--group, default the output
 --logger wandb turns wandb on). The same command resumes: lm train from its latest checkpoint,
 lm finetune skipping finished task/seed pairs; another point (--tokens, --preset, --pretrain) in the same --out
 is refused before any work (<out>/transfer_point.json records its point), and so is an arm of other --finetune
-settings (<arm dir>/transfer_arm.json records its recipe). A tokenizer= or model.* finetuning
-override is refused: the two arms and the pretraining must use one tokenizer and one model.
+settings (<arm dir>/transfer_arm.json records its recipe), and a pretrained arm whose pretraining has no checkpoint
+(deleted: it would be pretrained again under the arm's pairs). A tokenizer= or model.* finetuning override is
+refused: the two arms and the pretraining must use one tokenizer and one model.
 """
 
 from __future__ import annotations

@@ -36,10 +36,29 @@ def check_arms(r: Recipe, record: dict, running: set[str]) -> None:
             f"pass another --out, or --finetune resume=false to finetune the arm over (its results are moved to "
             f"{pretrained / 'previous'})",
         )
+    if "pretrained" in running and pretrained != r.scratch and not over:
+        refuse_orphaned_pairs(r.out / "pretrain", pretrained)
     if "scratch" in running:
         _record(r.scratch, "scratch", record, over)
     if "pretrained" in running and pretrained != r.scratch:
         _record(pretrained, "pretrained", record, over)
+
+
+def refuse_orphaned_pairs(pretrain_dir: Path, arm_dir: Path) -> None:
+    """Refuse, before any work, a pretrained arm holding task/seed pairs (finished or started) while its pretraining
+    has no checkpoint (deleted, or an --out of an older layout): lm transfer pretrained again, then lm finetune
+    refused the pairs as of other weights only after that pretraining, or, for pairs finished before lm finetune
+    recorded their weights (init_weights), tabled them beside this pretraining's as one arm."""
+    if any((pretrain_dir / "checkpoints").glob("step_*")):
+        return
+    pairs = sorted(p for p in arm_dir.glob("*/seed*") if (p / "result.pt").is_file() or (p / "checkpoints").is_dir())
+    if pairs:
+        raise TransferError(
+            f"{arm_dir} holds {len(pairs)} task/seed pair(s) finetuned from a pretraining that is no longer in "
+            f"{pretrain_dir} (e.g. {pairs[0]}): this call would pretrain again and then read them beside pairs of "
+            f"other weights; pass another --out, or delete {arm_dir} (or --finetune resume=false, which moves its "
+            f"results to {arm_dir / 'previous'}) to finetune the arm from the new pretraining"
+        )
 
 
 def check_scratch_arm(r: Recipe, record: dict) -> None:
