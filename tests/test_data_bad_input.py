@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -321,3 +322,18 @@ def test_a_binary_or_utf16_file_is_told_its_own_fix(tmp_path, good):
     (tmp_path / "u16.txt").write_bytes("Caf\xe9 au lait\n".encode("utf-16"))
     with pytest.raises(DataError, match=r"u16.txt:1: invalid UTF-8 .* UTF-16 text .*iconv -f utf-16 -t utf-8"):
         run(tmp_path, source=str(tmp_path / "u16.txt"))
+
+
+def test_a_download_writes_no_progress_frames_into_a_redirected_log(tmp_path, capsys, monkeypatch):
+    """A corpus downloaded under Slurm or nohup: stderr is a file, where tqdm's carriage-return frames (up to 10 a
+    second) pile up on one line; the bar is shown on a terminal only."""
+    from lm.data.corpora import download
+
+    src = tmp_path / "corpus.txt"
+    src.write_bytes(b"x" * (3 << 20))  # 3 MiB: three 1 MiB reads, each a bar update
+    download(src.as_uri(), tmp_path / "file.txt")
+    err = capsys.readouterr().err
+    assert err.count("\r") == 0 and (tmp_path / "file.txt").stat().st_size == 3 << 20  # there were 2 frames
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar, as before
+    download(src.as_uri(), tmp_path / "tty.txt")
+    assert "download tty.txt: 100%" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 import gzip
 import hashlib
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -564,3 +565,17 @@ def test_a_bad_value_in_the_python_api_names_the_choices_and_no_field_list():
     assert str(e.value) == "bad data config: data.split: Invalid value 'foo', expected one of [document, contiguous]"
     with pytest.raises(ConfigError, match=r"data.vocab: Key 'vocab' not in 'DataConfig'. Allowed fields: \['append_"):
         data_config({"vocab": 3})  # an unknown key still lists the keys there are
+
+
+def test_lm_prepare_writes_no_progress_frames_into_a_redirected_log(tmp_path, stories, capsys, monkeypatch):
+    """Under Slurm or nohup stderr is a file: tqdm's carriage-return frames there are one ever-growing line (about
+    110 bytes a frame, up to 10 a second: a 10 GB corpus' 10,000 tasks left ~5,000 frames), so the bar is shown on a
+    terminal only, as lm train's own preparation does (lm/data/prepare.py ensure_prepared)."""
+    args = [str(stories), "--tokenizer", "char", "--val-fraction", "0.2", "--workers", "1", "--task-bytes", "2048"]
+    main([*args, "--out", str(tmp_path / "file")])
+    err = capsys.readouterr().err
+    assert err.count("\r") == 0 and "tokenize:" not in err  # were 2 frames for this 34 kB file
+    assert (tmp_path / "file" / "meta.json").exists()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar, as before
+    main([*args, "--out", str(tmp_path / "tty")])
+    assert "tokenize: 100%" in capsys.readouterr().err

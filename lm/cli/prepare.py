@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import asdict
 
 from lm.cli.errors import entry
@@ -60,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
         help="rebuild a complete directory; the old one stays until the new one is complete",
     )
     p.add_argument("--restart", action="store_true", help="discard an interrupted run instead of resuming it")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (there is none when stderr is not a terminal)"
+    )
     p.add_argument("--list", action="store_true", help="list the registry of well-known corpora and exit")
     p.add_argument("--verify", metavar="DIR", help="check a prepared directory's shards (sizes, sha256) and exit")
     defaults = DataConfig()
@@ -126,7 +129,9 @@ def main(argv: list[str] | None = None) -> None:
             f"--vocab-size {given['vocab_size']} does nothing with --tokenizer char, whose vocabulary is every "
             f"character of the text; drop it, or pick --tokenizer bpe or unigram"
         )
-    prepare(cfg, args.out, force=args.force, restart=args.restart, progress=not args.no_progress)
+    # the bar on a terminal only: in a redirected log (Slurm, nohup) its carriage-return frames pile up on one line
+    progress = not args.no_progress and sys.stderr.isatty()
+    prepare(cfg, args.out, force=args.force, restart=args.restart, progress=progress)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import sys
 import urllib.error
 import urllib.request
 import zipfile
@@ -204,7 +205,9 @@ def download(url: str, dest: Path, sha256: str | None = None, timeout: float = 6
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f:
             total = int(r.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}") as bar:
+            # the bar on a terminal only: in a redirected log (Slurm, nohup) its carriage-return frames pile up
+            show = sys.stderr.isatty()
+            with tqdm(total=total, unit="B", unit_scale=True, desc=f"download {dest.name}", disable=not show) as bar:
                 while chunk := r.read(1 << 20):
                     f.write(chunk)
                     digest.update(chunk)
