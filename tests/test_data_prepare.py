@@ -576,6 +576,16 @@ def test_lm_prepare_writes_no_progress_frames_into_a_redirected_log(tmp_path, st
     err = capsys.readouterr().err
     assert err.count("\r") == 0 and "tokenize:" not in err  # were 2 frames for this 34 kB file
     assert (tmp_path / "file" / "meta.json").exists()
+    # instead, a line every PROGRESS_LINE_S (here at every news: the source is read 1 MB at a time)
+    monkeypatch.setattr("lm.data.prepare.PROGRESS_LINE_S", 0.0)
+    big = tmp_path / "big.txt"
+    big.write_text(stories.read_text() * 100)  # 2.76 MB: three reads
+    main([str(big), *args[1:-2], "--out", str(tmp_path / "lines")])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("lm prepare: tokenized")]
+    assert [ln.split(" in ")[0] for ln in lines] == [
+        "lm prepare: tokenized 2.10MB of 2.76MB (76%)",  # the first tasks' reads: 2 MB
+        "lm prepare: tokenized 2.76MB of 2.76MB (100%)",
+    ]
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar, as before
     main([*args, "--out", str(tmp_path / "tty")])
     assert "tokenize: 100%" in capsys.readouterr().err

@@ -62,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--restart", action="store_true", help="discard an interrupted run instead of resuming it")
     p.add_argument(
-        "--no-progress", action="store_true", help="no progress bar (there is none when stderr is not a terminal)"
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (off a terminal there is none: a line a minute instead)",
     )
     p.add_argument("--list", action="store_true", help="list the registry of well-known corpora and exit")
     p.add_argument("--verify", metavar="DIR", help="check a prepared directory's shards (sizes, sha256) and exit")

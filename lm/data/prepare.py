@@ -104,6 +104,8 @@ CONTENT_FIELDS = (
 )
 # Settings added after directories were prepared without them, with the value those directories were made with.
 LATER_FIELDS = {"dedup": False, "min_doc_chars": 0}
+# Off a terminal (Slurm, nohup) there is no bar: one line this often says how far tokenizing has come instead.
+PROGRESS_LINE_S = 60.0
 log = logging.getLogger("lm.data")
 
 
@@ -400,6 +402,24 @@ def prepare(
     return out
 
 
+class _ProgressLine:
+    """The bar's news as a line every PROGRESS_LINE_S seconds, for a log that is a file."""
+
+    def __init__(self, total: int | None, done: int, t0: float):
+        self.total, self.done, self.t0, self.said = total, done, t0, time.time()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.time()
+        if not n or now - self.said < PROGRESS_LINE_S:  # n = 0: a task inside the last 1 MB read, no news
+            return
+        from tqdm import tqdm
+
+        self.said, size = now, lambda n: tqdm.format_sizeof(n, "B", 1000)  # tqdm's units: 1.2MB
+        of = f" of {size(self.total)} ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        say(f"tokenized {size(self.done)}{of} in {(now - self.t0) / 60:.1f} min")
+
+
 def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, show: bool) -> None:
     from tqdm import tqdm
 
@@ -417,6 +437,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
     skipped_bytes = sum(t.raw_bytes for t in itertools.islice(tasks, done))
     total = sum(os.path.getsize(f.path) for f in files if f.format != "hf") or None
     init = (str(partial / TOKENIZER), opts, cfg.append_eos)
+    line = _ProgressLine(total, skipped_bytes, t0) if not show else None
     with (
         tqdm(
             total=total,
@@ -452,6 +473,8 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
                 },
             )
             bar.update(result.bytes)
+            if line is not None:
+                line.update(result.bytes)
     splits = {s: {**w.close(), "documents": stats.docs.get(s, 0)} for s, w in sorted(writers.items())}
     _check_splits(cfg, splits, planner)
     meta = {
