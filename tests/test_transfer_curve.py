@@ -337,3 +337,16 @@ def test_the_curve_script_end_to_end_tiny(tmp_path):
     second = json.loads(point.read_text())
     assert second["comparison"] == first  # the same scratch arm; the pretrained arm reproduces too
     assert second["scratch_measured"]["run_dir"] == str(tmp_path / "runs" / "decoder" / "scratch")
+
+
+def test_tiny_pretraining_prepares_its_corpus_in_a_directory_of_its_own():
+    """--tiny tokenizes the TinyStories preset at vocabulary 512: into the preset's own directory it made a later
+    `lm train data=tinystories_sample_bpe` (the preset's 4096) refused as 'prepared with other settings'."""
+    from lm.data.config import data_preset
+
+    tiny = load("glue_transfer_curve").TINY_PRETRAIN
+    assert tiny[0] == "data=tinystories_sample_bpe"
+    ours = data_preset("tinystories_sample_bpe", [o for o in tiny if o.startswith("data.")])
+    preset = data_preset("tinystories_sample_bpe")
+    assert (ours.vocab_size, preset.vocab_size) == (512, 4096)
+    assert Path(ours.dir).name == "tinystories_sample_bpe_512" and Path(preset.dir).name == "tinystories_sample_bpe"
