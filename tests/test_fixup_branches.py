@@ -92,3 +92,14 @@ def test_the_weighted_branch_learns():
     attn = model.decoder.blocks[0].self_attn
     for p in (attn.qkv.weight, attn.branch_out[0].weight, attn.branch_ffn[0].up.weight, attn.branch_ffn[0].down.weight):
         assert p.grad.abs().max() > 0
+
+
+def test_an_adaptive_softmax_output_starts_its_logit_layers_at_zero():
+    """5b80a23: Fixup zeroed head.proj, which the adaptive softmax lacks (AttributeError at build); its logit layers
+    are the head cluster and each tail's last layer (its first, the tail's projection, keeps its draw)."""
+    head = built(tiny("model/norm=fixup", *OVER, "model/output=adaptive_softmax")).head.asm
+    assert torch.count_nonzero(head.head.weight) == 0 and len(head.tail) == 2
+    for tail in head.tail:
+        assert (
+            torch.count_nonzero(tail[-1].weight) == 0 and torch.count_nonzero(tail[0].weight) == tail[0].weight.numel()
+        )
