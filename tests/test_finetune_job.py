@@ -155,3 +155,20 @@ def test_wandb_runs_are_finetune_jobs_grouped_with_their_pretraining_run(tmp_pat
     assert {c.group for c, _ in seen} == {"run"}  # the pretraining run dir's name (its logger.group is unset)
     assert [c.name for c, _ in seen] == ["ft-qqp-seed0", "ft-qqp-seed1"]
     assert seen[0][1]["task"]["name"] == "qqp" and seen[0][1]["init"] == str(pretrained / "run")
+
+
+def test_resume_false_leaves_a_sweep_cells_hydra_directory_in_place(tmp_path):
+    """8210423: resume=false moved everything but previous/ and .lock aside, .hydra/ too: a sweep cell's, written by
+    Hydra for this very job (its overrides.yaml, read by lm report)."""
+    from lm.cli.finetune import _set_aside
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (tmp_path / "sst2").mkdir()
+    for name in ("config.yaml", "results.json"):
+        (tmp_path / name).write_text("{}\n")
+    _set_aside(tmp_path)
+    (aside,) = (tmp_path / "previous").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["config.yaml", "results.json", "sst2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "previous"]
+    assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- seed=1\n"
