@@ -198,7 +198,9 @@ def test_electra_on_a_recurrent_preset_is_refused_by_name():
 
 
 def test_a_wrong_key_fails_at_composition():
-    with pytest.raises(Exception, match="model.family.bogus"):
+    from lm.config_base import ConfigError
+
+    with pytest.raises(ConfigError, match=r"\]: model\.family\.bogus: Key 'bogus' not in 'ElectraConfig'"):
         model_preset("tiny", [*SMALL, "model.family.bogus=1"])
 
 

@@ -231,9 +231,11 @@ def test_bad_task_configs_name_the_field(fields, message):
 
 
 def test_unknown_preset_and_unknown_key():
-    with pytest.raises(Exception, match="squad"):
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    with pytest.raises(MissingConfigException, match="^In 'finetune': Could not find 'task/glue/squad'"):
         compose_tasks("task=glue/squad")
-    with pytest.raises(Exception, match="lr_typo"):
+    with pytest.raises(ConfigCompositionException, match="^Could not override 'tasks.rte.lr_typo'"):
         compose_tasks("task=glue/rte", "tasks.rte.lr_typo=1")
 
 

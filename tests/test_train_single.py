@@ -286,8 +286,14 @@ def test_missing_data_source_names_the_path(tmp_path, monkeypatch):
         tiny_overrides(tmp_path / "run")
         + [f"data.source={tmp_path}/nowhere/*.txt", "data.name=missing", "data.tokenizer=char"]
     )
-    with pytest.raises(Exception, match="nowhere"):
+    from lm.data.errors import DataError
+
+    with pytest.raises(DataError) as e:  # the path alone was matched: any error quoting the config passed
         train(cfg)
+    assert str(e.value) == (
+        f"{tmp_path}/nowhere/*.txt: no file matches this glob; check the pattern (quote it so the shell does not "
+        "expand it)"
+    )
 
 
 def test_export_of_a_single_process_checkpoint_loads_in_transformers(tmp_path):
