@@ -69,3 +69,18 @@ def test_a_cell_longer_than_csv_s_default_limit_is_read(tmp_path):
     long = "word " * 40_000
     (tmp_path / "long.csv").write_text(f'text\n"{long}"\nshort\n')
     assert [len(d) for d in documents(run(tmp_path, tmp_path / "long.csv"))] == [200_000, 5]
+
+
+def test_a_header_in_another_case_or_with_spaces_is_read_and_utf16_or_semicolons_are_named(tmp_path):
+    """A spreadsheet's export: "Text " (case, a trailing space) named the column the user meant, and was refused."""
+    (tmp_path / "h.csv").write_text("id,Text ,label \n1,first row,0\n2,second row,1\n")
+    assert documents(run(tmp_path, tmp_path / "h.csv", name="h")) == ["first row", "second row"]
+    (tmp_path / "two.csv").write_text("TEXT,text \n1,2\n")  # two loose matches and no exact one: ambiguous
+    with pytest.raises(DataError, match=r"two.csv: no column 'text' in its header row \(columns: \['TEXT', 'text '\]"):
+        run(tmp_path, tmp_path / "two.csv", name="two")
+    (tmp_path / "u.csv").write_bytes("text\nhello\n".encode("utf-16"))  # was: columns ['\udcff\udcfet\x00e\x00...']
+    with pytest.raises(DataError, match=r"u.csv: the file is UTF-16 text .*iconv -f utf-16 -t utf-8 .*u.csv > COPY$"):
+        run(tmp_path, tmp_path / "u.csv", name="u")
+    (tmp_path / "s.csv").write_text("text;label\nhello;1\n")
+    with pytest.raises(DataError, match=r"s.csv: no column 'text' .*\['text;label'\]\): it is delimited by semicolons"):
+        run(tmp_path, tmp_path / "s.csv", name="s")

@@ -51,13 +51,7 @@ def table_values(src: SourceFile, stream, column: str) -> Iterator[str | None]:
             return
         if header and header[0].startswith("\ufeff"):
             header[0] = header[0][1:]  # the byte-order mark is not part of the first column's name
-        if column not in header:
-            raise DataError(
-                f"{src.path}: no column {column!r} in its header row (columns: {header[:20]}); set "
-                f"data.text_field=<the column that holds the text> (lm prepare --text-field COLUMN), or "
-                f"data.format=text (--format text) to read every line as it is"
-            )
-        at = header.index(column)
+        at = column_at(src, header, column)
         for row in rows:
             if row:  # a blank line is no record
                 yield row[at] if at < len(row) else None
@@ -65,3 +59,32 @@ def table_values(src: SourceFile, stream, column: str) -> Iterator[str | None]:
         raise DataError(f"{src.path}:{rows.line_num}: not a readable {src.format.upper()} row ({e})") from None
     finally:
         csv.field_size_limit(limit)
+
+
+def column_at(src: SourceFile, header: list[str], column: str) -> int:
+    """The position of `column` in the header. A spreadsheet's header often says "Text" or "text " (a trailing
+    space): when no name is `column` exactly, one and only one that is the same but for case and surrounding
+    whitespace is taken, as meaning it unambiguously. Else a refusal naming the columns found (and what a
+    UTF-16 file or a semicolon-delimited CSV looks like, whose header is otherwise shown as garbage or as one
+    column)."""
+    if column in header:
+        return header.index(column)
+    loose = [i for i, name in enumerate(header) if name.strip().casefold() == column.strip().casefold()]
+    if len(loose) == 1:
+        return loose[0]
+    raise DataError(f"{src.path}: {_header_problem(src, header, column)}")
+
+
+def _header_problem(src: SourceFile, header: list[str], column: str) -> str:
+    if header and header[0][:2] in ("\udcff\udcfe", "\udcfe\udcff"):  # a UTF-16 byte-order mark, undecoded
+        return f"the file is UTF-16 text (its byte-order mark): convert it, iconv -f utf-16 -t utf-8 {src.path} > COPY"
+    found = f"no column {column!r} in its header row (columns: {header[:20]})"
+    if src.format == "csv" and len(header) == 1 and ";" in header[0]:
+        return (
+            f"{found}: it is delimited by semicolons, as a spreadsheet in a comma-decimal locale saves CSV; save it "
+            f"with commas (or as .tsv, tab-separated), or set data.format=text (--format text) to read its lines"
+        )
+    return (
+        f"{found}; set data.text_field=<the column that holds the text> (lm prepare --text-field COLUMN), or "
+        f"data.format=text (--format text) to read every line as it is"
+    )
