@@ -255,6 +255,10 @@ ENCODINGS = {  # a two-line SST-2 train file, badly encoded: (bytes, line named,
     "one_bad_byte": (b"sentence\tlabel\na good film\t1\na fine\xff film\t1\n", 3, "not UTF-8 text (byte b'\\xff'"),
     "long_field": (("sentence\tlabel\n" + "a" * 200_000 + "\t1\n").encode(), 2, "field larger than field limit"),
     "long_line": (b"sentence\tlabel\n" + b"a" * (3 << 20), 2, "longer than 1,048,576 bytes"),
+    # lone CR line ends were "new-line character seen in unquoted field ...; no GLUE example is that long", or past
+    # 1 MiB "the line is longer than 1,048,576 bytes"
+    "lone_cr": (b"sentence\tlabel\ra fine film\t1\r", 1, "lone CR (classic Mac OS)"),
+    "lone_cr_long": (b"sentence\tlabel\r" + b"a fine film\t1\r" * 100_000, 1, "tr '\\r' '\\n' <"),
 }
 
 
@@ -275,6 +279,20 @@ def test_a_bom_and_crlf_line_ends_still_read(tmp_path):
     path.parent.mkdir()
     path.write_bytes(b"\xef\xbb\xbfsentence\tlabel\r\na fine film\t1\r\n")
     assert load_split("sst2", "train", root=tmp_path, hf=False) == [(0, "a fine film", None, 1)]
+
+
+def test_a_header_in_another_case_or_with_spaces_and_a_label_with_spaces_read(tmp_path):
+    """A file edited in a spreadsheet: 'Label ' was 'no column 'label'', a label '1 ' 'not one of ['0', '1']'."""
+    path = tmp_path / "SST-2" / "train.tsv"
+    path.parent.mkdir()
+    path.write_text("Sentence\tLabel \na fine film\t1 \na dull one\t 0\n")
+    assert load_split("sst2", "train", root=tmp_path, hf=False) == [
+        (0, "a fine film", None, 1),
+        (1, "a dull one", None, 0),
+    ]
+    path.write_text("sentence\tLABEL\tlabel \na fine film\t1\t1\n")  # two loose matches: which one is meant?
+    with pytest.raises(GlueDataError, match=f"{path}:1: no column 'label' in the header"):
+        load_split("sst2", "train", root=tmp_path, hf=False)
 
 
 def test_blank_lines_at_the_end_are_skipped_and_one_among_the_examples_is_refused(tmp_path):

@@ -4,10 +4,12 @@ Layout (what download_glue_data.py writes): `<root>/<GlueTaskSpec.dir>/<split fi
 `glue_data/MNLI/dev_matched.tsv`, `glue_data/diagnostic/diagnostic.tsv`. Files are read with
 `csv` (tab, QUOTE_NONE: GLUE text holds unbalanced quotes, so quoting would merge lines) as
 UTF-8 with an optional BOM (MRPC's headers start with one). A file that is not UTF-8 (UTF-16, binary,
-one bad byte) or has a line longer than MAX_LINE_BYTES is refused naming the file and the line; a line
-is never read into memory beyond that bound. CoLA's train/dev files have no
+one bad byte), has lone CR line ends (classic Mac OS) or a line longer than MAX_LINE_BYTES is refused naming the
+file and the line; a line is never read into memory beyond that bound. CoLA's train/dev files have no
 header; every other file names its columns in the first line, and columns are found by name,
-so MNLI's dev files (16 columns) and train file (12) need no special case.
+so MNLI's dev files (16 columns) and train file (12) need no special case. A file edited in a spreadsheet is
+read as meant: a column named in another case or with spaces around (`Label `, when no other is), a label with
+spaces around (`1 `), CRLF line ends.
 
 The root defaults to $LM_DATA_MIRROR/glue_data, else ./glue_data (download_glue_data.py's default).
 """
@@ -126,6 +128,11 @@ def _text_lines(path, f):
     n = 0
     while raw := f.readline(MAX_LINE_BYTES + 1):
         n += 1
+        if b"\r" in raw.rstrip(b"\r\n"):  # before the length: a file of CR line ends is one long line
+            raise GlueDataError(
+                f"{path}:{n}: a carriage return (CR) inside the line: the file's lines end in a lone CR (classic "
+                f"Mac OS), which csv reads as no line end; convert them: tr '\\r' '\\n' < {path} > COPY"
+            )
         if len(raw) > MAX_LINE_BYTES:
             raise GlueDataError(
                 f"{path}:{n}: the line is longer than {MAX_LINE_BYTES:,} bytes, which no GLUE example "
@@ -153,8 +160,8 @@ GLUE_FIELD_LIMIT = 131_072  # csv's default field limit: no GLUE sentence comes 
 def _next_row(path, rows) -> list[str] | None:
     try:
         row = next(rows, None)
-    except csv.Error as e:  # a field over csv.field_size_limit()
-        row, error = None, str(e)
+    except csv.Error as e:  # a field over csv.field_size_limit() (the only csv.Error QUOTE_NONE leaves to a line
+        row, error = None, str(e)  # _text_lines passed)
     else:  # checked here too: the limit is process-wide, and another reader may have raised it (lm.data.tables)
         long = row is not None and any(len(cell) > GLUE_FIELD_LIMIT for cell in row)
         error = f"field larger than field limit ({GLUE_FIELD_LIMIT})" if long else None
@@ -172,8 +179,11 @@ def _columns(path, t: GlueTaskSpec, header: list[str], labelled: bool) -> dict:
     for role, name in wanted.items():
         if name is None:
             continue
+        loose = [i for i, h in enumerate(header) if h.strip().casefold() == name.casefold()]
         if name in header:
             col[role] = header.index(name)
+        elif len(loose) == 1:  # "Label", "label " (a file edited in a spreadsheet): unambiguously that column
+            col[role] = loose[0]
         elif role != "index":
             raise GlueDataError(
                 f"{path}:1: no column {name!r} in the header {header}; is this the {t.dir} file "
@@ -205,9 +215,9 @@ def parse_label(t: GlueTaskSpec, value: str, where: str) -> int | float:
         if not 0.0 <= score <= 5.0:  # also rejects nan
             raise GlueDataError(f"{where}: {t.dir} score {value!r} is not a number in [0, 5]")
         return score
-    if value not in t.labels:
+    if value.strip() not in t.labels:  # "1 " is 1: a spreadsheet's trailing space is no other class
         raise GlueDataError(f"{where}: {t.dir} label {value!r} is not one of {list(t.labels)}")
-    return t.labels.index(value)
+    return t.labels.index(value.strip())
 
 
 # -- Hugging Face ------------------------------------------------------------------------------------
