@@ -163,6 +163,16 @@ def test_crlf_lines_are_the_documents_of_lf_lines(tmp_path):
             assert np.array_equal(tokens(crlf, split), tokens(lf, split))
 
 
+def test_lone_cr_line_ends_are_refused_not_read_as_one_document(tmp_path):
+    """Classic Mac OS line ends (CR alone) are no line end to doc_split=line: 2,000 lines were one document, which
+    split=contiguous trained on without a word (the document split refused an empty val split, not saying why)."""
+    (tmp_path / "cr.txt").write_bytes("\r".join(STORIES * 20).encode() + b"\r")
+    with pytest.raises(DataError, match=r"cr.txt: its lines end in a lone CR .*tr '\\r' '\\n' < .*cr.txt > COPY"):
+        run(tmp_path, "cr", source=str(tmp_path / "cr.txt"), split="contiguous")
+    out = run(tmp_path, "file", source=str(tmp_path / "cr.txt"), split="contiguous", doc_split="file")
+    assert json.loads((out / "meta.json").read_text())["splits"]["val"]["documents"] == 1  # as asked: one document
+
+
 def test_symlinked_directories_are_read_and_each_file_once(tmp_path):
     """A directory source skipped the files of its symlinked subdirectories (rglob does not follow them), while
     a ** glob over the same tree read them; a glob through a symlink loop listed each file thousands of times."""

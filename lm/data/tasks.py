@@ -150,6 +150,17 @@ def cut_blocks(
         yield offset - cut, block, forced, eof and not buf
 
 
+def _refuse_lone_cr(src: SourceFile, head: bytes) -> None:
+    """A file whose lines end in a lone CR (classic Mac OS) has no line end doc_split splits at: the whole file was
+    one document, silently (or 'the val split is empty: documents per split {'train': 1}')."""
+    head = head[: 1 << 16]
+    if b"\n" not in head and head.count(b"\r") >= 2:
+        raise DataError(
+            f"{src.path}: its lines end in a lone CR (classic Mac OS), not LF or CRLF, so it would be one document; "
+            f"convert them: tr '\\r' '\\n' < {src.path} > COPY (or doc_split=file, --doc-split file: one document)"
+        )
+
+
 class Planner:
     """Reads sources in order and yields tasks; records sizes, checksums and empty files."""
 
@@ -201,6 +212,8 @@ class Planner:
                 stream, _boundary(self.opts, src.format), self.opts.task_bytes, file_mode, cut
             ):
                 n += len(block)
+                if offset == 0 and src.format == "text" and self.opts.doc_split in DOC_SEPARATORS:
+                    _refuse_lone_cr(src, block)
                 if file_mode and offset == 0 and last:  # the whole file in one task: hashed here, not read twice
                     self._file_hashes = {src.path: _content_hash([block], self.opts.split_seed)}
                 # a JSONL cut is at a record's end (_record_end), so every record is whole on both sides
