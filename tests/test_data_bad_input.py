@@ -96,6 +96,16 @@ def test_jsonl_records_of_the_wrong_shape_say_what_is_wrong(tmp_path):
             run(tmp_path, source=str(path))
 
 
+def test_text_nested_in_an_object_names_the_jq_that_lifts_it(tmp_path):
+    """{"doc": {"text": ...}} with --text-field doc.text said only "no string field 'doc.text' (has: ['doc'])", as
+    if the text were missing; it says that nested fields are not read and how to lift one."""
+    path = tmp_path / "nested.jsonl"
+    path.write_text("\n".join(json.dumps({"id": i, "doc": {"lang": "en", "text": t}}) for i, t in enumerate(GOOD)))
+    jq = r"nested in an object \('doc' holds 'text'\) is not read: lift it to the top, jq -c '\{text: .doc.text\}'"
+    with pytest.raises(DataError, match=rf"nested.jsonl:1: no string field 'doc.text' \(has: \['id', 'doc'\]\).*{jq}"):
+        run(tmp_path, source=str(path), text_field="doc.text")
+
+
 def test_jsonl_lone_surrogate_escape_names_the_line_or_is_counted(tmp_path):
     """json.loads turns "\\ud800" (half of a UTF-16 pair, common in scraped JSONL) into a str that UTF-8 cannot
     encode: the tokenizer failed with a UnicodeEncodeError traceback."""

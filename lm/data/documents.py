@@ -232,11 +232,8 @@ def _jsonl_docs(r: _Reader) -> None:
             )
             continue
         if value is None:
-            r.bad(
-                r.where(line=here),
-                f"no string field {field_name!r} (has: {list(record)[:10]})",
-                "Set text_field to the field that holds the text (lm prepare --text-field KEY)",
-            )
+            problem = f"no string field {field_name!r} (has: {list(record)[:10]})"
+            r.bad(r.where(line=here), problem, _field_fix(record, field_name))
             continue
         if value:
             r.add(r.surrogates(value, here))
@@ -247,6 +244,23 @@ _NOT_JSONL = (
     "JSON Lines needs one JSON object per line, each with the text field; a file holding one JSON array "
     "converts with jq -c '.[]' FILE > FILE.jsonl"
 )
+
+
+def _field_fix(record: dict, field_name: str) -> str:
+    """text_field names a top-level key; text nested in an object ({"doc": {"text": ...}}) is not looked into,
+    and `--text-field doc.text` is read as a key of that name: say how to lift it, with jq."""
+    fix = "Set text_field to the field that holds the text (lm prepare --text-field KEY)"
+    nested = [k for k, v in record.items() if isinstance(v, dict) and any(isinstance(x, str) for x in v.values())]
+    if nested:
+        k = nested[0]
+        strings = [n for n, x in record[k].items() if isinstance(x, str)]
+        wanted = [n for n in (field_name.rsplit(".", 1)[-1], "text") if n in strings]
+        inner = (wanted or strings)[0]  # the key the user named, else "text", else the first string
+        fix += (
+            f"; a field nested in an object ({k!r} holds {inner!r}) is not read: lift it to the top, "
+            f"jq -c '{{text: .{k}.{inner}}}' FILE > FLAT.jsonl"
+        )
+    return fix
 
 
 def _json_kind(value) -> str:
