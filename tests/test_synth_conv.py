@@ -283,7 +283,25 @@ def test_kv_cached_generation_matches_the_full_forward(option):
 def test_evolved_refuses_a_kv_cache_by_name():
     model = _model("evolved")
     with pytest.raises(ValueError, match="model/block=evolved"):
-        model.next_logits(torch.randint(8, 256, (1, 3)), model.new_cache())
+        model.next_logits(torch.randint(8, 256, (1, 3)), [LayerCache() for _ in range(2)])
+
+
+@pytest.mark.parametrize("arch", ["decoder", "encoder_decoder"])
+def test_evolved_generates_by_recomputing_the_sequence(arch):
+    """Its convolutions keep no state, so new_cache() is None and generate() reruns the whole sequence each step
+    (lm eval's generation tasks raised the cache's ValueError, whose 'generate without a cache' lm had no way to do):
+    each greedy token is the argmax of a full forward over the tokens before it."""
+    from lm.model.generate import generate
+
+    model = _model("evolved", [f"model.arch={arch}"])
+    assert model.new_cache() is None
+    prompt = torch.randint(8, 256, (2, 5))
+    out = generate(model, prompt, 6)
+    seq = prompt if arch == "decoder" else torch.zeros(2, 1, dtype=torch.long)  # decoder_start_token_id 0
+    for t in range(6):
+        logits = model(seq).logits if arch == "decoder" else model(prompt, decoder_input_ids=seq).logits
+        assert torch.equal(out[:, t], logits[:, -1].argmax(-1))
+        seq = torch.cat([seq, out[:, t : t + 1]], 1)
 
 
 @pytest.mark.parametrize("option", ["synth_dense", "synth_random_plus_alpha", "dynamic_conv", "weighted"])

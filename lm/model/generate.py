@@ -2,6 +2,8 @@
 
 Works for any model with `new_cache()` and `next_logits(tokens, cache, state)`: DecoderLM
 continues the prompt; EncoderDecoderLM encodes the prompt once and decodes from its start token.
+A model whose new_cache() is None (model/block=evolved: its convolutions keep no state) is given the
+whole sequence at every step instead of the new token: quadratic in the length, the same tokens.
 Prompts in one batch must have the same length (no padding), so positions line up.
 """
 
@@ -66,20 +68,22 @@ def generate(
 
 
 def _decode(model, input_ids, max_new_tokens: int, sampling: tuple, stop_token, attention_mask) -> torch.Tensor:
-    cache = model.new_cache()
+    cache = model.new_cache()  # None: a model that keeps no state (model/block=evolved) reads the whole sequence
     if model.cfg.arch == "encoder_decoder":
         state = (model.encode(input_ids, attention_mask), attention_mask)
         tokens = torch.full_like(input_ids[:, :1], model.cfg.decoder_start_token_id)
     else:
         state, tokens = None, input_ids
+    seq = tokens  # what the decoder has read so far: its input again at each step when there is no cache
     out, done = [], torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
     for _ in range(max_new_tokens):
-        nxt = sample_next(model.next_logits(tokens, cache, state), *sampling)
+        nxt = sample_next(model.next_logits(tokens if cache is not None else seq, cache, state), *sampling)
         if stop_token is not None:
             nxt = nxt.masked_fill(done[:, None], stop_token)
             done |= nxt[:, 0] == stop_token
         out.append(nxt)
         tokens = nxt
+        seq = seq if cache is not None else torch.cat([seq, nxt], dim=1)
         if stop_token is not None and bool(done.all()):
             break
     return torch.cat(out, dim=1)

@@ -71,7 +71,7 @@ class DecoderLM(_LanguageModel):
     def forward(self, input_ids, labels=None, attention_mask=None, token_type_ids=None) -> LMOutput:
         return self.head.output(self.features(input_ids, attention_mask, token_type_ids), labels)
 
-    def new_cache(self) -> list[LayerCache]:
+    def new_cache(self) -> list[LayerCache] | None:
         return self.decoder.new_cache()
 
     def next_logits(self, tokens: torch.Tensor, cache: list[LayerCache], state=None) -> torch.Tensor:
@@ -167,7 +167,7 @@ class EncoderDecoderLM(_LanguageModel):
         decoder_input_ids = shift_right(input_ids, self.cfg.decoder_start_token_id, self.cfg.pad_token_id)
         return self.decode(decoder_input_ids, memory, attention_mask, attention_mask)
 
-    def new_cache(self) -> list[LayerCache]:
+    def new_cache(self) -> list[LayerCache] | None:
         return self.decoder.new_cache()
 
     def next_logits(self, tokens, cache, state) -> torch.Tensor:

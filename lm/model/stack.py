@@ -154,8 +154,12 @@ class Stack(nn.Module):
         self.blocks = nn.ModuleList(make_block(cfg, c, cross, i, causal) for i in range(n_blocks or n_layers))
         self.final_norm = c.norm(cfg.dim, eps=cfg.norm_eps) if cfg.final_norm else nn.Identity()
 
-    def new_cache(self) -> list[LayerCache]:
-        return [LayerCache() for _ in range(self.depth)]  # one per application: each sees other keys
+    def new_cache(self) -> list[LayerCache] | None:
+        """One LayerCache per application (each sees other keys); None when a sub-layer keeps no state between
+        calls (`kv_cache = False`: model/block=evolved's convolutions), so generation reruns the whole sequence."""
+        if any(getattr(m, "kv_cache", True) is False for m in self.modules()):
+            return None
+        return [LayerCache() for _ in range(self.depth)]
 
     def forward(
         self,

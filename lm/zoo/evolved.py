@@ -25,7 +25,8 @@ decoder cell (causal stacks)
 Every convolution of the decoder cell is causal (left-padded by K - 1): no position sees a later one.
 The encoder's are centred ("SAME"). Padded positions are zeroed before each convolution, as the
 reference does, so padding reaches no real token. The convolutions keep no state between calls, so
-KV-cached generation is refused (lm.model.generate would need each prelude's own cache).
+the decoder cell has no KV cache (`kv_cache = False`: the stack's new_cache() is None) and lm.model.generate
+reruns the whole sequence at each step.
 """
 
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from lm.zoo.residual import FixupBranch
 
 NO_CACHE = (
     "model/block=evolved has no KV cache for its convolution and branched-attention sub-layers; "
-    "generate without a cache or use the vanilla block (model/block=null)"
+    "pass cache=None (lm.model.generate does: the model's new_cache() is None) or use the vanilla block"
 )
 
 
@@ -184,6 +185,7 @@ class DecoderConvBranches(FixupBranch, nn.Module):
     """Decoder step 2: 11x1 ReLU | 7x1 separable convs, summed, normed, then a 7x1 separable conv; causal."""
 
     fixup_depth = 4  # model/norm=fixup: two separable convs in series, each depthwise then pointwise
+    kv_cache = False  # no state between calls: the stack's new_cache() is None (lm/model/stack.py)
 
     def fixup_last(self) -> list[nn.Module]:
         return [self.sep.pointwise]
@@ -219,6 +221,7 @@ class BranchedAttention(FixupBranch, nn.Module):
     the block has cross-attention."""
 
     fixup_depth = 4  # model/norm=fixup: attention's W_Q, W_K, W_V, W_O, as for the block's own
+    kv_cache = False  # its 2H narrow heads and the cell around them keep no cache
 
     def __init__(self, self_attn: SelfAttention, cross_attn: CrossAttention | None):
         super().__init__()
