@@ -430,3 +430,33 @@ def test_the_default_run_directory_is_named_from_the_overrides_hydra_records():
     assert _task_overrides(argv) == ["model=tiny", "+train.seed=1"]
     assert run_name_of(_task_overrides(argv)) == "model-tiny+train.seed-1"
     assert (_default_run_dir_prefix("train"), _default_run_dir_prefix("finetune")) == ("runs/", "runs/finetune/")
+
+
+def test_a_sweep_with_cfg_is_one_line_that_says_what_works(tmp_path):
+    """`lm train -m model/norm=layernorm,rmsnorm seed=0,1,2 --cfg job` (the README's sweep, checked before it
+    runs) was Hydra's ValueError traceback (17 lines)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "lm", "train", "-m", "model/norm=layernorm,rmsnorm", "seed=0,1", "--cfg", "job"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert (p.returncode, p.stdout) == (1, "")
+    assert p.stderr == (
+        "lm train: -m and --cfg do not go together (Hydra runs, sweeps or prints, one per command); to print a "
+        "cell's config, drop -m and give each swept key one of its values\n"
+    )
+    assert list(tmp_path.iterdir()) == []  # refused before Hydra made runs/<date>_<time>
+
+
+def test_one_hydra_mode_passes_a_single_mode_and_names_two():
+    from lm.cli.app import _one_hydra_mode
+
+    for args in (["-m", "seed=0,1"], ["--cfg", "job", "model=tiny"], ["--info", "defaults"], ["model=tiny"]):
+        _one_hydra_mode("lm train", args)  # one mode or none: Hydra's to run
+    with pytest.raises(SystemExit) as e:
+        _one_hydra_mode("lm finetune", ["--cfg=all", "--info", "x=1"])
+    said = "lm finetune: --cfg and --info do not go together (Hydra runs, sweeps or prints, one per command)"
+    assert str(e.value) == said

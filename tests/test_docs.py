@@ -3,6 +3,7 @@ and every relative link in README.md and docs/ resolves."""
 
 import re
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.engine_support import REPO
@@ -49,6 +50,51 @@ def test_every_relative_link_in_readme_and_docs_resolves():
         if not (page.parent / target).exists()
     ]
     assert broken == []
+
+
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*$")
+
+
+def heading_anchors(page: Path) -> Iterator[str]:
+    """The #fragments GitHub gives a page's headings: lower case, punctuation (`'`, `:`, `=`, backticks) dropped,
+    spaces -> hyphens, a repeated heading -suffixed -1, -2; headings inside ``` blocks are code, not headings."""
+    seen: dict[str, int] = {}
+    in_code = False
+    for line in page.read_text().splitlines():
+        in_code ^= line.startswith("```")
+        match = None if in_code else HEADING.match(line)
+        if match:
+            slug = re.sub(r"[^\w\- ]", "", match.group(1).lower()).replace(" ", "-")
+            seen[slug] = seen.get(slug, -1) + 1
+            yield slug if seen[slug] == 0 else f"{slug}-{seen[slug]}"
+
+
+def broken_anchors(page: Path):
+    """`page.md#x` and `#x` links whose target page has no heading x: a renamed heading breaks them silently."""
+    for target in LINK.findall(page.read_text()):
+        path, hash_, anchor = target.partition("#")
+        if not hash_ or re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            continue
+        linked = page.parent / path if path else page
+        if linked.suffix == ".md" and linked.exists() and anchor not in set(heading_anchors(linked)):
+            yield target
+
+
+def test_every_anchor_in_readme_and_docs_names_a_heading():
+    pages = [REPO / "README.md", REPO / "docker" / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    broken = [f"{page.relative_to(REPO)} -> {target}" for page in pages for target in broken_anchors(page)]
+    assert broken == []
+
+
+def test_the_anchor_check_reads_headings_as_github_does(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Set-up: two commands\n## Config override grammar (Hydra)\n## `protocol=turc` on STS-B's pairs\n"
+        "## Notes\n## Notes\n```\n# a comment\n```\n"
+        "[a](#set-up-two-commands) [b](page.md#config-override-grammar-hydra) [c](#protocolturc-on-sts-bs-pairs)"
+        " [d](#notes-1) [e](#a-comment) [f](#config-override-grammar) [g](https://x.org/#y)\n"
+    )
+    assert list(broken_anchors(page)) == ["#a-comment", "#config-override-grammar"]
 
 
 def test_the_link_check_sees_a_broken_link(tmp_path):

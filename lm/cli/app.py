@@ -44,6 +44,7 @@ def run_app(
     dist_utils.stop_with_torchrun()
     _strip_launcher_args()
     _check_run_dir_arg(prog, config_name)
+    _one_hydra_mode(prog, sys.argv[1:])
     sys.argv = [sys.argv[0], *cells_apart(sys.argv[1:])]
     _refuse_moved_overrides(sys.argv[1:])
     if check_args is not None:
@@ -158,6 +159,23 @@ def _help_without_schemas():
             yield  # Hydra prints the help and exits
     finally:
         sys.stdout.write(offered_only(text.getvalue()))
+
+
+# Hydra's modes, of which a command line takes one (hydra/_internal/utils.py _run_hydra)
+_MODES = {"--run": "-r", "--multirun": "-m", "--cfg": "-c", "--info": "-i", "--shell-completion": "-sc"}
+
+
+def _one_hydra_mode(prog: str, args: list[str]) -> None:
+    """`lm train -m a=1,2 --cfg job` (to see a sweep's config first) ended in Hydra's ValueError traceback:
+    one line instead, saying what does work."""
+    given = [f for f, short in _MODES.items() if any(a in (f, short) or a.startswith(f + "=") for a in args)]
+    if len(given) < 2:
+        return
+    hint = ""
+    if {"--multirun", "--cfg"} <= set(given):
+        hint = "; to print a cell's config, drop -m and give each swept key one of its values"
+    flags = " and ".join(_MODES[f] if f in ("--multirun", "--run") else f for f in given)
+    sys.exit(f"{prog}: {flags} do not go together (Hydra runs, sweeps or prints, one per command){hint}")
 
 
 def _refuse_moved_overrides(args: list[str]) -> None:
