@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from lm.cli.errors import entry
@@ -29,9 +30,12 @@ from lm.report.runs import ReportError
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="lm attention",
-        description="Draw a trained model's attention probabilities on a text: every layer x head as one grid "
-        "per attention stack (encoder-decoders: encoder self, decoder self, decoder cross), chosen "
-        "layers/heads with tokens as axis labels, and an HTML page.",
+        description=textwrap.fill(
+            "Draw a trained model's attention probabilities on a text: every layer x head as one grid per attention "
+            "stack (encoder-decoders: encoder self, decoder self, decoder cross), chosen layers/heads with tokens as "
+            "axis labels, and an HTML page.",
+            110,
+        ),
         epilog=__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

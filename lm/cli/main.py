@@ -44,12 +44,20 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+# what a newcomer runs first, as README.md's "Three commands to run first" shows them
+FIRST_RUNS = (
+    "  lm quickstart                                                  # pretrain, finetune on GLUE, print the table\n"
+    "  lm train model=tiny data=shakespeare_char train.max_steps=200  # a pretraining smoke run\n"
+    "  lm train data.source=my_text.txt train.max_steps=200           # your own text"
+)
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {name:<{width}}  {c.summary}" for name, c in COMMANDS.items())
     return (
         f"usage: lm <command> [args]\n\nPretrain and finetune Transformer language models.\n\n"
-        f"commands:\n{rows}\n\n`lm <command> --help` for a command's options; "
+        f"commands:\n{rows}\n\nfirst runs (README.md):\n{FIRST_RUNS}\n\n`lm <command> --help` for a command's options; "
         f"`python -m lm <command>` and `torchrun -m lm <command>` work the same way."
     )
 

@@ -25,6 +25,7 @@ import os
 import shutil
 import socket
 import sys
+import textwrap
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -66,9 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="lm preflight",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Check a cluster before a long run: world size, devices, rendezvous, all-reduce "
-        "bandwidth, free disk for checkpoints. Start it with the launcher of the run "
-        "(torchrun, launch/*.sh, srun); alone it checks this machine.",
+        description=textwrap.fill(
+            "Check a cluster before a long run: world size, devices, rendezvous, all-reduce bandwidth, free disk for "
+            "checkpoints. Start it with the launcher of the run (torchrun, launch/*.sh, srun); alone it checks this "
+            "machine.",
+            110,
+        ),
         epilog=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument(

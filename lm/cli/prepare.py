@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from dataclasses import asdict
 
 from lm.cli.errors import entry
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="lm prepare",
         description=data_prepare.__doc__.split("\n\n")[0] + "\n\n" + data_prepare.__doc__.split("\n\n")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Registry corpora (lm prepare --list for details): " + ", ".join(CORPORA),
+        epilog=textwrap.fill("Registry corpora (lm prepare --list for details): " + ", ".join(CORPORA), 110),
     )
     p.add_argument("sources", nargs="*", help=HELP["source"])
     p.add_argument("--data", metavar="PRESET", help="start from conf/data/PRESET.yaml (flags override it)")

@@ -6,7 +6,7 @@ and write one table (transfer.md / transfer.json: per task and seed, medians, av
     lm transfer --preset glue_transfer_encoder --tokens 10000000   # encoder (MLM), mean pooling
     lm transfer --preset glue_transfer_electra --tokens 10000000   # encoder (ELECTRA's discriminator), [CLS]
     lm transfer --preset glue_transfer_gpu --tokens 300000000  # the 29M GPU size (finetuning: docs/glue_transfer.md)
-    lm transfer --tokens 30000000 --pretrain data=gutenberg_mix_tapt_bpe \
+    lm transfer --tokens 30000000 --pretrain data=gutenberg_mix_tapt_bpe \\
       --finetune pooling=weighted_mean tasks.rte.epochs=10 tasks.stsb.epochs=10     # the CPU recipe (docs/results.md)
     lm transfer --tokens 3000000 --scratch runs/transfer/decoder_scratch   # share the scratch arm across a curve
     lm transfer --tokens 300000 --tasks rte,mrpc --seeds 0 --pretrain model.dim=64 --finetune tasks.rte.epochs=1
