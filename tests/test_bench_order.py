@@ -99,3 +99,82 @@ def test_async_save_alternates_which_kind_saves_first_after_an_untimed_save_of_e
         ("async", 4),
     ]
     assert {k: len(v) for k, v in times.items()} == {"sync_s": 3, "async_blocked_s": 3, "async_write_s": 3}
+
+
+def _recorder(order: list, tag_at: int):
+    """A timed block's stand-in: records the arm (its positional argument tag_at) and takes 1 s."""
+    return lambda *a: order.append(a[tag_at]) or 1.0
+
+
+def test_ablation_speed_alternates_the_variants_and_the_norms(monkeypatch):
+    import torch
+
+    import lm.model.norms
+
+    ablation = load("ablation_speed")
+    norm_ops, order = ablation.norm_ops, []
+    monkeypatch.setattr(ablation, "make", lambda ffn, norm, args: (torch.nn.Linear(1, 1), f"{ffn}+{norm}"))
+    monkeypatch.setattr(ablation, "steps", _recorder(order, 1))  # steps(model, opt=the tag, x, y, n)
+    monkeypatch.setattr(ablation, "norm_ops", lambda args: {"LayerNorm": 1.0})
+    monkeypatch.setattr("sys.argv", ["ablation_speed.py", "--rounds", "3", "--dim", "4", "--batch", "1", "--seq", "2"])
+    ablation.main()
+    first = ["gelu+layernorm", "gelu+rmsnorm", "swiglu+layernorm", "swiglu+rmsnorm"]
+    assert order[4:] == first + first[::-1] + first  # after the warm-up, in the order of VARIANTS
+
+    class Norm:  # each norm's stand-in records its calls; the identity, so the script's equality check holds
+        def __init__(self, dim, name="ln"):
+            self.name, self.weight, self.eps = name, None, 0.0
+
+        def __call__(self, h):
+            return order.append(self.name) or h * 1
+
+    order.clear()
+    monkeypatch.setattr(lm.model.norms, "LayerNorm", Norm)
+    monkeypatch.setattr(lm.model.norms, "RMSNorm", lambda dim: Norm(dim, "rms"))
+    monkeypatch.setattr(ablation.F, "rms_norm", lambda h, *a: order.append("F") or h * 1)
+    norm_ops(ablation.parse_args(), calls=1)
+    assert order[2:] == ["ln", "rms", "F", "F", "rms", "ln", "ln", "rms", "F"]  # after the equality check's pair
+
+
+def test_arch_step_speed_alternates_the_variants(monkeypatch):
+    import torch
+
+    arch = load("arch_step_speed")
+    order = []
+    monkeypatch.setattr(arch, "make", lambda name, args: (torch.nn.Linear(1, 1), name))
+    monkeypatch.setattr(arch, "steps", _recorder(order, 1))  # steps(model, opt=the tag, batch, n)
+    argv = ["--only", "vanilla,weighted", "--rounds", "3", "--dim", "16", "--layers", "2", "--heads", "2"]
+    monkeypatch.setattr("sys.argv", ["arch_step_speed.py", *argv, "--seq", "8", "--batch", "1", "--device", "cpu"])
+    arch.main()
+    assert order[2:] == ["vanilla", "weighted", "weighted", "vanilla", "vanilla", "weighted"]
+
+
+def test_recipe_step_alternates_the_sides_of_a_pair(monkeypatch):
+    recipe = load("recipe_step")
+    order = []
+    monkeypatch.setattr(recipe, "build_runs", lambda names, args: {n: (None, n, None, None, False) for n in names})
+    monkeypatch.setattr(recipe, "steps", _recorder(order, 1))  # steps(model, opt=the tag, x, y, n, bf16)
+    pair = ["decoder fp32", "decoder bf16 autocast"]
+    monkeypatch.setattr("sys.argv", ["recipe_step.py", "--only", ",".join(pair), "--rounds", "3"])
+    recipe.main()
+    assert order[2:] == pair + pair[::-1] + pair
+
+
+def test_engine_bench_overhead_alternates_the_bare_loop_and_lm_train(monkeypatch):
+    import argparse
+    from types import SimpleNamespace
+
+    import torch
+    from omegaconf import OmegaConf
+
+    import lm.data.prepare
+
+    bench = load("engine_bench")
+    order = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # the test process keeps its threads
+    monkeypatch.setattr(bench, "compose", lambda overrides: SimpleNamespace(data=OmegaConf.create({})))
+    monkeypatch.setattr(lm.data.prepare, "ensure_prepared", lambda data: None)
+    monkeypatch.setattr(bench, "bare_tokens_per_s", lambda steps: order.append("bare") or 1.0)
+    monkeypatch.setattr(bench, "lm_train_tokens_per_s", lambda steps: order.append("lm") or 1.0)
+    bench.overhead(argparse.Namespace(threads=1, rounds=3, steps=4))
+    assert order == ["bare", "lm", "lm", "bare", "bare", "lm"]
