@@ -184,6 +184,8 @@ def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_pa
     joint = pair_inputs(["tasks.stsb.pair_input=joint"])
     assert joint == ({"mrpc": "siamese", "stsb": "joint", "rte": "joint"}, False)
     assert pair_inputs(["tasks.stsb.fit_head=false"])[1] is False
+    # a fit_head the user sets stands, however Hydra spells it (lm finetune then refuses it with pair_input=joint)
+    assert pair_inputs(["tasks.stsb.pair_input=joint", "tasks.stsb.fit_head=True"])[1] is True
     assert [o for o in budget(["sst2", "stsb"]) if "pair_input" in o] == ["tasks.stsb.pair_input=siamese"]
     assert "train.precision=auto" in budget(["sst2"])  # bf16 where the device has it, as the pretraining
 
