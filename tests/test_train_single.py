@@ -86,6 +86,25 @@ def test_resume_false_sets_the_run_already_there_aside(tmp_path):
     assert len(list((tmp_path / "previous").iterdir())) == 2
 
 
+def test_resume_false_twice_in_one_second_sets_each_run_aside_in_its_own_directory(tmp_path, monkeypatch):
+    """1e9b4e8: the second resume=false within a second named the same previous/<time>/ (FileExistsError); the test
+    above starts over twice but rarely within one second, so here the clock stands still."""
+    from types import SimpleNamespace
+
+    import lm.core.session
+    from lm.core.session import set_aside
+
+    clock = SimpleNamespace(gmtime=lambda: None, strftime=lambda fmt, t: "20260101T000000Z")
+    monkeypatch.setattr(lm.core.session, "time", clock)  # set_aside's clock only
+    for run_no in (1, 2, 3):
+        (tmp_path / "metrics.jsonl").write_text(f"run {run_no}\n")
+        set_aside(tmp_path)
+    previous = tmp_path / "previous"
+    stamps = ["20260101T000000Z", "20260101T000000Z-1", "20260101T000000Z-2"]
+    assert sorted(p.name for p in previous.iterdir()) == stamps
+    assert [(previous / s / "metrics.jsonl").read_text() for s in stamps] == ["run 1\n", "run 2\n", "run 3\n"]
+
+
 def test_resume_on_another_engine_continues_exactly(tmp_path):
     """Elastic resume (docs/training.md): a single-process checkpoint continues under DDP (one rank here: the
     same arithmetic), with the uninterrupted run's losses. Refusals of what cannot change: tests/test_elastic.py."""
