@@ -396,7 +396,7 @@ def test_cli_lists_the_tasks_for_an_unknown_one(tmp_path):
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert p.stderr.strip() == (
         f"lm finetune: task=glue/foo is not a task; pick task=glue/<name> with <name> one of "
-        f"{ALLOWED} (several: 'task=[glue/rte,glue/mrpc]')"
+        f"{ALLOWED} (several: 'task=[glue/rte,glue/mrpc]'), or task=own for your own files"
     )
 
 

@@ -7,6 +7,7 @@
     lm finetune task=glue/cola init=runs/pretrain tasks.cola.seeds=[0,1,2,3,4] tasks.cola.lr=3e-4 logger=wandb
     lm finetune 'task=[glue/rte,glue/mrpc]' init=runs/pretrain optim.lr=3e-4   # two tasks, one lr for both
     lm finetune task=glue/all init=runs/pretrain protocol=turc   # per task: lr x batch grid, best on dev, 3 seeds
+    lm finetune task=own init=runs/pretrain tasks.own.train_file=train.csv tasks.own.dev_file=dev.csv  # your files
 
 Writes <run_dir>/results.json, results.md (printed at the end) and submission/*.tsv; see lm/glue/run.py.
 The config grammar is in lm/glue/config.py. The same command (same run_dir) resumes an interrupted job.
@@ -169,9 +170,8 @@ def main() -> None:
         finetune(cfg)
         if dist_utils.launched_world_size() == 1 or int(os.environ.get("RANK", 0)) == 0:
             print(print_table(cfg.run_dir))
-            print(
-                f"results: {Path(cfg.run_dir) / 'results.json'}; submission files: {Path(cfg.run_dir) / 'submission'}"
-            )
+            sub = Path(cfg.run_dir) / "submission"  # none for task=own alone (it has no test split)
+            print(f"results: {Path(cfg.run_dir) / 'results.json'}" + (f"; submission files: {sub}" * sub.is_dir()))
 
     register()
     run_app("lm finetune", "finetune", job, check_args=check_task_args)

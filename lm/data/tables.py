@@ -67,12 +67,19 @@ def column_at(src: SourceFile, header: list[str], column: str) -> int:
     whitespace is taken, as meaning it unambiguously. Else a refusal naming the columns found (and what a
     UTF-16 file or a semicolon-delimited CSV looks like, whose header is otherwise shown as garbage or as one
     column)."""
+    at = find_column(header, column)
+    if at is not None:
+        return at
+    raise DataError(f"{src.path}: {_header_problem(src, header, column)}")
+
+
+def find_column(header: list[str], column: str) -> int | None:
+    """`column`'s position: the name itself, else the one name equal but for case and surrounding whitespace
+    (two such are ambiguous: None, as for no match). Shared by lm prepare's tables, the GLUE reader and task=own."""
     if column in header:
         return header.index(column)
     loose = [i for i, name in enumerate(header) if name.strip().casefold() == column.strip().casefold()]
-    if len(loose) == 1:
-        return loose[0]
-    raise DataError(f"{src.path}: {_header_problem(src, header, column)}")
+    return loose[0] if len(loose) == 1 else None
 
 
 def _header_problem(src: SourceFile, header: list[str], column: str) -> str:

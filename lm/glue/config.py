@@ -5,6 +5,7 @@ A task preset composes under `tasks.<name>` (conf/task/glue/<name>.yaml is `@pac
     lm finetune task=glue/sst2 ...                   tasks: {sst2: ...}
     lm finetune task=glue/all ...                    tasks: {cola: ..., sst2: ..., ..., wnli: ...}
     lm finetune 'task=[glue/rte,glue/qqp]' ...       tasks: {rte: ..., qqp: ...}
+    lm finetune task=own tasks.own.train_file=...    tasks: {own: ...}   your own files (conf/task/own.yaml, own.py)
     lm finetune task=glue/all tasks.sst2.epochs=1    one task's setting
     lm finetune task=glue/all optim.lr=3e-4 glue.data_root=/data/glue_data   every task's (shared nodes)
 
@@ -83,6 +84,14 @@ class GlueTaskConfig:
     seeds: list[int] = field(default_factory=lambda: [0])  # one run per seed; results report the median
     max_train_examples: int | None = None  # first N training examples only (smoke runs on CPU)
     data_root: str | None = None  # the glue_data directory; None = $LM_DATA_MIRROR/glue_data
+    # task=own only (lm/glue/own.py): the user's files and columns; null elsewhere
+    train_file: str | None = None  # .csv | .tsv | .jsonl
+    dev_file: str | None = None  # model selection and the reported metrics
+    text_a: str | None = None  # None = "sentence", or "sentence1" when text_b is set
+    text_b: str | None = None  # the pair's second text; None = one text per example
+    label: str | None = None  # None = "label"
+    labels: list[str] | None = None  # class names in class-id order; None = the train file's, sorted
+    regression: bool = False  # a numeric label: one output, MSE, Pearson/Spearman
 
     def optim(self, shared: OptimConfig) -> OptimConfig:
         return replace(
@@ -95,6 +104,10 @@ class GlueTaskConfig:
         if self.warmup_ratio is None:
             return shared
         return replace(shared, warmup_steps=round(self.warmup_ratio * total_steps))
+
+
+# GlueTaskConfig's fields that only task=own reads
+OWN_FIELDS = ("train_file", "dev_file", "text_a", "text_b", "label", "labels", "regression")
 
 
 @dataclass
@@ -176,7 +189,7 @@ class GridProtocol:
 class FinetuneSchema:
     """The top of conf/finetune.yaml: unknown keys fail at composition."""
 
-    tasks: dict[str, GlueTaskConfig] = field(default_factory=dict)  # composed by task=glue/<name> | glue/all
+    tasks: dict[str, GlueTaskConfig] = field(default_factory=dict)  # composed by task=glue/<name> | glue/all | own
     glue: GlueShared = field(default_factory=GlueShared)
     model: Any = None  # init=none only: the model to build (conf/model/)
     engine: Any = None
@@ -260,12 +273,31 @@ def _validate_scratch_model(job: FinetuneSchema) -> None:
 
 def validate_glue_task(cfg: GlueTaskConfig) -> None:
     """Fail before any data is read; the message names the field and the allowed values."""
-    from lm.glue.metrics import metric_keys
-    from lm.glue.tasks import GLUE_TASKS, TASKS
+    from lm.glue.tasks import GLUE_TASKS, OWN
 
     where = f"tasks.{cfg.name}"
-    if cfg.name not in GLUE_TASKS:
-        raise ConfigError(f"{where}: task name {cfg.name!r} is not one of {list(GLUE_TASKS)}; pick task=glue/<name>")
+    if cfg.name == OWN:
+        from lm.glue.own import validate_own
+
+        validate_own(cfg)
+    elif cfg.name not in GLUE_TASKS:
+        raise ConfigError(
+            f"{where}: task name {cfg.name!r} is not one of {list(GLUE_TASKS)}; pick task=glue/<name>, or task=own "
+            f"for files of your own"
+        )
+    else:
+        _validate_glue_only(cfg, where)
+    _validate_task_common(cfg, where)
+
+
+def _validate_glue_only(cfg: GlueTaskConfig, where: str) -> None:
+    """A GLUE task's head width, metric and input are the task's; task=own's file fields are not read."""
+    from lm.glue.metrics import metric_keys
+    from lm.glue.tasks import TASKS
+
+    own = [f for f in OWN_FIELDS if getattr(cfg, f) not in (None, False)]
+    if own:
+        raise ConfigError(f"{where}.{own[0]} is read by task=own only (your own files); drop it for GLUE {cfg.name}")
     want = TASKS[cfg.name].n_labels
     if cfg.n_labels != want:
         raise ConfigError(
@@ -274,23 +306,27 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
         )
     if cfg.main_metric not in metric_keys(cfg.name):
         raise ConfigError(f"{where}.main_metric={cfg.main_metric!r} is not one of {metric_keys(cfg.name)}")
+    if cfg.pair_input != PairInput.joint and TASKS[cfg.name].text_b is None:
+        pair_tasks = ", ".join(n for n, t in TASKS.items() if t.text_b)
+        raise ConfigError(
+            f"{where}.pair_input={PairInput(cfg.pair_input).value} reads a sentence pair, but {cfg.name} has one "
+            f"sentence per example; drop it (it is for pair tasks: {pair_tasks}, and task=own with {where}.text_b)"
+        )
+
+
+def _validate_task_common(cfg: GlueTaskConfig, where: str) -> None:
+    """What every task's settings must satisfy, GLUE's and task=own's."""
     for name in ("batch_size", "max_len"):
         if not isinstance(getattr(cfg, name), int) or getattr(cfg, name) < 1:
             raise ConfigError(f"{where}.{name}={getattr(cfg, name)!r} must be a positive integer")
     if cfg.max_len < 4:
         raise ConfigError(f"{where}.max_len={cfg.max_len} leaves no room for text after 3 special tokens; use >= 4")
-    if cfg.pair_input != PairInput.joint and TASKS[cfg.name].text_b is None:
-        pair_tasks = ", ".join(n for n, t in TASKS.items() if t.text_b)
-        raise ConfigError(
-            f"{where}.pair_input={PairInput(cfg.pair_input).value} reads a sentence pair, but {cfg.name} has one "
-            f"sentence per example; drop it (it is for pair tasks: {pair_tasks})"
-        )
     if cfg.whiten and cfg.pair_input != PairInput.siamese:
         raise ConfigError(
             f"{where}.whiten=true whitens the two pooled sentences of a siamese pair; add "
             f"{where}.pair_input=siamese or drop it"
         )
-    if cfg.fit_head and (cfg.pair_input != PairInput.siamese or cfg.n_labels != 1):
+    if cfg.fit_head and (cfg.pair_input != PairInput.siamese or (cfg.n_labels != 1 and not cfg.regression)):
         raise ConfigError(
             f"{where}.fit_head=true fits the cosine score of a siamese regression task (STS-B: "
             f"tasks.stsb.pair_input=siamese); {cfg.name} with pair_input={PairInput(cfg.pair_input).value} has no "
@@ -369,7 +405,8 @@ def check_task_args(args: list[str]) -> None:
             if name not in known and not (conf_dir() / "task" / f"{name}.yaml").is_file():
                 raise ConfigError(
                     f"task={name} is not a task; pick task=glue/<name> with <name> one of "
-                    f"{', '.join((*GLUE_TASKS, 'all'))} (several: 'task=[glue/rte,glue/mrpc]')"
+                    f"{', '.join((*GLUE_TASKS, 'all'))} (several: 'task=[glue/rte,glue/mrpc]'), or task=own for your "
+                    f"own files"
                 )
     _check_selected(args, GLUE_TASKS)
     _check_model_args(args)
@@ -407,11 +444,12 @@ def _check_selected(args: list[str], glue_tasks) -> None:
     if found is None:
         return
     arg, t = found
-    if t not in glue_tasks:
+    if t not in glue_tasks and t != "own":
         raise ConfigError(f"{arg}: {t} is not a GLUE task; the task names are {', '.join(glue_tasks)}")
     raise ConfigError(
         f"{arg}: {t} is not among the tasks this run finetunes ({', '.join(chosen)}); add it "
-        f"('task=[{','.join(f'glue/{c}' for c in chosen)},glue/{t}]') or leave the override out"
+        f"('task=[{','.join(f'glue/{c}' for c in chosen)},{t if t == 'own' else f'glue/{t}'}]') or leave the "
+        f"override out"
     )
 
 

@@ -41,7 +41,8 @@ def as_predictions(name: str, preds) -> np.ndarray:
             p = p[:, 0]
         if p.ndim != 1:
             raise ValueError(f"{name}: STS-B predictions must be scores (N,) or (N, 1); got shape {p.shape}")
-        return np.clip(p.astype(np.float64), 0.0, 5.0)
+        p = p.astype(np.float64)  # STS-B's clipped to [0, 5]; a task=own score has no known range
+        return np.clip(p, *task.score_range) if task.score_range else p
     if p.ndim == 2:
         p = p.argmax(-1)
     if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
@@ -71,7 +72,7 @@ def compute_metrics(name: str, preds, labels) -> Metrics:
         "spearman": lambda: _correlation(spearmanr, p, y),
     }
     out = {m: 100.0 * float(fns[m]()) for m in e.metrics}
-    out["score"] = fmean(out[m] for m in e.metrics)
+    out["score"] = fmean(out[m] for m in e.scored)
     return out
 
 
@@ -88,7 +89,7 @@ def task_score(task: str, metrics: Mapping[str, Metrics]) -> float:
     missing = [c for c in cols if c not in metrics]
     if missing:
         raise KeyError(f"task {task!r} needs metrics for {list(cols)}; missing {missing}")
-    return fmean(fmean(metrics[c][m] for m in EVALS[c].metrics) for c in cols)
+    return fmean(fmean(metrics[c][m] for m in EVALS[c].scored) for c in cols)
 
 
 def missing_tasks(metrics: Mapping[str, Metrics]) -> list:

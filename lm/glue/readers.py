@@ -24,7 +24,8 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, GlueTaskSpec, get_eval, get_task
+from lm.data.tables import find_column
+from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, OWN, GlueTaskSpec, get_eval, get_task
 
 MAX_LINE_BYTES = 1 << 20  # far above any GLUE example (the longest are a few kB); a longer line is not GLUE text
 
@@ -64,6 +65,10 @@ def load_split(task: str, split: str, root=None, hf: bool = True, limit: int | N
     """The examples of one split (its first `limit` only, read no further, when given). The local TSV wins; `hf`
     allows the Hugging Face copy when it is absent."""
     t = get_task(task)
+    if t.name == OWN:  # task=own, registered for its job: the user's files (lm/glue/own.py)
+        from lm.glue.own import read_split
+
+        return read_split(t, split)[:limit]
     path = split_path(t.name, split, root)
     if path.is_file():
         return read_tsv(path, t, split, limit)
@@ -122,9 +127,10 @@ def read_tsv(path: str | os.PathLike, task: str | GlueTaskSpec, split: str, limi
     return out
 
 
-def _text_lines(path, f):
+def _text_lines(path, f, restore: str = ", or restore the official GLUE file"):
     """The lines of binary file `f` as str, each checked: UTF-8 (a leading BOM dropped), no NUL byte, at most
-    MAX_LINE_BYTES long (read no further than that). Errors name the file and the line."""
+    MAX_LINE_BYTES long (read no further than that). Errors name the file and the line; `restore` ends a fix
+    (task=own's files are the user's: "")."""
     n = 0
     while raw := f.readline(MAX_LINE_BYTES + 1):
         n += 1
@@ -136,21 +142,21 @@ def _text_lines(path, f):
         if len(raw) > MAX_LINE_BYTES:
             raise GlueDataError(
                 f"{path}:{n}: the line is longer than {MAX_LINE_BYTES:,} bytes, which no GLUE example "
-                f"is; restore the official GLUE file (download_glue_data.py)"
+                f"is" + (f"; {restore.removeprefix(', or ')} (download_glue_data.py)" if restore else "")
             )
         if n == 1 and raw.startswith(codecs.BOM_UTF8):
             raw = raw[len(codecs.BOM_UTF8) :]
         if raw.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)) or b"\x00" in raw:
             raise GlueDataError(
                 f"{path}:{n}: the file is UTF-16 or binary, not UTF-8 text; save it as UTF-8 "
-                f"(e.g. iconv -f UTF-16 -t UTF-8), or restore the official GLUE file"
+                f"(e.g. iconv -f UTF-16 -t UTF-8){restore}"
             )
         try:
             yield raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise GlueDataError(
                 f"{path}:{n}: not UTF-8 text (byte {raw[e.start : e.start + 1]!r} at byte {e.start + 1} "
-                f"of the line); save the file as UTF-8, or restore the official GLUE file"
+                f"of the line); save the file as UTF-8{restore}"
             ) from None
 
 
@@ -179,11 +185,9 @@ def _columns(path, t: GlueTaskSpec, header: list[str], labelled: bool) -> dict:
     for role, name in wanted.items():
         if name is None:
             continue
-        loose = [i for i, h in enumerate(header) if h.strip().casefold() == name.casefold()]
-        if name in header:
-            col[role] = header.index(name)
-        elif len(loose) == 1:  # "Label", "label " (a file edited in a spreadsheet): unambiguously that column
-            col[role] = loose[0]
+        at = find_column(header, name)  # "Label", "label " (a file edited in a spreadsheet): unambiguously that column
+        if at is not None:
+            col[role] = at
         elif role != "index":
             raise GlueDataError(
                 f"{path}:1: no column {name!r} in the header {header}; is this the {t.dir} file "

@@ -23,6 +23,7 @@ from lm.glue.metrics import Metrics, glue_score, missing_tasks
 from lm.glue.tasks import EVALS, GLUE_TASKS, METRIC_NAMES, TASKS, get_eval
 
 UNITS = "points (x100), as on the GLUE leaderboard"
+OWN_SCORE = "accuracy for classes, the mean of Pearson and Spearman for a score"
 
 
 def _seed_order(seeds) -> list:
@@ -32,9 +33,8 @@ def _seed_order(seeds) -> list:
 def _median(col: str, runs: Mapping[str, Metrics]) -> Metrics:
     """Per-metric medians; "score" is the mean of those (not the median of per-seed scores), so the
     table's median row and the GLUE score computed from it agree."""
-    keys = EVALS[col].metrics
-    out = {k: median(r[k] for r in runs.values()) for k in keys}
-    return {**out, "score": fmean(out[k] for k in keys)}
+    out = {k: median(r[k] for r in runs.values()) for k in EVALS[col].metrics}
+    return {**out, "score": fmean(out[k] for k in EVALS[col].scored)}
 
 
 def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> dict[str, Any]:
@@ -57,7 +57,10 @@ def summarize(dev: Mapping[str, Mapping[Any, Metrics]]) -> dict[str, Any]:
     }
     return {
         "units": UNITS,
-        "columns": {c: {"metrics": list(EVALS[c].metrics), "seeds": cols[c], "median": medians[c]} for c in cols},
+        "columns": {
+            c: {"name": EVALS[c].submission, "metrics": list(EVALS[c].metrics), "seeds": cols[c], "median": medians[c]}
+            for c in cols
+        },
         "glue": {
             "median": glue_score(medians, partial=True) if len(missing) < len(GLUE_TASKS) else None,
             "per_seed": per_seed,
@@ -84,10 +87,13 @@ def results_table(summary: Mapping[str, Any]) -> str:
     for c, r in cols.items():
         keys = r["metrics"]
         lines.append(
-            f"| {EVALS[c].submission} | {'/'.join(METRIC_NAMES[k] for k in keys)} | "
+            f"| {r.get('name') or EVALS[c].submission} | {'/'.join(METRIC_NAMES[k] for k in keys)} | "
             + " | ".join(cell(r["seeds"].get(s), keys) for s in seeds)
             + f" | {cell(r['median'], keys)} |"
         )
+    if len(glue["missing_tasks"]) == len(GLUE_TASKS):  # task=own alone: no GLUE task, no GLUE row
+        notes = [f"Dev-set results in points (x100). Median over seeds per metric (score: {OWN_SCORE})."]
+        return "\n".join(["# Dev results", "", *notes, "", *lines]) + "\n" + _grid(summary)
     fmt = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
     label = "GLUE" if not glue["partial"] else f"GLUE (partial, {len(GLUE_TASKS) - len(glue['missing_tasks'])}/9)"
     lines.append(
@@ -105,10 +111,12 @@ def results_table(summary: Mapping[str, Any]) -> str:
             f"The GLUE score is partial: no results for {names}; it averages the tasks present only "
             f"and is not comparable with leaderboard scores."
         )
-    table = "\n".join(["# GLUE dev results", "", *notes, "", *lines]) + "\n"
-    if "protocol" in summary:  # lm finetune protocol=...: the chosen cells and each task's grid
-        table += "\n" + grid_table(summary["protocol"])
-    return table
+    return "\n".join(["# GLUE dev results", "", *notes, "", *lines]) + "\n" + _grid(summary)
+
+
+def _grid(summary: Mapping[str, Any]) -> str:
+    """lm finetune protocol=...: the chosen cells and each task's grid."""
+    return "\n" + grid_table(summary["protocol"]) if "protocol" in summary else ""
 
 
 def write_results(dev: Mapping[str, Mapping[Any, Metrics]], out_dir, extra: dict | None = None) -> tuple[Path, Path]:

@@ -39,7 +39,7 @@ from lm.glue.init import Backbone, build_classifier, fit_siamese_head
 from lm.glue.readers import GlueDataMissing, split_path
 from lm.glue.results import results_table, write_results
 from lm.glue.submission import check_submission, write_submission
-from lm.glue.tasks import EVALS, get_task
+from lm.glue.tasks import EVALS, LEADERBOARD, OWN, get_eval, get_task
 from lm.glue.trainer import GlueTask, SeedResult, load_task_data
 
 log = logging.getLogger("lm")
@@ -72,9 +72,16 @@ def finetune_glue(
     make_engine(train_config) gives a fresh, unwrapped engine (lm.engine); `config` is the job's resolved
     config for the trackers; `dist` (lm.engine.dist.Dist): rank 0 writes the files, every rank trains and predicts.
     """
+    missing = missing_data(job)  # task=own: read and its classes fixed in job.tasks
+    from lm.glue.own import registered_for
+
+    with registered_for(job.tasks.values()):  # task=own is in the registry for this job only
+        return _finetune_tasks(job, missing, backbone, make_engine, config, dist)
+
+
+def _finetune_tasks(job: FinetuneSchema, missing: dict, backbone: Backbone, make_engine, config: dict, dist) -> dict:
     tasks = list(job.tasks.values())
     run_dir = Path(job.run_dir)
-    missing = missing_data(job)
     for t in missing:
         log.warning("skipping GLUE %s (skip_missing=true): %s", t, missing[t])
     tasks = [t for t in tasks if t.name not in missing]
@@ -123,10 +130,15 @@ def finetune_glue(
 def missing_data(job: FinetuneSchema) -> dict[str, str]:
     """{task: why} for the job's tasks that cannot run: neither on disk nor (job.hf) readable from the Hugging Face
     hub. Unless job.skip_missing, any is refused here, before anything is trained or written (lm finetune asks
-    before it makes its run directory): a job must not die at its seventh task."""
+    before it makes its run directory): a job must not die at its seventh task. task=own's files are read here
+    through every refusal (lm/glue/own.py), and its classes fixed in job.tasks.own."""
     from lm.glue.tasks import DOWNLOAD_HINT
 
-    tasks = list(job.tasks.values())
+    if OWN in job.tasks:  # missing or not, the user's own files are refused here (skip_missing is GLUE's)
+        from lm.glue.own import resolve
+
+        job.tasks[OWN] = resolve(job.tasks[OWN])
+    tasks = [t for t in job.tasks.values() if t.name != OWN]
     missing = check_data(tasks)
     if job.skip_missing:
         return missing
@@ -187,8 +199,8 @@ def _task_data(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone):
     t0 = time.perf_counter()
     data = load_task_data(t, backbone.tokenizer, backbone.model_cfg.arch, max_len, job.hf, job.predict_test)
     log.info(
-        "GLUE %s: %d train examples, dev %s, test %s (read and encoded in %.1f s)",
-        data.task.dir,
+        "%s: %d train examples, dev %s, test %s (read and encoded in %.1f s)",
+        f"GLUE {data.task.dir}" if data.task.name != OWN else "task=own",
         len(data.train.features),
         {c: len(s.features) for c, s in data.dev.items()},
         {c: len(s.features) for c, s in data.test.items()},
@@ -466,7 +478,7 @@ def _zip_if_complete(sub_dir: Path, info: dict) -> None:
         return
     tmp = sub_dir.with_name(".submission.zip.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
-        for e in EVALS.values():
+        for e in map(get_eval, LEADERBOARD):
             z.write(sub_dir / f"{e.submission}.tsv", f"{e.submission}.tsv")
     shutil.move(str(tmp), str(sub_dir.with_name("submission.zip")))
 
@@ -478,8 +490,8 @@ def incomplete_submission(sub_dir: Path, problems: list[str]) -> str:
     if bad:
         return f"submission/ is not complete ({len(problems)} problem(s), e.g. {bad[0]}); no submission.zip"
     return (
-        f"{sub_dir}: {len(EVALS) - len(problems)} of the {len(EVALS)} leaderboard files; submission.zip is written "
-        f"when a run has them all (task=glue/all: the nine tasks, AX from MNLI's model)"
+        f"{sub_dir}: {len(LEADERBOARD) - len(problems)} of the {len(LEADERBOARD)} leaderboard files; submission.zip is "
+        f"written when a run has them all (task=glue/all: the nine tasks, AX from MNLI's model)"
     )
 
 

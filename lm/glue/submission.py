@@ -16,7 +16,7 @@ from pathlib import Path
 
 from lm.core.files import atomic_write_text
 from lm.glue.metrics import as_predictions
-from lm.glue.tasks import EVALS, get_eval, get_task
+from lm.glue.tasks import LEADERBOARD, get_eval, get_task
 
 HEADER = ["index", "prediction"]
 
@@ -46,7 +46,7 @@ def check_submission(out_dir, names: Iterable[str] | None = None, expected_rows:
     `expected_rows` maps a column to its row count; the default is the official test set size.
     """
     problems = []
-    for name in names or EVALS:
+    for name in names or LEADERBOARD:
         e = get_eval(name)
         want = (expected_rows or {}).get(e.name, e.test_rows)
         path = Path(out_dir) / f"{e.submission}.tsv"

@@ -15,6 +15,8 @@ Label strings are exactly what the leaderboard expects in submission files; a la
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 HF_DATASET = "nyu-mll/glue"  # the Hugging Face hub's GLUE (the old `glue` script name points here)
@@ -73,6 +75,11 @@ class Eval:
     metrics: tuple[str, ...]  # the task score is their unweighted mean (Wang et al. 2019, sec. 4)
     in_glue_score: bool = True
     test_rows: int = 0  # rows of the official test file (the leaderboard rejects other counts)
+    score_of: tuple[str, ...] | None = None  # the metrics its score averages; None = all (task=own: acc alone)
+
+    @property
+    def scored(self) -> tuple[str, ...]:
+        return self.score_of or self.metrics
 
 
 _SPLITS = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv"}
@@ -209,6 +216,9 @@ EVALS: dict[str, Eval] = {
     )
 }
 
+# The leaderboard's eleven columns: the submission files (EVALS may also hold a task=own column during its job)
+LEADERBOARD: tuple[str, ...] = tuple(EVALS)
+
 # The nine tasks the GLUE score averages; MNLI counts once, as the mean of MNLI-m and MNLI-mm.
 GLUE_TASKS: tuple[str, ...] = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
@@ -234,3 +244,21 @@ def get_eval(name: str) -> Eval:
 def scored_evals(task: str) -> tuple[str, ...]:
     """The leaderboard columns that make up `task`'s score (MNLI: mnli_m and mnli_mm; never AX)."""
     return tuple(e for e in get_task(task).evals if EVALS[e].in_glue_score)
+
+
+OWN = "own"  # task=own: a user's train and dev files (lm/glue/own.py)
+
+
+@contextmanager
+def registered(spec: GlueTaskSpec, column: Eval) -> Iterator[None]:
+    """`spec` in TASKS and `column` in EVALS while a job runs (task=own). The GLUE path looks tasks and leaderboard
+    columns up by name in a dozen places (reading, metrics, model selection, results, grid reports); the entry is
+    installed for that one job and removed after it, so the registry is GLUE's again for the next."""
+    if spec.name in TASKS or column.name in EVALS:
+        raise ValueError(f"task {spec.name!r} is already registered")
+    TASKS[spec.name], EVALS[column.name] = spec, column
+    try:
+        yield
+    finally:
+        TASKS.pop(spec.name, None)
+        EVALS.pop(column.name, None)
