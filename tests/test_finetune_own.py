@@ -114,6 +114,24 @@ def test_a_jsonl_pair_regression_finetunes(tmp_path, data_mirror, pretrained, de
     assert seed["score"] == pytest.approx((seed["pearson"] + seed["spearman"]) / 2)
 
 
+def test_own_beside_a_glue_task_under_a_grid_protocol(tmp_path, data_mirror, pretrained):  # noqa: F811
+    """'task=[glue/rte,own]' with protocol=: both rows and both grids in the table lm finetune prints after the job
+    (the own task is no longer in the registry then), RTE's submission file and none for own."""
+    from lm.glue.run import print_table
+
+    rows = [[r["sentence"], r["label"]] for r in glue_rows(data_mirror, "SST-2", 96)]
+    train = write_csv(tmp_path / "train.csv", ["sentence", "label"], rows[:64])
+    dev = write_csv(tmp_path / "dev.csv", ["sentence", "label"], rows[64:])
+    grid = ["protocol=small", "protocol.lrs=[1e-3]", "protocol.batch_sizes=[32]", "protocol.seeds=[0]"]
+    overrides = [f"init={pretrained / 'run'}", "task=[glue/rte,own]", f"glue.data_root={data_mirror / 'glue_data'}"]
+    overrides += ["glue.max_train_examples=32", f"tasks.own.train_file={train}", f"tasks.own.dev_file={dev}", *grid]
+    finetune(finetune_cfg(tmp_path / "ft", [*overrides, "tasks.rte.max_len=32", "tasks.own.max_len=32"]))
+    table = print_table(tmp_path / "ft")
+    assert "| RTE | acc |" in table and "| own | acc/F1 |" in table and "| GLUE (partial, 1/9) |" in table
+    assert "### RTE: dev acc of every cell" in table and "### own: dev score of every cell" in table
+    assert sorted(p.name for p in (tmp_path / "ft" / "submission").iterdir()) == ["RTE.tsv"]
+
+
 def test_own_composes_beside_glue_tasks(tmp_path):
     cfg = finetune_cfg(
         tmp_path, ["init=none", "task=[glue/rte,own]", "tasks.own.train_file=a.csv", "tasks.own.dev_file=b.csv"]
