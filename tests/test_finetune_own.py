@@ -68,7 +68,8 @@ def test_a_csv_of_string_labels_finetunes_with_inferred_classes(
     files = [f"tasks.own.train_file={train}", f"tasks.own.dev_file={dev}"]
     with caplog.at_level(logging.INFO, logger="lm"):
         summary = finetune(finetune_cfg(run_dir, [f"init={pretrained / 'run'}", *own_task(), *files]))
-    assert f"task=own: classes ['neg', 'pos'] from {train}'s labels" in caplog.text
+    assert caplog.text.count(f"task=own: classes ['neg', 'pos'] from {train}'s labels") == 1
+    assert "task=own: 160 train examples, dev {'own': 40}, test none, so no submission file" in caplog.text
     assert summary["tasks"]["own"]["config"]["labels"] == ["neg", "pos"]
     assert summary["tasks"]["own"]["config"]["n_labels"] == 2
     result = json.loads((run_dir / "results.json").read_text())["columns"]["own"]

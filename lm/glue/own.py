@@ -98,8 +98,7 @@ def resolve(cfg: GlueTaskConfig) -> GlueTaskConfig:
     if not cfg.regression and labels is None:
         labels = infer_labels(cfg.train_file, train)
         log.info(
-            "task=own: classes %s from %s's labels (class ids in this order; tasks.own.labels sets them); "
-            "no test split, so no submission file",
+            "task=own: classes %s from %s's labels (class ids in this order; tasks.own.labels sets them)",
             labels,
             cfg.train_file,
         )
