@@ -236,3 +236,12 @@ def test_a_tsv_is_quoted_as_a_csv_and_integer_classes_sort_as_numbers(tmp_path):
         ("plain", "2"),
         ("more", "1"),
     ]
+
+
+def test_jsonl_labels_may_be_json_booleans(tmp_path):
+    """{"label": true} is how many tools write a binary label: its classes are "false", "true" (sorted)."""
+    rows = [{"sentence": "good", "label": True}, {"sentence": "bad", "label": False}, {"sentence": "ok", "label": True}]
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = resolve(GlueTaskConfig(name="own", train_file=str(tmp_path / "t.jsonl"), dev_file=str(tmp_path / "t.jsonl")))
+    assert cfg.labels == ["false", "true"] and cfg.n_labels == 2
+    assert [r.label for r in read_rows(cfg, "train_file")] == ["true", "false", "true"]

@@ -242,8 +242,8 @@ def _field(path, n: int, obj: dict, name: str, key: str) -> str:
     value = obj[list(obj)[at]]
     if isinstance(value, str):
         return value
-    if key == "label" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return json.dumps(value)  # 1 -> "1", 0.5 -> "0.5": the label as the file writes it
+    if key == "label" and isinstance(value, (int, float)):  # bool too: {"label": true} is a common binary label
+        return json.dumps(value)  # 1 -> "1", 0.5 -> "0.5", true -> "true": the label as the file writes it
     if value is None:
         return ""  # refused as empty
     raise GlueDataError(
