@@ -46,9 +46,12 @@ def test_variants_are_the_overrides_minus_the_seed(sweep):
     assert [len(v.runs) for v in variants] == [3, 3, 3, 3]
 
 
-def test_two_sweeps_whose_grids_were_typed_in_another_order_make_one_variant_per_cell(tmp_path):
+@pytest.mark.parametrize("newer_lm", [False, True])
+def test_two_sweeps_whose_grids_were_typed_in_another_order_make_one_variant_per_cell(tmp_path, newer_lm):
     """Seeds 0-1 from one sweep, seed 2 from a second whose command named model/norm before model/ffn: Hydra orders a
-    cell's overrides as the command did, and the report still averages each cell over its three seeds."""
+    cell's overrides as the command did, and the report still averages each cell over its three seeds. newer_lm: the
+    second sweep ran after an lm update that added a config key, so the cells' resolved configs differ and only
+    their overrides can join them (with the overrides compared in order: 8 rows, of 2 seeds and of 1)."""
     import yaml
 
     for (ffn, norm), effect in EFFECT.items():
@@ -58,6 +61,9 @@ def test_two_sweeps_whose_grids_were_typed_in_another_order_make_one_variant_per
             if seed == 2:
                 overrides = d / ".hydra" / "overrides.yaml"
                 overrides.write_text(yaml.safe_dump(list(reversed(yaml.safe_load(overrides.read_text())))))
+                if newer_lm:
+                    config = yaml.safe_load((d / "config.yaml").read_text())
+                    (d / "config.yaml").write_text(yaml.safe_dump({**config, "train": {**config["train"], "new": 1}}))
     rows = build_rows(group_variants(load_runs([tmp_path / "a", tmp_path / "b"])))
     assert [r["variant"] for r in rows] == [f"model/ffn={f} model/norm={n}" for f, n in EFFECT]
     for row, effect in zip(rows, EFFECT.values()):
