@@ -56,10 +56,13 @@ def test_json_never_replaces_a_file_it_did_not_write(tmp_path, capsys):
             preflight_cli.main(["--ckpt-dir", str(tmp_path / "ckpt"), "--json", str(path)])
         assert e.value.code == 2 and f"argument --json: {path} {why}" in capsys.readouterr().err
     assert (tmp_path / "notes.json").read_text() == '{"mine": 1}' and not (tmp_path / "ckpt").exists()
+    (tmp_path / "r.json.tmp").write_text("mine too")  # the fixed <name>.tmp it wrote through, then moved onto r.json
     for _ in range(2):
         argv = ["--ckpt-dir", str(tmp_path / "ckpt"), "--need-gb", "0.001", "--json", str(tmp_path / "r.json")]
         assert run_main(capsys, *argv)[0] == 0
     assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "ready"
+    assert (tmp_path / "r.json.tmp").read_text() == "mine too"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "notes.json", "r.json", "r.json.tmp"]
 
 
 def test_too_little_disk_fails_with_the_numbers(tmp_path, capsys):
