@@ -146,6 +146,16 @@ def test_train_on_a_prepared_directory_follows_its_tokenizer_and_resumes_on_the_
     assert [m["step"] for m in metrics(run) if "loss" in m] == [1, 2, 3]
 
 
+def test_a_model_vocabulary_larger_than_the_tokenizers_is_kept(tmp_path):
+    """The vocabulary follows the tokenizer up, never down: model=tiny's 256 rows stay on shakespeare_char's 65
+    characters (presets pad theirs for speed: GPT-2's 50304), not 128 (the 65 rounded up to 64's multiple)."""
+    p = run_cli("lm", "train", "data=shakespeare_char", *TRAIN, "train.max_steps=1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    (run,) = (tmp_path / "runs").iterdir()
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["vocab_size"] == 256
+    assert "132864 params" in p.stdout + p.stderr  # the model built has them too (124672 with 128 rows)
+
+
 @pytest.mark.slow
 def test_train_on_a_text_file_in_one_step(tmp_path):
     text = write_text(tmp_path / "notes.txt")
