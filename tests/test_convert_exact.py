@@ -268,6 +268,9 @@ def test_an_encoder_without_the_mlm_transform_exports_as_esms_encoder_alone(tmp_
     assert torch.allclose(h_clf[real], h_theirs[real], atol=1e-6)
 
 
+ESM_ONLY = r"^Hugging Face ESM with %s is not converted \(ESM-2's layout only\)$"
+
+
 @pytest.mark.parametrize(
     "hf_factory, match",
     [
@@ -300,8 +303,13 @@ def test_an_encoder_without_the_mlm_transform_exports_as_esms_encoder_alone(tmp_
         (lambda: t5(feed_forward_proj="gated-gelu_fast"), "feed_forward_proj='gelu_fast'"),
         (lambda: t5(decoder_start_token_id=None), "T5 config has no decoder_start_token_id"),  # T5Config()'s
         (lambda: esm(token_dropout=True), "token_dropout=True"),
-        (lambda: esm(emb_layer_norm_before=True), "emb_layer_norm_before=True"),
-        (lambda: esm(position_embedding_type="absolute"), "position_embedding_type='absolute'"),
+        # an import refusal, not needs()'s "ESM export cannot represent ...; export safetensors instead"
+        (
+            lambda: esm(emb_layer_norm_before=True),
+            ESM_ONLY % r"emb_layer_norm_before=True \(a LayerNorm on the embeddings\)",
+        ),
+        (lambda: esm(position_embedding_type="absolute"), ESM_ONLY % "position_embedding_type='absolute'"),
+        (lambda: esm(tie_word_embeddings=False), ESM_ONLY % "an MLM decoder not tied to the word embeddings"),
     ],
 )
 def test_from_hf_refuses_what_it_does_not_compute(hf_factory, match):
