@@ -5,6 +5,7 @@ previous checkpoint; DeepSpeed refuses the option in one line. Tiny model, synth
 
 import json
 import sys
+import time
 import types
 
 import pytest
@@ -296,3 +297,37 @@ def test_two_ranks_write_the_same_checkpoints_asynchronously_and_resume_exactly(
     for step in (4, 8):
         name = f"checkpoints/step_{step:08d}"
         assert manifest(tmp_path / "async" / name) == manifest(tmp_path / "sync" / name), step
+
+
+def test_a_divergence_while_a_checkpoint_is_written_names_that_checkpoint(tmp_path, monkeypatch):
+    """NaN loss at step 4 while step 3's checkpoint is still written in the background (a slow disk): the loop
+    waits for that write, then names it as the last good checkpoint (it named none: `latest` was not yet set)."""
+    from lm.core import objectives
+    from lm.core.loop import LossDiverged
+    from lm.engine.base import Engine
+
+    stage, real_loss, calls = Engine.stage_state, objectives.loss, {"n": 0}
+
+    def slow_stage(self, path, group=None):
+        write = stage(self, path, group)
+
+        def slow():
+            time.sleep(1.0)  # step 4 is trained, and found NaN, long before this write ends
+            write()
+
+        return slow
+
+    def nan_at_step_4(model, batch, *metrics):
+        calls["n"] += 1
+        out = real_loss(model, batch, *metrics)
+        return out * float("nan") if calls["n"] == 4 and model.training else out
+
+    monkeypatch.setattr(Engine, "stage_state", slow_stage)
+    monkeypatch.setattr(objectives, "loss", nan_at_step_4)
+    with pytest.raises(LossDiverged) as e:
+        run(tmp_path, 9, True, ckpt_interval=3)
+    ckpt = tmp_path / "checkpoints" / "step_00000003"
+    assert str(e.value) == (
+        f"loss is nan at step 4; no update was applied and the last good checkpoint {ckpt} is intact. "
+        "Lower optim.lr, lengthen sched.warmup_steps, or set train.on_nonfinite=skip"
+    )
