@@ -15,8 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# What `from lm.model.lm import DecoderLM` may load (issue 47: ~12 modules, ~1,800 lines of lm source).
-MAX_MODULES, MAX_LINES = 12, 1800
+# What `from lm.model.lm import DecoderLM` may load (issue 47: ~12 modules, ~1,800 lines of lm source). 11 since
+# block.py stopped importing moe.py (19040a1; docs/architecture.md says "under 12"): moe.py back would be the 12th.
+MAX_MODULES, MAX_LINES = 11, 1800
 
 COUNT = """
 import json, sys
