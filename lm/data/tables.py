@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from lm.data.errors import DataError
-from lm.data.sources import SourceFile
+
+if TYPE_CHECKING:  # hints only: sources imports glue_text, which reads GLUE through lm.glue.readers, which uses
+    from lm.data.sources import SourceFile  # find_column here (a run-time import would close that cycle)
 
 TABLES = ("csv", "tsv")
 _DIALECTS = {"csv": {}, "tsv": {"delimiter": "\t", "quoting": csv.QUOTE_NONE}}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
@@ -106,8 +107,9 @@ class GlueTaskConfig:
         return replace(shared, warmup_steps=round(self.warmup_ratio * total_steps))
 
 
-# GlueTaskConfig's fields that only task=own reads
+# GlueTaskConfig's fields that only task=own reads, and the file extensions it reads (lm/glue/own.py)
 OWN_FIELDS = ("train_file", "dev_file", "text_a", "text_b", "label", "labels", "regression")
+OWN_FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 
 
 @dataclass
@@ -277,9 +279,7 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
 
     where = f"tasks.{cfg.name}"
     if cfg.name == OWN:
-        from lm.glue.own import validate_own
-
-        validate_own(cfg)
+        _validate_own(cfg)
     elif cfg.name not in GLUE_TASKS:
         raise ConfigError(
             f"{where}: task name {cfg.name!r} is not one of {list(GLUE_TASKS)}; pick task=glue/<name>, or task=own "
@@ -288,6 +288,35 @@ def validate_glue_task(cfg: GlueTaskConfig) -> None:
     else:
         _validate_glue_only(cfg, where)
     _validate_task_common(cfg, where)
+
+
+def _validate_own(cfg: GlueTaskConfig) -> None:
+    """task=own's settings alone (its files are read by lm/glue/own.py's resolve): both files named, with an
+    extension that says how to read them."""
+    for key in ("train_file", "dev_file"):
+        path = getattr(cfg, key)
+        if not path:
+            raise ConfigError(
+                "task=own reads your files: set tasks.own.train_file=<file> and tasks.own.dev_file=<file> "
+                "(.csv, .tsv or .jsonl)"
+            )
+        if Path(path).suffix.lower() not in OWN_FORMATS:
+            raise ConfigError(
+                f"tasks.own.{key}={path}: the extension {Path(path).suffix or '(none)'} is not .csv, .tsv or .jsonl, "
+                f"which say how the file is read; rename or convert it"
+            )
+    if cfg.regression and cfg.labels is not None:
+        raise ConfigError("tasks.own.labels names classes, but tasks.own.regression=true reads a number: drop one")
+    names = [str(n).strip() for n in cfg.labels or ()]
+    if cfg.labels is not None and (len(set(names)) < 2 or len(set(names)) < len(names)):
+        raise ConfigError(
+            f"tasks.own.labels={list(cfg.labels)} must name 2 or more distinct classes, in class-id order"
+        )
+    if cfg.pair_input != PairInput.joint and not cfg.text_b:
+        raise ConfigError(
+            f"tasks.own.pair_input={PairInput(cfg.pair_input).value} reads a pair: set tasks.own.text_b=<its second "
+            f"text's column>, or drop it"
+        )
 
 
 def _validate_glue_only(cfg: GlueTaskConfig, where: str) -> None:

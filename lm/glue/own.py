@@ -35,13 +35,13 @@ from typing import NamedTuple
 
 from lm.config_base import ConfigError
 from lm.data.tables import find_column
-from lm.glue.config import GlueTaskConfig, PairInput
+from lm.glue.config import OWN_FORMATS as FORMATS
+from lm.glue.config import GlueTaskConfig
 from lm.glue.readers import Example, GlueDataError, GlueDataMissing, _text_lines
 from lm.glue.tasks import OWN, Eval, GlueTaskSpec, registered
 
 log = logging.getLogger("lm")
 
-FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl"}
 _DIALECTS = {"csv": {}, "tsv": {"delimiter": "\t"}}  # quoting as CSV's in both
 
 
@@ -61,34 +61,6 @@ def columns(cfg: GlueTaskConfig) -> dict[str, str | None]:
         "text_b": cfg.text_b,
         "label": cfg.label or "label",
     }
-
-
-def validate_own(cfg: GlueTaskConfig) -> None:
-    """The settings alone (no file read yet): both files named, with an extension that says how to read them."""
-    for key in ("train_file", "dev_file"):
-        path = getattr(cfg, key)
-        if not path:
-            raise ConfigError(
-                "task=own reads your files: set tasks.own.train_file=<file> and tasks.own.dev_file=<file> "
-                "(.csv, .tsv or .jsonl)"
-            )
-        if Path(path).suffix.lower() not in FORMATS:
-            raise ConfigError(
-                f"tasks.own.{key}={path}: the extension {Path(path).suffix or '(none)'} is not .csv, .tsv or .jsonl, "
-                f"which say how the file is read; rename or convert it"
-            )
-    if cfg.regression and cfg.labels is not None:
-        raise ConfigError("tasks.own.labels names classes, but tasks.own.regression=true reads a number: drop one")
-    names = [str(n).strip() for n in cfg.labels or ()]
-    if cfg.labels is not None and (len(set(names)) < 2 or len(set(names)) < len(names)):
-        raise ConfigError(
-            f"tasks.own.labels={list(cfg.labels)} must name 2 or more distinct classes, in class-id order"
-        )
-    if cfg.pair_input != PairInput.joint and not cfg.text_b:
-        raise ConfigError(
-            f"tasks.own.pair_input={PairInput(cfg.pair_input).value} reads a pair: set tasks.own.text_b=<its second "
-            f"text's column>, or drop it"
-        )
 
 
 def resolve(cfg: GlueTaskConfig) -> GlueTaskConfig:
@@ -130,7 +102,9 @@ def spec_of(cfg: GlueTaskConfig) -> GlueTaskSpec:
     col = columns(cfg)
     files = {s: str(Path(getattr(cfg, f"{s}_file")).expanduser().resolve()) for s in ("train", "dev")}
     labels = None if cfg.regression else tuple(cfg.labels)
-    return GlueTaskSpec(OWN, OWN, labels, col["text_a"], col["text_b"], col["label"], files, index=None, evals=(OWN,))
+    return GlueTaskSpec(
+        OWN, OWN, labels, col["text_a"], col["text_b"], col["label"], files, index=None, evals=(OWN,), reader=read_split
+    )
 
 
 def eval_of(cfg: GlueTaskConfig) -> Eval:

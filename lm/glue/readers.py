@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from lm.data.tables import find_column
-from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, OWN, GlueTaskSpec, get_eval, get_task
+from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, GlueTaskSpec, get_eval, get_task
 
 MAX_LINE_BYTES = 1 << 20  # far above any GLUE example (the longest are a few kB); a longer line is not GLUE text
 
@@ -65,10 +65,8 @@ def load_split(task: str, split: str, root=None, hf: bool = True, limit: int | N
     """The examples of one split (its first `limit` only, read no further, when given). The local TSV wins; `hf`
     allows the Hugging Face copy when it is absent."""
     t = get_task(task)
-    if t.name == OWN:  # task=own, registered for its job: the user's files (lm/glue/own.py)
-        from lm.glue.own import read_split
-
-        return read_split(t, split)[:limit]
+    if t.reader is not None:  # task=own, registered for its job: the user's files (lm/glue/own.py)
+        return t.reader(t, split)[:limit]
     path = split_path(t.name, split, root)
     if path.is_file():
         return read_tsv(path, t, split, limit)

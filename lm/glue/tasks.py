@@ -15,7 +15,7 @@ Label strings are exactly what the leaderboard expects in submission files; a la
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -48,6 +48,8 @@ class GlueTaskSpec:
     hf_text: tuple[str, str | None] = ("sentence", None)  # field names in the Hugging Face dataset
     evals: tuple[str, ...] = ()  # leaderboard columns this task's model is scored on / predicts
     score_range: tuple[float, float] | None = None  # a regression task's label range (STS-B: 0 to 5)
+    # how a split is read when not from GLUE's layout: (spec, split) -> examples (task=own: lm/glue/own.py read_split)
+    reader: Callable[[GlueTaskSpec, str], list] | None = None
 
     @property
     def n_labels(self) -> int:
