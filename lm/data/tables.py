@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
+from lm.data.columns import find_column
 from lm.data.errors import DataError
-
-if TYPE_CHECKING:  # hints only: sources imports glue_text, which reads GLUE through lm.glue.readers, which uses
-    from lm.data.sources import SourceFile  # find_column here (a run-time import would close that cycle)
+from lm.data.sources import SourceFile
 
 TABLES = ("csv", "tsv")
 _DIALECTS = {"csv": {}, "tsv": {"delimiter": "\t", "quoting": csv.QUOTE_NONE}}
@@ -74,15 +72,6 @@ def column_at(src: SourceFile, header: list[str], column: str) -> int:
     if at is not None:
         return at
     raise DataError(f"{src.path}: {_header_problem(src, header, column)}")
-
-
-def find_column(header: list[str], column: str) -> int | None:
-    """`column`'s position: the name itself, else the one name equal but for case and surrounding whitespace
-    (two such are ambiguous: None, as for no match). Shared by lm prepare's tables, the GLUE reader and task=own."""
-    if column in header:
-        return header.index(column)
-    loose = [i for i, name in enumerate(header) if name.strip().casefold() == column.strip().casefold()]
-    return loose[0] if len(loose) == 1 else None
 
 
 def _header_problem(src: SourceFile, header: list[str], column: str) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from lm.config_base import ConfigError
-from lm.data.tables import find_column
+from lm.data.columns import find_column
 from lm.glue.config import OWN_FORMATS as FORMATS
 from lm.glue.config import GlueTaskConfig
 from lm.glue.readers import Example, GlueDataError, GlueDataMissing, _text_lines

@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from lm.data.tables import find_column
+from lm.data.columns import find_column
 from lm.glue.tasks import DOWNLOAD_HINT, HF_DATASET, GlueTaskSpec, get_eval, get_task
 
 MAX_LINE_BYTES = 1 << 20  # far above any GLUE example (the longest are a few kB); a longer line is not GLUE text
