@@ -331,3 +331,36 @@ def test_a_divergence_while_a_checkpoint_is_written_names_that_checkpoint(tmp_pa
         f"loss is nan at step 4; no update was applied and the last good checkpoint {ckpt} is intact. "
         "Lower optim.lr, lengthen sched.warmup_steps, or set train.on_nonfinite=skip"
     )
+
+
+def test_a_divergence_while_a_checkpoint_write_fails_stays_the_error(tmp_path, monkeypatch, caplog):
+    """NaN loss at step 4 while step 3's background write is failing: the loop's wait for that write logs the write's
+    error and the divergence is raised, naming no checkpoint (none was written), not the write's OSError."""
+    from lm.core import objectives
+    from lm.core.loop import LossDiverged
+    from lm.engine.base import Engine
+
+    real_loss, calls = objectives.loss, {"n": 0}
+
+    def failing_stage(self, path, group=None):
+        def fail():
+            time.sleep(1.0)  # step 4 is trained, and found NaN, while this write is still in flight
+            raise OSError(28, "No space left on device")
+
+        return fail
+
+    def nan_at_step_4(model, batch, *metrics):
+        calls["n"] += 1
+        out = real_loss(model, batch, *metrics)
+        return out * float("nan") if calls["n"] == 4 and model.training else out
+
+    monkeypatch.setattr(Engine, "stage_state", failing_stage)
+    monkeypatch.setattr(objectives, "loss", nan_at_step_4)
+    with caplog.at_level("ERROR", logger="lm"), pytest.raises(LossDiverged) as e:
+        run(tmp_path, 9, True, ckpt_interval=3)
+    assert str(e.value) == (
+        "loss is nan at step 4; no update was applied. "
+        "Lower optim.lr, lengthen sched.warmup_steps, or set train.on_nonfinite=skip"
+    )
+    ckpt = tmp_path / "checkpoints" / "step_00000003"
+    assert f"the checkpoint write in flight failed: checkpoint {ckpt} could not be written (No space" in caplog.text
