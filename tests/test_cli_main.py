@@ -2,6 +2,9 @@
 --help` works for the Hydra apps and the argparse ones, the dispatched command names itself `lm <cmd>`
 in its usage and errors, and `lm` is the only console script."""
 
+import re
+import tokenize
+
 import pytest
 import tomllib
 
@@ -55,6 +58,33 @@ def test_argparse_help_lines_fit_120_columns(tmp_path, name):
     215 columns, lm prepare's list of registry corpora 186."""
     p = run_cli("lm", name, "--help", cwd=tmp_path)
     assert max(len(line) for line in p.stdout.splitlines()) <= 120
+
+
+def _lines_joined_by_a_backslash(path) -> list[int]:
+    """Lines of `path` where a string literal that is not raw ends a line with a lone backslash, which Python reads
+    as a line continuation: the two lines print as one (a docstring's shell example keeps its break with \\\\)."""
+    found = []
+    with open(path, "rb") as f:
+        for tok in tokenize.tokenize(f.readline):
+            prefix = re.match(r"[A-Za-z]*", tok.string).group() if tok.type == tokenize.STRING else "r"
+            if "r" in prefix.lower():
+                continue
+            body = tok.string[len(prefix) :]
+            for m in re.finditer(r"(\\+)\n", body):
+                if len(m.group(1)) % 2:
+                    found.append(tok.start[0] + body[: m.start()].count("\n"))
+    return found
+
+
+def test_no_lm_string_joins_two_lines_with_a_lone_backslash():
+    """lm preflight's --help printed its multi-node example as one line: `...torchrun_multinode.sh \\` then a
+    newline, in a docstring, is a continuation; its joined line was over 120 columns, a shorter one would not be."""
+    found = {
+        str(p.relative_to(REPO)): n
+        for p in sorted((REPO / "lm").rglob("*.py"))
+        if (n := _lines_joined_by_a_backslash(p))
+    }
+    assert found == {}
 
 
 def test_bare_lm_prints_usage_and_fails_and_unknown_commands_are_one_line(tmp_path):
