@@ -5,6 +5,7 @@ tests/glue_support.py; then each refusal's exact line."""
 import csv
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -201,16 +202,78 @@ def test_a_non_numeric_label_with_regression_is_refused(tmp_path):
 
 
 def test_fewer_than_two_classes_is_refused(tmp_path):
-    cfg = own_cfg(tmp_path, [["a", "pos"], ["b", "pos "]])
+    """Whether the classes are inferred or listed (tasks.own.labels was accepted with one class in train), or
+    max_train_examples keeps only a file's first rows (sorted by class: one class): nothing to learn."""
+    one_class = f"{tmp_path / 'train.csv'}: fewer than 2 classes among the train labels (['pos']); a classifier needs"
+    cfg = own_cfg(tmp_path, [["a", "pos"], ["b", "pos "]], ROWS)
+    assert refused(cfg) == f"{one_class} two or more (a numeric score: tasks.own.regression=true)"
+    assert refused(replace(cfg, labels=["neg", "pos"])) == refused(cfg)
+    cfg = own_cfg(tmp_path, [["a", "neg"], ["b", "neg"], ["c", "pos"]], max_train_examples=2)
     assert refused(cfg) == (
-        f"{tmp_path / 'train.csv'}: fewer than 2 classes among the train labels (['pos']); a classifier needs two "
-        f"or more (a numeric score: tasks.own.regression=true)"
+        f"{tmp_path / 'train.csv'}: fewer than 2 classes among the labels of the first 2 train rows "
+        f"(tasks.own.max_train_examples: shuffle the file, or raise it) (['neg']); a classifier needs two or more "
+        f"(a numeric score: tasks.own.regression=true)"
+    )
+    assert resolve(replace(cfg, max_train_examples=3)).labels == ["neg", "pos"]
+
+
+def test_a_score_that_never_varies_is_refused(tmp_path):
+    """A regression fit to one value learns nothing; Pearson and Spearman against one value are undefined (scipy's
+    nan, which lm.glue.metrics scores 0 in every epoch)."""
+    cfg = own_cfg(tmp_path, [["a", "1.5"], ["b", "1.50"]], [["a", "0"], ["b", "1"]], regression=True)
+    assert refused(cfg) == (
+        f"{tmp_path / 'train.csv'}: the train labels are all 1.5; a regression needs scores that vary (Pearson and "
+        f"Spearman of one value are undefined)"
+    )
+    cfg = own_cfg(tmp_path, [["a", "0"], ["b", "1"]], [["a", "2"], ["b", "2"]], regression=True)
+    assert refused(cfg).startswith(f"{tmp_path / 'dev.csv'}: the dev labels are all 2.0; a regression needs")
+
+
+def test_two_spellings_of_one_class_are_refused(tmp_path):
+    """ "Pos" beside "pos", or "1.0" beside "1" (a spreadsheet's export), made a third class of the same one;
+    listed in tasks.own.labels, they are two classes on purpose."""
+    cfg = own_cfg(tmp_path, [*ROWS, ["fine film", "Pos"]])
+    assert refused(cfg) == (
+        f"{tmp_path / 'train.csv'}:4: label 'Pos' is 'pos' (line 2) spelt another way; write one spelling, or list "
+        f"both in tasks.own.labels if they are two classes"
+    )
+    assert resolve(replace(cfg, labels=["neg", "pos", "Pos"])).n_labels == 3
+    cfg = own_cfg(tmp_path, [["a", "0"], ["b", "1"], ["c", "1.0"]])
+    assert refused(cfg).startswith(f"{tmp_path / 'train.csv'}:4: label '1.0' is '1' (line 3) spelt another way")
+
+
+def test_a_column_named_twice_is_refused(tmp_path):
+    """A header naming the label twice (the first was read), or two settings naming one column (a pair of one
+    text with itself)."""
+    cfg = own_cfg(tmp_path, [["a", "pos", "neg"], ["b", "neg", "pos"]], header=("sentence", "label", "label"))
+    assert refused(cfg) == f"{tmp_path / 'train.csv'}:1: the header names 'label' 2 times; rename all but one"
+    cfg = own_cfg(
+        tmp_path, [["a", "b", "pos"], ["c", "d", "neg"]], header=("sentence1", "sentence2", "label"), text_b="Sentence1"
+    )
+    assert refused(cfg, ConfigError) == (
+        "tasks.own.text_b=Sentence1 names the column tasks.own.text_a reads; name each its own column"
     )
 
 
 def test_an_empty_text_is_refused(tmp_path):
     cfg = own_cfg(tmp_path, [*ROWS, ["  ", "pos"]])
     assert refused(cfg) == f"{tmp_path / 'train.csv'}:4: the text 'sentence' is empty; fill it or delete the row"
+    pair = own_cfg(tmp_path, [["a", "b", "pos"], ["c", "", "neg"]], header=("s1", "s2", "label"), text_a="s1")
+    assert refused(replace(pair, text_b="s2")) == (
+        f"{tmp_path / 'train.csv'}:3: the text 's2' is empty; fill it or delete the row"
+    )
+    (tmp_path / "t.jsonl").write_text('{"s1": "a", "s2": "b", "label": 1}\n{"s1": "c", "s2": null, "label": 0}\n')
+    pair = replace(pair, text_b="s2", train_file=str(tmp_path / "t.jsonl"))
+    assert refused(pair) == f"{tmp_path / 't.jsonl'}:2: the text 's2' is empty; fill it or delete the row"
+
+
+def test_a_nul_byte_is_refused_naming_the_line(tmp_path):
+    """A truncated or corrupted file (csv reads NUL as text since Python 3.11, json never sees a raw one)."""
+    (tmp_path / "t.csv").write_bytes(b"sentence,label\ngood,pos\nba\x00d,neg\n")
+    (tmp_path / "t.jsonl").write_bytes(b'{"sentence": "good", "label": 1}\n{"sentence": "b\x00", "label": 0}\n')
+    for name, line in (("t.csv", 3), ("t.jsonl", 2)):
+        cfg = GlueTaskConfig(name="own", train_file=str(tmp_path / name), dev_file=str(tmp_path / name))
+        assert refused(cfg).startswith(f"{tmp_path / name}:{line}: the file is UTF-16 or binary, not UTF-8 text")
 
 
 def test_own_settings_are_refused_before_any_file_is_read(tmp_path):

@@ -11,15 +11,17 @@ one (lm.data.tables.find_column: "Label " is label when no other is).
 Columns: tasks.own.text_a (default sentence, or sentence1 when text_b is set), text_b (null: one text per example;
 set: a pair, so pair_input applies), label (default label). Classes: tasks.own.labels in class-id order, else the
 train file's distinct labels sorted (numerically when all are integers, else as strings: what Hugging Face's run_glue
-does), said in one log line. regression=true: the label is a number, one output, MSE.
+does), said in one log line; two spellings of one class there ("Pos"/"pos", "1"/"1.0") are refused, not made two.
+regression=true: the label is a number, one output, MSE.
 
 Metrics (lm/glue/metrics.py's): accuracy, and for two classes the F1 of the second class (as GLUE's MRPC); the task's
 score is accuracy. Regression: Pearson and Spearman, the score their mean (as STS-B, without STS-B's [0, 5] clip).
 There is no test split: an own task writes no submission file.
 
 Every refusal comes before anything is trained (lm/glue/run.py missing_data calls `resolve`), one line naming the file
-and the row: a missing file or column, an empty text or label, a dev label not among the train labels, a
-non-numeric label with regression=true, fewer than 2 classes in train.
+and the row: a missing file or column, a column named twice, an empty text or label, a dev label not among the train
+labels, a non-numeric label with regression=true, fewer than 2 classes among the train rows trained on (tasks.own.labels
+or not), scores that never vary (train or dev).
 """
 
 from __future__ import annotations
@@ -65,36 +67,83 @@ def columns(cfg: GlueTaskConfig) -> dict[str, str | None]:
 
 def resolve(cfg: GlueTaskConfig) -> GlueTaskConfig:
     """The task with its classes fixed (labels, n_labels), after reading both files through every refusal."""
+    _distinct_columns(cfg)
     train, dev = read_rows(cfg, "train_file"), read_rows(cfg, "dev_file")
     labels = cfg.labels
     if not cfg.regression and labels is None:
         labels = infer_labels(cfg.train_file, train)
-        log.info(
-            "task=own: classes %s from %s's labels (class ids in this order; tasks.own.labels sets them)",
-            labels,
-            cfg.train_file,
-        )
     out = replace(cfg, labels=None if cfg.regression else [str(n).strip() for n in labels])
     out = replace(out, n_labels=1 if cfg.regression else len(out.labels))
     spec = spec_of(out)
     among = f"tasks.own.labels {spec.labels}" if cfg.labels is not None else None
-    to_examples(cfg.train_file, train, spec, among)
-    to_examples(cfg.dev_file, dev, spec, among or f"the train labels {list(spec.labels or ())}")
+    trained = to_examples(cfg.train_file, train, spec, among)[: cfg.max_train_examples or None]
+    cut = f"the first {len(trained)} train rows (tasks.own.max_train_examples: shuffle the file, or raise it)"
+    _varied(cfg.train_file, spec, trained, "train labels" if len(trained) == len(train) else f"labels of {cut}")
+    scored = to_examples(cfg.dev_file, dev, spec, among or f"the train labels {list(spec.labels or ())}")
+    if spec.is_regression:
+        _varied(cfg.dev_file, spec, scored, "dev labels")
     keys = metric_keys(eval_of(out))
     if out.main_metric not in keys:
         raise ConfigError(f"tasks.own.main_metric={out.main_metric!r} is not one of {keys}")
+    if cfg.labels is None and not cfg.regression:
+        log.info(
+            "task=own: classes %s from %s's labels (class ids in this order; tasks.own.labels sets them)",
+            out.labels,
+            cfg.train_file,
+        )
     return out
 
 
+def _distinct_columns(cfg: GlueTaskConfig) -> None:
+    """Two settings naming one column (text_b=sentence1 beside text_a's default) would pair a text with itself."""
+    seen = {}
+    for key, name in columns(cfg).items():
+        if name is not None and (other := seen.setdefault(name.strip().casefold(), key)) != key:
+            raise ConfigError(
+                f"tasks.own.{key}={name} names the column tasks.own.{other} reads; name each its own column"
+            )
+
+
 def infer_labels(path, rows: list[Row]) -> list[str]:
-    names = {r.label.strip() for r in rows}
-    if len(names) < 2:
+    """The train file's distinct labels, sorted; two spellings of one class ("Pos"/"pos", "1"/"1.0": a hand-edited
+    or spreadsheet-exported file) are refused, not made two classes."""
+    first: dict[str, int] = {}  # label -> its first line
+    for r in rows:
+        first.setdefault(r.label.strip(), r.line)
+    spelt: dict[str | float, str] = {}
+    for name, line in first.items():
+        if (same := spelt.setdefault(_spelling(name), name)) != name:
+            raise GlueDataError(
+                f"{path}:{line}: label {name!r} is {same!r} (line {first[same]}) spelt another way; write one "
+                f"spelling, or list both in tasks.own.labels if they are two classes"
+            )
+    integers = all(n.lstrip("-").isdigit() for n in first)  # 2 before 10, as run_glue's int column sorts
+    return sorted(first, key=int if integers else str)
+
+
+def _spelling(name: str) -> str | float:
+    """What two spellings of one label share: its number, else its letters in one case."""
+    try:
+        return float(name)
+    except ValueError:
+        return name.casefold()
+
+
+def _varied(path, spec: GlueTaskSpec, examples: list[Example], part: str) -> None:
+    """One class to train on, or one score to fit or to correlate with (Pearson of a constant is undefined, scored
+    0), teaches or measures nothing: refused, whether the classes were inferred or listed."""
+    values = sorted({e.label for e in examples})
+    if len(values) > 1:
+        return
+    if spec.labels is not None:
         raise GlueDataError(
-            f"{path}: fewer than 2 classes among the train labels ({sorted(names)}); a classifier needs two or "
-            f"more (a numeric score: tasks.own.regression=true)"
+            f"{path}: fewer than 2 classes among the {part} ({[spec.labels[int(v)] for v in values]}); a classifier "
+            f"needs two or more (a numeric score: tasks.own.regression=true)"
         )
-    integers = all(n.lstrip("-").isdigit() for n in names)  # 2 before 10, as run_glue's int column sorts
-    return sorted(names, key=int if integers else str)
+    raise GlueDataError(
+        f"{path}: the {part} are all {values[0]}; a regression needs scores that vary (Pearson and Spearman of one "
+        f"value are undefined)"
+    )
 
 
 def spec_of(cfg: GlueTaskConfig) -> GlueTaskSpec:
@@ -164,14 +213,7 @@ def _table(path, fmt: str, names: dict) -> list[Row]:
         header = _next_row(path, fmt, rows)
         if header is None:
             raise GlueDataError(f"{path}: the file is empty; expected a header line naming the columns")
-        at = {}
-        for key, name in names.items():
-            if name is not None:
-                at[key] = find_column(header, name)
-                if at[key] is None:
-                    raise GlueDataError(
-                        f"{path}:1: no column {name!r} in the header {header[:20]}; name it with tasks.own.{key}="
-                    )
+        at = {key: _column(path, header, name, key) for key, name in names.items() if name is not None}
         out = []
         while (row := _next_row(path, fmt, rows)) is not None:
             if not row:  # a blank line is no example
@@ -183,6 +225,17 @@ def _table(path, fmt: str, names: dict) -> list[Row]:
                 )
             out.append(Row(rows.line_num, *(row[at[k]] if k in at else None for k in ("text_a", "text_b", "label"))))
     return out
+
+
+def _column(path, header: list[str], name: str, key: str) -> int:
+    at = find_column(header, name)
+    if at is None:
+        raise GlueDataError(f"{path}:1: no column {name!r} in the header {header[:20]}; name it with tasks.own.{key}=")
+    if header.count(header[at]) > 1:  # which one the user meant, no reader can tell (pandas reads the first)
+        raise GlueDataError(
+            f"{path}:1: the header names {header[at]!r} {header.count(header[at])} times; rename all but one"
+        )
+    return at
 
 
 def _next_row(path, fmt: str, rows) -> list[str] | None:
