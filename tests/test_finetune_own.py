@@ -308,3 +308,51 @@ def test_jsonl_labels_may_be_json_booleans(tmp_path):
     cfg = resolve(GlueTaskConfig(name="own", train_file=str(tmp_path / "t.jsonl"), dev_file=str(tmp_path / "t.jsonl")))
     assert cfg.labels == ["false", "true"] and cfg.n_labels == 2
     assert [r.label for r in read_rows(cfg, "train_file")] == ["true", "false", "true"]
+
+
+# -- several ranks ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_own_on_two_ranks_scores_as_one_process(tmp_path):
+    """DDP on 2 gloo ranks: the classes and dev scores of one process (acc/F1 95.0/94.7 both, when written), and the
+    inferred classes said once (each rank said them, before any rank was quieted)."""
+    import random
+    import subprocess
+    import sys
+
+    from lm.data.tokenizer import train as train_tokenizer
+    from tests.engine_support import REPO, free_port, subprocess_env
+    from tests.glue_support import TINY, sentence
+
+    rng = random.Random(0)
+    for split, n in (("train", 160), ("dev", 60)):
+        write_csv(
+            tmp_path / f"{split}.csv",
+            ["sentence", "label"],
+            [[sentence(rng, i % 2), ["neg", "pos"][i % 2]] for i in range(n)],
+        )
+    texts = [sentence(rng, i % 2) for i in range(400)]
+    train_tokenizer("bpe", texts, vocab_size=300, n_sentinels=0).save(tmp_path / "tokenizer.json")
+
+    def run(world: int) -> tuple[dict, str]:
+        run_dir = tmp_path / f"ranks{world}"
+        args = ["init=none", *TINY, f"tokenizer={tmp_path / 'tokenizer.json'}", "hf=false", f"run_dir={run_dir}"]
+        args += ["train.progress=false", "train.threads=1", "model.dropout=0.0", "optim.lr=3e-3", "engine=ddp"]
+        args += own_task(
+            epochs=2, max_len=24, dropout=0.0, train_file=tmp_path / "train.csv", dev_file=tmp_path / "dev.csv"
+        )
+        launcher = ["-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_addr", "127.0.0.1"]
+        launcher += ["--master_port", str(free_port())]
+        cmd = [sys.executable, *(launcher if world > 1 else []), "-m", "lm.cli.finetune", *args]
+        env = subprocess_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="5")
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads((run_dir / "results.json").read_text()), proc.stdout + proc.stderr
+
+    (one, _), (two, said) = run(1), run(2)
+    assert one["tasks"]["own"]["config"]["labels"] == two["tasks"]["own"]["config"]["labels"] == ["neg", "pos"]
+    assert one["columns"]["own"]["seeds"]["0"]["acc"] > 80  # learnt: one sentiment word decides the label
+    assert two["columns"]["own"]["seeds"]["0"] == pytest.approx(one["columns"]["own"]["seeds"]["0"], abs=1e-6)
+    assert said.count("task=own: classes ['neg', 'pos']") == 1

@@ -51,6 +51,7 @@ def finetune(cfg: DictConfig, keep: tuple[str, ...] = ()):
 
     job = finetune_job(cfg)  # typed and validated, once
     check_run_dir(Path(job.run_dir), job.init)  # before anything is loaded or written
+    quiet_other_ranks(int(os.environ.get("RANK", 0)))  # before what missing_data says (task=own's classes)
     missing_data(job)  # a task without data is refused here, before the run directory is made
     # The job's record, made once here: below this line only typed objects, text and plain dicts travel.
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
@@ -63,7 +64,6 @@ def finetune(cfg: DictConfig, keep: tuple[str, ...] = ()):
         need_group=engine_cls.needs_process_group,
         expected=job.train.world_size,
     )
-    quiet_other_ranks(dist)
     if job.train.precision == Precision.auto:  # chosen (and said) once for every task and seed of the job
         job.train = resolve_precision(job.train, dist.device, dist.is_main)
     backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, job.model), dist)

@@ -83,7 +83,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     engine_cls = engine_class(run, get_class)
     device = dist_utils.pick_device(train_cfg.device)
     dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=train_cfg.world_size)
-    quiet_other_ranks(dist)
+    quiet_other_ranks(dist.rank)
     checked = _check_eval_tasks(run, dist)  # a mistyped task: before the data, the model or the run_dir
     if dist.is_main and short_schedule(train_cfg, sched_cfg):
         log.warning("%s", short_schedule(train_cfg, sched_cfg))

@@ -78,8 +78,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed % 2**64)
 
 
-def quiet_other_ranks(dist) -> None:
-    if not dist.is_main:
+def quiet_other_ranks(rank: int) -> None:
+    """INFO lines from rank 0 alone: every other rank's would repeat them."""
+    if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
         log.setLevel(logging.WARNING)
 
