@@ -60,7 +60,6 @@ class RankInfo:
     gpu_name: str
     free_bytes: int
     writable: str  # "" when writable, else the error
-    sees_marker: bool = False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

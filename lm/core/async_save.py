@@ -68,9 +68,6 @@ class BackgroundWrite:
         """Whether the last write ended with an error that wait() has not raised yet (a look, never a wait)."""
         return self._error is not None
 
-    def busy(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
     def wait(self) -> None:
         """Block until the write in flight (if any) is done; raise its error. Joins in short slices, so signals
         (a stop request, a second Ctrl-C) are still handled meanwhile."""

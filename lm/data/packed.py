@@ -101,8 +101,6 @@ class TokenStream:
 
 # -- a seeded permutation evaluated pointwise ---------------------------------------------------
 
-_M = (1 << 64) - 1
-
 
 def _mix(z: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser: a fast, well-mixing function of 64-bit integers (wraps mod 2**64)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import statistics
 from typing import Any
 
@@ -157,7 +156,3 @@ def summarize(run: Run, early_fraction: float = EARLY_FRACTION) -> dict[str, Any
         "last_step": run.last_step,
         "max_steps": max_steps(run),
     }
-
-
-def is_missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
