@@ -15,17 +15,19 @@ def test_a_rerun_adding_a_finetune_override_that_changes_nothing_computed_keeps_
     recipe's scratch arm (differs in ['finetune'], no more said), advising to remove the finished arm; lm finetune
     itself resumes a pair across those. An override that changes what is computed is still refused, naming it (and
     not the rest of the list, where it was hard to find)."""
-    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.cli.transfer_arms import check_arms
 
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
     r.scratch.mkdir()
     old = ["tasks.rte.epochs=5", "optim.lr=3e-3"]
     (r.scratch / "transfer_arm.json").write_text(json.dumps({"seeds": [0], "finetune": old}))
-    check_scratch_arm(r, {"seeds": [0], "finetune": [*old, "train.threads=1", "train.progress=true"]})
+    check_arms(r, {"seeds": [0], "finetune": [*old, "train.threads=1", "train.progress=true"]}, {"scratch"})
     with pytest.raises(
         TransferError, match=r"differs in \['finetune'\]; --finetune optim.lr=3e-3 -> optim.lr=1e-3; see "
     ):
-        check_scratch_arm(r, {"seeds": [0], "finetune": ["tasks.rte.epochs=5", "optim.lr=1e-3", "train.threads=1"]})
+        check_arms(
+            r, {"seeds": [0], "finetune": ["tasks.rte.epochs=5", "optim.lr=1e-3", "train.threads=1"]}, {"scratch"}
+        )
 
 
 def test_a_users_seconds_file_at_out_is_refused_not_counted(tmp_path):
@@ -89,7 +91,7 @@ def test_a_scratch_arm_recorded_with_model_linear_torch_is_the_same_arm(tmp_path
     finished arm. Another value of a field that computes (dim) is still refused."""
     from dataclasses import asdict
 
-    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.cli.transfer_arms import check_arms
     from lm.model.config import model_preset
 
     node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
@@ -97,9 +99,9 @@ def test_a_scratch_arm_recorded_with_model_linear_torch_is_the_same_arm(tmp_path
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
     r.scratch.mkdir()
     (r.scratch / "transfer_arm.json").write_text(json.dumps({"seeds": [0], "model": {**node, "linear": "torch"}}))
-    check_scratch_arm(r, {"seeds": [0], "model": node})
+    check_arms(r, {"seeds": [0], "model": node}, {"scratch"})
     with pytest.raises(TransferError, match=r"differs in \['model'\]"):
-        check_scratch_arm(r, {"seeds": [0], "model": {**node, "dim": 64}})
+        check_arms(r, {"seeds": [0], "model": {**node, "dim": 64}}, {"scratch"})
 
 
 def test_a_restored_scratch_arm_extended_by_a_seed_is_archived_as_measured_here(tmp_path, monkeypatch):
@@ -139,7 +141,7 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
     model node without it; the same model now must match it, and a different model must not."""
     from dataclasses import asdict
 
-    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.cli.transfer_arms import check_arms
     from lm.model.config import model_preset
 
     node = json.loads(json.dumps(asdict(model_preset("tiny", ["model.dim=32"])), default=str))
@@ -147,15 +149,15 @@ def test_a_shared_scratch_arm_recorded_before_a_new_model_field_still_matches(tm
     r.scratch.mkdir()
     old = {k: v for k, v in node.items() if k != "family"}
     (r.scratch / "transfer_arm.json").write_text(json.dumps({"pooling": "mean", "model": old}))
-    check_scratch_arm(r, {"pooling": "mean", "model": node})  # the same model: accepted
+    check_arms(r, {"pooling": "mean", "model": node}, {"scratch"})  # the same model: accepted
     with pytest.raises(TransferError, match=r"differs in \['model'\]"):
-        check_scratch_arm(r, {"pooling": "mean", "model": {**node, "dim": 64}})
+        check_arms(r, {"pooling": "mean", "model": {**node, "dim": 64}}, {"scratch"})
 
 
 def test_a_damaged_scratch_arm_record_is_one_line_and_kept(tmp_path):
     """A transfer_arm.json cut short or not a JSON object is refused naming it and the fix (it was a JSONDecodeError
     or AttributeError traceback); the file is left as it was."""
-    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.cli.transfer_arms import check_arms
 
     r = Recipe(out=tmp_path / "run", scratch=tmp_path / "scratch")
     r.scratch.mkdir()
@@ -163,7 +165,7 @@ def test_a_damaged_scratch_arm_record_is_one_line_and_kept(tmp_path):
     for text in ('{"tokenizer_sha', "[1]"):
         path.write_text(text)
         with pytest.raises(TransferError, match=rf"{re.escape(str(path))} is damaged .* Delete it and the same"):
-            check_scratch_arm(r, {"pooling": "mean"})
+            check_arms(r, {"pooling": "mean"}, {"scratch"})
         assert path.read_text() == text
 
 
@@ -171,7 +173,7 @@ def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_pa
     """Both arms read MRPC's and STS-B's pairs as siamese pairs and RTE's as one text (the budget); a --finetune
     override of pair_input wins; a scratch arm recorded under another budget (or before the budget was recorded)
     is not shared."""
-    from lm.cli.transfer_arms import check_scratch_arm
+    from lm.cli.transfer_arms import check_arms
     from lm.cli.transfer_recipe import budget, finetune_config
 
     def pair_inputs(finetune):
@@ -193,7 +195,7 @@ def test_the_budget_reads_the_similarity_pairs_apart_and_an_override_wins(tmp_pa
     r.scratch.mkdir()
     (r.scratch / "transfer_arm.json").write_text(json.dumps({"pooling": "mean"}))  # recorded before the budget was
     with pytest.raises(TransferError, match=r"differs in \['budget'\]"):
-        check_scratch_arm(r, {"pooling": "mean", "budget": budget(["stsb"])})
+        check_arms(r, {"pooling": "mean", "budget": budget(["stsb"])}, {"scratch"})
 
 
 def test_a_damaged_arm_record_is_one_line_naming_it(tmp_path):

@@ -61,13 +61,6 @@ def refuse_orphaned_pairs(pretrain_dir: Path, arm_dir: Path) -> None:
         )
 
 
-def check_scratch_arm(r: Recipe, record: dict) -> None:
-    """A scratch directory shared by several runs (a curve) must hold the same model, tokenizer and settings on the
-    tasks both name; records this call's recipe there (extended by its tasks and seeds)."""
-    _refuse_other_pairs(r.scratch, "scratch", record, "pass another --scratch, or remove it")
-    _record(r.scratch, "scratch", record, over=False)
-
-
 def _record(arm_dir: Path, arm: str, record: dict, over: bool) -> None:
     """Write `record` as the arm's (its pairs already checked to be this recipe's) where it says more than the old
     one: it names every task the old one did and a task or seed more, so it speaks for them; its seeds are then the
