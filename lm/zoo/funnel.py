@@ -259,12 +259,6 @@ def token_fractions(groups: list[int], n_blocks: int) -> list[float]:
     return fractions + [1.0] * (n_blocks - len(fractions))
 
 
-def attention_layers(groups: list[int], decoder_layers: int) -> float:
-    """The Funnel encoder's attention cost in full-length layers: a block of group g has T/2**g queries over
-    T/2**g keys, a pooling block T/2**g queries over T/2**(g-1) keys, an up-sampling block T over T."""
-    return sum(q * k for q, k in attention_shares(groups, decoder_layers))
-
-
 def attention_shares(groups: list[int], decoder_layers: int) -> list[tuple[float, float]]:
     """(queries, keys) of each block as fractions of T (lm/model/flops.py via FunnelStack.attention_shares)."""
     starts = pooling_blocks(groups)
