@@ -27,9 +27,10 @@ class OwnInit:
         raise NotImplementedError
 
 
-def _n_residual_layers(cfg: ModelConfig) -> int:
-    # Each block adds two residual branches (attention and FFN), three with cross-attention.
-    # A shared block counts once per application (model/stack's depth: the Universal Transformer's steps).
+def _n_layers_applied(cfg: ModelConfig) -> int:
+    # GPT-2's 1/sqrt(2 * n_layers) counts two residual branches per layer (attention, FFN); a decoder layer's
+    # cross-attention is a third branch, scaled alike but not counted. A shared block counts once per
+    # application (model/stack's depth: the Universal Transformer's steps).
     depth = cfg.stack.depth if cfg.stack is not None else (lambda n: n)
     return depth(cfg.n_layers) + (depth(cfg.decoder_layers) if cfg.arch == "encoder_decoder" else 0)
 
@@ -48,7 +49,7 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
 def _base_init(model: nn.Module, cfg: ModelConfig) -> None:
     if cfg.init == "torch":
         return
-    residual_std = cfg.init_std / math.sqrt(2 * _n_residual_layers(cfg))
+    residual_std = cfg.init_std / math.sqrt(2 * _n_layers_applied(cfg))
     for module in model.modules():
         if isinstance(module, nn.Linear):
             if cfg.init == "t5":
