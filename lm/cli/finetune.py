@@ -39,12 +39,11 @@ def register() -> None:
 def finetune(cfg: DictConfig, keep: tuple[str, ...] = ()):
     """One lm finetune job (also the Python API: compose conf/finetune.yaml, then call this). `keep`: files of the
     caller's in run_dir that resume=false leaves in place (lm transfer's scratch arm record and lane log)."""
-    import torch
     from hydra.utils import get_class, instantiate
 
     from lm.core.config import Precision
     from lm.core.lock import held_run_dir
-    from lm.core.setup import engine_class, make_engine, quiet_other_ranks, resolve_precision
+    from lm.core.setup import engine_class, make_engine, quiet_other_ranks, resolve_precision, use_threads
     from lm.engine import dist as dist_utils
     from lm.glue.init import load_backbone
     from lm.glue.run import finetune_glue, missing_data
@@ -56,8 +55,7 @@ def finetune(cfg: DictConfig, keep: tuple[str, ...] = ()):
     # The job's record, made once here: below this line only typed objects, text and plain dicts travel.
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-    if job.train.threads:
-        torch.set_num_threads(job.train.threads)
+    use_threads(job.train.threads)
     engine_cls = engine_class(job, get_class)
     dist = dist_utils.init(
         dist_utils.pick_device(job.train.device),

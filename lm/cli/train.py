@@ -24,7 +24,7 @@ from lm.core.config import TrainConfig, resolve_batch, short_schedule, validate_
 from lm.core.elastic import keep_global_batch
 from lm.core.files import atomic_write_text
 from lm.core.objectives import training_flops_per_token
-from lm.core.setup import engine_class, make_engine, quiet_other_ranks
+from lm.core.setup import engine_class, make_engine, quiet_other_ranks, use_threads
 from lm.data.config import DataConfig
 
 log = logging.getLogger("lm")
@@ -58,7 +58,6 @@ def typed_run(cfg: DictConfig):
 def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     """One run. `loaders` = (train, val) replaces the packed loaders of cfg.data (tests, benchmarks). None: a
     sweep's cell that had finished already (_finished_cell)."""
-    import torch
     from hydra.utils import get_class, instantiate
 
     from lm.core import loop
@@ -78,8 +77,7 @@ def train(cfg: DictConfig, loaders=None) -> "Trained | None":
     train_cfg, optim_cfg, sched_cfg, model_cfg = run.train, run.optim, run.sched, run.model
     _check(run)
     refuse_foreign_config(Path(run.run_dir))
-    if train_cfg.threads:  # small CPU models can run faster on one thread than on two (no fork/join per op)
-        torch.set_num_threads(train_cfg.threads)
+    use_threads(train_cfg.threads)  # small CPU models can run faster on one thread than on two (no fork/join per op)
     engine_cls = engine_class(run, get_class)
     device = dist_utils.pick_device(train_cfg.device)
     dist = dist_utils.init(device, need_group=engine_cls.needs_process_group, expected=train_cfg.world_size)

@@ -182,12 +182,11 @@ def _transfer(r: Recipe, t0: float) -> dict | None:
 
 def _start_lane(r: Recipe):
     """--parallel: the scratch arm in a second process; this one keeps the other half of the CPU threads."""
-    import torch
-
     from lm.cli.transfer_lane import split_threads, start_scratch_lane
+    from lm.core.setup import share_threads
 
     threads = split_threads(cpu_cores())
-    torch.set_num_threads(threads)  # train.threads, when set, still decides the pretraining's
+    share_threads(threads)  # what train.threads=null runs on here; train.threads, when set, still decides
     return start_scratch_lane(r, threads)
 
 

@@ -85,7 +85,9 @@ class TrainConfig:
     peak_flops: float | None = None  # per-device peak FLOP/s for MFU; None = look the GPU up
     world_size: int | None = None  # expected number of processes (asserted); None = what the launcher says
     progress: bool = True  # tqdm bar on rank 0 (only on a terminal)
-    threads: int | None = None  # torch intra-op CPU threads per process; None = torch's default (all cores)
+    # torch intra-op CPU threads per process; None = the process's own count (torch's default: all cores), also
+    # after an earlier run in the process (a sweep cell, lm transfer's pretraining) set another
+    threads: int | None = None
     # Steps between checks of the preemption flag (SIGTERM/SIGUSR1; a collective over ranks). Log steps check
     # it for free (it rides on their all-reduce); a signal is acted on within this many steps, so keep their
     # time below the scheduler's grace period (SLURM's KillWait: 30 s by default) plus a checkpoint's.

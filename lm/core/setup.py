@@ -65,6 +65,31 @@ def resolve_precision(train_cfg, device, say: bool):
     return train_cfg
 
 
+_process_threads: int | None = None  # what train.threads=null runs on: the count before any run set its own
+
+
+def use_threads(threads: int | None) -> None:
+    """torch's intra-op CPU threads for a run: `threads`, or with None the process's own count. torch keeps a
+    count for the whole process, so without this a sweep cell or lm transfer's finetuning (train.threads=null)
+    ran on the count an earlier run of the process had set, and its numbers were that count's, not its own
+    command's (the thread count decides a matmul's summation order)."""
+    import torch
+
+    global _process_threads
+    if _process_threads is None:
+        _process_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or _process_threads)
+
+
+def share_threads(threads: int) -> None:
+    """The process's own count from now on (lm transfer --parallel: its share of the cores beside a lane)."""
+    import torch
+
+    global _process_threads
+    _process_threads = threads
+    torch.set_num_threads(threads)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, numpy's and torch's global generators. `seed` is the run's seed + the rank (Session.build), which
     passes torch.manual_seed's largest (2**64-1, lm.config_base.MAX_SEED) on rank 1 of seed=2**64-1: it wraps."""
