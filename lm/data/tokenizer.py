@@ -18,6 +18,7 @@ embedding rows), and lm export's hf/ then tokenized a spelled "<eos>" to an id p
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -75,8 +76,9 @@ class Tokenizer:
     """A `tokenizers.Tokenizer` plus the special-token ids this project relies on.
 
     Text passed to encode() is always plain text: a corpus that spells "<eos>" gets the
-    characters, not the end-of-document id (`encode_special_tokens`), so only the pipeline
-    inserts special ids.
+    characters, not the end-of-document id, so only the pipeline inserts special ids. Two steps:
+    `encode_special_tokens` keeps the added-token pass from matching the spelling, and encoding
+    goes through a copy whose model cannot match it either (`_text_only`).
     """
 
     def __init__(self, tok: HFTokenizer, source: str = "<memory>"):
@@ -91,6 +93,7 @@ class Tokenizer:
         vocab = tok.get_vocab(with_added_tokens=True)
         found = sorted((int(m.group(1)), i) for t, i in vocab.items() if (m := SENTINEL.fullmatch(t)))
         self.sentinel_ids = [i for _, i in found]
+        self._enc = _text_only(tok)
 
     def _find(self, role: str) -> int | None:
         for name in (SPECIAL_TOKENS[role], *ALIASES[role]):
@@ -172,11 +175,11 @@ class Tokenizer:
     # -- encoding ----------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        return self._enc.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         # encode_batch_fast skips the character offsets that the pipeline never reads.
-        return [e.ids for e in self._tok.encode_batch_fast(list(texts), add_special_tokens=False)]
+        return [e.ids for e in self._enc.encode_batch_fast(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -189,6 +192,44 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(kind={self.kind}, vocab_size={self.vocab_size}, source={self.source})"
+
+
+# A special token's entry in the encoding copy's model vocabulary is renamed to its spelling plus this: no pre-token
+# holds a space after a whitespace-aware pre-tokenizer (Metaspace, Whitespace, BERT's), nor, in practice, a NUL.
+_UNMATCHABLE = " \x00"
+
+
+def _text_only(tok: HFTokenizer) -> HFTokenizer:
+    """The tokenizer to encode text with: `tok`, or a copy whose model vocabulary no longer spells the special tokens.
+
+    encode_special_tokens only skips the added-token pass; a model that matches a whole vocabulary entry still
+    found "<eos>" in text: Unigram's Viterbi (lm's unigram, T5's; the entry scores 0, the best), WordPiece and
+    WordLevel after a whitespace-only pre-tokenizer, BPE with ignore_merges (without it, only merges build a
+    token, and none builds a special one). Renaming the entry (its id kept) leaves the text to the ordinary pieces;
+    ids, decoding and the saved file stay the original's.
+    """
+    model = tok.model
+    if isinstance(model, models.BPE) and not model.ignore_merges:
+        return tok
+    spelled = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    spelled = {content: i for content, i in spelled.items() if model.token_to_id(content) == i}
+    if not spelled:
+        return tok
+    data = json.loads(tok.to_str())
+    vocab = data["model"]["vocab"]  # Unigram: [piece, score] in id order; the others: {piece: id}
+    for content, i in spelled.items():
+        if isinstance(vocab, list):
+            vocab[i][0] = content + _UNMATCHABLE
+        else:
+            vocab[content + _UNMATCHABLE] = vocab.pop(content)
+        if data["model"].get("unk_token") == content:  # WordPiece, WordLevel and BPE name their unknown token
+            data["model"]["unk_token"] = content + _UNMATCHABLE
+    try:
+        enc = HFTokenizer.from_str(json.dumps(data))
+    except Exception:  # noqa: BLE001 - a model that refers to the entry elsewhere (a BPE merge): keep the original
+        return tok
+    enc.encode_special_tokens = True
+    return enc
 
 
 # -- training -----------------------------------------------------------------------------------
