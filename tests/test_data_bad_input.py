@@ -347,3 +347,15 @@ def test_a_download_writes_no_progress_frames_into_a_redirected_log(tmp_path, ca
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar, as before
     download(src.as_uri(), tmp_path / "tty.txt")
     assert "download tty.txt: 100%" in capsys.readouterr().err
+
+
+def test_unknown_tokens_are_counted(tmp_path, capsys):
+    """A character the vocabulary lacks was written as its unk id without a word (a unigram's vocabulary holds the
+    characters of its training sample only: Gutenberg's 12 validation books hold 147 that its first 10 books lack)."""
+    from lm.data.tokenizer import train
+
+    train("char", ["abc d"], n_sentinels=0).save(tmp_path / "tokenizer.json")
+    (tmp_path / "text.txt").write_text("abc d\nabz zz\nd\n")
+    out = run(tmp_path, source=str(tmp_path / "text.txt"), tokenizer=str(tmp_path / "tokenizer.json"), val_fraction=0)
+    assert open_prepared(out)["unknown_tokens"] == 3
+    assert "wrote 3 unknown tokens (id 6): characters the tokenizer's vocabulary lacks" in capsys.readouterr().err

@@ -217,6 +217,7 @@ class Stats:
     short_docs: int = 0  # dropped: shorter than min_doc_chars
     duplicate_docs: int = 0  # dropped by dedup
     duplicate_tokens: int = 0
+    unknown_tokens: int = 0  # the tokenizer's unk id written: characters its vocabulary lacks
 
     def add(self, r: Result) -> None:
         for split, n in r.docs.items():
@@ -456,6 +457,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
             if dedup is not None:
                 result = dedup.filter(result)
             for split, tokens in result.tokens.items():
+                stats.unknown_tokens += int(np.count_nonzero(tokens == tok.unk_id))
                 if split not in writers:
                     writers[split] = ShardWriter(partial, split, dtype, cfg.shard_tokens)
                     files_open.callback(writers[split].release)
@@ -499,6 +501,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
             "invalid_utf8_sequences": stats.invalid_utf8,
         },
         "split_documents": stats.split_docs,  # longer than max_doc_chars: tokenized in pieces
+        "unknown_tokens": stats.unknown_tokens,  # characters the vocabulary lacks, written as its unk id
         "dropped": {
             "short_documents": stats.short_docs,
             "duplicate_documents": stats.duplicate_docs,
@@ -546,6 +549,13 @@ def _summary(meta: dict) -> None:
         say(
             f"tokenized {meta['split_documents']} documents longer than max_doc_chars="
             f"{meta['config']['max_doc_chars']:,} characters in pieces cut before whitespace"
+        )
+    if meta["unknown_tokens"]:
+        unk = meta["tokenizer"]["specials"]["unk"]
+        say(
+            f"wrote {meta['unknown_tokens']:,} unknown tokens (id {unk}): characters the tokenizer's vocabulary lacks "
+            f"(a unigram's holds those of the text it was trained on, tokenizer_train_chars of the train split); "
+            f"byte-level BPE (tokenizer=bpe) has none"
         )
     dropped = meta.get("dropped", {})
     if dropped.get("short_documents"):
