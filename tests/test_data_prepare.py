@@ -10,6 +10,7 @@ import pytest
 
 import lm.data.prepare as prep
 from lm.cli.prepare import main
+from lm.config_base import ConfigError
 from lm.data.config import data_preset
 from lm.data.errors import DataError
 from lm.data.manifest import open_prepared
@@ -455,7 +456,9 @@ def test_a_full_disk_is_one_line_and_loses_nothing(tmp_path, stories, monkeypatc
             "--out",
             str(out),
             "--doc-split",
-            "line",
+            "file",
+            "--split",
+            "contiguous",
             "--vocab-size",
             "300",
             "--n-sentinels",
@@ -486,7 +489,9 @@ def test_cli_help_list_and_run(tmp_path, stories, capsys):
             "--out",
             str(tmp_path / "cli"),
             "--doc-split",
-            "line",
+            "file",
+            "--split",
+            "contiguous",
             "--vocab-size",
             "300",
             "--n-sentinels",
@@ -505,6 +510,22 @@ def test_cli_help_list_and_run(tmp_path, stories, capsys):
     assert "OK" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="^lm prepare: .*nope.txt: no such file"):
         main([str(tmp_path / "nope.txt"), "--out", str(tmp_path / "x")])
+
+
+@pytest.mark.parametrize("kind", ["line", "jsonl"])
+def test_no_eos_between_lines_or_records_is_refused_not_run_together(tmp_path, stories, kind):
+    """append_eos=false on lines glued them, their newlines gone: 'hear me speak.All:Speak, speak.First Citizen:'."""
+    jsonl = tmp_path / "s.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": s}) + "\n" for s in STORIES))
+    source, what = (str(stories), "doc_split=line splits") if kind == "line" else (str(jsonl), "each jsonl record is")
+    with pytest.raises(
+        ConfigError, match=f"append_eos=false .*puts nothing between documents, and {what}.*--doc-split file"
+    ):
+        run(tmp_path, source=source, doc_split="line", append_eos=False)
+    assert not (tmp_path / "out").exists()
+    out = run(tmp_path, source=str(stories), doc_split="file", split="contiguous", append_eos=False)  # newlines kept
+    tok = Tokenizer.load(out)
+    assert tok.decode(np.concatenate([tokens(out, "train"), tokens(out, "val")]).tolist()).count("\n") == 200
 
 
 def test_every_data_preset_composes_with_hydra(monkeypatch, tmp_path):

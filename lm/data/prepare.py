@@ -361,6 +361,23 @@ def _check_tokenizer_source(tokenizer: str) -> None:
     )
 
 
+def _check_boundaries(cfg: DataConfig, files: list[SourceFile]) -> None:
+    """append_eos=false leaves nothing between documents: it is for whole files of plain text, which keep their own
+    line ends (nanoGPT's shakespeare_char). Lines, paragraphs or records ran together, their separators gone
+    (tiny Shakespeare by line: 'hear me speak.All:Speak, speak.First Citizen:You are all resolved')."""
+    if cfg.append_eos:
+        return
+    records = sorted({f.format for f in files if f.format != "text"})
+    if cfg.doc_split == "file" and not records:
+        return
+    what = f"each {'/'.join(records)} record is a document" if records else f"doc_split={cfg.doc_split} splits the text"
+    raise ConfigError(
+        f"data.append_eos=false (--no-append-eos) puts nothing between documents, and {what}: they would run "
+        f"together, the line ends or separators between them lost. It is for whole plain-text files "
+        f"(--doc-split file, data.doc_split=file), which keep their own; else drop it"
+    )
+
+
 def _starting(out: Path, files) -> str:
     """The first line of a fresh preparation: what is prepared where, from how much."""
     size = sum(f.stat()[0] for f in files if f.format != "hf")
@@ -387,6 +404,7 @@ def prepare(
             say(f"{out} is already prepared with these settings; nothing to do")
             return out
         _check_tokenizer_source(cfg.tokenizer)  # after the check above: data prepared from a file since moved is kept
+        _check_boundaries(cfg, files)  # likewise: a directory prepared so before is kept
         partial = out.with_name(f".{out.name}.partial")
         fp = fingerprint(content, files)
         state = _start(partial, fp, restart)
