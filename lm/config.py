@@ -180,9 +180,41 @@ def run_name_of(overrides) -> str:
     return name
 
 
+STAMP_ENV = "LM_RUN_STAMP"
+_made_here: set[str] = set()  # stamps this process made, not one handed to it (a rank, a sweep's cell, the user)
+
+
 def run_stamp() -> str:
-    """A timestamp that every rank agrees on: rank 0's, passed through LM_RUN_STAMP (lm.cli.train sets it)."""
+    """A timestamp that every rank agrees on: rank 0's, passed through LM_RUN_STAMP (lm/cli/app.py sets it)."""
     import os
     import time
 
-    return os.environ.setdefault("LM_RUN_STAMP", time.strftime("%Y-%m-%d_%H-%M-%S"))
+    if STAMP_ENV not in os.environ:
+        os.environ[STAMP_ENV] = time.strftime("%Y-%m-%d_%H-%M-%S")
+        _made_here.add(os.environ[STAMP_ENV])
+    return os.environ[STAMP_ENV]
+
+
+def own_stamped_dir(stamped_dir) -> None:
+    """Make the directory a fresh stamp names (a sweep's runs/<stamp>, runs/ablate_<stamp>) this process's alone.
+    Two sweeps started in the same second (a script's `lm train -m ... &` lines, array jobs) made the same stamp,
+    so their cells shared run directories: each refused the cells the other held, and the directory mixed both
+    sweeps. The directory is created here, and when it exists already the stamp gets a suffix (-2, -3, ...) until
+    it names a new one. `stamped_dir()` resolves the directory with the current stamp. A stamp handed down
+    (LM_RUN_STAMP set by the user to resume a sweep, or by the launcher of a cell) and a directory that does not
+    contain the stamp are left as they are."""
+    import os
+
+    stamp = os.environ.get(STAMP_ENV)
+    if stamp not in _made_here:
+        return
+    base, n = stamp, 1
+    while stamp in str(path := stamped_dir()):
+        try:
+            path.mkdir(parents=True)
+            return
+        except FileExistsError:
+            n += 1
+            stamp = f"{base}-{n}"
+            os.environ[STAMP_ENV] = stamp
+            _made_here.add(stamp)

@@ -172,3 +172,31 @@ def test_resume_false_leaves_a_sweep_cells_hydra_directory_in_place(tmp_path):
     assert sorted(p.name for p in aside.iterdir()) == ["config.yaml", "results.json", "sst2"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [".hydra", "previous"]
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- seed=1\n"
+
+
+@pytest.mark.slow
+def test_a_multirun_gives_each_cell_its_own_run_dir(tmp_path, easy_glue, pretrained):
+    """`lm finetune -m optim.lr=1e-3,3e-3` put every cell in one run_dir, runs/finetune/<stamp>: the second cell was
+    refused by the first's result (one of two cells ran) and had already written its config.yaml over the first's,
+    which then named lr 0.003 beside results trained at 0.001. Each cell now has runs/finetune/<stamp>/<job number>."""
+    import subprocess
+    import sys
+
+    from tests.engine_support import subprocess_env
+
+    args = ["-m", "init=none", f"tokenizer={pretrained / 'data'}", "model=tiny", "model.vocab_size=320"]
+    args += [f"glue.data_root={easy_glue}", "task=glue/sst2", "tasks.sst2.epochs=1", "tasks.sst2.max_len=24"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "lm", "finetune", *args, "train.progress=false", "optim.lr=1e-3,3e-3"],
+        cwd=tmp_path,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (sweep,) = (tmp_path / "runs" / "finetune").iterdir()
+    for cell, lr in (("0", 0.001), ("1", 0.003)):
+        assert json.loads((sweep / cell / "results.json").read_text())["columns"]["sst2"]["seeds"]["0"]["acc"] > 0
+        assert f"\n  lr: {lr}\n" in (sweep / cell / "config.yaml").read_text()
+    assert not (tmp_path / "multirun").exists()  # Hydra's own sweep directory: multirun.yaml is beside the cells

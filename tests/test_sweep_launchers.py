@@ -3,6 +3,7 @@ lands in error.txt (and in lm report), GPU slots are exclusive, a cell is a wand
 group with its overrides as tags."""
 
 import logging
+import os
 import threading
 import time
 
@@ -11,7 +12,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from omegaconf import OmegaConf
 
 from lm.report.runs import load_run
-from lm.sweep.callbacks import RecordFailure
+from lm.sweep.callbacks import OwnSweepDir, RecordFailure
 from lm.sweep.launchers import CellExited, ExitAsError, claim_slot, visible_gpus
 
 
@@ -62,6 +63,38 @@ def test_record_failure_ignores_finished_cells(tmp_path):
     cb.on_job_start(config=cfg)
     cb.on_job_end(config=cfg, job_return=JobReturn(status=JobStatus.COMPLETED, _return_value=None))
     assert not (tmp_path / "0").exists()
+
+
+def test_a_sweep_started_in_the_same_second_as_another_gets_a_directory_of_its_own(tmp_path, monkeypatch):
+    """Two `lm train -m` started in one second made one stamp, so both sweeps ran their cells in runs/<stamp>/<N>:
+    each was refused the cells the other held, and the directory mixed both sweeps' cells. Before any cell, a
+    sweep now creates its directory, and one that exists gets the next suffix."""
+    from lm import config as lm_config
+
+    lm_config.register_train_configs()  # the ${lm.stamp:} resolver
+    monkeypatch.setenv("LM_RUN_STAMP", "")
+    monkeypatch.delenv("LM_RUN_STAMP")  # the undo removes the stamp made below
+    monkeypatch.setattr(lm_config, "_made_here", set())
+    stamp = lm_config.run_stamp()  # made by this process, as lm/cli/app.py makes it
+    cfg = OmegaConf.create({"hydra": {"sweep": {"dir": f"{tmp_path}/runs/ablate_${{lm.stamp:}}"}}})
+    other = tmp_path / "runs" / f"ablate_{stamp}"  # the other sweep's, started in the same second
+    (other / "0").mkdir(parents=True)
+
+    OwnSweepDir().on_multirun_start(config=cfg)
+    assert os.environ["LM_RUN_STAMP"] == f"{stamp}-2"
+    assert str(cfg.hydra.sweep.dir) == f"{tmp_path}/runs/ablate_{stamp}-2"
+    assert (tmp_path / "runs" / f"ablate_{stamp}-2").is_dir()
+    assert [p.name for p in other.iterdir()] == ["0"]
+
+    os.environ["LM_RUN_STAMP"] = stamp  # a third sweep of that second
+    OwnSweepDir().on_multirun_start(config=cfg)
+    assert os.environ["LM_RUN_STAMP"] == f"{stamp}-3"
+
+    # a stamp handed down (LM_RUN_STAMP set to rerun a sweep, a cell's own process) keeps its directory
+    monkeypatch.setattr(lm_config, "_made_here", set())
+    os.environ["LM_RUN_STAMP"] = stamp
+    OwnSweepDir().on_multirun_start(config=cfg)
+    assert os.environ["LM_RUN_STAMP"] == stamp
 
 
 def test_slots_are_exclusive_and_freed_on_close(tmp_path):

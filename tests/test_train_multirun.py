@@ -176,3 +176,31 @@ def _files(run_dir):
         for p in run_dir.rglob("*")
         if p.is_file() and p.name != ".lock"
     }
+
+
+def test_a_sweep_whose_stamp_another_sweep_took_runs_in_a_directory_of_its_own(tmp_path):
+    """Two `lm train -m` started in the same second (a script's `... &` lines, array jobs) named one directory,
+    runs/<date>_<time>/: both sweeps ran their cells there, each refused the cells the other held (one of two cells
+    lost per sweep, reproduced) and the directory mixed the two. The other sweep is stood for here by a directory for
+    every second this sweep could start in: the sweep runs in <stamp>-2 and leaves them as they were."""
+    import datetime
+
+    now = datetime.datetime.now()
+    taken = [(now + datetime.timedelta(seconds=s)).strftime("%Y-%m-%d_%H-%M-%S") for s in range(-2, 300)]
+    for stamp in taken:
+        (tmp_path / "runs" / stamp / "0").mkdir(parents=True)
+    args = [*TINY_SWEEP, "train.max_steps=1", "train.eval_batches=1", "sched.warmup_steps=1", "seed=0,1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "lm", "train", *args],
+        cwd=tmp_path,
+        timeout=280,
+        text=True,
+        capture_output=True,
+        env=subprocess_env(LM_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(REPO)),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ours = [p for p in (tmp_path / "runs").iterdir() if p.name not in taken]
+    assert len(ours) == 1 and ours[0].name[:-2] in taken and ours[0].name.endswith("-2"), ours
+    assert sorted(p.name for p in ours[0].iterdir() if p.is_dir()) == ["0", "1"]
+    assert all(len(metrics(ours[0] / c)) > 0 for c in ("0", "1"))
+    assert all(sorted(p.name for p in (tmp_path / "runs" / s).iterdir()) == ["0"] for s in taken)

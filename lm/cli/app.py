@@ -14,7 +14,6 @@ import io
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -221,15 +220,15 @@ def _remove_if_empty(fresh: list[Path]) -> None:
 def _agree_on_run_stamp() -> None:
     """Rank 0's clock names a sweep (`runs/${lm.stamp:}/<cell>`, `logger.group: ..._${lm.stamp:}`): one name
     for all ranks."""
+    from lm.config import STAMP_ENV, run_stamp
     from lm.engine import dist as dist_utils
 
-    if "LM_RUN_STAMP" in os.environ:
+    if STAMP_ENV in os.environ:
         return
-    stamp = time.strftime("%Y-%m-%d_%H-%M-%S")
+    stamp = run_stamp()  # made here: a sweep's directory it names is claimed (lm.sweep.callbacks.OwnSweepDir)
     if dist_utils.launched_world_size() > 1:
         dist_utils.init(dist_utils.pick_device("auto"))
-        stamp = dist_utils.broadcast_object(stamp)
-    os.environ["LM_RUN_STAMP"] = stamp
+        os.environ[STAMP_ENV] = dist_utils.broadcast_object(stamp)
 
 
 def _stopped(e: Exception) -> bool:

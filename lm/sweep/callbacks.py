@@ -1,4 +1,9 @@
-"""Hydra callbacks for sweeps (listed under `hydra.callbacks` by conf/experiment/ablate_base.yaml).
+"""Hydra callbacks for sweeps (listed under `hydra.callbacks`: RecordFailure by conf/experiment/ablate_base.yaml,
+OwnSweepDir by conf/train.yaml and conf/finetune.yaml).
+
+OwnSweepDir: a sweep's directory is named by its start time to the second (runs/<stamp>, runs/ablate_<stamp>), so
+two sweeps started in the same second named one directory and shared its cells' run directories. Before any cell,
+the sweep creates its directory, and one that exists already gets a new name (lm.config.own_stamped_dir).
 
 RecordFailure: Hydra keeps a failed job's exception in memory and raises it only at the end of
 the sweep, so nothing in the cell's directory would say why it failed. This writes the traceback
@@ -85,3 +90,15 @@ class RecordFailure(Callback):
         logging.getLogger("lm").removeHandler(self._errors)
         lines, self._errors = self._errors.lines, None
         return lines
+
+
+class OwnSweepDir(Callback):
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        from lm.config import STAMP_ENV, own_stamped_dir
+
+        if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 names the directory and the others follow
+            own_stamped_dir(lambda: Path(str(config.hydra.sweep.dir)))
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            from lm.engine import dist as dist_utils
+
+            os.environ[STAMP_ENV] = dist_utils.broadcast_object(os.environ.get(STAMP_ENV))
