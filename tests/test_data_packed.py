@@ -75,6 +75,44 @@ def test_every_window_reads_the_joined_stream_also_across_shards(data):
     assert np.array_equal(batch["input_ids"].numpy(), windows[crossing[:4], :-1])
 
 
+def test_a_run_reads_the_data_it_opened_while_lm_prepare_force_replaces_it(data, tmp_path):
+    """Another job's `lm prepare --force` of the directory a run reads (other settings): shards were mapped on first
+    use, so the run read the new directory's shards from then on, without a word, or failed on one that no longer
+    existed (a real run: FileNotFoundError train_00046.bin at step 178 of 400, the new data having 40 train shards
+    where the old had 51). Every shard is now mapped when the loader opens: the run reads the data it started with."""
+    import shutil
+
+    copy = tmp_path / "data"
+    shutil.copytree(data, copy)
+    tokens = stream(copy, "train")
+    loader = PackedLoader(copy, "train", 63, 4, "clm")
+    assert len(loader.stream.files) >= 3
+    loader.stream.read_windows(np.array([0]), np.empty((1, 64), dtype=np.int64))  # the first step reads shard 0
+    settings = {"source": str(data.parent / "stories.txt"), "doc_split": "line", "tokenizer": "bpe"}
+    settings.update(vocab_size=600, n_sentinels=20, val_fraction=0.4, workers=1, shard_tokens=5000)
+    prepare(settings, copy, force=True, progress=False)
+    assert not np.array_equal(stream(copy, "train")[: tokens.size], tokens)  # the directory holds other data now
+    ids = np.arange(loader.n_samples)
+    windows = np.empty((ids.size, 64), dtype=np.int64)
+    loader.stream.read_windows(ids * 63, windows)
+    assert np.array_equal(windows, np.stack([tokens[i * 63 : i * 63 + 64] for i in ids]))
+
+
+def test_a_shard_replaced_between_the_manifest_check_and_its_mapping_is_refused(data):
+    """The directory replaced in the instant between open_prepared's size check and the mapping: the shard's size
+    disagrees with the meta.json read before, and the run stops naming the file instead of reading other data."""
+    import json
+
+    from lm.data.errors import DataError
+    from lm.data.packed import TokenStream
+
+    meta = json.loads((data / "meta.json").read_text())
+    shard = meta["splits"]["train"]["shards"][1]
+    shard["tokens"] += 7  # the manifest of a directory prepared otherwise
+    with pytest.raises(DataError, match=rf"{shard['file']}: \d+ tokens where its meta.json says {shard['tokens']}: "):
+        TokenStream(data, meta, "train")
+
+
 def test_an_epoch_visits_every_sample_once_and_epochs_differ(data):
     loader = PackedLoader(data, "train", T, 8, "clm", seed=0)
     n = loader.n_samples

@@ -47,7 +47,11 @@ VAL_SEED = 0
 
 
 class TokenStream:
-    """The shards of one split as one virtual array; a shard is mapped on first use, read when sliced."""
+    """The shards of one split as one virtual array; every shard is mapped when the stream opens, read when sliced.
+    Mapped at once, not on first use: `lm prepare --force` (another job, another user) replaces the directory's files
+    while a run reads it, and a shard first mapped after that was the new data's (other documents, another
+    tokenizer: read without a word) or gone (FileNotFoundError hours in). A mapping reads the file it opened until
+    the run ends, whatever is renamed or removed meanwhile."""
 
     def __init__(self, root: Path, meta: dict, split: str):
         if split not in meta["splits"]:
@@ -63,13 +67,9 @@ class TokenStream:
         self.files = [s["file"] for s in meta["splits"][split]["shards"]]
         self.starts = np.cumsum([0] + [s["tokens"] for s in meta["splits"][split]["shards"]])  # (n_shards + 1,)
         self.n = int(self.starts[-1])
-        self._maps: dict[int, np.ndarray] = {}
+        self._maps = [_map_shard(root / s["file"], s["tokens"], self.dtype) for s in meta["splits"][split]["shards"]]
 
     def shard(self, i: int) -> np.ndarray:
-        if i not in self._maps:
-            # A plain ndarray view of the map (its base keeps the file mapped): slicing an np.memmap
-            # builds a memmap subclass each time, which cost as much as copying a window.
-            self._maps[i] = np.memmap(self.root / self.files[i], dtype=self.dtype, mode="r").view(np.ndarray)
         return self._maps[i]
 
     def read_windows(self, starts: np.ndarray, out: np.ndarray) -> None:
@@ -97,6 +97,20 @@ class TokenStream:
     def locate(self, pos: int) -> str:
         i = int(np.searchsorted(self.starts, pos, side="right")) - 1
         return f"{self.root / self.files[i]} at token {pos - int(self.starts[i])}"
+
+
+def _map_shard(path: Path, tokens: int, dtype: np.dtype) -> np.ndarray:
+    """The shard's tokens as a plain ndarray view of its map (the base keeps the file mapped): slicing an np.memmap
+    builds a memmap subclass each time, which cost as much as copying a window."""
+    if tokens == 0:
+        return np.empty(0, dtype)  # mmap refuses an empty file
+    shard = np.memmap(path, dtype=dtype, mode="r").view(np.ndarray)
+    if shard.size != tokens:  # checked by open_prepared an instant ago: the directory was replaced since
+        raise DataError(
+            f"{path}: {shard.size} tokens where its meta.json says {tokens}: the directory changed while this run "
+            f"opened it (another lm prepare --force of it?); run again once that has finished"
+        )
+    return shard
 
 
 # -- a seeded permutation evaluated pointwise ---------------------------------------------------
