@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import multiprocessing as mp
 import os
+import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -136,8 +138,9 @@ def tokenize_tasks(
     # replaces it and the lost task's result never comes, so lm prepare waited forever; the executor
     # fails every pending task with BrokenProcessPool instead, which is reported below.
     pending: deque = deque()  # (task, future), oldest first
+    start = (os.getpid(), init, init_args)
     try:
-        with ProcessPoolExecutor(workers, mp.get_context("spawn"), init, init_args) as pool:
+        with ProcessPoolExecutor(workers, mp.get_context("spawn"), _start_worker, start) as pool:
             for task in tasks:
                 pending.append((task, pool.submit(work, task)))
                 if len(pending) >= 2 * workers:
@@ -153,6 +156,20 @@ def tokenize_tasks(
             f"system, most often for lack of memory. The progress so far is kept and a rerun resumes "
             f"it; use fewer workers (data.workers=N, now {workers}) or free memory"
         ) from None
+
+
+def _start_worker(parent: int, init: Callable[..., None], init_args: tuple) -> None:
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    init(*init_args)
+
+
+def _exit_with_parent(parent: int, poll_s: float = 1.0) -> None:
+    """End this worker once its parent is gone. A parent killed outright (SIGKILL, the kernel's OOM killer, a kill
+    of its pid alone) cannot stop its workers, and they wait for tasks on a queue whose write end each holds itself:
+    they slept, orphaned, holding their memory, until the machine rebooted."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    os._exit(1)
 
 
 def token_dtype(vocab_size: int):
