@@ -112,6 +112,48 @@ def test_zero_tokens_is_the_scratch_arm_and_a_curve_shares_it(tmp_path, corpus, 
     assert not (tmp_path / "t2").exists()  # a refused call leaves nothing behind
 
 
+HOLD = """
+import sys, time
+from lm.core.lock import lock_run_dir
+for run_dir in sys.argv[1:]:
+    lock_run_dir(run_dir)
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_call_on_a_held_arm_names_lm_transfers_flags(tmp_path, corpus, easy_glue):  # noqa: F811
+    """Two lm transfer calls on one --out at once (or two points of a curve sharing one --scratch): the second was
+    refused by the arm's run-directory lock in lm train's words, 'pick another run_dir', a setting lm transfer does
+    not have. It now names the holder and lm transfer's own fix: another --out, or its own --scratch."""
+    import socket
+    import subprocess
+    import sys
+
+    from tests.engine_support import REPO, subprocess_env
+
+    shared = tmp_path / "shared_scratch"
+    args = [sys.executable, "-c", HOLD, str(tmp_path / "t" / "finetune" / "scratch"), str(shared)]
+    holder = subprocess.Popen(args, env=subprocess_env(), cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        who = rf"\(pid {holder.pid} on {socket.gethostname()}, started .*\)"
+        with pytest.raises(
+            TransferError,
+            match=rf"finetune/scratch is in use by another run {who}; .*give this call "
+            rf"another --out than {tmp_path / 't'}$",
+        ):
+            run_transfer(recipe(tmp_path / "t", corpus, easy_glue, arm="scratch", seeds=[0]))
+        with pytest.raises(
+            TransferError, match=r"shared_scratch is in use by .* give this call a --scratch of its own$"
+        ):
+            run_transfer(recipe(tmp_path / "u", corpus, easy_glue, arm="scratch", seeds=[0], scratch=shared))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (tmp_path / "t" / "finetune" / "scratch" / "sst2").exists()  # the holder's arm was not written
+
+
 def test_finetuning_with_another_tokenizer_or_model_is_refused():
     for bad in ("tokenizer=/elsewhere/tokenizer.json", "model.dim=64", "model=bert", "init=runs/other"):
         with pytest.raises(

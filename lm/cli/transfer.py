@@ -117,14 +117,31 @@ def run_transfer(r: Recipe) -> dict | None:
     or None for one arm alone (--arm). Its run record's seconds add up every call's time on this point
     (<out>/transfer_seconds.json), an interrupted one's too (a stop by SIGTERM or Ctrl-C; a SIGKILLed call's
     time is lost); a --parallel call's scratch lane runs inside the parent's time and is not added again."""
+    from lm.core.lock import RunDirLocked
+
     t0 = time.time()
     try:
         return _transfer(r, t0)
-    except BaseException:
+    except BaseException as e:
         # counted where the point is recorded: a call refused before (say, in a directory of the user's) writes nothing
         if (r.out / POINT).is_file() and not r.lane:
             spent(r.out, time.time() - t0)
+        if isinstance(e, RunDirLocked) and e.run_dir is not None:
+            raise TransferError(_in_use(r, e.run_dir, e.holder)) from None
         raise
+
+
+def _in_use(r: Recipe, run_dir: Path, holder: str) -> str:
+    """RunDirLocked in lm transfer's words: its fix is a flag of lm transfer (--out, --scratch), not run_dir=."""
+    shared = run_dir == r.scratch.resolve() and not r.scratch.resolve().is_relative_to(r.out.resolve())
+    fix = (
+        "this call's scratch arm is shared (--scratch): let the other call finish it first (the curve's points one "
+        "after another), or give this call a --scratch of its own"
+        if shared
+        else f"wait for it to finish (the same command then resumes whatever is left), stop it, or give this call "
+        f"another --out than {r.out}"
+    )
+    return f"{run_dir} is in use by another run ({holder}); two runs there would overwrite each other's work: {fix}"
 
 
 def _transfer(r: Recipe, t0: float) -> dict | None:

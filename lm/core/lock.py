@@ -38,7 +38,12 @@ _held: dict[Path, TextIO] = {}  # run_dir -> open lock file: the lock lives as l
 
 
 class RunDirLocked(CheckpointError):
-    """Another live process holds the run directory; the message names it."""
+    """Another live process holds the run directory; the message names it. `run_dir` and `holder` (pid, host,
+    start, command) let a command that chose the directory itself word the fix in its own flags (lm transfer)."""
+
+    def __init__(self, message: str, run_dir: Path | None = None, holder: str = ""):
+        super().__init__(message)
+        self.run_dir, self.holder = run_dir, holder
 
 
 class RunDirUnwritable(CheckpointError):
@@ -113,7 +118,8 @@ def acquire(run_dir) -> Path:
         f.seek(0)
         text = f.read()
         f.close()
-        raise RunDirLocked(_held_message(run_dir, path, text)) from None
+        who = _holder_words(path, text)
+        raise RunDirLocked(_held_message(run_dir, path, who), run_dir, who) from None
     f.seek(0)
     f.truncate()
     f.write(
@@ -192,7 +198,8 @@ def in_use(run_dir) -> bool:
     return any(f[1] == "FLOCK" and f[5] == want for f in (line.split() for line in table.splitlines()) if len(f) > 5)
 
 
-def _held_message(run_dir: Path, path: Path, text: str) -> str:
+def _holder_words(path: Path, text: str) -> str:
+    """The holder as the lock file's text names it: pid, host, start time and command."""
     try:
         who = json.loads(text)
     except ValueError:
@@ -203,6 +210,10 @@ def _held_message(run_dir: Path, path: Path, text: str) -> str:
         # flock is inherited across fork: children of a dead holder (data-loader workers, a launcher's
         # ranks) still hold it, and may still be writing.
         what += f" (pid {pid} has exited; processes it forked still hold the lock: `fuser -v {path}` lists them)"
+    return what
+
+
+def _held_message(run_dir: Path, path: Path, what: str) -> str:
     return (
         f"run_dir {run_dir} is in use by another run ({what}). Two runs in one run_dir overwrite each "
         f"other's checkpoints and metrics: wait for it to finish, stop it, or pick another run_dir. The lock "
