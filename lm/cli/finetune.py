@@ -46,12 +46,12 @@ def finetune(cfg: DictConfig, keep: tuple[str, ...] = ()):
     from lm.core.setup import engine_class, make_engine, quiet_other_ranks, resolve_precision, use_threads
     from lm.engine import dist as dist_utils
     from lm.glue.init import load_backbone
-    from lm.glue.run import finetune_glue, missing_data
+    from lm.glue.run import check_earlier_pairs, finetune_glue, missing_data
 
     job = finetune_job(cfg)  # typed and validated, once
     check_run_dir(Path(job.run_dir), job.init)  # before anything is loaded or written
     quiet_other_ranks(int(os.environ.get("RANK", 0)))  # before what missing_data says (task=own's classes)
-    missing_data(job)  # a task without data is refused here, before the run directory is made
+    skipped = missing_data(job)  # a task without data is refused here, before the run directory is made
     # The job's record, made once here: below this line only typed objects, text and plain dicts travel.
     config_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -67,6 +67,8 @@ def finetune(cfg: DictConfig, keep: tuple[str, ...] = ()):
     backbone = _load_in_turn(lambda: load_backbone(job.init, job.tokenizer, job.model), dist)
     run_dir = Path(job.run_dir)
     with held_run_dir(run_dir, dist):  # rank 0 creates it and holds <run_dir>/.lock; a second job refuses
+        if job.resume:  # every pair an earlier job trained, checked before any trains and before a file is written
+            check_earlier_pairs(job, backbone, config, skipped, dist)
         if dist.is_main:
             if not job.resume:
                 _set_aside(run_dir, keep)

@@ -186,7 +186,7 @@ def check_resume(
     error = None
     if dist.is_main:
         try:
-            _check(Path(ckpt), config_yaml, max_steps, may_change, start_over)
+            check_checkpoint_config(Path(ckpt), config_yaml, max_steps, may_change, start_over)
         except ConfigError as e:
             error = str(e)
     error = dist_utils.broadcast_object(error)
@@ -194,7 +194,10 @@ def check_resume(
         raise ConfigError(error)
 
 
-def _check(ckpt: Path, config_yaml: str, max_steps: int | None, may_change: Sequence[str], start_over: str) -> None:
+def check_checkpoint_config(
+    ckpt: Path, config_yaml: str, max_steps: int | None, may_change: Sequence[str], start_over: str
+) -> None:
+    """check_resume's check, in this process alone (lm finetune's up-front check of its pairs, on rank 0)."""
     saved_yaml = _trusted_file(ckpt, "config.yaml")
     if saved_yaml is not None:  # None: a damaged checkpoint, which Checkpointer.load names or falls back from
         refuse_changes(saved_yaml, config_yaml, may_change, f"resume {ckpt}", ckpt / "config.yaml", start_over)

@@ -18,6 +18,7 @@ median over seeds on dev and submitting the best dev run, e.g. RoBERTa, Liu et a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -33,7 +34,7 @@ from typing import Any
 from lm.core.config import LoggerConfig
 from lm.core.files import atomic_write_text, file_sha256
 from lm.glue.config import FinetuneSchema, GlueTaskConfig
-from lm.glue.grid import GridOutcome, run_grid
+from lm.glue.grid import GridOutcome, cell_task, cells, run_grid
 from lm.glue.grid_report import protocol_record
 from lm.glue.init import Backbone, build_classifier, fit_siamese_head
 from lm.glue.readers import GlueDataMissing, split_path
@@ -209,6 +210,77 @@ def _task_data(t: GlueTaskConfig, job: FinetuneSchema, backbone: Backbone):
     return data
 
 
+def check_earlier_pairs(job: FinetuneSchema, backbone: Backbone, config: dict, skipped, dist) -> None:
+    """Every task/seed pair of the job that an earlier job in run_dir finished (result.pt) or left partway
+    (checkpoints/), compared with the settings this job would train it with, all before any pair trains and
+    before anything is written: lm finetune calls it once it holds the run_dir. The same checks run again as
+    each pair's turn comes (where they say the harmless differences); alone, they would refuse a job at its
+    second task after its first had trained and config.yaml was rewritten beside results of other settings.
+    `skipped`: the tasks skip_missing leaves out. Rank 0 reads the files; every rank raises its refusal."""
+    from lm.config_base import ConfigError
+    from lm.core.checkpoint import CheckpointError
+    from lm.engine import dist as dist_utils
+
+    error = None
+    if dist.is_main:
+        try:
+            with _silenced(log):  # the checks' notes (a changed log interval, a moved init) come with each pair
+                for t, seed, out in _pairs(job, skipped):
+                    _check_pair(t, seed, out, _pair_yaml(config, backbone, t, seed))
+        except (ConfigError, CheckpointError) as e:
+            error = e
+    error = dist_utils.broadcast_object(error)
+    if error is not None:
+        raise error
+
+
+def _pairs(job: FinetuneSchema, skipped):
+    """(task config, seed, directory) of every pair the job may run; under protocol= every cell's every seed (the
+    chosen cell's other seeds run with its config)."""
+    for t in job.tasks.values():
+        if t.name in skipped:
+            continue
+        task_dir = Path(job.run_dir) / t.name
+        if job.protocol is None:
+            yield from ((t, seed, task_dir / f"seed{seed}") for seed in t.seeds)
+            continue
+        for cell in cells(job.protocol, t):
+            for seed in job.protocol.seeds:
+                yield cell_task(t, cell, [seed]), seed, task_dir / cell.name / f"seed{seed}"
+
+
+def _check_pair(t: GlueTaskConfig, seed: int, out: Path, config_yaml: str) -> None:
+    """What _run_seeds and _run_one refuse for this pair, read only: a finished result's settings (a damaged one
+    trains again from scratch, nothing to compare), else those of the checkpoint it would resume from."""
+    from lm.core.checkpoint import resume_point
+    from lm.core.resume import FINETUNE_RESUMABLE, check_checkpoint_config
+
+    result = out / RESULT
+    if result.is_file():
+        if _sealed(result):
+            _load_result(result, config_yaml)
+        return
+    ckpt = resume_point(out / "checkpoints")
+    if ckpt is not None:
+        check_checkpoint_config(ckpt, config_yaml, None, FINETUNE_RESUMABLE, _start_over(t, seed, out))
+
+
+def _start_over(t: GlueTaskConfig, seed: int, out: Path) -> str:
+    return f"delete {out} to train {t.name} seed {seed} again with the new values"
+
+
+@contextlib.contextmanager
+def _silenced(logger: logging.Logger):
+    def drop(_record) -> bool:
+        return False
+
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
 def _run_seeds(
     t: GlueTaskConfig, data, task_dir: Path, job: FinetuneSchema, backbone: Backbone, make_engine, config: dict, dist
 ) -> list[SeedResult]:
@@ -274,7 +346,7 @@ def _run_one(
             job.resume,
             None,
             FINETUNE_RESUMABLE,
-            start_over=f"delete {out} to train {t.name} seed {seed} again with the new values",
+            start_over=_start_over(t, seed, out),
         )
         if latest:
             log.info(
@@ -314,12 +386,18 @@ def _save_result(path: Path, result: SeedResult, config_yaml: str) -> None:
     os.replace(tmp, path)
 
 
-def _intact_result(path: Path) -> bool:
-    """Whether result.pt matches the sha256 written with it (one written before checksums: assumed intact).
-    A damaged one is named, and the pair trains again from scratch (the same seed gives the same result)."""
+def _sealed(path: Path) -> bool:
+    """Whether result.pt matches the sha256 written with it (one written before checksums: assumed intact)."""
     sealed = path.with_name(RESULT_SHA256)
-    if not sealed.is_file() or sealed.read_text().strip() == file_sha256(path):
+    return not sealed.is_file() or sealed.read_text().strip() == file_sha256(path)
+
+
+def _intact_result(path: Path) -> bool:
+    """_sealed; a damaged one is named, and the pair trains again from scratch (the same seed gives the same
+    result)."""
+    if _sealed(path):
         return True
+    sealed = path.with_name(RESULT_SHA256)
     log.warning("%s is damaged (it does not match the sha256 in %s); training this task/seed again", path, sealed)
     shutil.rmtree(path.parent / "checkpoints", ignore_errors=True)
     return False
