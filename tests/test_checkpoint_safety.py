@@ -154,6 +154,38 @@ def test_a_job_refused_in_a_run_dir_it_made_leaves_no_directory_behind(tmp_path)
     assert (tmp_path / "old").is_dir()
 
 
+class Refused(Exception):
+    pass
+
+
+def test_a_job_locking_as_a_refused_one_clears_its_new_run_dir_keeps_a_run_dir_and_the_lock(tmp_path, monkeypatch):
+    """Job A is refused in the run_dir it made and clears it as it lets go; job B opened the lock file just before
+    (locking is two steps: open, then flock) and gets the lock once A lets go. B must then hold the lock file at
+    the path, in a run_dir that exists, not the unlinked file of the directory A removed. The interleaving: A's
+    exit runs inside B's open (B is another process: A's entry in `_held` is out of its sight meanwhile)."""
+    from lm.core import lock
+
+    run_dir = tmp_path / "new" / "run"
+    a = lock.held_run_dir(run_dir)
+    a.__enter__()
+    a_file = lock._held.pop(run_dir.resolve())
+    open_lock_file, opened = lock._open_lock_file, []
+
+    def b_opens(path):
+        f = open_lock_file(path)
+        opened.append(path)
+        if len(opened) == 1:  # B holds A's file open; now A is refused
+            lock._held[run_dir.resolve()] = a_file
+            a.__exit__(Refused, Refused("refused"), None)
+        return f
+
+    monkeypatch.setattr(lock, "_open_lock_file", b_opens)
+    with lock.held_run_dir(run_dir):
+        assert run_dir.is_dir() and holder(run_dir)["pid"] == os.getpid()
+        assert not _free(run_dir)  # the lock B holds is the file at run_dir/.lock
+    assert len(opened) == 2  # B locked A's unlinked file first, saw it was not the one at the path, and tried again
+
+
 def test_the_same_process_may_lock_its_run_dir_again(tmp_path):
     assert acquire(tmp_path) == acquire(tmp_path) == tmp_path.resolve() / LOCK_NAME
     release(tmp_path)

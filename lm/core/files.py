@@ -93,7 +93,7 @@ def exclusive(path, waiting: Callable[[], None] | None = None):
                 waiting()
                 waiting = None
             fcntl.flock(fd, fcntl.LOCK_EX)
-        if _same_file(fd, path):
+        if same_file(fd, path):
             break
         os.close(fd)
     try:
@@ -103,7 +103,8 @@ def exclusive(path, waiting: Callable[[], None] | None = None):
         os.close(fd)
 
 
-def _same_file(fd: int, path: Path) -> bool:
+def same_file(fd: int, path: Path) -> bool:
+    """Whether the open file `fd` is the one now at `path` (not one removed, or replaced, since it was opened)."""
     try:
         here, there = os.fstat(fd), os.stat(path)
     except FileNotFoundError:

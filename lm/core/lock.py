@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TextIO
 
 from lm.core.checkpoint import CheckpointError
+from lm.core.files import same_file
 from lm.engine import dist as dist_utils
 
 LOCK_NAME = ".lock"
@@ -88,9 +89,9 @@ def held_run_dir(run_dir, dist=None):
     try:
         yield
     except BaseException:
-        release(run_dir)
-        if made:
+        if made:  # before the unlock: a job that opened the lock file meanwhile then finds it gone (acquire)
             _remove_if_only_lock(Path(run_dir))
+        release(run_dir)
         raise
     finally:
         release(run_dir)
@@ -111,15 +112,22 @@ def acquire(run_dir) -> Path:
     path = run_dir / LOCK_NAME
     if run_dir in _held:
         return path
-    f = _open_lock_file(path)
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        text = f.read()
+    while True:
+        f = _open_lock_file(path)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            text = f.read()
+            f.close()
+            who = _holder_words(path, text)
+            raise RunDirLocked(_held_message(run_dir, path, who), run_dir, who) from None
+        if same_file(f.fileno(), path):
+            break
+        # its holder, refused in the run_dir it made, removed the file (and the directory) before letting go:
+        # the lock of an unlinked file guards nothing, so lock the one at the path now
         f.close()
-        who = _holder_words(path, text)
-        raise RunDirLocked(_held_message(run_dir, path, who), run_dir, who) from None
+        run_dir.mkdir(parents=True, exist_ok=True)
     f.seek(0)
     f.truncate()
     f.write(
