@@ -216,7 +216,7 @@ def test_registry_download_offline_says_where_to_put_the_file(tmp_path, monkeypa
         r"offline.*empty_mirror/text/wikitext-2-raw/wiki.train.raw",
     ):
         run(tmp_path, source="wikitext2")
-    assert not list((tmp_path / "cache").rglob("*.part*"))  # no half download left behind
+    assert not [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]  # no half download left behind
 
 
 def test_hf_source_without_datasets_or_network_is_a_clear_error(tmp_path, monkeypatch):
@@ -347,6 +347,42 @@ def test_a_download_writes_no_progress_frames_into_a_redirected_log(tmp_path, ca
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar, as before
     download(src.as_uri(), tmp_path / "tty.txt")
     assert "download tty.txt: 100%" in capsys.readouterr().err
+
+
+def test_a_download_and_an_extraction_leave_another_hosts_temporary_file_alone(tmp_path):
+    """Two hosts sharing a cache directory may run lm prepare under the same pid: a temporary name made of the pid
+    alone (file.txt.part<pid>) was the other host's half-written file, truncated, then deleted. Each writer now
+    has its own name; its file is removed when it fails."""
+    import zipfile
+
+    from lm.data.corpora import _extract, download
+
+    src = tmp_path / "corpus.txt"
+    src.write_bytes(b"ours\n")
+    theirs = {tmp_path / f"{name}.part{os.getpid()}": f"{name}: the other host's half\n" for name in ("a", "b", "c")}
+    for path, text in theirs.items():
+        path.write_text(text)
+    download(src.as_uri(), tmp_path / "a")
+    with zipfile.ZipFile(tmp_path / "x.zip", "w") as z:
+        z.writestr("member.txt", "extracted\n")
+    _extract(tmp_path / "x.zip", "member.txt", tmp_path / "b")
+    with pytest.raises(DataError, match="downloaded file has sha256"):
+        download(src.as_uri(), tmp_path / "c", sha256="0" * 64)
+    assert (tmp_path / "a").read_text() == "ours\n" and (tmp_path / "b").read_text() == "extracted\n"
+    assert not (tmp_path / "c").exists()
+    assert {p: p.read_text() for p in theirs} == theirs
+    ours = ["a", "b", "corpus.txt", "x.zip"]  # no temporary file of ours left, the failed one's included
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*ours, *(p.name for p in theirs)])
+
+
+def test_a_tokenizer_save_leaves_another_hosts_temporary_file_alone(tmp_path):
+    from lm.data.tokenizer import train
+
+    theirs = tmp_path / f"tokenizer.json.tmp{os.getpid()}"
+    theirs.write_text("the other host's\n")
+    train("char", ["abc d"], n_sentinels=0).save(tmp_path / "tokenizer.json")
+    assert theirs.read_text() == "the other host's\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer.json", theirs.name]
 
 
 def test_unknown_tokens_are_counted(tmp_path, capsys):

@@ -19,7 +19,7 @@ def atomic_write_text(path, text: str) -> Path:
     mode of the file it replaces."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = _new_temporary(path)
+    fd, tmp = new_temporary(path)
     try:
         if path.exists():
             os.chmod(fd, stat.S_IMODE(os.stat(path).st_mode))
@@ -47,8 +47,10 @@ def naming(path):
         raise OSError(e.errno, e.strerror, str(path)) from e
 
 
-def _new_temporary(path: Path) -> tuple[int, str]:
-    """A new file beside `path`, opened for writing with the umask applied (tempfile.mkstemp makes 0600 files)."""
+def new_temporary(path: Path) -> tuple[int, str]:
+    """A new file beside `path`, opened for writing with the umask applied (tempfile.mkstemp makes 0600 files): (its
+    descriptor, its name). The name is drawn at random, never made of the pid alone: two hosts sharing a directory
+    (a cache on a network file system) may run writers of the same pid."""
     while True:
         tmp = str(path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp"))
         try:

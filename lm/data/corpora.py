@@ -16,6 +16,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lm.core.files import new_temporary
 from lm.data.errors import DataError
 
 
@@ -200,10 +201,10 @@ def download(url: str, dest: Path, sha256: str | None = None, timeout: float = 6
     from tqdm import tqdm
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + f".part{os.getpid()}")
+    fd, tmp = new_temporary(dest)  # its own name: another host sharing the cache may run a download of our pid
     digest = hashlib.sha256()
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=timeout) as r:
             total = int(r.headers.get("Content-Length") or 0) or None
             # the bar on a terminal only: in a redirected log (Slurm, nohup) its carriage-return frames pile up
             show = sys.stderr.isatty()
@@ -219,16 +220,16 @@ def download(url: str, dest: Path, sha256: str | None = None, timeout: float = 6
             )
         os.replace(tmp, dest)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
     return dest
 
 
 def _extract(archive: Path, member: str, dest: Path) -> None:
-    tmp = dest.with_name(dest.name + f".part{os.getpid()}")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = new_temporary(dest)
     try:
-        with zipfile.ZipFile(archive) as z, z.open(member) as src, open(tmp, "wb") as out:
+        with os.fdopen(fd, "wb") as out, zipfile.ZipFile(archive) as z, z.open(member) as src:
             shutil.copyfileobj(src, out, 1 << 20)
         os.replace(tmp, dest)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)

@@ -27,6 +27,8 @@ from pathlib import Path
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
+from lm.core.files import new_temporary
+
 SPECIAL_TOKENS = {
     "pad": "<pad>",
     "bos": "<bos>",
@@ -128,10 +130,15 @@ class Tokenizer:
         path = Path(path)
         if path.is_dir():
             path = path / FILE_NAME
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        self._tok.save(str(tmp))
-        self._file_sha256 = hashlib.sha256(tmp.read_bytes()).hexdigest()
-        os.replace(tmp, path)
+        fd, tmp = new_temporary(path)  # its own name: another host sharing the directory may run our pid
+        os.close(fd)
+        try:
+            self._tok.save(tmp)
+            self._file_sha256 = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
         return path
 
     def to_str(self) -> str:
