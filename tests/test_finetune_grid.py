@@ -190,6 +190,21 @@ def test_a_rerun_skips_every_finished_cell(files, whole, monkeypatch):
     assert trained == [] and read(whole) == before
 
 
+def test_a_finished_cell_of_other_settings_refuses_the_job_before_any_cell_trains(files, whole, tmp_path, monkeypatch):
+    """sst2's cells gone (they would train first), qqp's finished at max_len 32 and asked at 24: refused up front,
+    the run_dir as it was but for .lock (tests/test_finetune_refused_job.py)."""
+    run_dir = tmp_path / "ft"
+    shutil.copytree(whole, run_dir)
+    shutil.rmtree(run_dir / "sst2")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+    trained = trained_pairs(monkeypatch)
+    with pytest.raises(ConfigError, match=r"tasks?\.max_len: 32 -> 24") as e:
+        finetune(finetune_cfg(run_dir, grid_args(files, "tasks.qqp.max_len=24")))
+    assert f"cannot reuse the finished {run_dir / 'qqp' / SMALL_CELLS[0] / 'seed0' / 'result.pt'} " in str(e.value)
+    assert trained == [] and not (run_dir / "sst2").exists()
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"} == before
+
+
 def test_a_job_killed_between_cells_continues_at_the_next_and_a_grown_grid_reuses_its_cells(
     files, whole, tmp_path, monkeypatch
 ):
