@@ -1,0 +1,81 @@
+"""Every benchmark script against today's lm: the names it imports exist, it imports, and its shell commands name
+commands, modules, presets and files that exist. A script is mostly run on a rented GPU or after weeks of lm
+changes; a rename in lm (a removed function, a moved module) should fail here, not in its first minute there.
+Running each script at tiny sizes is the job of its own test (tests/test_bench*.py, test_transfer_gpu_script.py,
+test_hf_glue_check.py, test_kernels.py); these only read them."""
+
+import re
+import subprocess
+
+import pytest
+
+from lm.cli.main import COMMANDS
+from lm.config import conf_dir
+from tests.benchmark_scripts import BENCHMARKS, _is_module, lm_references, load, unresolved
+
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py"))
+SHELL = sorted(p.name for p in BENCHMARKS.glob("*.sh"))
+
+
+def test_the_reader_finds_a_removed_name_in_a_function_and_not_a_shadowed_one():
+    source = (
+        "from lm.data.tokenizer import Tokenizer\n"
+        "import lm.core.async_save as save\n"
+        "def main():\n"
+        "    from lm.cli.transfer_arms import check_scratch_arm\n"
+        "    save.BackgroundWrite.busy\n"
+        "    Tokenizer.load\n"
+        "def raw():\n"
+        "    from tokenizers import Tokenizer\n"
+        "    Tokenizer.from_file\n"
+    )
+    refs = lm_references(source)
+    assert refs == [  # (line 1's Tokenizer is read as its longer chain, line 6's)
+        (4, "lm.cli.transfer_arms.check_scratch_arm"),
+        (5, "lm.core.async_save.BackgroundWrite.busy"),
+        (6, "lm.data.tokenizer.Tokenizer.load"),
+    ]
+    assert [unresolved(d) for _, d in refs] == [
+        "lm.cli.transfer_arms has no check_scratch_arm",
+        "lm.core.async_save.BackgroundWrite has no busy",
+        None,
+    ]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_lm_name_a_benchmark_uses_exists(script):
+    refs = lm_references((BENCHMARKS / script).read_text())
+    missing = [f"{script}:{line}: {dotted} ({why})" for line, dotted in refs if (why := unresolved(dotted))]
+    assert not missing, "\n".join(missing)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_benchmark_imports_without_running(script, capsys):
+    load(script.removesuffix(".py"))  # its top level only: main() runs under __name__ == "__main__"
+    assert capsys.readouterr().out == ""
+
+
+def _commands(text: str) -> list[str]:
+    """The shell script's lines without comments, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", text)
+    return [line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("script", SHELL)
+def test_every_benchmark_shell_script_parses_and_names_what_exists(script):
+    path = BENCHMARKS / script
+    assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
+    root, missing = BENCHMARKS.parent, []
+    for line in _commands(path.read_text()):
+        for module in re.findall(r"-m (lm(?:\.\w+)+)", line):
+            missing += [] if _is_module(module) else [f"module {module}"]
+        for command in re.findall(r"(?:-m lm|^\s*lm|[(;&|]\s*lm) (\w+)", line):
+            missing += [] if command in COMMANDS else [f"lm command {command}"]
+        for file in re.findall(r"\b((?:benchmarks|tests)/\w+\.(?:py|sh))\b", line):
+            missing += [] if (root / file).is_file() else [f"file {file}"]
+        for preset in re.findall(r"experiment=(\w+)", line):
+            missing += [] if (conf_dir() / "experiment" / f"{preset}.yaml").is_file() else [f"experiment {preset}"]
+        for preset in re.findall(r"--preset (\w+)\b(?!=)", line):  # lm transfer's experiment, gpu_mfu.py's model
+            found = any((conf_dir() / group / f"{preset}.yaml").is_file() for group in ("experiment", "model"))
+            missing += [] if found else [f"preset {preset}"]
+    assert not missing, f"{script}: {missing}"
