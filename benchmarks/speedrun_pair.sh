@@ -15,10 +15,15 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${LM_PEERS:-$ROOT/../shared/peers}
 [ -f "$PEERS/speedrun_pair.sh" ] || { echo "no $PEERS/speedrun_pair.sh: set LM_PEERS to the peers folder" >&2; exit 2; }
 cd "$ROOT"
+# The peers' script runs `lm train` (or the old `lm-train`) from PATH: that is whichever checkout the venv has
+# installed, or none (a machine without `pip install -e .`). A stand-in on PATH runs this checkout's lm instead.
+shim=$(mktemp -d)
+printf '#!/bin/sh\nexec python -m lm "$@"\n' > "$shim/lm" && chmod +x "$shim/lm"
+export PATH="$shim:$PATH" PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 out=$(mktemp)
 bash "$PEERS/speedrun_pair.sh" "$ROUNDS" | tee "$out"
 logs=$(sed -n 's/^logs: //p' "$out")
-rm -f "$out"
+rm -rf "$out" "$shim"
 echo "last validation loss of each round (logs in $logs):"
 for r in $(seq "$ROUNDS"); do
   nano=$(grep -o 'step [0-9]*: train loss [0-9.]*, val loss [0-9.]*' "$logs/nano_$r.log" | tail -1 | sed 's/train loss [0-9.]*, //')

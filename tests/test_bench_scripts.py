@@ -2,7 +2,7 @@
 commands, modules, presets and files that exist. A script is mostly run on a rented GPU or after weeks of lm
 changes; a rename in lm (a removed function, a moved module) should fail here, not in its first minute there.
 Running each script at tiny sizes is the job of its own test (tests/test_bench*.py, test_transfer_gpu_script.py,
-test_hf_glue_check.py, test_kernels.py); these only read them."""
+test_hf_glue_check.py, test_kernels.py); these only read them, but for speedrun_pair.sh's choice of lm."""
 
 import re
 import subprocess
@@ -79,3 +79,33 @@ def test_every_benchmark_shell_script_parses_and_names_what_exists(script):
             found = any((conf_dir() / group / f"{preset}.yaml").is_file() for group in ("experiment", "model"))
             missing += [] if found else [f"preset {preset}"]
     assert not missing, f"{script}: {missing}"
+
+
+def test_speedrun_pair_runs_this_checkouts_lm_where_none_is_installed(tmp_path):
+    """benchmarks/speedrun_pair.sh hands the timing to the peers' script, which runs `lm train` if `lm` is on PATH
+    and the old `lm-train` console script (removed) otherwise: on a machine without `pip install -e .` (a rented
+    GPU) every lm round failed, and where a venv holds another checkout's install that checkout's lm was timed."""
+    import os
+    import sys
+
+    peers, bin_dir = tmp_path / "peers", tmp_path / "bin"
+    peers.mkdir()
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # python, and no lm, on PATH
+    (bin_dir / "python").chmod(0o755)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "nano_1.log").write_text("step 2000: train loss 1.0, val loss 1.6\n")
+    (logs / "lm_1.log").write_text("step 1100: val_loss 1.5\n")
+    (peers / "speedrun_pair.sh").write_text(  # the peers' choice of command, as theirs makes it
+        "if command -v lm >/dev/null && lm --help 2>/dev/null | grep -qw train; then LM_TRAIN=(lm train); "
+        "else LM_TRAIN=(lm-train); fi\n"
+        'echo "command: ${LM_TRAIN[*]}"\n'
+        f"echo 'logs: {logs}'\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"PATH": f"{bin_dir}:/usr/bin:/bin", "LM_PEERS": str(peers)}
+    out = subprocess.run(["bash", str(BENCHMARKS / "speedrun_pair.sh"), "1"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "command: lm train" in out.stdout
+    assert "round 1: nanoGPT step 2000: val loss 1.6   lm step 1100: val_loss 1.5" in out.stdout
