@@ -31,8 +31,17 @@ def build_inputs(tokenizer, a, b, max_len, arch):
     return _build_inputs(_EosForSpecials(tokenizer), a, b, max_len, arch)
 
 
-if __name__ == "__main__":
+def main(argv: list[str]) -> None:
+    if "--parallel" in argv:  # its scratch lane is a plain lm transfer process: [CLS]/[SEP] in one arm only
+        sys.exit(
+            "glue_layout_probe.py: --parallel runs the scratch arm as a plain lm transfer process, which lays its "
+            "inputs out with [CLS]/[SEP]; drop --parallel (or run --arm scratch in a second call of this script)"
+        )
     encode.build_inputs = build_inputs  # encode_examples looks it up in its module at call time
-    from lm.cli.transfer import main
+    from lm.cli import transfer
 
+    transfer.main(argv)
+
+
+if __name__ == "__main__":
     main(sys.argv[1:])

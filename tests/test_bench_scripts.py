@@ -2,7 +2,8 @@
 commands, modules, presets and files that exist. A script is mostly run on a rented GPU or after weeks of lm
 changes; a rename in lm (a removed function, a moved module) should fail here, not in its first minute there.
 Running each script at tiny sizes is the job of its own test (tests/test_bench*.py, test_transfer_gpu_script.py,
-test_hf_glue_check.py, test_kernels.py); these only read them, but for speedrun_pair.sh's choice of lm."""
+test_hf_glue_check.py, test_kernels.py); these only read them, but for speedrun_pair.sh's choice of lm and
+glue_layout_probe.py's arguments."""
 
 import re
 import subprocess
@@ -109,3 +110,21 @@ def test_speedrun_pair_runs_this_checkouts_lm_where_none_is_installed(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "command: lm train" in out.stdout
     assert "round 1: nanoGPT step 2000: val loss 1.6   lm step 1100: val_loss 1.5" in out.stdout
+
+
+def test_glue_layout_probe_refuses_parallel_whose_scratch_lane_it_cannot_reach(monkeypatch):
+    """benchmarks/glue_layout_probe.py swaps lm.glue.encode.build_inputs in its own process; lm transfer --parallel
+    ran the scratch arm as a second, plain lm transfer process, so that arm got [CLS] a [SEP] b [SEP] and the
+    pretrained one [EOS] a [EOS] b [EOS]: the probe compared two layouts, not two initialisations."""
+    import lm.cli.transfer
+    import lm.glue.encode as encode
+
+    calls = []
+    monkeypatch.setattr(lm.cli.transfer, "main", lambda argv: calls.append((argv, encode.build_inputs)))
+    monkeypatch.setattr(encode, "build_inputs", encode.build_inputs)  # put back after the test
+    probe = load("glue_layout_probe")
+    with pytest.raises(SystemExit, match="--parallel runs the scratch arm as a plain lm transfer process"):
+        probe.main(["--tokens", "0", "--parallel"])
+    assert calls == []
+    probe.main(["--tokens", "0", "--tasks", "rte"])
+    assert calls == [(["--tokens", "0", "--tasks", "rte"], probe.build_inputs)]
