@@ -47,13 +47,13 @@ def settings_scores(features: dict, settings: dict = SETTINGS) -> dict[str, dict
     return out
 
 
-def point_features(run: Path, step: int, max_train: int) -> dict:
+def point_features(run: Path, step: int, max_train: int, tasks=probe_rank.TASKS) -> dict:
     from lm.eval.probe import load_probe_sets, pooled_features
     from lm.eval.saved import load_model
 
     model, tok = probe_rank.origin_model(run) if step == 0 else load_model(probe_rank.checkpoint(run, step))
     model.eval()
-    sets = load_probe_sets(tok, model.cfg.arch, train_examples=max_train, dev_examples=0, max_len=128)
+    sets = load_probe_sets(tok, model.cfg.arch, tasks, train_examples=max_train, dev_examples=0, max_len=128)
     return {
         s.task: (
             pooled_features(model, s.train, tok.pad_id),
@@ -92,28 +92,37 @@ def main(argv=None) -> None:
     made = {"run": str(a.run.resolve()), "max_train": a.max_train}  # what a point's scores here depend on
     for path in sorted((a.rank_out / "points").glob("step_*.json")):
         record = json.loads(path.read_text())
-        medians = probe_rank.finetune_medians(record)
+        tasks = record.get("tasks", list(probe_rank.TASKS))  # probe_rank.py --tasks: the point's own
+        medians = probe_rank.finetune_medians(record, tasks)
         if not medians:
             continue
         if record.get("run", made["run"]) != made["run"]:  # its finetune scores are another run's
             sys.exit(f"probe_settings: {path} is a point of {record['run']}, not of {a.run}; pass its --rank-out")
         finetune[record["step"]] = medians["avg"]
-        done[record["step"]] = point_scores(a, a.out / path.name, record["step"], made)
+        done[record["step"]] = point_scores(a, a.out / path.name, record["step"], {**made, "tasks": tasks})
     print(table(done, finetune))
 
 
 def point_scores(a: argparse.Namespace, mine: Path, step: int, made: dict) -> dict:
-    """The point's settings scores: read back from `mine` when made of the same run and --max-train (a file written
-    before these were recorded: as it is), else computed and saved; another run's or --max-train's is refused."""
+    """The point's settings scores: read back from `mine` when made of the same run, --max-train and tasks (a file
+    written before these were recorded: as it is; before tasks were: of probe_rank.TASKS), else computed and saved;
+    another run's, --max-train's or tasks' is refused."""
     from lm.core.files import atomic_write_text
 
     saved = json.loads(mine.read_text()) if mine.is_file() else None
     if saved is None:
-        saved = {**made, "scores": settings_scores(point_features(a.run, step, a.max_train))}
+        saved = {**made, "scores": settings_scores(point_features(a.run, step, a.max_train, made["tasks"]))}
         atomic_write_text(mine, json.dumps(saved, indent=1))
-    elif "scores" in saved and {k: saved.get(k) for k in made} != made:
-        sys.exit(f"probe_settings: {mine} holds scores of another run or --max-train than {made}; name another --out")
+    elif "scores" in saved and _made_of(saved, made) != made:
+        sys.exit(
+            f"probe_settings: {mine} holds scores of another run, --max-train or tasks than {made}; name another --out"
+        )
     return saved.get("scores", saved)
+
+
+def _made_of(saved: dict, made: dict) -> dict:
+    """What a saved point says made it; one saved before tasks were recorded is of probe_rank.TASKS."""
+    return {k: saved.get(k, list(probe_rank.TASKS) if k == "tasks" else None) for k in made}
 
 
 if __name__ == "__main__":

@@ -46,13 +46,37 @@ def test_a_point_of_another_run_or_cut_is_not_read_back(tmp_path, monkeypatch):
     import argparse
     import json
 
-    monkeypatch.setattr(ps, "point_features", lambda run, step, max_train: features())
+    monkeypatch.setattr(ps, "point_features", lambda run, step, max_train, tasks: features())
     a = argparse.Namespace(run=tmp_path / "run", max_train=60)
-    made = {"run": str(a.run.resolve()), "max_train": 60}
+    made = {"run": str(a.run.resolve()), "max_train": 60, "tasks": ["sst2", "mrpc", "stsb", "cola"]}
     mine = tmp_path / "step_00000100.json"
     first = ps.point_scores(a, mine, 100, made)
     assert json.loads(mine.read_text()) == {**made, "scores": first} and ps.point_scores(a, mine, 100, made) == first
-    with pytest.raises(SystemExit, match="holds scores of another run or --max-train"):
-        ps.point_scores(a, mine, 100, {**made, "max_train": 30})
+    for other in ({"max_train": 30}, {"tasks": ["sst2", "stsb"]}):
+        with pytest.raises(SystemExit, match="holds scores of another run, --max-train or tasks"):
+            ps.point_scores(a, mine, 100, {**made, **other})
+    mine.write_text(json.dumps({"run": made["run"], "max_train": 60, "scores": first}))  # before tasks were recorded
+    assert ps.point_scores(a, mine, 100, made) == first  # the four default tasks
+    with pytest.raises(SystemExit, match="holds scores of another run, --max-train or tasks"):
+        ps.point_scores(a, mine, 100, {**made, "tasks": ["sst2", "stsb"]})
     mine.write_text(json.dumps(first))  # written before the run and cut were recorded: read as it is
     assert ps.point_scores(a, mine, 100, {**made, "max_train": 30}) == first
+
+
+def test_a_rank_run_of_some_tasks_is_scored_on_those(tmp_path, monkeypatch, capsys):
+    """probe_rank.py --tasks sst2,stsb wrote points whose finetune scores name those two; probe_settings.py took the
+    four default tasks' medians of them (KeyError: 'mrpc') and would have probed all four."""
+    import json
+
+    asked = []
+    monkeypatch.setattr(ps, "point_features", lambda run, step, max_train, tasks: asked.append(tasks) or features(step))
+    (tmp_path / "rank" / "points").mkdir(parents=True)
+    run = str((tmp_path / "run").resolve())
+    for step, ft in ((0, 40.0), (100, 50.0), (200, 60.0)):
+        point = {"step": step, "run": run, "tasks": ["sst2", "stsb"], "finetune": {"0": {"sst2": ft, "stsb": ft + 2}}}
+        (tmp_path / "rank" / "points" / f"step_{step:08d}.json").write_text(json.dumps(point))
+    ps.main([str(tmp_path / "run"), "--rank-out", str(tmp_path / "rank"), "--out", str(tmp_path / "out")])
+    assert asked == [["sst2", "stsb"]] * 3
+    assert capsys.readouterr().out.startswith("| probe: train rows, dev rows | 0 | 100 | 200 | Spearman |")
+    saved = json.loads((tmp_path / "out" / "step_00000100.json").read_text())
+    assert saved["tasks"] == ["sst2", "stsb"] and set(saved["scores"]["1000, all"]) == {"sst2", "stsb", "avg"}
