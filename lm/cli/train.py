@@ -290,6 +290,24 @@ def _vocab_follows_tokenizer(cfg: DictConfig, model_cfg, vocab: int, is_main: bo
     return model_cfg
 
 
+def _prepare_on_main(data: DataConfig, dist) -> None:
+    """Prepare the data on rank 0 while the other ranks wait, however long it takes (a corpus prepared on first use
+    takes as long as its size; a collective of the default group gave up after 30 minutes); an error is raised on
+    every rank."""
+    from lm.data.prepare import ensure_prepared
+    from lm.engine import dist as dist_utils
+
+    with dist_utils.patient_group() as group:
+        error = None
+        if dist.is_main:
+            try:
+                ensure_prepared(data)
+            except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
+                error = e
+        if dist_utils.any_rank(error is not None, group=group):
+            raise error if error else ConfigError("rank 0 could not prepare the data (see its error)")
+
+
 def _packed_loaders(
     data: DataConfig,
     train_cfg: TrainConfig,
@@ -304,18 +322,9 @@ def _packed_loaders(
     decoder_start_token_id, which generation, the eval harness and hf/ use too (the collator's default, the
     tokenizer's pad, ignored an override of it). mlm_corruption: the model's (BERT's 80/10, ELECTRA's 85/0)."""
     from lm.data.packed import PackedLoader
-    from lm.data.prepare import ensure_prepared
     from lm.data.tokenizer import Tokenizer
-    from lm.engine import dist as dist_utils
 
-    error = None
-    if dist.is_main:
-        try:
-            ensure_prepared(data)
-        except Exception as e:  # noqa: BLE001 - reported on every rank below, then re-raised here
-            error = e
-    if dist_utils.any_rank(error is not None):
-        raise error if error else ConfigError("rank 0 could not prepare the data (see its error)")
+    _prepare_on_main(data, dist)
     data_dir = Path(os.path.expanduser(data.dir))
     vocab = Tokenizer.load(data_dir).vocab_size
 

@@ -10,7 +10,10 @@ import ctypes
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -136,6 +139,26 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+# How long the other ranks wait for one rank's work that takes as long as its input does (lm train preparing a corpus on
+# first use: a 10B-token corpus is hours on a few cores). The default group's timeout (30 minutes for gloo) ended
+# that wait with "Timed out waiting 1800000ms"; a rank that dies instead is seen by the launcher, which stops the rest.
+PATIENT_TIMEOUT = timedelta(days=7)
+
+
+@contextmanager
+def patient_group(timeout: timedelta = PATIENT_TIMEOUT) -> Iterator:
+    """A gloo group of every rank whose collectives wait up to `timeout` while the block runs (None: one rank, no
+    group). Making it is a collective: every rank enters the block at the same point."""
+    group = (
+        dist.new_group(backend="gloo", timeout=timeout) if dist.is_initialized() and dist.get_world_size() > 1 else None
+    )
+    try:
+        yield group
+    finally:
+        if isinstance(group, dist.ProcessGroup):  # new_group's type also admits a rank outside it; every rank is in
+            dist.destroy_process_group(group)
 
 
 def any_rank(flag: bool, group=None) -> bool:
