@@ -196,10 +196,12 @@ def test_symlinked_directories_are_read_and_each_file_once(tmp_path):
 def test_interrupted_run_resumes_to_identical_output(tmp_path, stories, monkeypatch, capsys):
     full = run(tmp_path, "full", source=str(stories), doc_split="line", shard_tokens=700)
     real = prep.write_json
+    written = []  # tokens of the interrupted run's last progress record
 
     def crash_after_five_tasks(path, obj):
         real(path, obj)
         if path.name == "progress.json" and obj["tasks_done"] == 5:
+            written.append(sum(sum(s["tokens"] for s in w["shards"]) + w["current"] for w in obj["writers"].values()))
             # also leave tokens written after the last progress record, as a kill would
             for p in path.parent.glob("*.tmp"):
                 with p.open("ab") as f:
@@ -215,7 +217,14 @@ def test_interrupted_run_resumes_to_identical_output(tmp_path, stories, monkeypa
         open_prepared(tmp_path / "cut")
     capsys.readouterr()
     out = run(tmp_path, "cut", source=str(stories), doc_split="line", shard_tokens=700)
-    assert "resuming the interrupted run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "resuming the interrupted run" in err
+    meta = json.loads((out / "meta.json").read_text())
+    total = sum(v["tokens"] for v in meta["splits"].values())
+    assert 0 < written[0] < total
+    # the rate of this run's tokens alone: all of them over its seconds overstated a resumed run's speed
+    rate = (total - written[0]) / max(meta["seconds"], 1e-9)
+    assert f"({rate:,.0f} tokens/s after {written[0]:,} resumed)" in err
     for split in ("train", "val"):
         assert np.array_equal(tokens(out, split), tokens(full, split))
     assert open_prepared(out, checksums=True)["splits"] == open_prepared(full)["splits"]

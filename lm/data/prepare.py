@@ -448,6 +448,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
     tok = _tokenizer(cfg, files, opts, cut, partial, state, show)
     dtype = token_dtype(tok.vocab_size)
     state = state or {"tasks_done": 0, "writers": {}, "stats": {}}
+    resumed = sum(sum(s["tokens"] for s in w["shards"]) + w["current"] for w in state["writers"].values())
     writers = {s: ShardWriter(partial, s, dtype, cfg.shard_tokens, w) for s, w in state["writers"].items()}
     stats = Stats(**state["stats"])
     dedup = Deduper(partial, state.get("dedup_keys", 0)) if cfg.dedup else None
@@ -530,7 +531,7 @@ def _run(cfg: DataConfig, files, partial: Path, fp: str, state: dict | None, sho
     write_json(partial / META, meta)  # last: from here on the directory is complete
     (partial / PROGRESS).unlink()
     (partial / KEYS_FILE).unlink(missing_ok=True)
-    _summary(meta)
+    _summary(meta, resumed)
 
 
 def _check_splits(cfg: DataConfig, splits: dict, planner: Planner) -> None:
@@ -551,13 +552,16 @@ def _check_splits(cfg: DataConfig, splits: dict, planner: Planner) -> None:
             )
 
 
-def _summary(meta: dict) -> None:
+def _summary(meta: dict, resumed: int = 0) -> None:
+    """What was made; the rate counts the tokens of this run only (`resumed`: those an interrupted run had written,
+    which counted over this run's seconds made a resumed run look several times faster)."""
     parts = [
         f"{s}: {v['tokens']:,} tokens, {v['documents']:,} documents, {len(v['shards'])} shards"
         for s, v in meta["splits"].items()
     ]
-    tokens = sum(v["tokens"] for v in meta["splits"].values())
-    say(f"done in {meta['seconds']}s ({tokens / max(meta['seconds'], 1e-9):,.0f} tokens/s); " + "; ".join(parts))
+    tokens = sum(v["tokens"] for v in meta["splits"].values()) - resumed
+    rate = f"{tokens / max(meta['seconds'], 1e-9):,.0f} tokens/s" + (f" after {resumed:,} resumed" if resumed else "")
+    say(f"done in {meta['seconds']}s ({rate}); " + "; ".join(parts))
     sk = meta["skipped"]
     if sk["empty_files"]:
         say(f"skipped {len(sk['empty_files'])} empty files: {sk['empty_files'][:5]}")
