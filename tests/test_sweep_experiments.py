@@ -64,7 +64,10 @@ def test_every_experiment_is_a_sweep_of_deltas(hydra_conf):
         assert str(cfg.logger.group).startswith(f"{name}_") and cfg.hydra.sweep.dir == f"runs/{cfg.logger.group}"
         assert cfg.hydra.launcher._target_ == "hydra_plugins.lm_launchers.sequential.Sequential"
         assert cfg.hydra.output_subdir == ".hydra"
-        assert [c._target_ for c in cfg.hydra.callbacks.values()] == ["lm.sweep.callbacks.RecordFailure"]
+        assert [c._target_ for c in cfg.hydra.callbacks.values()] == [
+            "lm.sweep.callbacks.OwnSweepDir",  # conf/train.yaml: runs/ablate_<stamp> is this sweep's alone
+            "lm.sweep.callbacks.RecordFailure",
+        ]
 
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
