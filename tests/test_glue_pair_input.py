@@ -129,8 +129,10 @@ def test_a_siamese_score_starts_as_the_cosine_mapped_onto_the_label_range():
 @pytest.mark.parametrize("pair_input", ["both_orders", "siamese"])
 def test_a_single_sentence_task_refuses_a_pair_input(pair_input):
     validate_glue_task(GlueTaskConfig(name="stsb", n_labels=1, pair_input=pair_input))
-    with pytest.raises(ConfigError, match=rf"tasks\.sst2\.pair_input={pair_input} .* one sentence"):
+    with pytest.raises(ConfigError, match=rf"tasks\.sst2\.pair_input={pair_input} .* one sentence") as refused:
         validate_glue_task(GlueTaskConfig(name="sst2", pair_input=pair_input))
+    # the fix it names is one that exists: text_b is task=own's field (tasks.sst2.text_b is refused itself)
+    assert str(refused.value).endswith("and task=own with tasks.own.text_b)")
 
 
 def test_a_whitened_siamese_score_is_the_cosine_of_whitened_vectors():

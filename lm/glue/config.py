@@ -339,7 +339,7 @@ def _validate_glue_only(cfg: GlueTaskConfig, where: str) -> None:
         pair_tasks = ", ".join(n for n, t in TASKS.items() if t.text_b)
         raise ConfigError(
             f"{where}.pair_input={PairInput(cfg.pair_input).value} reads a sentence pair, but {cfg.name} has one "
-            f"sentence per example; drop it (it is for pair tasks: {pair_tasks}, and task=own with {where}.text_b)"
+            f"sentence per example; drop it (it is for pair tasks: {pair_tasks}, and task=own with tasks.own.text_b)"
         )
 
 
