@@ -51,6 +51,15 @@ def test_lm_help_shows_the_readmes_first_commands_as_the_readme_writes_them(tmp_
     assert all(c in README.read_text() for c in commands)
 
 
+def test_the_deepspeed_launchers_local_rank_before_the_command_is_dropped(tmp_path):
+    """`deepspeed --module lm train ...` (docs/training.md, lm train --help) runs `python -m lm --local_rank=N train
+    ...`; lm took `--local_rank=7` for the command and every rank exited: `lm: unknown command '--local_rank=7'`."""
+    for flag in ("--local_rank=1", "--local-rank=1"):
+        p = run_cli("lm", flag, "train", "model=tiny", "train.max_steps=7", "--cfg", "job", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        assert "  max_steps: 7\n" in p.stdout
+
+
 @pytest.mark.parametrize("name", ["prepare", "export", "report", "attention", "eval", "preflight", "transfer"])
 def test_argparse_help_lines_fit_120_columns(tmp_path, name):
     """Raw help text is printed as written: lm transfer's CPU-recipe example was one 191-column line (a

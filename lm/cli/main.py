@@ -62,9 +62,18 @@ def usage() -> str:
     )
 
 
+def without_launcher_rank(args: list[str]) -> list[str]:
+    """`deepspeed --module lm train ...` runs `python -m lm --local_rank=N train ...`: the launcher's flag comes
+    before the command name (torch.distributed.launch's `--local-rank=N` likewise). LOCAL_RANK in the environment
+    says the same, and that is what lm reads."""
+    while args and args[0].startswith(("--local_rank=", "--local-rank=")):
+        args = args[1:]
+    return args
+
+
 @entry("lm")
 def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else list(argv)
+    args = without_launcher_rank(sys.argv[1:] if argv is None else list(argv))
     if not args or args[0] in ("-h", "--help", "help"):
         print(usage())
         sys.exit(0 if args else 2)
